@@ -1,0 +1,33 @@
+# kvc — build, test and demo entry points.
+# TORCH pins the torch requirement so a CPU-only machine does not pull a multi-GB CUDA build;
+# override it on a GPU host, e.g. `make test TORCH='torch==2.13.0 --index-url ...'`.
+PYTHON ?= python3
+VENV   ?= .venv
+TORCH  ?= torch==2.13.0
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test demo bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(BIN)/python pyproject.toml Makefile
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(BIN)/kvc --help
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_tree.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

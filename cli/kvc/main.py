@@ -1,0 +1,37 @@
+"""The `kvc` typer application: global options and the command groups."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+import typer
+
+app = typer.Typer(
+    name="kvc",
+    help="kvc: a tiered KV-cache core for LLM serving (device, host and persistent page-store tiers) "
+    "and the tool to operate it: prefetch, stage, load back, inspect namespaces, audit ownership, replay workloads.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version() -> str:
+    try:
+        return version("kvc")
+    except PackageNotFoundError:  # running from a source tree without an install
+        return "0+unknown"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"kvc {_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version_: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                  help="Print kvc's version and exit."),
+) -> None:
+    """kvc: operate a tiered KV cache."""

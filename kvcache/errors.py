@@ -1,0 +1,122 @@
+"""The exception hierarchy of kvcache.
+
+Expected outcomes (a miss, a full pool, a declined prefetch) are values, never exceptions. What is raised is
+either bad input from the caller, a broken invariant, or a storage fault the caller must see::
+
+    KVCacheError                      every error kvcache raises
+    ├── InvalidInput (ValueError)     the caller passed something unusable; nothing was changed
+    │   ├── InvalidNamespace          extra_key / cache_salt of the wrong type
+    │   ├── InvalidTokens             a token outside 0 <= t < 2**32, or not an integer
+    │   ├── InvalidLayout             a KVLayout field out of range, an unknown dtype
+    │   ├── InvalidConfig             a CacheConfig that cannot be built (pool sizes, policy)
+    │   └── UnknownRequest            a request id that is not live (commit/release), or live twice (admit)
+    ├── InvariantViolation            kvcache's own bookkeeping is broken: fail loudly, never continue silently
+    │   ├── OwnershipError            a ledger move whose source owner is not the slot's current owner
+    │   │   └── DoubleFree            ... because the slot is already FREE
+    │   ├── LockUnderflow             unlock of a node path that is not locked
+    │   └── NamespaceMismatch         a key, anchor or staged record of another namespace than its request
+    └── StoreError                    the L3 store cannot be used as asked (each names the path)
+        ├── NotAStore                 a path that is not a kvc store (a regular file, a foreign LMDB)
+        ├── StoreReadOnly             writing to a store opened read-only or at a read-only location
+        ├── StoreFull                 the disk (not the store's own capacity limit) has no room left
+        └── LayoutMismatch            the KVLayout asked for is not one the store holds
+"""
+
+from __future__ import annotations
+
+
+class KVCacheError(Exception):
+    """Base of every exception raised by kvcache."""
+
+
+class InvalidInput(KVCacheError, ValueError):
+    """The caller passed something unusable; no state was changed."""
+
+
+class InvalidNamespace(InvalidInput):
+    """An extra_key or cache_salt that is not a string or None."""
+
+
+class InvalidTokens(InvalidInput):
+    """Token ids that are not integers in 0 <= t < 2**32."""
+
+
+class InvalidLayout(InvalidInput):
+    """A KVLayout field out of range or an unknown dtype."""
+
+
+class InvalidConfig(InvalidInput):
+    """A CacheConfig that cannot be built."""
+
+
+class UnknownRequest(InvalidInput):
+    """A request id that is not live where a live one is needed, or already live at admit."""
+
+    def __init__(self, rid: str, why: str) -> None:
+        self.rid = rid
+        super().__init__(f"request {rid!r}: {why}")
+
+
+class InvariantViolation(KVCacheError):
+    """kvcache's own bookkeeping is broken. Never caught to continue silently."""
+
+
+class OwnershipError(InvariantViolation):
+    """A ledger move found a slot whose current owner is not the one the move expected.
+
+    Raised before anything changed: a ledger operation is all-or-nothing. Carries the first offending page, its
+    slot range, the owner the move expected and the owner the ledger holds, and how many pages disagreed.
+    """
+
+    def __init__(self, pool: str, op: str, page: int, slots: tuple[int, int], expected: str, actual: str,
+                 mismatched: int) -> None:
+        self.pool, self.op, self.page, self.slots = pool, op, page, slots
+        self.expected, self.actual, self.mismatched = expected, actual, mismatched
+        super().__init__(
+            f"{pool} {op}: page {page} (slots {slots[0]}..{slots[1]}) is owned by {actual}, expected {expected}"
+            + (f" ({mismatched} pages disagree)" if mismatched > 1 else "")
+        )
+
+
+class DoubleFree(OwnershipError):
+    """A free or transfer of a slot that is already FREE."""
+
+
+class LockUnderflow(InvariantViolation):
+    """An unlock of a node whose lock count (or the count of an ancestor) is already zero."""
+
+    def __init__(self, node_id: int, namespace: str) -> None:
+        self.node_id, self.namespace = node_id, namespace
+        super().__init__(f"unlock underflow at node {node_id} (namespace {namespace})")
+
+
+class NamespaceMismatch(InvariantViolation):
+    """A key, anchor or staged record whose namespace is not its request's. Names both by fingerprint only."""
+
+    def __init__(self, rid: str, expected: str, actual: str, where: str) -> None:
+        self.rid, self.expected, self.actual, self.where = rid, expected, actual, where
+        super().__init__(f"request {rid!r}: {where} is in namespace {actual}, request is in {expected}")
+
+
+class StoreError(KVCacheError):
+    """The L3 store cannot be used as asked."""
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = str(path)
+        super().__init__(f"{path}: {message}")
+
+
+class NotAStore(StoreError):
+    """A path that is not a kvc store."""
+
+
+class StoreReadOnly(StoreError):
+    """A write to a store opened read-only or at a read-only location."""
+
+
+class StoreFull(StoreError):
+    """The disk under the store is full."""
+
+
+class LayoutMismatch(StoreError):
+    """The KVLayout asked for is not one the store holds."""

@@ -1,0 +1,115 @@
+"""Token keys and the page hash chain.
+
+Tokens are kept packed as little-endian uint32 bytes: slicing and comparing bytes is a memcpy/memcmp, which is
+what makes radix-tree matching fast in Python. A page is `page_size` tokens = `4 * page_size` bytes of key.
+
+Page hash chain (16-byte blake2b digests)::
+
+    h_0 = H(layout_id || namespace.id)          the namespace's root in L3
+    h_i = H(h_{i-1} || tokens of page i)
+
+Namespace and layout are folded into the root, so two namespaces (or two layouts) never share a page hash, and
+a page hash alone names its whole prefix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+
+import msgspec
+import numpy as np
+
+from .errors import InvalidTokens
+from .namespace import Namespace
+
+TOKEN_BYTES = 4  # one token id packed as uint32
+PAGE_HASH_BYTES = 16
+_ROOT_PERSON = b"kvc.page.root.v1"
+
+
+def pack_tokens(tokens: Iterable[int] | np.ndarray | bytes) -> bytes:
+    """Validate token ids (integers, 0 <= t < 2**32) and pack them as little-endian uint32 bytes."""
+    if isinstance(tokens, bytes):
+        if len(tokens) % TOKEN_BYTES:
+            raise InvalidTokens(f"packed tokens must be a multiple of {TOKEN_BYTES} bytes, got {len(tokens)}")
+        return tokens
+    try:
+        arr = np.asarray(tokens if isinstance(tokens, (np.ndarray, Sequence)) else list(tokens))
+    except (TypeError, ValueError) as exc:
+        raise InvalidTokens(f"tokens must be a sequence of integers: {exc}") from None
+    if arr.size == 0:
+        return b""
+    if arr.ndim != 1:
+        raise InvalidTokens(f"tokens must be one-dimensional, got shape {tuple(arr.shape)}")
+    if arr.dtype.kind not in "iu":
+        # Python ints beyond int64 arrive as dtype=object; floats and bools are rejected by name.
+        bad = next((t for t in arr.tolist() if not (isinstance(t, int) and not isinstance(t, bool))), None)
+        if bad is not None:
+            raise InvalidTokens(f"token {bad!r} is not an integer")
+        arr = np.array([int(t) for t in arr.tolist()], dtype=object)
+        lo, hi = min(arr), max(arr)
+    else:
+        lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= 2**32:
+        bad = lo if lo < 0 else hi
+        raise InvalidTokens(f"token {bad} is outside 0 <= t < 2**32")
+    return np.asarray(arr, dtype="<u4").tobytes()
+
+
+def unpack_tokens(data: bytes) -> list[int]:
+    """The token ids of packed key bytes."""
+    return np.frombuffer(data, dtype="<u4").tolist()
+
+
+class RadixKey(msgspec.Struct, frozen=True, gc=False):
+    """Tokens plus the namespace they live in: the key of everything cached.
+
+    Build with `RadixKey.of(tokens, namespace)`; `data` is already validated and packed.
+    """
+
+    data: bytes  # packed little-endian uint32 token ids; len(data) = 4 * tokens
+    namespace: Namespace  # the namespace of the request this key came from
+
+    @classmethod
+    def of(cls, tokens: Iterable[int] | np.ndarray | bytes, namespace: Namespace) -> "RadixKey":
+        """Validate and pack `tokens` into a key in `namespace`."""
+        return cls(pack_tokens(tokens), namespace)
+
+    def __len__(self) -> int:
+        return len(self.data) >> 2
+
+    @property
+    def tokens(self) -> list[int]:
+        """The token ids as Python ints."""
+        return unpack_tokens(self.data)
+
+    def page_aligned(self, page_size: int) -> "RadixKey":
+        """This key without its partial tail page."""
+        n = len(self) // page_size * page_size
+        return self if n == len(self) else RadixKey(self.data[: n * TOKEN_BYTES], self.namespace)
+
+    def prefix(self, n_tokens: int) -> "RadixKey":
+        """The first `n_tokens` tokens of this key, same namespace."""
+        return RadixKey(self.data[: n_tokens * TOKEN_BYTES], self.namespace)
+
+
+def hash_root(layout_id: bytes, namespace: Namespace) -> bytes:
+    """h_0 of the chain: the root of `namespace` under `layout_id`."""
+    return hashlib.blake2b(layout_id + namespace.id, digest_size=PAGE_HASH_BYTES, person=_ROOT_PERSON).digest()
+
+
+def extend_chain(parent: bytes, data: bytes, page_size: int) -> list[bytes]:
+    """Page hashes of the whole pages of packed tokens `data`, chained from `parent`."""
+    step = page_size * TOKEN_BYTES
+    out: list[bytes] = []
+    blake = hashlib.blake2b
+    for start in range(0, len(data) - step + 1, step):
+        parent = blake(parent + data[start:start + step], digest_size=PAGE_HASH_BYTES).digest()
+        out.append(parent)
+    return out
+
+
+def page_hashes(layout_id: bytes, key: RadixKey, page_size: int) -> list[bytes]:
+    """The page hash chain of `key`'s whole pages, rooted in the key's own namespace."""
+    return extend_chain(hash_root(layout_id, key.namespace), key.data, page_size)

@@ -1,0 +1,1 @@
+"""L3: the persistent page store interface (`base`) and its default backend (`lmdb_store`)."""
