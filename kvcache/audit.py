@@ -1,0 +1,370 @@
+"""Ownership audit: is every page of every pool held by exactly one owner, and is the tree well formed?
+
+One implementation for a live cache and for a dumped state: `collect_state(cache)` reads a cache into an
+`OwnershipState` (plain msgspec data: the ledgers, the free lists and every reference holder — tree nodes, live
+requests, in-flight operations, staged records), and `check_state(state)` runs every check on it. A snapshot is
+that state serialised, so an offline audit of a dump runs exactly the checks a live audit runs.
+
+Checks:
+
+- partition, per pool: the pages referenced by holders plus the free list cover every page exactly once
+  (`leak`: nobody; `double_owner`: twice or more);
+- ledger agreement: each holder's pages are recorded as owned by that holder (`dangling_ref` when the ledger names
+  another owner, `free_but_referenced` when it says FREE), and free-list pages are recorded FREE
+  (`free_list_mismatch`);
+- structure: lock and pin counts are never negative (`lock_underflow`) and equal what live requests and in-flight
+  operations account for (`lock_mismatch`, `pin_mismatch`); device and host copies each form a prefix from the
+  namespace root (`device_not_prefix`, `host_not_prefix`); every node holds a copy (`empty_node`) of exactly its
+  key's pages (`page_count_mismatch`) in its own namespace (`namespace_mix`); holders point at attached nodes
+  (`detached_ref`); the tree's evictable/protected sizes equal their recomputed values (`size_mismatch`).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+import msgspec
+import numpy as np
+
+from .owners import FREE_CODE, describe_code
+
+if TYPE_CHECKING:
+    from .cache import TieredCache
+
+STATE_VERSION = 1
+_MAX_LISTED = 32  # pages listed per violation; `count` has the full number
+
+
+class ViolationKind(str, enum.Enum):
+    """What an audit can find."""
+
+    LEAK = "leak"
+    DOUBLE_OWNER = "double_owner"
+    DANGLING_REF = "dangling_ref"
+    FREE_BUT_REFERENCED = "free_but_referenced"
+    FREE_LIST_MISMATCH = "free_list_mismatch"
+    LOCK_UNDERFLOW = "lock_underflow"
+    LOCK_MISMATCH = "lock_mismatch"
+    PIN_MISMATCH = "pin_mismatch"
+    DEVICE_NOT_PREFIX = "device_not_prefix"
+    HOST_NOT_PREFIX = "host_not_prefix"
+    EMPTY_NODE = "empty_node"
+    PAGE_COUNT_MISMATCH = "page_count_mismatch"
+    NAMESPACE_MIX = "namespace_mix"
+    DETACHED_REF = "detached_ref"
+    SIZE_MISMATCH = "size_mismatch"
+
+
+class Violation(msgspec.Struct, omit_defaults=True):
+    """One finding, with the facts needed to act on it."""
+
+    kind: ViolationKind
+    detail: str  # one readable line
+    pool: str | None = None  # "device" / "host" for page findings
+    pages: list[int] = []  # the pages involved (first 32)
+    count: int = 0  # how many pages are involved in all
+    owners: list[str] = []  # owners involved, as the ledger or the holders name them
+    node: int | None = None  # the tree node involved
+    rid: str | None = None  # the request involved
+
+
+class AuditChecked(msgspec.Struct):
+    """What the audit looked at."""
+
+    pages: int
+    nodes: int
+    requests: int
+    ops: int
+    staged: int
+
+
+class AuditReport(msgspec.Struct):
+    """The audit's verdict: `ok` when there are no violations."""
+
+    ok: bool
+    violations: list[Violation]
+    checked: AuditChecked
+
+
+# --- the state an audit reads --------------------------------------------------------------------------------
+
+
+class PoolState(msgspec.Struct):
+    """One pool's ledger and free list."""
+
+    name: str
+    num_pages: int
+    page_size: int
+    ledger_enabled: bool
+    owners: bytes  # int64 little-endian owner code per page
+    free_list: bytes  # int64 little-endian pages on the free stack
+
+
+class NodeState(msgspec.Struct):
+    """One tree node (namespace roots included; the tree's root is implicit, id 0)."""
+
+    id: int
+    parent: int  # 0 for namespace roots
+    namespace: str  # namespace id, hex
+    namespace_root: bool
+    tokens: int
+    device: bytes | None  # int64 little-endian L1 pages, None without a device copy
+    host: bytes | None  # int64 little-endian L2 pages, None without a host copy
+    lock_ref: int
+    pins: int
+
+
+class HolderState(msgspec.Struct):
+    """A reference holder that is not a tree node: a live request, an in-flight op, a staged record."""
+
+    kind: str  # "request", "op:<kind>", "staged"
+    id: int
+    owner: int  # ledger code the holder's pages must carry
+    pool: str
+    pages: bytes  # int64 little-endian
+    locks: list[int] = []  # node ids this holder keeps locked (a request: the end of its cached prefix)
+    pins: list[int] = []  # node ids this holder keeps pinned (an op: its targets)
+    rid: str | None = None
+
+
+class TreeSizes(msgspec.Struct):
+    """The tree's own running totals, to compare with recomputed ones."""
+
+    device_evictable: int
+    device_protected: int
+    host_evictable: int
+    host_protected: int
+
+
+class OwnershipState(msgspec.Struct):
+    """Everything the audit checks, as plain data (what a snapshot serialises)."""
+
+    version: int
+    page_size: int
+    pools: list[PoolState]
+    nodes: list[NodeState]
+    holders: list[HolderState]
+    sizes: TreeSizes
+
+
+def _b(pages: np.ndarray | None) -> bytes | None:
+    return None if pages is None else np.asarray(pages, dtype="<i8").tobytes()
+
+
+def _a(data: bytes | None) -> np.ndarray:
+    return np.frombuffer(data or b"", dtype="<i8")
+
+
+def collect_state(cache: "TieredCache") -> OwnershipState:
+    """Read `cache`'s ledgers, free lists and reference holders."""
+    pools = [p for p in (cache.device_pool, cache.host_pool) if p is not None]
+    pool_states = [PoolState(p.name, p.num_pages, p.page_size, p.ledger, _b(p.ledger_codes()),  # type: ignore
+                             _b(p.free_list())) for p in pools]
+    tree = cache.tree
+    nodes = []
+    for ns_root in tree.namespace_roots():
+        nodes.append(NodeState(ns_root.id, 0, ns_root.namespace.id_hex, True, 0, None, None,  # type: ignore
+                               ns_root.lock_ref, ns_root.pins))
+    for n in tree.nodes():
+        nodes.append(NodeState(n.id, n.parent.id if n.parent is not None else -1,  # type: ignore[union-attr]
+                               n.namespace.id_hex, False, len(n), _b(n.device), _b(n.host),  # type: ignore
+                               n.lock_ref, n.pins))
+    holders = []
+    for live in cache.live_requests():
+        holders.append(HolderState("request", live.handle, live.owner, cache.device_pool.name,
+                                   _b(live.fresh_pages), locks=[live.node.id], rid=live.request.rid))  # type: ignore
+    for op in cache.inflight_ops():
+        holders.append(HolderState(f"op:{op.kind.value}", op.id, op.owner, op.pool.name, _b(op.pages),  # type: ignore
+                                   pins=[t.node.id for t in op.targets]))
+    for staged in cache.staged_records():
+        holders.append(staged.holder_state())
+    sizes = TreeSizes(tree.device_evictable, tree.device_protected, tree.host_evictable, tree.host_protected)
+    return OwnershipState(STATE_VERSION, cache.page_size, pool_states, nodes, holders, sizes)
+
+
+def audit_cache(cache: "TieredCache") -> AuditReport:
+    """Audit a live cache."""
+    return check_state(collect_state(cache))
+
+
+# --- the checks ----------------------------------------------------------------------------------------------
+
+
+def check_state(state: OwnershipState) -> AuditReport:
+    """Run every check on `state`."""
+    out: list[Violation] = []
+    by_id = {n.id: n for n in state.nodes}
+    for pool in state.pools:
+        _check_pool(pool, state, out)
+    _check_structure(state, by_id, out)
+    _check_counts(state, by_id, out)
+    checked = AuditChecked(pages=sum(p.num_pages for p in state.pools), nodes=len(state.nodes),
+                           requests=sum(h.kind == "request" for h in state.holders),
+                           ops=sum(h.kind.startswith("op:") for h in state.holders),
+                           staged=sum(h.kind == "staged" for h in state.holders))
+    return AuditReport(not out, out, checked)
+
+
+class _Ref(msgspec.Struct):
+    label: str  # how the holder reads in a report
+    owner: int
+    pages: np.ndarray
+    node: int | None = None
+    rid: str | None = None
+
+
+def _refs(pool: PoolState, state: OwnershipState) -> list[_Ref]:
+    refs = []
+    for n in state.nodes:
+        pages = n.device if pool.name == "device" else n.host if pool.name == "host" else None
+        if pages is not None and not n.namespace_root:
+            refs.append(_Ref(f"node#{n.id}", (2 << 48) | n.id, _a(pages), node=n.id))
+    for h in state.holders:
+        if h.pool == pool.name:
+            label = f"{h.kind}#{h.id}" + (f" ({h.rid})" if h.rid else "")
+            refs.append(_Ref(label, h.owner, _a(h.pages), rid=h.rid))
+    return refs
+
+
+def _listed(pages: np.ndarray) -> list[int]:
+    return [int(p) for p in pages[:_MAX_LISTED]]
+
+
+def _check_pool(pool: PoolState, state: OwnershipState, out: list[Violation]) -> None:
+    n = pool.num_pages
+    ledger = _a(pool.owners)
+    free = _a(pool.free_list)
+    refs = _refs(pool, state)
+    arrays = []
+    for r in refs:
+        bad = (r.pages < 0) | (r.pages >= n)
+        if bad.any():
+            out.append(Violation(ViolationKind.DANGLING_REF, f"{r.label} references pages outside the {pool.name} "
+                                 f"pool (0..{n - 1})", pool.name, _listed(r.pages[bad]), int(bad.sum()),
+                                 [r.label], r.node, r.rid))
+            r.pages = r.pages[~bad]
+        arrays.append(r.pages)
+    arrays.append(free)
+    count = np.bincount(np.concatenate(arrays), minlength=n) if n else np.zeros(0, np.int64)
+
+    nobody = np.flatnonzero(count == 0)
+    if len(nobody):
+        groups: dict[int, list[int]] = defaultdict(list)
+        for p in nobody.tolist():
+            groups[int(ledger[p]) if pool.ledger_enabled else FREE_CODE].append(p)
+        for code, pages in groups.items():
+            who = describe_code(code) + (" (and not on the free list)" if code == FREE_CODE else "")
+            out.append(Violation(ViolationKind.LEAK, f"{len(pages)} {pool.name} pages owned by {who} are held by "
+                                 f"no node, request, operation or staged record", pool.name, pages[:_MAX_LISTED],
+                                 len(pages), [describe_code(code)]))
+    twice = np.flatnonzero(count > 1)
+    if len(twice):
+        holders: dict[int, list[str]] = defaultdict(list)
+        twice_set = set(twice.tolist())
+        for r in refs:
+            for p in set(r.pages.tolist()) & twice_set:
+                holders[p].append(r.label)
+            if len(set(r.pages.tolist())) != len(r.pages):  # the same page twice in one holder
+                uniq, c = np.unique(r.pages, return_counts=True)
+                for p in uniq[c > 1].tolist():
+                    holders[p].append(r.label)
+        for p in set(free.tolist()) & twice_set:
+            holders[p].append("free list")
+        for p in twice.tolist()[:_MAX_LISTED]:
+            out.append(Violation(ViolationKind.DOUBLE_OWNER, f"{pool.name} page {p} is held {int(count[p])} times: "
+                                 f"{', '.join(holders[p])}", pool.name, [p], int(count[p]), holders[p]))
+
+    if not pool.ledger_enabled:
+        return
+    for r in refs:
+        recorded = ledger[r.pages]
+        wrong = recorded != r.owner
+        if not wrong.any():
+            continue
+        freed = wrong & (recorded == FREE_CODE)
+        other = wrong & ~freed
+        if freed.any():
+            out.append(Violation(ViolationKind.FREE_BUT_REFERENCED, f"{r.label} references {int(freed.sum())} "
+                                 f"{pool.name} pages the ledger records as free", pool.name,
+                                 _listed(r.pages[freed]), int(freed.sum()), [r.label, "free"], r.node, r.rid))
+        if other.any():
+            names = sorted({describe_code(c) for c in recorded[other][:_MAX_LISTED].tolist()})
+            out.append(Violation(ViolationKind.DANGLING_REF, f"{r.label} references {int(other.sum())} "
+                                 f"{pool.name} pages the ledger gives to {', '.join(names)}", pool.name,
+                                 _listed(r.pages[other]), int(other.sum()), [r.label, *names], r.node, r.rid))
+    owned = ledger[free] != FREE_CODE
+    if owned.any():
+        names = sorted({describe_code(c) for c in ledger[free][owned][:_MAX_LISTED].tolist()})
+        out.append(Violation(ViolationKind.FREE_LIST_MISMATCH, f"{int(owned.sum())} {pool.name} pages on the free "
+                             f"list are recorded as owned by {', '.join(names)}", pool.name,
+                             _listed(free[owned]), int(owned.sum()), names))
+
+
+def _check_structure(state: OwnershipState, by_id: dict[int, NodeState], out: list[Violation]) -> None:
+    ps = state.page_size
+    for n in state.nodes:
+        if n.lock_ref < 0 or n.pins < 0:
+            out.append(Violation(ViolationKind.LOCK_UNDERFLOW, f"node#{n.id} has lock_ref={n.lock_ref}, "
+                                 f"pins={n.pins}", node=n.id))
+        if n.namespace_root:
+            continue
+        parent = by_id.get(n.parent)
+        if parent is None:
+            out.append(Violation(ViolationKind.DETACHED_REF, f"node#{n.id}'s parent #{n.parent} is not in the tree",
+                                 node=n.id))
+            continue
+        if parent.namespace != n.namespace:
+            out.append(Violation(ViolationKind.NAMESPACE_MIX, f"node#{n.id} (namespace {n.namespace[:8]}) is under "
+                                 f"node#{parent.id} of namespace {parent.namespace[:8]}", node=n.id))
+        if n.device is None and n.host is None:
+            out.append(Violation(ViolationKind.EMPTY_NODE, f"node#{n.id} holds neither a device nor a host copy",
+                                 node=n.id))
+        for tier, pages in (("device", n.device), ("host", n.host)):
+            if pages is not None and len(_a(pages)) * ps != n.tokens:
+                out.append(Violation(ViolationKind.PAGE_COUNT_MISMATCH, f"node#{n.id} has {n.tokens} tokens but "
+                                     f"{len(_a(pages))} {tier} pages of {ps}", tier, node=n.id))
+        if not parent.namespace_root:
+            if n.device is not None and parent.device is None:
+                out.append(Violation(ViolationKind.DEVICE_NOT_PREFIX, f"node#{n.id} has a device copy, its parent "
+                                     f"node#{parent.id} has none", "device", node=n.id))
+            if n.host is not None and parent.host is None:
+                out.append(Violation(ViolationKind.HOST_NOT_PREFIX, f"node#{n.id} has a host copy, its parent "
+                                     f"node#{parent.id} has none", "host", node=n.id))
+
+
+def _check_counts(state: OwnershipState, by_id: dict[int, NodeState], out: list[Violation]) -> None:
+    locks: dict[int, int] = defaultdict(int)
+    pins: dict[int, int] = defaultdict(int)
+    for h in state.holders:
+        for node_id in h.locks:
+            walk = by_id.get(node_id)
+            if walk is None and node_id != 0:
+                out.append(Violation(ViolationKind.DETACHED_REF, f"{h.kind}#{h.id} locks node#{node_id}, which is "
+                                     f"not in the tree", node=node_id, rid=h.rid))
+            while walk is not None:
+                locks[walk.id] += 1
+                walk = by_id.get(walk.parent)
+        for node_id in h.pins:
+            if node_id not in by_id:
+                out.append(Violation(ViolationKind.DETACHED_REF, f"{h.kind}#{h.id} pins node#{node_id}, which is "
+                                     f"not in the tree", node=node_id, rid=h.rid))
+            pins[node_id] += 1
+    for n in state.nodes:
+        if n.lock_ref != locks[n.id]:
+            out.append(Violation(ViolationKind.LOCK_MISMATCH, f"node#{n.id} has lock_ref={n.lock_ref}, live "
+                                 f"requests account for {locks[n.id]}", node=n.id))
+        if n.pins != pins[n.id]:
+            out.append(Violation(ViolationKind.PIN_MISMATCH, f"node#{n.id} has pins={n.pins}, in-flight operations "
+                                 f"account for {pins[n.id]}", node=n.id))
+    sizes = {"device_evictable": 0, "device_protected": 0, "host_evictable": 0, "host_protected": 0}
+    for n in state.nodes:
+        state_word = "protected" if n.lock_ref else "evictable"
+        sizes[f"device_{state_word}"] += len(_a(n.device))
+        sizes[f"host_{state_word}"] += len(_a(n.host))
+    for name, value in sizes.items():
+        recorded = getattr(state.sizes, name)
+        if recorded != value:
+            out.append(Violation(ViolationKind.SIZE_MISMATCH, f"tree {name} is {recorded} pages, recomputed "
+                                 f"{value}", name.split("_")[0], count=abs(recorded - value)))

@@ -1,0 +1,144 @@
+"""SlotPool: one tier's KV storage, its page allocator, and the ownership ledger over its pages.
+
+Storage is token-major: ``[slots, bytes_per_token]`` uint8, so one page (`page_size` consecutive slots) is one
+contiguous span. Allocation is page-granular and a page is never split between owners, so the ledger keeps one
+owner per page; a slot's owner is its page's owner.
+
+Ledger moves (`alloc`, `transfer`, `free`) check the current owner of every page, vectorised, and raise
+`OwnershipError` / `DoubleFree` before changing anything. With ``ledger=False`` the checks and owner records are
+skipped (benchmarks measure the ledger's cost against that); the allocator itself is the same.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .errors import DoubleFree, InvalidConfig, OwnershipError
+from .owners import FREE_CODE, describe_code
+
+_INDEX = np.int64
+
+
+class SlotPool:
+    """Pages of KV in one tier, each with exactly one recorded owner."""
+
+    def __init__(self, name: str, num_pages: int, page_size: int, bytes_per_token: int,
+                 device: str | torch.device = "cpu", pin_memory: bool = False, ledger: bool = True) -> None:
+        if num_pages < 0 or page_size < 1 or bytes_per_token < 1:
+            raise InvalidConfig(f"{name} pool: num_pages={num_pages}, page_size={page_size}, "
+                                f"bytes_per_token={bytes_per_token} is not a pool")
+        self.name = name  # "device" or "host": the tier, as errors and reports name it
+        self.num_pages = num_pages
+        self.page_size = page_size  # tokens (slots) per page
+        self.page_bytes = page_size * bytes_per_token
+        self.ledger = ledger  # False only to measure the ledger's cost
+        self.storage = torch.empty((num_pages * page_size, bytes_per_token), dtype=torch.uint8, device=device,
+                                   pin_memory=pin_memory and torch.device(device).type == "cpu")
+        # [num_pages, page_bytes] view: row p is page p, the unit every copy moves.
+        self.pages = self.storage.view(num_pages, self.page_bytes)
+        # Free pages are _stack[:_top]. Pop and push are slices: O(pages moved), never O(pool).
+        self._stack = np.arange(num_pages - 1, -1, -1, dtype=_INDEX)
+        self._top = num_pages
+        self._owner = np.zeros(num_pages, dtype=_INDEX)  # ledger: owner code per page; 0 = FREE
+        self._mark = np.zeros(num_pages, dtype=_INDEX)  # scratch for the duplicate check in free()
+        self._arange = np.arange(num_pages, dtype=_INDEX)
+        self._slot_offsets = np.arange(page_size, dtype=_INDEX)
+
+    # --- queries ---------------------------------------------------------------------------------------------
+
+    @property
+    def free_pages(self) -> int:
+        """Pages owned by FREE."""
+        return self._top
+
+    @property
+    def used_pages(self) -> int:
+        """Pages owned by anyone but FREE."""
+        return self.num_pages - self._top
+
+    @property
+    def device(self) -> torch.device:
+        """Where the storage tensor lives."""
+        return self.storage.device
+
+    def owners(self, pages: np.ndarray) -> np.ndarray:
+        """Ledger codes of `pages` (a copy)."""
+        return self._owner[pages]
+
+    def ledger_codes(self) -> np.ndarray:
+        """The whole ledger (a copy): owner code per page."""
+        return self._owner.copy()
+
+    def free_list(self) -> np.ndarray:
+        """The pages on the free stack (a copy)."""
+        return self._stack[: self._top].copy()
+
+    def slots(self, pages: np.ndarray) -> np.ndarray:
+        """Token slot indices of `pages`, in order (page p holds slots p*page_size .. p*page_size+page_size-1)."""
+        if self.page_size == 1:
+            return np.asarray(pages, dtype=_INDEX)
+        return (np.asarray(pages, dtype=_INDEX)[:, None] * self.page_size + self._slot_offsets).reshape(-1)
+
+    # --- ledger moves ----------------------------------------------------------------------------------------
+
+    def alloc(self, n: int, owner: int) -> np.ndarray | None:
+        """Take `n` free pages for `owner` (a ledger code). None when fewer than `n` are free: a full pool is an
+        expected outcome, not an error."""
+        if n > self._top:
+            return None
+        top = self._top
+        pages = self._stack[top - n: top][::-1].copy()
+        self._top = top - n
+        if self.ledger:
+            # Pages on the stack are FREE: free() admits only owned, distinct pages, so no check is needed here.
+            self._owner[pages] = owner
+        return pages
+
+    def transfer(self, pages: np.ndarray, src: int, dst: int) -> None:
+        """Move `pages` from owner `src` to owner `dst`; every page must be owned by `src`."""
+        if self.ledger and len(pages):
+            owner = self._owner
+            current = owner[pages]
+            if (current != src).any():
+                raise self._mismatch("transfer", pages, current, src)
+            owner[pages] = dst
+
+    def free(self, pages: np.ndarray, owner: int) -> None:
+        """Return `pages`, owned by `owner`, to FREE."""
+        k = len(pages)
+        if not k:
+            return
+        if self.ledger:
+            ledger = self._owner
+            current = ledger[pages]
+            if (current != owner).any():
+                raise self._mismatch("free", pages, current, owner)
+            # A page listed twice would land on the free stack twice and later be handed to two owners.
+            mark, ids = self._mark, self._arange[:k]
+            mark[pages] = ids
+            if (mark[pages] != ids).any():
+                dup = int(pages[int(np.flatnonzero(mark[pages] != ids)[0])])
+                raise DoubleFree(self.name, "free", dup, self._slot_range(dup), describe_code(owner),
+                                 "the same free (page listed twice)", 1)
+            ledger[pages] = FREE_CODE
+        top = self._top
+        self._stack[top: top + k] = pages
+        self._top = top + k
+
+    # --- helpers ---------------------------------------------------------------------------------------------
+
+    def _slot_range(self, page: int) -> tuple[int, int]:
+        return page * self.page_size, page * self.page_size + self.page_size - 1
+
+    def _mismatch(self, op: str, pages: np.ndarray, current: np.ndarray, expected: int) -> OwnershipError:
+        bad = np.flatnonzero(current != expected)
+        i = int(bad[0])
+        page, actual = int(pages[i]), int(current[i])
+        cls = DoubleFree if actual == FREE_CODE else OwnershipError
+        return cls(self.name, op, page, self._slot_range(page), describe_code(expected), describe_code(actual),
+                   len(bad))
+
+    def __repr__(self) -> str:
+        return (f"SlotPool({self.name}, {self.used_pages}/{self.num_pages} pages used, page_size={self.page_size}, "
+                f"{self.page_bytes} B/page, {self.device})")

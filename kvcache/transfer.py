@@ -1,0 +1,104 @@
+"""Copies between tiers, and the in-flight operations that own the destination pages while a copy runs.
+
+An operation (`TransferOp`) takes its destination pages from FREE under its own ledger owner (`Op(id, kind)`),
+pins the tree nodes it reads or fills, and on completion hands each node its slice of the pages (Op -> Node). A
+cancelled or failed operation returns its pages to FREE through the ledger.
+
+Copies are real tensor copies. Between two CPU pools they run through numpy (fancy-index gather/scatter over
+``[pages, page_bytes]`` rows), which is several times faster than `torch` indexing with few threads; a copy that
+touches CUDA runs on the current stream, non-blocking from pinned host memory, and completes when its event does.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+import torch
+
+from .owners import OwnerKind, owner_code
+from .pools import SlotPool
+from .tree import TreeNode
+
+
+class OpKind(str, enum.Enum):
+    """What an operation moves; each kind is its own ledger owner kind."""
+
+    BACKUP = "backup"  # device -> host
+    STORAGE_WRITE = "storage_write"  # host -> L3
+    PREFETCH = "prefetch"  # L3 -> host
+    LOAD_BACK = "load_back"  # host -> device
+
+
+OP_OWNER_KIND: dict[OpKind, OwnerKind] = {
+    OpKind.BACKUP: OwnerKind.OP_BACKUP,
+    OpKind.STORAGE_WRITE: OwnerKind.OP_STORAGE_WRITE,
+    OpKind.PREFETCH: OwnerKind.OP_PREFETCH,
+    OpKind.LOAD_BACK: OwnerKind.OP_LOAD_BACK,
+}
+
+
+class OpTarget:
+    """One node an operation fills, and its slice of the operation's pages."""
+
+    __slots__ = ("node", "pages")
+
+    def __init__(self, node: TreeNode, pages: np.ndarray) -> None:
+        self.node = node  # pinned until the operation completes or is cancelled
+        self.pages = pages  # destination pages for node's key pages, in order
+
+
+class TransferOp:
+    """A copy in flight: owns `pages` in `pool` until it completes."""
+
+    __slots__ = ("id", "kind", "owner", "pool", "pages", "targets", "event")
+
+    def __init__(self, ident: int, kind: OpKind, pool: SlotPool, pages: np.ndarray,
+                 targets: list[OpTarget]) -> None:
+        self.id = ident  # unique per cache, never reused
+        self.kind = kind
+        self.owner = owner_code(OP_OWNER_KIND[kind], ident)  # ledger code of this operation
+        self.pool = pool  # the destination pool, where `pages` are owned by this op
+        self.pages = pages  # destination pages, owned by this op until completion
+        self.targets = targets  # nodes to fill, in root-to-leaf order
+        self.event: torch.cuda.Event | None = None  # set when the copy runs asynchronously on a CUDA stream
+
+    def done(self) -> bool:
+        """True once the copy has finished."""
+        return self.event is None or self.event.query()
+
+    def wait(self) -> None:
+        """Block until the copy has finished."""
+        if self.event is not None:
+            self.event.synchronize()
+
+    def split_target(self, child: TreeNode, new_parent: TreeNode, head_pages: int) -> None:
+        """Follow a tree split: the target `child` lost its first `head_pages` pages to `new_parent`."""
+        for i, target in enumerate(self.targets):
+            if target.node is child:
+                head = OpTarget(new_parent, target.pages[:head_pages])
+                target.pages = target.pages[head_pages:]
+                self.targets.insert(i, head)
+                return
+
+    def __repr__(self) -> str:
+        return f"TransferOp(#{self.id} {self.kind.value} {len(self.pages)} pages in {self.pool.name})"
+
+
+def copy_pages(src: SlotPool, src_pages: np.ndarray, dst: SlotPool, dst_pages: np.ndarray) -> torch.cuda.Event | None:
+    """Copy whole pages `src_pages` of `src` into `dst_pages` of `dst`. Returns an event to wait on when the copy
+    was queued on a CUDA stream, None when it has completed."""
+    if len(src_pages) != len(dst_pages):
+        raise ValueError(f"copy of {len(src_pages)} pages into {len(dst_pages)}")
+    if not len(src_pages):
+        return None
+    if src.device.type == "cpu" and dst.device.type == "cpu":
+        dst.pages.numpy()[dst_pages] = src.pages.numpy()[src_pages]
+        return None
+    src_idx = torch.from_numpy(np.ascontiguousarray(src_pages)).to(src.device, non_blocking=True)
+    dst_idx = torch.from_numpy(np.ascontiguousarray(dst_pages)).to(dst.device, non_blocking=True)
+    rows = src.pages.index_select(0, src_idx).to(dst.device, non_blocking=True)
+    dst.pages.index_copy_(0, dst_idx, rows)
+    event = torch.cuda.Event()
+    event.record()
+    return event

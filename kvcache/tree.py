@@ -1,0 +1,459 @@
+"""The radix tree over cached token pages, rooted per namespace.
+
+Shape::
+
+    root (no namespace, no pages)
+    ├── namespace root  (key b"", namespace A)   children keyed by the first page of their key
+    │   └── node ... (key: whole pages of tokens, device and/or host page indices)
+    └── namespace root  (namespace B)            no node below it holds another namespace's tokens
+
+Every node below a namespace root holds whole pages: `key` is page-aligned and `device` / `host` (page indices in
+the L1 / L2 pool) have one entry per page. Invariants (checked by `audit`):
+
+- a node with a device copy has a parent with a device copy (device copies form a prefix from the namespace root);
+  likewise for host copies ("backed nodes form a prefix");
+- a node holds at least one copy;
+- a parent's `lock_ref` is at least each child's (locking a node locks its path).
+
+The tree records structure and page indices only. Ledger moves are the caller's (`TieredCache`): the tree hands
+back what it detached or adopted, and reports splits through `on_split` so the caller can move the head pages to
+the new node's owner.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator
+
+import msgspec
+import numpy as np
+
+from .errors import InvalidInput, LockUnderflow
+from .keys import TOKEN_BYTES, RadixKey, extend_chain, hash_root
+from .namespace import Namespace
+from .owners import OwnerKind, owner_code
+
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+class TreeNode:
+    """One node: a run of whole pages of one namespace's tokens and where their KV is."""
+
+    __slots__ = ("id", "owner", "key", "namespace", "parent", "children", "device", "host", "page_hashes",
+                 "lock_ref", "pins", "last_access", "hits")
+
+    def __init__(self, ident: int, key: bytes, namespace: Namespace | None, parent: "TreeNode | None") -> None:
+        self.id = ident  # unique in the tree, never reused; the ledger owner is Node(id)
+        self.owner = owner_code(OwnerKind.NODE, ident)  # ledger code of this node (hot paths)
+        self.key = key  # packed tokens, whole pages; b"" for the root and namespace roots
+        self.namespace = namespace  # None only for the root
+        self.parent = parent
+        self.children: dict[bytes, TreeNode] = {}  # first page of the child's key (root: namespace id) -> child
+        self.device: np.ndarray | None = None  # L1 page indices, one per page of key; None = no device copy
+        self.host: np.ndarray | None = None  # L2 page indices, one per page of key; None = no host copy
+        self.page_hashes: list[bytes] | None = None  # chain hashes of key's pages, computed on demand
+        self.lock_ref = 0  # running requests using this node (>= 0); a locked node is never evicted
+        self.pins = 0  # in-flight copies reading or writing this node (>= 0); a pinned node is never evicted
+        self.last_access = 0  # logical clock of the last match/insert through this node (LRU order)
+        self.hits = 0  # matches that went through this node (write_through_selective)
+
+    @property
+    def is_namespace_root(self) -> bool:
+        """True for the per-namespace root nodes (no pages, never evicted while they have children)."""
+        return self.parent is not None and self.parent.parent is None
+
+    def __len__(self) -> int:
+        """Tokens in this node's key."""
+        return len(self.key) // TOKEN_BYTES
+
+    def __lt__(self, other: "TreeNode") -> bool:  # heap order for LRU eviction: oldest first, then id
+        return (self.last_access, self.id) < (other.last_access, other.id)
+
+    def __repr__(self) -> str:
+        ns = self.namespace.label if self.namespace is not None else "root"
+        return (f"TreeNode(#{self.id} {ns} tokens={len(self)} device={self.device is not None} "
+                f"host={self.host is not None} lock={self.lock_ref} pins={self.pins})")
+
+
+class TreeMatch(msgspec.Struct, gc=False):
+    """What the tree holds for a key: a device prefix, then a host-only extension.
+
+    `device_node` ends the device prefix (the namespace root when there is none); `host_node` ends the host-only
+    extension (== `device_node` when there is none). `anchor` is the deepest matched node with a host copy, or
+    the tree's root (namespace None) when no matched node has one: where an L3 prefetch would attach.
+    """
+
+    device_pages: np.ndarray  # L1 pages of the device prefix, in order
+    host_pages: np.ndarray  # L2 pages of the host-only extension, in order
+    device_node: TreeNode
+    host_node: TreeNode
+    anchor: TreeNode
+    page_size: int
+
+    @property
+    def device_tokens(self) -> int:
+        """Tokens of the device prefix."""
+        return len(self.device_pages) * self.page_size
+
+    @property
+    def host_tokens(self) -> int:
+        """Tokens of the host-only extension."""
+        return len(self.host_pages) * self.page_size
+
+
+class TreeInsert(msgspec.Struct, gc=False):
+    """The outcome of an insert. The caller's pages in [0, prefix_pages) duplicate device copies the tree already
+    held (free those that are the caller's own); `adopted` nodes took the caller's pages as their device copy."""
+
+    prefix_pages: int  # leading pages of the key whose device copy was already in the tree
+    node: TreeNode  # the node that ends the key
+    adopted: list[TreeNode]  # nodes whose device copy now is a slice of the caller's pages, in path order
+
+
+class Evicted(msgspec.Struct, gc=False):
+    """Pages an eviction detached from a node; the caller frees them from the node's owner."""
+
+    owner: int  # ledger code of the node that held the pages
+    pages: np.ndarray
+
+
+SplitListener = Callable[[TreeNode, TreeNode, int], None]
+
+
+class RadixTree:
+    """Radix tree of page-aligned token keys, one subtree per namespace."""
+
+    def __init__(self, page_size: int, layout_id: bytes = b"") -> None:
+        if page_size < 1:
+            raise InvalidInput(f"page_size must be >= 1, got {page_size}")
+        self.page_size = page_size
+        self.layout_id = layout_id  # seeds the page hash chains of every namespace root
+        self._page_bytes = page_size * TOKEN_BYTES
+        self.root = TreeNode(0, b"", None, None)
+        self.root.device = self.root.host = _EMPTY
+        self._next_id = 1
+        self._clock = 0
+        # Pages held by unlocked (evictable) and locked (protected) nodes, per tier; kept exact on every change.
+        self.device_evictable = 0
+        self.device_protected = 0
+        self.host_evictable = 0
+        self.host_protected = 0
+        # Called as on_split(child, new_parent, head_pages) after a split moved child's first pages to new_parent.
+        self.on_split: SplitListener | None = None
+
+    # --- lookup ----------------------------------------------------------------------------------------------
+
+    def namespace_root(self, namespace: Namespace, create: bool = False) -> TreeNode | None:
+        """The subtree root of `namespace` (created when asked)."""
+        node = self.root.children.get(namespace.id)
+        if node is None and create:
+            node = self._new_node(b"", namespace, self.root)
+            node.device = node.host = _EMPTY
+            self.root.children[namespace.id] = node
+        return node
+
+    def match_prefix(self, key: RadixKey) -> TreeMatch:
+        """The longest page-aligned prefix of `key` in the tree, within the key's own namespace.
+
+        Splits the last matched node when the match ends inside it, so the returned nodes end exactly at the match.
+        Counts a hit and refreshes the LRU clock on every matched node.
+        """
+        ns_root = self.root.children.get(key.namespace.id)
+        if ns_root is None:
+            return TreeMatch(_EMPTY, _EMPTY, self.root, self.root, self.root, self.page_size)
+        self._clock += 1
+        clock = self._clock
+        data, pb = key.data, self._page_bytes
+        end = len(data) - len(data) % pb
+        node, pos, path = ns_root, 0, []
+        while pos < end:
+            child = node.children.get(data[pos:pos + pb])
+            if child is None:
+                break
+            klen = len(child.key)
+            if data[pos:pos + klen] != child.key:
+                head = self._common_pages(child.key, data, pos, end)
+                child = self._split(child, head)
+                klen = head * pb
+            child.last_access = clock
+            child.hits += 1
+            path.append(child)
+            node = child
+            pos += klen
+        ns_root.last_access = clock
+        return self._match_of(ns_root, path)
+
+    def _match_of(self, ns_root: TreeNode, path: list[TreeNode]) -> TreeMatch:
+        # Device copies form a prefix of the path; the rest of the path is host-only.
+        split = len(path)
+        for i, node in enumerate(path):
+            if node.device is None:
+                split = i
+                break
+        device_nodes, host_nodes = path[:split], path[split:]
+        device_node = device_nodes[-1] if device_nodes else ns_root
+        host_node = host_nodes[-1] if host_nodes else device_node
+        anchor = self.root
+        for node in reversed(path):
+            if node.host is not None:
+                anchor = node
+                break
+        return TreeMatch(_concat([n.device for n in device_nodes]), _concat([n.host for n in host_nodes]),
+                         device_node, host_node, anchor, self.page_size)
+
+    # --- insert ----------------------------------------------------------------------------------------------
+
+    def insert(self, key: RadixKey, device_pages: np.ndarray) -> TreeInsert:
+        """Insert a page-aligned key whose KV is in `device_pages` (one L1 page per key page).
+
+        Existing nodes with a device copy keep it (the caller's pages there are duplicates); existing host-only
+        nodes and new nodes take the caller's pages as their device copy.
+        """
+        data, pb = key.data, self._page_bytes
+        if len(data) % pb:
+            raise InvalidInput(f"insert needs a page-aligned key, got {len(key)} tokens at page size "
+                               f"{self.page_size}")
+        if len(device_pages) * pb != len(data):
+            raise InvalidInput(f"insert of {len(data) // pb} pages with {len(device_pages)} device pages")
+        self._clock += 1
+        clock = self._clock
+        node = self.namespace_root(key.namespace, create=True)
+        node.last_access = clock
+        pos, prefix_pages, adopted = 0, 0, []
+        while pos < len(data):
+            child = node.children.get(data[pos:pos + pb])
+            page = pos // pb
+            if child is None:
+                child = self._new_node(data[pos:], key.namespace, node)
+                node.children[data[pos:pos + pb]] = child
+                child.last_access = clock
+                self._set_device(child, device_pages[page:])
+                adopted.append(child)
+                node = child
+                break
+            klen = len(child.key)
+            if data[pos:pos + klen] != child.key:
+                head = self._common_pages(child.key, data, pos, len(data))
+                child = self._split(child, head)
+                klen = head * pb
+            child.last_access = clock
+            if child.device is None:
+                self._set_device(child, device_pages[page:page + klen // pb])
+                adopted.append(child)
+            elif not adopted:
+                prefix_pages += klen // pb
+            node = child
+            pos += klen
+        return TreeInsert(prefix_pages, node, adopted)
+
+    # --- locks -----------------------------------------------------------------------------------------------
+
+    def lock(self, node: TreeNode) -> None:
+        """Lock `node` and its path for a running request: none of it is evicted until `unlock`."""
+        while node is not self.root:
+            if node.lock_ref == 0:
+                self._protect(node, True)
+            node.lock_ref += 1
+            node = node.parent  # type: ignore[assignment]
+
+    def unlock(self, node: TreeNode) -> None:
+        """Undo one `lock(node)`. Raises `LockUnderflow` (changing nothing) when the path is not locked."""
+        walk = node
+        while walk is not self.root:
+            if walk.lock_ref <= 0:
+                raise LockUnderflow(walk.id, walk.namespace.label if walk.namespace else "root")
+            walk = walk.parent  # type: ignore[assignment]
+        while node is not self.root:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._protect(node, False)
+            node = node.parent  # type: ignore[assignment]
+
+    # --- copies ----------------------------------------------------------------------------------------------
+
+    def set_host(self, node: TreeNode, pages: np.ndarray | None) -> None:
+        """Give `node` a host copy (a backup completed) or take it away (pages=None)."""
+        self._set_host(node, pages)
+
+    def set_device(self, node: TreeNode, pages: np.ndarray | None) -> None:
+        """Give `node` a device copy (a load-back completed) or take it away (pages=None)."""
+        self._set_device(node, pages)
+
+    def page_hashes(self, node: TreeNode) -> list[bytes]:
+        """The page hash chain of `node`'s pages (computed once, from its namespace root down)."""
+        missing = []
+        walk = node
+        while walk.page_hashes is None and not walk.is_namespace_root and walk is not self.root:
+            missing.append(walk)
+            walk = walk.parent  # type: ignore[assignment]
+        if walk is self.root:
+            return []
+        last = (hash_root(self.layout_id, walk.namespace) if walk.is_namespace_root  # type: ignore[arg-type]
+                else walk.page_hashes[-1])  # type: ignore[index]
+        for n in reversed(missing):
+            n.page_hashes = extend_chain(last, n.key, self.page_size)
+            last = n.page_hashes[-1]
+        return node.page_hashes or []
+
+    def path(self, node: TreeNode) -> list[TreeNode]:
+        """Nodes from the namespace root's first child down to `node`."""
+        out = []
+        while node.parent is not None and not node.is_namespace_root:
+            out.append(node)
+            node = node.parent
+        out.reverse()
+        return out
+
+    # --- eviction --------------------------------------------------------------------------------------------
+
+    def evict_device(self, n_pages: int, backup: Callable[[TreeNode], None] | None = None) -> list[Evicted]:
+        """Detach device copies of at least `n_pages` pages (when that many are evictable), least recently used
+        leaves first. Never touches locked or pinned nodes.
+
+        `backup(node)` is called on a victim without a host copy before its device copy goes (write-back); a node
+        that has a host copy afterwards is kept host-only, any other victim is deleted.
+        """
+        heap = [n for n in self.nodes() if self._device_victim(n)]
+        heapq.heapify(heap)
+        out: list[Evicted] = []
+        freed = 0
+        while freed < n_pages and heap:
+            node = heapq.heappop(heap)
+            if not self._device_victim(node):  # a backup callback may have changed what is evictable
+                continue
+            if node.host is None and backup is not None:
+                backup(node)
+            pages = node.device
+            self._set_device(node, None)
+            out.append(Evicted(node.owner, pages))  # type: ignore[arg-type]
+            freed += len(pages)  # type: ignore[arg-type]
+            parent = node.parent
+            if node.host is None:
+                self._delete(node)
+            if parent is not None and self._device_victim(parent):
+                heapq.heappush(heap, parent)
+        return out
+
+    def evict_host(self, n_pages: int) -> list[Evicted]:
+        """Detach host copies of at least `n_pages` pages (when that many are evictable) from unlocked, unpinned
+        host-only leaves, least recently used first; the nodes are deleted (their KV remains only in L3)."""
+        heap = [n for n in self.nodes() if self._host_victim(n)]
+        heapq.heapify(heap)
+        out: list[Evicted] = []
+        freed = 0
+        while freed < n_pages and heap:
+            node = heapq.heappop(heap)
+            pages = node.host
+            self._set_host(node, None)
+            out.append(Evicted(node.owner, pages))  # type: ignore[arg-type]
+            freed += len(pages)  # type: ignore[arg-type]
+            parent = node.parent
+            self._delete(node)
+            if parent is not None and self._host_victim(parent):
+                heapq.heappush(heap, parent)
+        return out
+
+    def _device_victim(self, node: TreeNode) -> bool:
+        if node.device is None or node.lock_ref or node.pins or node.parent is None or node.is_namespace_root:
+            return False
+        return all(c.device is None for c in node.children.values())
+
+    def _host_victim(self, node: TreeNode) -> bool:
+        if (node.host is None or node.device is not None or node.lock_ref or node.pins or node.parent is None
+                or node.is_namespace_root):
+            return False
+        return all(c.host is None for c in node.children.values())
+
+    # --- walking ---------------------------------------------------------------------------------------------
+
+    def nodes(self) -> Iterator[TreeNode]:
+        """Every node below the namespace roots, parents before children."""
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            if not node.is_namespace_root:
+                yield node
+            stack.extend(node.children.values())
+
+    def namespace_roots(self) -> list[TreeNode]:
+        """The per-namespace subtree roots."""
+        return list(self.root.children.values())
+
+    # --- internals -------------------------------------------------------------------------------------------
+
+    def _new_node(self, key: bytes, namespace: Namespace, parent: TreeNode) -> TreeNode:
+        node = TreeNode(self._next_id, key, namespace, parent)
+        self._next_id += 1
+        return node
+
+    def _common_pages(self, node_key: bytes, data: bytes, pos: int, end: int) -> int:
+        """Whole pages shared by `node_key` and data[pos:end] (>= 1: the first page matched by the child lookup)."""
+        n = min(len(node_key), end - pos) // TOKEN_BYTES
+        a = np.frombuffer(node_key, dtype="<u4", count=n)
+        b = np.frombuffer(data, dtype="<u4", count=n, offset=pos)
+        diff = np.flatnonzero(a != b)
+        return (int(diff[0]) if len(diff) else n) // self.page_size
+
+    def _split(self, child: TreeNode, head_pages: int) -> TreeNode:
+        """Split `child` after `head_pages` pages; the new node takes the head and becomes child's parent."""
+        cut = head_pages * self._page_bytes
+        parent = child.parent
+        assert parent is not None and 0 < cut < len(child.key)
+        new = self._new_node(child.key[:cut], child.namespace, parent)  # type: ignore[arg-type]
+        new.lock_ref, new.pins = child.lock_ref, child.pins
+        new.last_access, new.hits = child.last_access, child.hits
+        if child.device is not None:
+            new.device, child.device = child.device[:head_pages], child.device[head_pages:]
+        if child.host is not None:
+            new.host, child.host = child.host[:head_pages], child.host[head_pages:]
+        if child.page_hashes is not None:
+            new.page_hashes, child.page_hashes = child.page_hashes[:head_pages], child.page_hashes[head_pages:]
+        parent.children[child.key[:self._page_bytes]] = new
+        child.key = child.key[cut:]
+        child.parent = new
+        new.children[child.key[:self._page_bytes]] = child
+        if self.on_split is not None:
+            self.on_split(child, new, head_pages)
+        return new
+
+    def _delete(self, node: TreeNode) -> None:
+        parent = node.parent
+        assert parent is not None and not node.children and node.lock_ref == 0 and node.pins == 0
+        del parent.children[node.key[:self._page_bytes]]
+        node.parent = None
+        if parent.is_namespace_root and not parent.children and parent.lock_ref == 0:
+            del self.root.children[parent.namespace.id]  # type: ignore[union-attr]
+            parent.parent = None
+
+    def _set_device(self, node: TreeNode, pages: np.ndarray | None) -> None:
+        delta = (0 if pages is None else len(pages)) - (0 if node.device is None else len(node.device))
+        node.device = pages
+        if node.lock_ref:
+            self.device_protected += delta
+        else:
+            self.device_evictable += delta
+
+    def _set_host(self, node: TreeNode, pages: np.ndarray | None) -> None:
+        delta = (0 if pages is None else len(pages)) - (0 if node.host is None else len(node.host))
+        node.host = pages
+        if node.lock_ref:
+            self.host_protected += delta
+        else:
+            self.host_evictable += delta
+
+    def _protect(self, node: TreeNode, locked: bool) -> None:
+        sign = 1 if locked else -1
+        d = len(node.device) if node.device is not None else 0
+        h = len(node.host) if node.host is not None else 0
+        self.device_protected += sign * d
+        self.device_evictable -= sign * d
+        self.host_protected += sign * h
+        self.host_evictable -= sign * h
+
+
+def _concat(arrays: list[np.ndarray]) -> np.ndarray:
+    if not arrays:
+        return _EMPTY
+    if len(arrays) == 1:
+        return arrays[0]
+    return np.concatenate(arrays)
