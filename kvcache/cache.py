@@ -19,7 +19,7 @@ import torch
 
 from .config import CacheConfig
 from .errors import UnknownRequest
-from .owners import OwnerKind, owner_code
+from .owners import FREE_CODE, OwnerKind, owner_code
 from .pools import SlotPool
 from .request import Request
 from .transfer import OpKind, OpTarget, TransferOp, copy_pages
@@ -186,30 +186,32 @@ class TieredCache:
         n_cached = len(live.cached_pages)
         pages = np.concatenate([live.cached_pages, live.fresh_pages]) if n_cached else live.fresh_pages
         ins = self.tree.insert(key, pages[:n_pages])
-        pool = self.device_pool
-        # Pages the tree already held: the request's own fresh pages there are duplicates of a concurrent insert.
-        duplicates = live.fresh_pages[: max(0, ins.prefix_pages - n_cached)]
-        pool.free(duplicates, live.owner)
+        # The request's fresh pages, in order: duplicates of pages the tree already held (a concurrent insert got
+        # there first) -> FREE; the adopted nodes' slices -> those nodes; the partial tail page -> FREE.
+        n_dup = max(0, ins.prefix_pages - n_cached)
+        parts, at = [(n_dup, FREE_CODE)], n_dup
         for node in ins.adopted:
-            pool.transfer(node.device, live.owner, node.owner)  # type: ignore[arg-type]
-        tail = live.fresh_pages[max(0, n_pages - n_cached):]
-        pool.free(tail, live.owner)
+            at += len(node.device)  # type: ignore[arg-type]
+            parts.append((at, node.owner))
+        n_tail = len(live.fresh_pages) - at
+        parts.append((len(live.fresh_pages), FREE_CODE))
+        self.device_pool.disperse(live.fresh_pages, live.owner, parts)
         self.tree.unlock(live.node)
         self.counters.committed += 1
-        self.counters.duplicate_pages_freed += len(duplicates)
+        self.counters.duplicate_pages_freed += n_dup
         backed = 0
         rule = self.config.backup_rule
         if rule.on_commit and self.host_pool is not None:
             min_hits = self.config.write_through_threshold if rule.needs_hits else 0
             op = self._start_backup(self._unbacked_path(ins.node, min_hits))
             backed = len(op.pages) if op is not None else 0
-        return CommitResult(rid, n_pages * ps, len(duplicates), len(tail), backed)
+        return CommitResult(rid, n_pages * ps, n_dup, n_tail, backed)
 
     def release(self, rid: str) -> None:
         """Drop a live request without caching it (abort, or finished without commit): unlock its path and free
         its fresh pages."""
         live = self._pop_live(rid, "release")
-        self.device_pool.free(live.fresh_pages, live.owner)
+        self.device_pool.disperse(live.fresh_pages, live.owner, [(len(live.fresh_pages), FREE_CODE)])
         self.tree.unlock(live.node)
         self.counters.released += 1
 

@@ -1,0 +1,39 @@
+"""Shared by the benchmark scripts: environment facts and the BENCHMARKS.md section each script owns."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from pathlib import Path
+
+BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+_HEADER = ("# Benchmarks\n\nWritten by the scripts under `benchmarks/`; each owns the section between its markers. "
+           "Figures are ratios against baselines measured in the same run, so they travel between machines better "
+           "than the absolute numbers beside them.\n")
+
+
+def machine() -> str:
+    """One line describing where the figures were measured."""
+    import numpy
+    import torch
+
+    return (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+            f"torch {torch.__version__}, numpy {numpy.__version__}")
+
+
+def write_section(name: str, body: str, path: Path = BENCHMARKS_MD) -> None:
+    """Replace (or append) the section `name` of BENCHMARKS.md with `body`."""
+    start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
+    block = f"{start}\n{body.rstrip()}\n{end}"
+    text = path.read_text() if path.exists() else _HEADER
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+    path.write_text(text)
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
