@@ -19,7 +19,9 @@ either bad input from the caller, a broken invariant, or a storage fault the cal
         ├── NotAStore                 a path that is not a kvc store (a regular file, a foreign LMDB)
         ├── StoreReadOnly             writing to a store opened read-only or at a read-only location
         ├── StoreFull                 the disk (not the store's own capacity limit) has no room left
-        └── LayoutMismatch            the KVLayout asked for is not one the store holds
+        ├── LayoutMismatch            the KVLayout asked for is not one the store holds
+        ├── StoreUnsupported          a kvc store this install cannot open (newer format, missing checksum)
+        └── UnknownBackend            a URL scheme no installed L3 backend is registered for
 """
 
 from __future__ import annotations
@@ -119,4 +121,17 @@ class StoreFull(StoreError):
 
 
 class LayoutMismatch(StoreError):
-    """The KVLayout asked for is not one the store holds."""
+    """The KVLayout asked for is not one the store holds. Names the one asked for and every one held."""
+
+    def __init__(self, path: str, requested: str, held: list[str]) -> None:
+        self.requested, self.held = requested, list(held)
+        listing = "; ".join(self.held) if self.held else "none"
+        super().__init__(path, f"layout {requested} is not in this store (it holds: {listing})")
+
+
+class StoreUnsupported(StoreError):
+    """A kvc store written by a newer format version, or with a checksum this install does not have."""
+
+
+class UnknownBackend(StoreError):
+    """A store URL whose scheme no backend in the entry-point group `kvcache.storage` is registered for."""

@@ -1,0 +1,291 @@
+"""The L3 store interface: the `L3Store` protocol, the values it trades in, and the backend registry.
+
+An L3 store maps page hashes to page bytes. A page hash names its whole prefix, its namespace and its layout
+(see `kvcache.keys`), so a store needs no other key and two namespaces or two layouts can never read each other's
+pages. Everything is batched and everything is by page hash.
+
+Rules every backend keeps (tests/conformance checks them for each registered backend):
+
+- `exists_prefix` and `get_into` count consecutive pages from the start of the batch and stop at the first gap.
+- A page whose bytes fail their checksum is a miss: counted, reported by `verify()`, never served.
+- Expected outcomes are values: a miss is a short count, a page that does not fit the capacity is `rejected` in
+  the `PutResult`. Exceptions are for unusable input and for faults the caller must see (`kvcache.errors`).
+- A read fault (an I/O error under a read) degrades to a miss and is counted.
+- The salt of a namespace is never stored: the registry keeps `extra_key` and the salt fingerprint only.
+- Access times and hit counts are recorded in memory and written in batches (`flush()`), never one write per read.
+
+Backends are found through the entry-point group ``kvcache.storage``: the entry-point name is the URL scheme
+(``lmdb`` for ``lmdb://PATH``; a plain path also opens ``lmdb``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from importlib.metadata import entry_points
+from typing import Any, Protocol, runtime_checkable
+
+import msgspec
+
+from ..errors import InvalidInput, UnknownBackend
+from ..keys import PAGE_HASH_BYTES, TOKEN_BYTES, extend_chain, hash_root
+from ..layout import KVLayout
+from ..namespace import Namespace
+
+ENTRY_POINT_GROUP = "kvcache.storage"
+DEFAULT_SCHEME = "lmdb"  # the backend a plain filesystem path opens
+
+# What a writer knows about a page: the store derives everything else (size, checksum, times) itself.
+# Pages are written in chain order, so `parent` is the previous page's hash (or the namespace root).
+
+
+class PageOrigin(msgspec.Struct, frozen=True, gc=False):
+    """Where a page comes from, as given to `L3Store.put`: its namespace, parent and tokens."""
+
+    namespace: Namespace  # the namespace of the request that produced the page; its id is folded into the hash
+    parent: bytes  # PAGE_HASH_BYTES: the previous page's hash, or the namespace root for a first page
+    tokens: bytes  # packed uint32 token ids of this page; len = TOKEN_BYTES * page_size
+
+
+class PageMeta(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """What a store records about one page besides its bytes."""
+
+    ns_id: bytes  # 16-byte Namespace.id of the page
+    layout_id: bytes  # 16-byte KVLayout.layout_id the page was written under
+    parent: bytes  # PAGE_HASH_BYTES: parent page hash (the namespace root for a first page)
+    tokens: bytes  # packed uint32 token ids of the page (TOKEN_BYTES * page_size bytes)
+    nbytes: int  # payload size in bytes, = layout.bytes_per_page
+    checksum: int  # 64-bit checksum of the payload, seeded by the page hash (algorithm: StoreStats.checksum)
+    created: float  # unix seconds of the first write
+    last_access: float  # unix seconds of the last read or write, as of the last flush (approximate by design)
+    hits: int  # reads served, as of the last flush
+
+
+class NamespaceRecord(msgspec.Struct, frozen=True):
+    """One namespace in a store's registry: identity (never the salt) and counters."""
+
+    ns_id_hex: str  # Namespace.id_hex
+    extra_key: str | None
+    salt_fingerprint: str | None  # keyed digest of the salt; the salt itself is never stored
+    pages: int  # pages stored now
+    bytes: int  # payload bytes stored now
+    created: float  # unix seconds of the first page written
+    last_access: float  # unix seconds, as of the last flush
+    hits: int  # pages read from this namespace, as of the last flush
+    roots: list[str] = []  # hex hash roots (one per layout written) where the namespace's prefix tree starts
+
+
+class LayoutRecord(msgspec.Struct, frozen=True):
+    """A KVLayout the store holds, with when it was first registered."""
+
+    layout: KVLayout
+    created: float  # unix seconds
+
+
+class ChildInfo(msgspec.Struct, frozen=True, gc=False):
+    """A stored child of a page hash (or of a namespace root): enough to walk a prefix tree hottest-first."""
+
+    page_hash: bytes  # PAGE_HASH_BYTES
+    tokens: bytes  # packed token ids of the child page: the key of the edge from its parent
+    nbytes: int  # payload bytes
+    hits: int  # as of the last flush
+    last_access: float  # unix seconds, as of the last flush
+
+
+class PutResult(msgspec.Struct, frozen=True):
+    """What one `put` batch did. `written + existing + rejected` = pages in the batch."""
+
+    written: int  # new pages stored
+    existing: int  # pages already stored (content-addressed: left as they were)
+    rejected: int  # pages that did not fit the capacity limit even after eviction (the tail of the batch)
+    evicted: int  # older pages evicted to make room
+    bytes_written: int  # payload bytes of the written pages
+
+
+class DeleteResult(msgspec.Struct, frozen=True):
+    """What `delete_namespace` removed."""
+
+    pages: int
+    bytes: int
+    transactions: int  # bounded write transactions used
+
+
+class StoreCounters(msgspec.Struct, frozen=True):
+    """Counts kept by this handle in this process since it was opened."""
+
+    pages_read: int = 0  # pages copied out to callers
+    misses: int = 0  # get_into/exists_prefix calls that stopped before the end of their batch
+    checksum_failures: int = 0  # pages that failed their checksum on read (served as misses)
+    read_errors: int = 0  # I/O faults on read (served as misses)
+    pages_written: int = 0
+    pages_existing: int = 0
+    pages_rejected: int = 0
+    pages_evicted: int = 0
+    flushes: int = 0  # access-time flushes written
+    flush_errors: int = 0  # automatic flushes that failed (the log is kept for the next one)
+    pending_access: int = 0  # page reads recorded in memory, not yet flushed
+
+
+class StoreStats(msgspec.Struct, frozen=True):
+    """A store's totals and this handle's counters."""
+
+    backend: str  # entry-point name, e.g. "lmdb"
+    location: str  # path or URL
+    format_version: int
+    checksum: str  # checksum algorithm name
+    layouts: int
+    namespaces: int
+    pages: int
+    bytes: int  # payload bytes stored
+    capacity_bytes: int  # payload limit; 0 = unlimited
+    footprint_bytes: int  # what the store occupies in its medium (file size for LMDB)
+    counters: StoreCounters
+
+
+class VerifyFinding(msgspec.Struct, frozen=True):
+    """One problem `verify()` found. `kind` is one of VERIFY_KINDS."""
+
+    kind: str
+    page_hash: str | None  # hex, when the finding is about one page
+    detail: str
+
+
+VERIFY_KINDS: dict[str, str] = {
+    "checksum_mismatch": "page bytes do not match their checksum",
+    "size_mismatch": "page size differs from its metadata or its layout",
+    "missing_meta": "a page without metadata",
+    "missing_page": "metadata without a page",
+    "unknown_layout": "a page written under a layout the store does not record",
+    "unknown_namespace": "a page of a namespace missing from the registry",
+    "missing_index": "a page missing from an index (children, namespace, access order)",
+    "dangling_index": "an index entry naming a page that is not stored",
+    "counter_mismatch": "registry counters differ from the pages stored",
+}
+
+
+class VerifyReport(msgspec.Struct, frozen=True):
+    """The outcome of a full integrity scan."""
+
+    ok: bool  # no findings
+    pages_checked: int
+    bytes_checked: int
+    findings: list[VerifyFinding]
+    repaired: int = 0  # corrupt pages dropped (verify(repair=True))
+
+
+class CapacityPolicy(msgspec.Struct, frozen=True):
+    """How much payload a store may hold and how it makes room."""
+
+    capacity_bytes: int = 0  # payload limit; 0 = unlimited. Recorded in the store so every process agrees
+    evict_scan_pages: int = 65536  # oldest pages examined per eviction pass (bounds one put's extra work)
+
+
+class AccessPolicy(msgspec.Struct, frozen=True):
+    """When recorded reads (hits, access times) are written back."""
+
+    flush_pages: int = 4096  # flush once this many page reads are pending
+    flush_interval_s: float = 10.0  # ... or when the oldest pending read is this old (checked on each call)
+
+
+@runtime_checkable
+class L3Store(Protocol):
+    """A persistent page store keyed by page hash. Every backend implements this (DESIGN §6)."""
+
+    location: str  # the path or URL it was opened at
+    layout: KVLayout | None  # the layout this handle writes under (None: inspect/read only)
+    readonly: bool
+
+    def exists_prefix(self, hashes: Sequence[bytes]) -> int:
+        """How many pages from the start of `hashes` are stored (stops at the first gap)."""
+
+    def get_into(self, hashes: Sequence[bytes], out_views: Sequence[Any]) -> int:
+        """Copy pages into caller-provided writable byte views (numpy/torch uint8, memoryview); return how many
+        consecutive pages from the start were copied. A missing, corrupt or unreadable page ends the run."""
+
+    def put(self, hashes: Sequence[bytes], pages: Sequence[Any], origins: Sequence[PageOrigin]) -> PutResult:
+        """Store a batch of pages in one transaction; pages already stored are left as they are."""
+
+    def delete_namespace(self, ns_id: bytes) -> DeleteResult:
+        """Remove every page of one namespace and its registry record, in bounded transactions."""
+
+    def namespaces(self) -> list[NamespaceRecord]:
+        """The namespace registry."""
+
+    def layouts(self) -> list[KVLayout]:
+        """Every layout the store holds."""
+
+    def root(self, namespace: Namespace, layout: KVLayout | None = None) -> bytes:
+        """The hash root of `namespace` under `layout` (default: this handle's): where its prefix tree starts."""
+
+    def children(self, page_hash: bytes) -> list[ChildInfo]:
+        """Stored children of a page hash or of a root, hottest first."""
+
+    def page_meta(self, page_hash: bytes) -> PageMeta | None:
+        """A page's metadata, or None when it is not stored."""
+
+    def stats(self) -> StoreStats:
+        """Totals and counters."""
+
+    def verify(self, repair: bool = False) -> VerifyReport:
+        """Scan every page and index; with `repair`, drop pages that fail their checksum."""
+
+    def flush(self) -> None:
+        """Write pending access times and hit counts."""
+
+    def close(self) -> None:
+        """Flush and release the handle. Idempotent."""
+
+
+def page_origins(layout: KVLayout, tokens: bytes, namespace: Namespace,
+                 parent: bytes | None = None) -> tuple[list[bytes], list[PageOrigin]]:
+    """Page hashes and origins of the whole pages of packed `tokens` in `namespace`, chained from `parent`
+    (default: the namespace root under `layout`). What a writer passes to `L3Store.put`."""
+    step = layout.page_size * TOKEN_BYTES
+    start = hash_root(layout.layout_id, namespace) if parent is None else parent
+    hashes = extend_chain(start, tokens, layout.page_size)
+    parents = [start, *hashes[:-1]]
+    origins = [PageOrigin(namespace, parents[i], tokens[i * step:(i + 1) * step]) for i in range(len(hashes))]
+    return hashes, origins
+
+
+def check_page_hashes(hashes: Sequence[bytes]) -> None:
+    """Raise InvalidInput unless every element is a PAGE_HASH_BYTES-long bytes value."""
+    for h in hashes:
+        if not isinstance(h, bytes) or len(h) != PAGE_HASH_BYTES:
+            raise InvalidInput(f"a page hash must be {PAGE_HASH_BYTES} bytes, got {h!r:.60}")
+
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def scheme_of(url_or_path: str) -> str:
+    """The backend scheme of a store location: the URL scheme, or DEFAULT_SCHEME for a plain path."""
+    m = _SCHEME.match(str(url_or_path))
+    return m.group(1).lower() if m else DEFAULT_SCHEME
+
+
+def backends() -> dict[str, Any]:
+    """Registered backends: entry-point name (URL scheme) -> entry point (not yet imported)."""
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def backend_class(scheme: str) -> type:
+    """The backend class registered for `scheme`; UnknownBackend naming the registered schemes otherwise."""
+    found = backends()
+    if scheme not in found:
+        known = ", ".join(sorted(found)) or "none"
+        raise UnknownBackend(f"{scheme}://", f"no L3 backend registered for scheme {scheme!r} (registered: {known})")
+    return found[scheme].load()
+
+
+def open_store(url_or_path: str, layout: KVLayout | None = None, *, create: bool = False, readonly: bool = False,
+               add_layout: bool = False, **options: Any) -> L3Store:
+    """Open the store at a path (LMDB) or URL (the backend registered for its scheme).
+
+    `layout`: the layout this handle writes under. It must be one the store holds (LayoutMismatch names those it
+    holds) unless `create` makes a new store or `add_layout` registers it. `create`: make the store when it does
+    not exist. `readonly`: refuse writes. Backend-specific `options` (capacity, map size, policies) pass through.
+    """
+    cls = backend_class(scheme_of(url_or_path))
+    return cls.open(str(url_or_path), layout=layout, create=create, readonly=readonly, add_layout=add_layout,
+                    **options)
