@@ -1,0 +1,50 @@
+import numpy as np
+import pytest
+
+from kvcache import InvalidTokens, Namespace, RadixKey, page_hashes
+from kvcache.keys import extend_chain, hash_root, pack_tokens, unpack_tokens
+
+LAYOUT_A, LAYOUT_B = b"a" * 16, b"b" * 16
+
+
+def test_pack_round_trip():
+    toks = [0, 1, 2**32 - 1, 123456]
+    assert unpack_tokens(pack_tokens(toks)) == toks
+    assert pack_tokens(np.array(toks, dtype=np.uint64)) == pack_tokens(toks)
+    assert pack_tokens([]) == b""
+
+
+@pytest.mark.parametrize("bad", [[-1], [2**32], [1.0], [True], ["7"], [[1, 2]], [2**70]])
+def test_bad_tokens(bad):
+    with pytest.raises(InvalidTokens):
+        pack_tokens(bad)
+
+
+def test_page_aligned_drops_partial_tail():
+    k = RadixKey.of(range(10), Namespace("t"))
+    assert len(k.page_aligned(4)) == 8 and k.page_aligned(4).namespace == k.namespace
+    assert k.page_aligned(5) is k
+    assert len(k.page_aligned(16)) == 0
+
+
+def test_chain_is_a_chain():
+    ns = Namespace("t1", "s")
+    key = RadixKey.of(range(12), ns)
+    h = page_hashes(LAYOUT_A, key, 4)
+    assert len(h) == 3 and all(len(x) == 16 for x in h)
+    # h_i depends only on h_{i-1} and page i: extending from a middle hash gives the same tail
+    assert extend_chain(h[0], key.data[16:], 4) == h[1:]
+    # a shorter key is a prefix of the chain; the partial tail page has no hash
+    assert page_hashes(LAYOUT_A, RadixKey.of(range(9), ns), 4) == h[:2]
+
+
+def test_namespace_and_layout_are_in_the_root():
+    toks = list(range(8))
+    chains = {tuple(page_hashes(lay, RadixKey.of(toks, ns), 4))
+              for lay in (LAYOUT_A, LAYOUT_B) for ns in (Namespace(), Namespace("t1"), Namespace("t1", "s"))}
+    assert len(chains) == 6
+    assert hash_root(LAYOUT_A, Namespace("")) == hash_root(LAYOUT_A, Namespace(None))
+    # no page hash of one namespace equals any of another's for the same tokens
+    a = set(page_hashes(LAYOUT_A, RadixKey.of(toks, Namespace("t1")), 1))
+    b = set(page_hashes(LAYOUT_A, RadixKey.of(toks, Namespace("t2")), 1))
+    assert not a & b

@@ -1,0 +1,43 @@
+import numpy as np
+import pytest
+import torch
+
+from kvcache.pools import SlotPool
+from kvcache.transfer import OP_OWNER_KIND, OpKind, OpTarget, TransferOp, copy_pages
+from kvcache.tree import RadixTree
+from kvcache import Namespace, RadixKey
+
+
+def test_copy_pages_moves_exact_bytes():
+    src = SlotPool("device", 8, 2, 16)
+    dst = SlotPool("host", 8, 2, 16)
+    src.storage.copy_(torch.randint(0, 256, src.storage.shape, dtype=torch.uint8))
+    dst.storage.zero_()
+    assert copy_pages(src, np.array([5, 1, 3]), dst, np.array([0, 7, 2])) is None
+    for s, d in ((5, 0), (1, 7), (3, 2)):
+        assert torch.equal(src.pages[s], dst.pages[d])
+    assert int(dst.pages[[1, 3, 4, 5, 6]].sum()) == 0
+
+
+def test_copy_pages_length_mismatch():
+    p = SlotPool("device", 4, 1, 8)
+    with pytest.raises(ValueError):
+        copy_pages(p, np.array([0, 1]), p, np.array([2]))
+
+
+def test_every_op_kind_is_an_owner_kind():
+    assert set(OP_OWNER_KIND) == set(OpKind)
+    assert len(set(OP_OWNER_KIND.values())) == len(OpKind)
+
+
+def test_split_target_follows_a_tree_split():
+    tree = RadixTree(1)
+    ins = tree.insert(RadixKey.of(range(5), Namespace()), np.arange(5))
+    pool = SlotPool("host", 8, 1, 8)
+    pages = pool.alloc(5, 1)
+    op = TransferOp(1, OpKind.BACKUP, pool, pages, [OpTarget(ins.node, pages)])
+    tree.on_split = op.split_target
+    tree.match_prefix(RadixKey.of([0, 1, 7], Namespace()))
+    head, tail = op.targets
+    assert head.node is ins.node.parent and list(head.pages) == list(pages[:2])
+    assert tail.node is ins.node and list(tail.pages) == list(pages[2:])

@@ -1,0 +1,170 @@
+import numpy as np
+import pytest
+
+from kvcache import LockUnderflow, Namespace, RadixKey
+from kvcache.keys import page_hashes
+from kvcache.tree import RadixTree
+
+A, B = Namespace("tenant-a", "salt-a"), Namespace("tenant-b")
+LAYOUT_ID = b"L" * 16
+
+
+def key(tokens, ns=A):
+    return RadixKey.of(tokens, ns)
+
+
+def pages(start, n):
+    return np.arange(start, start + n, dtype=np.int64)
+
+
+def test_match_on_empty_tree_anchors_at_root():
+    t = RadixTree(1)
+    m = t.match_prefix(key([1, 2, 3]))
+    assert m.device_tokens == 0 and m.host_tokens == 0 and m.anchor is t.root and m.anchor.namespace is None
+
+
+def test_insert_then_match_full_and_partial():
+    t = RadixTree(2)
+    ins = t.insert(key(range(8)), pages(0, 4))
+    assert ins.prefix_pages == 0 and [len(n) for n in ins.adopted] == [8]
+    m = t.match_prefix(key(range(8)))
+    assert list(m.device_pages) == [0, 1, 2, 3] and m.device_node is ins.node
+    # a query ending inside a node splits it at the page boundary
+    m = t.match_prefix(key([0, 1, 2, 3, 99]))
+    assert list(m.device_pages) == [0, 1] and len(m.device_node) == 4
+    assert m.device_node.parent.is_namespace_root and len(list(t.nodes())) == 2
+
+
+def test_two_namespaces_share_no_node_for_identical_tokens():
+    t = RadixTree(1)
+    a = t.insert(key(range(6), A), pages(0, 6))
+    b = t.insert(key(range(6), B), pages(100, 6))
+    assert b.prefix_pages == 0 and a.node is not b.node
+    assert t.namespace_root(A) is not t.namespace_root(B)
+    for node in t.nodes():
+        root = node
+        while not root.is_namespace_root:
+            assert root.namespace == node.namespace
+            root = root.parent
+    assert list(t.match_prefix(key(range(6), B)).device_pages) == list(range(100, 106))
+    assert t.match_prefix(key(range(6), Namespace("tenant-c"))).device_tokens == 0
+
+
+def test_insert_of_existing_prefix_reports_exactly_the_duplicates():
+    t = RadixTree(1)
+    t.insert(key(range(10)), pages(0, 10))
+    ins = t.insert(key(list(range(6)) + [50, 51, 52]), pages(20, 9))
+    assert ins.prefix_pages == 6  # the caller frees its pages 20..25
+    assert [list(n.device) for n in ins.adopted] == [[26, 27, 28]]
+    m = t.match_prefix(key(list(range(6)) + [50, 51, 52]))
+    assert list(m.device_pages) == [0, 1, 2, 3, 4, 5, 26, 27, 28]
+
+
+def test_insert_adopts_pages_for_host_only_nodes():
+    t = RadixTree(1)
+    ins = t.insert(key(range(4)), pages(0, 4))
+    t.set_host(ins.node, pages(50, 4))
+    [ev] = t.evict_device(4)
+    assert list(ev.pages) == [0, 1, 2, 3] and ins.node.device is None and ins.node.host is not None
+    again = t.insert(key(range(6)), pages(10, 6))
+    assert again.prefix_pages == 0 and [list(n.device) for n in again.adopted] == [[10, 11, 12, 13], [14, 15]]
+
+
+def test_split_keeps_sizes_and_page_hashes():
+    t = RadixTree(2, LAYOUT_ID)
+    ins = t.insert(key(range(12)), pages(0, 6))
+    t.set_host(ins.node, pages(40, 6))
+    full = t.page_hashes(ins.node)
+    assert full == page_hashes(LAYOUT_ID, key(range(12)), 2)
+    before = (t.device_evictable, t.host_evictable)
+    t.insert(key(list(range(4)) + [77, 78]), pages(10, 3))  # splits after 2 pages
+    head = ins.node.parent
+    assert len(head) == 4 and len(ins.node) == 8
+    assert list(head.device) == [0, 1] and list(ins.node.device) == [2, 3, 4, 5]
+    assert list(head.host) == [40, 41] and list(ins.node.host) == [42, 43, 44, 45]
+    assert head.page_hashes + ins.node.page_hashes == full
+    assert (t.device_evictable, t.host_evictable) == (before[0] + 1, before[1])
+    # hashes computed after a split agree with a fresh computation
+    other = t.match_prefix(key(list(range(4)) + [77, 78])).device_node
+    assert t.page_hashes(other) == page_hashes(LAYOUT_ID, key(list(range(4)) + [77, 78]), 2)[2:]
+
+
+def test_split_reports_to_listener():
+    t = RadixTree(1)
+    seen = []
+    t.on_split = lambda child, new, head: seen.append((child.id, new.id, head))
+    ins = t.insert(key(range(5)), pages(0, 5))
+    t.match_prefix(key([0, 1, 9]))
+    assert seen == [(ins.node.id, ins.node.parent.id, 2)]
+
+
+def test_lock_protects_path_and_underflow_is_detected():
+    t = RadixTree(1)
+    ins = t.insert(key(range(4)), pages(0, 4))
+    leaf = t.insert(key(range(6)), pages(10, 6)).node
+    t.lock(leaf)
+    assert t.device_protected == 6 and t.device_evictable == 0
+    assert t.evict_device(100) == []
+    t.unlock(leaf)
+    assert t.device_protected == 0 and t.device_evictable == 6
+    with pytest.raises(LockUnderflow):
+        t.unlock(leaf)
+    assert leaf.lock_ref == 0 and ins.node.lock_ref == 0  # nothing changed by the failed unlock
+
+
+def test_eviction_never_touches_locked_or_pinned_nodes_and_is_lru():
+    t = RadixTree(1)
+    n1 = t.insert(key([1, 1]), pages(0, 2)).node
+    n2 = t.insert(key([2, 2]), pages(2, 2)).node
+    n3 = t.insert(key([3, 3]), pages(4, 2)).node
+    n4 = t.insert(key([4, 4]), pages(6, 2)).node
+    t.match_prefix(key([1, 1]))  # n1 is now the most recently used
+    t.lock(n2)
+    n3.pins = 1
+    evicted = t.evict_device(2)
+    assert [list(e.pages) for e in evicted] == [[6, 7]]  # n4: oldest unlocked, unpinned
+    evicted = t.evict_device(100)
+    assert [list(e.pages) for e in evicted] == [[0, 1]]
+    assert n2.device is not None and n3.device is not None and n4.parent is None
+
+
+def test_device_eviction_keeps_node_with_host_copy_then_host_eviction_deletes_leaves_first():
+    t = RadixTree(1)
+    a = t.insert(key([1, 2]), pages(0, 2)).node
+    b = t.insert(key([1, 2, 3, 4]), pages(10, 4)).node
+    t.set_host(a, pages(20, 2))
+    t.set_host(b, pages(22, 2))
+    assert len(t.evict_device(100)) == 2
+    assert a.device is None and b.device is None and b.parent is a
+    first = t.evict_host(1)
+    assert [list(e.pages) for e in first] == [[22, 23]]  # the leaf before its parent
+    assert t.evict_host(1)[0].owner == a.owner
+    assert t.namespace_root(A) is None  # an empty namespace subtree is removed
+
+
+def test_host_eviction_skips_nodes_with_device_copy():
+    t = RadixTree(1)
+    a = t.insert(key([1, 2]), pages(0, 2)).node
+    t.set_host(a, pages(20, 2))
+    assert t.evict_host(10) == []
+
+
+def test_anchor_is_deepest_host_node():
+    t = RadixTree(1)
+    a = t.insert(key([1, 2]), pages(0, 2)).node
+    b = t.insert(key([1, 2, 3]), pages(10, 3)).node
+    t.set_host(a, pages(20, 2))
+    m = t.match_prefix(key([1, 2, 3, 9]))
+    assert m.anchor is a and m.device_node is b and m.host_tokens == 0
+    t.set_host(b, pages(22, 1))
+    t.evict_device(1)
+    m = t.match_prefix(key([1, 2, 3, 9]))
+    assert m.anchor is b and m.device_node is a and m.host_node is b and list(m.host_pages) == [22]
+
+
+def test_insert_rejects_unaligned_keys():
+    t = RadixTree(4)
+    with pytest.raises(ValueError):
+        t.insert(key(range(6)), pages(0, 1))
+    with pytest.raises(ValueError):
+        t.insert(key(range(8)), pages(0, 3))
