@@ -268,7 +268,7 @@ def _translate(exc: BaseException, path: str, doing: str, wanted: int = 0) -> St
     return StoreError(path, f"{doing}: {exc}")
 
 
-def _open_env(path: str, create: bool, map_size: int, durable: bool) -> _SharedEnv:
+def _open_env(path: str, create: bool, map_size: int, durable: bool, checksum: str) -> _SharedEnv:
     """Open (or create) the environment at `path` and check that it is a kvc store."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise NotAStore(path, "is a regular file, expected a kvc store directory")
@@ -302,14 +302,15 @@ def _open_env(path: str, create: bool, map_size: int, durable: bool) -> _SharedE
             raise _translate(exc, path, "opening") from None
     try:
         env.reader_check()  # clear reader slots of dead processes before anything pins old pages
-        dbs, fmt = _open_dbs(env, path, writable, create)
+        dbs, fmt = _open_dbs(env, path, writable, create, checksum)
     except BaseException:
         env.close()
         raise
     return _SharedEnv(env, path, writable, dbs, fmt)
 
 
-def _open_dbs(env: lmdb.Environment, path: str, writable: bool, create: bool) -> tuple[_Dbs, StoreFormat]:
+def _open_dbs(env: lmdb.Environment, path: str, writable: bool, create: bool,
+              checksum: str) -> tuple[_Dbs, StoreFormat]:
     with env.begin() as txn:
         names = {bytes(k) for k, _ in txn.cursor()}
     if b"store" not in names:
@@ -317,7 +318,7 @@ def _open_dbs(env: lmdb.Environment, path: str, writable: bool, create: bool) ->
             raise NotAStore(path, "an LMDB environment without kvc's format record (a foreign LMDB)")
         if not (create and writable):
             raise NotAStore(path, "an empty LMDB environment, not a kvc store")
-        fmt = StoreFormat(FORMAT_MAGIC, FORMAT_VERSION, DEFAULT_CHECKSUM, time.time())
+        fmt = StoreFormat(FORMAT_MAGIC, FORMAT_VERSION, checksum, time.time())
         try:
             with env.begin(write=True) as txn:
                 handles = {n: env.open_db(n.encode(), txn=txn, create=True, dupsort=n in _DUPFIXED,
@@ -349,11 +350,12 @@ def _open_dbs(env: lmdb.Environment, path: str, writable: bool, create: bool) ->
     return _Dbs(**handles), fmt
 
 
-def _acquire(path: str, create: bool, map_size: int, durable: bool) -> _SharedEnv:
+def _acquire(path: str, create: bool, map_size: int, durable: bool,
+             checksum: str = DEFAULT_CHECKSUM) -> _SharedEnv:
     with _ENVS_LOCK:
         shared = _ENVS.get(path)
         if shared is None or shared.pid != os.getpid():
-            shared = _open_env(path, create, map_size, durable)
+            shared = _open_env(path, create, map_size, durable, checksum)
             _ENVS[path] = shared
         shared.refs += 1
         return shared
@@ -444,23 +446,27 @@ class LMDBStore:
     @classmethod
     def open(cls, location: str, layout: KVLayout | None = None, *, create: bool = False, readonly: bool = False,
              add_layout: bool = False, capacity: CapacityPolicy | None = None, access: AccessPolicy | None = None,
-             map_size: int = DEFAULT_MAP_SIZE, durable: bool = True) -> "LMDBStore":
+             map_size: int = DEFAULT_MAP_SIZE, durable: bool = True,
+             checksum: str = DEFAULT_CHECKSUM) -> "LMDBStore":
         """Open the store at `location` (a path or ``lmdb://PATH``).
 
         `layout`: the layout this handle writes under; it must be held by the store unless the store is created
         now or `add_layout` registers it (LayoutMismatch otherwise, naming the layouts held). `capacity`: record
         a new payload limit (every process then uses it). `map_size`: initial map size in bytes (grows on
         demand). `durable`: fsync every committed batch (False: a system crash may lose the last batches; a
-        killed process never loses any).
+        killed process never loses any). `checksum`: the algorithm of a store created now (a key of CHECKSUMS);
+        an existing store keeps the one it was created with.
         """
         path = location[len("lmdb://"):] if location.startswith("lmdb://") else location
         if not path:
             raise InvalidInput("an LMDB store location needs a path")
         path = os.path.realpath(path)
+        if checksum not in CHECKSUMS:
+            raise InvalidInput(f"checksum {checksum!r} is not one of {', '.join(CHECKSUMS)}")
         existed = os.path.exists(os.path.join(path, "data.mdb"))
         if readonly and not existed:
             raise NotAStore(path, "no kvc store here to open read-only")
-        shared = _acquire(path, create and not readonly, map_size, durable)
+        shared = _acquire(path, create and not readonly, map_size, durable, checksum)
         store = cls(shared, location, layout, readonly or not shared.writable, access or AccessPolicy(), map_size,
                     durable)
         try:

@@ -1,0 +1,271 @@
+"""The L3 contract (kvcache.storage.base), run against every registered backend through `factory`."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from kvcache.errors import LayoutMismatch
+from kvcache.keys import pack_tokens
+from kvcache.namespace import Namespace
+from kvcache.layout import KVLayout
+from kvcache.storage.base import L3Store, open_store, page_origins
+
+LAYOUT = KVLayout("conformance-model@r1", layers=2, kv_heads=2, head_dim=16, dtype="float16", page_size=4)
+OTHER_LAYOUT = KVLayout("conformance-model@r2", layers=2, kv_heads=2, head_dim=16, dtype="float16", page_size=4)
+
+SALT = "conformance-salt-7f3a9c"
+NS_A = Namespace("tenant-a", SALT)
+NS_B = Namespace("tenant-b", SALT)
+
+
+def page_payload(page_hash: bytes, nbytes: int) -> np.ndarray:
+    """Deterministic page bytes derived from the page hash: every page's content is distinct and known."""
+    return np.frombuffer(hashlib.shake_128(page_hash).digest(nbytes), dtype=np.uint8).copy()
+
+
+def test_suite_layouts_are_the_fixtures(layout, other_layout):
+    assert (layout, other_layout) == (LAYOUT, OTHER_LAYOUT)
+
+
+def write(store, tokens, namespace, layout=LAYOUT):
+    """Put the whole pages of `tokens`; return (hashes, payloads)."""
+    hashes, origins = page_origins(layout, pack_tokens(tokens), namespace)
+    payloads = [page_payload(h, layout.bytes_per_page) for h in hashes]
+    result = store.put(hashes, payloads, origins)
+    assert result.written + result.existing == len(hashes)
+    return hashes, payloads
+
+
+def read(store, hashes, layout=LAYOUT):
+    """get_into fresh zeroed views; return (count, views)."""
+    out = np.zeros((len(hashes), layout.bytes_per_page), dtype=np.uint8)
+    n = store.get_into(hashes, list(out))
+    return n, out
+
+
+def test_backend_implements_the_protocol(store):
+    assert isinstance(store, L3Store)
+
+
+def test_put_get_round_trip_is_bit_exact(store):
+    hashes, payloads = write(store, range(40), NS_A)
+    n, out = read(store, hashes)
+    assert n == len(hashes) == 10
+    for got, want in zip(out, payloads):
+        assert np.array_equal(got, want)
+
+
+def test_get_into_torch_views_of_one_host_tensor(store):
+    hashes, payloads = write(store, range(24), NS_A)
+    slots = torch.zeros((8, LAYOUT.bytes_per_page), dtype=torch.uint8)
+    order = [5, 0, 7, 2, 1, 6]  # L2 slots are not in chain order
+    assert store.get_into(hashes, [slots[i] for i in order]) == 6
+    for i, want in zip(order, payloads):
+        assert np.array_equal(slots[i].numpy(), want)
+    assert int(slots[3].sum()) == 0 and int(slots[4].sum()) == 0  # untouched slots stay untouched
+
+
+def test_put_of_stored_pages_leaves_them_and_counts_them(store):
+    hashes, _ = write(store, range(16), NS_A)
+    hashes2, origins = page_origins(LAYOUT, pack_tokens(range(24)), NS_A)
+    result = store.put(hashes2, [page_payload(h, LAYOUT.bytes_per_page) for h in hashes2], origins)
+    assert (result.existing, result.written) == (4, 2)
+    assert store.stats().pages == 6
+
+
+def test_exists_prefix_counts_from_the_start_and_stops_at_the_first_gap(store):
+    hashes, origins = page_origins(LAYOUT, pack_tokens(range(32)), NS_A)
+    keep = [0, 1, 2, 4, 5, 6, 7]  # page 3 missing
+    store.put([hashes[i] for i in keep], [page_payload(hashes[i], LAYOUT.bytes_per_page) for i in keep],
+              [origins[i] for i in keep])
+    assert store.exists_prefix(hashes) == 3
+    assert store.exists_prefix(hashes[4:]) == 4
+    assert store.exists_prefix(hashes[3:]) == 0
+    assert store.exists_prefix([]) == 0
+    n, _ = read(store, hashes)
+    assert n == 3
+
+
+def test_a_miss_is_a_value(store):
+    hashes, _ = page_origins(LAYOUT, pack_tokens(range(8)), NS_A)
+    assert store.exists_prefix(hashes) == 0
+    n, out = read(store, hashes)
+    assert n == 0 and not out.any()
+
+
+def test_namespaces_never_see_each_others_pages_for_identical_tokens(store):
+    tokens = list(range(100, 140))
+    ha, pa = write(store, tokens, NS_A)
+    hb, _ = page_origins(LAYOUT, pack_tokens(tokens), NS_B)
+    assert set(ha).isdisjoint(hb)
+    assert store.exists_prefix(hb) == 0
+    assert read(store, hb)[0] == 0
+    hb, pb = write(store, tokens, NS_B)
+    na, outa = read(store, ha)
+    nb, outb = read(store, hb)
+    assert na == nb == 10
+    assert all(np.array_equal(x, y) for x, y in zip(outa, pa))
+    assert all(np.array_equal(x, y) for x, y in zip(outb, pb))
+    assert not any(np.array_equal(x, y) for x, y in zip(outa, outb))
+
+
+def test_only_the_salt_differs_and_still_no_sharing(store):
+    plain = Namespace("tenant-a")
+    hashes, _ = write(store, range(16), NS_A)
+    other, _ = page_origins(LAYOUT, pack_tokens(range(16)), plain)
+    assert store.exists_prefix(other) == 0
+
+
+def test_layouts_never_see_each_others_pages(factory, location):
+    tokens = list(range(64))
+    first = factory.open(location, LAYOUT)
+    ha, _ = write(first, tokens, NS_A, LAYOUT)
+    second = factory.open(location, OTHER_LAYOUT)
+    try:
+        hb, _ = page_origins(OTHER_LAYOUT, pack_tokens(tokens), NS_A)
+        assert set(ha).isdisjoint(hb)
+        assert second.exists_prefix(hb) == 0
+        assert read(second, hb, OTHER_LAYOUT)[0] == 0
+        hb, _ = write(second, tokens, NS_A, OTHER_LAYOUT)
+        assert {lay.layout_id for lay in second.layouts()} == {LAYOUT.layout_id, OTHER_LAYOUT.layout_id}
+        assert first.exists_prefix(ha) == second.exists_prefix(hb) == 16
+    finally:
+        second.close()
+        first.close()
+
+
+def test_opening_with_a_layout_the_store_does_not_hold_names_the_held_ones(factory, location, store):
+    write(store, range(8), NS_A)
+    with pytest.raises(LayoutMismatch) as info:
+        open_store(location, OTHER_LAYOUT)
+    assert info.value.held == [LAYOUT.describe()]
+    assert OTHER_LAYOUT.describe() == info.value.requested
+    assert "conformance-model@r1" in str(info.value)
+
+
+def test_delete_namespace_removes_exactly_one_namespace(store):
+    ha, _ = write(store, range(40), NS_A)
+    hb, pb = write(store, range(40), NS_B)
+    result = store.delete_namespace(NS_A.id)
+    assert (result.pages, result.bytes) == (10, 10 * LAYOUT.bytes_per_page)
+    assert store.exists_prefix(ha) == 0
+    nb, outb = read(store, hb)
+    assert nb == 10 and all(np.array_equal(x, y) for x, y in zip(outb, pb))
+    assert [r.ns_id_hex for r in store.namespaces()] == [NS_B.id_hex]
+    assert store.stats().pages == 10
+    assert store.verify().ok
+
+
+def test_namespace_registry_keeps_identity_and_counters_never_the_salt(store):
+    write(store, range(40), NS_A)
+    hashes, _ = write(store, range(8), NS_B)
+    read(store, hashes)
+    store.flush()
+    records = {r.ns_id_hex: r for r in store.namespaces()}
+    a, b = records[NS_A.id_hex], records[NS_B.id_hex]
+    assert (a.extra_key, a.salt_fingerprint, a.pages, a.bytes) == ("tenant-a", NS_A.salt_fingerprint, 10,
+                                                                   10 * LAYOUT.bytes_per_page)
+    assert (b.pages, b.hits) == (2, 2)
+    assert b.last_access >= b.created
+    assert SALT not in repr(records)
+
+
+def test_prefix_tree_walks_from_the_namespace_root_hottest_first(store):
+    shared = list(range(8))
+    h1, _ = write(store, shared + [1] * 8, NS_A)
+    h2, _ = write(store, shared + [2] * 8, NS_A)
+    read(store, h2)
+    read(store, h2)
+    store.flush()
+    root = store.root(NS_A)
+    record = next(r for r in store.namespaces() if r.ns_id_hex == NS_A.id_hex)
+    assert record.roots == [root.hex()]
+    level0 = store.children(root)
+    assert [c.page_hash for c in level0] == [h1[0]]
+    level2 = store.children(h1[1])
+    assert [c.page_hash for c in level2] == [h2[2], h1[2]]  # h2's branch has the hits
+    assert level2[0].hits == 2 and level2[1].hits == 0
+    # The tokens on the edges rebuild the sequence: the tree is walkable from the store alone.
+    walk, at = b"", root
+    for _ in range(4):
+        child = store.children(at)[0]
+        walk += child.tokens
+        at = child.page_hash
+    assert walk == pack_tokens(shared + [2] * 8)
+    assert store.children(h2[-1]) == []
+
+
+def test_verify_finds_injected_corruption_and_the_page_is_never_served(factory, location):
+    s = factory.open(location, LAYOUT)
+    hashes, payloads = write(s, range(40), NS_A)
+    assert s.verify().ok
+    s.close()
+    factory.corrupt(location, payloads[4].tobytes())
+    s = factory.open(location, LAYOUT)
+    try:
+        report = s.verify()
+        assert not report.ok
+        assert [(f.kind, f.page_hash) for f in report.findings] == [("checksum_mismatch", hashes[4].hex())]
+        n, out = read(s, hashes)
+        assert n == 4
+        assert s.stats().counters.checksum_failures == 1
+        assert s.exists_prefix(hashes) == 4  # known corrupt: a miss from now on
+        repaired = s.verify(repair=True)
+        assert repaired.repaired == 1
+        assert s.verify().ok
+        write(s, range(40), NS_A)  # a later writer heals the chain
+        n, out = read(s, hashes)
+        assert n == 10 and np.array_equal(out[4], payloads[4])
+    finally:
+        s.close()
+
+
+def test_pages_and_registry_survive_reopen(factory, location):
+    s = factory.open(location, LAYOUT)
+    hashes, payloads = write(s, range(40), NS_A)
+    read(s, hashes[:3])
+    s.close()
+    s = factory.open(location, LAYOUT)
+    try:
+        n, out = read(s, hashes)
+        assert n == 10 and all(np.array_equal(x, y) for x, y in zip(out, payloads))
+        record = s.namespaces()[0]
+        assert (record.pages, record.hits) == (10, 3)
+        assert s.verify().ok
+    finally:
+        s.close()
+
+
+def test_concurrent_readers_during_writes(store):
+    stable, stable_payloads = write(store, range(64), NS_A)
+    errors: list[str] = []
+    written: list[tuple[list[bytes], list[np.ndarray]]] = []
+    done = threading.Event()
+
+    def reader() -> None:
+        while not done.is_set():
+            n, out = read(store, stable)
+            if n != len(stable) or not all(np.array_equal(x, y) for x, y in zip(out, stable_payloads)):
+                errors.append(f"stable prefix read {n} pages or wrong bytes")
+            for hashes, payloads in list(written):
+                n, out = read(store, hashes)
+                if n != len(hashes) or not all(np.array_equal(x, y) for x, y in zip(out, payloads)):
+                    errors.append(f"acknowledged batch read {n}/{len(hashes)} pages or wrong bytes")
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(30):
+            written.append(write(store, range(1000 * i, 1000 * i + 32), NS_B))
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+    assert errors == []
+    assert store.verify().ok
