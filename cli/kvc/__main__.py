@@ -1,0 +1,5 @@
+"""`python -m kvc` runs the CLI."""
+
+from kvc.main import app
+
+app()
