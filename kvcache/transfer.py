@@ -4,9 +4,9 @@ An operation (`TransferOp`) takes its destination pages from FREE under its own 
 pins the tree nodes it reads or fills, and on completion hands each node its slice of the pages (Op -> Node). A
 cancelled or failed operation returns its pages to FREE through the ledger.
 
-Copies are real tensor copies. Between two CPU pools they run through numpy (fancy-index gather/scatter over
-``[pages, page_bytes]`` rows), which is several times faster than `torch` indexing with few threads; a copy that
-touches CUDA runs on the current stream, non-blocking from pinned host memory, and completes when its event does.
+Copies are real tensor copies. Host-side gathers and scatters run through numpy (fancy indexing over
+``[pages, page_bytes]`` rows), several times faster than `torch` indexing with few threads. A copy into a CUDA pool
+is queued on the current stream and completes when its event does; a copy out of one waits for itself.
 """
 
 from __future__ import annotations
@@ -95,10 +95,18 @@ def copy_pages(src: SlotPool, src_pages: np.ndarray, dst: SlotPool, dst_pages: n
     if src.device.type == "cpu" and dst.device.type == "cpu":
         dst.pages.numpy()[dst_pages] = src.pages.numpy()[src_pages]
         return None
-    src_idx = torch.from_numpy(np.ascontiguousarray(src_pages)).to(src.device, non_blocking=True)
+    if dst.device.type == "cpu":
+        # Device -> host: the gathered rows must have landed before the CPU scatters them, so this direction
+        # waits for its own copy (a non-blocking D2H followed by a CPU read would race).
+        rows = src.pages.index_select(0, torch.from_numpy(np.ascontiguousarray(src_pages)).to(src.device)).cpu()
+        dst.pages.numpy()[dst_pages] = rows.numpy()
+        return None
+    # Host (or device) -> device: gather on the source, copy, scatter on the destination stream; the host rows are
+    # staged by the H2D copy itself, so nothing on the host side is read after this call returns.
+    rows = (torch.from_numpy(src.pages.numpy()[src_pages]) if src.device.type == "cpu"
+            else src.pages.index_select(0, torch.from_numpy(np.ascontiguousarray(src_pages)).to(src.device)))
     dst_idx = torch.from_numpy(np.ascontiguousarray(dst_pages)).to(dst.device, non_blocking=True)
-    rows = src.pages.index_select(0, src_idx).to(dst.device, non_blocking=True)
-    dst.pages.index_copy_(0, dst_idx, rows)
+    dst.pages.index_copy_(0, dst_idx, rows.to(dst.device, non_blocking=True))
     event = torch.cuda.Event()
     event.record()
     return event

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
-from conftest import make_cache
+from factories import make_cache
 from kvcache import AdmitStatus, Namespace, Request, WritePolicy
 from kvcache.keys import page_hashes
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from conftest import make_cache
+from factories import make_cache
 from kvcache import Namespace, Request
 from kvcache.audit import OwnershipState, check_state, collect_state
 from kvcache.owners import OwnerKind, owner_code

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import make_cache
+from factories import make_cache
 from kvcache import AdmitStatus, DoubleFree, Namespace, Request, UnknownRequest, WritePolicy
 from kvcache.owners import FREE_CODE
 

@@ -1,6 +1,6 @@
 import pytest
 
-from conftest import make_layout
+from factories import make_layout
 from kvcache import CacheConfig, InvalidConfig, WritePolicy
 from kvcache.config import BACKUP_RULES
 

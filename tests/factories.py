@@ -1,8 +1,6 @@
-"""Shared fixtures: small layouts and caches on the CPU."""
+"""Builders shared by the tests: small layouts and caches on the CPU (importable as `factories`)."""
 
 from __future__ import annotations
-
-import pytest
 
 from kvcache import CacheConfig, KVLayout, TieredCache
 
@@ -16,8 +14,3 @@ def make_cache(page_size: int = 1, device_tokens: int = 64, host_tokens: int = 1
     """A CPU cache with small pools."""
     return TieredCache(CacheConfig(make_layout(page_size), device_tokens=device_tokens, host_tokens=host_tokens,
                                    device="cpu", **kw))
-
-
-@pytest.fixture
-def layout() -> KVLayout:
-    return make_layout()
