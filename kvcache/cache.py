@@ -163,8 +163,8 @@ class TieredCache:
         self._next_handle += 1
         owner = owner_code(OwnerKind.REQUEST, handle)
         cached_tokens = len(cached) * self.page_size
-        need = -(-(len(request) - cached_tokens) // self.page_size) if len(request) > cached_tokens else 0
-        fresh = self._alloc(self.device_pool, need, owner)
+        new_tokens = len(request) - cached_tokens  # >= 0: the match never runs past the request
+        fresh = self._alloc(self.device_pool, -(-new_tokens // self.page_size), owner)
         if fresh is None:
             self.tree.unlock(node)
             self.counters.refused += 1
@@ -173,8 +173,7 @@ class TieredCache:
         self.counters.admitted += 1
         self.counters.loaded_back_tokens += loaded
         slots = self.device_pool.slots(np.concatenate([cached, fresh]) if len(cached) else fresh)[: len(request)]
-        return Admission(rid, AdmitStatus.ADMITTED, cached_tokens, loaded, max(0, len(request) - cached_tokens),
-                         slots)
+        return Admission(rid, AdmitStatus.ADMITTED, cached_tokens, loaded, new_tokens, slots)
 
     def commit(self, rid: str) -> CommitResult:
         """The forward wrote the request's KV: insert its whole pages into the tree (the tree's owners free
