@@ -32,6 +32,7 @@ Known traps, measured on the machines this was built on:
 from __future__ import annotations
 
 import errno
+import heapq
 import os
 import struct
 import threading
@@ -330,9 +331,11 @@ def _open_dbs(env: lmdb.Environment, path: str, writable: bool, create: bool,
             raise _translate(exc, path, "creating the store") from None
         return _Dbs(**handles), fmt
     try:
-        with env.begin(write=writable) as txn:
-            handles = {n: env.open_db(n.encode(), txn=txn, create=False, dupsort=n in _DUPFIXED,
-                                      dupfixed=n in _DUPFIXED) for n in _DB_NAMES}
+        # Without a txn argument py-lmdb opens each handle in a transaction of its own, the one way a handle
+        # opened in a read-only environment stays valid afterwards.
+        handles = {n: env.open_db(n.encode(), create=False, dupsort=n in _DUPFIXED, dupfixed=n in _DUPFIXED)
+                   for n in _DB_NAMES}
+        with env.begin() as txn:
             raw = txn.get(b"format", db=handles["store"])
     except (lmdb.NotFoundError, lmdb.IncompatibleError) as exc:
         raise NotAStore(path, f"an LMDB environment without kvc's sub-databases ({exc})") from None
@@ -802,34 +805,50 @@ class LMDBStore:
                deltas: dict[bytes, _NsDelta]) -> tuple[int, int]:
         """Evict least recently used leaf pages until `need` payload bytes are free; (pages, bytes) evicted.
 
-        A page with stored children is never taken while it has them; evicting a leaf can make its parent a leaf,
-        so passes repeat until enough is free or a pass finds nothing."""
+        Only leaves (no stored children) are taken. Evicting a leaf can make its parent a leaf: the parent then
+        competes by its own access time, so a chain shrinks from its tail and what stays of it is a prefix.
+        The access order is read in chunks of `evict_scan_pages` (LRU is approximate: access times are batched).
+        """
         dbs = self._shared.dbs
-        evicted = freed = 0
+        children = txn.cursor(db=dbs.children)
+        freed = evicted = 0
+        orphans: list[tuple[bytes, bytes]] = []  # (access key, page hash) of parents that became leaves
+        after = b""
         while freed < need:
-            victims: list[tuple[bytes, PageMeta]] = []
-            gathered = 0
-            children = txn.cursor(db=dbs.children)
-            for scanned, key in enumerate(txn.cursor(db=dbs.access).iternext(keys=True, values=False)):
-                if scanned >= self._evict_scan:
-                    break
-                h = bytes(key[8:])
+            chunk: list[bytes] = []
+            cur = txn.cursor(db=dbs.access)
+            if cur.set_range(after):
+                for key in cur.iternext(keys=True, values=False):
+                    key = bytes(key)
+                    if key != after:
+                        chunk.append(key)
+                    if len(chunk) >= self._evict_scan:
+                        break
+            if not chunk and not orphans:
+                break
+            after = chunk[-1] if chunk else b"\xff" * 24
+            i = 0
+            while freed < need and (i < len(chunk) or orphans):
+                if orphans and (i >= len(chunk) or orphans[0][0] < chunk[i]):
+                    _, h = heapq.heappop(orphans)
+                else:
+                    h = chunk[i][8:]
+                    i += 1
                 if h in protect or children.set_key(h):
                     continue
                 raw = txn.get(h, db=dbs.meta)
                 if raw is None:
-                    continue
+                    continue  # taken already
                 meta = _dec_meta.decode(raw)
-                victims.append((h, meta))
-                gathered += meta.nbytes
-                if freed + gathered >= need:
-                    break
-            if not victims:
-                break
-            for h, meta in victims:
                 self._drop_page(txn, h, meta, deltas)
                 evicted += 1
                 freed += meta.nbytes
+                parent_raw = txn.get(meta.parent, db=dbs.meta)
+                if parent_raw is not None and not children.set_key(meta.parent):
+                    parent = _dec_meta.decode(parent_raw)
+                    heapq.heappush(orphans, (_access_key(parent.last_access, meta.parent), meta.parent))
+            if not chunk:
+                break
         return evicted, freed
 
     def _take_pending(self) -> tuple[list[tuple[float, Sequence[bytes]]], set[bytes]]:
