@@ -13,6 +13,7 @@ Rules every backend keeps (tests/conformance checks them for each registered bac
 - A read fault (an I/O error under a read) degrades to a miss and is counted.
 - The salt of a namespace is never stored: the registry keeps `extra_key` and the salt fingerprint only.
 - Access times and hit counts are recorded in memory and written in batches (`flush()`), never one write per read.
+  A read of a run of pages counts once, at the deepest page it reached; a page's heat is its subtree's.
 
 Backends are found through the entry-point group ``kvcache.storage``: the entry-point name is the URL scheme
 (``lmdb`` for ``lmdb://PATH``; a plain path also opens ``lmdb``).
@@ -57,8 +58,8 @@ class PageMeta(msgspec.Struct, frozen=True, array_like=True, gc=False):
     nbytes: int  # payload size in bytes, = layout.bytes_per_page
     checksum: int  # 64-bit checksum of the payload, seeded by the page hash (algorithm: StoreStats.checksum)
     created: float  # unix seconds of the first write
-    last_access: float  # unix seconds of the last read or write, as of the last flush (approximate by design)
-    hits: int  # reads served, as of the last flush
+    last_access: float  # unix seconds of the write or of the last read that ended at this page, as of the last flush
+    hits: int  # reads that ended at this page (a read of a run is credited to its deepest page), as of the last flush
 
 
 class NamespaceRecord(msgspec.Struct, frozen=True):
@@ -71,7 +72,7 @@ class NamespaceRecord(msgspec.Struct, frozen=True):
     bytes: int  # payload bytes stored now
     created: float  # unix seconds of the first page written
     last_access: float  # unix seconds, as of the last flush
-    hits: int  # pages read from this namespace, as of the last flush
+    hits: int  # pages served from this namespace, as of the last flush
     roots: list[str] = []  # hex hash roots (one per layout written) where the namespace's prefix tree starts
 
 
@@ -88,8 +89,8 @@ class ChildInfo(msgspec.Struct, frozen=True, gc=False):
     page_hash: bytes  # PAGE_HASH_BYTES
     tokens: bytes  # packed token ids of the child page: the key of the edge from its parent
     nbytes: int  # payload bytes
-    hits: int  # as of the last flush
-    last_access: float  # unix seconds, as of the last flush
+    hits: int  # reads that reached the child: those that ended anywhere in its subtree, as of the last flush
+    last_access: float  # unix seconds, the latest over its subtree, as of the last flush
 
 
 class PutResult(msgspec.Struct, frozen=True):
@@ -123,7 +124,7 @@ class StoreCounters(msgspec.Struct, frozen=True):
     pages_evicted: int = 0
     flushes: int = 0  # access-time flushes written
     flush_errors: int = 0  # automatic flushes that failed (the log is kept for the next one)
-    pending_access: int = 0  # page reads recorded in memory, not yet flushed
+    pending_access: int = 0  # pages served and logged in memory, not yet flushed
 
 
 class StoreStats(msgspec.Struct, frozen=True):
@@ -177,7 +178,7 @@ class CapacityPolicy(msgspec.Struct, frozen=True):
     """How much payload a store may hold and how it makes room."""
 
     capacity_bytes: int = 0  # payload limit; 0 = unlimited. Recorded in the store so every process agrees
-    evict_scan_pages: int = 65536  # oldest pages examined per eviction pass (bounds one put's extra work)
+    evict_headroom: float = 0.02  # evict this fraction of the capacity beyond the need: one scan, many puts
 
 
 class AccessPolicy(msgspec.Struct, frozen=True):

@@ -3,13 +3,18 @@
 Named sub-databases (all keys are 16-byte page hashes unless said otherwise)::
 
     pages       page hash -> [u64 checksum, little-endian][payload]   the checksum travels with the bytes
-    meta        page hash -> PageMeta (msgpack)
+    meta        page hash -> PageRecord (msgpack): what never changes after the write
+    heat        page hash -> [f64 last access][u64 hits][16-byte namespace id]   rewritten by flush()
     children    parent hash -> child page hash (dupsort, dupfixed)     walks a namespace's tree from its root
     namespaces  namespace id -> NamespaceRecord (msgpack)               never the salt
     layouts     layout id -> LayoutRecord (msgpack)                     every KVLayout the store holds
     by_ns       namespace id -> page hash (dupsort, dupfixed)           bounded delete_namespace
-    access      u64 big-endian µs last access || page hash -> b""       oldest-first order for eviction
     store       b"format" -> StoreFormat, b"totals" -> StoreTotals, b"capacity" -> u64 payload limit
+
+Reads are logged in memory and folded into `heat` by `flush()`, vectorised (one fixed-size record per page, no
+index to reorder): bookkeeping must cost a small fraction of the read it records. Eviction therefore finds the
+least recently used leaves by scanning `heat`, and evicts a little more than it needs (`evict_headroom`) so that
+scan is paid once per many puts.
 
 A batch of puts is one write transaction: pages, metadata, indexes and registry counters commit together or not
 at all, so a killed writer never leaves a half page, a page without its metadata, or counters that disagree.
@@ -38,12 +43,14 @@ import struct
 import threading
 import time
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import lmdb
 import msgspec
+import numpy as np
 
 from ..errors import (InvalidInput, LayoutMismatch, NotAStore, StoreError, StoreFull, StoreReadOnly,
                       StoreUnsupported)
@@ -69,26 +76,33 @@ DELETE_BATCH_PAGES = 1024  # pages per write transaction when deleting a namespa
 VERIFY_CHUNK_PAGES = 256  # pages per read transaction when verifying (short read transactions, see above)
 
 _U64 = struct.Struct("<Q")
-_U64BE = struct.Struct(">Q")
+_U32 = struct.Struct("<I")
 _HEADER = _U64.size  # checksum before the payload in `pages`
-_DB_NAMES = ("pages", "meta", "children", "namespaces", "layouts", "by_ns", "access", "store")
+_DB_NAMES = ("pages", "meta", "children", "namespaces", "layouts", "by_ns", "heat", "store")
 _DUPFIXED = ("children", "by_ns")
 
 
-def _crc32(data: Any, page_hash: bytes) -> int:
-    return zlib.crc32(data, int.from_bytes(page_hash[:4], "little"))
+class Checksum(msgspec.Struct, frozen=True):
+    """A checksum algorithm: `digest(payload, seed)`, seeded with `seed.unpack_from(page_hash)[0]` so a payload
+    filed under the wrong key fails too. Two plain calls per page, no Python frame between (the read loop)."""
+
+    digest: Callable[[Any, int], int]
+    seed: struct.Struct
+
+    def of(self, payload: Any, page_hash: bytes) -> int:
+        """The checksum of `payload` stored under `page_hash`."""
+        return self.digest(payload, self.seed.unpack_from(page_hash)[0])
 
 
-def _xxh3(data: Any, page_hash: bytes) -> int:
-    return xxhash.xxh3_64_intdigest(data, _U64.unpack_from(page_hash)[0])
-
-
-# Checksum name -> function(payload, page_hash) -> u64. Seeded by the page hash so a payload filed under the
-# wrong key fails too. The name is recorded in the store; a store is read with the algorithm it was written with.
-CHECKSUMS: dict[str, Callable[[Any, bytes], int]] = {"crc32": _crc32}
+# Checksum name -> algorithm. The name is recorded in the store; a store is read with the one it was written with.
+CHECKSUMS: dict[str, Checksum] = {"crc32": Checksum(zlib.crc32, _U32)}
 if xxhash is not None:
-    CHECKSUMS["xxh3_64"] = _xxh3
+    CHECKSUMS["xxh3_64"] = Checksum(xxhash.xxh3_64_intdigest, _U64)
 DEFAULT_CHECKSUM = "xxh3_64" if xxhash is not None else "crc32"
+
+# One `heat` record: when the page was last read (or written), how often it was read, and its namespace (so a
+# flush can credit namespaces without reading page metadata).
+HEAT = np.dtype([("last_access", "<f8"), ("hits", "<u8"), ("ns_id", "S16")])
 
 
 class StoreFormat(msgspec.Struct, frozen=True):
@@ -100,6 +114,18 @@ class StoreFormat(msgspec.Struct, frozen=True):
     created: float  # unix seconds
 
 
+class PageRecord(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """What `meta` holds for a page: the part of PageMeta that never changes after the write."""
+
+    ns_id: bytes  # 16-byte Namespace.id
+    layout_id: bytes  # 16-byte KVLayout.layout_id
+    parent: bytes  # parent page hash (the namespace root for a first page)
+    tokens: bytes  # packed uint32 token ids
+    nbytes: int  # payload bytes
+    checksum: int  # u64, the same value the page's header holds
+    created: float  # unix seconds
+
+
 class StoreTotals(msgspec.Struct, frozen=True, array_like=True):
     """Store-wide counters, updated in every transaction that adds or removes pages."""
 
@@ -108,7 +134,7 @@ class StoreTotals(msgspec.Struct, frozen=True, array_like=True):
 
 
 _enc = msgspec.msgpack.Encoder()
-_dec_meta = msgspec.msgpack.Decoder(PageMeta)
+_dec_meta = msgspec.msgpack.Decoder(PageRecord)
 _dec_ns = msgspec.msgpack.Decoder(NamespaceRecord)
 _dec_layout = msgspec.msgpack.Decoder(LayoutRecord)
 _dec_format = msgspec.msgpack.Decoder(StoreFormat)
@@ -124,7 +150,7 @@ class _Dbs(msgspec.Struct, frozen=True):
     namespaces: Any
     layouts: Any
     by_ns: Any
-    access: Any
+    heat: Any
     store: Any
 
 
@@ -397,8 +423,13 @@ def _page_bytes(page: Any) -> memoryview:
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
 
 
-def _access_key(when: float, page_hash: bytes) -> bytes:
-    return _U64BE.pack(max(0, int(when * 1e6))) + page_hash
+def _heat(last_access: float, hits: int, ns_id: bytes) -> bytes:
+    return np.array([(last_access, hits, ns_id)], dtype=HEAT).tobytes()
+
+
+def _heat_of(raw: Any) -> tuple[float, int]:
+    record = np.frombuffer(raw, dtype=HEAT)[0]
+    return float(record["last_access"]), int(record["hits"])
 
 
 class _NsDelta:
@@ -438,7 +469,7 @@ class LMDBStore:
         self._closed = False
         self._lock = threading.Lock()  # guards the pending access log and the corrupt set
         # Reads are logged as (unix seconds, page hashes) and folded into metadata by flush().
-        self._pending: list[tuple[float, Sequence[bytes]]] = []
+        self._pending: list[tuple[float, bytes, int]] = []
         self._pending_pages = 0
         self._pending_since = 0.0
         self._corrupt: set[bytes] = set()  # pages that failed their checksum here; misses until dropped
@@ -477,13 +508,13 @@ class LMDBStore:
                 store._bind_layout(layout, register=(create and not existed) or add_layout)
             if capacity is not None:
                 store.set_capacity(capacity.capacity_bytes)
-            store._evict_scan = (capacity or CapacityPolicy()).evict_scan_pages
+            store._evict_headroom = (capacity or CapacityPolicy()).evict_headroom
         except BaseException:
             store.close()
             raise
         return store
 
-    _evict_scan = CapacityPolicy().evict_scan_pages
+    _evict_headroom = CapacityPolicy().evict_headroom
 
     def _bind_layout(self, layout: KVLayout, register: bool) -> None:
         held = self._layout_records()
@@ -553,7 +584,8 @@ class LMDBStore:
             return 0
         outs = [_byte_view(v) for v in out_views[:n]]
         shared = self._live()
-        checksum, unpack, corrupt = self._checksum, _U64.unpack_from, self._corrupt
+        digest, seed, stored = self._checksum.digest, self._checksum.seed.unpack_from, _U64.unpack_from
+        corrupt = self._corrupt
         done = 0
         try:
             with shared.read(buffers=True) as txn:
@@ -567,7 +599,8 @@ class LMDBStore:
                         raise InvalidInput(f"page {h.hex()} holds {len(value) - _HEADER} bytes, its out view "
                                            f"{len(out)}")
                     out[:] = value[_HEADER:]  # the copy happens inside the transaction (see module docstring)
-                    if checksum(out, h) != unpack(value)[0]:
+                    # Checked on the copy, which is still in cache: what the caller got is what was verified.
+                    if digest(out, seed(h)[0]) != stored(value)[0]:
                         with self._lock:
                             corrupt.add(h)
                         self._counts["checksum_failures"] += 1
@@ -579,16 +612,18 @@ class LMDBStore:
         if done < n:
             self._counts["misses"] += 1
         if done and not self.readonly:
-            self._record_access(hashes[:done])
+            self._record_access(hashes[done - 1], done)
         return done
 
-    def _record_access(self, hashes: Sequence[bytes]) -> None:
+    def _record_access(self, deepest: bytes, pages: int) -> None:
+        # One entry per read, not per page: the read is credited to the deepest page it reached (its ancestors
+        # were read with it; see _apply_access).
         now = time.time()
         with self._lock:
             if not self._pending:
                 self._pending_since = now
-            self._pending.append((now, hashes))
-            self._pending_pages += len(hashes)
+            self._pending.append((now, deepest, pages))
+            self._pending_pages += pages
             due = (self._pending_pages >= self.access_policy.flush_pages
                    or now - self._pending_since >= self.access_policy.flush_interval_s)
         if due:
@@ -604,22 +639,49 @@ class LMDBStore:
         shared = self._live()
         with shared.read() as txn:
             raw = txn.get(page_hash, db=shared.dbs.meta)
-        return None if raw is None else _dec_meta.decode(raw)
+            heat = txn.get(page_hash, db=shared.dbs.heat)
+        if raw is None:
+            return None
+        r = _dec_meta.decode(raw)
+        last_access, hits = _heat_of(heat) if heat is not None else (r.created, 0)
+        return PageMeta(r.ns_id, r.layout_id, r.parent, r.tokens, r.nbytes, r.checksum, r.created, last_access,
+                        hits)
 
     def children(self, page_hash: bytes) -> list[ChildInfo]:
-        """Stored children of a page hash or of a namespace root, hottest (most hits, then most recent) first."""
+        """Stored children of a page hash or of a namespace root, hottest (most reads through the child, then
+        most recent) first. Each child's figures cover its subtree (see _apply_access): O(subtree) lookups."""
         shared = self._live()
         out: list[ChildInfo] = []
         with shared.read() as txn:
             cur = txn.cursor(db=shared.dbs.children)
-            if cur.set_key(page_hash):
-                for child in cur.iternext_dup(keys=False, values=True):
-                    raw = txn.get(child, db=shared.dbs.meta)
-                    if raw is not None:
-                        m = _dec_meta.decode(raw)
-                        out.append(ChildInfo(bytes(child), m.tokens, m.nbytes, m.hits, m.last_access))
+            for child in self._child_hashes(cur, page_hash):
+                raw = txn.get(child, db=shared.dbs.meta)
+                if raw is not None:
+                    m = _dec_meta.decode(raw)
+                    last_access, hits = self._subtree_heat(txn, cur, child)
+                    out.append(ChildInfo(child, m.tokens, m.nbytes, hits, last_access))
         out.sort(key=lambda c: (-c.hits, -c.last_access))
         return out
+
+    @staticmethod
+    def _child_hashes(cur: lmdb.Cursor, page_hash: bytes) -> list[bytes]:
+        return [bytes(c) for c in cur.iternext_dup(keys=False, values=True)] if cur.set_key(page_hash) else []
+
+    def _subtree_heat(self, txn: lmdb.Transaction, cur: lmdb.Cursor, top: bytes) -> tuple[float, int]:
+        """(latest access, reads) over the stored subtree of `top`: reads are credited to the deepest page they
+        reached, so a page's heat is its subtree's. Costs one lookup per page of the subtree."""
+        heat_db = self._shared.dbs.heat
+        last, hits = 0.0, 0
+        stack = [top]
+        while stack:
+            h = stack.pop()
+            raw = txn.get(h, db=heat_db)
+            if raw is None:
+                continue
+            when, n = _heat_of(raw)
+            last, hits = max(last, when), hits + n
+            stack.extend(self._child_hashes(cur, h))
+        return last, hits
 
     def root(self, namespace: Namespace, layout: KVLayout | None = None) -> bytes:
         """The hash root of `namespace` under `layout` (default: this handle's layout)."""
@@ -707,7 +769,7 @@ class LMDBStore:
             if extend_chain(origin.parent, origin.tokens, layout.page_size)[0] != h:
                 raise InvalidInput(f"page {h.hex()} is not the hash of its parent and tokens in this origin")
             views.append(mv)
-            sums.append(self._checksum(mv, h))
+            sums.append(self._checksum.of(mv, h))
         if not hashes:
             return PutResult(0, 0, 0, 0, 0)
         shared = self._live()
@@ -744,7 +806,9 @@ class LMDBStore:
             need = len(new) * nbytes
             if capacity and stored_bytes + need > capacity:
                 protect = set(hashes) | {o.parent for o in origins}
-                evicted, freed = self._evict(txn, stored_bytes + need - capacity, protect, deltas)
+                # Evict a little past the need so the scan behind an eviction is paid once per many puts.
+                target = stored_bytes + need - capacity + int(self._evict_headroom * capacity)
+                evicted, freed = self._evict(txn, target, protect, deltas)
                 stored_bytes -= freed
             fits = len(new) if not capacity else max(0, min(len(new), (capacity - stored_bytes) // nbytes))
             for i in new[:fits]:
@@ -753,11 +817,11 @@ class LMDBStore:
                 value[_HEADER:] = views[i]
                 txn.put(h, value, db=dbs.pages)
                 ns_id = origin.namespace.id
-                meta = PageMeta(ns_id, layout_id, origin.parent, origin.tokens, nbytes, sums[i], now, now, 0)
-                txn.put(h, _enc.encode(meta), db=dbs.meta)
+                record = PageRecord(ns_id, layout_id, origin.parent, origin.tokens, nbytes, sums[i], now)
+                txn.put(h, _enc.encode(record), db=dbs.meta)
+                txn.put(h, _heat(now, 0, ns_id), db=dbs.heat)
                 txn.put(origin.parent, h, db=dbs.children)
                 txn.put(ns_id, h, db=dbs.by_ns)
-                txn.put(_access_key(now, h), b"", db=dbs.access)
                 d = deltas.get(ns_id) or deltas.setdefault(ns_id, _NsDelta())
                 d.info = origin.namespace
                 d.pages += 1
@@ -788,7 +852,7 @@ class LMDBStore:
             c["flushes"] += 1
         return result
 
-    def _drop_page(self, txn: lmdb.Transaction, page_hash: bytes, meta: PageMeta,
+    def _drop_page(self, txn: lmdb.Transaction, page_hash: bytes, meta: PageRecord,
                    deltas: dict[bytes, _NsDelta]) -> None:
         """Remove one page and every index entry of it; its namespace's counters go into `deltas`."""
         dbs = self._shared.dbs
@@ -796,7 +860,7 @@ class LMDBStore:
         txn.delete(page_hash, db=dbs.meta)
         txn.delete(meta.parent, page_hash, db=dbs.children)
         txn.delete(meta.ns_id, page_hash, db=dbs.by_ns)
-        txn.delete(_access_key(meta.last_access, page_hash), db=dbs.access)
+        txn.delete(page_hash, db=dbs.heat)
         d = deltas.get(meta.ns_id) or deltas.setdefault(meta.ns_id, _NsDelta())
         d.pages -= 1
         d.bytes -= meta.nbytes
@@ -806,89 +870,90 @@ class LMDBStore:
         """Evict least recently used leaf pages until `need` payload bytes are free; (pages, bytes) evicted.
 
         Only leaves (no stored children) are taken. Evicting a leaf can make its parent a leaf: the parent then
-        competes by its own access time, so a chain shrinks from its tail and what stays of it is a prefix.
-        The access order is read in chunks of `evict_scan_pages` (LRU is approximate: access times are batched).
+        competes with the time of the child it lost (it was read whenever the child was), so a chain shrinks from
+        its tail and what stays of it is a prefix. LRU is approximate: access times are as of the last flush.
         """
         dbs = self._shared.dbs
+        items = list(txn.cursor(db=dbs.heat))
+        if not items:
+            return 0, 0
+        keys = [bytes(k) for k, _ in items]
+        heat = np.frombuffer(b"".join(bytes(v) for _, v in items), dtype=HEAT)
+        order = np.argsort(heat["last_access"], kind="stable").tolist()
+        times = heat["last_access"].tolist()
         children = txn.cursor(db=dbs.children)
         freed = evicted = 0
-        orphans: list[tuple[bytes, bytes]] = []  # (access key, page hash) of parents that became leaves
-        after = b""
-        while freed < need:
-            chunk: list[bytes] = []
-            cur = txn.cursor(db=dbs.access)
-            if cur.set_range(after):
-                for key in cur.iternext(keys=True, values=False):
-                    key = bytes(key)
-                    if key != after:
-                        chunk.append(key)
-                    if len(chunk) >= self._evict_scan:
-                        break
-            if not chunk and not orphans:
-                break
-            after = chunk[-1] if chunk else b"\xff" * 24
-            i = 0
-            while freed < need and (i < len(chunk) or orphans):
-                if orphans and (i >= len(chunk) or orphans[0][0] < chunk[i]):
-                    _, h = heapq.heappop(orphans)
-                else:
-                    h = chunk[i][8:]
-                    i += 1
-                if h in protect or children.set_key(h):
-                    continue
-                raw = txn.get(h, db=dbs.meta)
-                if raw is None:
-                    continue  # taken already
-                meta = _dec_meta.decode(raw)
-                self._drop_page(txn, h, meta, deltas)
-                evicted += 1
-                freed += meta.nbytes
-                parent_raw = txn.get(meta.parent, db=dbs.meta)
-                if parent_raw is not None and not children.set_key(meta.parent):
-                    parent = _dec_meta.decode(parent_raw)
-                    heapq.heappush(orphans, (_access_key(parent.last_access, meta.parent), meta.parent))
-            if not chunk:
-                break
+        orphans: list[tuple[float, bytes]] = []  # (effective last access, page hash) of parents become leaves
+        i = 0
+        while freed < need and (i < len(order) or orphans):
+            if orphans and (i >= len(order) or orphans[0][0] <= times[order[i]]):
+                when, h = heapq.heappop(orphans)
+            else:
+                when, h = times[order[i]], keys[order[i]]
+                i += 1
+            if h in protect or children.set_key(h):
+                continue
+            raw = txn.get(h, db=dbs.meta)
+            if raw is None:
+                continue  # taken already
+            meta = _dec_meta.decode(raw)
+            self._drop_page(txn, h, meta, deltas)
+            evicted += 1
+            freed += meta.nbytes
+            parent_heat = txn.get(meta.parent, db=dbs.heat)
+            if parent_heat is not None and not children.set_key(meta.parent):
+                heapq.heappush(orphans, (max(when, _heat_of(parent_heat)[0]), meta.parent))
         return evicted, freed
 
-    def _take_pending(self) -> tuple[list[tuple[float, Sequence[bytes]]], set[bytes]]:
+    def _take_pending(self) -> tuple[list[tuple[float, bytes, int]], set[bytes]]:
         with self._lock:
             pending, self._pending, self._pending_pages = self._pending, [], 0
             return pending, set(self._corrupt)
 
-    def _restore_pending(self, pending: list[tuple[float, Sequence[bytes]]], corrupt: set[bytes]) -> None:
+    def _restore_pending(self, pending: list[tuple[float, bytes, int]], corrupt: set[bytes]) -> None:
         with self._lock:
             self._pending[:0] = pending
-            self._pending_pages += sum(len(hs) for _, hs in pending)
+            self._pending_pages += sum(n for _, _, n in pending)
             self._corrupt |= corrupt
 
-    def _apply_access(self, txn: lmdb.Transaction, pending: list[tuple[float, Sequence[bytes]]],
+    def _apply_access(self, txn: lmdb.Transaction, pending: list[tuple[float, bytes, int]],
                       deltas: dict[bytes, _NsDelta]) -> int:
-        """Fold logged reads into page metadata, the access order and namespace counters; pages updated."""
+        """Fold logged reads into `heat` and namespace counters, vectorised; pages updated.
+
+        A read of a run of pages is credited to the deepest page of the run: its `hits` count the reads that ended
+        there and its `last_access` is the last of them. Ancestors are not rewritten (that would cost a write
+        per page read, as much as the read itself at small pages); a page's heat is that of its subtree, which
+        is what eviction (a parent inherits the time of the child it loses) and `children()` use.
+        """
         if not pending:
             return 0
-        dbs = self._shared.dbs
-        hits: dict[bytes, int] = {}
+        hits: Counter[bytes] = Counter()
+        pages: Counter[bytes] = Counter()
         last: dict[bytes, float] = {}
-        for when, hs in pending:
-            for h in hs:
-                hits[h] = hits.get(h, 0) + 1
-                last[h] = when
-        for h, n in hits.items():
-            raw = txn.get(h, db=dbs.meta)
-            if raw is None:
-                continue  # evicted or deleted since it was read
-            meta = _dec_meta.decode(raw)
-            when = max(last[h], meta.last_access)
-            if when != meta.last_access:
-                txn.delete(_access_key(meta.last_access, h), db=dbs.access)
-                txn.put(_access_key(when, h), b"", db=dbs.access)
-            txn.put(h, _enc.encode(msgspec.structs.replace(meta, hits=meta.hits + n, last_access=when)),
-                    db=dbs.meta)
-            d = deltas.get(meta.ns_id) or deltas.setdefault(meta.ns_id, _NsDelta())
-            d.hits += n
-            d.last_access = max(d.last_access, when)
-        return len(hits)
+        for when, deepest, n in pending:
+            hits[deepest] += 1
+            pages[deepest] += n
+            last[deepest] = when
+        cur = txn.cursor(db=self._shared.dbs.heat)
+        found = cur.getmulti(list(hits))  # (key, value) of the pages still stored
+        if not found:
+            return 0
+        keys = [bytes(k) for k, _ in found]
+        heat = np.frombuffer(b"".join(bytes(v) for _, v in found), dtype=HEAT).copy()
+        heat["hits"] += np.fromiter((hits[k] for k in keys), dtype=np.uint64, count=len(keys))
+        heat["last_access"] = np.maximum(heat["last_access"],
+                                         np.fromiter((last[k] for k in keys), dtype=np.float64, count=len(keys)))
+        raw = heat.tobytes()
+        size = HEAT.itemsize
+        cur.putmulti([(k, raw[j * size:(j + 1) * size]) for j, k in enumerate(keys)])
+        served = np.fromiter((pages[k] for k in keys), dtype=np.float64, count=len(keys))
+        namespaces, index = np.unique(heat["ns_id"], return_inverse=True)
+        ns_pages = np.bincount(index, weights=served)
+        for j, ns in enumerate(namespaces.tolist()):
+            d = deltas.get(ns) or deltas.setdefault(ns, _NsDelta())
+            d.hits += int(ns_pages[j])
+            d.last_access = max(d.last_access, float(heat["last_access"][index == j].max()))
+        return len(keys)
 
     def _drop_corrupt(self, txn: lmdb.Transaction, corrupt: set[bytes],
                       deltas: dict[bytes, _NsDelta]) -> tuple[int, int]:
@@ -900,7 +965,7 @@ class LMDBStore:
             raw = txn.get(h, db=dbs.meta)
             if value is None or raw is None:
                 continue
-            if self._checksum(value[_HEADER:], h) == _U64.unpack_from(value)[0]:
+            if self._checksum.of(value[_HEADER:], h) == _U64.unpack_from(value)[0]:
                 continue  # rewritten since
             meta = _dec_meta.decode(raw)
             self._drop_page(txn, h, meta, deltas)
@@ -1052,7 +1117,7 @@ class LMDBStore:
         if len(h) != PAGE_HASH_BYTES:
             findings.append(VerifyFinding("dangling_index", hx, "a pages key that is not a page hash"))
             return
-        if self._checksum(payload, h) != stored_sum:
+        if self._checksum.of(payload, h) != stored_sum:
             findings.append(VerifyFinding("checksum_mismatch", hx, "payload does not match its checksum"))
             bad.add(h)
         raw = txn.get(h, db=dbs.meta)
@@ -1080,8 +1145,8 @@ class LMDBStore:
             findings.append(VerifyFinding("missing_index", hx, "not listed under its parent in children"))
         if not txn.cursor(db=dbs.by_ns).set_key_dup(meta.ns_id, h):
             findings.append(VerifyFinding("missing_index", hx, "not listed under its namespace in by_ns"))
-        if txn.get(_access_key(meta.last_access, h), db=dbs.access) is None:
-            findings.append(VerifyFinding("missing_index", hx, "not in the access order"))
+        if txn.get(h, db=dbs.heat) is None:
+            findings.append(VerifyFinding("missing_index", hx, "no access record in heat"))
 
     def _verify_indexes(self, findings: list[VerifyFinding]) -> None:
         """Metadata without pages, index entries without pages, and registry counters: one consistent snapshot
@@ -1104,10 +1169,10 @@ class LMDBStore:
                     if txn.get(bytes(child), db=dbs.meta) is None:
                         findings.append(VerifyFinding("dangling_index", bytes(child).hex(),
                                                       f"{name} names a page that is not stored"))
-            for key in txn.cursor(db=dbs.access).iternext(keys=True, values=False):
-                if txn.get(bytes(key[8:]), db=dbs.meta) is None:
-                    findings.append(VerifyFinding("dangling_index", bytes(key[8:]).hex(),
-                                                  "the access order names a page that is not stored"))
+            for key in txn.cursor(db=dbs.heat).iternext(keys=True, values=False):
+                if txn.get(bytes(key), db=dbs.meta) is None:
+                    findings.append(VerifyFinding("dangling_index", bytes(key).hex(),
+                                                  "an access record of a page that is not stored"))
             stored_pages = sum(p for p, _ in per_ns.values())
             stored_bytes = sum(b for _, b in per_ns.values())
             for key, raw in txn.cursor(db=dbs.namespaces):

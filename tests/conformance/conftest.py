@@ -32,13 +32,16 @@ class StoreFactory(msgspec.Struct, frozen=True):
 
 
 def _lmdb_corrupt(location: str, payload: bytes) -> None:
+    # Every copy: copy-on-write can leave stale copies of a value on free pages, and only one copy is live.
     data_file = os.path.join(location, "data.mdb")
     with open(data_file, "r+b") as f:
         raw = f.read()
         at = raw.find(payload)
         assert at >= 0, "payload not found in data.mdb"
-        f.seek(at + len(payload) // 2)
-        f.write(bytes([raw[at + len(payload) // 2] ^ 0x5A]))
+        while at >= 0:
+            f.seek(at + len(payload) // 2)
+            f.write(bytes([raw[at + len(payload) // 2] ^ 0x5A]))
+            at = raw.find(payload, at + 1)
 
 
 FACTORIES: dict[str, StoreFactory] = {

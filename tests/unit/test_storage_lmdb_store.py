@@ -269,7 +269,8 @@ def test_map_grows_through_many_batches_without_losing_any(path):
 
 
 def test_capacity_evicts_least_recent_leaves_first(path):
-    with LMDBStore.open(path, LAYOUT, create=True, capacity=CapacityPolicy(capacity_bytes=10 * PAGE)) as s:
+    policy = CapacityPolicy(capacity_bytes=10 * PAGE, evict_headroom=0.0)
+    with LMDBStore.open(path, LAYOUT, create=True, capacity=policy) as s:
         a, _ = write(s, [1] * 16)  # four pages each
         b, _ = write(s, [2] * 16)
         assert read(s, a) == 4
@@ -280,6 +281,18 @@ def test_capacity_evicts_least_recent_leaves_first(path):
         assert [s.exists_prefix(x) for x in (a, b, c)] == [4, 2, 4]
         assert s.stats().bytes == 10 * PAGE
         assert s.counters().pages_evicted == 2
+        assert s.verify().ok
+
+
+def test_eviction_frees_headroom_beyond_the_need(path):
+    policy = CapacityPolicy(capacity_bytes=20 * PAGE, evict_headroom=0.25)  # 5 pages of headroom
+    with LMDBStore.open(path, LAYOUT, create=True, capacity=policy) as s:
+        for i in range(5):
+            write(s, range(100 * i, 100 * i + 16))
+        _, result = write(s, range(1000, 1004))
+        assert (result.written, result.evicted) == (1, 6)
+        _, result = write(s, range(2000, 2016))  # fits in the headroom: no scan, no eviction
+        assert (result.written, result.evicted) == (4, 0)
         assert s.verify().ok
 
 
@@ -310,11 +323,15 @@ def test_delete_namespace_uses_bounded_transactions(store, monkeypatch):
 
 
 def _flip_payload_byte(path: str, page: np.ndarray) -> None:
+    """Flip one bit of every copy of `page` in data.mdb (copy-on-write leaves stale copies on free pages)."""
     data_file = os.path.join(path, "data.mdb")
     raw = bytearray(Path(data_file).read_bytes())
-    at = raw.find(page.tobytes())
+    needle = page.tobytes()
+    at = raw.find(needle)
     assert at >= 0
-    raw[at + 7] ^= 0x01
+    while at >= 0:
+        raw[at + 7] ^= 0x01
+        at = raw.find(needle, at + 1)
     Path(data_file).write_bytes(bytes(raw))
 
 
@@ -342,19 +359,23 @@ def test_reads_update_access_in_batches_not_per_read(path):
     policy = AccessPolicy(flush_pages=10_000, flush_interval_s=1e9)
     with LMDBStore.open(path, LAYOUT, create=True, access=policy) as s:
         hashes, _ = write(s, range(16))
-        created = s.page_meta(hashes[0]).last_access
+        created = s.page_meta(hashes[-1]).last_access
         for _ in range(3):
             read(s, hashes)
-        assert s.page_meta(hashes[0]).hits == 0  # nothing written yet
+        assert s.page_meta(hashes[-1]).hits == 0  # nothing written yet
         assert s.counters().pending_access == 12
         s.flush()
-        meta = s.page_meta(hashes[0])
-        assert meta.hits == 3 and meta.last_access > created
+        deepest = s.page_meta(hashes[-1])
+        assert deepest.hits == 3 and deepest.last_access > created
+        # A read is credited once, to the deepest page it reached; its ancestors' heat is their subtree's.
+        assert s.page_meta(hashes[0]).hits == 0
+        first = s.children(s.root(NS))[0]
+        assert (first.page_hash, first.hits, first.last_access) == (hashes[0], 3, deepest.last_access)
         assert s.counters().pending_access == 0 and s.counters().flushes == 1
-        assert s.namespaces()[0].hits == 12
+        assert s.namespaces()[0].hits == 12  # pages served
         read(s, hashes[:2])
         write(s, range(100, 116))  # a put carries pending reads in its own transaction
-        assert s.page_meta(hashes[1]).hits == 4
+        assert s.page_meta(hashes[1]).hits == 1
         assert s.verify().ok
 
 
@@ -362,10 +383,23 @@ def test_access_flushes_by_itself_past_the_policy_threshold(path):
     with LMDBStore.open(path, LAYOUT, create=True, access=AccessPolicy(flush_pages=8)) as s:
         hashes, _ = write(s, range(16))
         read(s, hashes)
-        assert s.page_meta(hashes[0]).hits == 0
+        assert s.page_meta(hashes[-1]).hits == 0
         read(s, hashes)
-        assert s.page_meta(hashes[0]).hits == 2
+        assert s.page_meta(hashes[-1]).hits == 2
         assert s.counters().pending_access == 0
+
+
+def test_eviction_counts_a_parent_as_recent_as_the_child_it_loses(path):
+    policy = CapacityPolicy(capacity_bytes=6 * PAGE, evict_headroom=0.0)
+    with LMDBStore.open(path, LAYOUT, create=True, capacity=policy) as s:
+        old, _ = write(s, [1] * 8)  # two pages, never read
+        hot, _ = write(s, [2] * 16)  # four pages: only the deepest one is credited when read
+        read(s, hot)
+        s.flush()
+        _, result = write(s, [3] * 12)  # needs three pages of room
+        assert result.evicted == 3
+        # old goes first (both pages), then hot's tail only: its parents inherit the read time.
+        assert (s.exists_prefix(old), s.exists_prefix(hot)) == (0, 3)
 
 
 def test_verify_reports_broken_metadata_and_indexes(path):
