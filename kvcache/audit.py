@@ -178,8 +178,16 @@ def collect_state(cache: "TieredCache") -> OwnershipState:
     for op in cache.inflight_ops():
         holders.append(HolderState(f"op:{op.kind.value}", op.id, op.owner, op.pool.name, _b(op.pages),  # type: ignore
                                    pins=[t.node.id for t in op.targets]))
+    host = cache.host_pool.name if cache.host_pool is not None else "host"
+    for pf in cache.prefetch_ops():
+        holders.append(HolderState("op:prefetch", pf.id, pf.owner, host, _b(pf.pages), locks=[pf.anchor.id],  # type: ignore
+                                   rid=pf.rid))
     for staged in cache.staged_records():
-        holders.append(staged.holder_state())
+        holders.append(HolderState("staged", staged.id, staged.owner, host, _b(staged.pages),  # type: ignore
+                                   locks=[staged.anchor.id], rid=staged.rid))
+    for write in cache.storage_writes():
+        holders.append(HolderState("op:storage_write", write.id, write.owner, host, b"",
+                                   pins=[n.id for n in write.nodes]))
     sizes = TreeSizes(tree.device_evictable, tree.device_protected, tree.host_evictable, tree.host_protected)
     return OwnershipState(STATE_VERSION, cache.page_size, pool_states, nodes, holders, sizes)
 

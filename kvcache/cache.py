@@ -5,25 +5,40 @@ allocate device slots for the rest) → the engine's forward writes KV → ``com
 unlock, back up per the write policy) or ``release`` (abort). Every slot move is a ledger move; `audit()` checks
 the whole partition at any moment.
 
-Single-threaded by design: the engine's scheduler thread owns the cache. Backups are in flight between
-``commit`` and the ``poll`` that sees their copy complete.
+With an L3 store: ``prefetch`` (before admission) fetches the request's miss from L3 into L2, keyed by the
+request's own namespace; admission settles it per the prefetch policy, inserting the pages as host-only nodes
+(cache mode) or splicing a staged record (buffer mode); committed pages are written to L3 per the write policy.
+
+Single-threaded by design: the engine's scheduler thread owns the cache and calls ``poll`` between steps. Backups
+are in flight between ``commit`` and the ``poll`` that sees their copy complete; L3 reads and writes run on the
+I/O worker, which touches only the store and the bytes of pages its job owns.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
+import time
 
 import msgspec
 import numpy as np
 import torch
 
-from .config import CacheConfig
-from .errors import UnknownRequest
+from .config import CacheConfig, HostMode, PrefetchPolicy
+from .errors import InvariantViolation, LayoutMismatch, NamespaceMismatch, UnknownRequest
+from .io_worker import IOWorker
+from .keys import TOKEN_BYTES, RadixKey, page_hashes
+from .namespace import Namespace, NamespaceInfo
 from .owners import FREE_CODE, OwnerKind, owner_code
 from .pools import SlotPool
+from .prefetch import (CheckJob, DeclineReason, DropReason, FetchJob, PrefetchOp, PrefetchOutcome, PrefetchState)
 from .request import Request
-from .transfer import OpKind, OpTarget, TransferOp, copy_pages
+from .staging import StagedPrefetch
+from .storage.base import L3Store, PageOrigin
+from .transfer import OpKind, OpTarget, StorageWriteJob, TransferOp, copy_pages
 from .tree import RadixTree, TreeMatch, TreeNode
+
+log = logging.getLogger("kvcache")
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
@@ -76,6 +91,7 @@ class CacheCounters(msgspec.Struct):
     released: int = 0
     loaded_back_tokens: int = 0
     load_backs_skipped: int = 0  # host extensions not loaded (budget or no device room)
+    load_backs_refused: int = 0  # host extensions another in-flight load-back was already filling
     duplicate_pages_freed: int = 0
     backups_started: int = 0
     backups_completed: int = 0
@@ -83,6 +99,52 @@ class CacheCounters(msgspec.Struct):
     backups_skipped: int = 0  # nodes not backed up for lack of host room
     device_pages_evicted: int = 0
     host_pages_evicted: int = 0
+
+
+class TierHits(msgspec.Struct):
+    """Tokens a namespace's admitted requests found in each tier."""
+
+    namespace: NamespaceInfo
+    device: int = 0  # already on the device at admission
+    host: int = 0  # loaded back from L2 (host copies that were there before the request's prefetch)
+    storage: int = 0  # fetched from L3 by the request's prefetch
+
+
+class PrefetchStats(msgspec.Struct):
+    """Prefetch outcomes since the cache was built."""
+
+    attempts: int = 0  # prefetch() calls
+    issued: int = 0
+    declined: dict[str, int] = {}  # DeclineReason value -> count
+    namespace_mismatches: int = 0  # prefetch anchors and staged records of another namespace than the request
+    hit_pages: int = 0  # pages the store reported present
+    fetched_pages: int = 0  # pages that arrived in L2
+    fetched_bytes: int = 0
+    used_pages: int = 0  # fetched pages a request used (inserted or spliced)
+    retried: int = 0  # re-armed attempts
+    dropped: dict[str, int] = {}  # DropReason value -> pages given back
+    read_errors: int = 0  # jobs that failed on an L3 fault
+    seconds: float = 0.0  # issue-to-settle time, summed over settled prefetches
+
+
+class BackupStats(msgspec.Struct):
+    """Backups since the cache was built."""
+
+    host_pages: int = 0  # device -> host pages completed
+    host_bytes: int = 0
+    storage_pages: int = 0  # host -> L3 pages acknowledged
+    storage_bytes: int = 0
+    storage_failed: int = 0  # writes that failed on an L3 fault (nodes left intact, not marked stored)
+    storage_rejected: int = 0  # pages the store refused for lack of capacity
+
+
+class CacheStats(msgspec.Struct):
+    """`TieredCache.stats()`: hits per namespace and tier, prefetch and backup figures, running counters."""
+
+    hits: list[TierHits]
+    prefetch: PrefetchStats
+    backup: BackupStats
+    counters: CacheCounters
 
 
 class LiveRequest:
@@ -107,8 +169,12 @@ def _default_device() -> str:
 class TieredCache:
     """The tiered KV cache of one engine: L1 (device) and L2 (host) pools under one namespaced radix tree."""
 
-    def __init__(self, config: CacheConfig) -> None:
+    def __init__(self, config: CacheConfig, store: L3Store | None = None) -> None:
+        if store is not None and store.layout is not None and store.layout.layout_id != config.layout.layout_id:
+            raise LayoutMismatch(store.location, f"the store handle writes {store.layout.describe()}, the cache "
+                                 f"holds {config.layout.describe()}")
         self.config = config
+        self.store = store
         self.layout = config.layout
         self.page_size = config.layout.page_size
         device = config.device or _default_device()
@@ -125,8 +191,17 @@ class TieredCache:
         self._live: dict[str, LiveRequest] = {}
         self._next_handle = 1
         self._ops: dict[int, TransferOp] = {}  # in flight, in issue order (completion is in that order)
-        self._node_ops: dict[int, list[TransferOp]] = {}  # node id -> ops that target it (split handling)
+        # node id -> what pins it (copies and storage writes): they follow the node through splits
+        self._pinners: dict[int, list[TransferOp | StorageWriteJob]] = {}
         self._next_op = 1
+        self._io = IOWorker(store, config.io_thread) if store is not None else None
+        self._writes: dict[int, StorageWriteJob] = {}  # storage writes not yet taken back by poll
+        self._prefetches: dict[str, PrefetchOp] = {}  # rid -> its prefetch, until admission or abort
+        self._staged: dict[str, StagedPrefetch] = {}  # rid -> its parked fetch (buffer mode)
+        self._prefetch_pages = 0  # host pages held by prefetch operations
+        self._hits: dict[bytes, TierHits] = {}  # namespace id -> tier hits
+        self.prefetch_stats = PrefetchStats()
+        self.backup_stats = BackupStats()
 
     # --- the request lifecycle -------------------------------------------------------------------------------
 
@@ -141,11 +216,16 @@ class TieredCache:
         return m
 
     def admit(self, request: Request) -> Admission:
-        """Make room for `request` on the device: load back its host extension (all-or-nothing), lock its cached
-        path, allocate device pages for the rest. A full pool is a value (`POOL_FULL`), with nothing held."""
+        """Make room for `request` on the device: settle its prefetch, load back its host extension
+        (all-or-nothing), splice its staged record (buffer mode), lock its cached path, allocate device pages for
+        the rest. A full pool is a value (`POOL_FULL`), with nothing held for the request."""
         rid = request.rid
         if rid in self._live:
             raise UnknownRequest(rid, "is already admitted")
+        from_storage = 0
+        op = self._prefetches.pop(rid, None)
+        if op is not None:
+            from_storage = self._settle_prefetch(op)
         m = self.match(request)
         node = m.device_node
         self.tree.lock(node)
@@ -159,6 +239,10 @@ class TieredCache:
                 node = m.host_node
                 cached = np.concatenate([cached, loaded_pages])
                 loaded = len(loaded_pages) * self.page_size
+        staged = self._staged.pop(rid, None)
+        if staged is not None:
+            node, cached, spliced = self._consume_staged(staged, request, node, cached)
+            from_storage += spliced
         handle = self._next_handle
         self._next_handle += 1
         owner = owner_code(OwnerKind.REQUEST, handle)
@@ -172,6 +256,11 @@ class TieredCache:
         self._live[rid] = LiveRequest(request, handle, node, cached, fresh)
         self.counters.admitted += 1
         self.counters.loaded_back_tokens += loaded
+        storage_tokens = min(from_storage * self.page_size, cached_tokens - m.device_tokens)
+        hits = self._tier_hits(request.namespace)
+        hits.device += m.device_tokens
+        hits.host += cached_tokens - m.device_tokens - storage_tokens
+        hits.storage += storage_tokens
         slots = self.device_pool.slots(np.concatenate([cached, fresh]) if len(cached) else fresh)[: len(request)]
         return Admission(rid, AdmitStatus.ADMITTED, cached_tokens, loaded, new_tokens, slots)
 
@@ -204,15 +293,30 @@ class TieredCache:
             min_hits = self.config.write_through_threshold if rule.needs_hits else 0
             op = self._start_backup(self._unbacked_path(ins.node, min_hits))
             backed = len(op.pages) if op is not None else 0
+            self._start_storage_write(self._unstored_path(ins.node, min_hits))
         return CommitResult(rid, n_pages * ps, n_dup, n_tail, backed)
 
     def release(self, rid: str) -> None:
-        """Drop a live request without caching it (abort, or finished without commit): unlock its path and free
-        its fresh pages."""
-        live = self._pop_live(rid, "release")
-        self.device_pool.disperse(live.fresh_pages, live.owner, [(len(live.fresh_pages), FREE_CODE)])
-        self.tree.unlock(live.node)
-        self.counters.released += 1
+        """Drop everything held for a request without caching it — abort at any stage: its prefetch (in flight or
+        done), its staged record, its admission (path unlocked, fresh pages freed). Each slot is freed once."""
+        found = False
+        op = self._prefetches.pop(rid, None)
+        if op is not None:
+            op.terminate()
+            self._give_back(op, DropReason.ABORTED)
+            found = True
+        staged = self._staged.pop(rid, None)
+        if staged is not None:
+            self._drop_staged(staged, DropReason.ABORTED)
+            found = True
+        live = self._live.pop(rid, None)
+        if live is not None:
+            self.device_pool.disperse(live.fresh_pages, live.owner, [(len(live.fresh_pages), FREE_CODE)])
+            self.tree.unlock(live.node)
+            self.counters.released += 1
+            found = True
+        if not found:
+            raise UnknownRequest(rid, "cannot release: no prefetch, staged record or admission is held for it")
 
     # --- tiers -----------------------------------------------------------------------------------------------
 
@@ -225,7 +329,8 @@ class TieredCache:
         return EvictResult(d, h)
 
     def poll(self) -> int:
-        """Complete the in-flight copies that have finished, in issue order. Returns how many completed."""
+        """Complete what has finished — copies, in issue order, and L3 jobs — and re-arm due prefetch retries.
+        Call between scheduler steps. Returns how many copies and jobs completed."""
         done = 0
         while self._ops:
             op = next(iter(self._ops.values()))
@@ -233,17 +338,43 @@ class TieredCache:
                 break
             self._complete(op)
             done += 1
+        if self._io is not None:
+            if not self._io.threaded:
+                self._io.run_pending()
+            done += self._take_io_jobs()
+            self._rearm_prefetches()
         return done
 
     def flush(self) -> int:
-        """Wait for every in-flight copy and complete it. Returns how many completed."""
+        """Wait for every in-flight copy and L3 write (and the prefetch batches queued now) and complete them.
+        Returns how many completed."""
         done = 0
-        while self._ops:
-            op = next(iter(self._ops.values()))
-            op.wait()
-            self._complete(op)
-            done += 1
+        while self._ops or (self._io is not None and (self._writes or self._io.done or not self._io.idle)):
+            while self._ops:
+                op = next(iter(self._ops.values()))
+                op.wait()
+                self._complete(op)
+                done += 1
+            if self._io is not None:
+                self._io.drain()
+                done += self._take_io_jobs()
         return done
+
+    def close(self) -> None:
+        """Flush, stop the I/O worker and flush the store's access records. The store itself stays open (the
+        caller opened it). Prefetches still held are given back."""
+        for rid in list(self._prefetches) + list(self._staged):
+            if rid not in self._live:
+                self.release(rid)
+        self.flush()
+        if self._io is not None:
+            self._io.close()
+            self.store.flush()  # type: ignore[union-attr]
+
+    def stats(self) -> CacheStats:
+        """Hits per namespace and tier, prefetch and backup figures, counters (copies: safe to keep)."""
+        return msgspec.convert(msgspec.to_builtins(CacheStats(list(self._hits.values()), self.prefetch_stats,
+                                                              self.backup_stats, self.counters)), CacheStats)
 
     def audit(self):
         """Check the ownership partition and the tree's structure now. Returns an `AuditReport`."""
@@ -261,10 +392,6 @@ class TieredCache:
         """Copies issued and not yet completed."""
         return list(self._ops.values())
 
-    def staged_records(self) -> list:
-        """Parked buffer-mode prefetches (none without an L3 tier)."""
-        return []
-
     def device_slots(self, rid: str) -> np.ndarray:
         """Device slots of a live request's tokens, in order."""
         live = self._live.get(rid)
@@ -272,6 +399,326 @@ class TieredCache:
             raise UnknownRequest(rid, "is not live")
         pages = np.concatenate([live.cached_pages, live.fresh_pages])
         return self.device_pool.slots(pages)[: len(live.request)]
+
+    # --- L3: prefetch, staging, storage writes -------------------------------------------------------------
+
+    def prefetch(self, request: Request, match: TreeMatch | None = None) -> PrefetchOutcome:
+        """Start fetching the request's miss from L3 into L2, before its admission.
+
+        The span is the request's whole pages past what the tree holds, hashed from the **request's** namespace.
+        `match` (default: a fresh one) gives the anchor, which must be the tree's root or of the request's
+        namespace: otherwise `NamespaceMismatch` is raised before any slot is taken, and the caller should count
+        it and serve the request without L3. Declining is a value (`issued=False`, `reason`).
+        """
+        st = self.prefetch_stats
+        st.attempts += 1
+        rid, ns = request.rid, request.namespace
+        if match is None:
+            match = self.tree.match_prefix(request.key)
+        for node, where in ((match.anchor, "prefetch anchor"), (match.host_node, "prefetch attach node")):
+            if node.namespace is not None and node.namespace != ns:
+                st.namespace_mismatches += 1
+                log.error("request %s: %s is in namespace %s, the request is in %s: not prefetching", rid, where,
+                          node.namespace.label, ns.label)
+                raise NamespaceMismatch(rid, ns.label, node.namespace.label, where)
+        reason = None
+        start_page = len(match.device_pages) + len(match.host_pages)
+        span = len(request) // self.page_size - start_page
+        room = self.config.prefetch_max_host_pages - self._prefetch_pages
+        end_node = match.host_node
+        if self.store is None:
+            reason = DeclineReason.NO_STORE
+        elif self.host_pool is None:
+            reason = DeclineReason.NO_HOST_TIER
+        elif rid in self._prefetches or rid in self._staged or rid in self._live:
+            reason = DeclineReason.IN_FLIGHT
+        elif span <= 0:
+            reason = DeclineReason.NOTHING_TO_FETCH
+        elif span * self.page_size < self.config.prefetch_threshold_tokens:
+            reason = DeclineReason.BELOW_THRESHOLD
+        elif room <= 0:
+            reason = DeclineReason.HOST_LIMIT
+        elif end_node.parent is not None and not end_node.is_namespace_root and end_node.host is None:
+            reason = DeclineReason.UNBACKED_PREFIX
+        if reason is not None:
+            _bump(st.declined, reason.value)
+            return PrefetchOutcome(rid, False, reason, namespace=ns.info())
+        span = min(span, room)
+        end = start_page + span
+        key = RadixKey(request.key.data[: end * self.page_size * TOKEN_BYTES], ns)
+        hashes = page_hashes(self.layout.layout_id, key, self.page_size)[start_page:]  # the request's own chain
+        self.tree.lock(end_node)  # the span's prefix stays in the tree until admission or abort
+        op = PrefetchOp(self._next_op, rid, key, start_page, hashes, end_node)
+        self._next_op += 1
+        self._prefetches[rid] = op
+        self._submit_check(op)
+        st.issued += 1
+        return PrefetchOutcome(rid, True, None, op.id, start_page * self.page_size, span * self.page_size,
+                               ns.info())
+
+    def prefetch_ops(self) -> list[PrefetchOp]:
+        """Prefetches not yet settled by admission or abort."""
+        return list(self._prefetches.values())
+
+    def staged_records(self) -> list[StagedPrefetch]:
+        """Parked buffer-mode prefetches."""
+        return list(self._staged.values())
+
+    def storage_writes(self) -> list[StorageWriteJob]:
+        """L2 -> L3 writes not yet acknowledged."""
+        return list(self._writes.values())
+
+    def _submit_check(self, op: PrefetchOp) -> None:
+        op.state = PrefetchState.CHECKING
+        op.job = CheckJob(op)
+        self._io.submit(op.job)  # type: ignore[union-attr]
+
+    def _take_io_jobs(self) -> int:
+        """Take finished L3 jobs back on the scheduler thread."""
+        io, n = self._io, 0
+        while io is not None and io.done:
+            job = io.done.popleft()
+            n += 1
+            if isinstance(job, StorageWriteJob):
+                self._finish_storage_write(job)
+            elif job.op.state is not PrefetchState.FINISHED and job is job.op.job:
+                self._advance_prefetch(job)
+        return n
+
+    def _advance_prefetch(self, job: CheckJob | FetchJob) -> None:
+        """A prefetch job finished: after a check, allocate host pages for the hit and fetch them; after a fetch,
+        end the attempt."""
+        op, st = job.op, self.prefetch_stats
+        op.job = None
+        if job.error is not None:
+            st.read_errors += 1
+            log.warning("prefetch %s of request %s: L3 read failed: %s", op.id, op.rid, job.error)
+        if isinstance(job, CheckJob) and job.hit and not op.terminated:
+            st.hit_pages += job.hit
+            room = self.config.prefetch_max_host_pages - self._prefetch_pages
+            n = min(job.hit, room)
+            pages = self._alloc(self.host_pool, n, op.owner) if n > 0 else None  # type: ignore[arg-type]
+            if pages is not None:
+                op.pages = np.concatenate([op.pages, pages])
+                self._prefetch_pages += n
+                rows = self.host_pool.pages.numpy()  # type: ignore[union-attr]
+                op.state = PrefetchState.FETCHING
+                op.job = FetchJob(op, [rows[p] for p in pages.tolist()], self.config.io_batch_pages)
+                self._io.submit(op.job)  # type: ignore[union-attr]
+                return
+        self._end_attempt(op)
+
+    def _end_attempt(self, op: PrefetchOp) -> None:
+        """Free what this attempt allocated and did not fill; re-arm a short attempt or mark the op done."""
+        extra = op.pages[op.fetched:]
+        if len(extra):
+            self.host_pool.free(extra, op.owner)  # type: ignore[union-attr]
+            self._prefetch_pages -= len(extra)
+            op.pages = op.pages[: op.fetched]
+        op.attempts += 1
+        if op.fetched < op.wanted and op.attempts <= self.config.prefetch_retries and not op.terminated:
+            op.state = PrefetchState.WAITING
+            op.next_attempt = time.monotonic() + self.config.prefetch_retry_interval_ms / 1000
+            return
+        op.state = PrefetchState.DONE
+        if self.config.host_mode is HostMode.BUFFER:
+            self._prefetches.pop(op.rid, None)
+            self._park(op)
+
+    def _rearm_prefetches(self) -> None:
+        now = time.monotonic()
+        for op in self._prefetches.values():
+            if op.state is PrefetchState.WAITING and op.next_attempt <= now:
+                self.prefetch_stats.retried += 1
+                self._submit_check(op)
+
+    def _settle_prefetch(self, op: PrefetchOp) -> int:
+        """Admission: finish `op` per the prefetch policy and hand what arrived to the tree (cache mode) or to a
+        staged record (buffer mode). Returns the pages inserted into the tree."""
+        policy = self.config.prefetch_policy
+        if policy is not PrefetchPolicy.BEST_EFFORT and self._io is not None:
+            budget = None
+            if policy is PrefetchPolicy.TIMEOUT:
+                budget = (self.config.prefetch_timeout_ms + self.config.prefetch_timeout_per_page_ms * op.wanted)
+                budget = max(0.0, op.created + budget / 1000 - time.monotonic())
+            deadline = None if budget is None else time.monotonic() + budget
+            while op.job is not None:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not self._io.wait(op.job, left):
+                    break
+                self._take_io_jobs()
+        op.terminate()
+        op.job = None  # a job still queued sees `terminated` and ends without touching the pages
+        if op.state is not PrefetchState.DONE:
+            # stop here: free what was allocated and not filled, never re-arm
+            op.attempts = self.config.prefetch_retries + 1
+            self._end_attempt(op)
+            if self.config.host_mode is HostMode.BUFFER:
+                return 0  # parked by _end_attempt
+        return self._insert_prefetched(op)
+
+    def _insert_prefetched(self, op: PrefetchOp) -> int:
+        """Cache mode: what arrived becomes a host-only leaf under the request's namespace; pages the tree already
+        holds are freed by the operation, never re-owned."""
+        st, host = self.prefetch_stats, self.host_pool
+        st.seconds += time.monotonic() - op.created
+        fetched = op.pages[: op.fetched]
+        st.fetched_pages += len(fetched)
+        st.fetched_bytes += len(fetched) * host.page_bytes  # type: ignore[union-attr]
+        ins = self.tree.insert_host(op.key, op.start_page, fetched)
+        used = ins.duplicates + ins.adopted
+        parts = [(ins.duplicates, FREE_CODE)]
+        if ins.node is not None:
+            parts.append((used, ins.node.owner))
+        parts.append((len(fetched), FREE_CODE))
+        host.disperse(fetched, op.owner, parts)  # type: ignore[union-attr]
+        _bump(st.dropped, DropReason.DUPLICATE.value, ins.duplicates)
+        _bump(st.dropped, DropReason.UNATTACHED.value, len(fetched) - used)
+        st.used_pages += ins.adopted
+        self._prefetch_pages -= len(op.pages)
+        op.pages = op.pages[:0]
+        self.tree.unlock(op.anchor)
+        op.state = PrefetchState.FINISHED
+        return ins.adopted
+
+    def _give_back(self, op: PrefetchOp, reason: DropReason) -> None:
+        """Abort: return every page the op holds to FREE and release its anchor."""
+        if len(op.pages):
+            self.host_pool.free(op.pages, op.owner)  # type: ignore[union-attr]
+            _bump(self.prefetch_stats.dropped, reason.value, int(op.fetched))
+        self._prefetch_pages -= len(op.pages)
+        op.pages = op.pages[:0]
+        self.tree.unlock(op.anchor)
+        op.state = PrefetchState.FINISHED
+
+    def _park(self, op: PrefetchOp) -> None:
+        """Buffer mode: a finished fetch becomes a staged record (Op(prefetch) -> Staged), keeping the anchor lock."""
+        st = self.prefetch_stats
+        fetched = op.pages[: op.fetched]
+        st.fetched_pages += len(fetched)
+        st.fetched_bytes += len(fetched) * self.host_pool.page_bytes  # type: ignore[union-attr]
+        st.seconds += time.monotonic() - op.created
+        self._prefetch_pages -= len(op.pages)
+        op.state = PrefetchState.FINISHED
+        if not len(fetched):
+            self.tree.unlock(op.anchor)
+            return
+        staged = StagedPrefetch(self._next_op, op.rid, op.key, self.page_size, op.start_page, fetched,
+                                op.hashes[: len(fetched)], op.id, op.anchor)
+        self._next_op += 1
+        self.host_pool.transfer(fetched, op.owner, staged.owner)  # type: ignore[union-attr]
+        op.pages = op.pages[:0]
+        self._staged[op.rid] = staged
+
+    def _drop_staged(self, staged: StagedPrefetch, reason: DropReason) -> None:
+        """Free a staged record's host pages (Staged -> FREE) and release its anchor; never splice it."""
+        self.host_pool.free(staged.pages, staged.owner)  # type: ignore[union-attr]
+        self.tree.unlock(staged.anchor)
+        _bump(self.prefetch_stats.dropped, reason.value, len(staged.pages))
+
+    def _consume_staged(self, staged: StagedPrefetch, request: Request, node: TreeNode,
+                        cached: np.ndarray) -> tuple[TreeNode, np.ndarray, int]:
+        """Buffer mode, at admission: splice `staged` after the request's cached device pages. Returns the new
+        locked end node, the cached pages, and how many pages were spliced."""
+        if staged.key.namespace != request.namespace:
+            self.prefetch_stats.namespace_mismatches += 1
+            log.error("request %s: staged record %s is in namespace %s, the request is in %s: dropped, not spliced",
+                      request.rid, staged.id, staged.key.namespace.label, request.namespace.label)
+            self._drop_staged(staged, DropReason.NAMESPACE_MISMATCH)
+            return node, cached, 0
+        skip = len(cached) - staged.start_page  # staged pages the device already holds
+        if skip < 0:
+            self._drop_staged(staged, DropReason.PREFIX_GAP)
+            return node, cached, 0
+        use = staged.pages[skip:]
+        op_id = self._next_op
+        self._next_op += 1
+        owner = owner_code(OwnerKind.OP_LOAD_BACK, op_id)
+        dev = self._alloc(self.device_pool, len(use), owner) if len(use) else None
+        if dev is None:
+            self._drop_staged(staged, DropReason.DUPLICATE if not len(use) else DropReason.UNATTACHED)
+            return node, cached, 0
+        copy_pages(self.host_pool, use, self.device_pool, dev)  # type: ignore[arg-type]
+        if self.device_pool.device.type == "cuda":
+            torch.cuda.current_stream().synchronize()
+        # The splice key is rebuilt from the record's own namespace (checked equal to the request's above).
+        end = staged.start_page + len(staged.pages)
+        key = RadixKey(staged.key.data[: end * self.page_size * TOKEN_BYTES], staged.key.namespace)
+        ins = self.tree.insert(key, np.concatenate([cached, dev]))
+        n_dup = max(0, ins.prefix_pages - len(cached))
+        parts, at = [(n_dup, FREE_CODE)], n_dup
+        for adopted in ins.adopted:
+            at += len(adopted.device)  # type: ignore[arg-type]
+            parts.append((at, adopted.owner))
+        parts.append((len(dev), FREE_CODE))
+        self.device_pool.disperse(dev, owner, parts)
+        self.host_pool.free(staged.pages, staged.owner)  # type: ignore[union-attr]
+        # After the splice the tree must own exactly the spliced device slots, in the request's namespace.
+        again = self.tree.match_prefix(key)
+        held = again.device_pages
+        if (len(held) != end or not np.array_equal(held[: len(cached)], cached)
+                or not np.array_equal(held[len(cached) + n_dup:], dev[n_dup:])):
+            raise InvariantViolation(f"request {request.rid}: after splicing staged record {staged.id} the tree "
+                                     f"does not own exactly the spliced device pages")
+        self.tree.lock(again.device_node)
+        self.tree.unlock(node)
+        self.tree.unlock(staged.anchor)
+        self.prefetch_stats.used_pages += len(dev) - n_dup
+        _bump(self.prefetch_stats.dropped, DropReason.DUPLICATE.value, skip + n_dup)
+        return again.device_node, again.device_pages, len(dev) - n_dup
+
+    def _wants_store(self, node: TreeNode, min_hits: int) -> bool:
+        return (not node.stored and node.host is not None and node.hits >= min_hits
+                and not any(isinstance(p, StorageWriteJob) for p in self._pinners.get(node.id, ())))
+
+    def _unstored_path(self, node: TreeNode, min_hits: int) -> list[TreeNode]:
+        """Nodes of `node`'s path with a host copy, not in L3 and not being written, root first."""
+        if self.store is None:
+            return []
+        return [n for n in self.tree.path(node) if self._wants_store(n, min_hits)]
+
+    def _start_storage_write(self, nodes: list[TreeNode]) -> StorageWriteJob | None:
+        """Queue an L2 -> L3 write of `nodes` (root first); pins them until the store acknowledges."""
+        if not nodes or self._io is None:
+            return None
+        rows = self.host_pool.pages.numpy()  # type: ignore[union-attr]
+        hashes, views, origins = [], [], []
+        step = self.page_size * TOKEN_BYTES
+        for node in nodes:
+            node_hashes = self.tree.page_hashes(node)
+            parents = [self.tree.chain_parent(node), *node_hashes[:-1]]
+            for i, page in enumerate(node.host.tolist()):  # type: ignore[union-attr]
+                hashes.append(node_hashes[i])
+                views.append(rows[page])
+                origins.append(PageOrigin(node.namespace, parents[i], node.key[i * step:(i + 1) * step]))
+        job = StorageWriteJob(self._next_op, nodes, hashes, views, origins, self.config.io_batch_pages)
+        self._next_op += 1
+        _pin(nodes, +1)
+        for n in nodes:
+            self._pinners.setdefault(n.id, []).append(job)
+        self._writes[job.id] = job
+        self._io.submit(job)
+        return job
+
+    def _finish_storage_write(self, job: StorageWriteJob) -> None:
+        del self._writes[job.id]
+        bs = self.backup_stats
+        ok = job.error is None and job.rejected == 0
+        if job.error is not None:
+            bs.storage_failed += 1
+            log.warning("L3 write %s failed, nodes left in L2 only: %s", job.id, job.error)
+        bs.storage_rejected += job.rejected
+        bs.storage_pages += job.at - job.rejected if job.error is None else 0
+        bs.storage_bytes += (job.at - job.rejected) * self.host_pool.page_bytes if job.error is None else 0  # type: ignore
+        for node in job.nodes:
+            node.stored = node.stored or ok
+            self._unpin(node, job)
+
+    def _tier_hits(self, ns: Namespace) -> TierHits:
+        hits = self._hits.get(ns.id)
+        if hits is None:
+            hits = self._hits[ns.id] = TierHits(ns.info())
+        return hits
 
     # --- internals: allocation and eviction ------------------------------------------------------------------
 
@@ -312,8 +759,8 @@ class TieredCache:
         first one below `min_hits` (backed nodes must stay a prefix)."""
         out = []
         for n in self.tree.path(node):
-            if n.host is not None or n.id in self._node_ops and any(
-                    op.kind is OpKind.BACKUP for op in self._node_ops[n.id]):
+            if n.host is not None or any(getattr(p, "kind", None) is OpKind.BACKUP
+                                         for p in self._pinners.get(n.id, ())):
                 continue
             if n.hits < min_hits:
                 break
@@ -364,15 +811,20 @@ class TieredCache:
             op.wait()
             self._complete(op)
 
-    def _load_back(self, m: TreeMatch) -> np.ndarray | None:
+    def _load_back(self, m: TreeMatch, wait: bool = True) -> np.ndarray | None:
         """Copy the host-only extension of `m` to the device, all-or-nothing. Returns its device pages, or None
-        when it does not fit the budget or the device pool."""
+        when it does not fit the budget or the device pool, or another load-back is filling those nodes.
+        `wait=False` leaves the copy in flight (completed by poll): tests use it to hold a load-back open."""
         budget = self.config.load_back_budget_tokens
         n_pages = len(m.host_pages)
         if budget is not None and n_pages * self.page_size > budget:
             self.counters.load_backs_skipped += 1
             return None
         nodes = self._host_only_path(m)
+        if any(getattr(p, "kind", None) is OpKind.LOAD_BACK for n in nodes for p in self._pinners.get(n.id, ())):
+            # another load-back is filling these nodes: never claim them twice; the request recomputes instead
+            self.counters.load_backs_refused += 1
+            return None
         _pin(nodes, +1)  # the host copies must survive any eviction the allocation below triggers
         op_id = self._next_op
         self._next_op += 1
@@ -390,6 +842,8 @@ class TieredCache:
         op = TransferOp(op_id, OpKind.LOAD_BACK, self.device_pool, pages, targets)
         self._track(op)
         op.event = copy_pages(self.host_pool, m.host_pages, self.device_pool, pages)  # type: ignore[arg-type]
+        if not wait:
+            return pages
         op.wait()  # the request's forward reads these pages: the load-back completes before admit returns
         self._complete(op)
         return pages
@@ -408,7 +862,14 @@ class TieredCache:
         """Register an issued op; its target nodes are already pinned by the caller."""
         self._ops[op.id] = op
         for t in op.targets:
-            self._node_ops.setdefault(t.node.id, []).append(op)
+            self._pinners.setdefault(t.node.id, []).append(op)
+
+    def _unpin(self, node: TreeNode, pinner: TransferOp | StorageWriteJob) -> None:
+        node.pins -= 1
+        pinners = self._pinners[node.id]
+        pinners.remove(pinner)
+        if not pinners:
+            del self._pinners[node.id]
 
     def _complete(self, op: TransferOp) -> None:
         """Hand each target node its pages (Op -> Node) and unpin it."""
@@ -420,13 +881,15 @@ class TieredCache:
                 self.tree.set_host(node, t.pages)
             else:
                 self.tree.set_device(node, t.pages)
-            node.pins -= 1
-            ops = self._node_ops[node.id]
-            ops.remove(op)
-            if not ops:
-                del self._node_ops[node.id]
+            self._unpin(node, op)
         if op.kind is OpKind.BACKUP:
             self.counters.backups_completed += 1
+            self.backup_stats.host_pages += len(op.pages)
+            self.backup_stats.host_bytes += len(op.pages) * op.pool.page_bytes
+            rule = self.config.backup_rule
+            if self.store is not None and rule.on_commit:
+                min_hits = self.config.write_through_threshold if rule.needs_hits else 0
+                self._start_storage_write([t.node for t in op.targets if self._wants_store(t.node, min_hits)])
 
     def _on_split(self, child: TreeNode, new: TreeNode, head_pages: int) -> None:
         """The tree moved child's first pages to `new`: move their ledger owner, and retarget in-flight copies."""
@@ -434,9 +897,9 @@ class TieredCache:
             self.device_pool.transfer(new.device, child.owner, new.owner)
         if new.host is not None and self.host_pool is not None:
             self.host_pool.transfer(new.host, child.owner, new.owner)
-        for op in self._node_ops.get(child.id, ()):
-            op.split_target(child, new, head_pages)
-            self._node_ops.setdefault(new.id, []).append(op)
+        for pinner in self._pinners.get(child.id, ()):
+            pinner.split_target(child, new, head_pages)
+            self._pinners.setdefault(new.id, []).append(pinner)
 
     def _pop_live(self, rid: str, what: str) -> LiveRequest:
         live = self._live.pop(rid, None)
@@ -454,3 +917,8 @@ class TieredCache:
 def _pin(nodes: list[TreeNode], delta: int) -> None:
     for n in nodes:
         n.pins += delta
+
+
+def _bump(counts: dict[str, int], key: str, n: int = 1) -> None:
+    if n:
+        counts[key] = counts.get(key, 0) + n

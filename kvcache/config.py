@@ -18,6 +18,21 @@ class WritePolicy(str, enum.Enum):
     WRITE_BACK = "write_back"  # at device eviction
 
 
+class HostMode(str, enum.Enum):
+    """What the host tier is for."""
+
+    CACHE = "cache"  # a cache tier: prefetched pages become host-only tree nodes
+    BUFFER = "buffer"  # a bounce buffer: a prefetch is parked as a staged record and spliced at admission
+
+
+class PrefetchPolicy(str, enum.Enum):
+    """What admission does with a prefetch still in flight."""
+
+    BEST_EFFORT = "best_effort"  # terminate it and take the pages that have arrived
+    WAIT_COMPLETE = "wait_complete"  # wait until every hit page has arrived
+    TIMEOUT = "timeout"  # wait up to base + per-page budget, then take what arrived
+
+
 class BackupRule(msgspec.Struct, frozen=True):
     """What a write policy does at commit and at device eviction."""
 
@@ -44,6 +59,17 @@ class CacheConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     load_back_budget_tokens: int | None = None  # most tokens one admit may load back host -> device; None = any
     device: str | None = None  # torch device of L1; None = "cuda" when available, else "cpu"
     ledger: bool = True  # ownership checks on every move; False only to measure what they cost
+    # --- L3 (used when the cache is given a store) ---
+    host_mode: HostMode = HostMode.CACHE
+    prefetch_policy: PrefetchPolicy = PrefetchPolicy.BEST_EFFORT
+    prefetch_threshold_tokens: int = 0  # a miss past the tree shorter than this starts no prefetch
+    prefetch_max_host_tokens: int | None = None  # host slots all prefetches may hold at once; None = the host tier
+    prefetch_timeout_ms: float = 20.0  # TIMEOUT policy: base budget ...
+    prefetch_timeout_per_page_ms: float = 0.5  # ... plus this much per page asked for
+    prefetch_retries: int = 2  # re-arms of a prefetch that found fewer pages than wanted
+    prefetch_retry_interval_ms: float = 50.0  # pacing between attempts
+    io_batch_pages: int = 64  # pages per L3 read or write batch; a prefetch can be terminated between batches
+    io_thread: bool = True  # run L3 I/O on a background thread; False: run it in poll() (tests, replays)
 
     def __post_init__(self) -> None:
         ps = self.layout.page_size
@@ -59,6 +85,14 @@ class CacheConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise InvalidConfig(f"load_back_budget_tokens={self.load_back_budget_tokens} must be >= 0")
         if self.write_policy is WritePolicy.WRITE_BACK and self.host_tokens == 0:
             raise InvalidConfig("write_back needs a host tier (host_tokens > 0)")
+        for name in ("prefetch_threshold_tokens", "prefetch_retries", "prefetch_timeout_ms",
+                     "prefetch_timeout_per_page_ms", "prefetch_retry_interval_ms"):
+            if getattr(self, name) < 0:
+                raise InvalidConfig(f"{name}={getattr(self, name)} must be >= 0")
+        if self.prefetch_max_host_tokens is not None and self.prefetch_max_host_tokens < 0:
+            raise InvalidConfig(f"prefetch_max_host_tokens={self.prefetch_max_host_tokens} must be >= 0")
+        if self.io_batch_pages < 1:
+            raise InvalidConfig(f"io_batch_pages={self.io_batch_pages} must be >= 1")
 
     @property
     def device_pages(self) -> int:
@@ -69,6 +103,13 @@ class CacheConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def host_pages(self) -> int:
         """L2 capacity in pages."""
         return self.host_tokens // self.layout.page_size
+
+    @property
+    def prefetch_max_host_pages(self) -> int:
+        """Host pages all prefetches may hold at once."""
+        if self.prefetch_max_host_tokens is None:
+            return self.host_pages
+        return min(self.host_pages, self.prefetch_max_host_tokens // self.layout.page_size)
 
     @property
     def backup_rule(self) -> BackupRule:

@@ -110,3 +110,35 @@ def copy_pages(src: SlotPool, src_pages: np.ndarray, dst: SlotPool, dst_pages: n
     event = torch.cuda.Event()
     event.record()
     return event
+
+
+class StorageWriteJob:
+    """An L2 -> L3 write of whole nodes: batched puts, run by the I/O worker. Holds no pages — the nodes keep
+    owning their host copies — but pins the nodes until the store has acknowledged every page."""
+
+    def __init__(self, ident: int, nodes: list[TreeNode], hashes: list[bytes], views: list,
+                 origins: list, batch: int) -> None:
+        self.id = ident
+        self.owner = owner_code(OwnerKind.OP_STORAGE_WRITE, ident)  # names this write in audits; owns no page
+        self.nodes = nodes  # pinned until `poll` takes the finished job back
+        self.hashes = hashes  # page hashes, root first
+        self.views = views  # host page bytes, one per hash
+        self.origins = origins  # PageOrigin per hash
+        self.batch = batch
+        self.at = 0  # pages put so far
+        self.rejected = 0  # pages the store refused for lack of capacity
+        self.finished = False
+        self.error: BaseException | None = None
+
+    def step(self, store) -> bool:
+        """Put one batch; True when more remain."""
+        end = min(self.at + self.batch, len(self.hashes))
+        result = store.put(self.hashes[self.at:end], self.views[self.at:end], self.origins[self.at:end])
+        self.rejected += result.rejected
+        self.at = end
+        return end < len(self.hashes)
+
+    def split_target(self, child: TreeNode, new_parent: TreeNode, head_pages: int) -> None:
+        """Follow a tree split: `new_parent` now holds part of a pinned node and is pinned too."""
+        if child in self.nodes:
+            self.nodes.insert(self.nodes.index(child), new_parent)

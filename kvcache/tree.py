@@ -40,7 +40,7 @@ class TreeNode:
     """One node: a run of whole pages of one namespace's tokens and where their KV is."""
 
     __slots__ = ("id", "owner", "key", "namespace", "parent", "children", "device", "host", "page_hashes",
-                 "lock_ref", "pins", "last_access", "hits")
+                 "stored", "lock_ref", "pins", "last_access", "hits")
 
     def __init__(self, ident: int, key: bytes, namespace: Namespace | None, parent: "TreeNode | None") -> None:
         self.id = ident  # unique in the tree, never reused; the ledger owner is Node(id)
@@ -52,6 +52,7 @@ class TreeNode:
         self.device: np.ndarray | None = None  # L1 page indices, one per page of key; None = no device copy
         self.host: np.ndarray | None = None  # L2 page indices, one per page of key; None = no host copy
         self.page_hashes: list[bytes] | None = None  # chain hashes of key's pages, computed on demand
+        self.stored = False  # every page of key is acknowledged by the L3 store
         self.lock_ref = 0  # running requests using this node (>= 0); a locked node is never evicted
         self.pins = 0  # in-flight copies reading or writing this node (>= 0); a pinned node is never evicted
         self.last_access = 0  # logical clock of the last match/insert through this node (LRU order)
@@ -108,6 +109,15 @@ class TreeInsert(msgspec.Struct, gc=False):
     prefix_pages: int  # leading pages of the key whose device copy was already in the tree
     node: TreeNode  # the node that ends the key
     adopted: list[TreeNode]  # nodes whose device copy now is a slice of the caller's pages, in path order
+
+
+class HostInsert(msgspec.Struct, gc=False):
+    """The outcome of `insert_host`: of the caller's host pages, the first `duplicates` cover pages the tree
+    already held, the next `adopted` became the host copy of `node`; the rest could not attach."""
+
+    node: TreeNode | None  # the new host-only leaf, None when nothing was attached
+    duplicates: int
+    adopted: int
 
 
 class Evicted(msgspec.Struct, gc=False):
@@ -246,6 +256,45 @@ class RadixTree:
             pos += klen
         return TreeInsert(prefix_pages, node, adopted)
 
+    def insert_host(self, key: RadixKey, start_page: int, host_pages: np.ndarray) -> HostInsert:
+        """Attach prefetched pages [start_page, start_page + len(host_pages)) of `key` as one host-only leaf.
+
+        The pages before `start_page` must still be in the tree (the prefetch keeps them locked). Pages of the span
+        that the tree already holds are duplicates; the rest attaches below the last existing node when that node
+        has a host copy (backed nodes stay a prefix) and is otherwise not attached.
+        """
+        pb = self._page_bytes
+        end = (start_page + len(host_pages)) * pb
+        data = key.data[:end]
+        self._clock += 1
+        node = self.namespace_root(key.namespace, create=start_page == 0)
+        if node is None:
+            return HostInsert(None, 0, 0)
+        pos = 0
+        while pos < end:
+            child = node.children.get(data[pos:pos + pb])
+            if child is None:
+                break
+            klen = len(child.key)
+            if data[pos:pos + klen] != child.key:
+                head = self._common_pages(child.key, data, pos, end)
+                child = self._split(child, head)
+                klen = head * pb
+            child.last_access = self._clock
+            node = child
+            pos += klen
+        matched = pos // pb
+        if matched < start_page:
+            return HostInsert(None, 0, 0)
+        duplicates = matched - start_page
+        if pos >= end or (node.host is None and not node.is_namespace_root):
+            return HostInsert(None, duplicates, 0)
+        leaf = self._new_node(data[pos:], key.namespace, node)
+        node.children[data[pos:pos + pb]] = leaf
+        leaf.last_access = self._clock
+        self._set_host(leaf, host_pages[duplicates:])
+        return HostInsert(leaf, duplicates, len(host_pages) - duplicates)
+
     # --- locks -----------------------------------------------------------------------------------------------
 
     def lock(self, node: TreeNode) -> None:
@@ -294,6 +343,13 @@ class RadixTree:
             n.page_hashes = extend_chain(last, n.key, self.page_size)
             last = n.page_hashes[-1]
         return node.page_hashes or []
+
+    def chain_parent(self, node: TreeNode) -> bytes:
+        """The hash the chain of `node`'s first page extends: its parent's last page hash, or the namespace root."""
+        parent = node.parent
+        if parent is None or parent.is_namespace_root or parent is self.root:
+            return hash_root(self.layout_id, node.namespace)  # type: ignore[arg-type]
+        return self.page_hashes(parent)[-1]
 
     def path(self, node: TreeNode) -> list[TreeNode]:
         """Nodes from the namespace root's first child down to `node`."""
@@ -401,7 +457,7 @@ class RadixTree:
         assert parent is not None and 0 < cut < len(child.key)
         new = self._new_node(child.key[:cut], child.namespace, parent)  # type: ignore[arg-type]
         new.lock_ref, new.pins = child.lock_ref, child.pins
-        new.last_access, new.hits = child.last_access, child.hits
+        new.last_access, new.hits, new.stored = child.last_access, child.hits, child.stored
         if child.device is not None:
             new.device, child.device = child.device[:head_pages], child.device[head_pages:]
         if child.host is not None:
