@@ -700,6 +700,16 @@ class TieredCache:
         self._io.submit(job)
         return job
 
+    def _store_now(self, node: TreeNode) -> None:
+        """Write-back: write `node` (and its ancestors not yet in L3) to the store before its host copy goes.
+        Runs the puts on this thread: eviction needs the answer before it frees the pages."""
+        job = self._start_storage_write([n for n in self.tree.path(node) if self._wants_store(n, 0)])
+        if job is None:
+            return
+        self._io.wait(job)  # type: ignore[union-attr]
+        self._io.done.remove(job)  # type: ignore[union-attr]
+        self._finish_storage_write(job)
+
     def _finish_storage_write(self, job: StorageWriteJob) -> None:
         del self._writes[job.id]
         bs = self.backup_stats
@@ -745,8 +755,10 @@ class TieredCache:
 
     def _evict_host(self, n_pages: int) -> int:
         assert self.host_pool is not None
+        rule = self.config.backup_rule
+        backup = self._store_now if rule.on_evict and self.store is not None else None
         freed = 0
-        for ev in self.tree.evict_host(n_pages):
+        for ev in self.tree.evict_host(n_pages, backup):
             self.host_pool.free(ev.pages, ev.owner)
             freed += len(ev.pages)
         self.counters.host_pages_evicted += freed

@@ -108,8 +108,8 @@ class IOWorker:
         if more:
             self._queue.append(job)
         else:
+            self.done.append(job)  # before `finished`: a waiter that sees it finished finds it in `done`
             job.finished = True
-            self.done.append(job)
 
     def _loop(self) -> None:
         while True:

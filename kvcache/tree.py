@@ -390,15 +390,21 @@ class RadixTree:
                 heapq.heappush(heap, parent)
         return out
 
-    def evict_host(self, n_pages: int) -> list[Evicted]:
+    def evict_host(self, n_pages: int, backup: Callable[[TreeNode], None] | None = None) -> list[Evicted]:
         """Detach host copies of at least `n_pages` pages (when that many are evictable) from unlocked, unpinned
-        host-only leaves, least recently used first; the nodes are deleted (their KV remains only in L3)."""
+        host-only leaves, least recently used first; the nodes are deleted (their KV remains only in L3).
+
+        `backup(node)` is called on a victim not yet in L3 before its host copy goes (write-back)."""
         heap = [n for n in self.nodes() if self._host_victim(n)]
         heapq.heapify(heap)
         out: list[Evicted] = []
         freed = 0
         while freed < n_pages and heap:
             node = heapq.heappop(heap)
+            if not self._host_victim(node):
+                continue
+            if not node.stored and backup is not None:
+                backup(node)
             pages = node.host
             self._set_host(node, None)
             out.append(Evicted(node.owner, pages))  # type: ignore[arg-type]

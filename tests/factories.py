@@ -14,3 +14,58 @@ def make_cache(page_size: int = 1, device_tokens: int = 64, host_tokens: int = 1
     """A CPU cache with small pools."""
     return TieredCache(CacheConfig(make_layout(page_size), device_tokens=device_tokens, host_tokens=host_tokens,
                                    device="cpu", **kw))
+
+
+def make_store(path, layout: KVLayout, **kw):
+    """A real LMDB store in `path` (a test's temp dir), created for `layout`; not fsynced per batch (tests)."""
+    from kvcache.storage.base import open_store
+
+    kw.setdefault("durable", False)
+    return open_store(str(path), layout, create=True, **kw)
+
+
+def l3_cache(store, page_size: int = 4, device_tokens: int = 256, host_tokens: int = 256, **kw) -> TieredCache:
+    """A CPU cache over `store`, L3 I/O run inline by poll() unless io_thread=True is given."""
+    kw.setdefault("io_thread", False)
+    return TieredCache(CacheConfig(make_layout(page_size), device_tokens=device_tokens, host_tokens=host_tokens,
+                                   device="cpu", **kw), store)
+
+
+def page_content(digest: bytes, page_bytes: int):
+    """What a synthetic page holds: its page hash, repeated."""
+    import torch
+
+    reps = -(-page_bytes // len(digest))
+    return torch.frombuffer(bytearray((digest * reps)[:page_bytes]), dtype=torch.uint8)
+
+
+def forward(cache: TieredCache, request, admission) -> None:
+    """Write the synthetic KV of the request's new tokens: whole pages from their page hash, the tail as noise."""
+    import torch
+
+    from kvcache.keys import page_hashes
+
+    ps = cache.page_size
+    hashes = page_hashes(cache.layout.layout_id, request.key, ps)
+    storage = cache.device_pool.storage
+    for p in range(admission.cached_tokens // ps, -(-len(request) // ps)):
+        slots = torch.from_numpy(admission.slots[p * ps:(p + 1) * ps])
+        if p < len(hashes):
+            storage[slots] = page_content(hashes[p], cache.device_pool.page_bytes).view(ps, -1)
+        else:
+            storage[slots] = 0xAB
+
+
+def device_bytes_ok(cache: TieredCache, request, slots, n_tokens: int) -> bool:
+    """Do the first `n_tokens` (whole pages) at `slots` hold the request's synthetic KV?"""
+    import torch
+
+    from kvcache.keys import page_hashes
+
+    ps = cache.page_size
+    hashes = page_hashes(cache.layout.layout_id, request.key, ps)
+    for p in range(n_tokens // ps):
+        got = cache.device_pool.storage[torch.from_numpy(slots[p * ps:(p + 1) * ps])].reshape(-1)
+        if not torch.equal(got, page_content(hashes[p], cache.device_pool.page_bytes)):
+            return False
+    return True

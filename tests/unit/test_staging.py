@@ -1,0 +1,86 @@
+"""Buffer mode: a completed fetch is parked as a staged record and spliced, or dropped, at admission."""
+
+import logging
+
+import pytest
+
+from factories import device_bytes_ok, forward, l3_cache, make_layout, make_store
+from kvcache import AdmitStatus, Namespace, Request
+from kvcache.config import HostMode
+from kvcache.owners import OwnerKind
+
+T1, T2 = Namespace("t1", "salt-one"), Namespace("t2", "salt-two")
+TOKENS = list(range(100, 164))
+
+
+@pytest.fixture
+def warm_store(tmp_path):
+    store = make_store(tmp_path / "store", make_layout(4))
+    w = l3_cache(store)
+    req = Request("w", TOKENS, T1)
+    adm = w.admit(req)
+    forward(w, req, adm)
+    w.commit("w")
+    w.close()
+    yield store
+    store.close()
+
+
+def test_completed_fetch_is_parked_with_the_requests_namespace(warm_store):
+    c = l3_cache(warm_store, host_mode=HostMode.BUFFER)
+    c.prefetch(Request("r", TOKENS, T1))
+    c.flush()
+    [staged] = c.staged_records()
+    view = staged.view()
+    assert view.rid == "r" and view.namespace == T1.info() and view.namespace_id == T1.id_hex
+    assert view.staged_tokens == 64 and view.start_tokens == 0 and len(view.page_hashes) == 16
+    codes = set(c.host_pool.owners(staged.pages).tolist())
+    assert codes == {staged.owner} and staged.owner >> 48 == OwnerKind.STAGED
+    assert c.audit().ok
+
+
+def test_splice_puts_exactly_the_staged_pages_on_the_device(warm_store):
+    c = l3_cache(warm_store, host_mode=HostMode.BUFFER)
+    req = Request("r", TOKENS + [1, 2], T1)
+    c.prefetch(req)
+    c.flush()
+    adm = c.admit(req)
+    assert adm.status is AdmitStatus.ADMITTED and adm.cached_tokens == 64 and adm.new_tokens == 2
+    assert device_bytes_ok(c, req, adm.slots, 64)
+    assert c.host_pool.used_pages == 0  # the host tier was only a bounce buffer
+    m = c.tree.match_prefix(req.key)
+    assert list(m.device_pages) == list(c._live["r"].cached_pages)
+    c.commit("r")
+    assert c.audit().ok and c.stats().prefetch.used_pages == 16
+
+
+def test_staged_record_consumed_by_another_namespace_is_dropped(warm_store, caplog):
+    c = l3_cache(warm_store, host_mode=HostMode.BUFFER)
+    c.prefetch(Request("r", TOKENS, T1))
+    c.flush()
+    assert c.host_pool.used_pages == 16
+    with caplog.at_level(logging.ERROR, logger="kvcache"):
+        adm = c.admit(Request("r", TOKENS, T2))  # the same rid, reused by another tenant
+    assert adm.cached_tokens == 0 and adm.new_tokens == 64  # never spliced
+    assert c.host_pool.used_pages == 0 and not c.staged_records()
+    stats = c.stats().prefetch
+    assert stats.namespace_mismatches == 1 and stats.dropped["namespace_mismatch"] == 16
+    assert T1.label in caplog.text and T2.label in caplog.text
+    assert "salt-one" not in caplog.text and "salt-two" not in caplog.text
+    c.release("r")
+    assert c.audit().ok
+
+
+def test_staged_pages_the_device_already_holds_are_not_spliced_twice(warm_store):
+    c = l3_cache(warm_store, host_mode=HostMode.BUFFER)
+    c.prefetch(Request("r", TOKENS, T1))
+    c.flush()
+    other = Request("o", TOKENS[:32], T1)  # meanwhile another request computes the first half itself
+    adm = c.admit(other)
+    forward(c, other, adm)
+    c.commit("o")
+    adm = c.admit(Request("r", TOKENS, T1))
+    assert adm.cached_tokens == 64 and c.stats().prefetch.dropped["duplicate"] == 8
+    c.release("r")
+    c.flush()
+    assert c.audit().ok
