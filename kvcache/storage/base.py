@@ -184,7 +184,7 @@ class CapacityPolicy(msgspec.Struct, frozen=True):
 class AccessPolicy(msgspec.Struct, frozen=True):
     """When recorded reads (hits, access times) are written back."""
 
-    flush_pages: int = 4096  # flush once this many page reads are pending
+    flush_reads: int = 4096  # flush once this many reads (get_into calls that served pages) are logged
     flush_interval_s: float = 10.0  # ... or when the oldest pending read is this old (checked on each call)
 
 

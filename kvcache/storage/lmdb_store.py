@@ -74,30 +74,36 @@ MAX_DBS = 16
 MAX_READERS = 512  # reader slots across every process; engines plus CLI inspectors with a few threads each
 DELETE_BATCH_PAGES = 1024  # pages per write transaction when deleting a namespace
 VERIFY_CHUNK_PAGES = 256  # pages per read transaction when verifying (short read transactions, see above)
+PREALLOC_MIN = 32 << 20  # the data file is allocated at least this far past the last used page ...
+PREALLOC_FRACTION = 8  # ... or 1/8 of the used size, whichever is more
 
 _U64 = struct.Struct("<Q")
-_U32 = struct.Struct("<I")
 _HEADER = _U64.size  # checksum before the payload in `pages`
 _DB_NAMES = ("pages", "meta", "children", "namespaces", "layouts", "by_ns", "heat", "store")
 _DUPFIXED = ("children", "by_ns")
 
 
 class Checksum(msgspec.Struct, frozen=True):
-    """A checksum algorithm: `digest(payload, seed)`, seeded with `seed.unpack_from(page_hash)[0]` so a payload
-    filed under the wrong key fails too. Two plain calls per page, no Python frame between (the read loop)."""
+    """A checksum algorithm: `digest(payload, seed)`, seeded with the first `seed_bytes` of the page hash
+    (little-endian) so a payload filed under the wrong key fails too."""
 
     digest: Callable[[Any, int], int]
-    seed: struct.Struct
+    seed_bytes: int  # 4 or 8
 
     def of(self, payload: Any, page_hash: bytes) -> int:
         """The checksum of `payload` stored under `page_hash`."""
-        return self.digest(payload, self.seed.unpack_from(page_hash)[0])
+        return self.digest(payload, int.from_bytes(page_hash[:self.seed_bytes], "little"))
+
+    def seeds(self, hashes: Sequence[bytes]) -> list[int]:
+        """The seeds of a batch of page hashes, in one vectorised step (the read loop then makes one call)."""
+        words = np.frombuffer(b"".join(hashes), dtype=f"<u{self.seed_bytes}")
+        return words[::PAGE_HASH_BYTES // self.seed_bytes].tolist()
 
 
 # Checksum name -> algorithm. The name is recorded in the store; a store is read with the one it was written with.
-CHECKSUMS: dict[str, Checksum] = {"crc32": Checksum(zlib.crc32, _U32)}
+CHECKSUMS: dict[str, Checksum] = {"crc32": Checksum(zlib.crc32, 4)}
 if xxhash is not None:
-    CHECKSUMS["xxh3_64"] = Checksum(xxhash.xxh3_64_intdigest, _U64)
+    CHECKSUMS["xxh3_64"] = Checksum(xxhash.xxh3_64_intdigest, 8)
 DEFAULT_CHECKSUM = "xxh3_64" if xxhash is not None else "crc32"
 
 # One `heat` record: when the page was last read (or written), how often it was read, and its namespace (so a
@@ -174,6 +180,26 @@ class _SharedEnv:
         self._gate = threading.Condition()
         self._active = 0  # transactions of this process in flight
         self._resizing = False
+        self._allocated = 0  # bytes of data.mdb known to be allocated on disk
+        self._psize = env.stat()["psize"]
+
+    def preallocate(self, extra: int = 0) -> None:
+        """Allocate data.mdb ahead of LMDB's last page (plus `extra` bytes). Writes into allocated blocks ran ~13x
+        faster than writes that extend the file on the filesystems measured (block allocation per write). A
+        failure (full disk, a filesystem without fallocate) only skips it: the commit reports real faults."""
+        used = (self.env.info()["last_pgno"] + 1) * self._psize
+        want = used + extra + max(PREALLOC_MIN, used // PREALLOC_FRACTION)
+        if used + extra + PREALLOC_MIN // 2 <= self._allocated:
+            return
+        try:
+            fd = os.open(os.path.join(self.path, "data.mdb"), os.O_RDWR)
+            try:
+                os.posix_fallocate(fd, 0, want)
+            finally:
+                os.close(fd)  # data.mdb carries no fcntl lock of LMDB's: closing this fd releases nothing
+            self._allocated = want
+        except OSError:
+            self._allocated = 0
 
     def _enter(self) -> None:
         with self._gate:
@@ -227,10 +253,11 @@ class _SharedEnv:
         with self.write_lock:
             while True:
                 txn = self._begin(True, False)
+                committed = False
                 try:
                     result = body(txn)
                     txn.commit()
-                    return result
+                    committed = True
                 except lmdb.MapFullError:
                     txn.abort()
                     full = True
@@ -242,6 +269,9 @@ class _SharedEnv:
                     raise
                 finally:
                     self._leave()
+                if committed:
+                    self.preallocate(grow_hint)  # room for the next batch, outside any transaction
+                    return result
                 if full:
                     size = self.env.info()["map_size"]
                     self.resize(max(2 * size, size + 2 * grow_hint))
@@ -400,8 +430,9 @@ def _release(shared: _SharedEnv) -> None:
 
 
 def _byte_view(view: Any) -> memoryview:
-    """A flat writable byte memoryview of a caller's page buffer (numpy array, CPU torch tensor, bytearray)."""
-    if not isinstance(view, memoryview) and hasattr(view, "numpy") and hasattr(view, "device"):
+    """A flat writable byte memoryview of a caller's page buffer (numpy array, CPU torch tensor, bytearray).
+    numpy views are the fast path (a torch tensor costs a `.numpy()` call per view: pass `tensor.numpy()` rows)."""
+    if type(view) is not np.ndarray and hasattr(view, "numpy") and hasattr(view, "device"):
         if view.device.type != "cpu":
             raise InvalidInput(f"page views must be in host memory, got a tensor on {view.device}")
         view = view.numpy()
@@ -582,25 +613,26 @@ class LMDBStore:
             raise InvalidInput(f"get_into needs one out view per page hash: {len(out_views)} views, {n} hashes")
         if n == 0:
             return 0
+        if set(map(len, hashes)) != {PAGE_HASH_BYTES} or not all(type(h) is bytes for h in hashes):
+            check_page_hashes(hashes)  # raises, naming the first bad one
         outs = [_byte_view(v) for v in out_views[:n]]
         shared = self._live()
-        digest, seed, stored = self._checksum.digest, self._checksum.seed.unpack_from, _U64.unpack_from
+        digest, seeds, stored = self._checksum.digest, self._checksum.seeds(hashes), _U64.unpack_from
         corrupt = self._corrupt
         done = 0
         try:
             with shared.read(buffers=True) as txn:
                 get, db = txn.get, shared.dbs.pages
-                for h in hashes:
+                for h, out, seed in zip(hashes, outs, seeds):
                     value = get(h, None, db)
                     if value is None or (corrupt and h in corrupt):
                         break
-                    out = outs[done]
                     if len(value) - _HEADER != len(out):
                         raise InvalidInput(f"page {h.hex()} holds {len(value) - _HEADER} bytes, its out view "
                                            f"{len(out)}")
                     out[:] = value[_HEADER:]  # the copy happens inside the transaction (see module docstring)
                     # Checked on the copy, which is still in cache: what the caller got is what was verified.
-                    if digest(out, seed(h)[0]) != stored(value)[0]:
+                    if digest(out, seed) != stored(value)[0]:
                         with self._lock:
                             corrupt.add(h)
                         self._counts["checksum_failures"] += 1
@@ -624,7 +656,7 @@ class LMDBStore:
                 self._pending_since = now
             self._pending.append((now, deepest, pages))
             self._pending_pages += pages
-            due = (self._pending_pages >= self.access_policy.flush_pages
+            due = (len(self._pending) >= self.access_policy.flush_reads
                    or now - self._pending_since >= self.access_policy.flush_interval_s)
         if due:
             try:
