@@ -36,7 +36,7 @@ from .request import Request
 from .staging import StagedPrefetch
 from .storage.base import L3Store, PageOrigin
 from .transfer import OpKind, OpTarget, StorageWriteJob, TransferOp, copy_pages
-from .tree import RadixTree, TreeMatch, TreeNode
+from .tree import HostInsert, RadixTree, TreeMatch, TreeNode
 
 log = logging.getLogger("kvcache")
 
@@ -521,7 +521,8 @@ class TieredCache:
             op.next_attempt = time.monotonic() + self.config.prefetch_retry_interval_ms / 1000
             return
         op.state = PrefetchState.DONE
-        if self.config.host_mode is HostMode.BUFFER:
+        if self.config.host_mode is HostMode.BUFFER and op.fetched:
+            # an empty result stays an op (holding nothing but its anchor lock) until admission or abort
             self._prefetches.pop(op.rid, None)
             self._park(op)
 
@@ -553,8 +554,8 @@ class TieredCache:
             # stop here: free what was allocated and not filled, never re-arm
             op.attempts = self.config.prefetch_retries + 1
             self._end_attempt(op)
-            if self.config.host_mode is HostMode.BUFFER:
-                return 0  # parked by _end_attempt
+            if op.state is PrefetchState.FINISHED:
+                return 0  # buffer mode: parked by _end_attempt, spliced after the load-back
         return self._insert_prefetched(op)
 
     def _insert_prefetched(self, op: PrefetchOp) -> int:
@@ -565,7 +566,8 @@ class TieredCache:
         fetched = op.pages[: op.fetched]
         st.fetched_pages += len(fetched)
         st.fetched_bytes += len(fetched) * host.page_bytes  # type: ignore[union-attr]
-        ins = self.tree.insert_host(op.key, op.start_page, fetched)
+        ins = (self.tree.insert_host(op.key, op.start_page, fetched) if len(fetched)
+               else HostInsert(None, 0, 0))
         used = ins.duplicates + ins.adopted
         parts = [(ins.duplicates, FREE_CODE)]
         if ins.node is not None:
@@ -600,9 +602,6 @@ class TieredCache:
         st.seconds += time.monotonic() - op.created
         self._prefetch_pages -= len(op.pages)
         op.state = PrefetchState.FINISHED
-        if not len(fetched):
-            self.tree.unlock(op.anchor)
-            return
         staged = StagedPrefetch(self._next_op, op.rid, op.key, self.page_size, op.start_page, fetched,
                                 op.hashes[: len(fetched)], op.id, op.anchor)
         self._next_op += 1
