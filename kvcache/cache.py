@@ -550,12 +550,12 @@ class TieredCache:
                 self._take_io_jobs()
         op.terminate()
         op.job = None  # a job still queued sees `terminated` and ends without touching the pages
-        if op.state is not PrefetchState.DONE:
+        if op.state not in (PrefetchState.DONE, PrefetchState.FINISHED):
             # stop here: free what was allocated and not filled, never re-arm
             op.attempts = self.config.prefetch_retries + 1
             self._end_attempt(op)
-            if op.state is PrefetchState.FINISHED:
-                return 0  # buffer mode: parked by _end_attempt, spliced after the load-back
+        if op.state is PrefetchState.FINISHED:
+            return 0  # buffer mode: parked as a staged record, spliced after the load-back
         return self._insert_prefetched(op)
 
     def _insert_prefetched(self, op: PrefetchOp) -> int:

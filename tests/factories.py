@@ -20,7 +20,7 @@ def make_store(path, layout: KVLayout, **kw):
     """A real LMDB store in `path` (a test's temp dir), created for `layout`; not fsynced per batch (tests)."""
     from kvcache.storage.base import open_store
 
-    kw.setdefault("durable", False)
+    kw.setdefault("durability", "none")
     return open_store(str(path), layout, create=True, **kw)
 
 

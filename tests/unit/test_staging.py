@@ -84,3 +84,17 @@ def test_staged_pages_the_device_already_holds_are_not_spliced_twice(warm_store)
     c.release("r")
     c.flush()
     assert c.audit().ok
+
+
+def test_fetch_parked_while_admission_waits_is_spliced_once(warm_store):
+    # wait_complete: the admission itself drives the fetch to completion, which parks it; the record must be
+    # spliced once, not parked a second time over itself (that leaked the first record's pages).
+    from kvcache.config import PrefetchPolicy
+
+    c = l3_cache(warm_store, host_mode=HostMode.BUFFER, prefetch_policy=PrefetchPolicy.WAIT_COMPLETE)
+    req = Request("r", TOKENS, T1)
+    c.prefetch(req)
+    adm = c.admit(req)
+    assert adm.cached_tokens == 64 and device_bytes_ok(c, req, adm.slots, 64)
+    c.commit("r")
+    assert c.audit().ok and c.host_pool.used_pages == 0
