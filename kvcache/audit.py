@@ -114,6 +114,7 @@ class NodeState(msgspec.Struct):
     host: bytes | None  # int64 little-endian L2 pages, None without a host copy
     lock_ref: int
     pins: int
+    host_pins: int = 0
 
 
 class HolderState(msgspec.Struct):
@@ -125,7 +126,8 @@ class HolderState(msgspec.Struct):
     pool: str
     pages: bytes  # int64 little-endian
     locks: list[int] = []  # node ids this holder keeps locked (a request: the end of its cached prefix)
-    pins: list[int] = []  # node ids this holder keeps pinned (an op: its targets)
+    pins: list[int] = []  # node ids this holder keeps pinned (a copy: its targets)
+    host_pins: list[int] = []  # node ids whose host copy this holder reads (an L3 write)
     rid: str | None = None
 
 
@@ -166,11 +168,11 @@ def collect_state(cache: "TieredCache") -> OwnershipState:
     nodes = []
     for ns_root in tree.namespace_roots():
         nodes.append(NodeState(ns_root.id, 0, ns_root.namespace.id_hex, True, 0, None, None,  # type: ignore
-                               ns_root.lock_ref, ns_root.pins))
+                               ns_root.lock_ref, ns_root.pins, ns_root.host_pins))
     for n in tree.nodes():
         nodes.append(NodeState(n.id, n.parent.id if n.parent is not None else -1,  # type: ignore[union-attr]
                                n.namespace.id_hex, False, len(n), _b(n.device), _b(n.host),  # type: ignore
-                               n.lock_ref, n.pins))
+                               n.lock_ref, n.pins, n.host_pins))
     holders = []
     for live in cache.live_requests():
         holders.append(HolderState("request", live.handle, live.owner, cache.device_pool.name,
@@ -187,7 +189,7 @@ def collect_state(cache: "TieredCache") -> OwnershipState:
                                    locks=[staged.anchor.id], rid=staged.rid))
     for write in cache.storage_writes():
         holders.append(HolderState("op:storage_write", write.id, write.owner, host, b"",
-                                   pins=[n.id for n in write.nodes]))
+                                   host_pins=[n.id for n in write.nodes]))
     sizes = TreeSizes(tree.device_evictable, tree.device_protected, tree.host_evictable, tree.host_protected)
     return OwnershipState(STATE_VERSION, cache.page_size, pool_states, nodes, holders, sizes)
 
@@ -313,9 +315,9 @@ def _check_pool(pool: PoolState, state: OwnershipState, out: list[Violation]) ->
 def _check_structure(state: OwnershipState, by_id: dict[int, NodeState], out: list[Violation]) -> None:
     ps = state.page_size
     for n in state.nodes:
-        if n.lock_ref < 0 or n.pins < 0:
+        if n.lock_ref < 0 or n.pins < 0 or n.host_pins < 0:
             out.append(Violation(ViolationKind.LOCK_UNDERFLOW, f"node#{n.id} has lock_ref={n.lock_ref}, "
-                                 f"pins={n.pins}", node=n.id))
+                                 f"pins={n.pins}, host_pins={n.host_pins}", node=n.id))
         if n.namespace_root:
             continue
         parent = by_id.get(n.parent)
@@ -345,6 +347,7 @@ def _check_structure(state: OwnershipState, by_id: dict[int, NodeState], out: li
 def _check_counts(state: OwnershipState, by_id: dict[int, NodeState], out: list[Violation]) -> None:
     locks: dict[int, int] = defaultdict(int)
     pins: dict[int, int] = defaultdict(int)
+    host_pins: dict[int, int] = defaultdict(int)
     for h in state.holders:
         for node_id in h.locks:
             walk = by_id.get(node_id)
@@ -359,13 +362,18 @@ def _check_counts(state: OwnershipState, by_id: dict[int, NodeState], out: list[
                 out.append(Violation(ViolationKind.DETACHED_REF, f"{h.kind}#{h.id} pins node#{node_id}, which is "
                                      f"not in the tree", node=node_id, rid=h.rid))
             pins[node_id] += 1
+        for node_id in h.host_pins:
+            if node_id not in by_id:
+                out.append(Violation(ViolationKind.DETACHED_REF, f"{h.kind}#{h.id} reads node#{node_id}'s host "
+                                     f"copy, and that node is not in the tree", node=node_id))
+            host_pins[node_id] += 1
     for n in state.nodes:
         if n.lock_ref != locks[n.id]:
             out.append(Violation(ViolationKind.LOCK_MISMATCH, f"node#{n.id} has lock_ref={n.lock_ref}, live "
                                  f"requests account for {locks[n.id]}", node=n.id))
-        if n.pins != pins[n.id]:
-            out.append(Violation(ViolationKind.PIN_MISMATCH, f"node#{n.id} has pins={n.pins}, in-flight operations "
-                                 f"account for {pins[n.id]}", node=n.id))
+        if n.pins != pins[n.id] or n.host_pins != host_pins[n.id]:
+            out.append(Violation(ViolationKind.PIN_MISMATCH, f"node#{n.id} has pins={n.pins}/{n.host_pins}, "
+                                 f"in-flight operations account for {pins[n.id]}/{host_pins[n.id]}", node=n.id))
     sizes = {"device_evictable": 0, "device_protected": 0, "host_evictable": 0, "host_protected": 0}
     for n in state.nodes:
         state_word = "protected" if n.lock_ref else "evictable"

@@ -692,7 +692,8 @@ class TieredCache:
                 origins.append(PageOrigin(node.namespace, parents[i], node.key[i * step:(i + 1) * step]))
         job = StorageWriteJob(self._next_op, nodes, hashes, views, origins, self.config.io_batch_pages)
         self._next_op += 1
-        _pin(nodes, +1)
+        for n in nodes:
+            n.host_pins += 1  # the host copy is being read; the device copy may still be evicted
         for n in nodes:
             self._pinners.setdefault(n.id, []).append(job)
         self._writes[job.id] = job
@@ -843,6 +844,8 @@ class TieredCache:
         pages = self._alloc(self.device_pool, n_pages, owner)
         if pages is None:
             _pin(nodes, -1)
+            for n in nodes:
+                self.tree.offer(n)
             self.counters.load_backs_skipped += 1
             return None
         targets, at = [], 0
@@ -876,7 +879,11 @@ class TieredCache:
             self._pinners.setdefault(t.node.id, []).append(op)
 
     def _unpin(self, node: TreeNode, pinner: TransferOp | StorageWriteJob) -> None:
-        node.pins -= 1
+        if isinstance(pinner, StorageWriteJob):
+            node.host_pins -= 1
+        else:
+            node.pins -= 1
+        self.tree.offer(node)
         pinners = self._pinners[node.id]
         pinners.remove(pinner)
         if not pinners:

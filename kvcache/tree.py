@@ -40,7 +40,7 @@ class TreeNode:
     """One node: a run of whole pages of one namespace's tokens and where their KV is."""
 
     __slots__ = ("id", "owner", "key", "namespace", "parent", "children", "device", "host", "page_hashes",
-                 "stored", "lock_ref", "pins", "last_access", "hits")
+                 "stored", "lock_ref", "pins", "host_pins", "last_access", "hits")
 
     def __init__(self, ident: int, key: bytes, namespace: Namespace | None, parent: "TreeNode | None") -> None:
         self.id = ident  # unique in the tree, never reused; the ledger owner is Node(id)
@@ -55,6 +55,7 @@ class TreeNode:
         self.stored = False  # every page of key is acknowledged by the L3 store
         self.lock_ref = 0  # running requests using this node (>= 0); a locked node is never evicted
         self.pins = 0  # in-flight copies reading or writing this node (>= 0); a pinned node is never evicted
+        self.host_pins = 0  # in-flight L3 writes reading the host copy (>= 0); it is not evicted from L2 meanwhile
         self.last_access = 0  # logical clock of the last match/insert through this node (LRU order)
         self.hits = 0  # matches that went through this node (write_through_selective)
 
@@ -73,7 +74,7 @@ class TreeNode:
     def __repr__(self) -> str:
         ns = self.namespace.label if self.namespace is not None else "root"
         return (f"TreeNode(#{self.id} {ns} tokens={len(self)} device={self.device is not None} "
-                f"host={self.host is not None} lock={self.lock_ref} pins={self.pins})")
+                f"host={self.host is not None} lock={self.lock_ref} pins={self.pins}/{self.host_pins})")
 
 
 class TreeMatch(msgspec.Struct, gc=False):
@@ -150,6 +151,11 @@ class RadixTree:
         self.host_protected = 0
         # Called as on_split(child, new_parent, head_pages) after a split moved child's first pages to new_parent.
         self.on_split: SplitListener | None = None
+        # Lazy LRU heaps of eviction candidates per tier (see _victims); nodes are offered when they may have
+        # become leaves of that tier.
+        self._device_lru: list[tuple[int, int, TreeNode]] = []
+        self._host_lru: list[tuple[int, int, TreeNode]] = []
+        self.node_count = 0  # nodes below the namespace roots
 
     # --- lookup ----------------------------------------------------------------------------------------------
 
@@ -316,6 +322,7 @@ class RadixTree:
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self._protect(node, False)
+                self.offer(node)
             node = node.parent  # type: ignore[assignment]
 
     # --- copies ----------------------------------------------------------------------------------------------
@@ -369,25 +376,25 @@ class RadixTree:
         `backup(node)` is called on a victim without a host copy before its device copy goes (write-back); a node
         that has a host copy afterwards is kept host-only, any other victim is deleted.
         """
-        heap = [n for n in self.nodes() if self._device_victim(n)]
-        heapq.heapify(heap)
         out: list[Evicted] = []
         freed = 0
-        while freed < n_pages and heap:
-            node = heapq.heappop(heap)
-            if not self._device_victim(node):  # a backup callback may have changed what is evictable
-                continue
-            if node.host is None and backup is not None:
-                backup(node)
-            pages = node.device
-            self._set_device(node, None)
-            out.append(Evicted(node.owner, pages))  # type: ignore[arg-type]
-            freed += len(pages)  # type: ignore[arg-type]
-            parent = node.parent
-            if node.host is None:
-                self._delete(node)
-            if parent is not None and self._device_victim(parent):
-                heapq.heappush(heap, parent)
+        victims = self._victims(self._device_lru, _device_leaf, _device_busy)
+        try:
+            for node in victims:
+                if node.host is None and backup is not None:
+                    backup(node)
+                    if not self._device_victim(node):  # the backup's own work may have changed the node
+                        continue
+                pages = node.device
+                self._set_device(node, None)
+                out.append(Evicted(node.owner, pages))  # type: ignore[arg-type]
+                freed += len(pages)  # type: ignore[arg-type]
+                if node.host is None:
+                    self._delete(node)
+                if freed >= n_pages:
+                    break
+        finally:
+            victims.close()
         return out
 
     def evict_host(self, n_pages: int, backup: Callable[[TreeNode], None] | None = None) -> list[Evicted]:
@@ -395,36 +402,74 @@ class RadixTree:
         host-only leaves, least recently used first; the nodes are deleted (their KV remains only in L3).
 
         `backup(node)` is called on a victim not yet in L3 before its host copy goes (write-back)."""
-        heap = [n for n in self.nodes() if self._host_victim(n)]
-        heapq.heapify(heap)
         out: list[Evicted] = []
         freed = 0
-        while freed < n_pages and heap:
-            node = heapq.heappop(heap)
-            if not self._host_victim(node):
-                continue
-            if not node.stored and backup is not None:
-                backup(node)
-            pages = node.host
-            self._set_host(node, None)
-            out.append(Evicted(node.owner, pages))  # type: ignore[arg-type]
-            freed += len(pages)  # type: ignore[arg-type]
-            parent = node.parent
-            self._delete(node)
-            if parent is not None and self._host_victim(parent):
-                heapq.heappush(heap, parent)
+        victims = self._victims(self._host_lru, _host_leaf, _host_busy)
+        try:
+            for node in victims:
+                if not node.stored and backup is not None:
+                    backup(node)
+                    if not self._host_victim(node):
+                        continue
+                pages = node.host
+                self._set_host(node, None)
+                out.append(Evicted(node.owner, pages))  # type: ignore[arg-type]
+                freed += len(pages)  # type: ignore[arg-type]
+                self._delete(node)
+                if freed >= n_pages:
+                    break
+        finally:
+            victims.close()
         return out
 
+    def _victims(self, heap: list, is_leaf: Callable[[TreeNode], bool],
+                 is_busy: Callable[[TreeNode], bool]) -> Iterator[TreeNode]:
+        """Evictable nodes of one tier, least recently used first, from its lazy LRU heap.
+
+        Entries are (last_access at push, id, node) and are never updated in place: an entry whose node was used
+        since is pushed again with the new time; one whose node is no longer a leaf of that tier is dropped (the
+        node is offered again when it becomes one), and so is a locked or pinned one (offered again when free).
+        """
+        if len(heap) > 4 * self.node_count + 1024:  # stale entries pile up under churn: rebuild from the tree
+            heap[:] = [(n.last_access, n.id, n) for n in self.nodes()]
+            heapq.heapify(heap)
+        kept = []
+        try:
+            while heap:
+                stamp, ident, node = heapq.heappop(heap)
+                if node.parent is None or not is_leaf(node):
+                    continue  # deleted, or not a leaf of this tier now: offered again when it becomes one
+                if stamp != node.last_access:
+                    heapq.heappush(heap, (node.last_access, ident, node))
+                    continue
+                if is_busy(node):
+                    continue  # offered again when its last lock or pin goes (unlock, TieredCache._unpin)
+                yield node
+                if node.parent is not None and is_leaf(node):
+                    kept.append((node.last_access, ident, node))  # still there: not evicted after all
+        finally:
+            for entry in kept:
+                heapq.heappush(heap, entry)
+
+    def offer(self, node: TreeNode) -> None:
+        """`node` lost its last lock or pin: it may be evictable again."""
+        if not (node.lock_ref or node.pins or node.host_pins):
+            self._offer(node, True, True)
+
+    def _offer(self, node: TreeNode | None, device: bool, host: bool) -> None:
+        """`node` may have become an eviction candidate of a tier: give it an entry in that tier's LRU heap."""
+        if node is None or node.parent is None or node.is_namespace_root:
+            return
+        if device:
+            heapq.heappush(self._device_lru, (node.last_access, node.id, node))
+        if host:
+            heapq.heappush(self._host_lru, (node.last_access, node.id, node))
+
     def _device_victim(self, node: TreeNode) -> bool:
-        if node.device is None or node.lock_ref or node.pins or node.parent is None or node.is_namespace_root:
-            return False
-        return all(c.device is None for c in node.children.values())
+        return _device_leaf(node) and not _device_busy(node)
 
     def _host_victim(self, node: TreeNode) -> bool:
-        if (node.host is None or node.device is not None or node.lock_ref or node.pins or node.parent is None
-                or node.is_namespace_root):
-            return False
-        return all(c.host is None for c in node.children.values())
+        return _host_leaf(node) and not _host_busy(node)
 
     # --- walking ---------------------------------------------------------------------------------------------
 
@@ -446,6 +491,8 @@ class RadixTree:
     def _new_node(self, key: bytes, namespace: Namespace, parent: TreeNode) -> TreeNode:
         node = TreeNode(self._next_id, key, namespace, parent)
         self._next_id += 1
+        if parent is not self.root:
+            self.node_count += 1
         return node
 
     def _common_pages(self, node_key: bytes, data: bytes, pos: int, end: int) -> int:
@@ -462,7 +509,7 @@ class RadixTree:
         parent = child.parent
         assert parent is not None and 0 < cut < len(child.key)
         new = self._new_node(child.key[:cut], child.namespace, parent)  # type: ignore[arg-type]
-        new.lock_ref, new.pins = child.lock_ref, child.pins
+        new.lock_ref, new.pins, new.host_pins = child.lock_ref, child.pins, child.host_pins
         new.last_access, new.hits, new.stored = child.last_access, child.hits, child.stored
         if child.device is not None:
             new.device, child.device = child.device[:head_pages], child.device[head_pages:]
@@ -480,9 +527,11 @@ class RadixTree:
 
     def _delete(self, node: TreeNode) -> None:
         parent = node.parent
-        assert parent is not None and not node.children and node.lock_ref == 0 and node.pins == 0
+        assert parent is not None and not node.children and node.lock_ref == 0 and node.pins == node.host_pins == 0
         del parent.children[node.key[:self._page_bytes]]
         node.parent = None
+        self.node_count -= 1
+        self._offer(parent, True, True)
         if parent.is_namespace_root and not parent.children and parent.lock_ref == 0:
             del self.root.children[parent.namespace.id]  # type: ignore[union-attr]
             parent.parent = None
@@ -490,6 +539,11 @@ class RadixTree:
     def _set_device(self, node: TreeNode, pages: np.ndarray | None) -> None:
         delta = (0 if pages is None else len(pages)) - (0 if node.device is None else len(node.device))
         node.device = pages
+        if pages is None:
+            self._offer(node.parent, True, False)  # the parent may be a device leaf now
+            self._offer(node, False, True)  # and this node a host leaf
+        else:
+            self._offer(node, True, False)
         if node.lock_ref:
             self.device_protected += delta
         else:
@@ -498,6 +552,10 @@ class RadixTree:
     def _set_host(self, node: TreeNode, pages: np.ndarray | None) -> None:
         delta = (0 if pages is None else len(pages)) - (0 if node.host is None else len(node.host))
         node.host = pages
+        if pages is None:
+            self._offer(node.parent, False, True)
+        else:
+            self._offer(node, False, True)
         if node.lock_ref:
             self.host_protected += delta
         else:
@@ -519,3 +577,25 @@ def _concat(arrays: list[np.ndarray]) -> np.ndarray:
     if len(arrays) == 1:
         return arrays[0]
     return np.concatenate(arrays)
+
+
+def _device_leaf(node: TreeNode) -> bool:
+    """Has a device copy and no child has one (device copies form a prefix: only leaves can go)."""
+    if node.device is None or node.parent is None or node.is_namespace_root:
+        return False
+    return all(c.device is None for c in node.children.values())
+
+
+def _host_leaf(node: TreeNode) -> bool:
+    """Has only a host copy and no child has one."""
+    if node.host is None or node.device is not None or node.parent is None or node.is_namespace_root:
+        return False
+    return all(c.host is None for c in node.children.values())
+
+
+def _device_busy(node: TreeNode) -> bool:
+    return bool(node.lock_ref or node.pins)
+
+
+def _host_busy(node: TreeNode) -> bool:
+    return bool(node.lock_ref or node.pins or node.host_pins)
