@@ -3,18 +3,17 @@
 Named sub-databases (all keys are 16-byte page hashes unless said otherwise)::
 
     pages       page hash -> [u64 checksum, little-endian][payload]   the checksum travels with the bytes
-    meta        page hash -> PageRecord (msgpack): what never changes after the write
-    heat        page hash -> [f64 last access][u64 hits][16-byte namespace id]   rewritten by flush()
+    meta        page hash -> PageMeta (msgpack); hits and last access rewritten by flush()
     children    parent hash -> child page hash (dupsort, dupfixed)     walks a namespace's tree from its root
     namespaces  namespace id -> NamespaceRecord (msgpack)               never the salt
     layouts     layout id -> LayoutRecord (msgpack)                     every KVLayout the store holds
     by_ns       namespace id -> page hash (dupsort, dupfixed)           bounded delete_namespace
     store       b"format" -> StoreFormat, b"totals" -> StoreTotals, b"capacity" -> u64 payload limit
 
-Reads are logged in memory and folded into `heat` by `flush()`, vectorised (one fixed-size record per page, no
-index to reorder): bookkeeping must cost a small fraction of the read it records. Eviction therefore finds the
-least recently used leaves by scanning `heat`, and evicts a little more than it needs (`evict_headroom`) so that
-scan is paid once per many puts.
+Bookkeeping must cost a small fraction of the read it records: a read is logged in memory as one entry (its
+deepest page), folded into `meta` by `flush()`, and no access-order index is kept (each index is one more B-tree
+every put dirties: ~3 µs per 16 KiB page here). Eviction finds the least recently used leaves by scanning `meta`,
+and evicts a little more than it needs (`evict_headroom`) so that scan is paid once per many puts.
 
 A batch of puts is one write transaction: pages, metadata, indexes and registry counters commit together or not
 at all, so a killed writer never leaves a half page, a page without its metadata, or counters that disagree.
@@ -30,8 +29,10 @@ Known traps, measured on the machines this was built on:
   ``tensor.numpy()`` ran at ~7 GB/s. Copies go through the buffer protocol (a memoryview slice assignment is one
   memcpy, with less per-call overhead than ``np.copyto``), never through torch.
 - LMDB forbids opening one environment twice in a process. Handles share one Environment per process and
-  realpath; a forked child abandons the parent's and opens its own (an Environment is never used after fork).
+  realpath; a forked child closes the parent's without using it and opens its own.
 - Running out of disk surfaces from LMDB as EIO at commit; it is reported as StoreFull when the disk is full.
+- Checksums are xxh3-64 when the ``xxhash`` package is installed (~45 GB/s on cached data) and zlib's crc32
+  otherwise (~2.5 GB/s: the checked read path then runs at about half the speed). A store records its algorithm.
 """
 
 from __future__ import annotations
@@ -74,12 +75,17 @@ MAX_DBS = 16
 MAX_READERS = 512  # reader slots across every process; engines plus CLI inspectors with a few threads each
 DELETE_BATCH_PAGES = 1024  # pages per write transaction when deleting a namespace
 VERIFY_CHUNK_PAGES = 256  # pages per read transaction when verifying (short read transactions, see above)
-PREALLOC_MIN = 32 << 20  # the data file is allocated at least this far past the last used page ...
-PREALLOC_FRACTION = 8  # ... or 1/8 of the used size, whichever is more
+# Durability name -> (sync, metasync) of the environment. A killed process loses no committed batch in any mode;
+# the modes differ on a system crash (power loss, kernel panic):
+#   full  every committed batch survives (two fsyncs per commit);
+#   data  the store stays intact, the last committed batch may be lost (one fsync per commit; LMDB's NOMETASYNC);
+#   none  no fsync: recent batches may be lost, and the store may be damaged (verify; delete and refill).
+DURABILITY: dict[str, tuple[bool, bool]] = {"full": (True, True), "data": (True, False), "none": (False, False)}
+DEFAULT_DURABILITY = "data"  # a cache: integrity across crashes, not the last batch
 
 _U64 = struct.Struct("<Q")
 _HEADER = _U64.size  # checksum before the payload in `pages`
-_DB_NAMES = ("pages", "meta", "children", "namespaces", "layouts", "by_ns", "heat", "store")
+_DB_NAMES = ("pages", "meta", "children", "namespaces", "layouts", "by_ns", "store")
 _DUPFIXED = ("children", "by_ns")
 
 
@@ -106,10 +112,6 @@ if xxhash is not None:
     CHECKSUMS["xxh3_64"] = Checksum(xxhash.xxh3_64_intdigest, 8)
 DEFAULT_CHECKSUM = "xxh3_64" if xxhash is not None else "crc32"
 
-# One `heat` record: when the page was last read (or written), how often it was read, and its namespace (so a
-# flush can credit namespaces without reading page metadata).
-HEAT = np.dtype([("last_access", "<f8"), ("hits", "<u8"), ("ns_id", "S16")])
-
 
 class StoreFormat(msgspec.Struct, frozen=True):
     """The marker that makes an LMDB environment a kvc store."""
@@ -117,18 +119,6 @@ class StoreFormat(msgspec.Struct, frozen=True):
     magic: str  # FORMAT_MAGIC
     version: int  # FORMAT_VERSION of the writer that created it
     checksum: str  # a key of CHECKSUMS
-    created: float  # unix seconds
-
-
-class PageRecord(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """What `meta` holds for a page: the part of PageMeta that never changes after the write."""
-
-    ns_id: bytes  # 16-byte Namespace.id
-    layout_id: bytes  # 16-byte KVLayout.layout_id
-    parent: bytes  # parent page hash (the namespace root for a first page)
-    tokens: bytes  # packed uint32 token ids
-    nbytes: int  # payload bytes
-    checksum: int  # u64, the same value the page's header holds
     created: float  # unix seconds
 
 
@@ -140,7 +130,7 @@ class StoreTotals(msgspec.Struct, frozen=True, array_like=True):
 
 
 _enc = msgspec.msgpack.Encoder()
-_dec_meta = msgspec.msgpack.Decoder(PageRecord)
+_dec_meta = msgspec.msgpack.Decoder(PageMeta)
 _dec_ns = msgspec.msgpack.Decoder(NamespaceRecord)
 _dec_layout = msgspec.msgpack.Decoder(LayoutRecord)
 _dec_format = msgspec.msgpack.Decoder(StoreFormat)
@@ -156,7 +146,6 @@ class _Dbs(msgspec.Struct, frozen=True):
     namespaces: Any
     layouts: Any
     by_ns: Any
-    heat: Any
     store: Any
 
 
@@ -180,26 +169,6 @@ class _SharedEnv:
         self._gate = threading.Condition()
         self._active = 0  # transactions of this process in flight
         self._resizing = False
-        self._allocated = 0  # bytes of data.mdb known to be allocated on disk
-        self._psize = env.stat()["psize"]
-
-    def preallocate(self, extra: int = 0) -> None:
-        """Allocate data.mdb ahead of LMDB's last page (plus `extra` bytes). Writes into allocated blocks ran ~13x
-        faster than writes that extend the file on the filesystems measured (block allocation per write). A
-        failure (full disk, a filesystem without fallocate) only skips it: the commit reports real faults."""
-        used = (self.env.info()["last_pgno"] + 1) * self._psize
-        want = used + extra + max(PREALLOC_MIN, used // PREALLOC_FRACTION)
-        if used + extra + PREALLOC_MIN // 2 <= self._allocated:
-            return
-        try:
-            fd = os.open(os.path.join(self.path, "data.mdb"), os.O_RDWR)
-            try:
-                os.posix_fallocate(fd, 0, want)
-            finally:
-                os.close(fd)  # data.mdb carries no fcntl lock of LMDB's: closing this fd releases nothing
-            self._allocated = want
-        except OSError:
-            self._allocated = 0
 
     def _enter(self) -> None:
         with self._gate:
@@ -270,7 +239,6 @@ class _SharedEnv:
                 finally:
                     self._leave()
                 if committed:
-                    self.preallocate(grow_hint)  # room for the next batch, outside any transaction
                     return result
                 if full:
                     size = self.env.info()["map_size"]
@@ -325,7 +293,7 @@ def _translate(exc: BaseException, path: str, doing: str, wanted: int = 0) -> St
     return StoreError(path, f"{doing}: {exc}")
 
 
-def _open_env(path: str, create: bool, map_size: int, durable: bool, checksum: str) -> _SharedEnv:
+def _open_env(path: str, create: bool, map_size: int, durability: str, checksum: str) -> _SharedEnv:
     """Open (or create) the environment at `path` and check that it is a kvc store."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise NotAStore(path, "is a regular file, expected a kvc store directory")
@@ -341,7 +309,7 @@ def _open_env(path: str, create: bool, map_size: int, durable: bool, checksum: s
             raise _translate(exc, path, "creating the store directory") from None
     existing = os.path.getsize(data_file) if os.path.exists(data_file) else 0
     kwargs = dict(map_size=max(map_size, existing), subdir=True, max_dbs=MAX_DBS, max_readers=MAX_READERS,
-                  sync=durable, metasync=durable, meminit=False, lock=True)
+                  sync=DURABILITY[durability][0], metasync=DURABILITY[durability][1], meminit=False, lock=True)
     writable = True
     try:
         env = lmdb.open(path, readonly=False, **kwargs)
@@ -409,12 +377,12 @@ def _open_dbs(env: lmdb.Environment, path: str, writable: bool, create: bool,
     return _Dbs(**handles), fmt
 
 
-def _acquire(path: str, create: bool, map_size: int, durable: bool,
+def _acquire(path: str, create: bool, map_size: int, durability: str,
              checksum: str = DEFAULT_CHECKSUM) -> _SharedEnv:
     with _ENVS_LOCK:
         shared = _ENVS.get(path)
         if shared is None or shared.pid != os.getpid():
-            shared = _open_env(path, create, map_size, durable, checksum)
+            shared = _open_env(path, create, map_size, durability, checksum)
             _ENVS[path] = shared
         shared.refs += 1
         return shared
@@ -454,15 +422,6 @@ def _page_bytes(page: Any) -> memoryview:
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
 
 
-def _heat(last_access: float, hits: int, ns_id: bytes) -> bytes:
-    return np.array([(last_access, hits, ns_id)], dtype=HEAT).tobytes()
-
-
-def _heat_of(raw: Any) -> tuple[float, int]:
-    record = np.frombuffer(raw, dtype=HEAT)[0]
-    return float(record["last_access"]), int(record["hits"])
-
-
 class _NsDelta:
     """Registry changes for one namespace, gathered during a transaction and applied at its end."""
 
@@ -487,7 +446,7 @@ class LMDBStore:
     backend = BACKEND
 
     def __init__(self, shared: _SharedEnv, location: str, layout: KVLayout | None, readonly: bool,
-                 access: AccessPolicy, map_size: int, durable: bool) -> None:
+                 access: AccessPolicy, map_size: int, durability: str) -> None:
         self._shared = shared
         self.location = location  # the path given to open (realpath in `path`)
         self.path = shared.path
@@ -495,11 +454,11 @@ class LMDBStore:
         self.readonly = readonly
         self.access_policy = access
         self._map_size = map_size
-        self._durable = durable
+        self._durability = durability
         self._checksum = CHECKSUMS[shared.format.checksum]
         self._closed = False
         self._lock = threading.Lock()  # guards the pending access log and the corrupt set
-        # Reads are logged as (unix seconds, page hashes) and folded into metadata by flush().
+        # Reads are logged as (unix seconds, deepest page hash, pages served) and folded into metadata by flush().
         self._pending: list[tuple[float, bytes, int]] = []
         self._pending_pages = 0
         self._pending_since = 0.0
@@ -511,16 +470,16 @@ class LMDBStore:
     @classmethod
     def open(cls, location: str, layout: KVLayout | None = None, *, create: bool = False, readonly: bool = False,
              add_layout: bool = False, capacity: CapacityPolicy | None = None, access: AccessPolicy | None = None,
-             map_size: int = DEFAULT_MAP_SIZE, durable: bool = True,
+             map_size: int = DEFAULT_MAP_SIZE, durability: str = DEFAULT_DURABILITY,
              checksum: str = DEFAULT_CHECKSUM) -> "LMDBStore":
         """Open the store at `location` (a path or ``lmdb://PATH``).
 
         `layout`: the layout this handle writes under; it must be held by the store unless the store is created
         now or `add_layout` registers it (LayoutMismatch otherwise, naming the layouts held). `capacity`: record
         a new payload limit (every process then uses it). `map_size`: initial map size in bytes (grows on
-        demand). `durable`: fsync every committed batch (False: a system crash may lose the last batches; a
-        killed process never loses any). `checksum`: the algorithm of a store created now (a key of CHECKSUMS);
-        an existing store keeps the one it was created with.
+        demand). `durability`: a key of DURABILITY (the first handle opened in a process sets it for the
+        environment). `checksum`: the algorithm of a store created now (a key of CHECKSUMS); an existing store
+        keeps the one it was created with.
         """
         path = location[len("lmdb://"):] if location.startswith("lmdb://") else location
         if not path:
@@ -531,9 +490,11 @@ class LMDBStore:
         existed = os.path.exists(os.path.join(path, "data.mdb"))
         if readonly and not existed:
             raise NotAStore(path, "no kvc store here to open read-only")
-        shared = _acquire(path, create and not readonly, map_size, durable, checksum)
+        if durability not in DURABILITY:
+            raise InvalidInput(f"durability {durability!r} is not one of {', '.join(DURABILITY)}")
+        shared = _acquire(path, create and not readonly, map_size, durability, checksum)
         store = cls(shared, location, layout, readonly or not shared.writable, access or AccessPolicy(), map_size,
-                    durable)
+                    durability)
         try:
             if layout is not None:
                 store._bind_layout(layout, register=(create and not existed) or add_layout)
@@ -564,7 +525,7 @@ class LMDBStore:
         shared = self._shared
         if shared.pid != os.getpid():
             # A forked child: the parent's Environment (and its pending reads) are not ours.
-            self._shared = shared = _acquire(self.path, False, self._map_size, self._durable)
+            self._shared = shared = _acquire(self.path, False, self._map_size, self._durability)
             with self._lock:
                 self._pending, self._pending_pages, self._corrupt = [], 0, set()
         return shared
@@ -671,13 +632,7 @@ class LMDBStore:
         shared = self._live()
         with shared.read() as txn:
             raw = txn.get(page_hash, db=shared.dbs.meta)
-            heat = txn.get(page_hash, db=shared.dbs.heat)
-        if raw is None:
-            return None
-        r = _dec_meta.decode(raw)
-        last_access, hits = _heat_of(heat) if heat is not None else (r.created, 0)
-        return PageMeta(r.ns_id, r.layout_id, r.parent, r.tokens, r.nbytes, r.checksum, r.created, last_access,
-                        hits)
+        return None if raw is None else _dec_meta.decode(raw)
 
     def children(self, page_hash: bytes) -> list[ChildInfo]:
         """Stored children of a page hash or of a namespace root, hottest (most reads through the child, then
@@ -690,7 +645,7 @@ class LMDBStore:
                 raw = txn.get(child, db=shared.dbs.meta)
                 if raw is not None:
                     m = _dec_meta.decode(raw)
-                    last_access, hits = self._subtree_heat(txn, cur, child)
+                    last_access, hits = self._subtree_heat(txn, cur, child, m)
                     out.append(ChildInfo(child, m.tokens, m.nbytes, hits, last_access))
         out.sort(key=lambda c: (-c.hits, -c.last_access))
         return out
@@ -699,19 +654,20 @@ class LMDBStore:
     def _child_hashes(cur: lmdb.Cursor, page_hash: bytes) -> list[bytes]:
         return [bytes(c) for c in cur.iternext_dup(keys=False, values=True)] if cur.set_key(page_hash) else []
 
-    def _subtree_heat(self, txn: lmdb.Transaction, cur: lmdb.Cursor, top: bytes) -> tuple[float, int]:
-        """(latest access, reads) over the stored subtree of `top`: reads are credited to the deepest page they
-        reached, so a page's heat is its subtree's. Costs one lookup per page of the subtree."""
-        heat_db = self._shared.dbs.heat
-        last, hits = 0.0, 0
-        stack = [top]
+    def _subtree_heat(self, txn: lmdb.Transaction, cur: lmdb.Cursor, top_hash: bytes,
+                      top: PageMeta) -> tuple[float, int]:
+        """(latest access, reads) over the stored subtree of a page: reads are credited to the deepest page they
+        reached, so a page's heat is its subtree's. Costs one lookup per page below it."""
+        meta_db = self._shared.dbs.meta
+        last, hits = top.last_access, top.hits
+        stack = self._child_hashes(cur, top_hash)
         while stack:
             h = stack.pop()
-            raw = txn.get(h, db=heat_db)
+            raw = txn.get(h, db=meta_db)
             if raw is None:
                 continue
-            when, n = _heat_of(raw)
-            last, hits = max(last, when), hits + n
+            m = _dec_meta.decode(raw)
+            last, hits = max(last, m.last_access), hits + m.hits
             stack.extend(self._child_hashes(cur, h))
         return last, hits
 
@@ -843,17 +799,19 @@ class LMDBStore:
                 evicted, freed = self._evict(txn, target, protect, deltas)
                 stored_bytes -= freed
             fits = len(new) if not capacity else max(0, min(len(new), (capacity - stored_bytes) // nbytes))
+            metas: list[tuple[bytes, bytes]] = []
+            links: list[tuple[bytes, bytes]] = []
+            members: list[tuple[bytes, bytes]] = []
             for i in new[:fits]:
                 h, origin = hashes[i], origins[i]
                 _U64.pack_into(scratch, 0, sums[i])
                 value[_HEADER:] = views[i]
                 txn.put(h, value, db=dbs.pages)
                 ns_id = origin.namespace.id
-                record = PageRecord(ns_id, layout_id, origin.parent, origin.tokens, nbytes, sums[i], now)
-                txn.put(h, _enc.encode(record), db=dbs.meta)
-                txn.put(h, _heat(now, 0, ns_id), db=dbs.heat)
-                txn.put(origin.parent, h, db=dbs.children)
-                txn.put(ns_id, h, db=dbs.by_ns)
+                meta = PageMeta(ns_id, layout_id, origin.parent, origin.tokens, nbytes, sums[i], now, now, 0)
+                metas.append((h, _enc.encode(meta)))
+                links.append((origin.parent, h))
+                members.append((ns_id, h))
                 d = deltas.get(ns_id) or deltas.setdefault(ns_id, _NsDelta())
                 d.info = origin.namespace
                 d.pages += 1
@@ -862,6 +820,10 @@ class LMDBStore:
                 if origin.parent == roots[ns_id]:
                     d.roots.add(origin.parent.hex())
             written = min(fits, len(new))
+            # Index records go in with putmulti: one C loop per sub-database instead of a Python call per record.
+            txn.cursor(db=dbs.meta).putmulti(metas)
+            txn.cursor(db=dbs.children).putmulti(links)
+            txn.cursor(db=dbs.by_ns).putmulti(members)
             self._apply_deltas(txn, deltas, now)
             pages_now = totals.pages - dropped[0] - evicted + written
             txn.put(b"totals", _enc.encode(StoreTotals(pages_now, stored_bytes + written * nbytes)), db=dbs.store)
@@ -884,7 +846,7 @@ class LMDBStore:
             c["flushes"] += 1
         return result
 
-    def _drop_page(self, txn: lmdb.Transaction, page_hash: bytes, meta: PageRecord,
+    def _drop_page(self, txn: lmdb.Transaction, page_hash: bytes, meta: PageMeta,
                    deltas: dict[bytes, _NsDelta]) -> None:
         """Remove one page and every index entry of it; its namespace's counters go into `deltas`."""
         dbs = self._shared.dbs
@@ -892,7 +854,6 @@ class LMDBStore:
         txn.delete(page_hash, db=dbs.meta)
         txn.delete(meta.parent, page_hash, db=dbs.children)
         txn.delete(meta.ns_id, page_hash, db=dbs.by_ns)
-        txn.delete(page_hash, db=dbs.heat)
         d = deltas.get(meta.ns_id) or deltas.setdefault(meta.ns_id, _NsDelta())
         d.pages -= 1
         d.bytes -= meta.nbytes
@@ -906,13 +867,12 @@ class LMDBStore:
         its tail and what stays of it is a prefix. LRU is approximate: access times are as of the last flush.
         """
         dbs = self._shared.dbs
-        items = list(txn.cursor(db=dbs.heat))
+        items = list(txn.cursor(db=dbs.meta))
         if not items:
             return 0, 0
         keys = [bytes(k) for k, _ in items]
-        heat = np.frombuffer(b"".join(bytes(v) for _, v in items), dtype=HEAT)
-        order = np.argsort(heat["last_access"], kind="stable").tolist()
-        times = heat["last_access"].tolist()
+        times = [_dec_meta.decode(v).last_access for _, v in items]
+        order = np.argsort(np.array(times), kind="stable").tolist()
         children = txn.cursor(db=dbs.children)
         freed = evicted = 0
         orphans: list[tuple[float, bytes]] = []  # (effective last access, page hash) of parents become leaves
@@ -932,9 +892,10 @@ class LMDBStore:
             self._drop_page(txn, h, meta, deltas)
             evicted += 1
             freed += meta.nbytes
-            parent_heat = txn.get(meta.parent, db=dbs.heat)
-            if parent_heat is not None and not children.set_key(meta.parent):
-                heapq.heappush(orphans, (max(when, _heat_of(parent_heat)[0]), meta.parent))
+            parent_raw = txn.get(meta.parent, db=dbs.meta)
+            if parent_raw is not None and not children.set_key(meta.parent):
+                parent = _dec_meta.decode(parent_raw)
+                heapq.heappush(orphans, (max(when, parent.last_access), meta.parent))
         return evicted, freed
 
     def _take_pending(self) -> tuple[list[tuple[float, bytes, int]], set[bytes]]:
@@ -950,7 +911,7 @@ class LMDBStore:
 
     def _apply_access(self, txn: lmdb.Transaction, pending: list[tuple[float, bytes, int]],
                       deltas: dict[bytes, _NsDelta]) -> int:
-        """Fold logged reads into `heat` and namespace counters, vectorised; pages updated.
+        """Fold logged reads into page metadata and namespace counters; pages updated.
 
         A read of a run of pages is credited to the deepest page of the run: its `hits` count the reads that ended
         there and its `last_access` is the last of them. Ancestors are not rewritten (that would cost a write
@@ -966,26 +927,18 @@ class LMDBStore:
             hits[deepest] += 1
             pages[deepest] += n
             last[deepest] = when
-        cur = txn.cursor(db=self._shared.dbs.heat)
-        found = cur.getmulti(list(hits))  # (key, value) of the pages still stored
-        if not found:
-            return 0
-        keys = [bytes(k) for k, _ in found]
-        heat = np.frombuffer(b"".join(bytes(v) for _, v in found), dtype=HEAT).copy()
-        heat["hits"] += np.fromiter((hits[k] for k in keys), dtype=np.uint64, count=len(keys))
-        heat["last_access"] = np.maximum(heat["last_access"],
-                                         np.fromiter((last[k] for k in keys), dtype=np.float64, count=len(keys)))
-        raw = heat.tobytes()
-        size = HEAT.itemsize
-        cur.putmulti([(k, raw[j * size:(j + 1) * size]) for j, k in enumerate(keys)])
-        served = np.fromiter((pages[k] for k in keys), dtype=np.float64, count=len(keys))
-        namespaces, index = np.unique(heat["ns_id"], return_inverse=True)
-        ns_pages = np.bincount(index, weights=served)
-        for j, ns in enumerate(namespaces.tolist()):
-            d = deltas.get(ns) or deltas.setdefault(ns, _NsDelta())
-            d.hits += int(ns_pages[j])
-            d.last_access = max(d.last_access, float(heat["last_access"][index == j].max()))
-        return len(keys)
+        cur = txn.cursor(db=self._shared.dbs.meta)
+        updated = []
+        for key, raw in cur.getmulti(list(hits)):  # the pages still stored
+            h = bytes(key)
+            meta = _dec_meta.decode(raw)
+            when = max(meta.last_access, last[h])
+            updated.append((h, _enc.encode(msgspec.structs.replace(meta, hits=meta.hits + hits[h], last_access=when))))
+            d = deltas.get(meta.ns_id) or deltas.setdefault(meta.ns_id, _NsDelta())
+            d.hits += pages[h]
+            d.last_access = max(d.last_access, when)
+        cur.putmulti(updated)
+        return len(updated)
 
     def _drop_corrupt(self, txn: lmdb.Transaction, corrupt: set[bytes],
                       deltas: dict[bytes, _NsDelta]) -> tuple[int, int]:
@@ -1177,8 +1130,6 @@ class LMDBStore:
             findings.append(VerifyFinding("missing_index", hx, "not listed under its parent in children"))
         if not txn.cursor(db=dbs.by_ns).set_key_dup(meta.ns_id, h):
             findings.append(VerifyFinding("missing_index", hx, "not listed under its namespace in by_ns"))
-        if txn.get(h, db=dbs.heat) is None:
-            findings.append(VerifyFinding("missing_index", hx, "no access record in heat"))
 
     def _verify_indexes(self, findings: list[VerifyFinding]) -> None:
         """Metadata without pages, index entries without pages, and registry counters: one consistent snapshot
@@ -1201,10 +1152,6 @@ class LMDBStore:
                     if txn.get(bytes(child), db=dbs.meta) is None:
                         findings.append(VerifyFinding("dangling_index", bytes(child).hex(),
                                                       f"{name} names a page that is not stored"))
-            for key in txn.cursor(db=dbs.heat).iternext(keys=True, values=False):
-                if txn.get(bytes(key), db=dbs.meta) is None:
-                    findings.append(VerifyFinding("dangling_index", bytes(key).hex(),
-                                                  "an access record of a page that is not stored"))
             stored_pages = sum(p for p, _ in per_ns.values())
             stored_bytes = sum(b for _, b in per_ns.values())
             for key, raw in txn.cursor(db=dbs.namespaces):

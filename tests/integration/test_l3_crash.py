@@ -14,6 +14,7 @@ import signal
 import traceback
 
 import numpy as np
+import pytest
 
 from kvcache.keys import pack_tokens
 from kvcache.layout import KVLayout
@@ -79,12 +80,22 @@ def run_trial(path: str, trial: int, rng: random.Random) -> list[int]:
 
 
 def test_killed_writer_loses_no_acknowledged_batch_and_leaves_no_half_batch(tmp_path):
-    path = str(tmp_path / "store")
+    check_kills(str(tmp_path / "store"), TRIALS, seed=1234)
+
+
+@pytest.mark.slow
+def test_killed_writer_stress(tmp_path):
+    """KVC_STRESS x 100 kills on one store (default 1)."""
+    check_kills(str(tmp_path / "store"), 100 * int(os.environ.get("KVC_STRESS", "1")), seed=99)
+
+
+def check_kills(path: str, trials: int, seed: int) -> None:
+    """`trials` kill-and-check rounds on the store at `path` (see the module docstring)."""
     open_store(path, LAYOUT, create=True).close()
-    rng = random.Random(1234)
+    rng = random.Random(seed)
     out = np.zeros((PAGES_PER_BATCH, LAYOUT.bytes_per_page), np.uint8)
     total_acked = in_flight_committed = 0
-    for trial in range(TRIALS):
+    for trial in range(trials):
         acked = run_trial(path, trial, rng)
         assert acked == list(range(len(acked)))
         total_acked += len(acked)
@@ -104,5 +115,5 @@ def test_killed_writer_loses_no_acknowledged_batch_and_leaves_no_half_batch(tmp_
                 assert store.get_into(hashes, list(out)) == PAGES_PER_BATCH
                 assert all(np.array_equal(out[i], payloads[i]) for i in range(PAGES_PER_BATCH))
             assert store.exists_prefix(batch(trial, len(acked) + 1)[0]) == 0
-    assert total_acked >= TRIALS
-    print(f"{TRIALS} kills, {total_acked} acknowledged batches, {in_flight_committed} in-flight batches committed")
+    assert total_acked >= trials
+    print(f"{trials} kills, {total_acked} acknowledged batches, {in_flight_committed} in-flight batches committed")

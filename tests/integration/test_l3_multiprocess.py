@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from kvcache.keys import pack_tokens
 from kvcache.layout import KVLayout
@@ -85,6 +86,19 @@ def reader(path: str, stop: str, report: str) -> None:
 
 
 def test_two_writers_and_a_reader_lose_nothing(tmp_path):
+    check_writers_and_reader(tmp_path)
+
+
+@pytest.mark.slow
+def test_writers_and_reader_stress(tmp_path):
+    """KVC_STRESS (default 1) x 10 rounds of the two-writer, one-reader run on fresh stores."""
+    for i in range(10 * int(os.environ.get("KVC_STRESS", "1"))):
+        (tmp_path / str(i)).mkdir()
+        check_writers_and_reader(tmp_path / str(i))
+
+
+def check_writers_and_reader(tmp_path: Path) -> None:
+    """Two forked writers (one on the parent's handle) and a forked reader on one store; nothing lost."""
     path = str(tmp_path / "store")
     stop, report = str(tmp_path / "stop"), str(tmp_path / "report")
     parent = open_store(path, LAYOUT, create=True, map_size=TINY_MAP)
