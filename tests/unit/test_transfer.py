@@ -41,3 +41,19 @@ def test_split_target_follows_a_tree_split():
     head, tail = op.targets
     assert head.node is ins.node.parent and list(head.pages) == list(pages[:2])
     assert tail.node is ins.node and list(tail.pages) == list(pages[2:])
+
+
+@pytest.mark.parametrize("row_bytes", [64, 8192])
+def test_copy_rows_matches_fancy_indexing(row_bytes):
+    from kvcache.transfer import copy_rows
+
+    rng = np.random.default_rng(row_bytes)
+    src = rng.integers(0, 256, (40, row_bytes), dtype=np.uint8)
+    for src_rows, dst_rows in ((np.arange(10, 30), np.arange(0, 20)),  # one run
+                               (np.array([3, 4, 5, 9, 1, 2]), np.array([7, 8, 9, 10, 0, 1])),  # runs break
+                               (rng.permutation(40)[:17], rng.permutation(40)[:17])):  # no runs
+        want = np.zeros((40, row_bytes), dtype=np.uint8)
+        want[dst_rows] = src[src_rows]
+        got = np.zeros_like(want)
+        copy_rows(got, dst_rows, src, src_rows)
+        assert np.array_equal(got, want)
