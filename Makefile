@@ -27,7 +27,7 @@ demo: $(STAMP)
 	$(BIN)/kvc --help
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/bench_tree.py
+	cd benchmarks && ../$(BIN)/python bench_tree.py && ../$(BIN)/python bench_l3.py && ../$(BIN)/python bench_prefetch.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -72,6 +72,15 @@ class CacheConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     io_thread: bool = True  # run L3 I/O on a background thread; False: run it in poll() (tests, replays)
 
     def __post_init__(self) -> None:
+        # Policies may be given by value ("write_back"); stored as the enum so every comparison is by identity.
+        for name, enum_type in (("write_policy", WritePolicy), ("host_mode", HostMode),
+                                ("prefetch_policy", PrefetchPolicy)):
+            value = getattr(self, name)
+            try:
+                msgspec.structs.force_setattr(self, name, enum_type(value))
+            except ValueError:
+                choices = ", ".join(e.value for e in enum_type)
+                raise InvalidConfig(f"{name}={value!r} is not one of {choices}") from None
         ps = self.layout.page_size
         if self.device_tokens < ps:
             raise InvalidConfig(f"device_tokens={self.device_tokens} is less than one page ({ps} tokens)")

@@ -23,3 +23,14 @@ def test_invalid(kw):
     args.update(kw)
     with pytest.raises(InvalidConfig):
         CacheConfig(make_layout(page_size=4), **args)
+
+
+def test_policies_given_by_value_become_enums():
+    from kvcache.config import HostMode, PrefetchPolicy
+
+    cfg = CacheConfig(make_layout(), device_tokens=16, host_tokens=16, write_policy="write_back",
+                      host_mode="buffer", prefetch_policy="timeout")
+    assert cfg.write_policy is WritePolicy.WRITE_BACK and cfg.host_mode is HostMode.BUFFER
+    assert cfg.prefetch_policy is PrefetchPolicy.TIMEOUT
+    with pytest.raises(InvalidConfig, match="write_policy='write_sideways'"):
+        CacheConfig(make_layout(), device_tokens=16, write_policy="write_sideways")
