@@ -28,12 +28,13 @@ from .config import CacheConfig, HostMode, PrefetchPolicy
 from .errors import InvariantViolation, LayoutMismatch, NamespaceMismatch, UnknownRequest
 from .io_worker import IOWorker
 from .keys import TOKEN_BYTES, RadixKey, page_hashes
-from .namespace import Namespace, NamespaceInfo
+from .namespace import Namespace
 from .owners import FREE_CODE, OwnerKind, owner_code
 from .pools import SlotPool
 from .prefetch import (CheckJob, DeclineReason, DropReason, FetchJob, PrefetchOp, PrefetchOutcome, PrefetchState)
 from .request import Request
 from .staging import StagedPrefetch
+from .stats import BackupStats, CacheCounters, CacheStats, PrefetchStats, TierHits, bump
 from .storage.base import L3Store, PageOrigin
 from .transfer import OpKind, OpTarget, StorageWriteJob, TransferOp, copy_pages
 from .tree import HostInsert, RadixTree, TreeMatch, TreeNode
@@ -76,75 +77,6 @@ class EvictResult(msgspec.Struct):
 
     device_pages: int
     host_pages: int
-
-
-class CacheCounters(msgspec.Struct):
-    """Running totals since the cache was built."""
-
-    matches: int = 0
-    match_tokens: int = 0  # tokens asked for by matches
-    device_hit_tokens: int = 0
-    host_hit_tokens: int = 0
-    admitted: int = 0
-    refused: int = 0  # admits that found the device pool full
-    committed: int = 0
-    released: int = 0
-    loaded_back_tokens: int = 0
-    load_backs_skipped: int = 0  # host extensions not loaded (budget or no device room)
-    load_backs_refused: int = 0  # host extensions another in-flight load-back was already filling
-    duplicate_pages_freed: int = 0
-    backups_started: int = 0
-    backups_completed: int = 0
-    backup_pages: int = 0
-    backups_skipped: int = 0  # nodes not backed up for lack of host room
-    device_pages_evicted: int = 0
-    host_pages_evicted: int = 0
-
-
-class TierHits(msgspec.Struct):
-    """Tokens a namespace's admitted requests found in each tier."""
-
-    namespace: NamespaceInfo
-    device: int = 0  # already on the device at admission
-    host: int = 0  # loaded back from L2 (host copies that were there before the request's prefetch)
-    storage: int = 0  # fetched from L3 by the request's prefetch
-
-
-class PrefetchStats(msgspec.Struct):
-    """Prefetch outcomes since the cache was built."""
-
-    attempts: int = 0  # prefetch() calls
-    issued: int = 0
-    declined: dict[str, int] = {}  # DeclineReason value -> count
-    namespace_mismatches: int = 0  # prefetch anchors and staged records of another namespace than the request
-    hit_pages: int = 0  # pages the store reported present
-    fetched_pages: int = 0  # pages that arrived in L2
-    fetched_bytes: int = 0
-    used_pages: int = 0  # fetched pages a request used (inserted or spliced)
-    retried: int = 0  # re-armed attempts
-    dropped: dict[str, int] = {}  # DropReason value -> pages given back
-    read_errors: int = 0  # jobs that failed on an L3 fault
-    seconds: float = 0.0  # issue-to-settle time, summed over settled prefetches
-
-
-class BackupStats(msgspec.Struct):
-    """Backups since the cache was built."""
-
-    host_pages: int = 0  # device -> host pages completed
-    host_bytes: int = 0
-    storage_pages: int = 0  # host -> L3 pages acknowledged
-    storage_bytes: int = 0
-    storage_failed: int = 0  # writes that failed on an L3 fault (nodes left intact, not marked stored)
-    storage_rejected: int = 0  # pages the store refused for lack of capacity
-
-
-class CacheStats(msgspec.Struct):
-    """`TieredCache.stats()`: hits per namespace and tier, prefetch and backup figures, running counters."""
-
-    hits: list[TierHits]
-    prefetch: PrefetchStats
-    backup: BackupStats
-    counters: CacheCounters
 
 
 class LiveRequest:
@@ -441,7 +373,7 @@ class TieredCache:
         elif end_node.parent is not None and not end_node.is_namespace_root and end_node.host is None:
             reason = DeclineReason.UNBACKED_PREFIX
         if reason is not None:
-            _bump(st.declined, reason.value)
+            bump(st.declined, reason.value)
             return PrefetchOutcome(rid, False, reason, namespace=ns.info())
         span = min(span, room)
         end = start_page + span
@@ -574,8 +506,8 @@ class TieredCache:
             parts.append((used, ins.node.owner))
         parts.append((len(fetched), FREE_CODE))
         host.disperse(fetched, op.owner, parts)  # type: ignore[union-attr]
-        _bump(st.dropped, DropReason.DUPLICATE.value, ins.duplicates)
-        _bump(st.dropped, DropReason.UNATTACHED.value, len(fetched) - used)
+        bump(st.dropped, DropReason.DUPLICATE.value, ins.duplicates)
+        bump(st.dropped, DropReason.UNATTACHED.value, len(fetched) - used)
         st.used_pages += ins.adopted
         self._prefetch_pages -= len(op.pages)
         op.pages = op.pages[:0]
@@ -587,7 +519,7 @@ class TieredCache:
         """Abort: return every page the op holds to FREE and release its anchor."""
         if len(op.pages):
             self.host_pool.free(op.pages, op.owner)  # type: ignore[union-attr]
-            _bump(self.prefetch_stats.dropped, reason.value, int(op.fetched))
+            bump(self.prefetch_stats.dropped, reason.value, int(op.fetched))
         self._prefetch_pages -= len(op.pages)
         op.pages = op.pages[:0]
         self.tree.unlock(op.anchor)
@@ -613,7 +545,7 @@ class TieredCache:
         """Free a staged record's host pages (Staged -> FREE) and release its anchor; never splice it."""
         self.host_pool.free(staged.pages, staged.owner)  # type: ignore[union-attr]
         self.tree.unlock(staged.anchor)
-        _bump(self.prefetch_stats.dropped, reason.value, len(staged.pages))
+        bump(self.prefetch_stats.dropped, reason.value, len(staged.pages))
 
     def _consume_staged(self, staged: StagedPrefetch, request: Request, node: TreeNode,
                         cached: np.ndarray) -> tuple[TreeNode, np.ndarray, int]:
@@ -663,7 +595,7 @@ class TieredCache:
         self.tree.unlock(node)
         self.tree.unlock(staged.anchor)
         self.prefetch_stats.used_pages += len(dev) - n_dup
-        _bump(self.prefetch_stats.dropped, DropReason.DUPLICATE.value, skip + n_dup)
+        bump(self.prefetch_stats.dropped, DropReason.DUPLICATE.value, skip + n_dup)
         return again.device_node, again.device_pages, len(dev) - n_dup
 
     def _wants_store(self, node: TreeNode, min_hits: int) -> bool:
@@ -936,7 +868,3 @@ def _pin(nodes: list[TreeNode], delta: int) -> None:
     for n in nodes:
         n.pins += delta
 
-
-def _bump(counts: dict[str, int], key: str, n: int = 1) -> None:
-    if n:
-        counts[key] = counts.get(key, 0) + n

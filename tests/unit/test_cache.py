@@ -46,7 +46,8 @@ def test_two_namespaces_with_identical_tokens_share_no_slot():
 def test_concurrent_insert_frees_exactly_the_duplicates():
     c = make_cache(host_tokens=0)
     r1, r2 = Request("r1", range(12), T1), Request("r2", range(12), T1)
-    a1, a2 = c.admit(r1), c.admit(r2)  # both miss: each gets its own 12 pages
+    c.admit(r1)
+    a2 = c.admit(r2)  # both miss: each gets its own 12 pages
     used = c.device_pool.used_pages
     assert used == 24
     c.commit("r1")
@@ -59,7 +60,7 @@ def test_concurrent_insert_frees_exactly_the_duplicates():
 
 def test_partial_tail_page_is_freed_at_commit():
     c = make_cache(page_size=4, host_tokens=0)
-    res = c.admit(Request("a", range(10), T1))
+    c.admit(Request("a", range(10), T1))
     assert c.device_pool.used_pages == 3
     out = c.commit("a")
     assert out.inserted_tokens == 8 and out.tail_pages == 1 and c.device_pool.used_pages == 2

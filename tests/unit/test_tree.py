@@ -114,7 +114,7 @@ def test_lock_protects_path_and_underflow_is_detected():
 
 def test_eviction_never_touches_locked_or_pinned_nodes_and_is_lru():
     t = RadixTree(1)
-    n1 = t.insert(key([1, 1]), pages(0, 2)).node
+    t.insert(key([1, 1]), pages(0, 2))
     n2 = t.insert(key([2, 2]), pages(2, 2)).node
     n3 = t.insert(key([3, 3]), pages(4, 2)).node
     n4 = t.insert(key([4, 4]), pages(6, 2)).node

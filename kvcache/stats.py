@@ -1,0 +1,82 @@
+"""Counters and statistics of a TieredCache: plain msgspec values, safe to encode and to keep."""
+
+from __future__ import annotations
+
+import msgspec
+
+from .namespace import NamespaceInfo
+
+
+class CacheCounters(msgspec.Struct):
+    """Running totals since the cache was built."""
+
+    matches: int = 0
+    match_tokens: int = 0  # tokens asked for by matches
+    device_hit_tokens: int = 0
+    host_hit_tokens: int = 0
+    admitted: int = 0
+    refused: int = 0  # admits that found the device pool full
+    committed: int = 0
+    released: int = 0
+    loaded_back_tokens: int = 0
+    load_backs_skipped: int = 0  # host extensions not loaded (budget or no device room)
+    load_backs_refused: int = 0  # host extensions another in-flight load-back was already filling
+    duplicate_pages_freed: int = 0
+    backups_started: int = 0
+    backups_completed: int = 0
+    backup_pages: int = 0
+    backups_skipped: int = 0  # nodes not backed up for lack of host room
+    device_pages_evicted: int = 0
+    host_pages_evicted: int = 0
+
+
+class TierHits(msgspec.Struct):
+    """Tokens a namespace's admitted requests found in each tier."""
+
+    namespace: NamespaceInfo
+    device: int = 0  # already on the device at admission
+    host: int = 0  # loaded back from L2 (host copies that were there before the request's prefetch)
+    storage: int = 0  # fetched from L3 by the request's prefetch
+
+
+class PrefetchStats(msgspec.Struct):
+    """Prefetch outcomes since the cache was built."""
+
+    attempts: int = 0  # prefetch() calls
+    issued: int = 0
+    declined: dict[str, int] = {}  # DeclineReason value -> count
+    namespace_mismatches: int = 0  # prefetch anchors and staged records of another namespace than the request
+    hit_pages: int = 0  # pages the store reported present
+    fetched_pages: int = 0  # pages that arrived in L2
+    fetched_bytes: int = 0
+    used_pages: int = 0  # fetched pages a request used (inserted or spliced)
+    retried: int = 0  # re-armed attempts
+    dropped: dict[str, int] = {}  # DropReason value -> pages given back
+    read_errors: int = 0  # jobs that failed on an L3 fault
+    seconds: float = 0.0  # issue-to-settle time, summed over settled prefetches
+
+
+class BackupStats(msgspec.Struct):
+    """Backups since the cache was built."""
+
+    host_pages: int = 0  # device -> host pages completed
+    host_bytes: int = 0
+    storage_pages: int = 0  # host -> L3 pages acknowledged
+    storage_bytes: int = 0
+    storage_failed: int = 0  # writes that failed on an L3 fault (nodes left intact, not marked stored)
+    storage_rejected: int = 0  # pages the store refused for lack of capacity
+
+
+class CacheStats(msgspec.Struct):
+    """`TieredCache.stats()`: hits per namespace and tier, prefetch and backup figures, running counters."""
+
+    hits: list[TierHits]
+    prefetch: PrefetchStats
+    backup: BackupStats
+    counters: CacheCounters
+
+
+def bump(counts: dict[str, int], key: str, n: int = 1) -> None:
+    """Add `n` to counts[key] (a reason -> count table)."""
+    if n:
+        counts[key] = counts.get(key, 0) + n
