@@ -1,29 +1,36 @@
 """kvcache: a tiered KV-cache core for LLM serving.
 
-L1 (device) and L2 (host) slot pools under one namespaced radix tree, with an ownership ledger checked on every
-slot move and an audit that can run at any moment. Start with `TieredCache(CacheConfig(layout=KVLayout(...),
-device_tokens=..., host_tokens=...))`.
+L1 (device) and L2 (host) slot pools under one namespaced radix tree, an optional L3 page store
+(`kvcache.storage`), an ownership ledger checked on every slot move and an audit that can run at any moment.
+Start with `TieredCache(CacheConfig(layout=KVLayout(...), device_tokens=..., host_tokens=...), store=None)`.
 """
 
 from .audit import AuditReport, Violation, ViolationKind
-from .cache import Admission, AdmitStatus, CacheCounters, CommitResult, EvictResult, TieredCache
-from .config import CacheConfig, WritePolicy
+from .cache import Admission, AdmitStatus, CommitResult, EvictResult, TieredCache
+from .config import CacheConfig, HostMode, PrefetchPolicy, WritePolicy
 from .errors import (DoubleFree, InvalidConfig, InvalidInput, InvalidLayout, InvalidNamespace, InvalidTokens,
                      InvariantViolation, KVCacheError, LayoutMismatch, LockUnderflow, NamespaceMismatch, NotAStore,
-                     OwnershipError, StoreError, StoreFull, StoreReadOnly, UnknownRequest)
+                     OwnershipError, StoreError, StoreFull, StoreReadOnly, StoreUnsupported, UnknownBackend,
+                     UnknownRequest)
 from .keys import RadixKey, page_hashes
 from .layout import KVLayout
 from .namespace import Namespace, NamespaceInfo
 from .owners import Owner, OwnerKind
+from .prefetch import DeclineReason, DropReason, PrefetchOutcome
 from .request import Request
+from .staging import StagedView
+from .stats import BackupStats, CacheCounters, CacheStats, PrefetchStats, TierHits
 from .tree import TreeMatch
 
 __all__ = [
-    "Admission", "AdmitStatus", "AuditReport", "CacheConfig", "CacheCounters", "CommitResult", "EvictResult",
-    "KVLayout", "Namespace", "NamespaceInfo", "Owner", "OwnerKind", "RadixKey", "Request", "TieredCache",
-    "TreeMatch", "Violation", "ViolationKind", "WritePolicy", "page_hashes",
+    "Admission", "AdmitStatus", "AuditReport", "BackupStats", "CacheConfig", "CacheCounters", "CacheStats",
+    "CommitResult", "DeclineReason", "DropReason", "EvictResult", "HostMode", "KVLayout", "Namespace",
+    "NamespaceInfo", "Owner", "OwnerKind", "PrefetchOutcome", "PrefetchPolicy", "PrefetchStats", "RadixKey",
+    "Request", "StagedView", "TierHits", "TieredCache", "TreeMatch", "Violation", "ViolationKind", "WritePolicy",
+    "page_hashes",
     # errors
     "DoubleFree", "InvalidConfig", "InvalidInput", "InvalidLayout", "InvalidNamespace", "InvalidTokens",
     "InvariantViolation", "KVCacheError", "LayoutMismatch", "LockUnderflow", "NamespaceMismatch", "NotAStore",
-    "OwnershipError", "StoreError", "StoreFull", "StoreReadOnly", "UnknownRequest",
+    "OwnershipError", "StoreError", "StoreFull", "StoreReadOnly", "StoreUnsupported", "UnknownBackend",
+    "UnknownRequest",
 ]

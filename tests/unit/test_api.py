@@ -6,12 +6,15 @@ import kvcache
 from kvcache import errors
 
 PUBLIC = {
-    "Admission", "AdmitStatus", "AuditReport", "CacheConfig", "CacheCounters", "CommitResult", "EvictResult",
-    "KVLayout", "Namespace", "NamespaceInfo", "Owner", "OwnerKind", "RadixKey", "Request", "TieredCache",
-    "TreeMatch", "Violation", "ViolationKind", "WritePolicy", "page_hashes",
+    "Admission", "AdmitStatus", "AuditReport", "BackupStats", "CacheConfig", "CacheCounters", "CacheStats",
+    "CommitResult", "DeclineReason", "DropReason", "EvictResult", "HostMode", "KVLayout", "Namespace",
+    "NamespaceInfo", "Owner", "OwnerKind", "PrefetchOutcome", "PrefetchPolicy", "PrefetchStats", "RadixKey",
+    "Request", "StagedView", "TierHits", "TieredCache", "TreeMatch", "Violation", "ViolationKind", "WritePolicy",
+    "page_hashes",
     "DoubleFree", "InvalidConfig", "InvalidInput", "InvalidLayout", "InvalidNamespace", "InvalidTokens",
     "InvariantViolation", "KVCacheError", "LayoutMismatch", "LockUnderflow", "NamespaceMismatch", "NotAStore",
-    "OwnershipError", "StoreError", "StoreFull", "StoreReadOnly", "UnknownRequest",
+    "OwnershipError", "StoreError", "StoreFull", "StoreReadOnly", "StoreUnsupported", "UnknownBackend",
+    "UnknownRequest",
 }
 
 
@@ -21,11 +24,12 @@ def test_all_is_pinned():
         assert getattr(kvcache, name).__doc__, f"{name} has no docstring"
 
 
-def test_every_error_is_drawn_in_the_tree():
+def test_every_error_is_drawn_in_the_tree_and_exported():
     doc = errors.__doc__
     for name, obj in inspect.getmembers(errors, inspect.isclass):
         if issubclass(obj, errors.KVCacheError):
             assert name in doc, f"{name} is missing from the hierarchy drawn in kvcache/errors.py"
+            assert name in kvcache.__all__, f"{name} is not exported from kvcache"
 
 
 def test_core_never_imports_the_cli_stack():
