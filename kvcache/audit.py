@@ -199,6 +199,15 @@ def audit_cache(cache: "TieredCache") -> AuditReport:
     return check_state(collect_state(cache))
 
 
+def audit_snapshot(doc) -> AuditReport:
+    """Audit a snapshot (a `kvcache.snapshot.Snapshot`, or its encoded bytes) with the checks of a live audit."""
+    if isinstance(doc, (bytes, bytearray, memoryview)):
+        from .snapshot import decode_snapshot  # snapshot builds on audit's state types
+
+        doc = decode_snapshot(bytes(doc))
+    return check_state(doc.state)
+
+
 # --- the checks ----------------------------------------------------------------------------------------------
 
 
@@ -376,7 +385,7 @@ def _check_counts(state: OwnershipState, by_id: dict[int, NodeState], out: list[
                                  f"in-flight operations account for {pins[n.id]}/{host_pins[n.id]}", node=n.id))
     sizes = {"device_evictable": 0, "device_protected": 0, "host_evictable": 0, "host_protected": 0}
     for n in state.nodes:
-        state_word = "protected" if n.lock_ref else "evictable"
+        state_word = "protected" if n.lock_ref > 0 else "evictable"  # a negative count is its own finding
         sizes[f"device_{state_word}"] += len(_a(n.device))
         sizes[f"host_{state_word}"] += len(_a(n.host))
     for name, value in sizes.items():

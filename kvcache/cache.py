@@ -33,6 +33,7 @@ from .owners import FREE_CODE, OwnerKind, owner_code
 from .pools import SlotPool
 from .prefetch import (CheckJob, DeclineReason, DropReason, FetchJob, PrefetchOp, PrefetchOutcome, PrefetchState)
 from .request import Request
+from .snapshot import Snapshot, take_snapshot, write_snapshot
 from .staging import StagedPrefetch
 from .stats import BackupStats, CacheCounters, CacheStats, PrefetchStats, TierHits, bump
 from .storage.base import L3Store, PageOrigin
@@ -315,6 +316,14 @@ class TieredCache:
         return audit_cache(self)
 
     # --- introspection (audit, snapshots, tests) --------------------------------------------------------------
+
+    def snapshot(self, path: str | None = None) -> Snapshot:
+        """The ownership snapshot of the cache now; written atomically to `path` when given. Audit it offline
+        with `kvcache.audit.audit_snapshot`."""
+        snap = take_snapshot(self)
+        if path is not None:
+            write_snapshot(snap, path)
+        return snap
 
     def live_requests(self) -> list[LiveRequest]:
         """Requests between admit and commit/release."""
