@@ -762,12 +762,12 @@ class LMDBStore:
             return PutResult(0, 0, 0, 0, 0)
         shared = self._live()
         dbs, layout_id = shared.dbs, layout.layout_id
-        roots = {o.namespace.id: hash_root(layout_id, o.namespace) for o in origins}
+        roots = {ns.id: hash_root(layout_id, ns) for ns in {o.namespace for o in origins}}
         scratch = bytearray(_HEADER + nbytes)
         value = memoryview(scratch)
         pending, corrupt = self._take_pending()
 
-        def body(txn: lmdb.Transaction) -> tuple[PutResult, int]:
+        def body(txn: lmdb.Transaction) -> PutResult:
             now = time.time()
             deltas: dict[bytes, _NsDelta] = {}
             totals = _dec_totals.decode(txn.get(b"totals", db=dbs.store))
@@ -827,11 +827,10 @@ class LMDBStore:
             self._apply_deltas(txn, deltas, now)
             pages_now = totals.pages - dropped[0] - evicted + written
             txn.put(b"totals", _enc.encode(StoreTotals(pages_now, stored_bytes + written * nbytes)), db=dbs.store)
-            result = PutResult(written, len(hashes) - len(new), len(new) - written, evicted, written * nbytes)
-            return result, dropped[0]
+            return PutResult(written, len(hashes) - len(new), len(new) - written, evicted, written * nbytes)
 
         try:
-            result, _ = self._write(body, wanted=len(hashes) * (nbytes + 512))
+            result = self._write(body, wanted=len(hashes) * (nbytes + 512))
         except BaseException:
             self._restore_pending(pending, corrupt)
             raise
