@@ -29,9 +29,20 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
+def _register() -> None:
+    from . import audit_cmd, ns_cmd, stats_cmd
+
+    app.command("audit")(audit_cmd.audit)
+    app.add_typer(ns_cmd.app, name="ns")
+    app.command("stats")(stats_cmd.stats)
+
+
 @app.callback()
 def main(
     version_: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
                                   help="Print kvc's version and exit."),
 ) -> None:
     """kvc: operate a tiered KV cache."""
+
+
+_register()

@@ -1,0 +1,170 @@
+"""kvc audit / ns / stats against real LMDB stores and snapshots: exit codes, --json fields, the salt never shown.
+
+Run through typer's CliRunner (in process) and as real subprocesses of the installed `kvc`."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from factories import forward, l3_cache, make_cache, make_layout, make_store
+from kvc.main import app
+from kvcache import Namespace, Request
+from kvcache.owners import OwnerKind, owner_code
+
+SALTS = {"t1": "cli-salt-one-qwerty", "t2": "cli-salt-two-asdfgh"}
+KVC = Path(sys.executable).with_name("kvc")
+runner = CliRunner()
+
+
+@pytest.fixture
+def store_path(tmp_path):
+    path = tmp_path / "store"
+    store = make_store(path, make_layout(4))
+    cache = l3_cache(store)
+    for i, ns in enumerate([Namespace("t1", SALTS["t1"]), Namespace("t2", SALTS["t2"]), Namespace()]):
+        req = Request(f"r{i}", list(range(40)) + [i] * 8, ns)
+        forward(cache, req, cache.admit(req))
+        cache.commit(req.rid)
+    cache.close()
+    store.close()
+    return str(path)
+
+
+def kvc(*args):
+    """Run the installed kvc as a subprocess."""
+    proc = subprocess.run([str(KVC), *args], capture_output=True, text=True, timeout=60)
+    for salt in SALTS.values():
+        assert salt not in proc.stdout + proc.stderr
+    return proc
+
+
+def invoke(*args):
+    result = runner.invoke(app, list(args))
+    for salt in SALTS.values():
+        assert salt not in result.output
+    return result
+
+
+def test_ns_ls_json_lists_the_namespaces_written(store_path):
+    out = kvc("ns", "ls", "--store", store_path, "--json")
+    assert out.returncode == 0 and out.stderr == ""
+    doc = json.loads(out.stdout)
+    rows = {(r["extra_key"], r["salt_fingerprint"]) for r in doc["namespaces"]}
+    assert rows == {("t1", Namespace("t1", SALTS["t1"]).salt_fingerprint),
+                    ("t2", Namespace("t2", SALTS["t2"]).salt_fingerprint), (None, None)}
+    assert all(r["pages"] == 12 and r["tokens"] == 48 and r["bytes"] == 12 * 64 for r in doc["namespaces"])
+
+
+def test_ns_ls_human_and_sorting(store_path):
+    result = invoke("ns", "ls", "--store", store_path, "--sort", "extra_key")
+    assert result.exit_code == 0 and result.output.index("t1") < result.output.index("t2")
+    assert invoke("ns", "ls", "--store", store_path, "--sort", "salt").exit_code == 2
+
+
+def test_ns_show_walks_the_prefix_tree(store_path):
+    doc = json.loads(kvc("ns", "show", "t1", "--salt", SALTS["t1"], "--store", store_path, "--json",
+                         "--depth", "20").stdout)
+    assert doc["namespace"]["extra_key"] == "t1" and doc["pages"] == 12
+    node, depth = doc["roots"][0], 1
+    assert node["tokens"] == [0, 1, 2, 3]
+    while node["children"]:
+        node, depth = node["children"][0], depth + 1
+    assert depth == 12 and node["tokens"] == [0] * 4
+    human = invoke("ns", "show", "t1", "--salt", SALTS["t1"], "--store", store_path, "--depth", "2")
+    assert human.exit_code == 0 and "0 1 2 3" in human.output and "4 5 6 7" in human.output
+
+
+def test_ns_show_unknown_namespace_is_exit_2(store_path):
+    out = kvc("ns", "show", "t1", "--salt", "not-the-salt", "--store", store_path)
+    assert out.returncode == 2 and out.stdout == "" and out.stderr.startswith("kvc: error: no namespace t1/")
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_ns_drop_needs_yes_and_removes_exactly_one(store_path):
+    refused = kvc("ns", "drop", "t2", "--salt", SALTS["t2"], "--store", store_path)
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    dropped = json.loads(invoke("ns", "drop", "t2", "--salt", SALTS["t2"], "--store", store_path, "--yes",
+                                "--json").stdout)
+    assert dropped["pages"] == 12 and dropped["namespace"]["extra_key"] == "t2"
+    left = json.loads(invoke("ns", "ls", "--store", store_path, "--json").stdout)["namespaces"]
+    assert sorted((r["extra_key"] or "") for r in left) == ["", "t1"]
+    assert invoke("audit", "--store", store_path).exit_code == 0
+
+
+def test_stats_json_and_prometheus(store_path):
+    doc = json.loads(invoke("stats", "--store", store_path, "--json").stdout)
+    assert doc["pages"] == 36 and doc["namespaces"] == 3 and doc["layouts"] == 1
+    prom = invoke("stats", "--store", store_path, "--prom").stdout
+    assert "# TYPE kvc_store_pages gauge" in prom and 'kvc_store_pages{backend="lmdb",' in prom
+    assert any(line.endswith(" 36") for line in prom.splitlines() if line.startswith("kvc_store_pages{"))
+
+
+def test_store_audit_clean_is_exit_0_with_pinned_fields(store_path):
+    out = kvc("audit", "--store", store_path, "--json")
+    doc = json.loads(out.stdout)
+    assert out.returncode == 0 and doc["ok"] is True and doc["violations"] == [] and doc["checked"]["pages"] == 36
+
+
+def test_store_audit_finds_a_corrupted_page_and_repair_removes_it(store_path):
+    import lmdb
+
+    env = lmdb.open(store_path, max_dbs=16, subdir=True)
+    pages = env.open_db(b"pages")
+    with env.begin(write=True) as txn:
+        key, value = next(iter(txn.cursor(pages)))
+        txn.put(key, value[:-1] + bytes([value[-1] ^ 0xFF]), db=pages)
+    env.close()
+    found = kvc("audit", "--store", store_path, "--json")
+    doc = json.loads(found.stdout)
+    assert found.returncode == 1 and doc["ok"] is False
+    assert "checksum_mismatch" in {v["kind"] for v in doc["violations"]}
+    human = invoke("audit", "--store", store_path)
+    assert human.exit_code == 1 and "checksum_mismatch" in human.stdout
+    repaired = invoke("audit", "--store", store_path, "--repair", "--json")
+    assert json.loads(repaired.stdout)["repaired"] >= 1
+    assert invoke("audit", "--store", store_path).exit_code == 0
+
+
+def test_snapshot_audit_clean_and_faulty(tmp_path):
+    cache = make_cache(page_size=2)
+    req = Request("a", range(9), Namespace("t1", SALTS["t1"]))
+    forward(cache, req, cache.admit(req))
+    cache.commit("a")
+    cache.snapshot(tmp_path / "ok.snap")
+    out = kvc("audit", "--snapshot", str(tmp_path / "ok.snap"), "--json")
+    doc = json.loads(out.stdout)
+    assert out.returncode == 0 and doc["ok"] and doc["source"] == "snapshot" and doc["checked"]["nodes"] == 2
+    cache.device_pool.alloc(1, owner_code(OwnerKind.REQUEST, 77))  # a leaked slot
+    cache.snapshot(tmp_path / "bad.snap")
+    bad = invoke("audit", "--snapshot", str(tmp_path / "bad.snap"), "--json")
+    assert bad.exit_code == 1 and [v["kind"] for v in json.loads(bad.stdout)["violations"]] == ["leak"]
+    human = invoke("audit", "--snapshot", str(tmp_path / "bad.snap"))
+    assert human.exit_code == 1 and "leak" in human.output and "request#77" in human.output
+
+
+@pytest.mark.parametrize("case", ["missing_store", "regular_file", "truncated_snapshot", "newer_snapshot",
+                                  "missing_snapshot"])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, case):
+    import msgspec
+
+    cache = make_cache()
+    cache.snapshot(tmp_path / "good.snap")
+    data = (tmp_path / "good.snap").read_bytes()
+    (tmp_path / "file").write_text("not a store")
+    (tmp_path / "trunc.snap").write_bytes(data[: len(data) // 3])
+    newer = msgspec.msgpack.decode(data)
+    newer["version"] += 1
+    (tmp_path / "newer.snap").write_bytes(msgspec.msgpack.encode(newer))
+    args = {"missing_store": ["audit", "--store", str(tmp_path / "nowhere")],
+            "regular_file": ["ns", "ls", "--store", str(tmp_path / "file")],
+            "truncated_snapshot": ["audit", "--snapshot", str(tmp_path / "trunc.snap")],
+            "newer_snapshot": ["audit", "--snapshot", str(tmp_path / "newer.snap")],
+            "missing_snapshot": ["audit", "--snapshot", str(tmp_path / "none.snap")]}[case]
+    out = kvc(*args)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("kvc: error: ") and len(out.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in out.stderr
