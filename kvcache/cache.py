@@ -24,6 +24,7 @@ import msgspec
 import numpy as np
 import torch
 
+from .audit import AuditReport, audit_cache
 from .config import CacheConfig, HostMode, PrefetchPolicy
 from .errors import InvariantViolation, LayoutMismatch, NamespaceMismatch, UnknownRequest
 from .io_worker import IOWorker
@@ -296,9 +297,8 @@ class TieredCache:
     def close(self) -> None:
         """Flush, stop the I/O worker and flush the store's access records. The store itself stays open (the
         caller opened it). Prefetches still held are given back."""
-        for rid in list(self._prefetches) + list(self._staged):
-            if rid not in self._live:
-                self.release(rid)
+        for rid in list(self._prefetches) + list(self._staged):  # never live: admission consumes both
+            self.release(rid)
         self.flush()
         if self._io is not None:
             self._io.close()
@@ -309,10 +309,8 @@ class TieredCache:
         return msgspec.convert(msgspec.to_builtins(CacheStats(list(self._hits.values()), self.prefetch_stats,
                                                               self.backup_stats, self.counters)), CacheStats)
 
-    def audit(self):
-        """Check the ownership partition and the tree's structure now. Returns an `AuditReport`."""
-        from .audit import audit_cache  # audit reads the cache; the cache does not need audit to run
-
+    def audit(self) -> AuditReport:
+        """Check the ownership partition and the tree's structure now."""
         return audit_cache(self)
 
     # --- introspection (audit, snapshots, tests) --------------------------------------------------------------
