@@ -7,12 +7,12 @@ Named sub-databases (all keys are 16-byte page hashes unless said otherwise)::
     children    parent hash -> child page hash (dupsort, dupfixed)     walks a namespace's tree from its root
     namespaces  namespace id -> NamespaceRecord (msgpack)               never the salt
     layouts     layout id -> LayoutRecord (msgpack)                     every KVLayout the store holds
-    by_ns       namespace id -> page hash (dupsort, dupfixed)           bounded delete_namespace
     store       b"format" -> StoreFormat, b"totals" -> StoreTotals, b"capacity" -> u64 payload limit
 
 Bookkeeping must cost a small fraction of the read it records: a read is logged in memory as one entry (its
 deepest page), folded into `meta` by `flush()`, and no access-order index is kept (each index is one more B-tree
-every put dirties: ~3 µs per 16 KiB page here). Eviction finds the least recently used leaves by scanning `meta`,
+every put dirties: ~3 µs per 16 KiB page here). For the same reason no namespace -> pages index is kept:
+`delete_namespace` (a rare offboarding) scans `meta` in chunks instead of every put paying for it. Eviction finds the least recently used leaves by scanning `meta`,
 and evicts a little more than it needs (`evict_headroom`) so that scan is paid once per many puts.
 
 A batch of puts is one write transaction: pages, metadata, indexes and registry counters commit together or not
@@ -85,8 +85,8 @@ DEFAULT_DURABILITY = "data"  # a cache: integrity across crashes, not the last b
 
 _U64 = struct.Struct("<Q")
 _HEADER = _U64.size  # checksum before the payload in `pages`
-_DB_NAMES = ("pages", "meta", "children", "namespaces", "layouts", "by_ns", "store")
-_DUPFIXED = ("children", "by_ns")
+_DB_NAMES = ("pages", "meta", "children", "namespaces", "layouts", "store")
+_DUPFIXED = ("children",)
 
 
 class Checksum(msgspec.Struct, frozen=True):
@@ -145,7 +145,6 @@ class _Dbs(msgspec.Struct, frozen=True):
     children: Any
     namespaces: Any
     layouts: Any
-    by_ns: Any
     store: Any
 
 
@@ -801,7 +800,6 @@ class LMDBStore:
             fits = len(new) if not capacity else max(0, min(len(new), (capacity - stored_bytes) // nbytes))
             metas: list[tuple[bytes, bytes]] = []
             links: list[tuple[bytes, bytes]] = []
-            members: list[tuple[bytes, bytes]] = []
             for i in new[:fits]:
                 h, origin = hashes[i], origins[i]
                 _U64.pack_into(scratch, 0, sums[i])
@@ -811,7 +809,6 @@ class LMDBStore:
                 meta = PageMeta(ns_id, layout_id, origin.parent, origin.tokens, nbytes, sums[i], now, now, 0)
                 metas.append((h, _enc.encode(meta)))
                 links.append((origin.parent, h))
-                members.append((ns_id, h))
                 d = deltas.get(ns_id) or deltas.setdefault(ns_id, _NsDelta())
                 d.info = origin.namespace
                 d.pages += 1
@@ -823,7 +820,6 @@ class LMDBStore:
             # Index records go in with putmulti: one C loop per sub-database instead of a Python call per record.
             txn.cursor(db=dbs.meta).putmulti(metas)
             txn.cursor(db=dbs.children).putmulti(links)
-            txn.cursor(db=dbs.by_ns).putmulti(members)
             self._apply_deltas(txn, deltas, now)
             pages_now = totals.pages - dropped[0] - evicted + written
             txn.put(b"totals", _enc.encode(StoreTotals(pages_now, stored_bytes + written * nbytes)), db=dbs.store)
@@ -852,7 +848,6 @@ class LMDBStore:
         txn.delete(page_hash, db=dbs.pages)
         txn.delete(page_hash, db=dbs.meta)
         txn.delete(meta.parent, page_hash, db=dbs.children)
-        txn.delete(meta.ns_id, page_hash, db=dbs.by_ns)
         d = deltas.get(meta.ns_id) or deltas.setdefault(meta.ns_id, _NsDelta())
         d.pages -= 1
         d.bytes -= meta.nbytes
@@ -1003,52 +998,75 @@ class LMDBStore:
         self._counts["flushes"] += 1
 
     def delete_namespace(self, ns_id: bytes) -> DeleteResult:
-        """Remove every page of namespace `ns_id` (16 bytes) and its registry record, DELETE_BATCH_PAGES pages per
-        write transaction, so a large tenant's offboarding never holds the writer lock for long."""
+        """Remove every page of namespace `ns_id` (16 bytes) and its registry record.
+
+        Pages are found by scanning `meta` in chunks of short read transactions and removed DELETE_BATCH_PAGES per
+        write transaction, so a large tenant's offboarding never holds the writer lock (or pins old pages) for
+        long. Scans repeat until one finds nothing, so pages a concurrent writer adds meanwhile go too."""
         self._check_writable()
         if not isinstance(ns_id, bytes) or len(ns_id) != 16:
             raise InvalidInput(f"a namespace id is 16 bytes, got {ns_id!r:.60}")
         self.flush()
-        dbs = self._live().dbs
+        shared = self._live()
+        dbs = shared.dbs
         pages = nbytes = txns = 0
 
-        def body(txn: lmdb.Transaction) -> tuple[int, int]:
-            cur = txn.cursor(db=dbs.by_ns)
-            batch: list[bytes] = []
-            if cur.set_key(ns_id):
-                for h in cur.iternext_dup(keys=False, values=True):
-                    batch.append(bytes(h))
-                    if len(batch) >= DELETE_BATCH_PAGES:
-                        break
-            deltas: dict[bytes, _NsDelta] = {}
-            freed = 0
-            for h in batch:
-                raw = txn.get(h, db=dbs.meta)
-                if raw is None:
-                    txn.delete(ns_id, h, db=dbs.by_ns)
-                    continue
-                meta = _dec_meta.decode(raw)
-                self._drop_page(txn, h, meta, deltas)
-                freed += meta.nbytes
-            dropped = -deltas[ns_id].pages if ns_id in deltas else 0
-            if batch:
-                totals = _dec_totals.decode(txn.get(b"totals", db=dbs.store))
-                txn.put(b"totals", _enc.encode(StoreTotals(totals.pages - dropped, totals.bytes - freed)),
-                        db=dbs.store)
-            if len(batch) < DELETE_BATCH_PAGES:
-                txn.delete(ns_id, db=dbs.namespaces)  # the last batch: the namespace is gone
-            else:
-                self._apply_deltas(txn, deltas, time.time())
-            return dropped, freed, len(batch)
+        def drop(batch: list[bytes], last: bool) -> Callable[[lmdb.Transaction], tuple[int, int]]:
+            def body(txn: lmdb.Transaction) -> tuple[int, int]:
+                deltas: dict[bytes, _NsDelta] = {}
+                dropped = freed = 0
+                for h in batch:
+                    raw = txn.get(h, db=dbs.meta)
+                    if raw is None:
+                        continue  # gone meanwhile
+                    meta = _dec_meta.decode(raw)
+                    self._drop_page(txn, h, meta, deltas)
+                    dropped += 1
+                    freed += meta.nbytes
+                if dropped:
+                    totals = _dec_totals.decode(txn.get(b"totals", db=dbs.store))
+                    txn.put(b"totals", _enc.encode(StoreTotals(totals.pages - dropped, totals.bytes - freed)),
+                            db=dbs.store)
+                if last:
+                    txn.delete(ns_id, db=dbs.namespaces)
+                else:
+                    self._apply_deltas(txn, deltas, time.time())
+                return dropped, freed
+            return body
 
         while True:
-            dropped, freed, listed = self._write(body)
-            txns += 1
-            pages += dropped
-            nbytes += freed
-            if listed < DELETE_BATCH_PAGES:
+            found = self._pages_of(ns_id)
+            for start in range(0, max(len(found), 1), DELETE_BATCH_PAGES):
+                batch = found[start:start + DELETE_BATCH_PAGES]
+                dropped, freed = self._write(drop(batch, last=start + DELETE_BATCH_PAGES >= len(found)))
+                txns += 1
+                pages += dropped
+                nbytes += freed
+            if not found:
                 break
         return DeleteResult(pages, nbytes, txns)
+
+    def _pages_of(self, ns_id: bytes) -> list[bytes]:
+        """Hashes of the stored pages of one namespace: a scan of `meta`, VERIFY_CHUNK_PAGES x 16 per read txn."""
+        shared = self._live()
+        found: list[bytes] = []
+        after: bytes | None = None
+        chunk = VERIFY_CHUNK_PAGES * 16
+        while True:
+            with shared.read(buffers=True) as txn:
+                cur = txn.cursor(db=shared.dbs.meta)
+                positioned = cur.first() if after is None else cur.set_range(after)
+                if positioned and after is not None and bytes(cur.key()) == after:
+                    positioned = cur.next()
+                n = 0
+                while positioned and n < chunk:
+                    after = bytes(cur.key())
+                    if _dec_meta.decode(cur.value()).ns_id == ns_id:
+                        found.append(after)
+                    n += 1
+                    positioned = cur.next()
+            if not positioned:
+                return found
 
     # -- integrity ------------------------------------------------------------------------------------------
 
@@ -1127,8 +1145,6 @@ class LMDBStore:
         cur = txn.cursor(db=dbs.children)
         if not cur.set_key_dup(meta.parent, h):
             findings.append(VerifyFinding("missing_index", hx, "not listed under its parent in children"))
-        if not txn.cursor(db=dbs.by_ns).set_key_dup(meta.ns_id, h):
-            findings.append(VerifyFinding("missing_index", hx, "not listed under its namespace in by_ns"))
 
     def _verify_indexes(self, findings: list[VerifyFinding]) -> None:
         """Metadata without pages, index entries without pages, and registry counters: one consistent snapshot
@@ -1146,11 +1162,10 @@ class LMDBStore:
                 acc = per_ns.setdefault(meta.ns_id, [0, 0])
                 acc[0] += 1
                 acc[1] += meta.nbytes
-            for name, db in (("children", dbs.children), ("by_ns", dbs.by_ns)):
-                for _, child in txn.cursor(db=db):
-                    if txn.get(bytes(child), db=dbs.meta) is None:
-                        findings.append(VerifyFinding("dangling_index", bytes(child).hex(),
-                                                      f"{name} names a page that is not stored"))
+            for _, child in txn.cursor(db=dbs.children):
+                if txn.get(bytes(child), db=dbs.meta) is None:
+                    findings.append(VerifyFinding("dangling_index", bytes(child).hex(),
+                                                  "children names a page that is not stored"))
             stored_pages = sum(p for p, _ in per_ns.values())
             stored_bytes = sum(b for _, b in per_ns.values())
             for key, raw in txn.cursor(db=dbs.namespaces):

@@ -21,7 +21,8 @@ from kvcache.keys import pack_tokens
 from kvcache.layout import KVLayout
 from kvcache.namespace import Namespace
 from kvcache.storage import lmdb_store
-from kvcache.storage.base import AccessPolicy, CapacityPolicy, PageOrigin, open_store, page_origins
+from kvcache.storage.base import (AccessPolicy, CapacityPolicy, DeleteResult, PageOrigin, open_store,
+                                  page_origins)
 from kvcache.storage.lmdb_store import LMDBStore
 
 LAYOUT = KVLayout("unit-model@r1", layers=2, kv_heads=2, head_dim=16, dtype="float16", page_size=4)  # 1 KiB pages
@@ -312,11 +313,11 @@ def test_delete_namespace_uses_bounded_transactions(store, monkeypatch):
     mine, _ = write(store, range(200))  # 50 pages
     theirs, _ = write(store, range(200), NS2)
     result = store.delete_namespace(NS.id)
-    assert (result.pages, result.transactions) == (50, 7)
+    assert (result.pages, result.transactions) == (50, 7 + 1)  # 7 batches of <= 8, then a scan that finds none
     assert store.exists_prefix(mine) == 0 and store.exists_prefix(theirs) == 50
     assert [r.extra_key for r in store.namespaces()] == ["tenant-b"]
     assert store.verify().ok
-    assert store.delete_namespace(NS.id).pages == 0
+    assert store.delete_namespace(NS.id) == DeleteResult(0, 0, 1)
 
 
 # -- checksums and access batching ----------------------------------------------------------------------------
