@@ -60,6 +60,21 @@ def best(fn, repeat: int) -> float:
     return min(times)
 
 
+def filesystem_of(path: str) -> str:
+    """The filesystem type holding `path` (from /proc/mounts; "unknown" elsewhere): file-per-page writes cost
+    what the filesystem charges for a new file, so the write figures mean little without it."""
+    real, best_mount, fs = os.path.realpath(path), "", "unknown"
+    try:
+        with open("/proc/mounts") as mounts:
+            for line in mounts:
+                _, mount, kind = line.split()[:3]
+                if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) > len(best_mount):
+                    best_mount, fs = mount, kind
+    except OSError:
+        pass
+    return fs
+
+
 def layout_for(page_kib: int) -> KVLayout:
     # 8 KV heads x 128 dims x fp16 x (K, V) = 4 KiB per token per layer; 4 tokens per page.
     return KVLayout(f"bench-{page_kib}k@r1", layers=page_kib // 16, kv_heads=8, head_dim=128, dtype="float16",
@@ -195,6 +210,7 @@ def main() -> int:
     from kvcache.storage.lmdb_store import DEFAULT_CHECKSUM
 
     scratch = tempfile.mkdtemp(prefix="kvc-bench-l3-", dir=args.scratch)
+    scratch_fs = filesystem_of(scratch)
     results = {}
     try:
         for kib in SIZES_KIB:
@@ -235,7 +251,7 @@ def main() -> int:
         f"with `readinto` into the same rows. **Write**: a fresh store per pass, one LMDB transaction per ~4 MiB "
         f"batch, with `durability=\"none\"` (no fsync, as the file store) and with the default "
         f"`durability=\"data\"` (one fsync per batch); against one file per page, temp file + rename, no fsync. "
-        f"Machine: {machine()}. "
+        f"Scratch on {scratch_fs}. Machine: {machine()}. "
         f"Command: `python benchmarks/bench_l3.py "
         f"{'--quick' if args.quick else f'--store-mb {store_mb} --repeat {args.repeat}'}`. Write figures on this "
         f"machine's disk move by up to 2x between runs (writeback state); read figures by about 0.05x.",
