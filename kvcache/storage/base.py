@@ -36,12 +36,10 @@ from ..namespace import Namespace
 ENTRY_POINT_GROUP = "kvcache.storage"
 DEFAULT_SCHEME = "lmdb"  # the backend a plain filesystem path opens
 
-# What a writer knows about a page: the store derives everything else (size, checksum, times) itself.
-# Pages are written in chain order, so `parent` is the previous page's hash (or the namespace root).
-
 
 class PageOrigin(msgspec.Struct, frozen=True, gc=False):
-    """Where a page comes from, as given to `L3Store.put`: its namespace, parent and tokens."""
+    """Where a page comes from, as given to `L3Store.put`: its namespace, parent and tokens. The store derives
+    the rest (size, checksum, times) itself; `page_origins` builds these for a token sequence."""
 
     namespace: Namespace  # the namespace of the request that produced the page; its id is folded into the hash
     parent: bytes  # PAGE_HASH_BYTES: the previous page's hash, or the namespace root for a first page
@@ -98,7 +96,7 @@ class PutResult(msgspec.Struct, frozen=True):
 
     written: int  # new pages stored
     existing: int  # pages already stored (content-addressed: left as they were)
-    rejected: int  # pages that did not fit the capacity limit even after eviction (the tail of the batch)
+    rejected: int  # pages over the capacity or their namespace's quota even after eviction (tails of chains)
     evicted: int  # older pages evicted to make room
     bytes_written: int  # payload bytes of the written pages
 
@@ -139,6 +137,7 @@ class StoreStats(msgspec.Struct, frozen=True):
     pages: int
     bytes: int  # payload bytes stored
     capacity_bytes: int  # payload limit; 0 = unlimited
+    namespace_quota_bytes: int  # payload limit of each namespace; 0 = none
     footprint_bytes: int  # what the store occupies in its medium (file size for LMDB)
     counters: StoreCounters
 
@@ -178,6 +177,7 @@ class CapacityPolicy(msgspec.Struct, frozen=True):
     """How much payload a store may hold and how it makes room."""
 
     capacity_bytes: int = 0  # payload limit; 0 = unlimited. Recorded in the store so every process agrees
+    namespace_quota_bytes: int = 0  # payload limit of each namespace (a tenant); 0 = none. Recorded likewise
     evict_headroom: float = 0.02  # evict this fraction of the capacity beyond the need: one scan, many puts
 
 

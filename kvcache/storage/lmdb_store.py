@@ -7,13 +7,15 @@ Named sub-databases (all keys are 16-byte page hashes unless said otherwise)::
     children    parent hash -> child page hash (dupsort, dupfixed)     walks a namespace's tree from its root
     namespaces  namespace id -> NamespaceRecord (msgpack)               never the salt
     layouts     layout id -> LayoutRecord (msgpack)                     every KVLayout the store holds
-    store       b"format" -> StoreFormat, b"totals" -> StoreTotals, b"capacity" -> u64 payload limit
+    store       b"format" -> StoreFormat, b"totals" -> StoreTotals, b"capacity" -> u64 payload limit,
+                b"ns_quota" -> u64 payload limit of each namespace
 
 Bookkeeping must cost a small fraction of the read it records: a read is logged in memory as one entry (its
 deepest page), folded into `meta` by `flush()`, and no access-order index is kept (each index is one more B-tree
 every put dirties: ~3 µs per 16 KiB page here). For the same reason no namespace -> pages index is kept:
-`delete_namespace` (a rare offboarding) scans `meta` in chunks instead of every put paying for it. Eviction finds the least recently used leaves by scanning `meta`,
-and evicts a little more than it needs (`evict_headroom`) so that scan is paid once per many puts.
+`delete_namespace` (a rare offboarding) scans `meta` in chunks instead of every put paying for it. Eviction
+finds the least recently used leaves by scanning `meta`, and evicts a little more than it needs
+(`evict_headroom`) so that scan is paid once per many puts.
 
 A batch of puts is one write transaction: pages, metadata, indexes and registry counters commit together or not
 at all, so a killed writer never leaves a half page, a page without its metadata, or counters that disagree.
@@ -421,6 +423,12 @@ def _page_bytes(page: Any) -> memoryview:
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
 
 
+def _limits(txn: lmdb.Transaction, dbs: _Dbs) -> tuple[int, int]:
+    """(capacity, namespace quota) in payload bytes; 0 = none. Stores written before quotas lack the key."""
+    quota = txn.get(b"ns_quota", db=dbs.store)
+    return _U64.unpack(txn.get(b"capacity", db=dbs.store))[0], (_U64.unpack(quota)[0] if quota else 0)
+
+
 class _NsDelta:
     """Registry changes for one namespace, gathered during a transaction and applied at its end."""
 
@@ -475,7 +483,7 @@ class LMDBStore:
 
         `layout`: the layout this handle writes under; it must be held by the store unless the store is created
         now or `add_layout` registers it (LayoutMismatch otherwise, naming the layouts held). `capacity`: record
-        a new payload limit (every process then uses it). `map_size`: initial map size in bytes (grows on
+        new payload limits (every process then uses them). `map_size`: initial map size in bytes (grows on
         demand). `durability`: a key of DURABILITY (the first handle opened in a process sets it for the
         environment). `checksum`: the algorithm of a store created now (a key of CHECKSUMS); an existing store
         keeps the one it was created with.
@@ -498,7 +506,7 @@ class LMDBStore:
             if layout is not None:
                 store._bind_layout(layout, register=(create and not existed) or add_layout)
             if capacity is not None:
-                store.set_capacity(capacity.capacity_bytes)
+                store.set_capacity(capacity.capacity_bytes, capacity.namespace_quota_bytes)
             store._evict_headroom = (capacity or CapacityPolicy()).evict_headroom
         except BaseException:
             store.close()
@@ -549,6 +557,8 @@ class LMDBStore:
         """How many pages from the start of `hashes` are stored (stops at the first gap)."""
         if not hashes:
             return 0
+        if set(map(len, hashes)) != {PAGE_HASH_BYTES} or not all(type(h) is bytes for h in hashes):
+            check_page_hashes(hashes)  # raises, naming the first bad one
         shared = self._live()
         corrupt = self._corrupt
         found = 0
@@ -695,29 +705,43 @@ class LMDBStore:
 
     def capacity_bytes(self) -> int:
         """The payload limit every process applies (0: unlimited)."""
+        return self._limits()[0]
+
+    def namespace_quota_bytes(self) -> int:
+        """The payload limit of each namespace every process applies (0: none)."""
+        return self._limits()[1]
+
+    def _limits(self) -> tuple[int, int]:
         shared = self._live()
         with shared.read() as txn:
-            return _U64.unpack(txn.get(b"capacity", db=shared.dbs.store))[0]
+            return _limits(txn, shared.dbs)
 
-    def set_capacity(self, capacity_bytes: int) -> None:
-        """Record a new payload limit. Takes effect at the next put (which evicts down to it)."""
-        if capacity_bytes < 0:
-            raise InvalidInput(f"capacity_bytes must be >= 0, got {capacity_bytes}")
+    def set_capacity(self, capacity_bytes: int, namespace_quota_bytes: int | None = None) -> None:
+        """Record new payload limits (`namespace_quota_bytes` None: keep the current quota). Take effect at the
+        next put, which evicts down to them."""
+        if capacity_bytes < 0 or (namespace_quota_bytes or 0) < 0:
+            raise InvalidInput(f"limits must be >= 0, got {capacity_bytes} and {namespace_quota_bytes}")
         self._check_writable()
         db = self._live().dbs.store
-        self._write(lambda txn: txn.put(b"capacity", _U64.pack(capacity_bytes), db=db))
+
+        def body(txn: lmdb.Transaction) -> None:
+            txn.put(b"capacity", _U64.pack(capacity_bytes), db=db)
+            if namespace_quota_bytes is not None:
+                txn.put(b"ns_quota", _U64.pack(namespace_quota_bytes), db=db)
+
+        self._write(body)
 
     def stats(self) -> StoreStats:
         """Totals from the store and this handle's counters."""
         shared = self._live()
         with shared.read() as txn:
             totals = _dec_totals.decode(txn.get(b"totals", db=shared.dbs.store))
-            capacity = _U64.unpack(txn.get(b"capacity", db=shared.dbs.store))[0]
+            capacity, quota = _limits(txn, shared.dbs)
             n_layouts = txn.stat(shared.dbs.layouts)["entries"]
             n_ns = txn.stat(shared.dbs.namespaces)["entries"]
         footprint = os.path.getsize(os.path.join(self.path, "data.mdb"))
         return StoreStats(BACKEND, self.location, shared.format.version, shared.format.checksum, n_layouts, n_ns,
-                          totals.pages, totals.bytes, capacity, footprint, self.counters())
+                          totals.pages, totals.bytes, capacity, quota, footprint, self.counters())
 
     def counters(self) -> StoreCounters:
         """This handle's counters."""
@@ -733,9 +757,11 @@ class LMDBStore:
     def put(self, hashes: Sequence[bytes], pages: Sequence[Any], origins: Sequence[PageOrigin]) -> PutResult:
         """Store a batch of pages in one write transaction (metadata, indexes and counters with it).
 
-        Pages already stored are left as they are (`existing`). With a capacity limit, the oldest leaf pages
-        (no stored children) are evicted to make room; pages that still do not fit are `rejected`, always the
-        tail of the batch, so what is stored of a chain stays a prefix.
+        Pages already stored are left as they are (`existing`). Over a namespace's quota, the oldest leaf pages
+        (no stored children) of that namespace are evicted to make room; over the capacity, the oldest leaf pages
+        of any namespace. Pages that still do not fit are `rejected`: once a page of a namespace is rejected, so
+        are the namespace's later pages in the batch (all of them, at the capacity), so what is stored of a chain
+        stays a prefix.
         """
         self._check_writable()
         layout = self.layout
@@ -770,7 +796,7 @@ class LMDBStore:
             now = time.time()
             deltas: dict[bytes, _NsDelta] = {}
             totals = _dec_totals.decode(txn.get(b"totals", db=dbs.store))
-            capacity = _U64.unpack(txn.get(b"capacity", db=dbs.store))[0]
+            capacity, quota = _limits(txn, dbs)
             dropped = self._drop_corrupt(txn, corrupt, deltas)
             self._apply_access(txn, pending, deltas)
             seen: set[bytes] = set()
@@ -789,18 +815,46 @@ class LMDBStore:
                         raise InvalidInput(f"page {h.hex()}: its parent is in another namespace than "
                                            f"{origin.namespace.label}")
             stored_bytes = totals.bytes - dropped[1]
-            evicted, freed = 0, 0
+            evicted = 0
+            protect = set(hashes) | {o.parent for o in origins}
+            # Evictions take a little past the need so the scan behind one is paid once per many puts.
+            ns_room: dict[bytes, int] = {}
+            if quota:
+                ns_need: Counter[bytes] = Counter(origins[i].namespace.id for i in new)
+                for ns_id, n_new in ns_need.items():
+                    raw = txn.get(ns_id, db=dbs.namespaces)
+                    held = _dec_ns.decode(raw).bytes if raw is not None else 0
+                    held += deltas[ns_id].bytes if ns_id in deltas else 0  # corrupt pages dropped above
+                    if held + n_new * nbytes > quota:
+                        target = held + n_new * nbytes - quota + int(self._evict_headroom * quota)
+                        n, freed = self._evict(txn, target, protect, deltas, only_ns=ns_id)
+                        evicted += n
+                        held -= freed
+                        stored_bytes -= freed
+                    ns_room[ns_id] = quota - held
             need = len(new) * nbytes
             if capacity and stored_bytes + need > capacity:
-                protect = set(hashes) | {o.parent for o in origins}
-                # Evict a little past the need so the scan behind an eviction is paid once per many puts.
                 target = stored_bytes + need - capacity + int(self._evict_headroom * capacity)
-                evicted, freed = self._evict(txn, target, protect, deltas)
+                n, freed = self._evict(txn, target, protect, deltas)
+                evicted += n
                 stored_bytes -= freed
-            fits = len(new) if not capacity else max(0, min(len(new), (capacity - stored_bytes) // nbytes))
+            room = capacity - stored_bytes if capacity else len(new) * nbytes
+            accepted: list[int] = []
+            full: set[bytes] = set()  # namespaces with a rejected page in this batch
+            for i in new:
+                ns_id = origins[i].namespace.id
+                if room < nbytes:
+                    break
+                if ns_id in full or (quota and ns_room[ns_id] < nbytes):
+                    full.add(ns_id)
+                    continue
+                accepted.append(i)
+                room -= nbytes
+                if quota:
+                    ns_room[ns_id] -= nbytes
             metas: list[tuple[bytes, bytes]] = []
             links: list[tuple[bytes, bytes]] = []
-            for i in new[:fits]:
+            for i in accepted:
                 h, origin = hashes[i], origins[i]
                 _U64.pack_into(scratch, 0, sums[i])
                 value[_HEADER:] = views[i]
@@ -816,7 +870,7 @@ class LMDBStore:
                 d.last_access = now
                 if origin.parent == roots[ns_id]:
                     d.roots.add(origin.parent.hex())
-            written = min(fits, len(new))
+            written = len(accepted)
             # Index records go in with putmulti: one C loop per sub-database instead of a Python call per record.
             txn.cursor(db=dbs.meta).putmulti(metas)
             txn.cursor(db=dbs.children).putmulti(links)
@@ -852,9 +906,10 @@ class LMDBStore:
         d.pages -= 1
         d.bytes -= meta.nbytes
 
-    def _evict(self, txn: lmdb.Transaction, need: int, protect: set[bytes],
-               deltas: dict[bytes, _NsDelta]) -> tuple[int, int]:
-        """Evict least recently used leaf pages until `need` payload bytes are free; (pages, bytes) evicted.
+    def _evict(self, txn: lmdb.Transaction, need: int, protect: set[bytes], deltas: dict[bytes, _NsDelta],
+               only_ns: bytes | None = None) -> tuple[int, int]:
+        """Evict least recently used leaf pages (of namespace `only_ns`, or of any) until `need` payload bytes are
+        free; (pages, bytes) evicted.
 
         Only leaves (no stored children) are taken. Evicting a leaf can make its parent a leaf: the parent then
         competes with the time of the child it lost (it was read whenever the child was), so a chain shrinks from
@@ -864,8 +919,11 @@ class LMDBStore:
         items = list(txn.cursor(db=dbs.meta))
         if not items:
             return 0, 0
-        keys = [bytes(k) for k, _ in items]
-        times = [_dec_meta.decode(v).last_access for _, v in items]
+        metas = [_dec_meta.decode(v) for _, v in items]
+        keys = [bytes(k) for (k, _), m in zip(items, metas) if only_ns is None or m.ns_id == only_ns]
+        times = [m.last_access for m in metas if only_ns is None or m.ns_id == only_ns]
+        if not keys:
+            return 0, 0
         order = np.argsort(np.array(times), kind="stable").tolist()
         children = txn.cursor(db=dbs.children)
         freed = evicted = 0

@@ -438,3 +438,36 @@ def test_the_salt_is_in_no_byte_of_the_files(path):
         raw = Path(path, name).read_bytes()
         for encoded in (SALT.encode(), SALT.encode("utf-16-le"), SALT.encode().hex().encode()):
             assert encoded not in raw, name
+
+
+# -- namespace quotas -----------------------------------------------------------------------------------------
+
+
+def test_a_namespace_over_its_quota_evicts_its_own_pages_first(path):
+    policy = CapacityPolicy(namespace_quota_bytes=4 * PAGE, evict_headroom=0.0)
+    with LMDBStore.open(path, LAYOUT, create=True, capacity=policy) as s:
+        assert s.namespace_quota_bytes() == 4 * PAGE and s.capacity_bytes() == 0
+        theirs, _ = write(s, range(16), NS2)  # the oldest pages in the store, but another namespace's
+        first, _ = write(s, range(100, 116))
+        second, result = write(s, range(200, 208))
+        assert (result.written, result.evicted, result.rejected) == (2, 2, 0)
+        assert [s.exists_prefix(x) for x in (theirs, first, second)] == [4, 2, 2]
+        records = {r.extra_key: r.bytes for r in s.namespaces()}
+        assert records == {"tenant-a": 4 * PAGE, "tenant-b": 4 * PAGE}
+        assert s.stats().namespace_quota_bytes == 4 * PAGE
+        assert s.verify().ok
+
+
+def test_quota_rejects_only_the_namespace_over_it(path):
+    policy = CapacityPolicy(namespace_quota_bytes=3 * PAGE)
+    with LMDBStore.open(path, LAYOUT, create=True, capacity=policy) as s:
+        mine, origins = page_origins(LAYOUT, pack_tokens(range(20)), NS)  # five pages: two over the quota
+        theirs, their_origins = page_origins(LAYOUT, pack_tokens(range(8)), NS2)
+        hashes = [mine[0], theirs[0], *mine[1:], theirs[1]]  # interleaved in one batch
+        origins = [origins[0], their_origins[0], *origins[1:], their_origins[1]]
+        result = s.put(hashes, [payload(h) for h in hashes], origins)
+        assert (result.written, result.rejected, result.evicted) == (5, 2, 0)
+        assert (s.exists_prefix(mine), s.exists_prefix(theirs)) == (3, 2)
+        s.set_capacity(0, namespace_quota_bytes=0)
+        assert s.put(hashes, [payload(h) for h in hashes], origins).written == 2
+        assert s.verify().ok
