@@ -8,7 +8,7 @@ Rules every backend keeps (tests/conformance checks them for each registered bac
 
 - `exists_prefix` and `get_into` count consecutive pages from the start of the batch and stop at the first gap.
 - A page whose bytes fail their checksum is a miss: counted, reported by `verify()`, never served.
-- Expected outcomes are values: a miss is a short count, a page that does not fit the capacity is `rejected` in
+- Expected outcomes are values: a miss is a short count, a page over the capacity or a quota is `rejected` in
   the `PutResult`. Exceptions are for unusable input and for faults the caller must see (`kvcache.errors`).
 - A read fault (an I/O error under a read) degrades to a miss and is counted.
 - The salt of a namespace is never stored: the registry keeps `extra_key` and the salt fingerprint only.
