@@ -20,6 +20,7 @@ from .prefetch import DeclineReason, DropReason, PrefetchOutcome
 from .request import Request
 from .staging import StagedView
 from .stats import BackupStats, CacheCounters, CacheStats, PrefetchStats, TierHits
+from .storage.base import L3Store, open_store, page_origins
 from .tree import TreeMatch
 
 __all__ = [
@@ -27,7 +28,7 @@ __all__ = [
     "CommitResult", "DeclineReason", "DropReason", "EvictResult", "HostMode", "KVLayout", "Namespace",
     "NamespaceInfo", "Owner", "OwnerKind", "PrefetchOutcome", "PrefetchPolicy", "PrefetchStats", "RadixKey",
     "Request", "StagedView", "TierHits", "TieredCache", "TreeMatch", "Violation", "ViolationKind", "WritePolicy",
-    "page_hashes",
+    "page_hashes", "L3Store", "open_store", "page_origins",
     # errors
     "DoubleFree", "InvalidConfig", "InvalidInput", "InvalidLayout", "InvalidNamespace", "InvalidTokens",
     "InvariantViolation", "KVCacheError", "LayoutMismatch", "LockUnderflow", "NamespaceMismatch", "NotAStore",
