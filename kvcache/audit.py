@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
-from .owners import FREE_CODE, describe_code
+from .owners import FREE_CODE, OwnerKind, describe_code, owner_code
 
 if TYPE_CHECKING:
     from .cache import TieredCache
@@ -239,7 +239,7 @@ def _refs(pool: PoolState, state: OwnershipState) -> list[_Ref]:
     for n in state.nodes:
         pages = n.device if pool.name == "device" else n.host if pool.name == "host" else None
         if pages is not None and not n.namespace_root:
-            refs.append(_Ref(f"node#{n.id}", (2 << 48) | n.id, _a(pages), node=n.id))
+            refs.append(_Ref(f"node#{n.id}", owner_code(OwnerKind.NODE, n.id), _a(pages), node=n.id))
     for h in state.holders:
         if h.pool == pool.name:
             label = f"{h.kind}#{h.id}" + (f" ({h.rid})" if h.rid else "")
