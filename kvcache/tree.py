@@ -179,23 +179,11 @@ class RadixTree:
             return TreeMatch(_EMPTY, _EMPTY, self.root, self.root, self.root, self.page_size)
         self._clock += 1
         clock = self._clock
-        data, pb = key.data, self._page_bytes
-        end = len(data) - len(data) % pb
-        node, pos, path = ns_root, 0, []
-        while pos < end:
-            child = node.children.get(data[pos:pos + pb])
-            if child is None:
-                break
-            klen = len(child.key)
-            if data[pos:pos + klen] != child.key:
-                head = self._common_pages(child.key, data, pos, end)
-                child = self._split(child, head)
-                klen = head * pb
-            child.last_access = clock
-            child.hits += 1
-            path.append(child)
-            node = child
-            pos += klen
+        end = len(key.data) - len(key.data) % self._page_bytes
+        path = list(self._descend(ns_root, key.data, end))
+        for node in path:
+            node.last_access = clock
+            node.hits += 1
         ns_root.last_access = clock
         return self._match_of(ns_root, path)
 
@@ -235,31 +223,23 @@ class RadixTree:
         clock = self._clock
         node = self.namespace_root(key.namespace, create=True)
         node.last_access = clock
-        pos, prefix_pages, adopted = 0, 0, []
-        while pos < len(data):
-            child = node.children.get(data[pos:pos + pb])
-            page = pos // pb
-            if child is None:
-                child = self._new_node(data[pos:], key.namespace, node)
-                node.children[data[pos:pos + pb]] = child
-                child.last_access = clock
-                self._set_device(child, device_pages[page:])
-                adopted.append(child)
-                node = child
-                break
-            klen = len(child.key)
-            if data[pos:pos + klen] != child.key:
-                head = self._common_pages(child.key, data, pos, len(data))
-                child = self._split(child, head)
-                klen = head * pb
-            child.last_access = clock
-            if child.device is None:
-                self._set_device(child, device_pages[page:page + klen // pb])
-                adopted.append(child)
+        page, prefix_pages, adopted = 0, 0, []
+        for node in self._descend(node, data, len(data)):
+            node.last_access = clock
+            n = len(node.key) // pb
+            if node.device is None:  # host-only: the caller's pages become its device copy
+                self._set_device(node, device_pages[page:page + n])
+                adopted.append(node)
             elif not adopted:
-                prefix_pages += klen // pb
-            node = child
-            pos += klen
+                prefix_pages += n
+            page += n
+        if page * pb < len(data):
+            leaf = self._new_node(data[page * pb:], key.namespace, node)
+            node.children[data[page * pb:(page + 1) * pb]] = leaf
+            leaf.last_access = clock
+            self._set_device(leaf, device_pages[page:])
+            adopted.append(leaf)
+            node = leaf
         return TreeInsert(prefix_pages, node, adopted)
 
     def insert_host(self, key: RadixKey, start_page: int, host_pages: np.ndarray) -> HostInsert:
@@ -277,18 +257,9 @@ class RadixTree:
         if node is None:
             return HostInsert(None, 0, 0)
         pos = 0
-        while pos < end:
-            child = node.children.get(data[pos:pos + pb])
-            if child is None:
-                break
-            klen = len(child.key)
-            if data[pos:pos + klen] != child.key:
-                head = self._common_pages(child.key, data, pos, end)
-                child = self._split(child, head)
-                klen = head * pb
-            child.last_access = self._clock
-            node = child
-            pos += klen
+        for node in self._descend(node, data, end):
+            node.last_access = self._clock
+            pos += len(node.key)
         matched = pos // pb
         if matched < start_page:
             return HostInsert(None, 0, 0)
@@ -494,6 +465,24 @@ class RadixTree:
         if parent is not self.root:
             self.node_count += 1
         return node
+
+    def _descend(self, node: TreeNode, data: bytes, end: int) -> Iterator[TreeNode]:
+        """Walk down from `node` along data[:end] (whole pages), yielding each node matched in full; the last may
+        be the head of a node split where data diverges from it or ends inside it."""
+        pb = self._page_bytes
+        pos = 0
+        while pos < end:
+            child = node.children.get(data[pos:pos + pb])
+            if child is None:
+                return
+            klen = len(child.key)
+            if data[pos:pos + klen] != child.key:
+                head = self._common_pages(child.key, data, pos, end)
+                child = self._split(child, head)
+                klen = head * pb
+            yield child
+            node = child
+            pos += klen
 
     def _common_pages(self, node_key: bytes, data: bytes, pos: int, end: int) -> int:
         """Whole pages shared by `node_key` and data[pos:end] (>= 1: the first page matched by the child lookup)."""
