@@ -96,7 +96,13 @@ class RadixKey(msgspec.Struct, frozen=True, gc=False):
 
 def hash_root(layout_id: bytes, namespace: Namespace) -> bytes:
     """h_0 of the chain: the root of `namespace` under `layout_id`."""
-    return hashlib.blake2b(layout_id + namespace.id, digest_size=PAGE_HASH_BYTES, person=_ROOT_PERSON).digest()
+    return hash_root_of_id(layout_id, namespace.id)
+
+
+def hash_root_of_id(layout_id: bytes, ns_id: bytes) -> bytes:
+    """h_0 of the chain from a raw 16-byte `Namespace.id`: what a store that records ids (never salts) can
+    recompute on its own, e.g. to tell a namespace root from a missing parent page."""
+    return hashlib.blake2b(layout_id + ns_id, digest_size=PAGE_HASH_BYTES, person=_ROOT_PERSON).digest()
 
 
 def extend_chain(parent: bytes, data: bytes, page_size: int) -> list[bytes]:

@@ -146,31 +146,70 @@ class VerifyFinding(msgspec.Struct, frozen=True):
     """One problem `verify()` found. `kind` is one of VERIFY_KINDS."""
 
     kind: str
-    page_hash: str | None  # hex, when the finding is about one page
+    page_hash: str | None  # hex, when the finding is about one page (dangling_index: the page the entry names)
     detail: str
+    repaired: bool = False  # verify(repair=True) fixed it: see VerifyReport.removals for what went
 
 
 VERIFY_KINDS: dict[str, str] = {
     "checksum_mismatch": "page bytes do not match their checksum",
     "size_mismatch": "page size differs from its metadata or its layout",
+    "hash_mismatch": "the page hash is not H(parent || tokens) of its metadata (a page filed under a wrong hash)",
     "missing_meta": "a page without metadata",
     "missing_page": "metadata without a page",
+    "orphan": "the head of a chain whose parent is neither a stored page nor its namespace root: it and every "
+              "page below it (counted in the detail) are unreachable",
+    "namespace_mismatch": "a page whose namespace or layout differs from its parent's, or whose parent is the "
+                          "root of another namespace or layout",
     "unknown_layout": "a page written under a layout the store does not record",
     "unknown_namespace": "a page of a namespace missing from the registry",
     "missing_index": "a page missing from an index (children, namespace, access order)",
-    "dangling_index": "an index entry naming a page that is not stored",
+    "dangling_index": "an index entry naming a page that is not stored (or not under that parent)",
     "counter_mismatch": "registry counters differ from the pages stored",
+}
+# What verify(repair=True) does per kind. Removed pages go with their whole subtree (what was reachable only
+# through them). `unknown_layout` and `unknown_namespace` are reported, never repaired: the missing record cannot
+# be rebuilt from the pages, and the pages are not provably unreachable (re-registering the layout, or
+# delete_namespace, settles them).
+REPAIRS: dict[str, str] = {
+    "checksum_mismatch": "remove the page and its subtree",
+    "size_mismatch": "remove the page and its subtree",
+    "hash_mismatch": "remove the page and its subtree",
+    "missing_meta": "remove the page bytes and the subtree below them",
+    "missing_page": "remove the metadata and its subtree",
+    "orphan": "remove the chain head and its subtree",
+    "namespace_mismatch": "remove the page and its subtree",
+    "missing_index": "re-add the index entry",
+    "dangling_index": "remove the index entry",
+    "counter_mismatch": "recount every registry counter from the pages",
 }
 
 
+class VerifyRemoval(msgspec.Struct, frozen=True):
+    """One record `verify(repair=True)` removed."""
+
+    kind: str  # the VERIFY_KINDS kind of the finding that caused it
+    page_hash: str  # hex of the page removed (what="index": of the page the entry named)
+    what: str  # "page" (bytes, metadata, index entry), "bytes" (bytes without metadata), "meta" (metadata without
+    #            bytes, and its index entry), "index" (one children entry)
+    nbytes: int  # payload bytes freed
+    below: str | None = None  # hex of the finding's page when this one went as part of that page's subtree
+
+
 class VerifyReport(msgspec.Struct, frozen=True):
-    """The outcome of a full integrity scan."""
+    """The outcome of a full integrity scan.
+
+    `ok` and `findings` describe the store as scanned, before any repair. With repair, `repaired` counts the
+    findings fixed (those with `repaired=True`) and `removals` lists every record removed, one entry each: a
+    finding's own page and every page below it (`below` names the finding's page).
+    """
 
     ok: bool  # no findings
     pages_checked: int
     bytes_checked: int
     findings: list[VerifyFinding]
-    repaired: int = 0  # corrupt pages dropped (verify(repair=True))
+    repaired: int = 0  # findings fixed by verify(repair=True)
+    removals: list[VerifyRemoval] = []  # every record verify(repair=True) removed
 
 
 class CapacityPolicy(msgspec.Struct, frozen=True):
@@ -228,7 +267,8 @@ class L3Store(Protocol):
         """Totals and counters."""
 
     def verify(self, repair: bool = False) -> VerifyReport:
-        """Scan every page and index; with `repair`, drop pages that fail their checksum."""
+        """Scan every page and index; with `repair`, remove what is provably corrupt or unreachable (REPAIRS),
+        in bounded transactions, and never a page that is reachable from its namespace root and sound."""
 
     def flush(self) -> None:
         """Write pending access times and hit counts."""

@@ -17,6 +17,13 @@ every put dirties: ~3 µs per 16 KiB page here). For the same reason no namespac
 finds the least recently used leaves by scanning `meta`, and evicts a little more than it needs
 (`evict_headroom`) so that scan is paid once per many puts.
 
+Integrity (`verify`): every stored page should hang from its namespace root through stored pages of the same
+namespace and layout. Eviction keeps that (it takes leaves only); a page dropped after failing its checksum, or
+a put whose parent is not stored (`put` takes such chains: a writer's parent may have been evicted meanwhile),
+leaves pages below a gap. Those are reported as `orphan` (one finding per chain head, its subtree counted in the
+detail) and stay until a writer stores the missing page again (which heals the chain) or `verify(repair=True)`
+removes them.
+
 A batch of puts is one write transaction: pages, metadata, indexes and registry counters commit together or not
 at all, so a killed writer never leaves a half page, a page without its metadata, or counters that disagree.
 
@@ -57,12 +64,12 @@ import numpy as np
 
 from ..errors import (InvalidInput, LayoutMismatch, NotAStore, StoreError, StoreFull, StoreReadOnly,
                       StoreUnsupported)
-from ..keys import PAGE_HASH_BYTES, TOKEN_BYTES, extend_chain, hash_root
+from ..keys import PAGE_HASH_BYTES, TOKEN_BYTES, extend_chain, hash_root, hash_root_of_id
 from ..layout import KVLayout
 from ..namespace import Namespace
 from .base import (AccessPolicy, CapacityPolicy, ChildInfo, DeleteResult, LayoutRecord, NamespaceRecord,
-                   PageMeta, PageOrigin, PutResult, StoreCounters, StoreStats, VerifyFinding, VerifyReport,
-                   check_page_hashes)
+                   PageMeta, PageOrigin, PutResult, StoreCounters, StoreStats, VerifyFinding, VerifyRemoval,
+                   VerifyReport, check_page_hashes)
 
 try:  # xxh3 runs ~8x faster than zlib's crc32 here: it is what keeps the checked read path near memcpy speed
     import xxhash
@@ -77,6 +84,7 @@ MAX_DBS = 16
 MAX_READERS = 512  # reader slots across every process; engines plus CLI inspectors with a few threads each
 DELETE_BATCH_PAGES = 1024  # pages per write transaction when deleting a namespace
 VERIFY_CHUNK_PAGES = 256  # pages per read transaction when verifying (short read transactions, see above)
+REPAIR_BATCH_PAGES = 1024  # records removed per write transaction by verify(repair=True)
 # Durability name -> (sync, metasync) of the environment. A killed process loses no committed batch in any mode;
 # the modes differ on a system crash (power loss, kernel panic):
 #   full  every committed batch survives (two fsyncs per commit);
@@ -441,6 +449,53 @@ class _NsDelta:
         self.last_access = 0.0
         self.roots: set[str] = set()
         self.info: Namespace | None = None  # set by writers, which know extra_key and salt fingerprint
+
+
+def _chains_to(page_hash: bytes, meta: PageMeta) -> bool:
+    """Whether `page_hash` is H(parent || tokens) of its metadata: the chain step of kvcache.keys."""
+    n = len(meta.tokens) // TOKEN_BYTES
+    return n > 0 and n * TOKEN_BYTES == len(meta.tokens) and extend_chain(meta.parent, meta.tokens, n) == [page_hash]
+
+
+def _subtree_size(top: bytes, kids: dict[bytes, list[bytes]],
+                  tree: dict[bytes, tuple[bytes, bytes, bytes, int]]) -> tuple[int, int]:
+    """(pages, payload bytes) below `top` by the parents its descendants' metadata name."""
+    pages = nbytes = 0
+    seen = {top}
+    stack = list(kids.get(top, ()))
+    while stack:
+        h = stack.pop()
+        if h in seen:
+            continue  # only a corrupt parent link can cycle; hash_mismatch reports it
+        seen.add(h)
+        pages += 1
+        nbytes += tree[h][3]
+        stack.extend(kids.get(h, ()))
+    return pages, nbytes
+
+
+class _Findings:
+    """What one verify found, and what repair may do about each finding (indices into `items`)."""
+
+    __slots__ = ("items", "by_page", "remove", "relink", "unlink", "recount", "fixed")
+
+    def __init__(self) -> None:
+        self.items: list[VerifyFinding] = []
+        self.by_page: dict[bytes, list[int]] = {}  # page -> the findings about it (fixed when it is removed)
+        self.remove: dict[bytes, int] = {}  # page -> the first finding that makes it removable, in scan order
+        self.relink: dict[bytes, int] = {}  # page -> its missing_index finding
+        self.unlink: list[tuple[bytes, bytes, int]] = []  # (parent, child, finding) of dangling children entries
+        self.recount: list[int] = []  # counter_mismatch findings
+        self.fixed: set[int] = set()  # findings repaired
+
+    def add(self, kind: str, page_hash: bytes | None, detail: str, remove: bool = False) -> None:
+        """Record a finding; `remove`: the page under `page_hash` is provably corrupt or unreachable."""
+        i = len(self.items)
+        self.items.append(VerifyFinding(kind, None if page_hash is None else page_hash.hex(), detail))
+        if page_hash is not None and kind != "dangling_index" or remove:
+            self.by_page.setdefault(page_hash, []).append(i)
+        if remove:
+            self.remove.setdefault(page_hash, i)
 
 
 class LMDBStore:
@@ -1129,21 +1184,27 @@ class LMDBStore:
     # -- integrity ------------------------------------------------------------------------------------------
 
     def verify(self, repair: bool = False) -> VerifyReport:
-        """Scan every page (checksum, size, metadata, indexes) and every index and registry counter.
+        """Scan every page (checksum, size, hash, metadata, indexes), the prefix trees and the registry counters.
 
-        Pages are checked in chunks of VERIFY_CHUNK_PAGES, each in its own short read transaction, so a verify
-        of a large store never pins old pages while writers go on. `repair` drops pages that fail their checksum.
+        Payloads are checked in chunks of VERIFY_CHUNK_PAGES, each in its own short read transaction, so a verify
+        of a large store never pins old pages while writers go on. The tree, index and counter checks read one
+        snapshot of the metadata (never payloads): parents, children and counters only agree on one snapshot.
+
+        `repair` removes what is provably corrupt or unreachable (base.REPAIRS): each finding's page with every
+        page below it, dangling index entries, and recounts the registry. Every removal is rechecked inside its
+        write transaction (at most REPAIR_BATCH_PAGES records each) and listed in the report's `removals`; a
+        page that is sound and reachable from its namespace root is never removed.
         """
+        if repair:
+            self._check_writable()
         shared = self._live()
-        dbs = shared.dbs
-        findings: list[VerifyFinding] = []
-        bad: set[bytes] = set()
+        found = _Findings()
         layouts = {k: r.layout for k, r in self._layout_records().items()}
         checked = checked_bytes = 0
         after: bytes | None = None
         while True:
             with shared.read(buffers=True) as txn:
-                cur = txn.cursor(db=dbs.pages)
+                cur = txn.cursor(db=shared.dbs.pages)
                 positioned = cur.first() if after is None else cur.set_range(after)
                 if positioned and after is not None and bytes(cur.key()) == after:
                     positioned = cur.next()
@@ -1152,92 +1213,295 @@ class LMDBStore:
                     h, value = bytes(cur.key()), cur.value()
                     checked += 1
                     checked_bytes += len(value) - _HEADER
-                    self._verify_page(txn, h, value, layouts, findings, bad)
+                    self._verify_page(txn, h, value, layouts, found)
                     after = h
                     n += 1
                     positioned = cur.next()
             if not positioned:
                 break
-        self._verify_indexes(findings)
-        repaired = 0
-        if repair and bad:
-            with self._lock:
-                self._corrupt |= bad
-            before = self.stats().pages
-            self.flush()
-            repaired = before - self.stats().pages
-        return VerifyReport(not findings, checked, checked_bytes, findings, repaired)
+        kids = self._verify_tree(layouts, found)
+        if not repair:
+            return VerifyReport(not found.items, checked, checked_bytes, found.items)
+        removals = self._repair(found, kids, layouts)
+        items = [msgspec.structs.replace(f, repaired=True) if i in found.fixed else f
+                 for i, f in enumerate(found.items)]
+        return VerifyReport(not items, checked, checked_bytes, items, len(found.fixed), removals)
 
     def _verify_page(self, txn: lmdb.Transaction, h: bytes, value: Any, layouts: dict[bytes, KVLayout],
-                     findings: list[VerifyFinding], bad: set[bytes]) -> None:
+                     found: _Findings) -> None:
         dbs = self._shared.dbs
-        hx = h.hex()
         stored_sum = _U64.unpack_from(value)[0]
         payload = value[_HEADER:]
         if len(h) != PAGE_HASH_BYTES:
-            findings.append(VerifyFinding("dangling_index", hx, "a pages key that is not a page hash"))
+            found.add("dangling_index", h, "a pages key that is not a page hash", remove=True)
             return
         if self._checksum.of(payload, h) != stored_sum:
-            findings.append(VerifyFinding("checksum_mismatch", hx, "payload does not match its checksum"))
-            bad.add(h)
+            found.add("checksum_mismatch", h, "payload does not match its checksum", remove=True)
         raw = txn.get(h, db=dbs.meta)
         if raw is None:
-            findings.append(VerifyFinding("missing_meta", hx, "page without metadata"))
+            found.add("missing_meta", h, "page without metadata", remove=True)
             return
         meta = _dec_meta.decode(raw)
         if meta.checksum != stored_sum:
-            findings.append(VerifyFinding("checksum_mismatch", hx, "metadata checksum differs from the page's"))
-            bad.add(h)
+            found.add("checksum_mismatch", h, "metadata checksum differs from the page's", remove=True)
         if meta.nbytes != len(payload):
-            findings.append(VerifyFinding("size_mismatch", hx, f"{len(payload)} bytes stored, metadata says "
-                                                               f"{meta.nbytes}"))
+            found.add("size_mismatch", h, f"{len(payload)} bytes stored, metadata says {meta.nbytes}", remove=True)
+        if not _chains_to(h, meta):
+            found.add("hash_mismatch", h, f"not H(parent {meta.parent.hex()} || its {len(meta.tokens)} token "
+                                          f"bytes): a page filed under a wrong hash", remove=True)
         layout = layouts.get(meta.layout_id)
         if layout is None:
-            findings.append(VerifyFinding("unknown_layout", hx, f"layout {meta.layout_id.hex()} is not recorded"))
+            found.add("unknown_layout", h, f"layout {meta.layout_id.hex()} is not recorded")
         elif layout.bytes_per_page != len(payload):
-            findings.append(VerifyFinding("size_mismatch", hx, f"{len(payload)} bytes stored, layout "
-                                                               f"{layout.describe()} pages are "
-                                                               f"{layout.bytes_per_page}"))
+            found.add("size_mismatch", h, f"{len(payload)} bytes stored, layout {layout.describe()} pages are "
+                                          f"{layout.bytes_per_page}", remove=True)
         if txn.get(meta.ns_id, db=dbs.namespaces) is None:
-            findings.append(VerifyFinding("unknown_namespace", hx, f"namespace {meta.ns_id.hex()} not registered"))
+            found.add("unknown_namespace", h, f"namespace {meta.ns_id.hex()} not registered")
         cur = txn.cursor(db=dbs.children)
         if not cur.set_key_dup(meta.parent, h):
-            findings.append(VerifyFinding("missing_index", hx, "not listed under its parent in children"))
+            found.add("missing_index", h, "not listed under its parent in children")
+            found.relink.setdefault(h, len(found.items) - 1)
 
-    def _verify_indexes(self, findings: list[VerifyFinding]) -> None:
-        """Metadata without pages, index entries without pages, and registry counters: one consistent snapshot
-        of the (small) metadata, never of the payloads."""
+    def _verify_tree(self, layouts: dict[bytes, KVLayout], found: _Findings) -> dict[bytes, list[bytes]]:
+        """Metadata without pages, orphaned chains, namespace and layout tags against the chain, children entries
+        pointing nowhere, and registry counters: one snapshot of the metadata. Returns parent -> children as the
+        metadata says (what repair walks, besides the children index)."""
         shared = self._live()
         dbs = shared.dbs
-        with shared.read() as txn:
+        with shared.read(buffers=True) as txn:
+            pages = txn.cursor(db=dbs.pages)  # set_key positions without copying the payload
+            tree: dict[bytes, tuple[bytes, bytes, bytes, int]] = {}  # page -> (parent, ns id, layout id, nbytes)
             per_ns: dict[bytes, list[int]] = {}
             for key, raw in txn.cursor(db=dbs.meta):
                 h = bytes(key)
-                if txn.get(h, db=dbs.pages) is None:
-                    findings.append(VerifyFinding("missing_page", h.hex(), "metadata without a page"))
+                meta = _dec_meta.decode(raw)
+                tree[h] = (meta.parent, meta.ns_id, meta.layout_id, meta.nbytes)
+                if not pages.set_key(h):
+                    found.add("missing_page", h, "metadata without a page", remove=True)
                     continue
+                acc = per_ns.setdefault(meta.ns_id, [0, 0])
+                acc[0] += 1
+                acc[1] += meta.nbytes
+            registry = {bytes(k): _dec_ns.decode(v) for k, v in txn.cursor(db=dbs.namespaces)}
+            links = [(bytes(p), bytes(c)) for p, c in txn.cursor(db=dbs.children)]
+            totals = _dec_totals.decode(txn.get(b"totals", db=dbs.store))
+            # Every root a page may hang from: each (layout, namespace) pair the pages or the records name.
+            pairs = {(lay, ns) for _, ns, lay, _ in tree.values()} | {(lay, ns) for lay in layouts for ns in registry}
+            roots = {hash_root_of_id(lay, ns): (lay, ns) for lay, ns in pairs}
+            kids: dict[bytes, list[bytes]] = {}
+            for h, (parent, _, _, _) in tree.items():
+                kids.setdefault(parent, []).append(h)
+            for h, (parent, ns, lay, _) in tree.items():
+                up = tree.get(parent)
+                if up is not None:
+                    if (up[1], up[2]) != (ns, lay):
+                        found.add("namespace_mismatch", h, f"tagged namespace {ns.hex()} / layout {lay.hex()}, its "
+                                                           f"parent {parent.hex()} namespace {up[1].hex()} / "
+                                                           f"layout {up[2].hex()}", remove=True)
+                elif parent in roots:
+                    if roots[parent] != (lay, ns):
+                        other_lay, other_ns = roots[parent]
+                        found.add("namespace_mismatch", h, f"tagged namespace {ns.hex()} / layout {lay.hex()}, "
+                                                           f"its parent is the root of namespace {other_ns.hex()} "
+                                                           f"/ layout {other_lay.hex()}", remove=True)
+                elif not pages.set_key(parent):  # parent bytes without metadata: that page's finding covers it
+                    below, below_bytes = _subtree_size(h, kids, tree)
+                    found.add("orphan", h, f"parent {parent.hex()} is neither a stored page nor a namespace "
+                                           f"root: unreachable with the {below} page(s) ({below_bytes} bytes) "
+                                           f"below it", remove=True)
+        for parent, child in links:
+            up = tree.get(child)
+            if up is None or up[0] != parent:
+                why = ("names a page that is not stored" if up is None else
+                       f"files it under {parent.hex()}, its metadata names parent {up[0].hex()}")
+                found.add("dangling_index", child, f"children entry {why}")
+                found.unlink.append((parent, child, len(found.items) - 1))
+        stored_pages = sum(p for p, _ in per_ns.values())
+        stored_bytes = sum(b for _, b in per_ns.values())
+        for ns_id, record in registry.items():
+            n_pages, n_bytes = per_ns.get(ns_id, [0, 0])
+            if (record.pages, record.bytes) != (n_pages, n_bytes):
+                found.add("counter_mismatch", None, f"namespace {record.ns_id_hex}: registry says {record.pages} "
+                                                    f"pages / {record.bytes} bytes, store holds {n_pages} / "
+                                                    f"{n_bytes}")
+                found.recount.append(len(found.items) - 1)
+        if (totals.pages, totals.bytes) != (stored_pages, stored_bytes):
+            found.add("counter_mismatch", None, f"store totals say {totals.pages} pages / {totals.bytes} bytes, "
+                                                f"the store holds {stored_pages} / {stored_bytes}")
+            found.recount.append(len(found.items) - 1)
+        return kids
+
+    # -- repair ---------------------------------------------------------------------------------------------
+
+    def _repair(self, found: _Findings, kids: dict[bytes, list[bytes]],
+                layouts: dict[bytes, KVLayout]) -> list[VerifyRemoval]:
+        """Apply base.REPAIRS to what verify found; every removal is rechecked in its own write transaction."""
+        dbs = self._live().dbs
+        removals: list[VerifyRemoval] = []
+        removed: set[bytes] = set()
+        # Work items: (page, finding index, page it was reached from: None for the finding's own page).
+        work: list[tuple[bytes, int, bytes | None]] = [(h, i, None) for h, i in reversed(found.remove.items())]
+        while work:
+            work, batch = self._write(self._remove_pages(work, kids, layouts, found))
+            for r, h in batch:
+                removals.append(r)
+                removed.add(h)
+        for h in removed:
+            found.fixed.update(found.by_page.get(h, ()))
+        for start in range(0, len(found.unlink), REPAIR_BATCH_PAGES):
+            batch_links = found.unlink[start:start + REPAIR_BATCH_PAGES]
+
+            def unlink(txn: lmdb.Transaction, batch_links=batch_links) -> list[tuple[VerifyRemoval, int]]:
+                out = []
+                cur = txn.cursor(db=dbs.children)
+                for parent, child, i in batch_links:
+                    raw = txn.get(child, db=dbs.meta)
+                    if raw is not None and _dec_meta.decode(raw).parent == parent:
+                        continue  # the page was stored meanwhile: the entry is no longer dangling
+                    if cur.set_key_dup(parent, child):
+                        cur.delete()
+                        out.append((VerifyRemoval(found.items[i].kind, child.hex(), "index", 0), i))
+                    else:
+                        out.append((None, i))  # gone with a removed page
+                return out
+
+            for r, i in self._write(unlink):
+                if r is not None:
+                    removals.append(r)
+                found.fixed.add(i)
+        relink = [(h, i) for h, i in found.relink.items() if h not in removed]
+        for start in range(0, len(relink), REPAIR_BATCH_PAGES):
+            batch_pages = relink[start:start + REPAIR_BATCH_PAGES]
+
+            def add_links(txn: lmdb.Transaction, batch_pages=batch_pages) -> list[int]:
+                done = []
+                for h, i in batch_pages:
+                    raw = txn.get(h, db=dbs.meta)
+                    if raw is not None:
+                        txn.put(_dec_meta.decode(raw).parent, h, db=dbs.children, dupdata=True)
+                        done.append(i)
+                return done
+
+            found.fixed.update(self._write(add_links))
+        if removals or found.recount:
+            self._write(self._recount)
+            found.fixed.update(found.recount)
+        with self._lock:
+            self._corrupt -= removed  # gone: a writer may store them again
+        return removals
+
+    def _remove_pages(self, work: list[tuple[bytes, int, bytes | None]], kids: dict[bytes, list[bytes]],
+                      layouts: dict[bytes, KVLayout], found: _Findings
+                      ) -> Callable[[lmdb.Transaction], tuple[list, list[tuple[VerifyRemoval, bytes]]]]:
+        """A write-transaction body removing up to REPAIR_BATCH_PAGES pages of `work` (depth first: a removed
+        page's children join the work). Returns the work left and what it removed; `work` itself is left
+        untouched, so a rerun after a map resize starts over."""
+        dbs = self._shared.dbs
+
+        def body(txn: lmdb.Transaction) -> tuple[list, list[tuple[VerifyRemoval, bytes]]]:
+            stack = list(work)
+            out: list[tuple[VerifyRemoval, bytes]] = []
+            deltas: dict[bytes, _NsDelta] = {}
+            seen: set[bytes] = set()
+            links = txn.cursor(db=dbs.children)
+            freed_pages = freed_bytes = 0
+            while stack and len(out) < REPAIR_BATCH_PAGES:
+                h, i, via = stack.pop()
+                if h in seen:
+                    continue
+                seen.add(h)
+                if not (self._defect(txn, h, layouts) if via is None else self._below_removed(txn, h, via)):
+                    continue  # sound now (rewritten, re-linked, or gone meanwhile): left as it is
+                what, nbytes, counted = self._remove_records(txn, h, deltas)
+                freed_pages += counted
+                freed_bytes += nbytes if counted else 0
+                head = found.items[i].page_hash
+                out.append((VerifyRemoval(found.items[i].kind, h.hex(), what, nbytes,
+                                          None if via is None else head), h))
+                below = set(kids.get(h, ()))
+                if links.set_key(h):
+                    below.update(bytes(c) for c in links.iternext_dup(keys=False, values=True))
+                stack.extend((c, i, h) for c in below)
+            if freed_pages:
+                totals = _dec_totals.decode(txn.get(b"totals", db=dbs.store))
+                txn.put(b"totals", _enc.encode(StoreTotals(totals.pages - freed_pages, totals.bytes - freed_bytes)),
+                        db=dbs.store)
+                self._apply_deltas(txn, deltas, time.time())
+            return stack, out
+
+        return body
+
+    def _defect(self, txn: lmdb.Transaction, h: bytes, layouts: dict[bytes, KVLayout]) -> bool:
+        """Whether the records under `h` are provably corrupt or unreachable now: the check repair repeats inside
+        its write transaction before removing a finding's page."""
+        dbs = self._shared.dbs
+        value = txn.get(h, db=dbs.pages)
+        raw = txn.get(h, db=dbs.meta)
+        if value is None or raw is None or len(h) != PAGE_HASH_BYTES:
+            return value is not None or raw is not None  # half a page, or a key that is no page hash
+        meta = _dec_meta.decode(raw)
+        stored_sum = _U64.unpack_from(value)[0]
+        size = len(value) - _HEADER
+        layout = layouts.get(meta.layout_id)
+        if (self._checksum.of(memoryview(value)[_HEADER:], h) != stored_sum or meta.checksum != stored_sum
+                or meta.nbytes != size or (layout is not None and layout.bytes_per_page != size)
+                or not _chains_to(h, meta)):
+            return True
+        up = txn.get(meta.parent, db=dbs.meta)
+        if up is not None:
+            parent = _dec_meta.decode(up)
+            return (parent.ns_id, parent.layout_id) != (meta.ns_id, meta.layout_id)
+        if meta.parent == hash_root_of_id(meta.layout_id, meta.ns_id):
+            return False
+        # Not its own root: an orphan, or a child of another namespace's root; a parent with bytes but no
+        # metadata is that page's defect, and this page goes as part of its subtree.
+        return txn.get(meta.parent, db=dbs.pages) is None
+
+    def _below_removed(self, txn: lmdb.Transaction, h: bytes, via: bytes) -> bool:
+        """Whether `h` is a child of the removed page `via` (so unreachable now), checked in this transaction."""
+        dbs = self._shared.dbs
+        raw = txn.get(h, db=dbs.meta)
+        if raw is None or _dec_meta.decode(raw).parent != via:
+            return False  # not stored, or linked under `via` by a wrong index entry only (dangling_index)
+        return txn.get(via, db=dbs.meta) is None and txn.get(via, db=dbs.pages) is None
+
+    def _remove_records(self, txn: lmdb.Transaction, h: bytes, deltas: dict[bytes, _NsDelta]
+                        ) -> tuple[str, int, bool]:
+        """Delete whatever is stored under `h`: (what, payload bytes, whether it was a whole page the counters
+        hold, now taken off them via `deltas`)."""
+        dbs = self._shared.dbs
+        value = txn.get(h, db=dbs.pages)
+        raw = txn.get(h, db=dbs.meta)
+        if raw is None:
+            txn.delete(h, db=dbs.pages)
+            return "bytes", len(value) - _HEADER, False
+        meta = _dec_meta.decode(raw)
+        if value is None:
+            txn.delete(h, db=dbs.meta)
+            txn.delete(meta.parent, h, db=dbs.children)
+            return "meta", 0, False
+        self._drop_page(txn, h, meta, deltas)
+        return "page", meta.nbytes, True
+
+    def _recount(self, txn: lmdb.Transaction) -> None:
+        """Set every registry counter and the store totals from the pages stored (metadata and bytes both)."""
+        dbs = self._shared.dbs
+        pages = txn.cursor(db=dbs.pages)
+        per_ns: dict[bytes, list[int]] = {}
+        for key, raw in txn.cursor(db=dbs.meta):
+            if pages.set_key(bytes(key)):
                 meta = _dec_meta.decode(raw)
                 acc = per_ns.setdefault(meta.ns_id, [0, 0])
                 acc[0] += 1
                 acc[1] += meta.nbytes
-            for _, child in txn.cursor(db=dbs.children):
-                if txn.get(bytes(child), db=dbs.meta) is None:
-                    findings.append(VerifyFinding("dangling_index", bytes(child).hex(),
-                                                  "children names a page that is not stored"))
-            stored_pages = sum(p for p, _ in per_ns.values())
-            stored_bytes = sum(b for _, b in per_ns.values())
-            for key, raw in txn.cursor(db=dbs.namespaces):
-                record = _dec_ns.decode(raw)
-                pages, nbytes = per_ns.get(bytes(key), [0, 0])
-                if (record.pages, record.bytes) != (pages, nbytes):
-                    findings.append(VerifyFinding(
-                        "counter_mismatch", None, f"namespace {record.ns_id_hex}: registry says {record.pages} "
-                                                  f"pages / {record.bytes} bytes, store holds {pages} / {nbytes}"))
-            totals = _dec_totals.decode(txn.get(b"totals", db=dbs.store))
-            if (totals.pages, totals.bytes) != (stored_pages, stored_bytes):
-                findings.append(VerifyFinding(
-                    "counter_mismatch", None, f"store totals say {totals.pages} pages / {totals.bytes} bytes, "
-                                              f"the store holds {stored_pages} / {stored_bytes}"))
+        for key, raw in list(txn.cursor(db=dbs.namespaces)):
+            record = _dec_ns.decode(raw)
+            n_pages, n_bytes = per_ns.get(bytes(key), [0, 0])
+            if (record.pages, record.bytes) != (n_pages, n_bytes):
+                txn.put(bytes(key), _enc.encode(msgspec.structs.replace(record, pages=n_pages, bytes=n_bytes)),
+                        db=dbs.namespaces)
+        txn.put(b"totals", _enc.encode(StoreTotals(sum(p for p, _ in per_ns.values()),
+                                                   sum(b for _, b in per_ns.values()))), db=dbs.store)
 
     # -- lifetime -------------------------------------------------------------------------------------------
 
