@@ -12,6 +12,7 @@ from rich.table import Table
 
 from kvcache.audit import audit_snapshot
 from kvcache.snapshot import read_snapshot
+from kvcache.storage.base import VerifyRemoval
 
 from .common import (DEFAULT_STORE, EXIT_FOUND, EXIT_OK, JsonOpt, StoreOpt, DebugOpt, command, emit_json,
                      human_bytes, open_inspect, out)
@@ -36,10 +37,12 @@ class AuditOutput(msgspec.Struct):
 
     source: str  # "store" or "snapshot"
     location: str
-    ok: bool
-    violations: list[Finding]
+    ok: bool  # no violations (with --repair: none left after the repair)
+    violations: list[Finding]  # what the audit found (with --repair: what is left after the repair)
     checked: dict[str, int]
-    repaired: int = 0
+    repaired: int = 0  # findings fixed by --repair
+    repaired_violations: list[Finding] = []  # with --repair: what was found before the repair
+    removals: list[VerifyRemoval] = []  # every record --repair removed, one entry each
 
 
 @command
@@ -81,28 +84,49 @@ def _store_audit(location: str, repair: bool) -> AuditOutput:
     store = open_inspect(location, writable=repair)
     try:
         report = store.verify(repair=repair)
+        after = store.verify() if repair and not report.ok else report  # exit code and `ok` speak of what is left
     finally:
         store.close()
-    findings = [Finding(f.kind, f.detail, page_hash=f.page_hash) for f in report.findings]
     checked = {"pages": report.pages_checked, "bytes": report.bytes_checked}
-    return AuditOutput("store", location, report.ok, findings, checked, report.repaired)
+    left = [Finding(f.kind, f.detail, page_hash=f.page_hash) for f in after.findings]
+    if not repair:
+        return AuditOutput("store", location, report.ok, left, checked)
+    found = [Finding(f.kind, f.detail, page_hash=f.page_hash) for f in report.findings]
+    return AuditOutput("store", location, after.ok, left, checked, report.repaired, found, report.removals)
 
 
 def _render(result: AuditOutput) -> None:
     summary = Table(title=f"kvc audit — {result.source} {result.location}", show_header=False)
     summary.add_column(style="bold")
     summary.add_column()
+    if result.repaired_violations:
+        summary.add_row("found", f"[yellow]{len(result.repaired_violations)} violation(s)[/], "
+                                 f"{result.repaired} repaired")
     summary.add_row("result", "[green]ok[/]" if result.ok else f"[red]{len(result.violations)} violation(s)[/]")
     for name, value in result.checked.items():
         summary.add_row(f"checked {name}", human_bytes(value) if name == "bytes" else f"{value:,}")
     if result.repaired:
         summary.add_row("repaired", f"{result.repaired:,}")
     out.print(summary)
+    _render_groups(result.repaired_violations, "repaired: ")
+    _render_groups(result.violations, "")
+    if result.removals:
+        table = Table(title=f"removed by --repair ({len(result.removals)})", title_justify="left")
+        for col in ("page", "what", "finding", "bytes", "below"):
+            table.add_column(col)
+        for r in result.removals[:100]:
+            table.add_row(r.page_hash[:16], r.what, r.kind, human_bytes(r.nbytes), (r.below or "-")[:16])
+        if len(result.removals) > 100:
+            table.add_row("…", f"{len(result.removals) - 100} more (use --json for all)", "", "", "")
+        out.print(table)
+
+
+def _render_groups(findings: list[Finding], prefix: str) -> None:
     groups: dict[str, list[Finding]] = defaultdict(list)
-    for f in result.violations:
+    for f in findings:
         groups[f.kind].append(f)
     for kind, items in sorted(groups.items()):
-        table = Table(title=f"{kind} ({len(items)})", title_justify="left")
+        table = Table(title=f"{prefix}{kind} ({len(items)})", title_justify="left")
         table.add_column("where")
         table.add_column("detail")
         for f in items[:50]:

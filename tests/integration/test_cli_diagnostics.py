@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -125,7 +126,9 @@ def test_store_audit_finds_a_corrupted_page_and_repair_removes_it(store_path):
     human = invoke("audit", "--store", store_path)
     assert human.exit_code == 1 and "checksum_mismatch" in human.stdout
     repaired = invoke("audit", "--store", store_path, "--repair", "--json")
-    assert json.loads(repaired.stdout)["repaired"] >= 1
+    doc = json.loads(repaired.stdout)
+    assert repaired.exit_code == 0 and doc["ok"] and doc["violations"] == [] and doc["repaired"] >= 1
+    assert "checksum_mismatch" in {v["kind"] for v in doc["repaired_violations"]} and doc["removals"]
     assert invoke("audit", "--store", store_path).exit_code == 0
 
 
@@ -168,3 +171,26 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, case):
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.startswith("kvc: error: ") and len(out.stderr.strip().splitlines()) == 1
     assert "Traceback" not in out.stderr
+
+
+def test_store_audit_finds_an_orphan_chain_and_repair_removes_only_it(store_path):
+    import os
+
+    from kvcache import open_store, page_origins
+    from kvcache.keys import pack_tokens
+
+    store = open_store(store_path, make_layout(4))
+    # a writer whose parent page was evicted meanwhile files a chain under a parent the store does not hold
+    hashes, origins = page_origins(store.layout, pack_tokens(range(500, 512)), Namespace("t1", SALTS["t1"]),
+                                   parent=os.urandom(16))
+    store.put(hashes, [np.zeros(64, dtype=np.uint8)] * 3, origins)
+    store.close()
+    found = kvc("audit", "--store", store_path, "--json")
+    doc = json.loads(found.stdout)
+    assert found.returncode == 1 and [v["kind"] for v in doc["violations"]] == ["orphan"]
+    assert doc["violations"][0]["page_hash"] == hashes[0].hex()
+    repaired = invoke("audit", "--store", store_path, "--repair")
+    assert repaired.exit_code == 0 and "removed by --repair (3)" in repaired.stdout  # nothing left: exit 0
+    assert "repaired: orphan (1)" in repaired.stdout
+    clean = kvc("audit", "--store", store_path, "--json")
+    assert clean.returncode == 0 and json.loads(clean.stdout)["checked"]["pages"] == 36  # the valid pages stay
