@@ -827,7 +827,7 @@ class LMDBStore:
                                f"{len(pages)} pages, {len(origins)} origins")
         check_page_hashes(hashes)
         nbytes, step = layout.bytes_per_page, layout.page_size * TOKEN_BYTES
-        views, sums = [], []
+        views = []
         for h, page, origin in zip(hashes, pages, origins):
             mv = _page_bytes(page)
             if len(mv) != nbytes:
@@ -837,14 +837,21 @@ class LMDBStore:
             if extend_chain(origin.parent, origin.tokens, layout.page_size)[0] != h:
                 raise InvalidInput(f"page {h.hex()} is not the hash of its parent and tokens in this origin")
             views.append(mv)
-            sums.append(self._checksum.of(mv, h))
         if not hashes:
             return PutResult(0, 0, 0, 0, 0)
+        batch_ns = {h: o.namespace.id for h, o in zip(hashes, origins)}
+        for h, origin in zip(hashes, origins):
+            up = batch_ns.get(origin.parent)
+            if up is not None and up != origin.namespace.id:
+                raise InvalidInput(f"page {h.hex()}: its parent in this batch is in another namespace than "
+                                   f"{origin.namespace.label}")
         shared = self._live()
         dbs, layout_id = shared.dbs, layout.layout_id
         roots = {ns.id: hash_root(layout_id, ns) for ns in {o.namespace for o in origins}}
         scratch = bytearray(_HEADER + nbytes)
         value = memoryview(scratch)
+        payload = value[_HEADER:]
+        digest, seeds = self._checksum.digest, self._checksum.seeds(hashes)
         pending, corrupt = self._take_pending()
 
         def body(txn: lmdb.Transaction) -> PutResult:
@@ -855,16 +862,19 @@ class LMDBStore:
             dropped = self._drop_corrupt(txn, corrupt, deltas)
             self._apply_access(txn, pending, deltas)
             seen: set[bytes] = set()
+            fresh: set[bytes] = set()  # pages of this batch not stored before it
             new = []
             for i, h in enumerate(hashes):
                 if h in seen or txn.get(h, db=dbs.meta) is not None:
                     seen.add(h)
                     continue
                 seen.add(h)
+                fresh.add(h)
                 new.append(i)
                 origin = origins[i]
-                if origin.parent != roots[origin.namespace.id]:
-                    # The chain check above cannot see the namespace; a stored parent can.
+                if origin.parent != roots[origin.namespace.id] and origin.parent not in fresh:
+                    # The chain check above cannot see the namespace; a stored parent can (a parent new in this
+                    # batch was checked against the batch before the transaction).
                     raw = txn.get(origin.parent, db=dbs.meta)
                     if raw is not None and _dec_meta.decode(raw).ns_id != origin.namespace.id:
                         raise InvalidInput(f"page {h.hex()}: its parent is in another namespace than "
@@ -911,11 +921,14 @@ class LMDBStore:
             links: list[tuple[bytes, bytes]] = []
             for i in accepted:
                 h, origin = hashes[i], origins[i]
-                _U64.pack_into(scratch, 0, sums[i])
-                value[_HEADER:] = views[i]
+                # The checksum is taken of the copy, still in cache: one read of the caller's page instead of
+                # two, and what is summed is exactly what is stored even if the caller's buffer changes meanwhile.
+                payload[:] = views[i]
+                checksum = digest(payload, seeds[i])
+                _U64.pack_into(scratch, 0, checksum)
                 txn.put(h, value, db=dbs.pages)
                 ns_id = origin.namespace.id
-                meta = PageMeta(ns_id, layout_id, origin.parent, origin.tokens, nbytes, sums[i], now, now, 0)
+                meta = PageMeta(ns_id, layout_id, origin.parent, origin.tokens, nbytes, checksum, now, now, 0)
                 metas.append((h, _enc.encode(meta)))
                 links.append((origin.parent, h))
                 d = deltas.get(ns_id) or deltas.setdefault(ns_id, _NsDelta())

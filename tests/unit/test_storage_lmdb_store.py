@@ -242,6 +242,11 @@ def test_put_rejects_malformed_batches(store, path):
     foreign, forigins = page_origins(LAYOUT, pack_tokens(range(4, 8)), NS2, parent=hashes[0])
     with pytest.raises(InvalidInput, match="another namespace"):
         store.put(foreign, [payload(foreign[0])], forigins)
+    # ... and under another namespace than its parent's in the same batch (the parent not stored yet).
+    fresh, fresh_origins = page_origins(LAYOUT, pack_tokens(range(100, 108)), NS)
+    mixed = [fresh_origins[0], PageOrigin(NS2, fresh_origins[1].parent, fresh_origins[1].tokens)]
+    with pytest.raises(InvalidInput, match="another namespace"):
+        store.put(fresh, [payload(h) for h in fresh], mixed)
     with LMDBStore.open(path) as no_layout, pytest.raises(InvalidInput, match="layout"):
         no_layout.put(hashes, good, origins)
     assert store.stats().pages == 1 and store.verify().ok
