@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,7 +25,8 @@ from kvcache.keys import pack_tokens
 from kvcache.layout import KVLayout
 from kvcache.namespace import Namespace
 from kvcache.storage import lmdb_store
-from kvcache.storage.base import REPAIRS, VERIFY_KINDS, NamespaceRecord, PageMeta, page_origins
+from kvcache.storage.base import (REPAIRS, VERIFY_KINDS, CapacityPolicy, NamespaceRecord, PageMeta,
+                                  page_origins)
 from kvcache.storage.lmdb_store import LMDBStore, StoreTotals
 
 LAYOUT = KVLayout("verify-model@r1", layers=2, kv_heads=2, head_dim=16, dtype="float16", page_size=4)  # 1 KiB pages
@@ -346,3 +348,38 @@ def test_repair_needs_a_writable_handle(path, chains):
         assert not s.verify().ok
         with pytest.raises(StoreReadOnly):
             s.verify(repair=True)
+
+
+def test_a_healthy_store_under_concurrent_writes_and_eviction_verifies_clean(path, chains):
+    """Every check sees one consistent state (payload chunks check their metadata in the same transaction; the
+    tree, index and counter checks read one snapshot), and repair rechecks in its own write transactions: a
+    writer evicting and adding pages meanwhile yields no finding and no removal."""
+    stop, warmed = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def churn() -> None:
+        try:
+            with LMDBStore.open(path, LAYOUT, capacity=CapacityPolicy(capacity_bytes=40 * PAGE)) as w:
+                k = 0
+                while not stop.is_set():
+                    write(w, range(1000 + 12 * k, 1012 + 12 * k), NS if k % 2 else NS2)
+                    k += 1
+                    if k == 8:  # 24 + 8 x 3 pages: past the capacity, evicting from here on
+                        warmed.set()
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+        finally:
+            warmed.set()  # never leave the verifying side waiting
+
+    with LMDBStore.open(path, LAYOUT) as s:
+        writer = threading.Thread(target=churn)
+        writer.start()
+        try:
+            warmed.wait()
+            reports = [s.verify(repair=i % 2 == 1) for i in range(20)]
+        finally:
+            stop.set()
+            writer.join()
+        assert errors == []
+        assert [(r.findings, r.removals) for r in reports] == [([], [])] * 20
+        assert s.verify().ok and s.stats().pages <= 40
