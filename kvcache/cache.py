@@ -629,7 +629,11 @@ class TieredCache:
                 hashes.append(node_hashes[i])
                 views.append(rows[page])
                 origins.append(PageOrigin(node.namespace, parents[i], node.key[i * step:(i + 1) * step]))
-        job = StorageWriteJob(self._next_op, nodes, hashes, views, origins, self.config.io_batch_pages)
+        first_parent = nodes[0].parent
+        check_parent = first_parent is not None and first_parent.parent is not None \
+            and not first_parent.is_namespace_root
+        job = StorageWriteJob(self._next_op, nodes, hashes, views, origins, self.config.io_batch_pages,
+                              check_parent)
         self._next_op += 1
         for n in nodes:
             n.host_pins += 1  # the host copy is being read; the device copy may still be evicted
@@ -660,8 +664,15 @@ class TieredCache:
         bs.storage_pages += job.at - job.rejected if job.error is None else 0
         bs.storage_bytes += (job.at - job.rejected) * self.host_pool.page_bytes if job.error is None else 0  # type: ignore
         for node in job.nodes:
-            node.stored = node.stored or ok
+            node.stored = node.stored or (ok and not job.parent_missing)
             self._unpin(node, job)
+        if job.parent_missing:
+            # L3 evicted a page above these nodes since it was written: the path is written again from its host
+            # copies (backed nodes form a prefix, so every ancestor has one), root first.
+            bs.storage_rewrites += 1
+            for node in self.tree.path(job.nodes[0]):
+                node.stored = False
+            self._start_storage_write(self._unstored_path(job.nodes[-1], 0))
 
     def _tier_hits(self, ns: Namespace) -> TierHits:
         hits = self._hits.get(ns.id)

@@ -65,6 +65,7 @@ class BackupStats(msgspec.Struct):
     storage_bytes: int = 0
     storage_failed: int = 0  # writes that failed on an L3 fault (nodes left intact, not marked stored)
     storage_rejected: int = 0  # pages the store refused for lack of capacity
+    storage_rewrites: int = 0  # paths written again because L3 had evicted a page above them
 
 
 class CacheStats(msgspec.Struct):

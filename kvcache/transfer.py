@@ -137,7 +137,7 @@ class StorageWriteJob:
     owning their host copies — but pins the nodes until the store has acknowledged every page."""
 
     def __init__(self, ident: int, nodes: list[TreeNode], hashes: list[bytes], views: list,
-                 origins: list, batch: int) -> None:
+                 origins: list, batch: int, check_parent: bool) -> None:
         self.id = ident
         self.owner = owner_code(OwnerKind.OP_STORAGE_WRITE, ident)  # names this write in audits; owns no page
         self.nodes = nodes  # pinned until `poll` takes the finished job back
@@ -147,11 +147,18 @@ class StorageWriteJob:
         self.batch = batch
         self.at = 0  # pages put so far
         self.rejected = 0  # pages the store refused for lack of capacity
+        # The first page's parent is a stored page (not the namespace root) that L3 may have evicted since it was
+        # written; writing below a missing parent would leave an unreachable (orphan) chain in the store.
+        self.check_parent = check_parent
+        self.parent_missing = False
         self.finished = False
         self.error: BaseException | None = None
 
     def step(self, store) -> bool:
         """Put one batch; True when more remain."""
+        if self.at == 0 and self.check_parent and store.exists_prefix([self.origins[0].parent]) == 0:
+            self.parent_missing = True
+            return False
         end = min(self.at + self.batch, len(self.hashes))
         result = store.put(self.hashes[self.at:end], self.views[self.at:end], self.origins[self.at:end])
         self.rejected += result.rejected

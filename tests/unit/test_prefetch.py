@@ -223,3 +223,20 @@ def test_failed_l3_write_is_counted_and_leaves_the_node(tmp_path):
     m = c.match(Request("q", TOKENS, T1))
     assert m.device_tokens == 64 and not m.device_node.stored and c.audit().ok
     ro.close()
+
+
+def test_l3_write_below_an_evicted_parent_rewrites_the_path(store):
+    c = l3_cache(store)
+    serve(c, Request("a", TOKENS[:32], T1))
+    c.flush()
+    assert store.delete_namespace(T1.id).pages == 8  # L3 loses the parent pages; the tree still says "stored"
+    serve(c, Request("b", TOKENS, T1))
+    c.flush()
+    assert c.stats().backup.storage_rewrites == 1
+    assert store.verify().ok  # no orphan chain below the missing parent: the whole path was written again
+    d = l3_cache(store)
+    req = Request("r", TOKENS, T1)
+    d.prefetch(req)
+    d.flush()
+    adm, ok = serve(d, req)
+    assert adm.cached_tokens == 64 and ok
