@@ -270,7 +270,7 @@ def _after_fork_in_child() -> None:
         if shared._active == 0:
             try:
                 shared.env.close()
-            except lmdb.Error:
+            except lmdb.Error:  # closing is best effort: the environment is being dropped either way
                 pass
     _ENVS.clear()
 
