@@ -1175,24 +1175,28 @@ class LMDBStore:
     def _pages_of(self, ns_id: bytes) -> list[bytes]:
         """Hashes of the stored pages of one namespace: a scan of `meta`, VERIFY_CHUNK_PAGES x 16 per read txn."""
         shared = self._live()
-        found: list[bytes] = []
+        return [h for _, h, value in self._scan(shared.dbs.meta, VERIFY_CHUNK_PAGES * 16)
+                if _dec_meta.decode(value).ns_id == ns_id]
+
+    def _scan(self, db: Any, chunk: int) -> Iterator[tuple[lmdb.Transaction, bytes, Any]]:
+        """Every (txn, key, value) of `db` in key order, `chunk` entries per short read transaction (a long one
+        pins old pages while writers go on). `value` is a zero-copy view: use it before the next item."""
+        shared = self._live()
         after: bytes | None = None
-        chunk = VERIFY_CHUNK_PAGES * 16
         while True:
             with shared.read(buffers=True) as txn:
-                cur = txn.cursor(db=shared.dbs.meta)
+                cur = txn.cursor(db=db)
                 positioned = cur.first() if after is None else cur.set_range(after)
                 if positioned and after is not None and bytes(cur.key()) == after:
                     positioned = cur.next()
                 n = 0
                 while positioned and n < chunk:
                     after = bytes(cur.key())
-                    if _dec_meta.decode(cur.value()).ns_id == ns_id:
-                        found.append(after)
+                    yield txn, after, cur.value()
                     n += 1
                     positioned = cur.next()
             if not positioned:
-                return found
+                return
 
     # -- integrity ------------------------------------------------------------------------------------------
 
@@ -1214,24 +1218,10 @@ class LMDBStore:
         found = _Findings()
         layouts = {k: r.layout for k, r in self._layout_records().items()}
         checked = checked_bytes = 0
-        after: bytes | None = None
-        while True:
-            with shared.read(buffers=True) as txn:
-                cur = txn.cursor(db=shared.dbs.pages)
-                positioned = cur.first() if after is None else cur.set_range(after)
-                if positioned and after is not None and bytes(cur.key()) == after:
-                    positioned = cur.next()
-                n = 0
-                while positioned and n < VERIFY_CHUNK_PAGES:
-                    h, value = bytes(cur.key()), cur.value()
-                    checked += 1
-                    checked_bytes += len(value) - _HEADER
-                    self._verify_page(txn, h, value, layouts, found)
-                    after = h
-                    n += 1
-                    positioned = cur.next()
-            if not positioned:
-                break
+        for txn, h, value in self._scan(shared.dbs.pages, VERIFY_CHUNK_PAGES):
+            checked += 1
+            checked_bytes += len(value) - _HEADER
+            self._verify_page(txn, h, value, layouts, found)
         kids = self._verify_tree(layouts, found)
         if not repair:
             return VerifyReport(not found.items, checked, checked_bytes, found.items)
