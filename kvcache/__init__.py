@@ -9,19 +9,23 @@ from .audit import AuditReport, Violation, ViolationKind
 from .cache import Admission, AdmitStatus, CommitResult, EvictResult, TieredCache
 from .config import CacheConfig, HostMode, PrefetchPolicy, WritePolicy
 from .errors import (DoubleFree, InvalidConfig, InvalidInput, InvalidLayout, InvalidNamespace, InvalidTokens,
-                     InvariantViolation, KVCacheError, LayoutMismatch, LockUnderflow, NamespaceMismatch, NotAStore,
-                     OwnershipError, StoreError, StoreFull, StoreReadOnly, StoreUnsupported, UnknownBackend,
-                     UnknownRequest)
+                     InvalidTrace, InvariantViolation, KVCacheError, LayoutMismatch, LockUnderflow,
+                     NamespaceMismatch, NotAStore, OwnershipError, StoreError, StoreFull, StoreReadOnly,
+                     StoreUnsupported, UnknownBackend, UnknownRequest)
 from .keys import RadixKey, page_hashes
+from .kvdata import SyntheticKV
 from .layout import KVLayout
 from .namespace import Namespace, NamespaceInfo
 from .owners import Owner, OwnerKind
-from .prefetch import DeclineReason, DropReason, PrefetchOutcome
+from .prefetch import DeclineReason, DropReason, PrefetchOutcome, SettledPrefetch
+from .replay import NamespaceReplay, Replayer, ReplayReport, TierTokens, VerifyMismatch, replay
 from .request import Request
 from .staging import StagedView
 from .stats import BackupStats, CacheCounters, CacheStats, PrefetchStats, TierHits
 from .storage.base import L3Store, open_store, page_origins
 from .tree import TreeMatch
+from .warm import WarmResult, warm_namespace
+from .workload import TraceRequest, WorkloadSpec, generate, read_trace, write_trace
 
 __all__ = [
     "Admission", "AdmitStatus", "AuditReport", "BackupStats", "CacheConfig", "CacheCounters", "CacheStats",
@@ -29,9 +33,13 @@ __all__ = [
     "NamespaceInfo", "Owner", "OwnerKind", "PrefetchOutcome", "PrefetchPolicy", "PrefetchStats", "RadixKey",
     "Request", "StagedView", "TierHits", "TieredCache", "TreeMatch", "Violation", "ViolationKind", "WritePolicy",
     "page_hashes", "L3Store", "open_store", "page_origins",
+    "SettledPrefetch", "SyntheticKV", "WarmResult", "warm_namespace",
+    # workloads and the replay driver
+    "TraceRequest", "WorkloadSpec", "generate", "read_trace", "write_trace",
+    "NamespaceReplay", "Replayer", "ReplayReport", "TierTokens", "VerifyMismatch", "replay",
     # errors
     "DoubleFree", "InvalidConfig", "InvalidInput", "InvalidLayout", "InvalidNamespace", "InvalidTokens",
-    "InvariantViolation", "KVCacheError", "LayoutMismatch", "LockUnderflow", "NamespaceMismatch", "NotAStore",
-    "OwnershipError", "StoreError", "StoreFull", "StoreReadOnly", "StoreUnsupported", "UnknownBackend",
+    "InvalidTrace", "InvariantViolation", "KVCacheError", "LayoutMismatch", "LockUnderflow", "NamespaceMismatch",
+    "NotAStore", "OwnershipError", "StoreError", "StoreFull", "StoreReadOnly", "StoreUnsupported", "UnknownBackend",
     "UnknownRequest",
 ]

@@ -32,7 +32,8 @@ from .keys import TOKEN_BYTES, RadixKey, page_hashes
 from .namespace import Namespace
 from .owners import FREE_CODE, OwnerKind, owner_code
 from .pools import SlotPool
-from .prefetch import (CheckJob, DeclineReason, DropReason, FetchJob, PrefetchOp, PrefetchOutcome, PrefetchState)
+from .prefetch import (CheckJob, DeclineReason, DropReason, FetchJob, PrefetchOp, PrefetchOutcome, PrefetchState,
+                       SettledPrefetch)
 from .request import Request
 from .snapshot import Snapshot, take_snapshot, write_snapshot
 from .staging import StagedPrefetch
@@ -62,6 +63,10 @@ class Admission(msgspec.Struct):
     loaded_back_tokens: int = 0  # of those, tokens loaded back from the host tier by this admit
     new_tokens: int = 0  # tokens the forward must compute
     slots: np.ndarray = _EMPTY  # device slot index of every token of the request, in order
+    # cached_tokens by the tier they came from (sum = cached_tokens); the same split as CacheStats.hits
+    device_hit_tokens: int = 0  # on the device before this admit
+    host_hit_tokens: int = 0  # loaded back from host copies that predate the request's prefetch
+    storage_hit_tokens: int = 0  # fetched from L3 by the request's prefetch (then loaded back or spliced)
 
 
 class CommitResult(msgspec.Struct):
@@ -191,12 +196,14 @@ class TieredCache:
         self.counters.admitted += 1
         self.counters.loaded_back_tokens += loaded
         storage_tokens = min(from_storage * self.page_size, cached_tokens - m.device_tokens)
+        host_tokens = cached_tokens - m.device_tokens - storage_tokens
         hits = self._tier_hits(request.namespace)
         hits.device += m.device_tokens
-        hits.host += cached_tokens - m.device_tokens - storage_tokens
+        hits.host += host_tokens
         hits.storage += storage_tokens
         slots = self.device_pool.slots(np.concatenate([cached, fresh]) if len(cached) else fresh)[: len(request)]
-        return Admission(rid, AdmitStatus.ADMITTED, cached_tokens, loaded, new_tokens, slots)
+        return Admission(rid, AdmitStatus.ADMITTED, cached_tokens, loaded, new_tokens, slots, m.device_tokens,
+                         host_tokens, storage_tokens)
 
     def commit(self, rid: str) -> CommitResult:
         """The forward wrote the request's KV: insert its whole pages into the tree (the tree's owners free
@@ -395,6 +402,18 @@ class TieredCache:
         return PrefetchOutcome(rid, True, None, op.id, start_page * self.page_size, span * self.page_size,
                                ns.info())
 
+    def settle_prefetch(self, rid: str) -> SettledPrefetch:
+        """Finish a request's prefetch now, without admitting it, per the prefetch policy: cache mode inserts
+        what arrived as host-only nodes under the request's namespace; buffer mode parks it as the request's
+        staged record (see `staged_records`), consumed by its admit or dropped by `release`. How operators warm
+        L2 before traffic arrives."""
+        op = self._prefetches.pop(rid, None)
+        if op is None:
+            raise UnknownRequest(rid, "has no prefetch to settle")
+        inserted = self._settle_prefetch(op)
+        return SettledPrefetch(rid, op.id, op.hit, op.fetched, inserted, rid in self._staged,
+                               time.monotonic() - op.created, op.namespace.info())
+
     def prefetch_ops(self) -> list[PrefetchOp]:
         """Prefetches not yet settled by admission or abort."""
         return list(self._prefetches.values())
@@ -434,6 +453,7 @@ class TieredCache:
             log.warning("prefetch %s of request %s: L3 read failed: %s", op.id, op.rid, job.error)
         if isinstance(job, CheckJob) and job.hit and not op.terminated:
             st.hit_pages += job.hit
+            op.hit = max(op.hit, op.fetched + job.hit)
             room = self.config.prefetch_max_host_pages - self._prefetch_pages
             n = min(job.hit, room)
             pages = self._alloc(self.host_pool, n, op.owner) if n > 0 else None  # type: ignore[arg-type]

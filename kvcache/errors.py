@@ -9,7 +9,8 @@ either bad input from the caller, a broken invariant, or a storage fault the cal
     │   ├── InvalidTokens             a token outside 0 <= t < 2**32, or not an integer
     │   ├── InvalidLayout             a KVLayout field out of range, an unknown dtype
     │   ├── InvalidConfig             a CacheConfig that cannot be built (pool sizes, policy)
-    │   └── UnknownRequest            a request id that is not live (commit/release), or live twice (admit)
+    │   ├── UnknownRequest            a request id that is not live (commit/release), or live twice (admit)
+    │   └── InvalidTrace              a workload trace line that is not a valid request (names the line)
     ├── InvariantViolation            kvcache's own bookkeeping is broken: fail loudly, never continue silently
     │   ├── OwnershipError            a ledger move whose source owner is not the slot's current owner
     │   │   └── DoubleFree            ... because the slot is already FREE
@@ -57,6 +58,15 @@ class UnknownRequest(InvalidInput):
     def __init__(self, rid: str, why: str) -> None:
         self.rid = rid
         super().__init__(f"request {rid!r}: {why}")
+
+
+class InvalidTrace(InvalidInput):
+    """A line of a JSONL workload trace that is not a valid request: carries the source and the line number."""
+
+    def __init__(self, source: str, line: int, why: str) -> None:
+        self.source = source
+        self.line = line
+        super().__init__(f"{source}:{line}: {why}")
 
 
 class InvariantViolation(KVCacheError):

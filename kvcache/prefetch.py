@@ -74,11 +74,24 @@ class PrefetchOutcome(msgspec.Struct):
     namespace: NamespaceInfo | None = None  # the request's namespace, as printable fields
 
 
+class SettledPrefetch(msgspec.Struct):
+    """What `TieredCache.settle_prefetch` did with a request's prefetch, before any admission."""
+
+    rid: str
+    op_id: int
+    hit_pages: int  # pages of the span the store reported present
+    fetched_pages: int  # pages that arrived in L2
+    inserted_pages: int  # cache mode: pages now in the tree as host-only nodes (fetched minus duplicates)
+    staged: bool  # buffer mode: the pages are parked as the request's staged record
+    seconds: float  # issue to settle
+    namespace: NamespaceInfo  # the request's
+
+
 class PrefetchOp:
     """An L3 -> L2 prefetch for one request. Owns its host pages (Op(prefetch)) until admission or abort."""
 
     __slots__ = ("id", "owner", "rid", "namespace", "key", "start_page", "hashes", "anchor", "pages", "fetched",
-                 "attempts", "state", "lock", "terminated", "next_attempt", "created", "job")
+                 "attempts", "state", "lock", "terminated", "next_attempt", "created", "job", "hit")
 
     def __init__(self, ident: int, rid: str, key: RadixKey, start_page: int, hashes: list[bytes],
                  anchor: TreeNode) -> None:
@@ -99,6 +112,7 @@ class PrefetchOp:
         self.next_attempt = 0.0  # monotonic seconds when a WAITING op is re-armed
         self.created = time.monotonic()
         self.job: CheckJob | FetchJob | None = None  # the job in flight, if any
+        self.hit = 0  # pages of the span the store reported present (the longest run seen by any attempt)
 
     @property
     def wanted(self) -> int:
