@@ -30,10 +30,18 @@ def _print_version(value: bool) -> None:
 
 
 def _register() -> None:
-    from . import audit_cmd, ns_cmd, stats_cmd
+    from . import audit_cmd, demo_cmd, init_cmd, ns_cmd, put_cmd, replay_cmd, request_cmd, stats_cmd
 
-    app.command("audit")(audit_cmd.audit)
+    app.command("init")(init_cmd.init)
+    app.command("put")(put_cmd.put)
+    app.command("prefetch")(request_cmd.prefetch)
+    app.command("stage")(request_cmd.stage)
+    app.command("load-back")(request_cmd.load_back)
+    app.command("replay")(replay_cmd.replay)
+    app.command("generate")(replay_cmd.generate)
+    app.command("demo")(demo_cmd.demo)
     app.add_typer(ns_cmd.app, name="ns")
+    app.command("audit")(audit_cmd.audit)
     app.command("stats")(stats_cmd.stats)
 
 

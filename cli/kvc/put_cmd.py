@@ -1,0 +1,115 @@
+"""`kvc put`: write the pages of one token sequence to L3 — synthetic KV, or real KV from a tensor file."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+import torch
+import typer
+
+from kvcache import KVLayout, NamespaceInfo, page_origins
+from kvcache.keys import pack_tokens
+from kvcache.kvdata import SyntheticKV
+
+from .common import (DEFAULT_STORE, DebugOpt, ExtraKeyOpt, JsonOpt, SaltOpt, StoreOpt, TokensFileOpt, TokensOpt,
+                     UsageError, command, emit_json, human_bytes, namespace_arg, open_for_cache, out, progress,
+                     tokens_arg)
+
+BATCH_PAGES = 64  # pages per store.put: one write transaction each
+
+
+class PutOutput(msgspec.Struct):
+    """`kvc put --json`."""
+
+    namespace: NamespaceInfo
+    requested_tokens: int  # tokens given
+    pages: int  # whole pages of them (a partial tail page is not stored)
+    written: int  # pages newly stored
+    existing: int  # pages the store already held (content-addressed: unchanged)
+    rejected: int  # pages over the store's capacity or the namespace's quota
+    bytes: int  # payload bytes newly written
+    seconds: float
+    kv: str  # "synthetic" (a function of each page hash; `kvc load-back` and replays can verify it) or "file"
+
+
+@command
+def put(
+    store: StoreOpt = DEFAULT_STORE,
+    extra_key: ExtraKeyOpt = None,
+    salt: SaltOpt = None,
+    tokens: TokensOpt = None,
+    tokens_file: TokensFileOpt = None,
+    kv_file: Annotated[Path | None, typer.Option(
+        "--kv-file", help="Real KV to store instead of synthetic: a torch .pt file (or .safetensors with one "
+        "tensor) of shape [tokens, ...] whose bytes per token match the store's layout.")] = None,
+    json: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Write the whole pages of one token sequence to the store, under the namespace given by --extra-key and
+    --salt. Pages the store already holds are left as they are."""
+    ids = tokens_arg(tokens, tokens_file)
+    if ids is None:
+        raise UsageError("give the sequence with --tokens or --tokens-file")
+    ns = namespace_arg(extra_key, salt)
+    with contextlib.closing(open_for_cache(store)) as handle:
+        layout = handle.layout
+        assert layout is not None
+        kv = _file_pages(kv_file, layout, len(ids)) if kv_file is not None else None
+        hashes, origins = page_origins(layout, pack_tokens(ids), ns)
+        synthetic = SyntheticKV(layout)
+        start = time.perf_counter()
+        written = existing = rejected = nbytes = 0
+        with progress("put", len(hashes), not json) as advance:
+            for at in range(0, len(hashes), BATCH_PAGES):
+                hs = hashes[at:at + BATCH_PAGES]
+                rows = kv[at:at + len(hs)] if kv is not None else synthetic.pages(hs)
+                result = handle.put(hs, [r.numpy() for r in rows], origins[at:at + len(hs)])
+                written += result.written
+                existing += result.existing
+                rejected += result.rejected
+                nbytes += result.bytes_written
+                advance(at + len(hs))
+        handle.flush()
+    result_ = PutOutput(ns.info(), len(ids), len(hashes), written, existing, rejected, nbytes,
+                        time.perf_counter() - start, "file" if kv_file is not None else "synthetic")
+    if json:
+        emit_json(result_)
+        return
+    rate = nbytes / result_.seconds if result_.seconds else 0.0
+    out.print(f"{ns.label}: {len(hashes)} pages of {len(ids)} tokens: {written} written, {existing} already "
+              f"stored, {rejected} rejected; {human_bytes(nbytes)} in {result_.seconds * 1000:.1f} ms "
+              f"({human_bytes(rate)}/s)")
+
+
+def _file_pages(path: Path, layout: KVLayout, n_tokens: int) -> torch.Tensor:
+    """[pages, bytes_per_page] uint8 rows of a KV tensor file, checked against the layout and the tokens."""
+    if path.suffix == ".safetensors":
+        try:
+            from safetensors.torch import load_file
+        except ImportError:
+            raise UsageError(f"{path}: reading .safetensors needs the safetensors package "
+                             f"(pip install safetensors), or save the tensor with torch.save") from None
+        tensors = load_file(str(path))
+        if len(tensors) != 1:
+            raise UsageError(f"{path}: holds {len(tensors)} tensors; expected exactly one")
+        tensor = next(iter(tensors.values()))
+    else:
+        try:
+            tensor = torch.load(path, map_location="cpu", weights_only=True)
+        except (RuntimeError, EOFError, ValueError) as exc:  # not a torch file (pickle and zip errors vary)
+            raise UsageError(f"{path}: not a torch tensor file: {' '.join(str(exc).split())[:200]}") from None
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() < 1:
+        raise UsageError(f"{path}: expected a tensor of shape [tokens, ...], got {type(tensor).__name__}")
+    if tensor.shape[0] != n_tokens:
+        raise UsageError(f"{path}: the tensor has {tensor.shape[0]} tokens, the sequence {n_tokens}")
+    per_token = tensor[0].numel() * tensor.element_size()
+    if per_token != layout.bytes_per_token:
+        raise UsageError(f"{path}: {per_token} bytes per token (shape {list(tensor.shape)}, {tensor.dtype}); "
+                         f"the store's layout has {layout.bytes_per_token} ({layout.describe()})")
+    n_pages = n_tokens // layout.page_size
+    raw = tensor.detach().contiguous().view(-1).view(torch.uint8)
+    return raw[: n_pages * layout.bytes_per_page].view(n_pages, layout.bytes_per_page)
