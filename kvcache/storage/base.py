@@ -33,6 +33,12 @@ from ..keys import PAGE_HASH_BYTES, TOKEN_BYTES, extend_chain, hash_root
 from ..layout import KVLayout
 from ..namespace import Namespace
 
+# What a backend needs besides the names above, re-exported so that a plugin imports kvcache.storage.base only
+# (DESIGN §2: plugins -> kvcache.storage.base, never the rest of the core).
+from ..errors import LayoutMismatch, NotAStore, StoreError, StoreReadOnly, StoreUnsupported  # noqa: E402,F401
+from ..keys import hash_root_of_id  # noqa: E402,F401
+from ..namespace import NamespaceInfo  # noqa: E402,F401
+
 ENTRY_POINT_GROUP = "kvcache.storage"
 DEFAULT_SCHEME = "lmdb"  # the backend a plain filesystem path opens
 
@@ -116,6 +122,7 @@ class StoreCounters(msgspec.Struct, frozen=True):
     misses: int = 0  # get_into/exists_prefix calls that stopped before the end of their batch
     checksum_failures: int = 0  # pages that failed their checksum on read (served as misses)
     read_errors: int = 0  # I/O faults on read (served as misses)
+    write_errors: int = 0  # faults on write (a server gone, a timeout): the batch failed, counted as rejected
     pages_written: int = 0
     pages_existing: int = 0
     pages_rejected: int = 0
