@@ -1,0 +1,6 @@
+"""kvc's L3 page store on Redis / Valkey: `RedisStore`, registered in ``kvcache.storage`` for ``redis://``,
+``rediss://``, ``redis+cluster://`` and ``rediss+cluster://`` URLs (see README.md for the key schema)."""
+
+from .store import DEFAULT_PREFIX, RedisStore
+
+__all__ = ["DEFAULT_PREFIX", "RedisStore"]

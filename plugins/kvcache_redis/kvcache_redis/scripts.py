@@ -1,0 +1,165 @@
+"""The Lua scripts RedisStore runs on the server.
+
+A script runs atomically: no other client's command interleaves with it. It is not rolled back when it fails
+half-way, so every script checks everything first and writes after (the only write that can then fail is one
+the server refuses for memory, and a script flagged with a ``#!lua`` line, as these are, is refused as a whole
+before it starts when the server is over `maxmemory`). The shebang needs Redis >= 7.0 or Valkey >= 7.2.
+
+Every key a script touches is declared in KEYS (what Redis Cluster needs to route it). The batch scripts
+(`PUT_BATCH`, `REMOVE_BATCH`) touch keys of many slots and run on a standalone server only; a cluster runs
+the one-key scripts (`PUT_PAGE`, `REMOVE_PAGE`, `NS_ADJUST`, `TOUCH`) instead (see README.md, cluster mode).
+
+Page record fields (one hash per page, so a page and its metadata come and go together):
+``d`` u64 checksum + payload, ``m`` PageMeta (msgpack; hits and last access as of the write), ``n`` namespace id
+hex, ``p`` parent hash hex, ``h`` reads that ended at the page, ``a`` last access (unix seconds).
+Namespace record fields: ``info`` NamespaceInfo (msgpack), ``created``, ``last``, ``pages``, ``bytes``, ``hits``,
+and one ``r:<root hex>`` field per layout root the namespace's pages hang from.
+"""
+
+# KEYS: [1] namespace index, [2 .. 1+nns] namespace records, then per page: page record, children set of its
+# parent, parent page record.
+# ARGV: [1] now, [2] nns, per namespace (2): id hex, NamespaceInfo msgpack; per page (7): child member (the raw
+# page hash), d, m, namespace number (1-based), parent hex, "1" when the parent is the namespace root, "1" when
+# the parent's namespace must be checked (a stored parent that is not new in this batch).
+# Returns {written, existing}, or an error naming the first page whose stored parent is in another namespace.
+PUT_BATCH = """#!lua
+local now = ARGV[1]
+local nns = tonumber(ARGV[2])
+local kb = 1 + nns
+local ab = 2 + 2 * nns
+local np = (#KEYS - kb) / 3
+local nshex = {}
+for j = 1, nns do nshex[j] = ARGV[1 + 2 * j] end
+for i = 0, np - 1 do
+  local o = ab + 7 * i
+  if ARGV[o + 7] == '1' then
+    local up = redis.call('HGET', KEYS[kb + 3 * i + 3], 'n')
+    if up and up ~= nshex[tonumber(ARGV[o + 4])] then
+      return redis.error_reply('KVCNS ' .. i)
+    end
+  end
+end
+local written, existing = 0, 0
+local pages, bytes = {}, {}
+for j = 1, nns do pages[j] = 0; bytes[j] = 0 end
+for i = 0, np - 1 do
+  local o = ab + 7 * i
+  local pk = KEYS[kb + 3 * i + 1]
+  if redis.call('EXISTS', pk) == 1 then
+    existing = existing + 1
+  else
+    local j = tonumber(ARGV[o + 4])
+    redis.call('HSET', pk, 'd', ARGV[o + 2], 'm', ARGV[o + 3], 'n', nshex[j], 'p', ARGV[o + 5], 'h', 0, 'a', now)
+    redis.call('SADD', KEYS[kb + 3 * i + 2], ARGV[o + 1])
+    pages[j] = pages[j] + 1
+    bytes[j] = bytes[j] + string.len(ARGV[o + 2]) - 8
+    if ARGV[o + 6] == '1' then redis.call('HSET', KEYS[1 + j], 'r:' .. ARGV[o + 5], 1) end
+    written = written + 1
+  end
+end
+for j = 1, nns do
+  if pages[j] > 0 then
+    local nk = KEYS[1 + j]
+    redis.call('HSETNX', nk, 'info', ARGV[2 + 2 * j])
+    redis.call('HSETNX', nk, 'created', now)
+    redis.call('HINCRBY', nk, 'pages', pages[j])
+    redis.call('HINCRBY', nk, 'bytes', bytes[j])
+    local last = tonumber(redis.call('HGET', nk, 'last') or '0')
+    if tonumber(now) > last then redis.call('HSET', nk, 'last', now) end
+    redis.call('SADD', KEYS[1], nshex[j])
+  end
+end
+return {written, existing}
+"""
+
+# KEYS: [1] page record. ARGV: d, m, namespace id hex, parent hex, now. Returns 1 when written, 0 when stored.
+PUT_PAGE = """#!lua
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'd', ARGV[1], 'm', ARGV[2], 'n', ARGV[3], 'p', ARGV[4], 'h', 0, 'a', ARGV[5])
+return 1
+"""
+
+# KEYS: [1] namespace record. ARGV: NamespaceInfo msgpack ("" : only adjust a record that exists), now,
+# pages delta, bytes delta, root hex ("" : none). Returns 1 when the record was changed.
+NS_ADJUST = """#!lua
+local nk = KEYS[1]
+if ARGV[1] == '' then
+  if redis.call('EXISTS', nk) == 0 then return 0 end
+else
+  redis.call('HSETNX', nk, 'info', ARGV[1])
+  redis.call('HSETNX', nk, 'created', ARGV[2])
+  local last = tonumber(redis.call('HGET', nk, 'last') or '0')
+  if tonumber(ARGV[2]) > last then redis.call('HSET', nk, 'last', ARGV[2]) end
+end
+redis.call('HINCRBY', nk, 'pages', ARGV[3])
+redis.call('HINCRBY', nk, 'bytes', ARGV[4])
+if ARGV[5] ~= '' then redis.call('HSET', nk, 'r:' .. ARGV[5], 1) end
+return 1
+"""
+
+# KEYS: [1] a page or namespace record. ARGV: count field, increment, time field, time.
+# Adds to the count and raises the time to at least the given one, only when the record exists (a record
+# deleted meanwhile must not come back as a stub holding only these fields). Returns 1 when it existed.
+TOUCH = """#!lua
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HINCRBY', KEYS[1], ARGV[1], ARGV[2])
+local t = tonumber(redis.call('HGET', KEYS[1], ARGV[3]) or '0')
+if tonumber(ARGV[4]) > t then redis.call('HSET', KEYS[1], ARGV[3], ARGV[4]) end
+return 1
+"""
+
+# The guard a removal checks inside its script, against the record as it is then:
+#   "any"    the record's namespace and parent are still the ones the caller read (not rewritten meanwhile)
+#   "sha"    ... and its `d` field still has the SHA-1 the caller saw (the corrupt bytes, not a rewrite)
+#   "below"  ... and the parent page record is gone (the page is unreachable now); standalone only
+#   "raw"    a record that is not a whole page (a field missing): delete the key, no index or counter to fix
+#
+# KEYS per page: page record, children set of its parent, namespace record, parent page record.
+# ARGV per page (5): child member, namespace id hex, parent hex, guard, SHA-1 hex ("" unless guard is "sha").
+# Returns per page the payload bytes freed, or -1 when the guard kept the record.
+REMOVE_BATCH = """#!lua
+local out = {}
+local np = #KEYS / 4
+for i = 0, np - 1 do
+  local pk, ck, nk, up = KEYS[4 * i + 1], KEYS[4 * i + 2], KEYS[4 * i + 3], KEYS[4 * i + 4]
+  local o = 5 * i
+  local guard = ARGV[o + 4]
+  local freed = -1
+  if guard == 'raw' then
+    if redis.call('EXISTS', pk) == 1 then redis.call('DEL', pk); freed = 0 end
+  else
+    local rec = redis.call('HMGET', pk, 'n', 'p')
+    local ok = rec[1] == ARGV[o + 2] and rec[2] == ARGV[o + 3]
+    if ok and guard == 'sha' then ok = redis.sha1hex(redis.call('HGET', pk, 'd') or '') == ARGV[o + 5] end
+    if ok and guard == 'below' then ok = redis.call('EXISTS', up) == 0 end
+    if ok then
+      freed = redis.call('HSTRLEN', pk, 'd') - 8
+      redis.call('DEL', pk)
+      redis.call('SREM', ck, ARGV[o + 1])
+      if redis.call('EXISTS', nk) == 1 then
+        redis.call('HINCRBY', nk, 'pages', -1)
+        redis.call('HINCRBY', nk, 'bytes', -freed)
+      end
+    end
+  end
+  out[i + 1] = freed
+end
+return out
+"""
+
+# KEYS: [1] page record. ARGV: namespace id hex, parent hex, guard ("any", "sha" or "raw"), SHA-1 hex.
+# The cluster form of one REMOVE_BATCH entry: only the record itself; the caller then fixes the children set
+# and the namespace counters (other slots). Returns the payload bytes freed, or -1 when the guard kept it.
+REMOVE_PAGE = """#!lua
+local pk = KEYS[1]
+if ARGV[3] == 'raw' then
+  if redis.call('EXISTS', pk) == 1 then redis.call('DEL', pk); return 0 end
+  return -1
+end
+local rec = redis.call('HMGET', pk, 'n', 'p')
+if rec[1] ~= ARGV[1] or rec[2] ~= ARGV[2] then return -1 end
+if ARGV[3] == 'sha' and redis.sha1hex(redis.call('HGET', pk, 'd') or '') ~= ARGV[4] then return -1 end
+local freed = redis.call('HSTRLEN', pk, 'd') - 8
+redis.call('DEL', pk)
+return freed
+"""

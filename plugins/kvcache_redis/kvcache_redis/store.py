@@ -1,0 +1,1275 @@
+"""RedisStore: kvc's L3 page store on Redis or Valkey, shared by engines on many machines.
+
+Opened by URL (``redis://[user:password@]host:port/db``, ``rediss://`` for TLS, ``redis+cluster://host:port`` and
+``rediss+cluster://`` for Redis Cluster / Valkey cluster); kvc's own options ride in the query string
+(``?prefix=kvc:&timeout=2&connect_timeout=1&backoff_max=2``), every other query option goes to redis-py.
+
+Key schema (P is the key prefix, default ``kvc:``; several deployments share one Redis under distinct prefixes)::
+
+    P format             string  StoreFormat (msgpack): magic, version, checksum algorithm, created
+    P layouts            hash    layout id hex -> LayoutRecord (msgpack)
+    P nsidx              set     namespace id hex of every registered namespace
+    P ns:<ns id hex>     hash    the namespace record (identity, never the salt; counters; roots)
+    P p:<page hash hex>  hash    one page: checksum + payload, PageMeta, namespace, parent, hits, last access
+    P c:<hash hex>       set     raw 16-byte hashes of the stored children of a page or of a namespace root
+
+A page and its metadata are fields of one hash, so no reader, and no eviction by the server, ever sees one
+without the other. On a standalone server a `put` batch is one Lua script: pages, children entries and
+namespace counters of the whole batch appear together or not at all, also under concurrent writers on many
+nodes (pages are content-addressed: a page already stored is `existing`, counted once). In cluster mode each
+page is written by a one-key script (the page still never appears without its metadata) and the indexes and
+counters follow in a pipeline (see README.md, "Cluster mode").
+
+Faults: a refused connection, a timeout, a server killed mid-batch or an ``OOM`` reply make a read a miss and a
+write a failed (rejected) batch, counted in `stats().counters` (`read_errors`, `write_errors`, `flush_errors`);
+nothing is raised to the caller of the data path (`exists_prefix`, `get_into`, `put`, `flush`). After a
+connection fault the store backs off (exponentially, up to `backoff_max` seconds), answering misses and failed
+writes at once instead of waiting on a dead server, then reconnects. Administrative calls (`namespaces`, `stats`,
+`verify`, `delete_namespace`, ...) raise `StoreError` on a fault: their caller must know the answer is missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+import msgspec
+import numpy as np
+import redis
+import xxhash
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from kvcache.storage.base import (PAGE_HASH_BYTES, TOKEN_BYTES, AccessPolicy, CapacityPolicy, ChildInfo,
+                                  DeleteResult, InvalidInput, KVLayout, LayoutMismatch, LayoutRecord,
+                                  Namespace, NamespaceInfo, NamespaceRecord, NotAStore, PageMeta, PageOrigin,
+                                  PutResult, StoreCounters, StoreError, StoreReadOnly, StoreStats,
+                                  StoreUnsupported, VerifyFinding, VerifyRemoval, VerifyReport,
+                                  check_page_hashes, extend_chain, hash_root, hash_root_of_id)
+
+from . import scripts
+
+FORMAT_MAGIC = "kvc-store"
+FORMAT_VERSION = 1
+CHECKSUM = "xxh3_64"  # the algorithm name the LMDB backend records for the same checksum
+DEFAULT_PREFIX = "kvc:"
+DEFAULT_TIMEOUT_S = 2.0  # socket timeout of one command: how long a hung server can stall an L3 job
+DEFAULT_CONNECT_TIMEOUT_S = 1.0
+DEFAULT_BACKOFF_MAX_S = 2.0  # longest pause between reconnection attempts after a fault
+BACKOFF_START_S = 0.05
+SCAN_COUNT = 512  # keys per SCAN step (verify, delete_namespace): bounded work per round trip
+DELETE_BATCH_PAGES = 512  # pages removed per script when deleting a namespace (a script blocks the server)
+REPAIR_BATCH_PAGES = 512
+_KVC_QUERY = ("prefix", "timeout", "connect_timeout", "backoff_max")
+_U64 = np.dtype("<u8")
+_HEADER = 8  # the checksum before the payload in a page's `d` field
+
+# Faults of the connection or the server, as opposed to a bug in a request: these degrade to a miss or a
+# failed write. ResponseError covers OOM and a server that refuses writes (a replica, MISCONF on a failed save).
+_FAULTS = (redis.ConnectionError, redis.TimeoutError, redis.ResponseError, redis.exceptions.ClusterError,
+           redis.exceptions.RedisClusterException, OSError)
+
+
+class StoreFormat(msgspec.Struct, frozen=True):
+    """The record that makes a key prefix a kvc store."""
+
+    magic: str  # FORMAT_MAGIC
+    version: int  # FORMAT_VERSION of the writer that created it
+    checksum: str  # CHECKSUM
+    created: float  # unix seconds
+
+
+class RedisOptions(msgspec.Struct, frozen=True):
+    """kvc's connection options (URL query parameters or `open` keywords)."""
+
+    prefix: str = DEFAULT_PREFIX  # prepended to every key
+    timeout: float = DEFAULT_TIMEOUT_S  # socket timeout of one command, seconds
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
+    backoff_max: float = DEFAULT_BACKOFF_MAX_S  # longest pause between reconnection attempts
+
+
+_enc = msgspec.msgpack.Encoder()
+_dec_meta = msgspec.msgpack.Decoder(PageMeta)
+_dec_format = msgspec.msgpack.Decoder(StoreFormat)
+_dec_layout = msgspec.msgpack.Decoder(LayoutRecord)
+_dec_info = msgspec.msgpack.Decoder(NamespaceInfo)
+
+
+def _seed(page_hash: bytes) -> int:
+    return int.from_bytes(page_hash[:8], "little")
+
+
+def _checksum(payload: Any, page_hash: bytes) -> int:
+    """xxh3-64 of a payload seeded by its page hash, as the LMDB backend computes it (a payload filed under
+    another hash fails)."""
+    return xxhash.xxh3_64_intdigest(payload, _seed(page_hash))
+
+
+def _byte_view(view: Any) -> memoryview:
+    """A flat writable byte memoryview of a caller's page buffer (numpy array, CPU torch tensor, bytearray)."""
+    if type(view) is not np.ndarray and hasattr(view, "numpy") and hasattr(view, "device"):
+        if view.device.type != "cpu":
+            raise InvalidInput(f"page views must be in host memory, got a tensor on {view.device}")
+        view = view.numpy()
+    mv = memoryview(view)
+    if mv.readonly:
+        raise InvalidInput("page views must be writable")
+    if not mv.c_contiguous:
+        raise InvalidInput("page views must be contiguous (one page is one span)")
+    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+
+
+def _page_bytes(page: Any) -> memoryview:
+    """A flat byte memoryview of a page to write."""
+    if not isinstance(page, (bytes, bytearray, memoryview)) and hasattr(page, "numpy") and hasattr(page, "device"):
+        page = page.detach().cpu().numpy()
+    mv = memoryview(page)
+    if not mv.c_contiguous:
+        raise InvalidInput("pages must be contiguous (one page is one span)")
+    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+
+
+def _chains_to(page_hash: bytes, meta: PageMeta) -> bool:
+    """Whether `page_hash` is H(parent || tokens) of its metadata."""
+    n = len(meta.tokens) // TOKEN_BYTES
+    return n > 0 and n * TOKEN_BYTES == len(meta.tokens) and extend_chain(meta.parent, meta.tokens, n) == [page_hash]
+
+
+def _glob_escape(text: str) -> str:
+    """`text` as a literal in a Redis MATCH pattern (a prefix may hold glob characters)."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+class _Url(msgspec.Struct, frozen=True):
+    """A parsed store URL: what redis-py gets, whether it is a cluster, kvc's options, the printable form."""
+
+    client_url: str  # redis:// or rediss:// URL without kvc's query options
+    cluster: bool
+    options: RedisOptions
+    shown: str  # the URL with any password replaced by ***
+
+
+def _parse_url(location: str, overrides: dict[str, Any]) -> _Url:
+    parts = urlsplit(location)
+    scheme = parts.scheme.lower()
+    if scheme not in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
+        raise InvalidInput(f"{location!r}: not a redis://, rediss://, redis+cluster:// or rediss+cluster:// URL")
+    if not parts.hostname:
+        raise InvalidInput(f"{scheme}:// URL without a host")
+    cluster = scheme.endswith("+cluster")
+    base = scheme.split("+")[0]
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    ours = {k: v for k, v in query if k in _KVC_QUERY}
+    rest = [(k, v) for k, v in query if k not in _KVC_QUERY]
+    fields: dict[str, Any] = {}
+    for name in _KVC_QUERY:
+        value = overrides.pop(name, None)
+        if value is None:
+            value = ours.get(name)
+        if value is None:
+            continue
+        if name == "prefix":
+            if not isinstance(value, str) or not value:
+                raise InvalidInput("the key prefix must be a non-empty string")
+            fields[name] = value
+        else:
+            try:
+                fields[name] = float(value)
+            except (TypeError, ValueError):
+                raise InvalidInput(f"{name} must be a number of seconds, got {value!r}") from None
+            if fields[name] <= 0:
+                raise InvalidInput(f"{name} must be > 0, got {value!r}")
+    path = parts.path
+    if cluster and path.strip("/") not in ("", "0"):
+        raise InvalidInput("a Redis Cluster has database 0 only: drop the /db part of the URL")
+    client_url = urlunsplit((base, parts.netloc, "" if cluster else path, urlencode(rest), ""))
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = netloc.replace(":" + parts.password + "@", ":***@", 1)
+        netloc = netloc.replace(":" + quote(parts.password, safe="") + "@", ":***@", 1)
+    shown = urlunsplit((scheme, netloc, path, parts.query, ""))
+    return _Url(client_url, cluster, RedisOptions(**fields), shown)
+
+
+class _Findings:
+    """What one verify found, and what repair may do about each finding (indices into `items`)."""
+
+    __slots__ = ("items", "by_page", "remove", "relink", "unlink", "recount", "fixed")
+
+    def __init__(self) -> None:
+        self.items: list[VerifyFinding] = []
+        self.by_page: dict[bytes, list[int]] = {}
+        self.remove: dict[bytes, tuple[int, str]] = {}  # page -> (first finding making it removable, guard)
+        self.relink: dict[bytes, int] = {}  # page -> its missing_index finding
+        self.unlink: list[tuple[bytes, bytes, int]] = []  # (parent, child, finding) of dangling children entries
+        self.recount: list[int] = []
+        self.fixed: set[int] = set()
+
+    def add(self, kind: str, page_hash: bytes | None, detail: str, remove: str | None = None) -> None:
+        """Record a finding; `remove`: the guard under which the page may be removed (it is provably corrupt or
+        unreachable as read)."""
+        i = len(self.items)
+        self.items.append(VerifyFinding(kind, None if page_hash is None else page_hash.hex(), detail))
+        if page_hash is not None and (kind != "dangling_index" or remove):
+            self.by_page.setdefault(page_hash, []).append(i)
+        if remove and page_hash is not None:
+            self.remove.setdefault(page_hash, (i, remove))
+
+
+class _Page(msgspec.Struct, frozen=True):
+    """What verify keeps of one page record."""
+
+    parent: bytes
+    ns_id: bytes
+    layout_id: bytes
+    nbytes: int
+
+
+class RedisStore:
+    """An L3 store in Redis / Valkey (see the module docstring). Open with `RedisStore.open` or `open_store`.
+
+    Safe to use from several threads (redis-py's connection pool) and from many processes and machines at once.
+    After a fork, the child's first call opens its own connections.
+    """
+
+    backend = "redis"
+
+    def __init__(self, url: _Url, client: Any, layout: KVLayout | None, readonly: bool, access: AccessPolicy,
+                 fmt: StoreFormat) -> None:
+        self.location = url.shown  # the URL opened, with any password replaced by ***
+        self.url = url
+        self.cluster = url.cluster
+        self.prefix = url.options.prefix
+        self.layout = layout
+        self.readonly = readonly
+        self.access_policy = access
+        self.format = fmt
+        self._client = client
+        self._lock = threading.Lock()  # guards the access log, the corrupt set, the counters and the backoff
+        self._pending: list[tuple[float, bytes, str, int]] = []  # (when, deepest page, its ns hex, pages)
+        self._pending_pages = 0
+        self._pending_since = 0.0
+        self._corrupt: dict[bytes, str] = {}  # page -> SHA-1 hex of the bytes that failed their checksum
+        self._counts = {name: 0 for name in StoreCounters.__struct_fields__ if name != "pending_access"}
+        self._down_until = 0.0  # monotonic time before which data calls do not try the server
+        self._backoff = 0.0
+        self._closed = False
+        p = self.prefix.encode()
+        self._k_format, self._k_layouts, self._k_nsidx = p + b"format", p + b"layouts", p + b"nsidx"
+        self._p_page, self._p_children, self._p_ns = p + b"p:", p + b"c:", p + b"ns:"
+        self._s_put_batch = client.register_script(scripts.PUT_BATCH)
+        self._s_put_page = client.register_script(scripts.PUT_PAGE)
+        self._s_ns_adjust = client.register_script(scripts.NS_ADJUST)
+        self._s_touch = client.register_script(scripts.TOUCH)
+        self._s_remove_batch = client.register_script(scripts.REMOVE_BATCH)
+        self._s_remove_page = client.register_script(scripts.REMOVE_PAGE)
+
+    # -- opening --------------------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, location: str, layout: KVLayout | None = None, *, create: bool = False, readonly: bool = False,
+             add_layout: bool = False, capacity: CapacityPolicy | None = None, access: AccessPolicy | None = None,
+             prefix: str | None = None, timeout: float | None = None, connect_timeout: float | None = None,
+             backoff_max: float | None = None, **redis_options: Any) -> "RedisStore":
+        """Open the store under the key prefix of `location` (a redis://, rediss://, redis+cluster:// or
+        rediss+cluster:// URL).
+
+        `layout`: the layout this handle writes under; it must be held by the store unless the store is created
+        now or `add_layout` registers it (LayoutMismatch otherwise). `create`: make the store when the prefix
+        holds none. `prefix`, `timeout`, `connect_timeout`, `backoff_max` override the URL's query options;
+        `redis_options` go to redis-py. `capacity` limits are not kept by kvc here: Redis' `maxmemory` and its
+        policy bound the store (README.md), so a non-zero limit raises StoreUnsupported. A server that cannot
+        be reached raises StoreError.
+        """
+        if capacity is not None and (capacity.capacity_bytes or capacity.namespace_quota_bytes):
+            raise StoreUnsupported(location, "the redis backend keeps no capacity or quota of its own: bound it "
+                                             "with the server's maxmemory (see kvcache_redis README)")
+        overrides = {"prefix": prefix, "timeout": timeout, "connect_timeout": connect_timeout,
+                     "backoff_max": backoff_max}
+        url = _parse_url(location, {k: v for k, v in overrides.items() if v is not None})
+        client = _connect(url, redis_options)
+        try:
+            fmt = cls._open_format(client, url, create and not readonly)
+            store = cls(url, client, layout, readonly, access or AccessPolicy(), fmt)
+            if layout is not None:
+                store._bind_layout(layout, register=create or add_layout)
+        except BaseException:
+            client.close()
+            raise
+        return store
+
+    @staticmethod
+    def _open_format(client: Any, url: _Url, create: bool) -> StoreFormat:
+        key = url.options.prefix.encode() + b"format"
+        try:
+            raw = client.get(key)
+            if raw is None:
+                if not create:
+                    raise NotAStore(url.shown, f"no kvc store under prefix {url.options.prefix!r} (create=True "
+                                               f"makes one)")
+                fmt = StoreFormat(FORMAT_MAGIC, FORMAT_VERSION, CHECKSUM, time.time())
+                client.set(key, _enc.encode(fmt), nx=True)  # two creators race: one record wins, both read it
+                raw = client.get(key)
+        except _FAULTS as exc:
+            raise StoreError(url.shown, f"cannot reach the server: {exc}") from None
+        try:
+            fmt = _dec_format.decode(raw)
+        except msgspec.DecodeError:
+            fmt = None
+        if fmt is None or fmt.magic != FORMAT_MAGIC:
+            raise NotAStore(url.shown, f"the key {key.decode()!r} is not a kvc store record")
+        if fmt.version > FORMAT_VERSION:
+            raise StoreUnsupported(url.shown, f"store format {fmt.version} is newer than this kvc "
+                                              f"({FORMAT_VERSION})")
+        if fmt.checksum != CHECKSUM:
+            raise StoreUnsupported(url.shown, f"store checksums use {fmt.checksum!r}, this backend {CHECKSUM!r}")
+        return fmt
+
+    def _bind_layout(self, layout: KVLayout, register: bool) -> None:
+        held = self._layout_records()
+        if layout.layout_id in held:
+            return
+        if not register:
+            raise LayoutMismatch(self.location, layout.describe(), [r.layout.describe() for r in held.values()])
+        self._check_writable()
+        self._admin(lambda c: c.hsetnx(self._k_layouts, layout.layout_id.hex(),
+                                       _enc.encode(LayoutRecord(layout, time.time()))))
+
+    # -- keys and plumbing ----------------------------------------------------------------------------------
+
+    def _pk(self, page_hash: bytes) -> bytes:
+        return self._p_page + page_hash.hex().encode()
+
+    def _ck(self, page_hash: bytes) -> bytes:
+        return self._p_children + page_hash.hex().encode()
+
+    def _nk(self, ns_hex: str) -> bytes:
+        return self._p_ns + ns_hex.encode()
+
+    def _call(self, script: Any, keys: list[Any], args: list[Any], client: Any) -> Any:
+        """Run a script on `client` (the store's client or a pipeline of it). redis-py's cluster pipeline refuses
+        EVALSHA (and shadows `eval`), so a cluster sends EVAL with the text as a plain command, routed by its
+        first key: the server caches the compiled script by its SHA-1 all the same."""
+        if self.cluster:
+            return client.execute_command("EVAL", script.script, len(keys), *keys, *args)
+        return script(keys=keys, args=args, client=client)
+
+    def _live(self) -> Any:
+        if self._closed:
+            raise StoreError(self.location, "the store handle is closed")
+        return self._client
+
+    def _available(self) -> bool:
+        """Whether a data call may try the server now (not inside a backoff pause after a fault)."""
+        return time.monotonic() >= self._down_until
+
+    def _fault(self, counter: str) -> None:
+        """Count a fault and start (or lengthen) the pause before the next attempt."""
+        with self._lock:
+            self._counts[counter] += 1
+            self._backoff = min(max(2 * self._backoff, BACKOFF_START_S), self.url.options.backoff_max)
+            self._down_until = time.monotonic() + self._backoff
+
+    def _ok(self) -> None:
+        if self._backoff:
+            with self._lock:
+                self._backoff = 0.0
+
+    def _admin(self, call: Any) -> Any:
+        """Run an administrative call: a fault raises StoreError (its caller must know the answer is missing)."""
+        client = self._live()
+        try:
+            return call(client)
+        except _FAULTS as exc:
+            raise StoreError(self.location, f"redis: {exc}") from None
+
+    def _check_writable(self) -> None:
+        if self.readonly:
+            raise StoreReadOnly(self.location, "cannot write: the store is opened read-only")
+
+    @staticmethod
+    def _check_hashes(hashes: Sequence[bytes]) -> None:
+        if set(map(len, hashes)) != {PAGE_HASH_BYTES} or not all(type(h) is bytes for h in hashes):
+            check_page_hashes(hashes)  # raises, naming the first bad one
+
+    # -- reading --------------------------------------------------------------------------------------------
+
+    def exists_prefix(self, hashes: Sequence[bytes]) -> int:
+        """How many pages from the start of `hashes` are stored (stops at the first gap). A fault is a miss."""
+        if not hashes:
+            return 0
+        self._check_hashes(hashes)
+        client = self._live()
+        found = 0
+        if self._available():
+            try:
+                pipe = client.pipeline(transaction=False)
+                for h in hashes:
+                    pipe.exists(self._pk(h))
+                corrupt = self._corrupt
+                for h, there in zip(hashes, pipe.execute()):
+                    if not there or (corrupt and h in corrupt):
+                        break
+                    found += 1
+                self._ok()
+            except _FAULTS:
+                self._fault("read_errors")
+        else:
+            self._counts["read_errors"] += 1
+        if found < len(hashes):
+            self._counts["misses"] += 1
+        return found
+
+    def get_into(self, hashes: Sequence[bytes], out_views: Sequence[Any]) -> int:
+        """Copy pages into caller-provided writable byte views; return how many consecutive pages from the start
+        were copied and verified. A missing, corrupt or unreadable page ends the run (and is counted)."""
+        n = len(hashes)
+        if len(out_views) < n:
+            raise InvalidInput(f"get_into needs one out view per page hash: {len(out_views)} views, {n} hashes")
+        if n == 0:
+            return 0
+        self._check_hashes(hashes)
+        outs = [_byte_view(v) for v in out_views[:n]]
+        client = self._live()
+        done = 0
+        ns_hex = ""
+        if self._available():
+            try:
+                pipe = client.pipeline(transaction=False)
+                for h in hashes:
+                    pipe.hmget(self._pk(h), "d", "n")
+                replies = pipe.execute()
+                self._ok()
+            except _FAULTS:
+                self._fault("read_errors")
+                replies = []
+        else:
+            self._counts["read_errors"] += 1
+            replies = []
+        corrupt = self._corrupt
+        for h, out, (value, ns) in zip(hashes, outs, replies):
+            if value is None or ns is None or (corrupt and h in corrupt):
+                break
+            if len(value) - _HEADER != len(out):
+                raise InvalidInput(f"page {h.hex()} holds {len(value) - _HEADER} bytes, its out view {len(out)}")
+            out[:] = memoryview(value)[_HEADER:]
+            # Checked on the copy, still in cache: what the caller got is what was verified.
+            if _checksum(out, h) != int.from_bytes(value[:_HEADER], "little"):
+                with self._lock:
+                    corrupt[h] = hashlib.sha1(value).hexdigest()
+                    self._counts["checksum_failures"] += 1
+                break
+            done += 1
+            ns_hex = ns.decode()
+        self._counts["pages_read"] += done
+        if done < n:
+            self._counts["misses"] += 1
+        if done and not self.readonly:
+            self._record_access(hashes[done - 1], ns_hex, done)
+        return done
+
+    def _record_access(self, deepest: bytes, ns_hex: str, pages: int) -> None:
+        # One entry per read, credited to the deepest page it reached (see kvcache.storage.base).
+        now = time.time()
+        with self._lock:
+            if not self._pending:
+                self._pending_since = now
+            self._pending.append((now, deepest, ns_hex, pages))
+            self._pending_pages += pages
+            due = (len(self._pending) >= self.access_policy.flush_reads
+                   or now - self._pending_since >= self.access_policy.flush_interval_s)
+        if due:
+            self.flush()
+
+    def page_meta(self, page_hash: bytes) -> PageMeta | None:
+        """A page's metadata (hits and last access as of the last flush), or None when it is not stored."""
+        m, hits, last = self._admin(lambda c: c.hmget(self._pk(page_hash), "m", "h", "a"))
+        if m is None:
+            return None
+        meta = _dec_meta.decode(m)
+        return msgspec.structs.replace(meta, hits=int(hits or 0), last_access=float(last or meta.last_access))
+
+    def children(self, page_hash: bytes) -> list[ChildInfo]:
+        """Stored children of a page hash or of a namespace root, hottest (most reads through the child, then
+        most recent) first. A child's figures cover its subtree: one pipelined round trip per level below it."""
+        client = self._live()
+        kids = sorted(self._admin(lambda c: c.smembers(self._ck(page_hash))))
+        out: list[ChildInfo] = []
+        if not kids:
+            return out
+        metas = self._admin(lambda c: self._hmget_many(c, kids, ("m", "h", "a")))
+        heads: list[tuple[bytes, PageMeta, int, float]] = []
+        for child, (m, hits, last) in zip(kids, metas):
+            if m is not None:
+                meta = _dec_meta.decode(m)
+                heads.append((child, meta, int(hits or 0), float(last or meta.last_access)))
+        # Walk every head's subtree level by level; `top` maps each page reached to the head it is under.
+        heat = {child: [hits, last] for child, _, hits, last in heads}
+        top = {child: child for child, _, _, _ in heads}
+        level = [child for child, _, _, _ in heads]
+        seen = set(level)
+        while level:
+            below = self._admin(lambda c, level=level: self._smembers_many(c, level))
+            nxt = []
+            for parent, members in zip(level, below):
+                for k in members:
+                    if k not in seen:
+                        seen.add(k)
+                        top[k] = top[parent]
+                        nxt.append(k)
+            if not nxt:
+                break
+            figures = self._admin(lambda c, nxt=nxt: self._hmget_many(c, nxt, ("h", "a")))
+            for k, (hits, last) in zip(nxt, figures):
+                if hits is not None:
+                    acc = heat[top[k]]
+                    acc[0] += int(hits)
+                    acc[1] = max(acc[1], float(last or 0))
+            level = nxt
+        del client
+        for child, meta, _, _ in heads:
+            hits, last = heat[child]
+            out.append(ChildInfo(child, meta.tokens, meta.nbytes, hits, last))
+        out.sort(key=lambda c: (-c.hits, -c.last_access))
+        return out
+
+    def _hmget_many(self, client: Any, hashes: Sequence[bytes], fields: tuple[str, ...]) -> list[list[Any]]:
+        pipe = client.pipeline(transaction=False)
+        for h in hashes:
+            pipe.hmget(self._pk(h), *fields)
+        return pipe.execute()
+
+    def _smembers_many(self, client: Any, hashes: Sequence[bytes]) -> list[set[bytes]]:
+        pipe = client.pipeline(transaction=False)
+        for h in hashes:
+            pipe.smembers(self._ck(h))
+        return pipe.execute()
+
+    def root(self, namespace: Namespace, layout: KVLayout | None = None) -> bytes:
+        """The hash root of `namespace` under `layout` (default: this handle's layout)."""
+        layout = layout or self.layout
+        if layout is None:
+            raise InvalidInput("root() needs a layout: open the store with one or pass it")
+        return hash_root(layout.layout_id, namespace)
+
+    def _layout_records(self) -> dict[bytes, LayoutRecord]:
+        raw = self._admin(lambda c: c.hgetall(self._k_layouts))
+        return {bytes.fromhex(k.decode()): _dec_layout.decode(v) for k, v in raw.items()}
+
+    def layouts(self) -> list[KVLayout]:
+        """Every layout the store holds, oldest first."""
+        return [r.layout for r in sorted(self._layout_records().values(), key=lambda r: r.created)]
+
+    def _registry(self) -> dict[str, NamespaceRecord]:
+        ids = sorted(m.decode() for m in self._admin(lambda c: c.smembers(self._k_nsidx)))
+
+        def fetch(c: Any) -> list[dict]:
+            pipe = c.pipeline(transaction=False)
+            for ns_hex in ids:
+                pipe.hgetall(self._nk(ns_hex))
+            return pipe.execute()
+
+        out = {}
+        for ns_hex, rec in zip(ids, self._admin(fetch) if ids else []):
+            if b"info" not in rec:
+                continue  # removed meanwhile (delete_namespace), or a counter stub: not a registered namespace
+            info = _dec_info.decode(rec[b"info"])
+            roots = sorted(k[2:].decode() for k in rec if k.startswith(b"r:"))
+            out[ns_hex] = NamespaceRecord(ns_hex, info.extra_key, info.salt_fingerprint, int(rec.get(b"pages", 0)),
+                                          int(rec.get(b"bytes", 0)), float(rec.get(b"created", 0)),
+                                          float(rec.get(b"last", 0)), int(rec.get(b"hits", 0)), roots)
+        return out
+
+    def namespaces(self) -> list[NamespaceRecord]:
+        """The namespace registry, most pages first."""
+        return sorted(self._registry().values(), key=lambda r: (-r.pages, r.ns_id_hex))
+
+    def capacity_bytes(self) -> int:
+        """0: kvc keeps no payload limit here; the server's maxmemory bounds the store."""
+        return 0
+
+    def namespace_quota_bytes(self) -> int:
+        """0: no per-namespace quota in this backend."""
+        return 0
+
+    def stats(self) -> StoreStats:
+        """Totals from the registry, the server's memory in use, and this handle's counters."""
+        records = self._registry()
+        n_layouts = self._admin(lambda c: c.hlen(self._k_layouts))
+        try:
+            info = self._client.info("memory")
+            # A cluster client answers per node: the footprint is the sum over them.
+            footprint = (int(info.get("used_memory", 0)) if "used_memory" in info
+                         else sum(int(v.get("used_memory", 0)) for v in info.values() if isinstance(v, dict)))
+        except _FAULTS:
+            footprint = 0
+        return StoreStats(self.backend, self.location, self.format.version, self.format.checksum, n_layouts,
+                          len(records), sum(r.pages for r in records.values()),
+                          sum(r.bytes for r in records.values()), 0, 0, footprint, self.counters())
+
+    def counters(self) -> StoreCounters:
+        """This handle's counters."""
+        with self._lock:
+            return StoreCounters(**self._counts, pending_access=self._pending_pages)
+
+    # -- writing --------------------------------------------------------------------------------------------
+
+    def put(self, hashes: Sequence[bytes], pages: Sequence[Any], origins: Sequence[PageOrigin]) -> PutResult:
+        """Store a batch of pages: one atomic script on a standalone server (pages, metadata, children entries
+        and namespace counters together), one atomic script per page and pipelined index updates on a cluster.
+
+        Pages already stored are left as they are (`existing`). A batch the server refuses (OOM under
+        `maxmemory`) or cannot answer (connection lost, timeout) is `rejected` whole and counted; nothing is
+        raised (a lost reply may hide a batch that was stored: the next put of it finds it `existing`).
+        """
+        self._check_writable()
+        layout = self.layout
+        if layout is None:
+            raise InvalidInput("put needs a layout: open the store with layout=...")
+        if not (len(hashes) == len(pages) == len(origins)):
+            raise InvalidInput(f"put needs as many pages and origins as hashes: {len(hashes)} hashes, "
+                               f"{len(pages)} pages, {len(origins)} origins")
+        check_page_hashes(hashes)
+        nbytes, step = layout.bytes_per_page, layout.page_size * TOKEN_BYTES
+        values: list[bytes] = []
+        for h, page, origin in zip(hashes, pages, origins):
+            mv = _page_bytes(page)
+            if len(mv) != nbytes:
+                raise InvalidInput(f"page {h.hex()} has {len(mv)} bytes, layout {layout.describe()} needs {nbytes}")
+            if len(origin.tokens) != step:
+                raise InvalidInput(f"page {h.hex()}: {len(origin.tokens)} token bytes, a page holds {step}")
+            if extend_chain(origin.parent, origin.tokens, layout.page_size)[0] != h:
+                raise InvalidInput(f"page {h.hex()} is not the hash of its parent and tokens in this origin")
+            # One copy of the caller's page, summed as copied: what is summed is exactly what is sent.
+            value = bytearray(_HEADER + nbytes)
+            value[_HEADER:] = mv
+            value[:_HEADER] = _checksum(memoryview(value)[_HEADER:], h).to_bytes(_HEADER, "little")
+            values.append(bytes(value))
+        if not hashes:
+            return PutResult(0, 0, 0, 0, 0)
+        batch_ns = {h: o.namespace.id for h, o in zip(hashes, origins)}
+        for h, origin in zip(hashes, origins):
+            up = batch_ns.get(origin.parent)
+            if up is not None and up != origin.namespace.id:
+                raise InvalidInput(f"page {h.hex()}: its parent in this batch is in another namespace than "
+                                   f"{origin.namespace.label}")
+        client = self._live()
+        if not self._available():
+            return self._failed_put(len(hashes))
+        self._flush_quietly()  # logged reads ride with writes, as in the LMDB backend
+        layout_id, now = layout.layout_id, time.time()
+        roots = {ns.id: hash_root(layout_id, ns) for ns in {o.namespace for o in origins}}
+        metas = [_enc.encode(PageMeta(o.namespace.id, layout_id, o.parent, o.tokens, nbytes,
+                                      int.from_bytes(v[:_HEADER], "little"), now, now, 0))
+                 for o, v in zip(origins, values)]
+        try:
+            if self.cluster:
+                written, existing = self._put_cluster(client, hashes, values, metas, origins, roots, now)
+            else:
+                written, existing = self._put_batch(client, hashes, values, metas, origins, roots, now)
+            self._ok()
+        except redis.ResponseError as exc:
+            if str(exc).startswith("KVCNS"):
+                i = int(str(exc).split()[1])
+                raise InvalidInput(f"page {hashes[i].hex()}: its parent is in another namespace than "
+                                   f"{origins[i].namespace.label}") from None
+            return self._failed_put(len(hashes), fault=True)
+        except _FAULTS:
+            return self._failed_put(len(hashes), fault=True)
+        with self._lock:
+            c = self._counts
+            c["pages_written"] += written
+            c["pages_existing"] += existing
+        return PutResult(written, existing, 0, 0, written * nbytes)
+
+    def _failed_put(self, n: int, fault: bool = False) -> PutResult:
+        if fault:
+            self._fault("write_errors")
+        else:
+            with self._lock:
+                self._counts["write_errors"] += 1
+        with self._lock:
+            self._counts["pages_rejected"] += n
+        return PutResult(0, 0, n, 0, 0)
+
+    def _put_batch(self, client: Any, hashes: Sequence[bytes], values: list[bytes], metas: list[bytes],
+                   origins: Sequence[PageOrigin], roots: dict[bytes, bytes], now: float) -> tuple[int, int]:
+        ns_order: dict[bytes, int] = {}
+        infos: list[Any] = []
+        for o in origins:
+            if o.namespace.id not in ns_order:
+                ns_order[o.namespace.id] = len(ns_order) + 1
+                infos.append(o.namespace)
+        keys: list[bytes] = [self._k_nsidx] + [self._nk(ns.id_hex) for ns in infos]
+        args: list[Any] = [repr(now), len(infos)]
+        for ns in infos:
+            args += [ns.id_hex, _enc.encode(ns.info())]
+        fresh: set[bytes] = set()
+        for h, v, m, o in zip(hashes, values, metas, origins):
+            is_root = o.parent == roots[o.namespace.id]
+            check = not is_root and o.parent not in fresh
+            fresh.add(h)
+            keys += [self._pk(h), self._ck(o.parent), self._pk(o.parent)]
+            args += [h, v, m, ns_order[o.namespace.id], o.parent.hex(), "1" if is_root else "0", "1" if check else "0"]
+        written, existing = self._call(self._s_put_batch, keys, args, client)
+        return int(written), int(existing)
+
+    def _put_cluster(self, client: Any, hashes: Sequence[bytes], values: list[bytes], metas: list[bytes],
+                     origins: Sequence[PageOrigin], roots: dict[bytes, bytes], now: float) -> tuple[int, int]:
+        # The parent check reads first (another slot than the page): a race with a concurrent writer of the
+        # parent can only make it miss a wrong parent that a content-addressed hash already rules out.
+        fresh = set(hashes)
+        to_check = [(i, o.parent) for i, o in enumerate(origins)
+                    if o.parent != roots[o.namespace.id] and o.parent not in fresh]
+        if to_check:
+            pipe = client.pipeline(transaction=False)
+            for _, parent in to_check:
+                pipe.hget(self._pk(parent), "n")
+            for (i, _), up in zip(to_check, pipe.execute()):
+                if up is not None and up.decode() != origins[i].namespace.id_hex:
+                    raise InvalidInput(f"page {hashes[i].hex()}: its parent is in another namespace than "
+                                       f"{origins[i].namespace.label}")
+        pipe = client.pipeline(transaction=False)
+        for h, v, m, o in zip(hashes, values, metas, origins):
+            self._call(self._s_put_page, [self._pk(h)], [v, m, o.namespace.id_hex, o.parent.hex(), repr(now)],
+                             client=pipe)
+        flags = pipe.execute()
+        written_idx = [i for i, f in enumerate(flags) if int(f) == 1]
+        # Indexes and counters after the pages: a reader never finds a children entry without its page; a writer
+        # that dies here leaves a missing_index / counter_mismatch that verify reports and repair fixes.
+        per_ns: dict[bytes, list[Any]] = {}
+        pipe = client.pipeline(transaction=False)
+        for i in written_idx:
+            o = origins[i]
+            pipe.sadd(self._ck(o.parent), hashes[i])
+            acc = per_ns.setdefault(o.namespace.id, [o.namespace, 0, 0, ""])
+            acc[1] += 1
+            acc[2] += len(values[i]) - _HEADER
+            if o.parent == roots[o.namespace.id]:
+                acc[3] = o.parent.hex()
+        for ns, n, b, root in per_ns.values():
+            self._call(self._s_ns_adjust, [self._nk(ns.id_hex)], [_enc.encode(ns.info()), repr(now), n, b, root],
+                       pipe)
+            pipe.sadd(self._k_nsidx, ns.id_hex)
+        if written_idx:
+            pipe.execute()
+        return len(written_idx), len(hashes) - len(written_idx)
+
+    # -- access records -------------------------------------------------------------------------------------
+
+    def _take_pending(self) -> tuple[list[tuple[float, bytes, str, int]], dict[bytes, str]]:
+        with self._lock:
+            pending, self._pending, self._pending_pages = self._pending, [], 0
+            return pending, dict(self._corrupt)
+
+    def _restore_pending(self, pending: list[tuple[float, bytes, str, int]]) -> None:
+        with self._lock:
+            self._pending[:0] = pending
+            self._pending_pages += sum(n for _, _, _, n in pending)
+
+    def flush(self) -> None:
+        """Write logged reads (hit counts, access times) and drop pages seen corrupt (if still the same bytes).
+        A fault keeps the log for the next flush and is counted (`flush_errors`); nothing is raised."""
+        if self.readonly or self._closed:
+            return
+        pending, corrupt = self._take_pending()
+        if not pending and not corrupt:
+            return
+        if not self._available():
+            self._restore_pending(pending)
+            with self._lock:
+                self._counts["flush_errors"] += 1
+            return
+        try:
+            self._write_access(self._client, pending)
+            if corrupt:
+                self._remove([(h, None, None, "sha", sha) for h, sha in corrupt.items()])
+            self._ok()
+        except (*_FAULTS, StoreError):
+            self._restore_pending(pending)
+            self._fault("flush_errors")
+            return
+        with self._lock:
+            for h in corrupt:
+                self._corrupt.pop(h, None)
+            self._counts["flushes"] += 1
+
+    def _flush_quietly(self) -> None:
+        if self._pending or self._corrupt:
+            self.flush()
+
+    def _write_access(self, client: Any, pending: list[tuple[float, bytes, str, int]]) -> None:
+        """Fold logged reads into page records and namespace counters (TOUCH: only records that still exist)."""
+        hits: Counter[bytes] = Counter()
+        last: dict[bytes, float] = {}
+        ns_pages: Counter[str] = Counter()
+        ns_last: dict[str, float] = {}
+        for when, deepest, ns_hex, n in pending:
+            hits[deepest] += 1
+            last[deepest] = max(last.get(deepest, 0.0), when)
+            ns_pages[ns_hex] += n
+            ns_last[ns_hex] = max(ns_last.get(ns_hex, 0.0), when)
+        pipe = client.pipeline(transaction=False)
+        for h, n in hits.items():
+            self._call(self._s_touch, [self._pk(h)], ["h", n, "a", repr(last[h])], pipe)
+        for ns_hex, n in ns_pages.items():
+            self._call(self._s_touch, [self._nk(ns_hex)], ["hits", n, "last", repr(ns_last[ns_hex])], pipe)
+        pipe.execute()
+
+    # -- removing -------------------------------------------------------------------------------------------
+
+    def _remove(self, items: list[tuple[bytes, str | None, str | None, str, str]]) -> list[int]:
+        """Remove page records under guards (see scripts.REMOVE_BATCH): items are (page, namespace hex, parent
+        hex, guard, sha1 hex); a None namespace or parent is read first. Returns the payload bytes freed per
+        item (-1: kept by its guard). Standalone: one atomic script per REMOVE_BATCH pages of items."""
+        client = self._live()
+        need = [i for i, (_, ns, parent, guard, _) in enumerate(items) if guard != "raw" and (ns is None or parent is None)]
+        if need:
+            read = self._hmget_many(client, [items[i][0] for i in need], ("n", "p"))
+            for i, (ns, parent) in zip(need, read):
+                h, _, _, guard, sha = items[i]
+                items[i] = (h, ns.decode() if ns else "", parent.decode() if parent else "", guard, sha)
+        out: list[int] = []
+        for start in range(0, len(items), REPAIR_BATCH_PAGES):
+            chunk = items[start:start + REPAIR_BATCH_PAGES]
+            if self.cluster:
+                out += self._remove_cluster(client, chunk)
+                continue
+            keys: list[bytes] = []
+            args: list[Any] = []
+            for h, ns, parent, guard, sha in chunk:
+                parent_hash = bytes.fromhex(parent) if parent else b""
+                keys += [self._pk(h), self._ck(parent_hash), self._nk(ns or "-"), self._pk(parent_hash)]
+                args += [h, ns or "", parent or "", guard, sha or ""]
+            out += [int(x) for x in self._call(self._s_remove_batch, keys, args, client)]
+        return out
+
+    def _remove_cluster(self, client: Any, chunk: list[tuple[bytes, str, str, str, str]]) -> list[int]:
+        pipe = client.pipeline(transaction=False)
+        for h, ns, parent, guard, sha in chunk:
+            if guard == "below":
+                guard = "any"  # the parent's record is in another slot: checked by the caller before
+            self._call(self._s_remove_page, [self._pk(h)], [ns or "", parent or "", guard, sha or ""], pipe)
+        freed = [int(x) for x in pipe.execute()]
+        pipe = client.pipeline(transaction=False)
+        per_ns: Counter[str] = Counter()
+        per_ns_bytes: Counter[str] = Counter()
+        for (h, ns, parent, guard, _), f in zip(chunk, freed):
+            if f >= 0 and guard != "raw":
+                pipe.srem(self._ck(bytes.fromhex(parent)), h)
+                per_ns[ns] += 1
+                per_ns_bytes[ns] += f
+        for ns, n in per_ns.items():
+            self._call(self._s_ns_adjust, [self._nk(ns)], ["", "0", -n, -per_ns_bytes[ns], ""], pipe)
+        pipe.execute()
+        return freed
+
+    def _scan_pages(self, fields: tuple[str, ...]) -> Iterator[tuple[bytes | str, list[Any]]]:
+        """Every page record's hash and the asked fields, SCAN_COUNT keys per round trip. A key whose tail is
+        not a page hash comes back as that tail, a str (verify reports it)."""
+        client = self._live()
+        pattern = _glob_escape(self.prefix) + "p:*"
+        skip = len(self._p_page)
+        batch: list[bytes] = []
+
+        def fetch(keys: list[bytes]) -> list[tuple[bytes, list[Any]]]:
+            pipe = client.pipeline(transaction=False)
+            for k in keys:
+                pipe.hmget(k, *fields)
+            got = self._admin(lambda c: pipe.execute())
+            out = []
+            for k, vals in zip(keys, got):
+                tail = k[skip:].decode(errors="replace")
+                try:
+                    h = bytes.fromhex(tail)
+                except ValueError:
+                    h = b""
+                out.append((h if len(h) == PAGE_HASH_BYTES and len(tail) == 2 * PAGE_HASH_BYTES else tail, vals))
+            return out
+
+        keys_iter = self._admin(lambda c: c.scan_iter(match=pattern, count=SCAN_COUNT))
+        seen: set[bytes] = set()  # SCAN may return a key twice
+        try:
+            for key in keys_iter:
+                if key in seen:
+                    continue
+                seen.add(key)
+                batch.append(key)
+                if len(batch) >= SCAN_COUNT:
+                    yield from fetch(batch)
+                    batch = []
+        except _FAULTS as exc:
+            raise StoreError(self.location, f"redis: {exc}") from None
+        if batch:
+            yield from fetch(batch)
+
+    def delete_namespace(self, ns_id: bytes) -> DeleteResult:
+        """Remove every page of namespace `ns_id` (16 bytes) and its registry record.
+
+        Pages are found by SCAN (SCAN_COUNT keys per round trip) and removed DELETE_BATCH_PAGES per script, so a
+        large tenant's offboarding never blocks the server for long. Scans repeat until one finds nothing, so
+        pages a concurrent writer adds meanwhile go too."""
+        self._check_writable()
+        if not isinstance(ns_id, bytes) or len(ns_id) != 16:
+            raise InvalidInput(f"a namespace id is 16 bytes, got {ns_id!r:.60}")
+        self.flush()
+        ns_hex = ns_id.hex()
+        pages = nbytes = scripts_run = 0
+        while True:
+            found = [(h, ns_hex, parent.decode(), "any", "")
+                     for h, (ns, parent) in self._scan_pages(("n", "p"))
+                     if isinstance(h, bytes) and ns is not None and ns.decode() == ns_hex and parent is not None]
+            for start in range(0, len(found), DELETE_BATCH_PAGES):
+                freed = self._admin(lambda c, b=found[start:start + DELETE_BATCH_PAGES]: self._remove(b))
+                scripts_run += 1
+                got = [f for f in freed if f >= 0]
+                pages += len(got)
+                nbytes += sum(got)
+            if not found:
+                break
+
+        def drop(c: Any) -> None:
+            c.srem(self._k_nsidx, ns_hex)
+            c.delete(self._nk(ns_hex))
+
+        self._admin(drop)
+        with self._lock:
+            for h in [h for h in self._corrupt]:
+                self._corrupt.pop(h, None)
+        return DeleteResult(pages, nbytes, max(scripts_run, 1))
+
+    # -- integrity ------------------------------------------------------------------------------------------
+
+    def verify(self, repair: bool = False) -> VerifyReport:
+        """Scan every page record (checksum, size, hash, metadata, children index), the prefix trees and the
+        registry counters; with `repair`, remove what is provably corrupt or unreachable (base.REPAIRS), each
+        removal re-checked by its script against the record as it is then.
+
+        The scan is not one snapshot: a page written during it can show up as a `dangling_index` (rechecked
+        before it is reported) and registry counters moved by concurrent writers as a `counter_mismatch`. Run
+        the counter check (and its repair, a recount) when writers are quiet."""
+        if repair:
+            self._check_writable()
+        found = _Findings()
+        layouts = {k: r.layout for k, r in self._layout_records().items()}
+        registry = self._registry()
+        tree: dict[bytes, _Page] = {}
+        per_ns: dict[bytes, list[int]] = {}
+        checked = checked_bytes = 0
+        index_checks: list[tuple[bytes, bytes]] = []
+        for h, (d, m, n, p) in self._scan_pages(("d", "m", "n", "p")):
+            if isinstance(h, str):
+                found.add("dangling_index", None, f"a page record key whose tail {h!r} is not a page hash")
+                continue
+            if d is None or m is None or n is None or p is None:
+                missing = "metadata" if m is None else "payload" if d is None else "namespace or parent field"
+                found.add("missing_meta" if d is not None else "missing_page", h,
+                          f"a page record without its {missing}", remove="raw")
+                continue
+            checked += 1
+            checked_bytes += len(d) - _HEADER
+            meta = _dec_meta.decode(m)
+            stored_sum = int.from_bytes(d[:_HEADER], "little")
+            if _checksum(memoryview(d)[_HEADER:], h) != stored_sum:
+                found.add("checksum_mismatch", h, "payload does not match its checksum", remove="sha")
+            if meta.checksum != stored_sum:
+                found.add("checksum_mismatch", h, "metadata checksum differs from the page's", remove="sha")
+            size = len(d) - _HEADER
+            if meta.nbytes != size:
+                found.add("size_mismatch", h, f"{size} bytes stored, metadata says {meta.nbytes}", remove="sha")
+            if not _chains_to(h, meta):
+                found.add("hash_mismatch", h, f"not H(parent {meta.parent.hex()} || its {len(meta.tokens)} token "
+                                              f"bytes): a page filed under a wrong hash", remove="sha")
+            layout = layouts.get(meta.layout_id)
+            if layout is None:
+                found.add("unknown_layout", h, f"layout {meta.layout_id.hex()} is not recorded")
+            elif layout.bytes_per_page != size:
+                found.add("size_mismatch", h, f"{size} bytes stored, layout {layout.describe()} pages are "
+                                              f"{layout.bytes_per_page}", remove="sha")
+            if n.decode() != meta.ns_id.hex() or p.decode() != meta.parent.hex():
+                found.add("namespace_mismatch", h, "the record's namespace or parent field differs from its "
+                                                   "metadata", remove="sha")
+            if meta.ns_id.hex() not in registry:
+                found.add("unknown_namespace", h, f"namespace {meta.ns_id.hex()} not registered")
+            tree[h] = _Page(meta.parent, meta.ns_id, meta.layout_id, meta.nbytes)
+            acc = per_ns.setdefault(meta.ns_id, [0, 0])
+            acc[0] += 1
+            acc[1] += size
+            index_checks.append((meta.parent, h))
+        self._check_index(index_checks, found)
+        kids = self._check_tree(tree, layouts, registry, found)
+        self._check_children(tree, found)
+        for ns_hex, record in registry.items():
+            n_pages, n_bytes = per_ns.get(bytes.fromhex(ns_hex), [0, 0])
+            if (record.pages, record.bytes) != (n_pages, n_bytes):
+                found.add("counter_mismatch", None, f"namespace {ns_hex}: registry says {record.pages} pages / "
+                                                    f"{record.bytes} bytes, store holds {n_pages} / {n_bytes}")
+                found.recount.append(len(found.items) - 1)
+        if not repair:
+            return VerifyReport(not found.items, checked, checked_bytes, found.items)
+        removals = self._repair(found, kids, tree)
+        items = [msgspec.structs.replace(f, repaired=True) if i in found.fixed else f
+                 for i, f in enumerate(found.items)]
+        return VerifyReport(not items, checked, checked_bytes, items, len(found.fixed), removals)
+
+    def _check_index(self, links: list[tuple[bytes, bytes]], found: _Findings) -> None:
+        """missing_index: pages not listed in their parent's children set."""
+        client = self._live()
+        for start in range(0, len(links), SCAN_COUNT):
+            chunk = links[start:start + SCAN_COUNT]
+
+            def ask(c: Any, chunk=chunk) -> list[Any]:
+                pipe = c.pipeline(transaction=False)
+                for parent, h in chunk:
+                    pipe.sismember(self._ck(parent), h)
+                return pipe.execute()
+
+            for (parent, h), there in zip(chunk, self._admin(ask)):
+                if not there:
+                    found.add("missing_index", h, "not listed under its parent in children")
+                    found.relink.setdefault(h, len(found.items) - 1)
+        del client
+
+    def _check_tree(self, tree: dict[bytes, _Page], layouts: dict[bytes, KVLayout],
+                    registry: dict[str, NamespaceRecord], found: _Findings) -> dict[bytes, list[bytes]]:
+        """Orphans and namespace/layout tags against the chain; returns parent -> children by the metadata."""
+        pairs = {(pg.layout_id, pg.ns_id) for pg in tree.values()}
+        pairs |= {(lay, bytes.fromhex(ns)) for lay in layouts for ns in registry}
+        roots = {hash_root_of_id(lay, ns): (lay, ns) for lay, ns in pairs}
+        kids: dict[bytes, list[bytes]] = {}
+        for h, pg in tree.items():
+            kids.setdefault(pg.parent, []).append(h)
+        for h, pg in tree.items():
+            up = tree.get(pg.parent)
+            if up is not None:
+                if (up.ns_id, up.layout_id) != (pg.ns_id, pg.layout_id):
+                    found.add("namespace_mismatch", h, f"tagged namespace {pg.ns_id.hex()} / layout "
+                                                       f"{pg.layout_id.hex()}, its parent {pg.parent.hex()} is in "
+                                                       f"namespace {up.ns_id.hex()} / layout {up.layout_id.hex()}",
+                              remove="any")
+            elif pg.parent in roots:
+                if roots[pg.parent] != (pg.layout_id, pg.ns_id):
+                    lay, ns = roots[pg.parent]
+                    found.add("namespace_mismatch", h, f"tagged namespace {pg.ns_id.hex()} / layout "
+                                                       f"{pg.layout_id.hex()}, its parent is the root of namespace "
+                                                       f"{ns.hex()} / layout {lay.hex()}", remove="any")
+            else:
+                below, below_bytes = _subtree_size(h, kids, tree)
+                found.add("orphan", h, f"parent {pg.parent.hex()} is neither a stored page nor a namespace root: "
+                                       f"unreachable with the {below} page(s) ({below_bytes} bytes) below it",
+                          remove="below")
+        return kids
+
+    def _check_children(self, tree: dict[bytes, _Page], found: _Findings) -> None:
+        """dangling_index: children entries naming a page that is not stored, or not under that parent.
+        Entries whose page is missing from the scan are rechecked (a page written during the scan is fine)."""
+        client = self._live()
+        pattern = _glob_escape(self.prefix) + "c:*"
+        skip = len(self._p_children)
+        suspects: list[tuple[bytes, bytes]] = []
+        keys = sorted(set(self._admin(lambda c: list(c.scan_iter(match=pattern, count=SCAN_COUNT)))))
+        for start in range(0, len(keys), SCAN_COUNT):
+            chunk = keys[start:start + SCAN_COUNT]
+
+            def members(c: Any, chunk=chunk) -> list[set[bytes]]:
+                pipe = c.pipeline(transaction=False)
+                for k in chunk:
+                    pipe.smembers(k)
+                return pipe.execute()
+
+            for key, kids in zip(chunk, self._admin(members)):
+                try:
+                    parent = bytes.fromhex(key[skip:].decode())
+                except ValueError:
+                    continue
+                for child in kids:
+                    pg = tree.get(child)
+                    if pg is None or pg.parent != parent:
+                        suspects.append((parent, child))
+        if suspects:
+            recheck = self._admin(lambda c: self._hmget_many(c, [c2 for _, c2 in suspects], ("p",)))
+            for (parent, child), (p,) in zip(suspects, recheck):
+                if p is not None and p.decode() == parent.hex():
+                    continue  # written during the scan, under this parent: sound
+                pg = tree.get(child)
+                why = ("names a page that is not stored" if p is None else
+                       f"files it under {parent.hex()}, its metadata names parent "
+                       f"{(pg.parent.hex() if pg else p.decode())}")
+                found.add("dangling_index", child, f"children entry {why}")
+                found.unlink.append((parent, child, len(found.items) - 1))
+        del client
+
+    def _repair(self, found: _Findings, kids: dict[bytes, list[bytes]],
+                tree: dict[bytes, _Page]) -> list[VerifyRemoval]:
+        """Apply base.REPAIRS: remove each finding's page and its subtree (re-checked by the removal script),
+        unlink dangling entries, relink missing ones, recount the registry."""
+        removals: list[VerifyRemoval] = []
+        removed: set[bytes] = set()
+        # Level by level: a finding's own pages first (under their guard), then the pages below removed ones
+        # (guard "below": only while their parent stays gone).
+        level: list[tuple[bytes, int, bytes | None, str]] = [(h, i, None, guard)
+                                                             for h, (i, guard) in found.remove.items()]
+        seen: set[bytes] = set()
+        sha: dict[bytes, str] = {}
+        shas_needed = [h for h, _, _, g in level if g == "sha"]
+        if shas_needed:
+            raw = self._admin(lambda c: self._hmget_many(c, shas_needed, ("d",)))
+            sha = {h: hashlib.sha1(d).hexdigest() for h, (d,) in zip(shas_needed, raw) if d is not None}
+        while level:
+            level = [x for x in level if x[0] not in seen]
+            seen.update(h for h, _, _, _ in level)
+            if not level:
+                break
+            items = []
+            for h, _, _, guard in level:
+                pg = tree.get(h)
+                items.append((h, pg.ns_id.hex() if pg else None, pg.parent.hex() if pg else None, guard,
+                              sha.get(h, "")))
+            freed = self._admin(lambda c, items=items: self._remove(items))
+            nxt: list[tuple[bytes, int, bytes | None, str]] = []
+            for (h, i, via, guard), f in zip(level, freed):
+                if f < 0:
+                    continue  # sound now (rewritten, re-linked or gone meanwhile): left as it is
+                what = "bytes" if guard == "raw" else "page"
+                head = found.items[i].page_hash
+                removals.append(VerifyRemoval(found.items[i].kind, h.hex(), what, max(f, 0),
+                                              None if via is None else head))
+                removed.add(h)
+                below = set(kids.get(h, ()))
+                below |= self._admin(lambda c, h=h: c.smembers(self._ck(h)))
+                nxt += [(c, i, h, "below") for c in below]
+            level = nxt
+        for h in removed:
+            found.fixed.update(found.by_page.get(h, ()))
+        if found.unlink:
+            def unlink(c: Any) -> list[int]:
+                pipe = c.pipeline(transaction=False)
+                for parent, child, _ in found.unlink:
+                    pipe.srem(self._ck(parent), child)
+                return pipe.execute()
+
+            for (parent, child, i), gone in zip(found.unlink, self._admin(unlink)):
+                if gone:
+                    removals.append(VerifyRemoval(found.items[i].kind, child.hex(), "index", 0))
+                found.fixed.add(i)
+        relink = [(h, i) for h, i in found.relink.items() if h not in removed and h in tree]
+        if relink:
+            def add_links(c: Any) -> None:
+                pipe = c.pipeline(transaction=False)
+                for h, _ in relink:
+                    pipe.sadd(self._ck(tree[h].parent), h)
+                pipe.execute()
+
+            self._admin(add_links)
+            found.fixed.update(i for _, i in relink)
+        if found.recount:
+            self._recount()
+            found.fixed.update(found.recount)
+        with self._lock:
+            for h in removed:
+                self._corrupt.pop(h, None)  # gone: a writer may store them again
+        return removals
+
+    def _recount(self) -> None:
+        """Set every registry counter from the page records stored now."""
+        per_ns: dict[str, list[int]] = {}
+        for h, (n, size) in self._scan_pages_sizes():
+            acc = per_ns.setdefault(n, [0, 0])
+            acc[0] += 1
+            acc[1] += size
+        registry = self._registry()
+
+        def write(c: Any) -> None:
+            pipe = c.pipeline(transaction=False)
+            for ns_hex, record in registry.items():
+                n_pages, n_bytes = per_ns.get(ns_hex, [0, 0])
+                if (record.pages, record.bytes) != (n_pages, n_bytes):
+                    pipe.hset(self._nk(ns_hex), mapping={"pages": n_pages, "bytes": n_bytes})
+            pipe.execute()
+
+        self._admin(write)
+
+    def _scan_pages_sizes(self) -> Iterator[tuple[bytes, tuple[str, int]]]:
+        client = self._live()
+        batch: list[bytes] = []
+        keys = [h for h, (n,) in self._scan_pages(("n",)) if n is not None and isinstance(h, bytes)]
+        for start in range(0, len(keys), SCAN_COUNT):
+            batch = keys[start:start + SCAN_COUNT]
+
+            def ask(c: Any, batch=batch) -> list[Any]:
+                pipe = c.pipeline(transaction=False)
+                for h in batch:
+                    pipe.hget(self._pk(h), "n")
+                    pipe.hstrlen(self._pk(h), "d")
+                return pipe.execute()
+
+            got = self._admin(ask)
+            for j, h in enumerate(batch):
+                n, size = got[2 * j], got[2 * j + 1]
+                if n is not None and size:
+                    yield h, (n.decode(), int(size) - _HEADER)
+        del client
+
+    # -- lifetime -------------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush logged reads (best effort: a fault keeps nothing, the handle is going) and release the
+        connections. Idempotent."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            try:
+                self._client.close()
+            except _FAULTS:  # closing is best effort: the connections are being dropped either way
+                pass
+
+    def __enter__(self) -> "RedisStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        layout = self.layout.describe() if self.layout else "no layout"
+        return f"RedisStore({self.location!r}, {layout}{', read-only' if self.readonly else ''})"
+
+
+def _subtree_size(top: bytes, kids: dict[bytes, list[bytes]], tree: dict[bytes, _Page]) -> tuple[int, int]:
+    """(pages, payload bytes) below `top` by the parents its descendants' metadata name."""
+    pages = nbytes = 0
+    seen = {top}
+    stack = list(kids.get(top, ()))
+    while stack:
+        h = stack.pop()
+        if h in seen:
+            continue
+        seen.add(h)
+        pages += 1
+        nbytes += tree[h].nbytes
+        stack.extend(kids.get(h, ()))
+    return pages, nbytes
+
+
+def _connect(url: _Url, redis_options: dict[str, Any]) -> Any:
+    """A redis-py client for `url`. No retries inside redis-py: a fault surfaces at once, and the store's own
+    backoff decides when to try again (a scheduler must not sit in a retry loop on a dead server)."""
+    opts = url.options
+    kwargs: dict[str, Any] = dict(socket_timeout=opts.timeout, socket_connect_timeout=opts.connect_timeout,
+                                  retry=Retry(NoBackoff(), 0))
+    kwargs.update(redis_options)
+    try:
+        if url.cluster:
+            from redis.cluster import RedisCluster
+
+            return RedisCluster.from_url(url.client_url, **kwargs)
+        return redis.Redis.from_url(url.client_url, retry_on_timeout=False, **kwargs)
+    except _FAULTS as exc:
+        raise StoreError(url.shown, f"cannot reach the server: {exc}") from None
