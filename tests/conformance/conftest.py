@@ -16,6 +16,7 @@ import pytest
 
 from kvcache.layout import KVLayout
 from kvcache.storage.base import L3Store, backends, open_store
+from redis_server import redis_cluster, redis_server  # noqa: F401  (session fixtures of the redis factories)
 
 LAYOUT = KVLayout("conformance-model@r1", layers=2, kv_heads=2, head_dim=16, dtype="float16", page_size=4)
 # Same geometry, another model revision: same page size in bytes, so only the layout id keeps them apart.
@@ -44,22 +45,64 @@ def _lmdb_corrupt(location: str, payload: bytes) -> None:
             at = raw.find(payload, at + 1)
 
 
+def _redis_corrupt(location: str, payload: bytes) -> None:
+    # The page record's `d` field is an 8-byte checksum + the payload: flip a payload byte in place.
+    import redis
+    from urllib.parse import parse_qs, urlsplit
+
+    parts = urlsplit(location)
+    prefix = parse_qs(parts.query)["prefix"][0]
+    hits = 0
+    with redis.Redis(host=parts.hostname, port=parts.port) as client:
+        for key in client.scan_iter(match=prefix + "p:*", count=1000):
+            value = client.hget(key, "d")
+            at = value.find(payload) if value is not None else -1
+            if at >= 0:
+                flipped = bytearray(value)
+                flipped[at + len(payload) // 2] ^= 0x5A
+                client.hset(key, "d", bytes(flipped))
+                hits += 1
+    assert hits, "payload not found under the store's prefix"
+
+
+def _redis_location(cluster: bool) -> Callable[[Path], str]:
+    from redis_server import shared_server
+
+    return lambda tmp: shared_server(tmp, cluster=cluster).store_url()
+
+
+def _open_created(location: str, layout: KVLayout, **kw) -> L3Store:
+    return open_store(location, layout, create=True, add_layout=True, **kw)
+
+
 FACTORIES: dict[str, StoreFactory] = {
     "lmdb": StoreFactory(
         backend="lmdb",
         location=lambda tmp: str(tmp / "store"),
-        open=lambda location, layout, **kw: open_store(location, layout, create=True, add_layout=True, **kw),
+        open=_open_created,
         corrupt=_lmdb_corrupt,
     ),
+    # A real redis-server on 127.0.0.1 (tests/redis_server.py), one key prefix per test.
+    "redis": StoreFactory(backend="redis", location=_redis_location(False), open=_open_created,
+                          corrupt=_redis_corrupt),
+    # The cluster code path (one-key scripts, per-slot pipelines) on a one-node Redis Cluster.
+    "redis+cluster": StoreFactory(backend="redis+cluster", location=_redis_location(True), open=_open_created,
+                                  corrupt=_redis_corrupt),
 }
+# Schemes that open the same backend as another one over TLS: the suite runs over the plain scheme.
+ALIASES = {"rediss": "redis", "rediss+cluster": "redis+cluster"}
+# Backends whose factory needs a server: the fixture (tests/redis_server.py) that provides it.
+SERVERS = {"redis": "redis_server", "redis+cluster": "redis_cluster"}
 
 
-@pytest.fixture(params=sorted(backends()))
+@pytest.fixture(params=sorted({ALIASES.get(name, name) for name in backends()}))
 def factory(request: pytest.FixtureRequest) -> StoreFactory:
     """The factory of each registered backend in turn."""
     name = request.param
     if name not in FACTORIES:
         pytest.fail(f"backend {name!r} is registered in kvcache.storage but has no conformance factory")
+    if name in SERVERS:
+        request.getfixturevalue(SERVERS[name])  # skips locally / fails under CI=true without redis-server
     return FACTORIES[name]
 
 
