@@ -12,10 +12,11 @@ STAMP  := $(VENV)/.installed
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(BIN)/python pyproject.toml Makefile
+$(STAMP): $(BIN)/python pyproject.toml plugins/kvcache_redis/pyproject.toml Makefile
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH)"
 	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet -e plugins/kvcache_redis
 	touch $(STAMP)
 
 install: $(STAMP)
