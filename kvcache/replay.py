@@ -74,6 +74,7 @@ class ReplayReport(msgspec.Struct):
     verify_mismatches: int  # pages whose bytes differed from their page hash's
     mismatches: list[VerifyMismatch]  # the first few
     namespace_mismatches: int  # prefetches refused for an anchor of another namespace
+    prefetches_cancelled: int  # waiting requests' prefetches cancelled to make device room for the head request
     prefetch: PrefetchStats  # during this replay
     backup: BackupStats  # during this replay
     audit: AuditReport  # of the whole cache after the final flush
@@ -101,6 +102,7 @@ class _Tally:
         self.mismatched = 0
         self.examples: list[VerifyMismatch] = []
         self.ns_mismatches = 0
+        self.cancelled = 0
 
     def admitted(self, request: Request, adm) -> None:
         ns = request.namespace
@@ -140,6 +142,8 @@ class Replayer:
         self.batch = batch  # requests admitted together in one step (concurrent on the device)
         self.lookahead = lookahead  # requests waiting behind the step, whose prefetches are in flight
         self.kv = SyntheticKV(cache.layout)
+        self._prefetching: set[str] = set()  # rids whose prefetch is held by the cache (until admission)
+        self._cancelled: set[str] = set()  # rids whose prefetch was cancelled under pressure, to re-issue
 
     def run(self, trace: Iterable[TraceRequest],
             progress: Callable[[int], None] | None = None) -> ReplayReport:
@@ -163,10 +167,15 @@ class Replayer:
         while waiting:
             step = [waiting.popleft() for _ in range(min(self.batch, len(waiting)))]
             refill()
+            self._reissue(waiting, tally)
             cache.poll()
             running: list[Request] = []
             for i, request in enumerate(step):
+                self._prefetching.discard(request.rid)  # admission settles it
+                self._cancelled.discard(request.rid)
                 adm = cache.admit(request)
+                if adm.status is AdmitStatus.POOL_FULL and not running and self._relieve(waiting, tally):
+                    adm = cache.admit(request)  # the waiting requests' prefetches no longer pin device pages
                 if adm.status is AdmitStatus.POOL_FULL:
                     if running:  # room comes back when this step's requests commit: retry first next step
                         waiting.extendleft(reversed(step[i:]))
@@ -188,7 +197,7 @@ class Replayer:
         return ReplayReport(
             tally.requests, tally.refused, tally.tokens, tally.hits,
             sorted(tally.by_ns.values(), key=lambda r: (-r.tokens, r.namespace.extra_key or "")),
-            self.verify, tally.verified, tally.mismatched, tally.examples, tally.ns_mismatches,
+            self.verify, tally.verified, tally.mismatched, tally.examples, tally.ns_mismatches, tally.cancelled,
             _delta(stats1.prefetch, stats0.prefetch), _delta(stats1.backup, stats0.backup),  # type: ignore[arg-type]
             audit, seconds, tally.requests / seconds if seconds else 0.0,
             tally.tokens / seconds if seconds else 0.0)
@@ -197,9 +206,29 @@ class Replayer:
         if self.cache.store is None:
             return
         try:
-            self.cache.prefetch(request)
+            if self.cache.prefetch(request).issued:
+                self._prefetching.add(request.rid)
         except NamespaceMismatch:
             tally.ns_mismatches += 1  # counted by the cache too; the request is served without L3
+
+    def _relieve(self, waiting: deque[Request], tally: _Tally) -> bool:
+        """The head request does not fit alone: cancel the waiting requests' prefetches, whose anchors lock
+        device pages (as a scheduler under memory pressure drops speculative work). True if any was."""
+        cancelled = [r for r in waiting if r.rid in self._prefetching]
+        for request in cancelled:
+            self.cache.release(request.rid)
+            self._prefetching.discard(request.rid)
+            self._cancelled.add(request.rid)
+        tally.cancelled += len(cancelled)
+        return bool(cancelled)
+
+    def _reissue(self, waiting: deque[Request], tally: _Tally) -> None:
+        """Prefetch again for waiting requests whose prefetch `_relieve` cancelled."""
+        if self._cancelled:
+            for request in waiting:
+                if request.rid in self._cancelled:
+                    self._cancelled.discard(request.rid)
+                    self._prefetch(request, tally)
 
     def _forward(self, request: Request, adm, tally: _Tally) -> None:
         """Check the cached pages (verify), then write the new tokens' KV as the engine's forward would."""
