@@ -65,6 +65,7 @@ BACKOFF_START_S = 0.05
 SCAN_COUNT = 512  # keys per SCAN step (verify, delete_namespace): bounded work per round trip
 DELETE_BATCH_PAGES = 512  # pages removed per script when deleting a namespace (a script blocks the server)
 REPAIR_BATCH_PAGES = 512
+MAX_PENDING_FACTOR = 16  # logged reads kept while flushes fail: this many times AccessPolicy.flush_reads
 _KVC_QUERY = ("prefix", "timeout", "connect_timeout", "backoff_max")
 _U64 = np.dtype("<u8")
 _HEADER = 8  # the checksum before the payload in a page's `d` field
@@ -368,10 +369,13 @@ class RedisStore:
         """Whether a data call may try the server now (not inside a backoff pause after a fault)."""
         return time.monotonic() >= self._down_until
 
-    def _fault(self, counter: str) -> None:
-        """Count a fault and start (or lengthen) the pause before the next attempt."""
+    def _fault(self, counter: str, exc: BaseException | None = None) -> None:
+        """Count a fault; a connection fault (not an error reply: the server is there) starts, or lengthens, the
+        pause before the next attempt."""
         with self._lock:
             self._counts[counter] += 1
+            if isinstance(exc, redis.ResponseError):
+                return
             self._backoff = min(max(2 * self._backoff, BACKOFF_START_S), self.url.options.backoff_max)
             self._down_until = time.monotonic() + self._backoff
 
@@ -417,8 +421,8 @@ class RedisStore:
                         break
                     found += 1
                 self._ok()
-            except _FAULTS:
-                self._fault("read_errors")
+            except _FAULTS as exc:
+                self._fault("read_errors", exc)
         else:
             self._counts["read_errors"] += 1
         if found < len(hashes):
@@ -445,8 +449,8 @@ class RedisStore:
                     pipe.hmget(self._pk(h), "d", "n")
                 replies = pipe.execute()
                 self._ok()
-            except _FAULTS:
-                self._fault("read_errors")
+            except _FAULTS as exc:
+                self._fault("read_errors", exc)
                 replies = []
         else:
             self._counts["read_errors"] += 1
@@ -660,7 +664,7 @@ class RedisStore:
                                    f"{origin.namespace.label}")
         client = self._live()
         if not self._available():
-            return self._failed_put(len(hashes))
+            return self._failed_put(len(hashes))  # inside a backoff pause: the server was gone a moment ago
         self._flush_quietly()  # logged reads ride with writes, as in the LMDB backend
         layout_id, now = layout.layout_id, time.time()
         roots = {ns.id: hash_root(layout_id, ns) for ns in {o.namespace for o in origins}}
@@ -678,19 +682,24 @@ class RedisStore:
                 i = int(str(exc).split()[1])
                 raise InvalidInput(f"page {hashes[i].hex()}: its parent is in another namespace than "
                                    f"{origins[i].namespace.label}") from None
-            return self._failed_put(len(hashes), fault=True)
-        except _FAULTS:
-            return self._failed_put(len(hashes), fault=True)
+            if str(exc).startswith("OOM"):
+                # The server is full (maxmemory, noeviction): a capacity outcome, like a rejected page in LMDB.
+                return self._failed_put(len(hashes), fault=False)
+            return self._failed_put(len(hashes), error=exc)
+        except _FAULTS as exc:
+            return self._failed_put(len(hashes), error=exc)
         with self._lock:
             c = self._counts
             c["pages_written"] += written
             c["pages_existing"] += existing
         return PutResult(written, existing, 0, 0, written * nbytes)
 
-    def _failed_put(self, n: int, fault: bool = False) -> PutResult:
-        if fault:
-            self._fault("write_errors")
-        else:
+    def _failed_put(self, n: int, error: BaseException | None = None, fault: bool = True) -> PutResult:
+        """A batch not stored: `rejected` whole. `error`: the fault (counted in write_errors); None with `fault`
+        False: an OOM reply, counted as rejected pages only."""
+        if error is not None:
+            self._fault("write_errors", error)
+        elif fault:
             with self._lock:
                 self._counts["write_errors"] += 1
         with self._lock:
@@ -770,7 +779,12 @@ class RedisStore:
     def _restore_pending(self, pending: list[tuple[float, bytes, str, int]]) -> None:
         with self._lock:
             self._pending[:0] = pending
-            self._pending_pages += sum(n for _, _, _, n in pending)
+            # A server away (or full) for long must not grow the log without bound: access figures are
+            # approximate, the oldest reads are the ones to forget.
+            cap = MAX_PENDING_FACTOR * self.access_policy.flush_reads
+            if len(self._pending) > cap:
+                del self._pending[:len(self._pending) - cap]
+            self._pending_pages = sum(n for _, _, _, n in self._pending)
 
     def flush(self) -> None:
         """Write logged reads (hit counts, access times) and drop pages seen corrupt (if still the same bytes).
@@ -790,9 +804,9 @@ class RedisStore:
             if corrupt:
                 self._remove([(h, None, None, "sha", sha) for h, sha in corrupt.items()])
             self._ok()
-        except (*_FAULTS, StoreError):
+        except (*_FAULTS, StoreError) as exc:
             self._restore_pending(pending)
-            self._fault("flush_errors")
+            self._fault("flush_errors", exc)
             return
         with self._lock:
             for h in corrupt:
