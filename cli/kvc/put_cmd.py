@@ -100,7 +100,7 @@ def _file_pages(path: Path, layout: KVLayout, n_tokens: int) -> torch.Tensor:
     else:
         try:
             tensor = torch.load(path, map_location="cpu", weights_only=True)
-        except (RuntimeError, EOFError, ValueError) as exc:  # not a torch file (pickle and zip errors vary)
+        except Exception as exc:  # noqa: BLE001 - torch.load fails with pickle, zip and runtime errors alike
             raise UsageError(f"{path}: not a torch tensor file: {' '.join(str(exc).split())[:200]}") from None
     if not isinstance(tensor, torch.Tensor) or tensor.dim() < 1:
         raise UsageError(f"{path}: expected a tensor of shape [tokens, ...], got {type(tensor).__name__}")
