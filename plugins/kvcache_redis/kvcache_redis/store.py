@@ -501,7 +501,6 @@ class RedisStore:
     def children(self, page_hash: bytes) -> list[ChildInfo]:
         """Stored children of a page hash or of a namespace root, hottest (most reads through the child, then
         most recent) first. A child's figures cover its subtree: one pipelined round trip per level below it."""
-        client = self._live()
         kids = sorted(self._admin(lambda c: c.smembers(self._ck(page_hash))))
         out: list[ChildInfo] = []
         if not kids:
@@ -535,7 +534,6 @@ class RedisStore:
                     acc[0] += int(hits)
                     acc[1] = max(acc[1], float(last or 0))
             level = nxt
-        del client
         for child, meta, _, _ in heads:
             hits, last = heat[child]
             out.append(ChildInfo(child, meta.tokens, meta.nbytes, hits, last))
