@@ -25,7 +25,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(BIN)/kvc --help
+	$(BIN)/kvc demo $(DEMO_ARGS)
 
 bench: $(STAMP)
 	cd benchmarks && ../$(BIN)/python bench_tree.py && ../$(BIN)/python bench_l3.py && ../$(BIN)/python bench_prefetch.py

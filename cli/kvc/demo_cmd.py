@@ -30,6 +30,7 @@ class TenantSavings(msgspec.Struct):
     namespace: NamespaceInfo
     tokens: int  # tokens of its requests (the same in both runs)
     cold_hit_tokens: int
+    cold_storage_tokens: int  # served from L3 in the cold run: pages L2 had evicted
     warm_hit_tokens: int
     warm_storage_tokens: int  # served from L3 in the warm run: prefill the restart did not have to redo
 
@@ -52,8 +53,8 @@ class DemoOutput(msgspec.Struct):
 def demo(
     requests: Annotated[int, typer.Option(help="Requests in the generated workload.")] = 3000,
     tenants: Annotated[int, typer.Option(help="Tenants (namespaces), each with its own salt.")] = 4,
-    device_tokens: Annotated[int, typer.Option("--device-tokens", help="L1 capacity in tokens.")] = 4096,
-    host_tokens: Annotated[int, typer.Option("--host-tokens", help="L2 capacity in tokens.")] = 16384,
+    device_tokens: Annotated[int, typer.Option("--device-tokens", help="L1 capacity in tokens.")] = 2048,
+    host_tokens: Annotated[int, typer.Option("--host-tokens", help="L2 capacity in tokens.")] = 8192,
     store: Annotated[Path | None, typer.Option(
         "--store", help="Keep the demo's store here (a new directory). Default: a temporary one, removed.")]
     = None,
@@ -67,7 +68,8 @@ def demo(
         raise UsageError("--requests and --tenants must be >= 1")
     if store is not None and store.exists():
         raise UsageError(f"{store}: already exists; the demo writes a new store (give a new path)")
-    spec = WorkloadSpec(requests=requests, tenants=tenants, documents=12, seed=7)
+    # a working set (tenants x 48 documents of 256 tokens) several times L2, so L3 serves the cold run too
+    spec = WorkloadSpec(requests=requests, tenants=tenants, documents=48, document_tokens=256, seed=7)
     trace = generate(spec)
     root = Path(tempfile.mkdtemp(prefix="kvc-demo-")) if store is None else None
     location = str(store) if store is not None else str(root / "store")  # type: ignore[operator]
@@ -75,7 +77,7 @@ def demo(
         with contextlib.closing(open_store(location, DEMO_LAYOUT, create=True, durability="data")) as handle:
             reports = []
             for run in ("cold", "warm"):
-                cache = offline_cache(handle, DEMO_LAYOUT, device_tokens, host_tokens)
+                cache = offline_cache(handle, DEMO_LAYOUT, device_tokens, host_tokens, prefetch_policy="timeout")
                 with contextlib.closing(cache):
                     with progress(f"{run} replay", len(trace), not json) as advance:
                         reports.append(run_replay(cache, trace, verify=True, progress=advance))
@@ -86,8 +88,9 @@ def demo(
             shutil.rmtree(root, ignore_errors=True)
     cold, warm = reports
     cold_rows = {r.namespace: r for r in cold.namespaces}
-    rows = [TenantSavings(w.namespace, w.tokens, cold_rows[w.namespace].hit_tokens.total, w.hit_tokens.total,
-                          w.hit_tokens.storage) for w in warm.namespaces]
+    rows = [TenantSavings(w.namespace, w.tokens, cold_rows[w.namespace].hit_tokens.total,
+                          cold_rows[w.namespace].hit_tokens.storage, w.hit_tokens.total, w.hit_tokens.storage)
+            for w in warm.namespaces]
     ok = cold.ok and warm.ok and verify.ok
     result = DemoOutput(location if store is not None else "(temporary)", len(trace), rows, cold, warm, verify.ok,
                         stats.pages, stats.bytes, ok)
@@ -105,13 +108,15 @@ def _print(result: DemoOutput, spec: WorkloadSpec) -> None:
               f"{DEMO_LAYOUT.describe()}")
     out.print(hit_table(result.cold, "cold: empty L1, L2 and L3"))
     out.print(hit_table(result.warm, "warm: a restarted cache (empty L1, L2) on the same L3 store"))
-    table = Table(title="what L3 saved after the restart", title_justify="left")
-    for col in ("extra_key", "salt fp", "tokens", "cold hit %", "warm hit %", "served by L3", "prefill saved"):
+    table = Table(title="what L3 saved each tenant (prefill tokens served from the store)", title_justify="left")
+    for col in ("extra_key", "salt fp", "tokens", "cold hit %", "cold from L3", "warm hit %", "warm from L3",
+                "warm prefill saved"):
         table.add_column(col, justify="left" if col in ("extra_key", "salt fp") else "right")
     for t in result.tenants:
         table.add_row(t.namespace.extra_key or "-", t.namespace.salt_fingerprint or "-", str(t.tokens),
-                      f"{100 * t.cold_hit_tokens / t.tokens:.1f}", f"{100 * t.warm_hit_tokens / t.tokens:.1f}",
-                      str(t.warm_storage_tokens), f"{100 * t.warm_storage_tokens / t.tokens:.1f}%")
+                      f"{100 * t.cold_hit_tokens / t.tokens:.1f}", str(t.cold_storage_tokens),
+                      f"{100 * t.warm_hit_tokens / t.tokens:.1f}", str(t.warm_storage_tokens),
+                      f"{100 * t.warm_storage_tokens / t.tokens:.1f}%")
     out.print(table)
     for name, r in (("cold", result.cold), ("warm", result.warm)):
         out.print(f"{name}: {r.seconds:.2f} s, {r.requests_per_s:,.0f} req/s; verify {r.verified_tokens} cached "

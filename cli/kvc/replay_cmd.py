@@ -55,7 +55,7 @@ def replay(
         "(check it with `kvc audit --snapshot`).")] = None,
     device_tokens: DeviceOpt = 16384,
     host_tokens: HostOpt = 65536,
-    prefetch_policy: PrefetchPolicyOpt = PrefetchPolicy.BEST_EFFORT,
+    prefetch_policy: PrefetchPolicyOpt = PrefetchPolicy.TIMEOUT,
     write_policy: WritePolicyOpt = WritePolicy.WRITE_THROUGH,
     mode: ModeOpt = HostMode.CACHE,
     batch: BatchOpt = 4,

@@ -265,7 +265,7 @@ def test_demo_small_runs_cold_then_warm_and_passes_its_checks():
     proc = kvc("demo", "--requests", 150, "--tenants", 2, "--json", check_rc=0)
     doc = json.loads(proc.stdout)
     assert doc["ok"] is True and doc["store_ok"] is True and doc["requests"] == 150
-    assert doc["cold"]["hit_tokens"]["storage"] == 0 and doc["warm"]["hit_tokens"]["storage"] > 0
+    assert doc["warm"]["hit_tokens"]["storage"] > 0
     assert {t["namespace"]["extra_key"] for t in doc["tenants"]} == {"tenant-0", "tenant-1"}
     human = kvc("demo", "--requests", 100, "--tenants", 2, check_rc=0)
-    assert "what L3 saved after the restart" in human.stdout and "all checks passed" in human.stdout
+    assert "what L3 saved each tenant" in human.stdout and "all checks passed" in human.stdout
