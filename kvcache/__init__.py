@@ -5,10 +5,12 @@ L1 (device) and L2 (host) slot pools under one namespaced radix tree, an optiona
 Start with `TieredCache(CacheConfig(layout=KVLayout(...), device_tokens=..., host_tokens=...), store=None)`.
 """
 
+from .admin import AdminClient, AdminServer
 from .audit import AuditReport, Violation, ViolationKind
 from .cache import Admission, AdmitStatus, CommitResult, EvictResult, TieredCache
 from .config import CacheConfig, HostMode, PrefetchPolicy, WritePolicy
-from .errors import (DoubleFree, InvalidConfig, InvalidInput, InvalidLayout, InvalidNamespace, InvalidTokens,
+from .errors import (AdminBadFrame, AdminError, AdminProtocolMismatch, AdminRemoteError, AdminSocketInUse,
+                     AdminTimeout, AdminUnavailable, DoubleFree, InvalidConfig, InvalidInput, InvalidLayout, InvalidNamespace, InvalidTokens,
                      InvalidTrace, InvariantViolation, KVCacheError, LayoutMismatch, LockUnderflow,
                      NamespaceMismatch, NotAStore, OwnershipError, StoreError, StoreFull, StoreReadOnly,
                      StoreUnsupported, UnknownBackend, UnknownRequest)
@@ -37,9 +39,13 @@ __all__ = [
     # workloads and the replay driver
     "TraceRequest", "WorkloadSpec", "generate", "read_trace", "write_trace",
     "NamespaceReplay", "Replayer", "ReplayReport", "TierTokens", "VerifyMismatch", "replay",
+    # live mode: the admin socket
+    "AdminClient", "AdminServer",
     # errors
     "DoubleFree", "InvalidConfig", "InvalidInput", "InvalidLayout", "InvalidNamespace", "InvalidTokens",
     "InvalidTrace", "InvariantViolation", "KVCacheError", "LayoutMismatch", "LockUnderflow", "NamespaceMismatch",
     "NotAStore", "OwnershipError", "StoreError", "StoreFull", "StoreReadOnly", "StoreUnsupported", "UnknownBackend",
     "UnknownRequest",
+    "AdminBadFrame", "AdminError", "AdminProtocolMismatch", "AdminRemoteError", "AdminSocketInUse", "AdminTimeout",
+    "AdminUnavailable",
 ]

@@ -23,6 +23,13 @@ either bad input from the caller, a broken invariant, or a storage fault the cal
         ├── LayoutMismatch            the KVLayout asked for is not one the store holds
         ├── StoreUnsupported          a kvc store this install cannot open (newer format, missing checksum)
         └── UnknownBackend            a URL scheme no installed L3 backend is registered for
+    └── AdminError                    a live cache's admin socket cannot answer as asked (each names the socket)
+        ├── AdminUnavailable          no server on the socket (no file, a stale socket, the connection dropped)
+        ├── AdminSocketInUse          serving on a socket path where a live server answers, or that is no socket
+        ├── AdminProtocolMismatch     the two ends speak different protocol versions (names both)
+        ├── AdminTimeout              no answer within the client's timeout
+        ├── AdminBadFrame             a frame that is not a valid request or response (size, framing, types)
+        └── AdminRemoteError          the server ran the request and it failed there (carries the remote kind)
 """
 
 from __future__ import annotations
@@ -145,3 +152,49 @@ class StoreUnsupported(StoreError):
 
 class UnknownBackend(StoreError):
     """A store URL whose scheme no backend in the entry-point group `kvcache.storage` is registered for."""
+
+
+class AdminError(KVCacheError):
+    """The admin socket of a live cache cannot answer as asked. Names the socket."""
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = str(path)
+        super().__init__(f"{path}: {message}" if path else message)
+
+
+class AdminUnavailable(AdminError):
+    """No server answers on the socket: no such file, a stale socket file, or the server went away mid-request."""
+
+
+class AdminSocketInUse(AdminError):
+    """A server was asked to listen on a path where a live server answers (or that is not a socket)."""
+
+
+class AdminProtocolMismatch(AdminError):
+    """The client and the server speak different admin protocol versions. Names both."""
+
+    def __init__(self, path: str, client: int, server: int) -> None:
+        self.client, self.server = client, server
+        super().__init__(path, f"admin protocol mismatch: the client speaks version {client}, the server speaks "
+                               f"version {server} (use a kvc of the server's version)")
+
+
+class AdminTimeout(AdminError):
+    """No answer came within the client's timeout (the request may still run on the server)."""
+
+    def __init__(self, path: str, seconds: float) -> None:
+        self.seconds = seconds
+        super().__init__(path, f"no answer within {seconds:g} s (raise --timeout; the request may still run)")
+
+
+class AdminBadFrame(AdminError):
+    """A frame that is not a valid admin request or response: oversized, truncated, not msgpack, wrong types."""
+
+
+class AdminRemoteError(AdminError):
+    """The server received the request and it failed there. `kind` is the server's error kind (the kvcache error
+    class raised, or bad_frame / bad_request / protocol_version / busy / shutting_down / internal)."""
+
+    def __init__(self, path: str, kind: str, message: str) -> None:
+        self.kind, self.remote_message = kind, message
+        super().__init__(path, message)

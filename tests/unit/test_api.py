@@ -18,6 +18,9 @@ PUBLIC = {
     "InvalidTrace", "InvariantViolation", "KVCacheError", "LayoutMismatch", "LockUnderflow", "NamespaceMismatch",
     "NotAStore", "OwnershipError", "StoreError", "StoreFull", "StoreReadOnly", "StoreUnsupported", "UnknownBackend",
     "UnknownRequest",
+    "AdminClient", "AdminServer",
+    "AdminBadFrame", "AdminError", "AdminProtocolMismatch", "AdminRemoteError", "AdminSocketInUse", "AdminTimeout",
+    "AdminUnavailable",
 }
 
 
