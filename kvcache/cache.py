@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
@@ -26,7 +27,7 @@ import torch
 
 from .audit import AuditReport, audit_cache
 from .config import CacheConfig, HostMode, PrefetchPolicy
-from .errors import InvariantViolation, LayoutMismatch, NamespaceMismatch, UnknownRequest
+from .errors import InvalidConfig, InvariantViolation, LayoutMismatch, NamespaceMismatch, UnknownRequest
 from .io_worker import IOWorker
 from .keys import TOKEN_BYTES, RadixKey, page_hashes
 from .namespace import Namespace
@@ -41,6 +42,9 @@ from .stats import BackupStats, CacheCounters, CacheStats, PrefetchStats, TierHi
 from .storage.base import L3Store, PageOrigin
 from .transfer import OpKind, OpTarget, StorageWriteJob, TransferOp, copy_pages
 from .tree import HostInsert, RadixTree, TreeMatch, TreeNode
+
+if TYPE_CHECKING:
+    from .admin import AdminServer
 
 log = logging.getLogger("kvcache")
 
@@ -141,6 +145,7 @@ class TieredCache:
         self._hits: dict[bytes, TierHits] = {}  # namespace id -> tier hits
         self.prefetch_stats = PrefetchStats()
         self.backup_stats = BackupStats()
+        self._admin: AdminServer | None = None  # serve_admin's socket, when open
 
     # --- the request lifecycle -------------------------------------------------------------------------------
 
@@ -269,6 +274,16 @@ class TieredCache:
         h = self._evict_host(-(-host_tokens // ps)) if host_tokens > 0 and self.host_pool is not None else 0
         return EvictResult(d, h)
 
+    def evict_namespace(self, namespace: Namespace, device: bool = True, host: bool = True) -> EvictResult:
+        """Free every unlocked, unpinned page `namespace` holds in L1 (`device`) and L2 (`host`), as eviction
+        would under pressure: a device copy with no host copy is backed up first under write-back; L3 keeps its
+        pages. What requests, copies or prefetches use stays."""
+        ns_id = namespace.id
+        mine = lambda node: node.namespace is not None and node.namespace.id == ns_id  # noqa: E731
+        d = self._evict_device(self.device_pool.num_pages, mine) if device else 0
+        h = (self._evict_host(self.host_pool.num_pages, mine) if host and self.host_pool is not None else 0)
+        return EvictResult(d, h)
+
     def poll(self) -> int:
         """Complete what has finished — copies, in issue order, and L3 jobs — and re-arm due prefetch retries.
         Call between scheduler steps. Returns how many copies and jobs completed."""
@@ -303,7 +318,10 @@ class TieredCache:
 
     def close(self) -> None:
         """Flush, stop the I/O worker and flush the store's access records. The store itself stays open (the
-        caller opened it). Prefetches still held are given back."""
+        caller opened it). Prefetches still held are given back. An admin socket is closed first."""
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None
         for rid in list(self._prefetches) + list(self._staged):  # never live: admission consumes both
             self.release(rid)
         self.flush()
@@ -319,6 +337,29 @@ class TieredCache:
     def audit(self) -> AuditReport:
         """Check the ownership partition and the tree's structure now."""
         return audit_cache(self)
+
+    # --- live mode: the admin socket (DESIGN §7) ------------------------------------------------------------
+
+    def serve_admin(self, path: str, *, standalone: bool = False, **options) -> AdminServer:
+        """Open the admin socket at `path` (mode 0600 unless `mode=` is given; `kvcache.admin.AdminServer`
+        takes the other options). Its requests are queued and run by `poll_admin`, which the engine calls between
+        scheduler steps; `standalone=True` starts a helper thread that owns the cache from then on and runs them
+        (with `poll`) itself. `close()` closes the socket and removes its file."""
+        from .admin import AdminServer
+        from .admin_ops import execute
+
+        if self._admin is not None:
+            raise InvalidConfig(f"this cache already serves an admin socket at {self._admin.path}")
+        self._admin = AdminServer(path, lambda request: execute(self, request), **options).start()
+        if standalone:
+            self._admin.start_owner_thread(self.poll)
+        return self._admin
+
+    def poll_admin(self, wait: float = 0.0) -> int:
+        """Run the admin requests queued now, on this (the owner) thread; wait up to `wait` seconds for one.
+        Returns how many ran (0 without an admin socket)."""
+        admin = self._admin
+        return admin.poll(wait) if admin is not None else 0
 
     # --- introspection (audit, snapshots, tests) --------------------------------------------------------------
 
@@ -402,15 +443,17 @@ class TieredCache:
         return PrefetchOutcome(rid, True, None, op.id, start_page * self.page_size, span * self.page_size,
                                ns.info())
 
-    def settle_prefetch(self, rid: str) -> SettledPrefetch:
+    def settle_prefetch(self, rid: str, policy: PrefetchPolicy | None = None,
+                        timeout_ms: float | None = None) -> SettledPrefetch:
         """Finish a request's prefetch now, without admitting it, per the prefetch policy: cache mode inserts
         what arrived as host-only nodes under the request's namespace; buffer mode parks it as the request's
         staged record (see `staged_records`), consumed by its admit or dropped by `release`. How operators warm
-        L2 before traffic arrives."""
+        L2 before traffic arrives. `policy` / `timeout_ms` replace the configured ones for this call (the admin
+        socket's prefetch waits for what an operator asked for, whatever the engine's policy)."""
         op = self._prefetches.pop(rid, None)
         if op is None:
             raise UnknownRequest(rid, "has no prefetch to settle")
-        inserted = self._settle_prefetch(op)
+        inserted = self._settle_prefetch(op, policy, timeout_ms)
         return SettledPrefetch(rid, op.id, op.hit, op.fetched, inserted, rid in self._staged,
                                time.monotonic() - op.created, op.namespace.info())
 
@@ -492,14 +535,16 @@ class TieredCache:
                 self.prefetch_stats.retried += 1
                 self._submit_check(op)
 
-    def _settle_prefetch(self, op: PrefetchOp) -> int:
+    def _settle_prefetch(self, op: PrefetchOp, policy: PrefetchPolicy | None = None,
+                         timeout_ms: float | None = None) -> int:
         """Admission: finish `op` per the prefetch policy and hand what arrived to the tree (cache mode) or to a
         staged record (buffer mode). Returns the pages inserted into the tree."""
-        policy = self.config.prefetch_policy
+        policy = self.config.prefetch_policy if policy is None else PrefetchPolicy(policy)
         if policy is not PrefetchPolicy.BEST_EFFORT and self._io is not None:
             budget = None
             if policy is PrefetchPolicy.TIMEOUT:
-                budget = (self.config.prefetch_timeout_ms + self.config.prefetch_timeout_per_page_ms * op.wanted)
+                budget = (self.config.prefetch_timeout_ms if timeout_ms is None else timeout_ms) \
+                    + self.config.prefetch_timeout_per_page_ms * op.wanted
                 budget = max(0.0, op.created + budget / 1000 - time.monotonic())
             deadline = None if budget is None else time.monotonic() + budget
             while op.job is not None:
@@ -713,22 +758,22 @@ class TieredCache:
             pages = pool.alloc(n, owner)
         return pages
 
-    def _evict_device(self, n_pages: int) -> int:
+    def _evict_device(self, n_pages: int, where=None) -> int:
         rule = self.config.backup_rule
         backup = self._backup_now if rule.on_evict and self.host_pool is not None else None
         freed = 0
-        for ev in self.tree.evict_device(n_pages, backup):
+        for ev in self.tree.evict_device(n_pages, backup, where):
             self.device_pool.free(ev.pages, ev.owner)
             freed += len(ev.pages)
         self.counters.device_pages_evicted += freed
         return freed
 
-    def _evict_host(self, n_pages: int) -> int:
+    def _evict_host(self, n_pages: int, where=None) -> int:
         assert self.host_pool is not None
         rule = self.config.backup_rule
         backup = self._store_now if rule.on_evict and self.store is not None else None
         freed = 0
-        for ev in self.tree.evict_host(n_pages, backup):
+        for ev in self.tree.evict_host(n_pages, backup, where):
             self.host_pool.free(ev.pages, ev.owner)
             freed += len(ev.pages)
         self.counters.host_pages_evicted += freed

@@ -340,18 +340,22 @@ class RadixTree:
 
     # --- eviction --------------------------------------------------------------------------------------------
 
-    def evict_device(self, n_pages: int, backup: Callable[[TreeNode], None] | None = None) -> list[Evicted]:
+    def evict_device(self, n_pages: int, backup: Callable[[TreeNode], None] | None = None,
+                     where: Callable[[TreeNode], bool] | None = None) -> list[Evicted]:
         """Detach device copies of at least `n_pages` pages (when that many are evictable), least recently used
         leaves first. Never touches locked or pinned nodes.
 
         `backup(node)` is called on a victim without a host copy before its device copy goes (write-back); a node
-        that has a host copy afterwards is kept host-only, any other victim is deleted.
+        that has a host copy afterwards is kept host-only, any other victim is deleted. `where(node)` false keeps
+        a node (evicting one namespace).
         """
         out: list[Evicted] = []
         freed = 0
         victims = self._victims(self._device_lru, _device_leaf, _device_busy)
         try:
             for node in victims:
+                if where is not None and not where(node):
+                    continue
                 if node.host is None and backup is not None:
                     backup(node)
                     if not self._device_victim(node):  # the backup's own work may have changed the node
@@ -368,16 +372,20 @@ class RadixTree:
             victims.close()
         return out
 
-    def evict_host(self, n_pages: int, backup: Callable[[TreeNode], None] | None = None) -> list[Evicted]:
+    def evict_host(self, n_pages: int, backup: Callable[[TreeNode], None] | None = None,
+                   where: Callable[[TreeNode], bool] | None = None) -> list[Evicted]:
         """Detach host copies of at least `n_pages` pages (when that many are evictable) from unlocked, unpinned
         host-only leaves, least recently used first; the nodes are deleted (their KV remains only in L3).
 
-        `backup(node)` is called on a victim not yet in L3 before its host copy goes (write-back)."""
+        `backup(node)` is called on a victim not yet in L3 before its host copy goes (write-back). `where(node)`
+        false keeps a node."""
         out: list[Evicted] = []
         freed = 0
         victims = self._victims(self._host_lru, _host_leaf, _host_busy)
         try:
             for node in victims:
+                if where is not None and not where(node):
+                    continue
                 if not node.stored and backup is not None:
                     backup(node)
                     if not self._host_victim(node):

@@ -15,6 +15,7 @@ import time
 import msgspec
 
 from .cache import TieredCache
+from .config import PrefetchPolicy
 from .errors import InvalidInput
 from .layout import KVLayout
 from .namespace import Namespace, NamespaceInfo
@@ -93,10 +94,11 @@ class WarmResult(msgspec.Struct):
     seconds: float
 
 
-def warm_namespace(cache: TieredCache, namespace: Namespace, max_pages: int,
-                   max_bytes: int | None = None) -> WarmResult:
+def warm_namespace(cache: TieredCache, namespace: Namespace, max_pages: int, max_bytes: int | None = None,
+                   policy: PrefetchPolicy | None = None, timeout_ms: float | None = None) -> WarmResult:
     """Prefetch `namespace`'s hottest stored prefixes into the cache's L2 up to the budget (cache mode: they
-    become host-only nodes). Needs a store and a host tier."""
+    become host-only nodes). Needs a store and a host tier. `policy` / `timeout_ms` settle each prefetch instead
+    of the cache's configured ones (see `TieredCache.settle_prefetch`)."""
     if cache.store is None:
         raise InvalidInput("warming a namespace needs an L3 store")
     start = time.perf_counter()
@@ -112,6 +114,6 @@ def warm_namespace(cache: TieredCache, namespace: Namespace, max_pages: int,
             reason = outcome.reason.value  # type: ignore[union-attr]
             declined[reason] = declined.get(reason, 0) + 1
             continue
-        inserted += cache.settle_prefetch(request.rid).inserted_pages
+        inserted += cache.settle_prefetch(request.rid, policy, timeout_ms).inserted_pages
     return WarmResult(namespace.info(), len(plan.prefixes), plan.pages * ps, inserted * ps, inserted,
                       inserted * cache.layout.bytes_per_page, declined, time.perf_counter() - start)

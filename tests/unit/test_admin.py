@@ -1,0 +1,400 @@
+"""The admin socket in one process: framing, the server's queue and owner-thread execution, every request kind
+on a cache over a real LMDB store, bad frames, protocol versions, socket claiming and the client's errors."""
+
+import os
+import random
+import socket
+import stat
+import struct
+import threading
+
+import msgspec
+import pytest
+
+from factories import forward, l3_cache, make_layout, make_store
+from kvcache import (AdminBadFrame, AdminClient, AdminProtocolMismatch, AdminRemoteError, AdminServer,
+                     AdminSocketInUse, AdminTimeout, AdminUnavailable, Namespace, Request)
+from kvcache import admin as admin_module
+from kvcache.admin_protocol import (PROTOCOL_VERSION, AuditRequest, Envelope, EvictOutcome, EvictRequest,
+                                    FrameTooLarge, LiveStats, LoadBackRequest, NamespaceList, NamespacesRequest,
+                                    PingRequest, PrefetchRequest, RequestResult, Response, ServerInfo,
+                                    SnapshotRequest, SnapshotResult, StageRequest, StatsRequest, Truncated,
+                                    decode_response, frame, read_frame)
+from kvcache.audit import AuditReport, audit_snapshot
+from kvcache.replay import ReplayReport
+from kvcache.snapshot import read_snapshot
+from kvcache.workload import TraceRequest, write_trace
+
+SALT = "admin-unit-salt-zxcvbn"
+T1 = Namespace("t1", SALT)
+PROMPT = list(range(40))
+
+
+def _fill(cache, n=3, ns=T1):
+    """Commit n requests sharing a 40-token prefix, flush them to L3, then empty L1 and L2."""
+    for i in range(n):
+        req = Request(f"fill{i}", PROMPT + [i] * 8, ns)
+        forward(cache, req, cache.admit(req))
+        cache.commit(req.rid)
+    cache.flush()
+    cache.evict(device_tokens=10**6, host_tokens=10**6)
+
+
+@pytest.fixture
+def cache(tmp_path):
+    store = make_store(tmp_path / "store", make_layout(4))
+    c = l3_cache(store, device_tokens=512, host_tokens=512, io_thread=True)
+    _fill(c)
+    yield c
+    c.close()
+    store.close()
+
+
+@pytest.fixture
+def sock_path(tmp_path):
+    return str(tmp_path / "admin.sock")
+
+
+@pytest.fixture
+def live(cache, sock_path):
+    """The cache serving its socket with a helper owner thread; a connected client."""
+    cache.serve_admin(sock_path, standalone=True)
+    with AdminClient(sock_path, timeout=30) as client:
+        yield cache, client
+
+
+# --- framing -------------------------------------------------------------------------------------------------
+
+
+def test_frames_round_trip_and_end_cleanly_between_frames():
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(frame(Envelope(PROTOCOL_VERSION, 7, PingRequest())) * 2)
+        a.shutdown(socket.SHUT_WR)
+        first, second = read_frame(b, 1 << 20), read_frame(b, 1 << 20)
+        assert first == second and msgspec.msgpack.decode(first)["id"] == 7
+        assert read_frame(b, 1 << 20) is None
+
+
+def test_a_length_over_the_limit_is_refused_before_its_body_and_a_cut_frame_is_truncated():
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(struct.pack(">I", 5000) + b"x" * 10)
+        with pytest.raises(FrameTooLarge):
+            read_frame(b, 4096)
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(struct.pack(">I", 100) + b"x" * 10)
+        a.shutdown(socket.SHUT_WR)
+        with pytest.raises(Truncated):
+            read_frame(b, 4096)
+
+
+# --- the socket file -----------------------------------------------------------------------------------------
+
+
+def test_socket_is_owner_only_and_removed_at_close(cache, sock_path):
+    cache.serve_admin(sock_path)
+    assert stat.S_IMODE(os.stat(sock_path).st_mode) == 0o600
+    cache.close()
+    assert not os.path.exists(sock_path)
+
+
+def test_a_live_socket_is_refused_a_stale_one_taken_over_a_file_left_alone(cache, sock_path, tmp_path):
+    server = AdminServer(sock_path, lambda r: None).start()
+    with pytest.raises(AdminSocketInUse, match="already listening"):
+        cache.serve_admin(sock_path)
+    server.close()
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(sock_path)  # bound, never listening, then abandoned: what a killed server leaves
+    stale.close()
+    assert os.path.exists(sock_path)
+    cache.serve_admin(sock_path, standalone=True)
+    with AdminClient(sock_path) as c:
+        assert c.call(PingRequest(), ServerInfo).pid == os.getpid()
+    regular = tmp_path / "not-a-socket"
+    regular.write_text("keep me")
+    with pytest.raises(AdminSocketInUse, match="not a socket"):
+        AdminServer(str(regular), lambda r: None).start()
+    assert regular.read_text() == "keep me"
+
+
+# --- the owner thread ----------------------------------------------------------------------------------------
+
+
+def test_requests_run_only_when_the_owner_polls(cache, sock_path):
+    server = cache.serve_admin(sock_path)
+    answers = []
+    client = threading.Thread(target=lambda: answers.append(AdminClient(sock_path).call(AuditRequest(),
+                                                                                         AuditReport)))
+    client.start()
+    while server.pending == 0:
+        threading.Event().wait(0.001)
+    assert answers == [] and server.served == 0  # queued, not run: nobody polled
+    assert cache.poll_admin() == 1
+    client.join()
+    assert answers[0].ok and server.served == 1
+
+
+def test_an_audit_sent_during_a_replay_runs_between_its_steps(cache, sock_path, tmp_path):
+    server = cache.serve_admin(sock_path)
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, [TraceRequest(f"q{i}", PROMPT + [i % 5] * 12, "t1", SALT) for i in range(40)])
+    done = []
+
+    def replay():
+        done.append(("replay", AdminClient(sock_path).replay(trace.read_bytes(), ReplayReport, batch=2)))
+
+    def audit():
+        done.append(("audit", AdminClient(sock_path).call(AuditRequest(), AuditReport)))
+
+    threads = [threading.Thread(target=replay)]
+    threads[0].start()
+    while server.pending < 1:
+        threading.Event().wait(0.001)
+    threads.append(threading.Thread(target=audit))
+    threads[1].start()
+    while server.pending < 2:
+        threading.Event().wait(0.001)
+    cache.poll_admin()  # runs the replay, which serves the audit after its first step
+    for t in threads:
+        t.join()
+    assert [kind for kind, _ in done] == ["audit", "replay"]
+    assert done[0][1].ok and done[1][1].ok and done[1][1].requests == 40
+
+
+# --- the commands ----------------------------------------------------------------------------------------------
+
+
+def _tiers(client, ns=T1):
+    rows = {r.id: r for r in client.call(NamespacesRequest(), NamespaceList).namespaces}
+    return rows[ns.id_hex]
+
+
+def test_namespace_prefetch_warms_l2_then_evict_empties_it(live):
+    cache, client = live
+    before = _tiers(client)
+    assert (before.device.pages, before.host.pages, before.storage.pages) == (0, 0, 16)
+    result = client.call(PrefetchRequest("t1", SALT, max_pages=100), RequestResult)
+    assert result.command == "prefetch" and result.pages == 16 and result.hit_tokens == 64
+    assert result.tiers.host.pages == 16 and result.namespace.salt_fingerprint == T1.salt_fingerprint
+    assert _tiers(client).host.tokens == 64
+    freed = client.call(EvictRequest("t1", SALT), EvictOutcome)
+    assert freed.host_pages == 16 and freed.tiers.host.pages == 0 and freed.tiers.storage.pages == 16
+    assert client.call(AuditRequest(), AuditReport).ok
+
+
+def test_the_budget_bounds_a_namespace_prefetch(live):
+    _, client = live
+    result = client.call(PrefetchRequest("t1", SALT, max_pages=5), RequestResult)
+    assert result.pages == 5 and _tiers(client).host.pages == 5
+
+
+def test_one_request_prefetch_and_load_back_verify_against_the_store(live):
+    cache, client = live
+    tokens = PROMPT + [1] * 8
+    pre = client.call(PrefetchRequest("t1", SALT, tokens=tokens), RequestResult)
+    assert (pre.requested_tokens, pre.hit_tokens) == (48, 48)
+    back = client.call(LoadBackRequest(tokens, "t1", SALT), RequestResult)
+    assert back.hit_tokens == 48 and back.loaded_back_tokens == 48 and back.verify_mismatches == 0
+    assert back.tiers.device.pages == 12 and back.declined == "nothing_to_fetch"
+    stats = client.call(StatsRequest(), LiveStats)
+    assert stats.live_requests == 0 and stats.device.used_pages == 12 and stats.store.pages == 16
+    assert client.call(AuditRequest(), AuditReport).ok
+
+
+def test_stage_needs_buffer_mode_and_gives_its_record_back(tmp_path):
+    store = make_store(tmp_path / "store", make_layout(4))
+    cache = l3_cache(store, host_mode="buffer", io_thread=True)
+    try:
+        _fill(cache)
+        cache.serve_admin(str(tmp_path / "s"), standalone=True)
+        with AdminClient(str(tmp_path / "s")) as client:
+            out = client.call(StageRequest(PROMPT + [2] * 8, "t1", SALT), RequestResult)
+            assert out.staged.staged_tokens == 48 and out.staged.namespace_id == T1.id_hex
+            assert client.call(StatsRequest(), LiveStats).staged == 0
+            with pytest.raises(AdminRemoteError, match="cache mode") as err:
+                client.call(PrefetchRequest("t1", SALT), RequestResult)
+            assert err.value.kind == "InvalidInput"
+            assert client.call(AuditRequest(), AuditReport).ok
+    finally:
+        cache.close()
+        store.close()
+
+
+def test_snapshot_of_the_live_cache_audits_offline_the_same(live, tmp_path):
+    _, client = live
+    client.call(PrefetchRequest("t1", SALT), RequestResult)
+    path = tmp_path / "live.snap"
+    written = client.call(SnapshotRequest(str(path)), SnapshotResult)
+    assert written.bytes == path.stat().st_size and written.nodes >= 2
+    offline = audit_snapshot(read_snapshot(path))
+    assert offline.ok and offline.checked == client.call(AuditRequest(), AuditReport).checked
+    with pytest.raises(AdminRemoteError, match="absolute"):
+        client.call(SnapshotRequest("relative.snap"), SnapshotResult)
+
+
+def test_replay_in_chunks_and_a_bad_trace_changes_nothing(live, tmp_path, monkeypatch):
+    cache, client = live
+    monkeypatch.setattr(admin_module, "TRACE_CHUNK_BYTES", 300)  # force many chunks
+    data = b"".join(msgspec.json.encode(TraceRequest(f"c{i}", PROMPT + [i] * 8, "t1", SALT)) + b"\n"
+                    for i in range(6))
+    report = client.replay(data, ReplayReport, verify=True)
+    assert report.requests == 6 and report.ok and report.verified_tokens > 0
+    assert report.hit_tokens.total > 0
+    bad = data + b'{"rid": "x", "tokens": [1], "surprise": 1}\n'
+    with pytest.raises(AdminRemoteError, match="trace:7") as err:
+        client.replay(bad, ReplayReport)
+    assert err.value.kind == "InvalidTrace"
+    assert client.call(StatsRequest(), LiveStats).cache.counters.committed == report.requests + 3
+
+
+# --- bad input never ends the server -------------------------------------------------------------------------
+
+
+def _raw(path, data: bytes, timeout=10.0) -> list[Response]:
+    """Send raw bytes on a fresh connection, then read every response frame until the server closes it."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    s.connect(path)
+    s.sendall(data)
+    s.shutdown(socket.SHUT_WR)
+    out = []
+    with s:
+        while (body := read_frame(s, 1 << 26)) is not None:
+            out.append(decode_response(body))
+    return out
+
+
+def _body(obj) -> bytes:
+    body = msgspec.msgpack.encode(obj)
+    return struct.pack(">I", len(body)) + body
+
+
+def test_malformed_frames_are_answered_and_the_server_goes_on(live, sock_path):
+    cache, client = live
+    cases = {
+        "not msgpack": struct.pack(">I", 3) + b"\xc1\xc1\xc1",
+        "a list": _body([1, 2, 3]),
+        "unknown tag": _body({"v": PROTOCOL_VERSION, "id": 3, "request": {"type": "rm-rf"}}),
+        "wrong type": _body({"v": PROTOCOL_VERSION, "id": 4, "request": {"type": "prefetch", "max_pages": "x"}}),
+        "token too big": _body({"v": PROTOCOL_VERSION, "id": 5, "request": {"type": "load_back",
+                                                                            "tokens": [2**40]}}),
+        "unknown field": _body({"v": PROTOCOL_VERSION, "id": 6, "request": {"type": "audit", "x": 1}}),
+    }
+    for name, data in cases.items():
+        answers = _raw(sock_path, data)
+        assert len(answers) == 1 and answers[0].error is not None, name
+        assert answers[0].error.kind in ("bad_frame", "bad_request"), name
+    huge = _raw(sock_path, struct.pack(">I", 0xFFFFFFF0) + b"junk" + _body({"v": 1}))
+    assert len(huge) == 1 and huge[0].error.kind == "bad_frame" and "limit" in huge[0].error.message
+    assert _raw(sock_path, struct.pack(">I", 50) + b"abc") == []  # cut short: closed without an answer
+    assert client.call(PingRequest(), ServerInfo).version == PROTOCOL_VERSION
+    assert client.call(AuditRequest(), AuditReport).ok
+
+
+def test_seeded_random_frames_leave_the_server_alive_and_the_cache_clean(live, sock_path):
+    cache, client = live
+    rng = random.Random(1234)
+    kinds = ["ping", "prefetch", "stage", "load_back", "ns_ls", "audit", "snapshot", "stats", "evict", "replay",
+             "bogus"]
+    junk = [None, True, -1, 2**33, 1.5, "x", b"\x00", [1, "a"], {"k": 1}]
+    for _ in range(120):
+        roll = rng.random()
+        if roll < 0.3:
+            data = rng.randbytes(rng.randrange(0, 64))
+        elif roll < 0.5:
+            body = rng.randbytes(rng.randrange(1, 64))
+            data = struct.pack(">I", len(body) + rng.choice([0, 5, -1])) + body if len(body) > 1 else body
+        else:
+            request = {"type": rng.choice(kinds)}
+            for key in rng.sample(["tokens", "extra_key", "cache_salt", "max_pages", "path", "chunk", "more",
+                                   "device", "policy"], rng.randrange(0, 4)):
+                request[key] = rng.choice(junk)
+            data = _body({"v": rng.choice([PROTOCOL_VERSION, PROTOCOL_VERSION, 0, 9]), "id": 1,
+                          "request": request})
+        try:
+            _raw(sock_path, data, timeout=30)
+        except (Truncated, ConnectionError):
+            pass  # the server closed a connection it could not frame: allowed
+    assert client.call(PingRequest(), ServerInfo).pid == os.getpid()
+    assert client.call(AuditRequest(), AuditReport).ok
+
+
+def test_the_salt_never_leaves_the_server(live, sock_path, tmp_path):
+    cache, client = live
+    requests = [PrefetchRequest("t1", SALT), LoadBackRequest(PROMPT + [0] * 8, "t1", SALT),
+                EvictRequest("t1", SALT), NamespacesRequest(), StatsRequest(),
+                SnapshotRequest(str(tmp_path / "s.snap")),
+                PrefetchRequest("t1", SALT, max_pages="bad")]  # type: ignore[arg-type]  # an error echo
+    for i, req in enumerate(requests):
+        for answer in _raw(sock_path, frame(Envelope(PROTOCOL_VERSION, i, req))):
+            assert SALT.encode() not in msgspec.msgpack.encode(answer)
+    assert SALT.encode() not in (tmp_path / "s.snap").read_bytes()
+
+
+# --- versions and the client's errors --------------------------------------------------------------------------
+
+
+def test_another_protocol_version_is_named_on_both_ends(live, sock_path, tmp_path):
+    answers = _raw(sock_path, _body({"v": PROTOCOL_VERSION + 1, "id": 9, "request": {"type": "ping"}}))
+    assert answers[0].error.kind == "protocol_version" and answers[0].id == 9
+    assert f"version {PROTOCOL_VERSION + 1}" in answers[0].error.message
+    assert f"version {PROTOCOL_VERSION}" in answers[0].error.message
+    # a server of the next version answering this client
+    future = str(tmp_path / "future.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(future)
+    listener.listen(1)
+
+    def answer_as_v2():
+        conn, _ = listener.accept()
+        with conn:
+            read_frame(conn, 1 << 20)
+            conn.sendall(_body({"v": PROTOCOL_VERSION + 1, "id": 1, "error": None}))
+
+    t = threading.Thread(target=answer_as_v2)
+    t.start()
+    with pytest.raises(AdminProtocolMismatch, match=f"client speaks version {PROTOCOL_VERSION}, the server "
+                                                    f"speaks version {PROTOCOL_VERSION + 1}"):
+        AdminClient(future).call(PingRequest(), ServerInfo)
+    t.join()
+    listener.close()
+
+
+def test_client_errors_name_the_socket(tmp_path, cache):
+    missing = str(tmp_path / "nobody.sock")
+    with pytest.raises(AdminUnavailable, match="does not exist"):
+        AdminClient(missing).call(PingRequest(), ServerInfo)
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(tmp_path / "stale.sock"))
+    stale.close()
+    with pytest.raises(AdminUnavailable, match="nothing is listening"):
+        AdminClient(str(tmp_path / "stale.sock")).call(PingRequest(), ServerInfo)
+    path = str(tmp_path / "slow.sock")
+    cache.serve_admin(path)  # nobody polls: the request waits in the queue
+    with pytest.raises(AdminTimeout, match="no answer within 0.2 s"):
+        AdminClient(path, timeout=0.2).call(PingRequest(), ServerInfo)
+    with pytest.raises(AdminBadFrame, match="over the admin socket's limit"):
+        AdminClient(path).call(LoadBackRequest([2**31] * 300_000), RequestResult)
+
+
+def test_close_answers_what_is_queued_and_a_closed_server_is_unavailable(cache, sock_path):
+    server = cache.serve_admin(sock_path)
+    errors = []
+
+    def ask():
+        try:
+            AdminClient(sock_path).call(StatsRequest(), LiveStats)
+        except AdminRemoteError as exc:
+            errors.append(exc.kind)
+
+    t = threading.Thread(target=ask)
+    t.start()
+    while server.pending == 0:
+        threading.Event().wait(0.001)
+    cache.close()
+    t.join()
+    assert errors == ["shutting_down"] and not os.path.exists(sock_path)
+    with pytest.raises(AdminUnavailable):
+        AdminClient(sock_path).call(PingRequest(), ServerInfo)
