@@ -17,3 +17,92 @@ def test_library_quickstart():
     assert "0 cached tokens" in lines[2]  # b1: same tokens, other tenant: nothing shared
     assert lines[-1].startswith("audit ok=True")
     assert "secret" not in out.stdout
+
+
+import json  # noqa: E402
+import os  # noqa: E402
+
+import pytest  # noqa: E402
+
+KVC_BIN = Path(sys.executable).parent
+SALTS = ("t1-example-salt", "t2-example-salt", "acme-salt", "globex-salt")
+
+
+def _run(cmd, env=None, **kw):
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=180, env=env, **kw)
+    for salt in SALTS:
+        assert salt not in proc.stdout + proc.stderr
+    return proc
+
+
+def test_embed_scheduler_hits_l3_on_its_second_run(tmp_path):
+    script = ROOT / "examples" / "embed_scheduler.py"
+    first = _run([sys.executable, script, tmp_path / "store"])
+    assert first.returncode == 0, first.stderr
+    lines = first.stdout.splitlines()
+    assert lines[0].startswith("acme-0") and lines[0].endswith("0 from L3")
+    assert "80 from L1" in lines[2]  # acme's next turn extends its first: served from L1
+    assert "0 from L1" in lines[1]  # globex: the same token ids, another namespace: nothing shared
+    assert lines[-1].startswith("verified") and "0 mismatches; audit ok=True" in lines[-1]
+    second = _run([sys.executable, script, tmp_path / "store"])
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.splitlines()[0].endswith("80 from L3")  # a new process: the prefix comes from L3
+    assert "0 mismatches; audit ok=True" in second.stdout
+
+
+@pytest.fixture
+def runbook_env(tmp_path):
+    """A store holding the sample trace's pages, and the environment a runbook runs in."""
+    env = dict(os.environ, PATH=f"{KVC_BIN}{os.pathsep}{os.environ['PATH']}", KVC_STORE=str(tmp_path / "store"))
+    assert _run(["kvc", "init"], env=env).returncode == 0
+    replay = _run(["kvc", "replay", ROOT / "examples" / "traces" / "two_tenants.jsonl", "--verify", "--batch", "1",
+                   "--json"], env=env)
+    assert replay.returncode == 0, replay.stderr
+    doc = json.loads(replay.stdout)
+    assert doc["requests"] == 6 and doc["verify_mismatches"] == 0
+    # the sample trace: t1 and t2 send the same token ids; only t1's second turn and t2's reuse their own prefix
+    hits = {n["namespace"]["extra_key"]: sum(n["hit_tokens"].values()) for n in doc["namespaces"]}
+    assert hits == {"t1": 32 + 32, "t2": 32, None: 0}
+    return env
+
+
+def _runbook(name, env, *args, **extra):
+    return _run(["bash", ROOT / "examples" / "runbooks" / name, *args], env=dict(env, **extra))
+
+
+def test_warm_tenant_runbook(runbook_env):
+    ok = _runbook("warm_tenant.sh", runbook_env, TENANT="t1", SALT="t1-example-salt")
+    assert ok.returncode == 0, ok.stderr
+    assert "tenant t1" in ok.stdout and "3 pages, 48 tokens" in ok.stdout  # 2 system-prompt pages + 1 of the second turn
+    budget = _runbook("warm_tenant.sh", runbook_env, "2", TENANT="t1", SALT="t1-example-salt")
+    assert budget.returncode == 0 and "2 pages, 32 tokens" in budget.stdout
+    wrong = _runbook("warm_tenant.sh", runbook_env, TENANT="t1", SALT="not-the-salt")
+    assert wrong.returncode == 3 and "nothing stored for tenant t1" in wrong.stderr
+    broken = _runbook("warm_tenant.sh", dict(runbook_env, KVC_STORE="/nonexistent/store"), TENANT="t1")
+    assert broken.returncode == 2 and "kvc: error:" in broken.stderr
+
+
+def test_nightly_audit_runbook_alerts_on_exit_1(runbook_env):
+    clean = _runbook("nightly_audit.sh", runbook_env)
+    assert clean.returncode == 0 and clean.stdout.startswith("nightly_audit: ok (")
+    import lmdb
+
+    env = lmdb.open(runbook_env["KVC_STORE"], max_dbs=16, subdir=True)
+    pages = env.open_db(b"pages")
+    with env.begin(write=True) as txn:
+        key, value = next(iter(txn.cursor(pages)))
+        txn.put(key, value[:-1] + bytes([value[-1] ^ 0xFF]), db=pages)
+    env.close()
+    alert = _runbook("nightly_audit.sh", runbook_env)
+    assert alert.returncode == 1
+    assert "ALERT kvc store audit: 1 x checksum_mismatch" in alert.stderr
+    missing = _runbook("nightly_audit.sh", dict(runbook_env, KVC_STORE="/nonexistent/store"))
+    assert missing.returncode == 2 and "could not run" in missing.stderr
+
+
+def test_offboard_tenant_runbook_drops_one_tenant_only(runbook_env):
+    gone = _runbook("offboard_tenant.sh", runbook_env, TENANT="t1", SALT="t1-example-salt")
+    assert gone.returncode == 0, gone.stderr
+    assert "dropped 3 pages of tenant t1" in gone.stdout and "verified: no page of tenant t1" in gone.stdout
+    still = _runbook("warm_tenant.sh", runbook_env, TENANT="t2", SALT="t2-example-salt")
+    assert still.returncode == 0 and "3 pages" in still.stdout  # the other tenant, same token ids, untouched

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runbook: warm a tenant's hottest prefixes before its traffic arrives.
+#
+#   TENANT=t1 SALT=... KVC_STORE=/var/lib/kvc ./warm_tenant.sh [MAX_PAGES]
+#
+# With KVC_SOCKET set (a live cache started by `kvc serve` or embedded in the engine), the pages land in that
+# cache's L2; without it, the command checks what the store holds for the tenant and how fast it reads.
+# Exit: 0 warmed, 3 nothing stored for the tenant (new tenant or wrong salt: check before paging anyone),
+# 2 kvc could not run (message on stderr).
+set -euo pipefail
+KVC=${KVC:-kvc}
+: "${TENANT:?set TENANT to the extra_key of the tenant}"
+MAX_PAGES=${1:-4096}
+
+args=(prefetch --extra-key "$TENANT" --max-pages "$MAX_PAGES" --json)
+if [[ -n "${SALT:-}" ]]; then args+=(--salt "$SALT"); fi
+result=$("$KVC" "${args[@]}")   # set -e: exit 2 from kvc stops the runbook here
+
+# --json prints one object; pick the fields with Python (no jq needed on the host)
+read -r pages hit bytes fp < <(python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+print(d["pages"], d["hit_tokens"], d["bytes"], d["namespace"]["salt_fingerprint"] or "-")' <<<"$result")
+
+if [[ "$pages" -eq 0 ]]; then
+    echo "warm_tenant: nothing stored for tenant $TENANT (salt fingerprint $fp)" >&2
+    exit 3
+fi
+echo "warm_tenant: tenant $TENANT (salt fingerprint $fp): $pages pages, $hit tokens, $bytes bytes warmed"
