@@ -1,4 +1,5 @@
-"""L3 store throughput: kvc's LMDB store against a plain memcpy and a one-file-per-page store, same run.
+"""L3 store throughput: kvc's LMDB store and its Redis plugin against a plain memcpy and a one-file-per-page
+store, same run.
 
 For each page size (16, 64 and 256 KiB) the same pages (random bytes, ~--store-mb in all) are:
 
@@ -11,13 +12,19 @@ For each page size (16, 64 and 256 KiB) the same pages (random bytes, ~--store-m
   files    written one file per page (temp file + rename, no fsync) and read back with readinto into the same
            rows (open, readinto, close per page).
 
+  redis    the first --redis-mb of the same pages written with the Redis plugin (kvcache_redis, one Lua script
+           per ~4 MiB batch) into a redis-server this script starts on 127.0.0.1 (loopback TCP, no persistence,
+           the database emptied before each write pass), then read back with get_into into the same rows
+           (one pipelined round trip per batch, checksum verified). Skipped, and said so, when redis-server or
+           the plugin is not installed, or with --no-redis.
+
 Write passes of kvc (durability "none") and of the file store alternate round by round, so drift in the write
 path's speed over the run reaches both alike; the fsync'd kvc passes run after them. Before each write pass
 twice its bytes of memory are touched and freed (`settle`): on a VM that takes freed memory back, a pass would
 otherwise pay for refaulting whatever free memory it gets. Figures are the best of --repeat passes after one
 warm-up pass; all data is in the page cache (this measures the store's own cost, not the disk). Scratch data lives in a temporary directory removed at exit.
 
-Run: ``python benchmarks/bench_l3.py [--store-mb 1024] [--quick] [--no-write]``.
+Run: ``python benchmarks/bench_l3.py [--store-mb 1024] [--redis-mb 256] [--quick] [--no-write] [--no-redis]``.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ import argparse
 import gc
 import os
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -90,13 +99,56 @@ def filesystem_of(path: str) -> str:
     return fs
 
 
+class RedisServer:
+    """A redis-server on 127.0.0.1 at a free port, files in `workdir`, no persistence; `None` from `start` when
+    redis-server or the kvcache_redis plugin is missing."""
+
+    def __init__(self, workdir: str) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.proc = subprocess.Popen(
+            [shutil.which("redis-server") or "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+             "--dir", workdir, "--save", "", "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no",
+             "--loglevel", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import redis
+
+        self.client = redis.Redis(host="127.0.0.1", port=self.port)
+        for _ in range(500):
+            try:
+                if self.client.ping():
+                    break
+            except redis.ConnectionError:
+                time.sleep(0.01)
+        self.version = self.client.info("server")["redis_version"]
+
+    @classmethod
+    def start(cls, workdir: str) -> "RedisServer | None":
+        """A started server, or None when redis-server or the plugin is not installed."""
+        from kvcache.storage.base import backends
+
+        if shutil.which("redis-server") is None or "redis" not in backends():
+            return None
+        return cls(workdir)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0?prefix=bench:&timeout=30"
+
+    def stop(self) -> None:
+        self.client.close()
+        self.proc.terminate()
+        self.proc.wait()
+
+
 def layout_for(page_kib: int) -> KVLayout:
     # 8 KV heads x 128 dims x fp16 x (K, V) = 4 KiB per token per layer; 4 tokens per page.
     return KVLayout(f"bench-{page_kib}k@r1", layers=page_kib // 16, kv_heads=8, head_dim=128, dtype="float16",
                     page_size=4)
 
 
-def run_size(page_kib: int, store_mb: int, repeat: int, scratch: str) -> dict[str, float]:
+def run_size(page_kib: int, store_mb: int, repeat: int, scratch: str, server: RedisServer | None = None,
+             redis_mb: int = 256) -> dict[str, float]:
     layout = layout_for(page_kib)
     size = layout.bytes_per_page
     assert size == page_kib << 10
@@ -205,13 +257,56 @@ def run_size(page_kib: int, store_mb: int, repeat: int, scratch: str) -> dict[st
 
     t_files_read = best(files_read, repeat)
     shutil.rmtree(file_dir)
+    figures = run_redis(server, layout, src, dst_np, hashes, origins, batch, redis_mb, repeat) if server else {}
     del src, dst, dst_np, rows, views
     return {
+        **figures,
         "pages": n, "mb": mb, "memcpy": mb / t_memcpy, "bulk": mb / t_bulk, "kvc_read": mb / t_kvc_read,
         "files_read": mb / t_files_read, "kvc_write": mb / t_kvc_write["data"],
         "kvc_write_nosync": mb / t_kvc_write["none"], "files_write": mb / t_files_write,
         "footprint": footprint / 1e6,
     }
+
+
+def run_redis(server: RedisServer, layout: KVLayout, src: np.ndarray, dst_np: np.ndarray, hashes: list[bytes],
+              origins: list, batch: int, redis_mb: int, repeat: int) -> dict[str, float]:
+    """The Redis plugin on loopback: write passes into an emptied database, then timed reads of what the last
+    pass wrote; MB/s of payload."""
+    size = layout.bytes_per_page
+    n = min(len(hashes), max(batch, (redis_mb << 20) // size))
+    mb = n * size / 1e6
+
+    def write_pass() -> float:
+        server.client.flushdb()
+        store = open_store(server.url, layout, create=True)
+        settle()
+        start = time.perf_counter()
+        for s in range(0, n, batch):
+            e = min(n, s + batch)
+            result = store.put(hashes[s:e], list(src[s:e]), origins[s:e])
+            assert result.written == e - s, result
+        seconds = time.perf_counter() - start
+        store.close()
+        return seconds
+
+    t_write = min(write_pass() for _ in range(repeat + 1))
+    store = open_store(server.url, layout)
+    rows = list(dst_np)
+    dst_np[:n].fill(0)
+
+    def read() -> None:
+        for s in range(0, n, batch):
+            e = min(n, s + batch)
+            assert store.get_into(hashes[s:e], rows[s:e]) == e - s
+
+    t_read = best(read, repeat)
+    assert np.array_equal(dst_np[n // 2], src[n // 2]) and np.array_equal(dst_np[n - 1], src[n - 1])
+    assert store.counters().read_errors == 0 and store.counters().checksum_failures == 0
+    used = int(server.client.info("memory")["used_memory"])
+    store.close()
+    server.client.flushdb()
+    return {"redis_pages": n, "redis_mb": mb, "redis_read": mb / t_read, "redis_write": mb / t_write,
+            "redis_footprint": used / 1e6}
 
 
 def main() -> int:
@@ -221,24 +316,37 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="128 MB per page size, one timed pass")
     parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     parser.add_argument("--scratch", default=None, help="parent of the temporary scratch directory")
+    parser.add_argument("--redis-mb", type=int, default=256, help="payload per page size written to Redis, MB "
+                                                                  "(default 256; kept in the server's memory)")
+    parser.add_argument("--no-redis", action="store_true", help="leave out the Redis plugin")
     args = parser.parse_args()
     if args.quick:
         args.store_mb, args.repeat = 128, 1
+        args.redis_mb = min(args.redis_mb, 128)
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     from kvcache.storage.lmdb_store import DEFAULT_CHECKSUM
 
     scratch = tempfile.mkdtemp(prefix="kvc-bench-l3-", dir=args.scratch)
     scratch_fs = filesystem_of(scratch)
     results = {}
+    server = None if args.no_redis else RedisServer.start(scratch)
+    redis_note = ("--no-redis" if args.no_redis else "redis-server or the kvcache_redis plugin is not installed")
     try:
         for kib in SIZES_KIB:
-            results[kib] = r = run_size(kib, args.store_mb, args.repeat, scratch)
+            results[kib] = r = run_size(kib, args.store_mb, args.repeat, scratch, server, args.redis_mb)
             print(f"{kib:>4} KiB: memcpy {r['memcpy']:8.0f}  kvc read {r['kvc_read']:8.0f} "
                   f"({r['kvc_read'] / r['memcpy']:.2f}x)  files read {r['files_read']:8.0f} "
                   f"({r['files_read'] / r['memcpy']:.2f}x)  kvc write {r['kvc_write_nosync']:7.0f} / "
                   f"{r['kvc_write']:7.0f} fsync  files write {r['files_write']:7.0f} "
                   f"({r['kvc_write_nosync'] / r['files_write']:.2f}x) MB/s", flush=True)
+            if server:
+                print(f"{kib:>4} KiB: redis read {r['redis_read']:8.0f} ({r['redis_read'] / r['memcpy']:.2f}x memcpy, "
+                      f"{r['redis_read'] / r['kvc_read']:.2f}x lmdb)  redis write {r['redis_write']:7.0f} "
+                      f"({r['redis_write'] / r['kvc_write_nosync']:.2f}x lmdb no fsync) MB/s", flush=True)
     finally:
+        if server:
+            redis_note = f"redis-server {server.version}"
+            server.stop()
         shutil.rmtree(scratch, ignore_errors=True)
 
     rows = []
@@ -259,6 +367,42 @@ def main() -> int:
             f"{r['files_write']:,.0f}", "; ".join(verdict),
         ])
     store_mb = args.store_mb
+    redis_rows = []
+    for kib, r in results.items():
+        if "redis_read" not in r:
+            continue
+        size = kib << 10
+        redis_rows.append([
+            f"{kib} KiB", f"{r['redis_pages']:,}",
+            f"{r['redis_read']:,.0f} / {r['redis_read'] * 1e6 / size:,.0f}",
+            f"{r['redis_read'] / r['memcpy']:.2f}x", f"**{r['redis_read'] / r['kvc_read']:.2f}x**",
+            f"{r['redis_write']:,.0f} / {r['redis_write'] * 1e6 / size:,.0f}",
+            f"**{r['redis_write'] / r['kvc_write_nosync']:.2f}x**", f"{r['redis_write'] / r['files_write']:.2f}x",
+            f"{r['redis_footprint'] / r['redis_mb']:.2f}x",
+        ])
+    if redis_rows:
+        redis_part = [
+            "",
+            f"### Redis plugin on loopback ({redis_note})",
+            "",
+            f"The first {args.redis_mb} MB of the same pages per size, written with `kvcache_redis` (one Lua "
+            f"script per ~4 MiB batch: pages, metadata, children index and namespace counters atomically) into a "
+            f"redis-server this script starts on 127.0.0.1 (`--save '' --appendonly no`, database emptied before "
+            f"each write pass, best of {args.repeat} after a warm-up), and read back with `get_into` (one "
+            f"pipelined round trip per ~4 MiB batch, checksum verified) into the same rows as above. Ratios "
+            f"are against the LMDB store and the baselines of this same run. The client and the server share the "
+            f"machine's {os.cpu_count()} cores.",
+            "",
+            table(["page", "pages", "redis read MB/s / pages/s", "vs memcpy", "vs kvc LMDB read",
+                   "redis write MB/s / pages/s", "vs kvc LMDB write (no fsync)", "vs files write",
+                   "server memory / payload"], redis_rows),
+            "",
+            "Every byte crosses loopback TCP (to the server on a write, back on a read) and is copied by the "
+            "server and by redis-py's reply parser: Redis is the shared tier for many nodes, not a rival of the "
+            "local LMDB on one node.",
+        ]
+    else:
+        redis_part = ["", f"Redis plugin: not measured ({redis_note})."]
     body = "\n".join([
         "## L3 store (`benchmarks/bench_l3.py`)",
         "",
@@ -297,6 +441,7 @@ def main() -> int:
         "`writemap` would drop two copies but writes "
         "through faults on a sparse file (+13% measured on raw py-lmdb) and turns a full disk into SIGBUS "
         "instead of StoreFull; it is not used.",
+        *redis_part,
     ])
     print(body)
     if not args.no_write:
