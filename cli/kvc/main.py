@@ -30,7 +30,8 @@ def _print_version(value: bool) -> None:
 
 
 def _register() -> None:
-    from . import audit_cmd, demo_cmd, init_cmd, ns_cmd, put_cmd, replay_cmd, request_cmd, stats_cmd
+    from . import (audit_cmd, demo_cmd, init_cmd, live, ns_cmd, put_cmd, replay_cmd, request_cmd, serve_cmd,
+                   snapshot_cmd, stats_cmd)
 
     app.command("init")(init_cmd.init)
     app.command("put")(put_cmd.put)
@@ -43,14 +44,25 @@ def _register() -> None:
     app.add_typer(ns_cmd.app, name="ns")
     app.command("audit")(audit_cmd.audit)
     app.command("stats")(stats_cmd.stats)
+    app.command("serve")(serve_cmd.serve)
+    app.command("snapshot")(snapshot_cmd.snapshot)
+    ns_cmd.app.command("evict")(live.ns_evict)
 
 
 @app.callback()
 def main(
     version_: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
                                   help="Print kvc's version and exit."),
+    socket: str | None = typer.Option(None, "--socket", envvar="KVC_SOCKET", show_default=False,
+                                      help="Act on the live cache serving this admin socket (see `kvc serve`); "
+                                      "a command's own --socket wins."),
+    timeout: float = typer.Option(30.0, "--timeout", envvar="KVC_TIMEOUT",
+                                  help="Seconds to wait for a live cache's answer."),
 ) -> None:
     """kvc: operate a tiered KV cache."""
+    from . import live
+
+    live.set_global(socket, timeout)
     _one_intra_op_thread()
 
 

@@ -1,0 +1,68 @@
+"""`kvc serve`: a standalone live cache on a store, with an admin socket (DESIGN §7).
+
+The process builds one `TieredCache` on the store (sizes and policies as `kvc replay` takes them), opens its
+admin socket and runs the owner loop: queued admin requests, then the cache's finished copies and L3 jobs, again
+and again. SIGTERM or SIGINT stops it cleanly: the socket stops accepting and its file is removed, what is queued
+is answered, L3 writes are flushed, exit 0. A socket path where a live server answers is refused (exit 2); a
+stale socket file left by a dead server is taken over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from typing import Annotated
+
+import typer
+
+from kvcache import HostMode, PrefetchPolicy, WritePolicy
+
+from . import live
+from .common import (DEFAULT_STORE, DebugOpt, JsonOpt, StoreOpt, UsageError, command, emit_json, err,
+                     offline_cache, open_for_cache)
+from .replay_cmd import DeviceOpt, HostOpt, ModeOpt, PrefetchPolicyOpt, WritePolicyOpt, replay_options_ok
+
+ModeBits = Annotated[str, typer.Option("--socket-mode", help="Permissions of the socket file, octal (owner "
+                                       "only by default: whoever can connect can drive the cache).")]
+
+
+@command
+def serve(
+    store: StoreOpt = DEFAULT_STORE,
+    socket: live.SocketOpt = None,
+    device_tokens: DeviceOpt = 16384,
+    host_tokens: HostOpt = 65536,
+    prefetch_policy: PrefetchPolicyOpt = PrefetchPolicy.BEST_EFFORT,
+    write_policy: WritePolicyOpt = WritePolicy.WRITE_THROUGH,
+    mode: ModeOpt = HostMode.CACHE,
+    socket_mode: ModeBits = "600",
+    json: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Run a live cache on the store with an admin socket, until SIGTERM or SIGINT. Other kvc commands act on it
+    with --socket. Prints "serving on SOCKET" on stderr when ready (with --json, a ready object on stdout)."""
+    path = live.socket_path(socket)
+    if path is None:
+        raise UsageError("kvc serve needs --socket PATH (or KVC_SOCKET)")
+    try:
+        bits = int(socket_mode, 8)
+    except ValueError:
+        raise UsageError(f"--socket-mode {socket_mode!r}: not an octal mode such as 600") from None
+    replay_options_ok(device_tokens, host_tokens, 1)
+    stop = threading.Event()
+    with contextlib.closing(open_for_cache(store)) as handle:
+        cache = offline_cache(handle, handle.layout, device_tokens, host_tokens, prefetch_policy=prefetch_policy,
+                              write_policy=write_policy, host_mode=mode)
+        with contextlib.closing(cache):  # closes the socket (file removed), then flushes L3 writes
+            server = cache.serve_admin(path, mode=bits)
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: stop.set())
+            err.print(f"kvc serve: serving on {server.path} (store {store}, L1 {device_tokens} tokens, "
+                      f"L2 {host_tokens} tokens, {mode.value} mode, pid {os.getpid()})", markup=False)
+            if json:
+                emit_json({"event": "ready", "socket": server.path, "pid": os.getpid(), "store": store})
+            server.serve_forever(cache.poll, stop)
+            served = server.served
+    err.print(f"kvc serve: stopped after {served} requests; socket removed, L3 writes flushed", markup=False)

@@ -1,0 +1,33 @@
+"""`kvc snapshot PATH`: write a live cache's ownership snapshot (audit it offline with `kvc audit --snapshot`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from . import live
+from .common import DebugOpt, JsonOpt, UsageError, command, emit_json, human_bytes, out
+
+
+@command
+def snapshot(
+    path: Annotated[Path, typer.Argument(help="Where the live cache writes the snapshot (atomically).",
+                                         show_default=False)],
+    socket: live.SocketOpt = None,
+    json: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Have the live cache behind --socket write its ownership snapshot: every pool's ledger and every holder of
+    a slot, taken between two scheduler steps. Check it with `kvc audit --snapshot PATH`."""
+    sock = live.socket_path(socket)
+    if sock is None:
+        raise UsageError("kvc snapshot acts on a live cache: give --socket PATH (or KVC_SOCKET); an offline "
+                         "replay writes one with `kvc replay --snapshot-out`")
+    result = live.snapshot_to(sock, path)
+    if json:
+        emit_json(result)
+    else:
+        out.print(f"snapshot of the live cache at {sock} written to {result.path} ({human_bytes(result.bytes)}: "
+                  f"{result.nodes} tree nodes, {result.holders} other holders)")
