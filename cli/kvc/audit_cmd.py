@@ -14,8 +14,9 @@ from kvcache.audit import audit_snapshot
 from kvcache.snapshot import read_snapshot
 from kvcache.storage.base import VerifyRemoval
 
-from .common import (DEFAULT_STORE, EXIT_FOUND, EXIT_OK, JsonOpt, StoreOpt, DebugOpt, command, emit_json,
-                     human_bytes, open_inspect, out)
+from . import live
+from .common import (DEFAULT_STORE, EXIT_FOUND, EXIT_OK, DebugOpt, JsonOpt, StoreOpt, UsageError, command,
+                     emit_json, human_bytes, open_inspect, out)
 
 
 class Finding(msgspec.Struct, omit_defaults=True):
@@ -54,15 +55,21 @@ def audit(
     repair: Annotated[bool, typer.Option(
         "--repair", help="Remove what is provably corrupt or unreachable in the store, reporting each removal.")]
     = False,
+    socket: live.SocketOpt = None,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Check a store's integrity (checksums, metadata, indexes, registry), or a snapshot's slot ownership.
+    """Check a store's integrity (checksums, metadata, indexes, registry), or a snapshot's slot ownership, or
+    with --socket the live cache's slot ownership and tree structure.
 
     Exit 0 when clean, 1 when violations were found, 2 on bad usage or input.
     """
     if snapshot is not None:
         result = _snapshot_audit(snapshot)
+    elif (sock := live.socket_path(socket)) is not None:
+        if repair:
+            raise UsageError("--repair works on a store, not on a live cache")
+        result = live.audit(sock)
     else:
         result = _store_audit(store, repair)
     if json:

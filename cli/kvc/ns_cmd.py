@@ -13,6 +13,7 @@ from kvcache import NamespaceInfo
 from kvcache.keys import unpack_tokens
 from kvcache.storage.base import NamespaceRecord
 
+from . import live
 from .common import (DEFAULT_STORE, DebugOpt, JsonOpt, SaltOpt, StoreOpt, UsageError, command,
                      emit_json, human_bytes, namespace_arg, open_inspect, out, when)
 
@@ -95,12 +96,16 @@ def ls(
     store: StoreOpt = DEFAULT_STORE,
     sort: Annotated[str, typer.Option("--sort", help=f"Order by one of: {', '.join(SORT_KEYS)} (largest first, "
                                       "extra_key alphabetical).")] = "bytes",
+    socket: live.SocketOpt = None,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """List the namespaces in the store: extra_key, salt fingerprint, pages, tokens, bytes, hits, last access."""
+    """List the namespaces in the store: extra_key, salt fingerprint, pages, tokens, bytes, hits, last access.
+    With --socket, the live cache's namespaces, with what each holds in L1, L2 and L3."""
     if sort not in SORT_KEYS:
         raise UsageError(f"--sort {sort!r} is not one of {', '.join(SORT_KEYS)}")
+    if (sock := live.socket_path(socket)) is not None:
+        return live.ns_ls(sock, sort, json)
     st = open_inspect(store)
     try:
         ps = _page_size(st)

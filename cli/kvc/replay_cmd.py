@@ -14,6 +14,7 @@ from kvcache import HostMode, PrefetchPolicy, WritePolicy
 from kvcache.replay import ReplayReport, replay as run_replay
 from kvcache.workload import WorkloadSpec, generate as generate_trace, read_trace, write_trace
 
+from . import live
 from .common import (DEFAULT_STORE, EXIT_FOUND, DebugOpt, JsonOpt, StoreOpt, UsageError, command, emit_json,
                      human_bytes, offline_cache, open_for_cache, out, progress)
 
@@ -59,14 +60,25 @@ def replay(
     write_policy: WritePolicyOpt = WritePolicy.WRITE_THROUGH,
     mode: ModeOpt = HostMode.CACHE,
     batch: BatchOpt = 4,
+    socket: live.SocketOpt = None,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Replay a workload through the whole core — match, L3 prefetch, admit, forward (synthetic KV), commit,
     backup, eviction, load-back — on a cache embedded on the store. Committed pages are written to the store
     (flushed before exit), so a later replay in a new process hits L3. Exit 1 when --verify finds a mismatch or
-    the final ownership audit fails."""
+    the final ownership audit fails. With --socket, the live cache runs the trace with its own sizes and
+    policies (the tier and policy options are then not used)."""
     replay_options_ok(device_tokens, host_tokens, batch)
+    if (sock := live.socket_path(socket)) is not None:
+        report = live.replay(sock, trace, verify, batch, snapshot_out)
+        if json:
+            emit_json(report)
+        else:
+            print_report(report, f"{trace} on the live cache at {sock}")
+        if not report.ok:
+            raise typer.Exit(EXIT_FOUND)
+        return
     requests = read_trace(trace)  # validated whole before anything runs: a bad line changes nothing
     with contextlib.closing(open_for_cache(store)) as handle:
         cache = offline_cache(handle, handle.layout, device_tokens, host_tokens, prefetch_policy=prefetch_policy,

@@ -21,6 +21,7 @@ from kvcache import AdmitStatus, NamespaceInfo, PrefetchPolicy, Request, StagedV
 from kvcache.keys import page_hashes
 from kvcache.warm import warm_namespace
 
+from . import live
 from .common import (DEFAULT_STORE, EXIT_FOUND, DebugOpt, ExtraKeyOpt, JsonOpt, SaltOpt, StoreOpt, TokensFileOpt,
                      TokensOpt, UsageError, command, emit_json, human_bytes, namespace_arg, offline_cache,
                      open_for_cache, out, round_up_pages, tokens_arg)
@@ -100,6 +101,7 @@ def prefetch(
         "--max-bytes", help="Without tokens: most payload bytes to fetch.")] = None,
     policy: PolicyOpt = PrefetchPolicy.WAIT_COMPLETE,
     timeout_ms: TimeoutOpt = 1000.0,
+    socket: live.SocketOpt = None,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -108,6 +110,8 @@ def prefetch(
     ids = tokens_arg(tokens, tokens_file)
     if max_pages < 0 or (max_bytes is not None and max_bytes < 0):
         raise UsageError("--max-pages and --max-bytes must be >= 0")
+    if (sock := live.socket_path(socket)) is not None:  # live: warms the running cache's L2, and it stays
+        return _emit(live.prefetch(sock, extra_key, salt, ids, max_pages, max_bytes, policy, timeout_ms), json)
     with contextlib.closing(open_for_cache(store)) as handle:
         layout = handle.layout
         ps = layout.page_size  # type: ignore[union-attr]
@@ -151,12 +155,15 @@ def stage(
     tokens_file: TokensFileOpt = None,
     policy: PolicyOpt = PrefetchPolicy.WAIT_COMPLETE,
     timeout_ms: TimeoutOpt = 1000.0,
+    socket: live.SocketOpt = None,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Prefetch one request in buffer mode and show its staged record: the fetched pages parked for that
     request, with the request's namespace fingerprint, until its admission splices them."""
     request = _request(extra_key, salt, tokens, tokens_file)
+    if (sock := live.socket_path(socket)) is not None:
+        return _emit(live.stage(sock, extra_key, salt, request.tokens, policy, timeout_ms), json)
     with contextlib.closing(open_for_cache(store)) as handle:
         layout = handle.layout
         ps = layout.page_size  # type: ignore[union-attr]
@@ -181,6 +188,7 @@ def load_back(
         "them, then splice the staged record at admission.")] = "cache",
     policy: PolicyOpt = PrefetchPolicy.WAIT_COMPLETE,
     timeout_ms: TimeoutOpt = 1000.0,
+    socket: live.SocketOpt = None,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -189,6 +197,12 @@ def load_back(
     if mode not in ("cache", "buffer"):
         raise UsageError(f"--mode {mode!r}: expected cache or buffer")
     request = _request(extra_key, salt, tokens, tokens_file)
+    if (sock := live.socket_path(socket)) is not None:  # live: in the cache's own mode; the pages stay loaded
+        result = live.load_back(sock, extra_key, salt, request.tokens, policy, timeout_ms)
+        _emit(result, json)
+        if result.verify_mismatches:
+            raise typer.Exit(EXIT_FOUND)
+        return
     start = time.perf_counter()
     with contextlib.closing(open_for_cache(store)) as handle:
         layout = handle.layout

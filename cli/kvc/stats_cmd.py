@@ -10,6 +10,7 @@ from rich.table import Table
 
 from kvcache.storage.base import StoreStats
 
+from . import live
 from .common import DEFAULT_STORE, DebugOpt, JsonOpt, StoreOpt, command, emit_json, human_bytes, open_inspect, out
 
 # Prometheus metric name -> (help, type, how to read it from StoreStats): the exposition is this table, printed.
@@ -47,10 +48,14 @@ def prometheus(stats: StoreStats) -> str:
 def stats(
     store: StoreOpt = DEFAULT_STORE,
     prom: Annotated[bool, typer.Option("--prom", help="Print Prometheus text format instead.")] = False,
+    socket: live.SocketOpt = None,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Store size, pages, namespaces, layouts and hit/miss counters."""
+    """Store size, pages, namespaces, layouts and hit/miss counters; with --socket, also the live cache's
+    pools, what is in flight and its hit tokens per tier."""
+    if (sock := live.socket_path(socket)) is not None:
+        return live.stats(sock, prom, json)
     st = open_inspect(store)
     try:
         figures = st.stats()
