@@ -37,3 +37,18 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def publish(name: str, body: str, no_write: bool, ratios: dict[str, float]) -> None:
+    """A script's result: print `body`, write it as section `name` of BENCHMARKS.md unless `no_write`, and, when
+    `kvc bench` runs the script (env KVC_BENCH_JSON names a file), append the headline ratios there as one JSON
+    line so the CLI can print them."""
+    import json
+
+    print(body)
+    if not no_write:
+        write_section(name, body)
+    out = os.environ.get("KVC_BENCH_JSON")
+    if out:
+        with open(out, "a") as f:
+            f.write(json.dumps({"script": name, "ratios": ratios}) + "\n")

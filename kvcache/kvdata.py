@@ -6,10 +6,13 @@ slot reused while still owned differ from what recomputing gives: replays (`kvc 
 reused byte.
 
 The function: the 16-byte hash as two little-endian 64-bit words, XOR-ed with a per-row constant (so the token
-rows of one page differ from each other), repeated across the row. Checking a page needs only its 16-byte
-pattern per row, never a materialised expected page: the compare reads each byte once, against a pattern that
-stays in cache, in chunks small enough to stay there too — cheaper than the copy it checks, which reads and
-writes every byte (`benchmarks/bench_replay.py` measures the ratio).
+rows of one page differ from each other), repeated across the row.
+
+The check reads every byte of every page once, in place: on the CPU it hashes the page (XXH3-128, tens of GB/s
+per core) and compares the digest with that of the page its hash prescribes — computed once per page hash and
+remembered, since a cache serves the same pages again and again. That costs well under the copy it checks,
+which reads and writes every byte (`benchmarks/bench_replay.py` measures the ratio). A pool on another device
+is compared element by element there, against the 16-byte row patterns.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+import xxhash
 
 from .keys import PAGE_HASH_BYTES
 from .layout import KVLayout
 
 _ROW_MIX = np.uint64(0x9E3779B97F4A7C15)  # golden-ratio constant: consecutive rows get unrelated patterns
-_CHECK_CHUNK_BYTES = 1 << 20  # pages gathered per compare: large enough to amortise, small enough for L2 cache
+_CHECK_CHUNK_BYTES = 1 << 20  # pages gathered per compare on a device: large enough to amortise the launches
+_DIGEST_CACHE = 1 << 18  # page hashes whose expected digest is remembered (~40 MiB at most), then start over
 
 
 class SyntheticKV:
@@ -38,6 +43,7 @@ class SyntheticKV:
         self._words = self.row_bytes % PAGE_HASH_BYTES == 0
         mix = (np.arange(1, self.page_size + 1, dtype=np.uint64) * _ROW_MIX)
         self._mix = np.repeat(mix, 2).reshape(self.page_size, 2)  # [row, word]
+        self._digests: dict[bytes, int] = {}  # page hash -> XXH3-128 of the page it prescribes
 
     def patterns(self, hashes: Sequence[bytes]) -> np.ndarray:
         """[pages, page_size, 2] uint64: the 16-byte pattern of every row of every page."""
@@ -57,11 +63,29 @@ class SyntheticKV:
             idx = torch.from_numpy(np.asarray(pages, dtype=np.int64))
             page_rows.index_copy_(0, idx.to(page_rows.device), self.pages(hashes).to(page_rows.device))
 
+    def digest(self, page_hash: bytes) -> int:
+        """XXH3-128 of the contents of `page_hash` (remembered)."""
+        d = self._digests.get(page_hash)
+        if d is None:
+            if len(self._digests) >= _DIGEST_CACHE:
+                self._digests.clear()
+            d = self._digests[page_hash] = xxhash.xxh3_128_intdigest(self.pages([page_hash]).numpy())
+        return d
+
     def mismatches(self, page_rows: torch.Tensor, pages: np.ndarray, hashes: Sequence[bytes]) -> np.ndarray:
         """Indices (into `pages`) of the pages whose bytes differ from the contents of their hash."""
+        if len(pages) != len(hashes):
+            raise ValueError(f"{len(pages)} pages but {len(hashes)} hashes")
+        if page_rows.device.type != "cpu":
+            return self._mismatches_on_device(page_rows, pages, hashes)
+        rows = page_rows.numpy()
+        digest, h128 = self.digest, xxhash.xxh3_128_intdigest
+        bad = [i for i, (p, h) in enumerate(zip(np.asarray(pages).tolist(), hashes)) if h128(rows[p]) != digest(h)]
+        return np.asarray(bad, dtype=np.int64)
+
+    def _mismatches_on_device(self, page_rows: torch.Tensor, pages: np.ndarray,
+                              hashes: Sequence[bytes]) -> np.ndarray:
         n = len(pages)
-        if n != len(hashes):
-            raise ValueError(f"{n} pages but {len(hashes)} hashes")
         bad: list[np.ndarray] = []
         step = max(1, _CHECK_CHUNK_BYTES // self.page_bytes)
         idx_all = torch.from_numpy(np.asarray(pages, dtype=np.int64)).to(page_rows.device)

@@ -25,6 +25,11 @@ def test_written_pages_check_clean_and_are_deterministic(layout):
     pages = np.array([9, 2, 15, 0, 4, 7, 11, 3])
     kv.write(rows, pages, hashes)
     assert kv.mismatches(rows, pages, hashes).tolist() == []
+    assert kv._mismatches_on_device(rows, pages, hashes).tolist() == []
+    rows[15, 5] ^= 1  # pages[2]
+    assert kv.mismatches(rows, pages, hashes).tolist() == [2]
+    assert kv._mismatches_on_device(rows, pages, hashes).tolist() == [2]
+    rows[15, 5] ^= 1
     assert torch.equal(kv.pages(hashes), SyntheticKV(layout).pages(hashes))
     assert torch.equal(rows[torch.from_numpy(pages)], kv.pages(hashes))
 
@@ -36,9 +41,12 @@ def test_rows_of_one_page_differ_so_a_reordered_page_is_caught():
     assert len({bytes(r.numpy()) for r in page}) == 4
 
 
-def test_wrong_namespace_wrong_layout_wrong_slot_and_one_flipped_byte_are_mismatches():
+@pytest.mark.parametrize("path", ["cpu-digest", "device-compare"])
+def test_wrong_namespace_wrong_layout_wrong_slot_and_one_flipped_byte_are_mismatches(path):
     layout = make_layout(4)
     kv = SyntheticKV(layout)
+    if path == "device-compare":  # the element-wise path a GPU pool takes, run here on CPU tensors
+        kv.mismatches = kv._mismatches_on_device
     tokens = list(range(16))
     mine = _hashes(layout, tokens)
     rows = _pool(layout, 8)
@@ -61,3 +69,18 @@ def test_check_spans_many_chunks():
     kv.write(rows, np.arange(100), hashes)
     rows[77, -1] ^= 0xFF
     assert kv.mismatches(rows, np.arange(100), hashes).tolist() == [77]
+    assert kv._mismatches_on_device(rows, np.arange(100), hashes).tolist() == [77]
+
+
+def test_digest_is_of_the_prescribed_page_and_survives_the_cache_reset(monkeypatch):
+    import xxhash
+
+    import kvcache.kvdata
+
+    layout = make_layout(4)
+    kv = SyntheticKV(layout)
+    hashes = _hashes(layout, range(40))
+    assert kv.digest(hashes[3]) == xxhash.xxh3_128_intdigest(kv.pages([hashes[3]]).numpy())
+    monkeypatch.setattr(kvcache.kvdata, "_DIGEST_CACHE", 4)
+    digests = [kv.digest(h) for h in hashes]
+    assert len(kv._digests) <= 4 and digests == [SyntheticKV(layout).digest(h) for h in hashes]
