@@ -24,7 +24,7 @@ import time
 import numpy as np
 import torch
 
-from _report import machine, table, write_section
+from _report import machine, publish, table
 from bench_tree import workload
 from kvcache import CacheConfig, KVLayout, Namespace, Request, TieredCache
 from kvcache.config import PrefetchPolicy
@@ -163,9 +163,9 @@ def main() -> int:
               [[name, f"{r['rps']:,.0f}", f">= {LOOP_TARGET:,}", f"{r['host_pages']:,}", f"{r['storage_pages']:,}"]
                for name, r in loops.items()]),
     ])
-    print(body)
-    if not args.no_write:
-        write_section("bench_prefetch", body)
+    ratios = {"load_back_speed_over_memcpy": lb["ratio"], "load_back_gbps": lb["gbps"]}
+    ratios.update({f"loop_requests_per_s[{name}]": r["rps"] for name, r in loops.items()})
+    publish("bench_prefetch", body, args.no_write, ratios)
     return 0
 
 

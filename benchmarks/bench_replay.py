@@ -65,7 +65,8 @@ def verify_vs_copy(n_pages: int, repeat: int) -> dict[str, float]:
     t_memcpy = best(lambda: np.copyto(flat_dst, flat_src), repeat)
     nbytes = n_pages * LAYOUT.bytes_per_page
     return {"pages": n_pages, "verify_gbps": nbytes / t_verify / 1e9, "first_gbps": nbytes / t_first / 1e9,
-            "first_over_copy": t_first / t_copy, "first_over_memcpy": t_first / t_memcpy, "copy_gbps": nbytes / t_copy / 1e9,
+            "first_over_copy": t_first / t_copy, "first_over_memcpy": t_first / t_memcpy,
+            "copy_gbps": nbytes / t_copy / 1e9,
             "memcpy_gbps": nbytes / t_memcpy / 1e9, "verify_over_copy": t_verify / t_copy,
             "verify_over_memcpy": t_verify / t_memcpy}
 

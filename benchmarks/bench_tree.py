@@ -22,7 +22,7 @@ import time
 import numpy as np
 import torch
 
-from _report import machine, table, write_section
+from _report import machine, publish, table
 from kvcache import CacheConfig, KVLayout, Namespace, Request, TieredCache
 from kvcache.tree import RadixTree
 
@@ -90,7 +90,7 @@ def main() -> int:
     ns = Namespace("bench")
     seqs = workload(args.sequences)
     tokens = args.sequences * 1024
-    rows, notes = [], []
+    rows, notes, ratios = [], [], {}
     for ps in (1, 16):
         reqs = [Request(f"r{i}", s, ns) for i, s in enumerate(seqs)]
         best = {}
@@ -107,6 +107,9 @@ def main() -> int:
             rows.append([str(ps), label, f"{n / ins:,.0f}", f"{tokens / ins / 1e6:.1f} M",
                          f"{n / mat:,.0f}", f"{tokens / mat / 1e6:.1f} M"])
         overhead = best["ledger_on"][0] / best["ledger_off"][0]
+        ratios[f"ledger_overhead_page{ps}"] = overhead
+        ratios[f"match_seq_per_s_page{ps}"] = n / best["tree"][1]
+        ratios[f"insert_seq_per_s_page{ps}"] = n / best["tree"][0]
         notes.append(f"page size {ps}: ledger overhead on admit+commit {overhead:.2f}x "
                      f"(checks on {best['ledger_on'][0] * 1e6 / n:.1f} us/seq, off "
                      f"{best['ledger_off'][0] * 1e6 / n:.1f} us/seq)")
@@ -120,9 +123,7 @@ def main() -> int:
         "",
         *[f"- {n}" for n in notes],
     ])
-    print(body)
-    if not args.no_write:
-        write_section("bench_tree", body)
+    publish("bench_tree", body, args.no_write, ratios)
     return 0
 
 

@@ -30,7 +30,7 @@ def _print_version(value: bool) -> None:
 
 
 def _register() -> None:
-    from . import (audit_cmd, demo_cmd, init_cmd, live, ns_cmd, put_cmd, replay_cmd, request_cmd, serve_cmd,
+    from . import (audit_cmd, bench_cmd, demo_cmd, init_cmd, live, ns_cmd, put_cmd, replay_cmd, request_cmd, serve_cmd,
                    snapshot_cmd, stats_cmd)
 
     app.command("init")(init_cmd.init)
@@ -41,6 +41,7 @@ def _register() -> None:
     app.command("replay")(replay_cmd.replay)
     app.command("generate")(replay_cmd.generate)
     app.command("demo")(demo_cmd.demo)
+    app.command("bench")(bench_cmd.bench)
     app.add_typer(ns_cmd.app, name="ns")
     app.command("audit")(audit_cmd.audit)
     app.command("stats")(stats_cmd.stats)

@@ -269,3 +269,34 @@ def test_demo_small_runs_cold_then_warm_and_passes_its_checks():
     assert {t["namespace"]["extra_key"] for t in doc["tenants"]} == {"tenant-0", "tenant-1"}
     human = kvc("demo", "--requests", 100, "--tenants", 2, check_rc=0)
     assert "what L3 saved each tenant" in human.stdout and "all checks passed" in human.stdout
+
+
+# --- bench -------------------------------------------------------------------------------------------------------
+
+def test_bench_runs_a_real_script_and_prints_its_ratios():
+    doc = as_json(invoke("bench", "--only", "bench_replay", "--json"))
+    (run,) = doc["scripts"]
+    assert run["script"] == "bench_replay" and run["exit_code"] == 0 and doc["quick"] is True
+    assert 0 < run["ratios"]["verify_over_copy"] and run["ratios"]["replay_requests_per_s"] > 0
+    assert "## Verified replay" in run["report"]
+
+
+def test_bench_reports_a_failing_script_with_exit_1(tmp_path):
+    (tmp_path / "bench_ok.py").write_text(
+        "import json, os\n"
+        "open(os.environ['KVC_BENCH_JSON'], 'a').write(json.dumps({'script': 'ok', 'ratios': {'x_over_y': 0.5}}) + '\\n')\n"
+        "print('## ok')\n")
+    (tmp_path / "bench_broken.py").write_text("raise SystemExit('broken on purpose')\n")
+    result = invoke("bench", "--dir", tmp_path, "--json")
+    assert result.exit_code == 1
+    runs = {r["script"]: r for r in json.loads(result.stdout)["scripts"]}
+    assert runs["bench_ok"]["ratios"] == {"x_over_y": 0.5} and runs["bench_ok"]["exit_code"] == 0
+    assert runs["bench_broken"]["exit_code"] == 1 and "broken on purpose" in runs["bench_broken"]["report"]
+    human = invoke("bench", "--dir", tmp_path, "--only", "bench_ok")
+    assert human.exit_code == 0 and "x_over_y" in human.stdout
+
+
+def test_bench_usage_errors(tmp_path):
+    for args in (["--dir", tmp_path], ["--only", "bench_nothing"], ["--write"]):
+        result = invoke("bench", *args)
+        assert result.exit_code == 2 and result.output.startswith("kvc: error: "), result.output

@@ -1,0 +1,119 @@
+"""`kvc bench`: run the benchmark scripts of a source checkout and print their headline ratios."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+import typer
+from rich.table import Table
+
+from .common import EXIT_FOUND, DebugOpt, JsonOpt, UsageError, command, emit_json, out, progress
+
+# script -> arguments of its quick run (a few seconds each; the full runs are what BENCHMARKS.md records)
+QUICK_ARGS: dict[str, list[str]] = {
+    "bench_tree": ["--sequences", "400", "--repeat", "1"],
+    "bench_prefetch": ["--pages", "256", "--sequences", "400", "--repeat", "1"],
+    "bench_replay": ["--pages", "512", "--requests", "1000", "--repeat", "1"],
+}
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "benchmarks"  # cli/kvc/ -> the checkout's benchmarks/
+
+
+class BenchScript(msgspec.Struct):
+    """One script's run."""
+
+    script: str
+    exit_code: int
+    seconds: float
+    ratios: dict[str, float]  # the script's headline figures (ratios to same-run baselines, rates)
+    report: str  # the Markdown section it printed (what BENCHMARKS.md holds after a --write run)
+
+
+class BenchOutput(msgspec.Struct):
+    """`kvc bench --json`."""
+
+    directory: str
+    quick: bool
+    scripts: list[BenchScript]
+
+
+@command
+def bench(
+    only: Annotated[list[str] | None, typer.Option(
+        "--only", help="Run only this script (repeatable), e.g. --only bench_replay.")] = None,
+    quick: Annotated[bool, typer.Option(
+        "--quick/--full", help="Small sizes (seconds per script) or the scripts' full defaults.")] = True,
+    write: Annotated[bool, typer.Option(
+        "--write", help="Let the scripts rewrite their sections of BENCHMARKS.md (full runs only).")] = False,
+    directory: Annotated[Path, typer.Option(
+        "--dir", help="The benchmarks/ directory of a kvc source checkout.")] = DEFAULT_DIR,
+    json: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Run the benchmark scripts (benchmarks/bench_*.py) and print the ratios each measures against its
+    same-run baseline (memcpy, a one-file-per-page store, the ledger switched off). Exit 1 if a script fails."""
+    if write and quick:
+        raise UsageError("--write records full runs only: add --full")
+    scripts = sorted(p.stem for p in directory.glob("bench_*.py")) if directory.is_dir() else []
+    if not scripts:
+        raise UsageError(f"{directory}: no benchmark scripts here (kvc bench runs from a source checkout; "
+                         f"pass --dir)")
+    if only:
+        unknown = sorted(set(only) - set(scripts))
+        if unknown:
+            raise UsageError(f"--only {', '.join(unknown)}: not among {', '.join(scripts)}")
+        scripts = [s for s in scripts if s in only]
+    results = []
+    with tempfile.TemporaryDirectory(prefix="kvc-bench-") as tmp, \
+            progress("bench", len(scripts), not json) as advance:
+        for i, name in enumerate(scripts):
+            results.append(_run(directory, name, quick, write, Path(tmp) / f"{name}.jsonl"))
+            advance(i + 1)
+    result = BenchOutput(str(directory), quick, results)
+    if json:
+        emit_json(result)
+    else:
+        _print(result)
+    if any(r.exit_code for r in results):
+        raise typer.Exit(EXIT_FOUND)
+
+
+def _run(directory: Path, name: str, quick: bool, write: bool, ratios_file: Path) -> BenchScript:
+    args = [sys.executable, f"{name}.py", *(QUICK_ARGS.get(name, []) if quick else [])]
+    if not write:
+        args.append("--no-write")
+    start = time.perf_counter()
+    proc = subprocess.run(args, cwd=directory, capture_output=True, text=True,
+                          env=dict(os.environ, KVC_BENCH_JSON=str(ratios_file)))
+    seconds = time.perf_counter() - start
+    ratios: dict[str, float] = {}
+    if ratios_file.exists():
+        for line in ratios_file.read_text().splitlines():
+            ratios.update(msgspec.json.decode(line)["ratios"])
+    report = proc.stdout if proc.returncode == 0 else (proc.stdout + proc.stderr)[-2000:]
+    return BenchScript(name, proc.returncode, seconds, ratios, report)
+
+
+def _print(result: BenchOutput) -> None:
+    table = Table(title=f"kvc bench ({'quick' if result.quick else 'full'} runs of {result.directory})",
+                  title_justify="left")
+    for col in ("script", "figure", "value", "seconds"):
+        table.add_column(col, justify="right" if col in ("value", "seconds") else "left")
+    for r in result.scripts:
+        if r.exit_code:
+            table.add_row(r.script, f"FAILED (exit {r.exit_code})", "", f"{r.seconds:.1f}")
+            continue
+        for i, (name, value) in enumerate(r.ratios.items()):
+            table.add_row(r.script if i == 0 else "", name, f"{value:,.2f}", f"{r.seconds:.1f}" if i == 0 else "")
+        if not r.ratios:
+            table.add_row(r.script, "(no headline figures: see its report)", "", f"{r.seconds:.1f}")
+    out.print(table)
+    for r in result.scripts:
+        if r.exit_code:
+            out.print(f"{r.script} failed:\n{r.report}", markup=False)
