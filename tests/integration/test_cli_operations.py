@@ -284,7 +284,8 @@ def test_bench_runs_a_real_script_and_prints_its_ratios():
 def test_bench_reports_a_failing_script_with_exit_1(tmp_path):
     (tmp_path / "bench_ok.py").write_text(
         "import json, os\n"
-        "open(os.environ['KVC_BENCH_JSON'], 'a').write(json.dumps({'script': 'ok', 'ratios': {'x_over_y': 0.5}}) + '\\n')\n"
+        "line = json.dumps({'script': 'ok', 'ratios': {'x_over_y': 0.5}})\n"
+        "open(os.environ['KVC_BENCH_JSON'], 'a').write(line + '\\n')\n"
         "print('## ok')\n")
     (tmp_path / "bench_broken.py").write_text("raise SystemExit('broken on purpose')\n")
     result = invoke("bench", "--dir", tmp_path, "--json")
