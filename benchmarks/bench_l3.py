@@ -42,7 +42,7 @@ import time
 import numpy as np
 import torch
 
-from _report import machine, table, write_section
+from _report import machine, publish, table
 from kvcache import KVLayout, Namespace
 from kvcache.keys import pack_tokens
 from kvcache.storage.base import open_store, page_origins
@@ -443,9 +443,14 @@ def main() -> int:
         "instead of StoreFull; it is not used.",
         *redis_part,
     ])
-    print(body)
-    if not args.no_write:
-        write_section("bench_l3", body)
+    ratios = {}
+    for kib, r in results.items():
+        ratios[f"lmdb_read_over_memcpy_{kib}k"] = r["kvc_read"] / r["memcpy"]
+        ratios[f"lmdb_write_over_files_{kib}k"] = r["kvc_write_nosync"] / r["files_write"]
+        if "redis_read" in r:
+            ratios[f"redis_read_over_lmdb_{kib}k"] = r["redis_read"] / r["kvc_read"]
+            ratios[f"redis_write_over_lmdb_{kib}k"] = r["redis_write"] / r["kvc_write_nosync"]
+    publish("bench_l3", body, args.no_write, ratios)
     return 0
 
 
