@@ -28,7 +28,7 @@ demo: $(STAMP)
 	$(BIN)/kvc demo $(DEMO_ARGS)
 
 bench: $(STAMP)
-	cd benchmarks && ../$(BIN)/python bench_tree.py && ../$(BIN)/python bench_l3.py && ../$(BIN)/python bench_prefetch.py
+	cd benchmarks && for script in bench_*.py; do ../$(BIN)/python $$script || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
