@@ -1,0 +1,261 @@
+"""Live mode end to end: `kvc serve` as a real subprocess on a temp socket and an LMDB store made by `kvc init`,
+driven by the kvc commands with --socket (in process through CliRunner, and as subprocesses), by raw fuzzed
+frames, and stopped by signals."""
+
+import json
+import os
+import random
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import msgspec
+import pytest
+from typer.testing import CliRunner
+
+from kvc.main import app
+from kvcache import Namespace, WorkloadSpec, generate, write_trace
+from kvcache.admin_protocol import PROTOCOL_VERSION, Truncated, read_frame
+
+SALT = "live-salt-qwerty-987"
+KVC = Path(sys.executable).with_name("kvc")
+PROMPT = list(range(1, 65))  # 16 pages of 4
+runner = CliRunner()
+
+
+def kvc(*args, check_rc=None, timeout=120):
+    """The installed kvc as a subprocess; the salt never appears in what it prints."""
+    proc = subprocess.run([str(KVC), *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    assert SALT not in proc.stdout + proc.stderr
+    if check_rc is not None:
+        assert proc.returncode == check_rc, proc.stderr
+    return proc
+
+
+def invoke(*args):
+    result = runner.invoke(app, [str(a) for a in args])
+    assert SALT not in result.stdout + result.stderr
+    return result
+
+
+def as_json(result):
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def make_store(path: Path) -> str:
+    kvc("init", "--store", path, "--page-size", 4, check_rc=0)
+    for tail in ([7] * 8, [9] * 12):
+        kvc("put", "--store", path, "--extra-key", "t1", "--salt", SALT,
+            "--tokens", ",".join(map(str, PROMPT + tail)), check_rc=0)
+    kvc("put", "--store", path, "--extra-key", "t2", "--tokens", ",".join(map(str, PROMPT)), check_rc=0)
+    return str(path)
+
+
+class Server:
+    """A `kvc serve` subprocess; ready once its --json ready line is on stdout."""
+
+    def __init__(self, store: str, sock: str, *extra) -> None:
+        self.sock = sock
+        self.err_path = Path(sock).with_suffix(".err")
+        with open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen([str(KVC), "serve", "--store", store, "--socket", sock, "--json",
+                                          "--device-tokens", "4096", "--host-tokens", "8192", *map(str, extra)],
+                                         stdout=subprocess.PIPE, stderr=err, text=True)
+        line = self.proc.stdout.readline()
+        assert line, f"kvc serve did not start: {self.err_path.read_text()}"
+        self.ready = json.loads(line)
+
+    def stop(self, sig=signal.SIGTERM) -> int:
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=60)
+
+    @property
+    def stderr(self) -> str:
+        return self.err_path.read_text()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """One server for the module: (store path, socket path)."""
+    root = tmp_path_factory.mktemp("live")
+    store = make_store(root / "store")
+    server = Server(store, str(root / "s.sock"))
+    assert server.ready["socket"] == str(root / "s.sock") and server.ready["pid"] == server.proc.pid
+    yield store, server.sock
+    assert server.stop() == 0
+
+
+def _ns_row(sock, extra_key):
+    doc = as_json(invoke("--socket", sock, "ns", "ls", "--json"))
+    return {r["extra_key"]: r for r in doc["namespaces"]}[extra_key]
+
+
+def test_prefetch_of_a_namespace_warms_l2_as_ns_ls_shows(served):
+    store, sock = served
+    invoke("--socket", sock, "ns", "evict", "t1", "--salt", SALT)
+    before = _ns_row(sock, "t1")
+    assert before["host"]["tokens"] == 0 and before["storage"]["pages"] == 21
+    out = kvc("--socket", sock, "prefetch", "--extra-key", "t1", "--salt", SALT, "--json", check_rc=0)
+    doc = json.loads(out.stdout)
+    assert {"requested_tokens", "hit_tokens", "pages", "bytes", "seconds", "namespace"} <= set(doc)
+    assert doc["hit_tokens"] == 84 and doc["namespace"]["salt_fingerprint"] == Namespace("t1", SALT).salt_fingerprint
+    after = _ns_row(sock, "t1")
+    assert after["host"] == {"pages": 21, "tokens": 84, "bytes": doc["bytes"]}
+    assert after["pages"] == 21 and after["salt_fingerprint"] == doc["namespace"]["salt_fingerprint"]
+    assert _ns_row(sock, "t2")["host"]["tokens"] == 0  # another tenant was not touched
+    human = invoke("ns", "ls", "--socket", sock)  # the option after the command works the same
+    assert human.exit_code == 0 and "L2 tokens" in human.stdout
+
+
+def test_load_back_and_stats_on_the_live_cache(served):
+    _, sock = served
+    tokens = ",".join(map(str, PROMPT + [7] * 8))
+    doc = as_json(invoke("--socket", sock, "load-back", "--extra-key", "t1", "--salt", SALT, "--tokens", tokens,
+                         "--json"))
+    assert doc["hit_tokens"] == 72 and doc["verify_mismatches"] == 0 and doc["tiers"]["device"]["tokens"] >= 72
+    stats = as_json(invoke("--socket", sock, "stats", "--json"))
+    assert stats["device"]["used_tokens"] >= 72 and stats["live_requests"] == 0 and stats["store"]["pages"] >= 37
+    assert "kvc_cache_used_tokens{tier=\"device\"}" in invoke("--socket", sock, "stats", "--prom").stdout
+
+
+def test_audit_is_clean_during_and_after_a_replay_through_the_socket(served, tmp_path):
+    _, sock = served
+    trace = tmp_path / "trace.jsonl"
+    write_trace(trace, generate(WorkloadSpec(requests=400, tenants=3, seed=5)))
+    replay = subprocess.Popen([str(KVC), "--socket", sock, "replay", str(trace), "--verify", "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    audits = []
+    while replay.poll() is None or not audits:
+        result = invoke("--socket", sock, "audit", "--json")
+        assert result.exit_code == 0, result.stdout + result.stderr
+        audits.append(json.loads(result.stdout))
+    out, err = replay.communicate(timeout=120)
+    assert replay.returncode == 0, err
+    report = json.loads(out)
+    assert report["requests"] == 400 and report["verify_mismatches"] == 0 and report["audit"]["ok"] is True
+    assert set(report["hit_tokens"]) == {"device", "host", "storage"}
+    assert all(a["ok"] and a["source"] == "live" and a["violations"] == [] for a in audits)
+    assert as_json(invoke("--socket", sock, "audit", "--json"))["ok"] is True
+
+
+def test_a_live_snapshot_and_the_offline_audit_of_it_agree(served, tmp_path):
+    _, sock = served
+    path = tmp_path / "live.snap"
+    written = as_json(invoke("--socket", sock, "snapshot", path, "--json"))
+    assert written["path"] == str(path.resolve()) and path.stat().st_size == written["bytes"]
+    offline = as_json(invoke("audit", "--snapshot", path, "--json"))
+    live = as_json(invoke("--socket", sock, "audit", "--json"))
+    assert offline["ok"] is live["ok"] is True
+    assert offline["checked"] == live["checked"] and offline["checked"]["nodes"] == written["nodes"]
+    assert SALT.encode() not in path.read_bytes()
+
+
+def _frame(obj) -> bytes:
+    body = msgspec.msgpack.encode(obj)
+    return struct.pack(">I", len(body)) + body
+
+
+def _send_raw(sock_path: str, data: bytes) -> None:
+    """Send raw bytes on a fresh connection and read the answers until the server closes it."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(30)
+    with s:
+        s.connect(sock_path)
+        try:
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+            while read_frame(s, 1 << 26) is not None:
+                pass
+        except (ConnectionError, Truncated):
+            pass  # the server closed a connection it could not frame: allowed, as long as it lives on
+
+
+def test_fuzzed_frames_leave_the_server_alive_and_the_audit_clean(served):
+    _, sock = served
+    rng = random.Random(7)
+    kinds = ["ping", "prefetch", "stage", "load_back", "ns_ls", "audit", "snapshot", "stats", "evict", "replay", "x"]
+    values = [None, False, -3, 2**40, 0.5, "s", b"\xff" * 3, [None], {"a": []}]
+    cases = [struct.pack(">I", 0xFFFFFFFF) + b"x" * 100,  # a huge length prefix
+             struct.pack(">I", 1 << 21),  # over the limit, no body
+             struct.pack(">I", 40) + b"\x81",  # a truncated frame
+             _frame({"v": PROTOCOL_VERSION, "id": 1, "request": {"type": "snapshot", "path": 5}}),
+             _frame({"v": PROTOCOL_VERSION, "id": 2, "request": {"type": "replay", "chunk": b"{", "more": False}})]
+    for _ in range(150):
+        roll = rng.random()
+        if roll < 0.35:
+            cases.append(rng.randbytes(rng.randrange(0, 80)))
+        elif roll < 0.55:
+            body = rng.randbytes(rng.randrange(1, 80))
+            cases.append(struct.pack(">I", len(body) + rng.choice([0, 3, 1000])) + body)
+        else:
+            request = {"type": rng.choice(kinds)}
+            for key in rng.sample(["tokens", "extra_key", "cache_salt", "max_pages", "path", "chunk", "more",
+                                   "device", "policy", "verify"], rng.randrange(0, 4)):
+                request[key] = rng.choice(values)
+            cases.append(_frame({"v": rng.choice([PROTOCOL_VERSION, 0, 2]), "id": rng.randrange(9),
+                                 "request": request}))
+    for data in cases:
+        _send_raw(sock, data)
+    assert as_json(invoke("--socket", sock, "audit", "--json"))["ok"] is True
+    assert _ns_row(sock, "t1")["storage"]["pages"] == 21
+
+
+def test_admin_errors_are_one_line_and_exit_2(served, tmp_path):
+    _, sock = served
+    missing = invoke("--socket", tmp_path / "none.sock", "audit")
+    assert missing.exit_code == 2 and missing.stderr.count("\n") == 1 and "no kvc server" in missing.stderr
+    remote = invoke("--socket", sock, "stage", "--tokens", "1,2,3,4")  # the server runs cache mode
+    assert remote.exit_code == 2 and remote.stderr.count("\n") == 1 and "buffer mode" in remote.stderr
+    assert invoke("--socket", sock, "audit", "--repair").exit_code == 2
+    assert invoke("snapshot", tmp_path / "x.snap").exit_code == 2  # a snapshot needs a live cache
+    silent_path = str(tmp_path / "silent.sock")
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.bind(silent_path)
+    silent.listen(1)  # accepts (by the kernel's backlog) and never answers
+    late = invoke("--socket", silent_path, "--timeout", "0.3", "stats")
+    assert late.exit_code == 2 and "no answer within 0.3 s" in late.stderr and late.stderr.count("\n") == 1
+    silent.close()
+    future_path = str(tmp_path / "v2.sock")
+    future = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    future.bind(future_path)
+    future.listen(1)
+
+    def answer_as_next_version():
+        conn, _ = future.accept()
+        with conn:
+            read_frame(conn, 1 << 20)
+            conn.sendall(_frame({"v": PROTOCOL_VERSION + 1, "id": 1,
+                                 "error": {"kind": "protocol_version", "message": "x"}}))
+
+    t = threading.Thread(target=answer_as_next_version)
+    t.start()
+    other = invoke("--socket", future_path, "ns", "ls")
+    t.join()
+    future.close()
+    assert other.exit_code == 2 and other.stderr.count("\n") == 1
+    assert f"the client speaks version {PROTOCOL_VERSION}, the server speaks version {PROTOCOL_VERSION + 1}" \
+        in other.stderr
+
+
+def test_sigterm_stops_cleanly_a_live_socket_is_refused_a_stale_one_taken_over(tmp_path):
+    store = make_store(tmp_path / "store")
+    sock = str(tmp_path / "s.sock")
+    first = Server(store, sock)
+    assert (os.stat(sock).st_mode & 0o777) == 0o600
+    refused = kvc("serve", "--store", store, "--socket", sock, timeout=60)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "already listening" in refused.stderr
+    assert first.stop(signal.SIGKILL) == -signal.SIGKILL and os.path.exists(sock)  # a dead server's stale socket
+    second = Server(store, sock)
+    as_json(invoke("--socket", sock, "prefetch", "--extra-key", "t1", "--salt", SALT, "--json"))
+    doc = as_json(invoke("--socket", sock, "load-back", "--extra-key", "t1", "--salt", SALT, "--tokens",
+                         ",".join(map(str, PROMPT + [9] * 12 + [5] * 8)), "--json"))
+    assert doc["hit_tokens"] == 76 and doc["verify_mismatches"] == 0
+    assert second.stop(signal.SIGTERM) == 0
+    assert not os.path.exists(sock) and "stopped after" in second.stderr
+    audit = kvc("audit", "--store", store, "--json", check_rc=0)
+    assert json.loads(audit.stdout)["ok"] is True
