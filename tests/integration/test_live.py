@@ -5,6 +5,7 @@ frames, and stopped by signals."""
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import struct
@@ -80,13 +81,19 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def template(tmp_path_factory):
+    """A store made by `kvc init` and `kvc put` once; tests copy it."""
+    return make_store(tmp_path_factory.mktemp("template") / "store")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, template):
     """One server for the module: (store path, socket path)."""
     root = tmp_path_factory.mktemp("live")
-    store = make_store(root / "store")
-    server = Server(store, str(root / "s.sock"))
+    store = shutil.copytree(template, root / "store")
+    server = Server(str(store), str(root / "s.sock"))
     assert server.ready["socket"] == str(root / "s.sock") and server.ready["pid"] == server.proc.pid
-    yield store, server.sock
+    yield str(store), server.sock
     assert server.stop() == 0
 
 
@@ -242,8 +249,8 @@ def test_admin_errors_are_one_line_and_exit_2(served, tmp_path):
         in other.stderr
 
 
-def test_sigterm_stops_cleanly_a_live_socket_is_refused_a_stale_one_taken_over(tmp_path):
-    store = make_store(tmp_path / "store")
+def test_sigterm_stops_cleanly_a_live_socket_is_refused_a_stale_one_taken_over(tmp_path, template):
+    store = str(shutil.copytree(template, tmp_path / "store"))
     sock = str(tmp_path / "s.sock")
     first = Server(store, sock)
     assert (os.stat(sock).st_mode & 0o777) == 0o600
