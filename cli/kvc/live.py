@@ -25,7 +25,7 @@ from kvcache.audit import AuditReport
 from kvcache.replay import ReplayReport
 from kvcache.workload import read_trace
 
-from .common import (DebugOpt, ExtraKeyOpt, JsonOpt, SaltOpt, UsageError, command, emit_json, human_bytes,
+from .common import (DebugOpt, JsonOpt, SaltOpt, UsageError, command, emit_json, human_bytes,
                      namespace_arg, out, when)
 
 DEFAULT_TIMEOUT = 30.0
