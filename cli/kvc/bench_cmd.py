@@ -22,6 +22,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_prefetch": ["--pages", "256", "--sequences", "400", "--repeat", "1"],
     "bench_replay": ["--pages", "512", "--requests", "1000", "--repeat", "1"],
     "bench_l3": ["--store-mb", "32", "--redis-mb", "32", "--repeat", "1"],
+    "bench_admin": ["--requests", "500", "--round-trips", "500", "--repeat", "1"],
 }
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "benchmarks"  # cli/kvc/ -> the checkout's benchmarks/
 
