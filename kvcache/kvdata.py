@@ -28,6 +28,7 @@ from .layout import KVLayout
 
 _ROW_MIX = np.uint64(0x9E3779B97F4A7C15)  # golden-ratio constant: consecutive rows get unrelated patterns
 _CHECK_CHUNK_BYTES = 1 << 20  # pages gathered per compare on a device: large enough to amortise the launches
+_LEARN_BATCH_BYTES = 512 << 10  # pages generated at once to learn digests: stays in cache
 _DIGEST_CACHE = 1 << 18  # page hashes whose expected digest is remembered (~40 MiB at most), then start over
 
 
@@ -44,6 +45,7 @@ class SyntheticKV:
         mix = (np.arange(1, self.page_size + 1, dtype=np.uint64) * _ROW_MIX)
         self._mix = np.repeat(mix, 2).reshape(self.page_size, 2)  # [row, word]
         self._digests: dict[bytes, int] = {}  # page hash -> XXH3-128 of the page it prescribes
+        self._scratch: np.ndarray | None = None  # pages generated to learn their digests
 
     def patterns(self, hashes: Sequence[bytes]) -> np.ndarray:
         """[pages, page_size, 2] uint64: the 16-byte pattern of every row of every page."""
@@ -52,10 +54,21 @@ class SyntheticKV:
 
     def pages(self, hashes: Sequence[bytes]) -> torch.Tensor:
         """[pages, page_bytes] uint8: the contents of these pages."""
-        pat = self.patterns(hashes).view(np.uint8).reshape(len(hashes), self.page_size, PAGE_HASH_BYTES)
-        reps = -(-self.row_bytes // PAGE_HASH_BYTES)
-        rows = np.tile(pat, (1, 1, reps))[:, :, : self.row_bytes]
-        return torch.from_numpy(np.ascontiguousarray(rows).reshape(len(hashes), self.page_bytes))
+        out = np.empty((len(hashes), self.page_bytes), dtype=np.uint8)
+        self._fill(hashes, out)
+        return torch.from_numpy(out)
+
+    def _fill(self, hashes: Sequence[bytes], out: np.ndarray) -> None:
+        """Write the contents of `hashes` into `out` ([len(hashes), page_bytes] uint8, C-contiguous): each row's
+        pattern, then the row doubled onto itself (a few long copies rather than many 16-byte ones)."""
+        rows = out.reshape(len(hashes) * self.page_size, self.row_bytes)
+        first = min(PAGE_HASH_BYTES, self.row_bytes)
+        rows[:, :first] = self.patterns(hashes).view(np.uint8).reshape(len(rows), PAGE_HASH_BYTES)[:, :first]
+        filled = first
+        while filled < self.row_bytes:
+            k = min(filled, self.row_bytes - filled)
+            rows[:, filled:filled + k] = rows[:, :k]
+            filled += k
 
     def write(self, page_rows: torch.Tensor, pages: np.ndarray, hashes: Sequence[bytes]) -> None:
         """Write the contents of `hashes` into rows `pages` of a pool's [pages, page_bytes] view."""
@@ -72,6 +85,23 @@ class SyntheticKV:
             d = self._digests[page_hash] = xxhash.xxh3_128_intdigest(self.pages([page_hash]).numpy())
         return d
 
+    def _learn(self, hashes: list[bytes]) -> None:
+        """Compute the expected digests of `hashes` in one batch (pages generated together, hashed row by row)."""
+        if not hashes:
+            return
+        if len(self._digests) + len(hashes) > _DIGEST_CACHE:
+            self._digests.clear()
+        h128 = xxhash.xxh3_128_intdigest
+        if self._scratch is None:  # reused: a fresh large buffer per call costs page faults, not copies
+            self._scratch = np.empty((max(1, _LEARN_BATCH_BYTES // self.page_bytes), self.page_bytes), np.uint8)
+        step = len(self._scratch)
+        for at in range(0, len(hashes), step):
+            chunk = hashes[at:at + step]
+            rows = self._scratch[: len(chunk)]
+            self._fill(chunk, rows)
+            for h, row in zip(chunk, rows):
+                self._digests[h] = h128(row)
+
     def mismatches(self, page_rows: torch.Tensor, pages: np.ndarray, hashes: Sequence[bytes]) -> np.ndarray:
         """Indices (into `pages`) of the pages whose bytes differ from the contents of their hash."""
         if len(pages) != len(hashes):
@@ -79,6 +109,7 @@ class SyntheticKV:
         if page_rows.device.type != "cpu":
             return self._mismatches_on_device(page_rows, pages, hashes)
         rows = page_rows.numpy()
+        self._learn([h for h in hashes if h not in self._digests])
         digest, h128 = self.digest, xxhash.xxh3_128_intdigest
         bad = [i for i, (p, h) in enumerate(zip(np.asarray(pages).tolist(), hashes)) if h128(rows[p]) != digest(h)]
         return np.asarray(bad, dtype=np.int64)
