@@ -10,8 +10,8 @@ from .audit import AuditReport, Violation, ViolationKind
 from .cache import Admission, AdmitStatus, CommitResult, EvictResult, TieredCache
 from .config import CacheConfig, HostMode, PrefetchPolicy, WritePolicy
 from .errors import (AdminBadFrame, AdminError, AdminProtocolMismatch, AdminRemoteError, AdminSocketInUse,
-                     AdminTimeout, AdminUnavailable, DoubleFree, InvalidConfig, InvalidInput, InvalidLayout, InvalidNamespace, InvalidTokens,
-                     InvalidTrace, InvariantViolation, KVCacheError, LayoutMismatch, LockUnderflow,
+                     AdminTimeout, AdminUnavailable, DoubleFree, InvalidConfig, InvalidInput, InvalidLayout,
+                     InvalidNamespace, InvalidTokens, InvalidTrace, InvariantViolation, KVCacheError, LayoutMismatch, LockUnderflow,
                      NamespaceMismatch, NotAStore, OwnershipError, StoreError, StoreFull, StoreReadOnly,
                      StoreUnsupported, UnknownBackend, UnknownRequest)
 from .keys import RadixKey, page_hashes
