@@ -11,8 +11,8 @@ from .cache import Admission, AdmitStatus, CommitResult, EvictResult, TieredCach
 from .config import CacheConfig, HostMode, PrefetchPolicy, WritePolicy
 from .errors import (AdminBadFrame, AdminError, AdminProtocolMismatch, AdminRemoteError, AdminSocketInUse,
                      AdminTimeout, AdminUnavailable, DoubleFree, InvalidConfig, InvalidInput, InvalidLayout,
-                     InvalidNamespace, InvalidTokens, InvalidTrace, InvariantViolation, KVCacheError, LayoutMismatch, LockUnderflow,
-                     NamespaceMismatch, NotAStore, OwnershipError, StoreError, StoreFull, StoreReadOnly,
+                     InvalidNamespace, InvalidTokens, InvalidTrace, InvariantViolation, KVCacheError,
+                     LayoutMismatch, LockUnderflow, NamespaceMismatch, NotAStore, OwnershipError, StoreError, StoreFull, StoreReadOnly,
                      StoreUnsupported, UnknownBackend, UnknownRequest)
 from .keys import RadixKey, page_hashes
 from .kvdata import SyntheticKV

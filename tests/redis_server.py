@@ -65,7 +65,8 @@ class RedisServer:
     @property
     def url(self) -> str:
         """The base URL of this server (cluster: redis+cluster://)."""
-        return f"{'redis+cluster' if self.cluster else 'redis'}://127.0.0.1:{self.port}" + ("" if self.cluster else "/0")
+        scheme = "redis+cluster" if self.cluster else "redis"
+        return f"{scheme}://127.0.0.1:{self.port}" + ("" if self.cluster else "/0")
 
     def store_url(self, prefix: str | None = None) -> str:
         """A store URL under a fresh key prefix (one per test: tests share the server, never the keys)."""

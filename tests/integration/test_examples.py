@@ -73,7 +73,8 @@ def _runbook(name, env, *args, **extra):
 def test_warm_tenant_runbook(runbook_env):
     ok = _runbook("warm_tenant.sh", runbook_env, TENANT="t1", SALT="t1-example-salt")
     assert ok.returncode == 0, ok.stderr
-    assert "tenant t1" in ok.stdout and "3 pages, 48 tokens" in ok.stdout  # 2 system-prompt pages + 1 of the second turn
+    # 2 system-prompt pages + 1 of the second turn
+    assert "tenant t1" in ok.stdout and "3 pages, 48 tokens" in ok.stdout
     budget = _runbook("warm_tenant.sh", runbook_env, "2", TENANT="t1", SALT="t1-example-salt")
     assert budget.returncode == 0 and "2 pages, 32 tokens" in budget.stdout
     wrong = _runbook("warm_tenant.sh", runbook_env, TENANT="t1", SALT="not-the-salt")

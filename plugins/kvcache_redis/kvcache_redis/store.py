@@ -840,7 +840,8 @@ class RedisStore:
         hex, guard, sha1 hex); a None namespace or parent is read first. Returns the payload bytes freed per
         item (-1: kept by its guard). Standalone: one atomic script per REMOVE_BATCH pages of items."""
         client = self._live()
-        need = [i for i, (_, ns, parent, guard, _) in enumerate(items) if guard != "raw" and (ns is None or parent is None)]
+        need = [i for i, (_, ns, parent, guard, _) in enumerate(items)
+                if guard != "raw" and (ns is None or parent is None)]
         if need:
             read = self._hmget_many(client, [items[i][0] for i in need], ("n", "p"))
             for i, (ns, parent) in zip(need, read):
