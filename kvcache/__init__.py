@@ -12,8 +12,8 @@ from .config import CacheConfig, HostMode, PrefetchPolicy, WritePolicy
 from .errors import (AdminBadFrame, AdminError, AdminProtocolMismatch, AdminRemoteError, AdminSocketInUse,
                      AdminTimeout, AdminUnavailable, DoubleFree, InvalidConfig, InvalidInput, InvalidLayout,
                      InvalidNamespace, InvalidTokens, InvalidTrace, InvariantViolation, KVCacheError,
-                     LayoutMismatch, LockUnderflow, NamespaceMismatch, NotAStore, OwnershipError, StoreError, StoreFull, StoreReadOnly,
-                     StoreUnsupported, UnknownBackend, UnknownRequest)
+                     LayoutMismatch, LockUnderflow, NamespaceMismatch, NotAStore, OwnershipError, StoreError,
+                     StoreFull, StoreReadOnly, StoreUnsupported, UnknownBackend, UnknownRequest)
 from .keys import RadixKey, page_hashes
 from .kvdata import SyntheticKV
 from .layout import KVLayout
