@@ -18,9 +18,8 @@ import typer
 from rich.table import Table
 
 from kvcache.admin import AdminClient
-from kvcache.admin_protocol import (AuditRequest, EvictOutcome, EvictRequest, LiveStats, LoadBackRequest,
-                                    NamespaceList, NamespacesRequest, PrefetchRequest, RequestResult,
-                                    SnapshotRequest, SnapshotResult, StageRequest, StatsRequest)
+from kvcache.admin_protocol import (AuditRequest, EvictOutcome, EvictRequest, LiveStats, NamespaceList,
+                                    NamespacesRequest, SnapshotRequest, SnapshotResult, StatsRequest)
 from kvcache.audit import AuditReport
 from kvcache.replay import ReplayReport
 from kvcache.workload import read_trace
@@ -64,7 +63,8 @@ def client(socket: str) -> AdminClient:
     return AdminClient(socket, _GLOBAL.timeout)
 
 
-def _call(socket: str, request, result_type):
+def call(socket: str, request, result_type):
+    """Send one admin request to the live cache at `socket` and decode its answer as `result_type`."""
     with client(socket) as c:
         return c.call(request, result_type)
 
@@ -72,32 +72,12 @@ def _call(socket: str, request, result_type):
 # --- prefetch, stage, load-back ------------------------------------------------------------------------------
 
 
-def prefetch(socket: str, extra_key: str | None, salt: str | None, ids, max_pages: int, max_bytes: int | None,
-             policy, timeout_ms: float) -> RequestResult:
-    """`kvc prefetch` on the live cache: the request, or the namespace's hottest prefixes, into its L2."""
-    return _call(socket, PrefetchRequest(extra_key, salt, None if ids is None else ids.tolist(), max_pages,
-                                         max_bytes, policy, timeout_ms), RequestResult)
-
-
-def stage(socket: str, extra_key: str | None, salt: str | None, tokens: list[int], policy,
-          timeout_ms: float) -> RequestResult:
-    """`kvc stage` on the live cache (buffer mode): the staged record, shown and then given back."""
-    return _call(socket, StageRequest(tokens, extra_key, salt, policy, timeout_ms), RequestResult)
-
-
-def load_back(socket: str, extra_key: str | None, salt: str | None, tokens: list[int], policy,
-              timeout_ms: float) -> RequestResult:
-    """`kvc load-back` on the live cache: L3 -> L2 -> L1 in the cache's own mode (not --mode); the pages stay
-    loaded."""
-    return _call(socket, LoadBackRequest(tokens, extra_key, salt, policy, timeout_ms), RequestResult)
-
-
 # --- ns ls, ns evict -----------------------------------------------------------------------------------------
 
 
 def ns_ls(socket: str, sort: str, json: bool) -> None:
     """`kvc ns ls` on the live cache: the store's rows plus what each namespace holds in L1, L2 and L3."""
-    listing = _call(socket, NamespacesRequest(), NamespaceList)
+    listing = call(socket, NamespacesRequest(), NamespaceList)
     if sort == "extra_key":
         listing.namespaces.sort(key=lambda r: (r.extra_key or "", r.salt_fingerprint or ""))
     else:
@@ -135,7 +115,7 @@ def ns_evict(
     if path is None:
         raise UsageError("kvc ns evict acts on a live cache: give --socket PATH (or KVC_SOCKET)")
     ns = namespace_arg(extra_key, salt)
-    outcome = _call(path, EvictRequest(extra_key, salt, device, host), EvictOutcome)
+    outcome = call(path, EvictRequest(extra_key, salt, device, host), EvictOutcome)
     if json:
         emit_json(outcome)
         return
@@ -151,7 +131,7 @@ def audit(socket: str):
     """`kvc audit` on the live cache: the ownership and structure audit, as `AuditOutput` (source "live")."""
     from .audit_cmd import AuditOutput, Finding
 
-    report = _call(socket, AuditRequest(), AuditReport)
+    report = call(socket, AuditRequest(), AuditReport)
     findings = [Finding(**msgspec.structs.asdict(v)) for v in report.violations]
     for f in findings:
         f.kind = getattr(f.kind, "value", f.kind)
@@ -160,7 +140,7 @@ def audit(socket: str):
 
 def stats(socket: str, prom: bool, json: bool) -> None:
     """`kvc stats` on the live cache: the store's figures as offline, plus the cache's pools and counters."""
-    figures = _call(socket, StatsRequest(), LiveStats)
+    figures = call(socket, StatsRequest(), LiveStats)
     if prom:
         typer.echo(_prometheus(figures), nl=False)
         return
@@ -211,7 +191,7 @@ def _prometheus(figures: LiveStats) -> str:
 
 def snapshot_to(socket: str, path: Path) -> SnapshotResult:
     """Have the live cache write its ownership snapshot to `path` (made absolute here)."""
-    return _call(socket, SnapshotRequest(str(Path(path).resolve())), SnapshotResult)
+    return call(socket, SnapshotRequest(str(Path(path).resolve())), SnapshotResult)
 
 
 def replay(socket: str, trace: Path, verify: bool, batch: int, snapshot_out: Path | None) -> ReplayReport:
