@@ -27,6 +27,7 @@ from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
+import numpy as np
 
 from ..errors import InvalidInput, UnknownBackend
 from ..keys import PAGE_HASH_BYTES, TOKEN_BYTES, extend_chain, hash_root
@@ -301,6 +302,32 @@ def check_page_hashes(hashes: Sequence[bytes]) -> None:
     for h in hashes:
         if not isinstance(h, bytes) or len(h) != PAGE_HASH_BYTES:
             raise InvalidInput(f"a page hash must be {PAGE_HASH_BYTES} bytes, got {h!r:.60}")
+
+
+def byte_view(view: Any) -> memoryview:
+    """For backends' `get_into`: a flat writable byte memoryview of a caller's page buffer (numpy array, CPU
+    torch tensor, bytearray). numpy views are the fast path (a torch tensor costs a `.numpy()` call per view:
+    pass `tensor.numpy()` rows)."""
+    if type(view) is not np.ndarray and hasattr(view, "numpy") and hasattr(view, "device"):
+        if view.device.type != "cpu":
+            raise InvalidInput(f"page views must be in host memory, got a tensor on {view.device}")
+        view = view.numpy()
+    mv = memoryview(view)
+    if mv.readonly:
+        raise InvalidInput("page views must be writable")
+    if not mv.c_contiguous:
+        raise InvalidInput("page views must be contiguous (one page is one span)")
+    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+
+
+def page_bytes(page: Any) -> memoryview:
+    """For backends' `put`: a flat byte memoryview of a page to write (numpy array, CPU torch tensor, bytes)."""
+    if not isinstance(page, (bytes, bytearray, memoryview)) and hasattr(page, "numpy") and hasattr(page, "device"):
+        page = page.detach().cpu().numpy()
+    mv = memoryview(page)
+    if not mv.c_contiguous:
+        raise InvalidInput("pages must be contiguous (one page is one span)")
+    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
 
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")

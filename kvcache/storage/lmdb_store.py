@@ -69,7 +69,7 @@ from ..layout import KVLayout
 from ..namespace import Namespace
 from .base import (AccessPolicy, CapacityPolicy, ChildInfo, DeleteResult, LayoutRecord, NamespaceRecord,
                    PageMeta, PageOrigin, PutResult, StoreCounters, StoreStats, VerifyFinding, VerifyRemoval,
-                   VerifyReport, check_page_hashes)
+                   VerifyReport, byte_view, check_page_hashes, page_bytes)
 
 try:  # xxh3 runs ~8x faster than zlib's crc32 here: it is what keeps the checked read path near memcpy speed
     import xxhash
@@ -406,31 +406,6 @@ def _release(shared: _SharedEnv) -> None:
             shared.env.close()
 
 
-def _byte_view(view: Any) -> memoryview:
-    """A flat writable byte memoryview of a caller's page buffer (numpy array, CPU torch tensor, bytearray).
-    numpy views are the fast path (a torch tensor costs a `.numpy()` call per view: pass `tensor.numpy()` rows)."""
-    if type(view) is not np.ndarray and hasattr(view, "numpy") and hasattr(view, "device"):
-        if view.device.type != "cpu":
-            raise InvalidInput(f"page views must be in host memory, got a tensor on {view.device}")
-        view = view.numpy()
-    mv = memoryview(view)
-    if mv.readonly:
-        raise InvalidInput("page views must be writable")
-    if not mv.c_contiguous:
-        raise InvalidInput("page views must be contiguous (one page is one span)")
-    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
-
-
-def _page_bytes(page: Any) -> memoryview:
-    """A flat byte memoryview of a page to write."""
-    if not isinstance(page, (bytes, bytearray, memoryview)) and hasattr(page, "numpy") and hasattr(page, "device"):
-        page = page.detach().cpu().numpy()
-    mv = memoryview(page)
-    if not mv.c_contiguous:
-        raise InvalidInput("pages must be contiguous (one page is one span)")
-    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
-
-
 def _limits(txn: lmdb.Transaction, dbs: _Dbs) -> tuple[int, int]:
     """(capacity, namespace quota) in payload bytes; 0 = none. Stores written before quotas lack the key."""
     quota = txn.get(b"ns_quota", db=dbs.store)
@@ -640,7 +615,7 @@ class LMDBStore:
             return 0
         if set(map(len, hashes)) != {PAGE_HASH_BYTES} or not all(type(h) is bytes for h in hashes):
             check_page_hashes(hashes)  # raises, naming the first bad one
-        outs = [_byte_view(v) for v in out_views[:n]]
+        outs = [byte_view(v) for v in out_views[:n]]
         shared = self._live()
         digest, seeds, stored = self._checksum.digest, self._checksum.seeds(hashes), _U64.unpack_from
         corrupt = self._corrupt
@@ -829,7 +804,7 @@ class LMDBStore:
         nbytes, step = layout.bytes_per_page, layout.page_size * TOKEN_BYTES
         views = []
         for h, page, origin in zip(hashes, pages, origins):
-            mv = _page_bytes(page)
+            mv = page_bytes(page)
             if len(mv) != nbytes:
                 raise InvalidInput(f"page {h.hex()} has {len(mv)} bytes, layout {layout.describe()} needs {nbytes}")
             if len(origin.tokens) != step:

@@ -50,7 +50,8 @@ from kvcache.storage.base import (PAGE_HASH_BYTES, TOKEN_BYTES, AccessPolicy, Ca
                                   Namespace, NamespaceInfo, NamespaceRecord, NotAStore, PageMeta, PageOrigin,
                                   PutResult, StoreCounters, StoreError, StoreReadOnly, StoreStats,
                                   StoreUnsupported, VerifyFinding, VerifyRemoval, VerifyReport,
-                                  check_page_hashes, extend_chain, hash_root, hash_root_of_id)
+                                  byte_view, check_page_hashes, extend_chain, hash_root,
+                                  hash_root_of_id, page_bytes)
 
 from . import scripts
 
@@ -109,30 +110,6 @@ def _checksum(payload: Any, page_hash: bytes) -> int:
     """xxh3-64 of a payload seeded by its page hash, as the LMDB backend computes it (a payload filed under
     another hash fails)."""
     return xxhash.xxh3_64_intdigest(payload, _seed(page_hash))
-
-
-def _byte_view(view: Any) -> memoryview:
-    """A flat writable byte memoryview of a caller's page buffer (numpy array, CPU torch tensor, bytearray)."""
-    if type(view) is not np.ndarray and hasattr(view, "numpy") and hasattr(view, "device"):
-        if view.device.type != "cpu":
-            raise InvalidInput(f"page views must be in host memory, got a tensor on {view.device}")
-        view = view.numpy()
-    mv = memoryview(view)
-    if mv.readonly:
-        raise InvalidInput("page views must be writable")
-    if not mv.c_contiguous:
-        raise InvalidInput("page views must be contiguous (one page is one span)")
-    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
-
-
-def _page_bytes(page: Any) -> memoryview:
-    """A flat byte memoryview of a page to write."""
-    if not isinstance(page, (bytes, bytearray, memoryview)) and hasattr(page, "numpy") and hasattr(page, "device"):
-        page = page.detach().cpu().numpy()
-    mv = memoryview(page)
-    if not mv.c_contiguous:
-        raise InvalidInput("pages must be contiguous (one page is one span)")
-    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
 
 
 def _chains_to(page_hash: bytes, meta: PageMeta) -> bool:
@@ -438,7 +415,7 @@ class RedisStore:
         if n == 0:
             return 0
         self._check_hashes(hashes)
-        outs = [_byte_view(v) for v in out_views[:n]]
+        outs = [byte_view(v) for v in out_views[:n]]
         client = self._live()
         done = 0
         ns_hex = ""
@@ -640,7 +617,7 @@ class RedisStore:
         nbytes, step = layout.bytes_per_page, layout.page_size * TOKEN_BYTES
         values: list[bytes] = []
         for h, page, origin in zip(hashes, pages, origins):
-            mv = _page_bytes(page)
+            mv = page_bytes(page)
             if len(mv) != nbytes:
                 raise InvalidInput(f"page {h.hex()} has {len(mv)} bytes, layout {layout.describe()} needs {nbytes}")
             if len(origin.tokens) != step:
