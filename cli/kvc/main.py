@@ -30,24 +30,29 @@ def _print_version(value: bool) -> None:
 
 
 def _register() -> None:
-    from . import (audit_cmd, bench_cmd, demo_cmd, init_cmd, live, ns_cmd, put_cmd, replay_cmd, request_cmd, serve_cmd,
-                   snapshot_cmd, stats_cmd)
+    from . import (audit_cmd, bench_cmd, demo_cmd, init_cmd, live, ns_cmd, put_cmd, replay_cmd, request_cmd,
+                   serve_cmd, snapshot_cmd, stats_cmd)
 
-    app.command("init")(init_cmd.init)
-    app.command("put")(put_cmd.put)
-    app.command("prefetch")(request_cmd.prefetch)
-    app.command("stage")(request_cmd.stage)
-    app.command("load-back")(request_cmd.load_back)
-    app.command("replay")(replay_cmd.replay)
-    app.command("generate")(replay_cmd.generate)
-    app.command("demo")(demo_cmd.demo)
-    app.command("bench")(bench_cmd.bench)
+    # name -> (command, one line for `kvc --help`; `kvc NAME --help` shows the whole docstring)
+    commands = {
+        "init": (init_cmd.init, "Create a store for one KV layout (idempotent)."),
+        "put": (put_cmd.put, "Write a sequence's pages to L3 (synthetic KV, or --kv-file)."),
+        "prefetch": (request_cmd.prefetch, "L3 -> L2 for a request, or a namespace's hottest prefixes."),
+        "stage": (request_cmd.stage, "Prefetch in buffer mode and show the staged record."),
+        "load-back": (request_cmd.load_back, "L3 -> L2 -> L1 for a request, spliced and byte-checked."),
+        "replay": (replay_cmd.replay, "Run a JSONL trace through the whole core (--verify)."),
+        "generate": (replay_cmd.generate, "Write a synthetic multi-tenant trace."),
+        "demo": (demo_cmd.demo, "A multi-tenant workload replayed cold, then warm after a restart."),
+        "audit": (audit_cmd.audit, "Store integrity, a snapshot's or a live cache's ownership."),
+        "stats": (stats_cmd.stats, "Store (and live cache) figures; --prom for Prometheus."),
+        "serve": (serve_cmd.serve, "Run a live cache with an admin socket."),
+        "snapshot": (snapshot_cmd.snapshot, "Write a live cache's ownership snapshot."),
+        "bench": (bench_cmd.bench, "Run the benchmark scripts and print their ratios."),
+    }
+    for name, (fn, short) in commands.items():
+        app.command(name, short_help=short)(fn)
     app.add_typer(ns_cmd.app, name="ns")
-    app.command("audit")(audit_cmd.audit)
-    app.command("stats")(stats_cmd.stats)
-    app.command("serve")(serve_cmd.serve)
-    app.command("snapshot")(snapshot_cmd.snapshot)
-    ns_cmd.app.command("evict")(live.ns_evict)
+    ns_cmd.app.command("evict", short_help="Live cache only: drop a namespace's pages from L1 and/or L2.")(live.ns_evict)
 
 
 @app.callback()
