@@ -52,7 +52,8 @@ def _register() -> None:
     for name, (fn, short) in commands.items():
         app.command(name, short_help=short)(fn)
     app.add_typer(ns_cmd.app, name="ns")
-    ns_cmd.app.command("evict", short_help="Live cache only: drop a namespace's pages from L1 and/or L2.")(live.ns_evict)
+    evict_help = "Live cache only: drop a namespace's pages from L1 and/or L2."
+    ns_cmd.app.command("evict", short_help=evict_help)(live.ns_evict)
 
 
 @app.callback()
