@@ -145,7 +145,7 @@ class AdminServer:
             try:
                 self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept thread
             except OSError:
-                pass
+                pass  # already shut down
             self._sock.close()
         self._unlink()
         if self._accept_thread is not None:
@@ -161,7 +161,7 @@ class AdminServer:
             try:
                 conn.shutdown(socket.SHUT_RD)  # wakes threads blocked in recv; those answering may still send
             except OSError:
-                pass
+                pass  # the peer already closed it
         for _, thread in conns:
             thread.join(timeout=2)
 
@@ -184,7 +184,7 @@ class AdminServer:
             try:
                 os.unlink(self.path)
             except OSError:
-                pass
+                pass  # already gone: nothing to clean
 
     # --- the owner thread -----------------------------------------------------------------------------------
 
@@ -262,7 +262,7 @@ class AdminServer:
             conn.settimeout(1.0)
             conn.sendall(frame(Response(PROTOCOL_VERSION, 0, error=error)))
         except OSError:
-            pass
+            pass  # the peer went away: nothing to answer
         conn.close()
 
     def _connection(self, conn: socket.socket) -> None:
@@ -378,13 +378,13 @@ def _bind(path: str, mode: int) -> socket.socket:
         try:
             os.unlink(tmp)
         except OSError:
-            pass
+            pass  # already renamed or removed
         raise
     finally:
         try:
             os.rmdir(private)
         except OSError:
-            pass
+            pass  # not empty or already removed: harmless
     return sock
 
 
