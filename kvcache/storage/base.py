@@ -299,9 +299,20 @@ def page_origins(layout: KVLayout, tokens: bytes, namespace: Namespace,
 
 def check_page_hashes(hashes: Sequence[bytes]) -> None:
     """Raise InvalidInput unless every element is a PAGE_HASH_BYTES-long bytes value."""
+    if all(type(h) is bytes for h in hashes) and set(map(len, hashes)) <= {PAGE_HASH_BYTES}:
+        return  # the common case, checked at C speed: reads run this on every batch
     for h in hashes:
         if not isinstance(h, bytes) or len(h) != PAGE_HASH_BYTES:
             raise InvalidInput(f"a page hash must be {PAGE_HASH_BYTES} bytes, got {h!r:.60}")
+
+
+def out_views_for(hashes: Sequence[bytes], out_views: Sequence[Any]) -> list[memoryview]:
+    """`get_into`'s argument checks, the same for every backend: valid page hashes and one writable byte view
+    per hash (InvalidInput otherwise). Returns those views."""
+    if len(out_views) < len(hashes):
+        raise InvalidInput(f"get_into needs one out view per page hash: {len(out_views)} views, {len(hashes)} hashes")
+    check_page_hashes(hashes)
+    return [byte_view(v) for v in out_views[:len(hashes)]]
 
 
 def byte_view(view: Any) -> memoryview:

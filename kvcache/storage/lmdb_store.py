@@ -69,7 +69,7 @@ from ..layout import KVLayout
 from ..namespace import Namespace
 from .base import (AccessPolicy, CapacityPolicy, ChildInfo, DeleteResult, LayoutRecord, NamespaceRecord,
                    PageMeta, PageOrigin, PutResult, StoreCounters, StoreStats, VerifyFinding, VerifyRemoval,
-                   VerifyReport, byte_view, check_page_hashes, page_bytes)
+                   VerifyReport, check_page_hashes, out_views_for, page_bytes)
 
 try:  # xxh3 runs ~8x faster than zlib's crc32 here: it is what keeps the checked read path near memcpy speed
     import xxhash
@@ -587,8 +587,7 @@ class LMDBStore:
         """How many pages from the start of `hashes` are stored (stops at the first gap)."""
         if not hashes:
             return 0
-        if set(map(len, hashes)) != {PAGE_HASH_BYTES} or not all(type(h) is bytes for h in hashes):
-            check_page_hashes(hashes)  # raises, naming the first bad one
+        check_page_hashes(hashes)
         shared = self._live()
         corrupt = self._corrupt
         found = 0
@@ -608,14 +607,10 @@ class LMDBStore:
     def get_into(self, hashes: Sequence[bytes], out_views: Sequence[Any]) -> int:
         """Copy pages into caller-provided writable byte views; return how many consecutive pages from the start
         were copied and verified. A missing, corrupt or unreadable page ends the run (and is counted)."""
-        n = len(hashes)
-        if len(out_views) < n:
-            raise InvalidInput(f"get_into needs one out view per page hash: {len(out_views)} views, {n} hashes")
+        outs = out_views_for(hashes, out_views)
+        n = len(outs)
         if n == 0:
             return 0
-        if set(map(len, hashes)) != {PAGE_HASH_BYTES} or not all(type(h) is bytes for h in hashes):
-            check_page_hashes(hashes)  # raises, naming the first bad one
-        outs = [byte_view(v) for v in out_views[:n]]
         shared = self._live()
         digest, seeds, stored = self._checksum.digest, self._checksum.seeds(hashes), _U64.unpack_from
         corrupt = self._corrupt

@@ -50,8 +50,8 @@ from kvcache.storage.base import (PAGE_HASH_BYTES, TOKEN_BYTES, AccessPolicy, Ca
                                   Namespace, NamespaceInfo, NamespaceRecord, NotAStore, PageMeta, PageOrigin,
                                   PutResult, StoreCounters, StoreError, StoreReadOnly, StoreStats,
                                   StoreUnsupported, VerifyFinding, VerifyRemoval, VerifyReport,
-                                  byte_view, check_page_hashes, extend_chain, hash_root,
-                                  hash_root_of_id, page_bytes)
+                                  check_page_hashes, extend_chain, hash_root, hash_root_of_id,
+                                  out_views_for, page_bytes)
 
 from . import scripts
 
@@ -373,18 +373,13 @@ class RedisStore:
         if self.readonly:
             raise StoreReadOnly(self.location, "cannot write: the store is opened read-only")
 
-    @staticmethod
-    def _check_hashes(hashes: Sequence[bytes]) -> None:
-        if set(map(len, hashes)) != {PAGE_HASH_BYTES} or not all(type(h) is bytes for h in hashes):
-            check_page_hashes(hashes)  # raises, naming the first bad one
-
     # -- reading --------------------------------------------------------------------------------------------
 
     def exists_prefix(self, hashes: Sequence[bytes]) -> int:
         """How many pages from the start of `hashes` are stored (stops at the first gap). A fault is a miss."""
         if not hashes:
             return 0
-        self._check_hashes(hashes)
+        check_page_hashes(hashes)
         client = self._live()
         found = 0
         if self._available():
@@ -409,13 +404,10 @@ class RedisStore:
     def get_into(self, hashes: Sequence[bytes], out_views: Sequence[Any]) -> int:
         """Copy pages into caller-provided writable byte views; return how many consecutive pages from the start
         were copied and verified. A missing, corrupt or unreadable page ends the run (and is counted)."""
-        n = len(hashes)
-        if len(out_views) < n:
-            raise InvalidInput(f"get_into needs one out view per page hash: {len(out_views)} views, {n} hashes")
+        outs = out_views_for(hashes, out_views)
+        n = len(outs)
         if n == 0:
             return 0
-        self._check_hashes(hashes)
-        outs = [byte_view(v) for v in out_views[:n]]
         client = self._live()
         done = 0
         ns_hex = ""
