@@ -4,9 +4,11 @@ Storage is token-major: ``[slots, bytes_per_token]`` uint8, so one page (`page_s
 contiguous span. Allocation is page-granular and a page is never split between owners, so the ledger keeps one
 owner per page; a slot's owner is its page's owner.
 
-Ledger moves (`alloc`, `transfer`, `free`) check the current owner of every page, vectorised, and raise
-`OwnershipError` / `DoubleFree` before changing anything. With ``ledger=False`` the checks and owner records are
-skipped (benchmarks measure the ledger's cost against that); the allocator itself is the same.
+Ledger moves (`alloc`, `transfer`, `free`, `disperse`) validate their arguments (`InvalidInput`: a count that is
+negative, not an int or more than the pool; pages that are not a 1-D integer array inside the pool; parts that do
+not partition the holding), then check the current owner of every page, vectorised, and raise `OwnershipError` /
+`DoubleFree` — all before changing anything. With ``ledger=False`` the owner checks and records are skipped
+(benchmarks measure the ledger's cost against that); the argument checks and the allocator are the same.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .errors import DoubleFree, InvalidConfig, OwnershipError
+from .errors import DoubleFree, InvalidConfig, InvalidInput, OwnershipError
 from .owners import FREE_CODE, describe_code
 
 _INDEX = np.int64
@@ -87,6 +89,12 @@ class SlotPool:
     def alloc(self, n: int, owner: int) -> np.ndarray | None:
         """Take `n` free pages for `owner` (a ledger code). None when fewer than `n` are free: a full pool is an
         expected outcome, not an error."""
+        if type(n) is not int:
+            if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+                raise InvalidInput(f"{self.name} pool: alloc of {n!r} pages: the count must be an int")
+            n = int(n)
+        if n < 0 or n > self.num_pages:
+            raise InvalidInput(f"{self.name} pool: alloc of {n} pages: the count must be in 0..{self.num_pages}")
         if n > self._top:
             return None
         top = self._top
@@ -99,6 +107,7 @@ class SlotPool:
 
     def transfer(self, pages: np.ndarray, src: int, dst: int) -> None:
         """Move `pages` from owner `src` to owner `dst`; every page must be owned by `src`."""
+        self._check_pages(pages, "transfer")
         if self.ledger and len(pages):
             self._check(pages, src, "transfer")
             self._owner[pages] = dst
@@ -108,6 +117,15 @@ class SlotPool:
         ``(end, new_owner)`` for consecutive ranges of `pages` ([previous end, end), the last end = len(pages));
         FREE_CODE returns a range to the free list. One ownership check covers every range, and the ranges
         partition `pages` by construction; the pages are distinct because one `alloc` produced them."""
+        self._check_pages(pages, "disperse")
+        start = 0
+        for end, _ in parts:
+            if type(end) is not int or end < start:
+                break
+            start = end
+        if not parts or start != len(pages):
+            raise InvalidInput(f"{self.name} pool: disperse parts {[end for end, _ in parts]} do not partition a "
+                               f"holding of {len(pages)} pages")
         if self.ledger and len(pages):
             self._check(pages, owner, "disperse")
         start = 0
@@ -124,11 +142,10 @@ class SlotPool:
                 self._top = top + len(part)
             elif self.ledger:
                 self._owner[part] = dst
-        if start != len(pages):
-            raise ValueError(f"disperse parts end at {start}, the holding has {len(pages)} pages")
 
     def free(self, pages: np.ndarray, owner: int) -> None:
         """Return `pages`, owned by `owner`, to FREE."""
+        self._check_pages(pages, "free")
         k = len(pages)
         if not k:
             return
@@ -148,6 +165,15 @@ class SlotPool:
         self._top = top + k
 
     # --- helpers ---------------------------------------------------------------------------------------------
+
+    def _check_pages(self, pages: np.ndarray, op: str) -> None:
+        # Negative indices would wrap around to other owners' pages and floats would be truncated: both are refused
+        # before the ledger is read. Viewed as unsigned, a negative page is huge, so one max() bounds both ends.
+        if (not isinstance(pages, np.ndarray) or pages.ndim != 1 or pages.dtype.kind not in "iu"
+                or (len(pages) and int(pages.view(np.uint64).max() if pages.dtype.itemsize == 8
+                                       else pages.astype(np.uint64).max()) >= self.num_pages)):
+            raise InvalidInput(f"{self.name} pool: {op} needs a 1-D integer array of pages in 0..{self.num_pages - 1}, "
+                               f"got {_describe(pages)}")
 
     def _check(self, pages: np.ndarray, owner: int, op: str) -> None:
         # Compared as bytes: one gather and one memcmp, several times cheaper than (a != b).any() on small arrays.
@@ -169,3 +195,11 @@ class SlotPool:
     def __repr__(self) -> str:
         return (f"SlotPool({self.name}, {self.used_pages}/{self.num_pages} pages used, page_size={self.page_size}, "
                 f"{self.page_bytes} B/page, {self.device})")
+
+
+def _describe(pages: object) -> str:
+    if isinstance(pages, np.ndarray):
+        if pages.ndim == 1 and pages.dtype.kind in "iu" and len(pages):
+            return f"{len(pages)} pages from {int(pages.min())} to {int(pages.max())}"
+        return f"an array of shape {pages.shape} and dtype {pages.dtype}"
+    return type(pages).__name__

@@ -95,3 +95,34 @@ def test_ledger_off_skips_checks():
     p.transfer(a, REQ, NODE2)  # would raise with the ledger on
     p.free(a, REQ)
     assert p.free_pages == 8
+
+
+@pytest.mark.parametrize("ledger", [True, False])
+def test_every_ledger_move_validates_its_arguments_before_any_change(ledger):
+    from kvcache import InvalidInput
+
+    p = pool(ledger=ledger)
+    a = p.alloc(3, REQ)
+    before = (p.ledger_codes(), p.free_list(), p.free_pages)
+
+    def unchanged():
+        return (np.array_equal(p.ledger_codes(), before[0]) and np.array_equal(p.free_list(), before[1])
+                and p.free_pages == before[2])
+
+    for n in (-30, -1, 9, 2.0, True, None):  # negative, more than the pool, not an int
+        with pytest.raises(InvalidInput):
+            p.alloc(n, REQ)
+        assert unchanged()
+    for bad in (np.array([-1]), np.array([8]), np.array([[a[0]]]), np.array([float(a[0])]), [int(a[0])]):
+        for move in (lambda: p.transfer(bad, REQ, NODE), lambda: p.free(bad, REQ),
+                     lambda: p.disperse(bad, REQ, [(1, FREE_CODE)])):
+            with pytest.raises(InvalidInput):
+                move()
+            assert unchanged()
+    for parts in ([(2, FREE_CODE)], [(4, FREE_CODE)], [(2, NODE), (1, FREE_CODE), (3, FREE_CODE)],
+                  [(-1, NODE), (3, FREE_CODE)], []):
+        with pytest.raises(InvalidInput):
+            p.disperse(a, REQ, parts)
+        assert unchanged()
+    p.disperse(a, REQ, [(1, NODE), (3, FREE_CODE)])  # a valid one still goes through
+    assert p.free_pages == 7
