@@ -844,9 +844,14 @@ class LMDBStore:
                 origin = origins[i]
                 if origin.parent != roots[origin.namespace.id] and origin.parent not in fresh:
                     # The chain check above cannot see the namespace; a stored parent can (a parent new in this
-                    # batch was checked against the batch before the transaction).
+                    # batch was checked against the batch before the transaction). A parent that is no stored
+                    # page may be another namespace's root: that page would be read in the other namespace's
+                    # chain, so it is refused like one.
                     raw = txn.get(origin.parent, db=dbs.meta)
-                    if raw is not None and _dec_meta.decode(raw).ns_id != origin.namespace.id:
+                    if raw is None:
+                        raise InvalidInput(f"page {h.hex()}: its parent is not a stored page nor the root of "
+                                           f"namespace {origin.namespace.label}")
+                    if _dec_meta.decode(raw).ns_id != origin.namespace.id:
                         raise InvalidInput(f"page {h.hex()}: its parent is in another namespace than "
                                            f"{origin.namespace.label}")
             stored_bytes = totals.bytes - dropped[1]

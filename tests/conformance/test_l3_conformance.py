@@ -79,16 +79,26 @@ def test_put_of_stored_pages_leaves_them_and_counts_them(store):
 
 
 def test_exists_prefix_counts_from_the_start_and_stops_at_the_first_gap(store):
-    hashes, origins = page_origins(LAYOUT, pack_tokens(range(32)), NS_A)
-    keep = [0, 1, 2, 4, 5, 6, 7]  # page 3 missing
-    store.put([hashes[i] for i in keep], [page_payload(hashes[i], LAYOUT.bytes_per_page) for i in keep],
-              [origins[i] for i in keep])
-    assert store.exists_prefix(hashes) == 3
+    hashes, _ = write(store, range(32), NS_A)
+    gap = page_origins(LAYOUT, pack_tokens(range(500, 504)), NS_A)[0][0]  # a page never stored
+    asked = hashes[:3] + [gap] + hashes[4:]
+    assert store.exists_prefix(asked) == 3
     assert store.exists_prefix(hashes[4:]) == 4
-    assert store.exists_prefix(hashes[3:]) == 0
+    assert store.exists_prefix(asked[3:]) == 0
     assert store.exists_prefix([]) == 0
-    n, _ = read(store, hashes)
+    n, _ = read(store, asked)
     assert n == 3
+
+
+def test_put_refuses_a_chain_whose_parent_is_not_stored(store):
+    """No orphan enters the store through put: a chain continues a stored page of its namespace or starts at its
+    namespace root. (A writer whose parent was evicted meanwhile gets the error and writes the path again.)"""
+    from kvcache.errors import InvalidInput
+
+    hashes, origins = page_origins(LAYOUT, pack_tokens(range(32)), NS_A)
+    with pytest.raises(InvalidInput, match="parent"):
+        store.put(hashes[4:], [page_payload(h, LAYOUT.bytes_per_page) for h in hashes[4:]], origins[4:])
+    assert store.exists_prefix(hashes[4:]) == 0 and store.verify().ok
 
 
 def test_a_miss_is_a_value(store):
@@ -269,3 +279,21 @@ def test_concurrent_readers_during_writes(store):
             t.join()
     assert errors == []
     assert store.verify().ok
+
+
+def test_put_refuses_a_page_whose_parent_is_another_namespaces_root(store):
+    """The chain check cannot see the namespace when the parent is a namespace root: a page tagged B whose parent
+    is A's root would be read by A (its hash is in A's chain) and survive delete_namespace(A)."""
+    from kvcache.errors import InvalidInput
+    from kvcache.keys import extend_chain, hash_root
+    from kvcache.storage.base import PageOrigin
+
+    write(store, range(8), NS_A)
+    tokens = pack_tokens(range(50, 54))
+    for foreign_root in (hash_root(LAYOUT.layout_id, NS_A),  # a root with pages under it
+                         hash_root(LAYOUT.layout_id, Namespace("tenant-c", SALT))):  # and one without
+        h = extend_chain(foreign_root, tokens, LAYOUT.page_size)[0]
+        with pytest.raises(InvalidInput, match="parent"):
+            store.put([h], [page_payload(h, LAYOUT.bytes_per_page)], [PageOrigin(NS_B, foreign_root, tokens)])
+        assert store.exists_prefix([h]) == 0
+    assert NS_B.id_hex not in {r.ns_id_hex for r in store.namespaces()}

@@ -174,17 +174,21 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, case):
 
 
 def test_store_audit_finds_an_orphan_chain_and_repair_removes_only_it(store_path):
-    import os
-
     from kvcache import open_store, page_origins
+    from lmdb_surgery import raw
     from kvcache.keys import pack_tokens
 
     store = open_store(store_path, make_layout(4))
-    # a writer whose parent page was evicted meanwhile files a chain under a parent the store does not hold
-    hashes, origins = page_origins(store.layout, pack_tokens(range(500, 512)), Namespace("t1", SALTS["t1"]),
-                                   parent=os.urandom(16))
+    # a chain whose parent page is lost later (put refuses a parent the store does not hold, so the loss is
+    # made by hand, as a damaged disk would)
+    ns = Namespace("t1", SALTS["t1"])
+    top, top_origins = page_origins(store.layout, pack_tokens(range(600, 604)), ns)
+    store.put(top, [np.zeros(64, dtype=np.uint8)], top_origins)
+    hashes, origins = page_origins(store.layout, pack_tokens(range(500, 512)), ns, parent=top[0])
     store.put(hashes, [np.zeros(64, dtype=np.uint8)] * 3, origins)
     store.close()
+    with raw(store_path) as r:
+        r.drop(top[0])
     found = kvc("audit", "--store", store_path, "--json")
     doc = json.loads(found.stdout)
     assert found.returncode == 1 and [v["kind"] for v in doc["violations"]] == ["orphan"]

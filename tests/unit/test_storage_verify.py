@@ -11,23 +11,21 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-import lmdb
 import msgspec
 import numpy as np
 import pytest
 
-from kvcache.errors import StoreReadOnly
+from kvcache.errors import InvalidInput, StoreReadOnly
 from kvcache.keys import pack_tokens
 from kvcache.layout import KVLayout
 from kvcache.namespace import Namespace
 from kvcache.storage import lmdb_store
-from kvcache.storage.base import (REPAIRS, VERIFY_KINDS, CapacityPolicy, NamespaceRecord, PageMeta,
+from kvcache.storage.base import (REPAIRS, VERIFY_KINDS, CapacityPolicy, NamespaceRecord,
                                   page_origins)
 from kvcache.storage.lmdb_store import LMDBStore, StoreTotals
+from lmdb_surgery import raw
 
 LAYOUT = KVLayout("verify-model@r1", layers=2, kv_heads=2, head_dim=16, dtype="float16", page_size=4)  # 1 KiB pages
 # Same geometry, another revision: pages of the same size, told apart only by the layout id.
@@ -75,60 +73,6 @@ def chains(path: str) -> Chains:
         built = Chains(write(s, range(40)), write(s, [*range(12), *[7] * 16]), write(s, range(40), NS2))
         assert built.b[:3] == built.a[:3] and s.stats().pages == 24 and s.verify().ok
     return built
-
-
-class Raw(msgspec.Struct):
-    """One write transaction on the store's environment through plain py-lmdb (the store closed)."""
-
-    txn: lmdb.Transaction
-    db: dict[str, object]
-
-    def meta(self, h: bytes) -> PageMeta:
-        return msgspec.msgpack.decode(self.txn.get(h, db=self.db["meta"]), type=PageMeta)
-
-    def put_meta(self, h: bytes, meta: PageMeta) -> None:
-        self.txn.put(h, msgspec.msgpack.encode(meta), db=self.db["meta"])
-
-    def drop(self, h: bytes, *, page: bool = True, meta: bool = True, link: bool = True) -> None:
-        if link:
-            assert self.txn.delete(self.meta(h).parent, h, db=self.db["children"])
-        if page:
-            assert self.txn.delete(h, db=self.db["pages"])
-        if meta:
-            assert self.txn.delete(h, db=self.db["meta"])
-
-    def recount(self) -> None:
-        """Registry counters and totals from the pages that have bytes and metadata (what verify counts)."""
-        per_ns: dict[bytes, list[int]] = {}
-        for key, raw in self.txn.cursor(db=self.db["meta"]):
-            if self.txn.get(bytes(key), db=self.db["pages"]) is not None:
-                m = msgspec.msgpack.decode(raw, type=PageMeta)
-                acc = per_ns.setdefault(m.ns_id, [0, 0])
-                acc[0] += 1
-                acc[1] += m.nbytes
-        for key, raw in list(self.txn.cursor(db=self.db["namespaces"])):
-            record = msgspec.msgpack.decode(raw, type=NamespaceRecord)
-            pages, nbytes = per_ns.get(bytes(key), [0, 0])
-            self.txn.put(bytes(key), msgspec.msgpack.encode(msgspec.structs.replace(record, pages=pages,
-                                                                                    bytes=nbytes)),
-                         db=self.db["namespaces"])
-        totals = StoreTotals(sum(p for p, _ in per_ns.values()), sum(b for _, b in per_ns.values()))
-        self.txn.put(b"totals", msgspec.msgpack.encode(totals), db=self.db["store"])
-
-
-@contextmanager
-def raw(path: str, recount: bool = True) -> Iterator[Raw]:
-    env = lmdb.open(path, max_dbs=lmdb_store.MAX_DBS)
-    try:
-        db = {n: env.open_db(n.encode(), dupsort=n == "children", dupfixed=n == "children")
-              for n in ("pages", "meta", "children", "namespaces", "layouts", "store")}
-        with env.begin(write=True) as txn:
-            r = Raw(txn, db)
-            yield r
-            if recount:
-                r.recount()
-    finally:
-        env.close()
 
 
 def kinds(report) -> list[tuple[str, str | None]]:
@@ -186,8 +130,14 @@ def test_a_flipped_byte_goes_with_the_subtree_only_it_reached(path, chains):
 
 def test_a_chain_whose_parent_was_never_stored_is_an_orphan(path, chains):
     with LMDBStore.open(path, LAYOUT) as s:
-        # put() takes a parent it does not hold (a writer whose parent was evicted meanwhile does this).
-        lost = write(s, range(100, 116), parent=os.urandom(16))
+        # put() refuses a parent it does not hold; a chain whose parent record is lost later is an orphan.
+        with pytest.raises(InvalidInput, match="parent"):
+            write(s, range(100, 116), parent=os.urandom(16))
+        anchor = write(s, range(200, 204))
+        lost = write(s, range(100, 116), parent=anchor[0])
+    with raw(path) as r:
+        r.drop(anchor[0])
+    with LMDBStore.open(path, LAYOUT) as s:
         report = s.verify()
         assert kinds(report) == [("orphan", lost[0].hex())]
         assert "3 page(s)" in report.findings[0].detail

@@ -21,7 +21,7 @@ and one ``r:<root hex>`` field per layout root the namespace's pages hang from.
 # ARGV: [1] now, [2] nns, per namespace (2): id hex, NamespaceInfo msgpack; per page (7): child member (the raw
 # page hash), d, m, namespace number (1-based), parent hex, "1" when the parent is the namespace root, "1" when
 # the parent's namespace must be checked (a stored parent that is not new in this batch).
-# Returns {written, existing}, or an error naming the first page whose stored parent is in another namespace.
+# Returns {written, existing}, or an error naming the first page whose parent is no stored page of its namespace.
 PUT_BATCH = """#!lua
 local now = ARGV[1]
 local nns = tonumber(ARGV[2])
@@ -34,8 +34,8 @@ for i = 0, np - 1 do
   local o = ab + 7 * i
   if ARGV[o + 7] == '1' then
     local up = redis.call('HGET', KEYS[kb + 3 * i + 3], 'n')
-    if up and up ~= nshex[tonumber(ARGV[o + 4])] then
-      return redis.error_reply('KVCNS ' .. i)
+    if (not up) or up ~= nshex[tonumber(ARGV[o + 4])] then
+      return redis.error_reply('KVCNS ' .. i .. (up and ' stored' or ' missing'))
     end
   end
 end

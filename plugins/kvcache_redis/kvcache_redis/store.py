@@ -646,9 +646,8 @@ class RedisStore:
             self._ok()
         except redis.ResponseError as exc:
             if str(exc).startswith("KVCNS"):
-                i = int(str(exc).split()[1])
-                raise InvalidInput(f"page {hashes[i].hex()}: its parent is in another namespace than "
-                                   f"{origins[i].namespace.label}") from None
+                _, i, stored = str(exc).split()[:3]
+                raise _foreign_parent(hashes[int(i)], origins[int(i)], stored == "stored") from None
             if str(exc).startswith("OOM"):
                 # The server is full (maxmemory, noeviction): a capacity outcome, like a rejected page in LMDB.
                 return self._failed_put(len(hashes), fault=False)
@@ -707,9 +706,8 @@ class RedisStore:
             for _, parent in to_check:
                 pipe.hget(self._pk(parent), "n")
             for (i, _), up in zip(to_check, pipe.execute()):
-                if up is not None and up.decode() != origins[i].namespace.id_hex:
-                    raise InvalidInput(f"page {hashes[i].hex()}: its parent is in another namespace than "
-                                       f"{origins[i].namespace.label}")
+                if up is None or up.decode() != origins[i].namespace.id_hex:
+                    raise _foreign_parent(hashes[i], origins[i], stored=up is not None)
         pipe = client.pipeline(transaction=False)
         for h, v, m, o in zip(hashes, values, metas, origins):
             self._call(self._s_put_page, [self._pk(h)], [v, m, o.namespace.id_hex, o.parent.hex(), repr(now)],
@@ -1255,3 +1253,13 @@ def _connect(url: _Url, redis_options: dict[str, Any]) -> Any:
         return redis.Redis.from_url(url.client_url, retry_on_timeout=False, **kwargs)
     except _FAULTS as exc:
         raise StoreError(url.shown, f"cannot reach the server: {exc}") from None
+
+
+def _foreign_parent(page_hash: bytes, origin: PageOrigin, stored: bool) -> InvalidInput:
+    # A parent that is no stored page may be another namespace's root: the page would be read in that namespace's
+    # chain, so it is refused like a parent of another namespace.
+    if stored:
+        return InvalidInput(f"page {page_hash.hex()}: its parent is in another namespace than "
+                            f"{origin.namespace.label}")
+    return InvalidInput(f"page {page_hash.hex()}: its parent is not a stored page nor the root of namespace "
+                        f"{origin.namespace.label}")
