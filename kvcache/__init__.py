@@ -7,19 +7,20 @@ Start with `TieredCache(CacheConfig(layout=KVLayout(...), device_tokens=..., hos
 
 from .admin import AdminClient, AdminServer
 from .audit import AuditReport, Violation, ViolationKind
-from .cache import Admission, AdmitStatus, CommitResult, EvictResult, TieredCache
+from .cache import (Admission, AdmitStatus, CommitResult, EvictResult, Headroom, NamespaceDrop, TieredCache,
+                    TierRoom)
 from .config import CacheConfig, HostMode, PrefetchPolicy, WritePolicy
 from .errors import (AdminBadFrame, AdminError, AdminProtocolMismatch, AdminRemoteError, AdminSocketInUse,
-                     AdminTimeout, AdminUnavailable, DoubleFree, InvalidConfig, InvalidInput, InvalidLayout,
-                     InvalidNamespace, InvalidTokens, InvalidTrace, InvariantViolation, KVCacheError,
-                     LayoutMismatch, LockUnderflow, NamespaceMismatch, NotAStore, OwnershipError, StoreError,
-                     StoreFull, StoreReadOnly, StoreUnsupported, UnknownBackend, UnknownRequest)
+                     AdminTimeout, AdminUnavailable, CacheClosed, DoubleFree, InvalidConfig, InvalidInput,
+                     InvalidLayout, InvalidNamespace, InvalidTokens, InvalidTrace, InvariantViolation, KVCacheError,
+                     LayoutMismatch, LockUnderflow, NamespaceMismatch, NotAStore, OwnershipError, RequestIdInUse,
+                     StoreError, StoreFull, StoreReadOnly, StoreUnsupported, UnknownBackend, UnknownRequest)
 from .keys import RadixKey, page_hashes
 from .kvdata import SyntheticKV
 from .layout import KVLayout
 from .namespace import Namespace, NamespaceInfo
 from .owners import Owner, OwnerKind
-from .prefetch import DeclineReason, DropReason, PrefetchOutcome, SettledPrefetch
+from .prefetch import CancelReason, DeclineReason, DropReason, PrefetchOutcome, SettledPrefetch
 from .replay import NamespaceReplay, Replayer, ReplayReport, TierTokens, VerifyMismatch, replay
 from .request import Request
 from .staging import StagedView
@@ -31,7 +32,8 @@ from .workload import TraceRequest, WorkloadSpec, generate, read_trace, write_tr
 
 __all__ = [
     "Admission", "AdmitStatus", "AuditReport", "BackupStats", "CacheConfig", "CacheCounters", "CacheStats",
-    "CommitResult", "DeclineReason", "DropReason", "EvictResult", "HostMode", "KVLayout", "Namespace",
+    "CancelReason", "CommitResult", "DeclineReason", "DropReason", "EvictResult", "Headroom", "HostMode", "KVLayout",
+    "Namespace", "NamespaceDrop", "TierRoom",
     "NamespaceInfo", "Owner", "OwnerKind", "PrefetchOutcome", "PrefetchPolicy", "PrefetchStats", "RadixKey",
     "Request", "StagedView", "TierHits", "TieredCache", "TreeMatch", "Violation", "ViolationKind", "WritePolicy",
     "page_hashes", "L3Store", "open_store", "page_origins",
@@ -42,10 +44,10 @@ __all__ = [
     # live mode: the admin socket
     "AdminClient", "AdminServer",
     # errors
-    "DoubleFree", "InvalidConfig", "InvalidInput", "InvalidLayout", "InvalidNamespace", "InvalidTokens",
+    "CacheClosed", "DoubleFree", "InvalidConfig", "InvalidInput", "InvalidLayout", "InvalidNamespace", "InvalidTokens",
     "InvalidTrace", "InvariantViolation", "KVCacheError", "LayoutMismatch", "LockUnderflow", "NamespaceMismatch",
     "NotAStore", "OwnershipError", "StoreError", "StoreFull", "StoreReadOnly", "StoreUnsupported", "UnknownBackend",
-    "UnknownRequest",
+    "RequestIdInUse", "UnknownRequest",
     "AdminBadFrame", "AdminError", "AdminProtocolMismatch", "AdminRemoteError", "AdminSocketInUse", "AdminTimeout",
     "AdminUnavailable",
 ]

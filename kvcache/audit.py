@@ -12,11 +12,12 @@ Checks:
 - ledger agreement: each holder's pages are recorded as owned by that holder (`dangling_ref` when the ledger names
   another owner, `free_but_referenced` when it says FREE), and free-list pages are recorded FREE
   (`free_list_mismatch`);
-- structure: lock and pin counts are never negative (`lock_underflow`) and equal what live requests and in-flight
-  operations account for (`lock_mismatch`, `pin_mismatch`); device and host copies each form a prefix from the
+- structure: lock, hold and pin counts are never negative (`lock_underflow`) and equal what live requests,
+  prefetches, staged records and in-flight operations account for (`lock_mismatch`, `hold_mismatch`,
+  `pin_mismatch`); device and host copies each form a prefix from the
   namespace root (`device_not_prefix`, `host_not_prefix`); every node holds a copy (`empty_node`) of exactly its
   key's pages (`page_count_mismatch`) in its own namespace (`namespace_mix`); holders point at attached nodes
-  (`detached_ref`); the tree's evictable/protected sizes equal their recomputed values (`size_mismatch`).
+  (`detached_ref`); the tree's evictable/held/protected sizes equal their recomputed values (`size_mismatch`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class ViolationKind(str, enum.Enum):
     FREE_LIST_MISMATCH = "free_list_mismatch"
     LOCK_UNDERFLOW = "lock_underflow"
     LOCK_MISMATCH = "lock_mismatch"
+    HOLD_MISMATCH = "hold_mismatch"
     PIN_MISMATCH = "pin_mismatch"
     DEVICE_NOT_PREFIX = "device_not_prefix"
     HOST_NOT_PREFIX = "host_not_prefix"
@@ -115,6 +117,8 @@ class NodeState(msgspec.Struct):
     lock_ref: int
     pins: int
     host_pins: int = 0
+    device_holds: int = 0
+    host_holds: int = 0
 
 
 class HolderState(msgspec.Struct):
@@ -129,6 +133,8 @@ class HolderState(msgspec.Struct):
     pins: list[int] = []  # node ids this holder keeps pinned (a copy: its targets)
     host_pins: list[int] = []  # node ids whose host copy this holder reads (an L3 write)
     rid: str | None = None
+    device_holds: list[int] = []  # node ids whose path's device copies this holder holds (buffer-mode prefetch)
+    host_holds: list[int] = []  # node ids whose path's host copies this holder holds (cache-mode prefetch)
 
 
 class TreeSizes(msgspec.Struct):
@@ -138,6 +144,8 @@ class TreeSizes(msgspec.Struct):
     device_protected: int
     host_evictable: int
     host_protected: int
+    device_held: int = 0
+    host_held: int = 0
 
 
 class OwnershipState(msgspec.Struct):
@@ -168,11 +176,12 @@ def collect_state(cache: "TieredCache") -> OwnershipState:
     nodes = []
     for ns_root in tree.namespace_roots():
         nodes.append(NodeState(ns_root.id, 0, ns_root.namespace.id_hex, True, 0, None, None,  # type: ignore
-                               ns_root.lock_ref, ns_root.pins, ns_root.host_pins))
+                               ns_root.lock_ref, ns_root.pins, ns_root.host_pins, ns_root.device_holds,
+                               ns_root.host_holds))
     for n in tree.nodes():
         nodes.append(NodeState(n.id, n.parent.id if n.parent is not None else -1,  # type: ignore[union-attr]
                                n.namespace.id_hex, False, len(n), _b(n.device), _b(n.host),  # type: ignore
-                               n.lock_ref, n.pins, n.host_pins))
+                               n.lock_ref, n.pins, n.host_pins, n.device_holds, n.host_holds))
     holders = []
     for live in cache.live_requests():
         holders.append(HolderState("request", live.handle, live.owner, cache.device_pool.name,
@@ -182,16 +191,27 @@ def collect_state(cache: "TieredCache") -> OwnershipState:
                                    pins=[t.node.id for t in op.targets]))
     host = cache.host_pool.name if cache.host_pool is not None else "host"
     for pf in cache.prefetch_ops():
-        holders.append(HolderState("op:prefetch", pf.id, pf.owner, host, _b(pf.pages), locks=[pf.anchor.id],  # type: ignore
-                                   rid=pf.rid))
+        holders.append(HolderState("op:prefetch", pf.id, pf.owner, host, _b(pf.pages), rid=pf.rid,  # type: ignore
+                                   **_holds(pf)))
     for staged in cache.staged_records():
         holders.append(HolderState("staged", staged.id, staged.owner, host, _b(staged.pages),  # type: ignore
-                                   locks=[staged.anchor.id], rid=staged.rid))
+                                   rid=staged.rid, **_holds(staged)))
     for write in cache.storage_writes():
-        holders.append(HolderState("op:storage_write", write.id, write.owner, host, b"",
-                                   host_pins=[n.id for n in write.nodes]))
-    sizes = TreeSizes(tree.device_evictable, tree.device_protected, tree.host_evictable, tree.host_protected)
+        if write.bounce:  # buffer mode: owns its bounce copy, reads no node
+            holders.append(HolderState("op:storage_write", write.id, write.owner, host, _b(write.pages)))  # type: ignore
+        else:
+            holders.append(HolderState("op:storage_write", write.id, write.owner, host, b"",
+                                       host_pins=[n.id for n in write.nodes]))
+    sizes = TreeSizes(tree.device_evictable, tree.device_protected, tree.host_evictable, tree.host_protected,
+                      tree.device_held, tree.host_held)
     return OwnershipState(STATE_VERSION, cache.page_size, pool_states, nodes, holders, sizes)
+
+
+def _holds(holder) -> dict[str, list[int]]:
+    """The hold of a prefetch or staged record, as HolderState fields."""
+    if holder.anchor is None:
+        return {}
+    return {f"{holder.hold.value}_holds": [holder.anchor.id]}
 
 
 def audit_cache(cache: "TieredCache") -> AuditReport:
@@ -324,9 +344,10 @@ def _check_pool(pool: PoolState, state: OwnershipState, out: list[Violation]) ->
 def _check_structure(state: OwnershipState, by_id: dict[int, NodeState], out: list[Violation]) -> None:
     ps = state.page_size
     for n in state.nodes:
-        if n.lock_ref < 0 or n.pins < 0 or n.host_pins < 0:
+        if min(n.lock_ref, n.pins, n.host_pins, n.device_holds, n.host_holds) < 0:
             out.append(Violation(ViolationKind.LOCK_UNDERFLOW, f"node#{n.id} has lock_ref={n.lock_ref}, "
-                                 f"pins={n.pins}, host_pins={n.host_pins}", node=n.id))
+                                 f"holds={n.device_holds}/{n.host_holds}, pins={n.pins}, host_pins={n.host_pins}",
+                                 node=n.id))
         if n.namespace_root:
             continue
         parent = by_id.get(n.parent)
@@ -355,17 +376,22 @@ def _check_structure(state: OwnershipState, by_id: dict[int, NodeState], out: li
 
 def _check_counts(state: OwnershipState, by_id: dict[int, NodeState], out: list[Violation]) -> None:
     locks: dict[int, int] = defaultdict(int)
+    device_holds: dict[int, int] = defaultdict(int)
+    host_holds: dict[int, int] = defaultdict(int)
     pins: dict[int, int] = defaultdict(int)
     host_pins: dict[int, int] = defaultdict(int)
     for h in state.holders:
-        for node_id in h.locks:
-            walk = by_id.get(node_id)
-            if walk is None and node_id != 0:
-                out.append(Violation(ViolationKind.DETACHED_REF, f"{h.kind}#{h.id} locks node#{node_id}, which is "
-                                     f"not in the tree", node=node_id, rid=h.rid))
-            while walk is not None:
-                locks[walk.id] += 1
-                walk = by_id.get(walk.parent)
+        for verb, ids, counts in (("locks", h.locks, locks), ("holds the device copies of", h.device_holds,
+                                                              device_holds),
+                                  ("holds the host copies of", h.host_holds, host_holds)):
+            for node_id in ids:  # locks and holds take the node's whole path
+                walk = by_id.get(node_id)
+                if walk is None and node_id != 0:
+                    out.append(Violation(ViolationKind.DETACHED_REF, f"{h.kind}#{h.id} {verb} node#{node_id}, "
+                                         f"which is not in the tree", node=node_id, rid=h.rid))
+                while walk is not None:
+                    counts[walk.id] += 1
+                    walk = by_id.get(walk.parent)
         for node_id in h.pins:
             if node_id not in by_id:
                 out.append(Violation(ViolationKind.DETACHED_REF, f"{h.kind}#{h.id} pins node#{node_id}, which is "
@@ -380,14 +406,18 @@ def _check_counts(state: OwnershipState, by_id: dict[int, NodeState], out: list[
         if n.lock_ref != locks[n.id]:
             out.append(Violation(ViolationKind.LOCK_MISMATCH, f"node#{n.id} has lock_ref={n.lock_ref}, live "
                                  f"requests account for {locks[n.id]}", node=n.id))
+        if n.device_holds != device_holds[n.id] or n.host_holds != host_holds[n.id]:
+            out.append(Violation(ViolationKind.HOLD_MISMATCH, f"node#{n.id} has holds={n.device_holds}/"
+                                 f"{n.host_holds} (device/host), prefetches and staged records account for "
+                                 f"{device_holds[n.id]}/{host_holds[n.id]}", node=n.id))
         if n.pins != pins[n.id] or n.host_pins != host_pins[n.id]:
             out.append(Violation(ViolationKind.PIN_MISMATCH, f"node#{n.id} has pins={n.pins}/{n.host_pins}, "
                                  f"in-flight operations account for {pins[n.id]}/{host_pins[n.id]}", node=n.id))
-    sizes = {"device_evictable": 0, "device_protected": 0, "host_evictable": 0, "host_protected": 0}
-    for n in state.nodes:
-        state_word = "protected" if n.lock_ref > 0 else "evictable"  # a negative count is its own finding
-        sizes[f"device_{state_word}"] += len(_a(n.device))
-        sizes[f"host_{state_word}"] += len(_a(n.host))
+    sizes = {f"{tier}_{word}": 0 for tier in ("device", "host") for word in ("evictable", "held", "protected")}
+    for n in state.nodes:  # a negative count is its own finding
+        for tier, pages, tier_holds in (("device", n.device, n.device_holds), ("host", n.host, n.host_holds)):
+            word = "protected" if n.lock_ref > 0 else "held" if tier_holds > 0 else "evictable"
+            sizes[f"{tier}_{word}"] += len(_a(pages))
     for name, value in sizes.items():
         recorded = getattr(state.sizes, name)
         if recorded != value:

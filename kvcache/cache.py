@@ -8,6 +8,14 @@ the whole partition at any moment.
 With an L3 store: ``prefetch`` (before admission) fetches the request's miss from L3 into L2, keyed by the
 request's own namespace; admission settles it per the prefetch policy, inserting the pages as host-only nodes
 (cache mode) or splicing a staged record (buffer mode); committed pages are written to L3 per the write policy.
+In buffer mode L2 is only a bounce buffer: it holds staged records and the bounce copies of L3 writes, each freed
+when its splice or its L3 acknowledgement is done.
+
+Under pressure (DESIGN §4): a prefetch holds only the tier its result attaches to, within bounds; every hold is
+bound to its request's namespace and tokens. Admission makes room in a fixed order — evict, wait for in-flight
+copies and evict again, then cancel prefetch holds youngest first, and only when that makes the room — so a request
+that fits the device pool is refused only while other live requests hold the room (`POOL_FULL`); one larger than
+the pool is `TOO_LARGE`.
 
 Single-threaded by design: the engine's scheduler thread owns the cache and calls ``poll`` between steps. Backups
 are in flight between ``commit`` and the ``poll`` that sees their copy complete; L3 reads and writes run on the
@@ -27,21 +35,22 @@ import torch
 
 from .audit import AuditReport, audit_cache
 from .config import CacheConfig, HostMode, PrefetchPolicy
-from .errors import InvalidConfig, InvariantViolation, LayoutMismatch, NamespaceMismatch, UnknownRequest
+from .errors import (CacheClosed, InvalidConfig, InvariantViolation, LayoutMismatch, NamespaceMismatch,
+                     RequestIdInUse, UnknownRequest)
 from .io_worker import IOWorker
 from .keys import TOKEN_BYTES, RadixKey, page_hashes
-from .namespace import Namespace
+from .namespace import Namespace, NamespaceInfo
 from .owners import FREE_CODE, OwnerKind, owner_code
 from .pools import SlotPool
-from .prefetch import (CheckJob, DeclineReason, DropReason, FetchJob, PrefetchOp, PrefetchOutcome, PrefetchState,
-                       SettledPrefetch)
+from .prefetch import (CancelReason, CheckJob, DeclineReason, DropReason, FetchJob, PrefetchOp, PrefetchOutcome,
+                       PrefetchState, SettledPrefetch)
 from .request import Request
 from .snapshot import Snapshot, take_snapshot, write_snapshot
 from .staging import StagedPrefetch
 from .stats import BackupStats, CacheCounters, CacheStats, PrefetchStats, TierHits, bump
 from .storage.base import L3Store, PageOrigin
 from .transfer import OpKind, OpTarget, StorageWriteJob, TransferOp, copy_pages
-from .tree import HostInsert, RadixTree, TreeMatch, TreeNode
+from .tree import HostInsert, RadixTree, Tier, TreeMatch, TreeNode
 
 if TYPE_CHECKING:
     from .admin import AdminServer
@@ -52,10 +61,15 @@ _EMPTY = np.empty(0, dtype=np.int64)
 
 
 class AdmitStatus(str, enum.Enum):
-    """How an admit ended. Both are expected outcomes."""
+    """How an admit ended. All are expected outcomes."""
 
     ADMITTED = "admitted"
-    POOL_FULL = "pool_full"  # not enough device pages even after eviction; nothing is held for the request
+    # No room now: other live requests (or copies still in flight) hold it. Nothing new is held for the request;
+    # its prefetch or staged record stays for the next try.
+    POOL_FULL = "pool_full"
+    # The request needs more pages than the device pool has: it can never be admitted. What was held for it (its
+    # prefetch, its staged record) is given back.
+    TOO_LARGE = "too_large"
 
 
 class Admission(msgspec.Struct):
@@ -88,6 +102,48 @@ class EvictResult(msgspec.Struct):
 
     device_pages: int
     host_pages: int
+
+
+class TierRoom(msgspec.Struct):
+    """One tier's pages as an admission sees them. `free + evictable + held + busy = pages`."""
+
+    pages: int  # the pool's size
+    free: int  # on the free list
+    evictable: int  # tree copies nobody locks or holds: eviction frees them (pinned ones once their copy is done)
+    held: int  # tree copies only prefetch holds keep: admission cancels those holds as a last resort
+    busy: int  # the rest: pages locked by or allocated to live requests, in-flight copies, prefetched/staged pages
+
+    @property
+    def available(self) -> int:
+        """Pages an admission can have without cancelling anything."""
+        return self.free + self.evictable
+
+
+class Headroom(msgspec.Struct):
+    """`TieredCache.headroom()`: where each tier's pages are, so a scheduler can tell what an admission could get."""
+
+    device: TierRoom
+    host: TierRoom | None  # None without a host tier
+
+
+class NamespaceDrop(msgspec.Struct):
+    """What `TieredCache.drop_namespace` freed, per tier."""
+
+    namespace: NamespaceInfo
+    namespace_id: str  # hex
+    device_pages: int
+    host_pages: int
+    store_pages: int  # L3 pages deleted (0 without a store)
+    store_bytes: int
+    live_requests: int  # running requests of the namespace: the pages they lock stay until they commit or release
+
+
+class BackupTarget(enum.Enum):
+    """What a completed device -> host backup becomes, by host mode (DESIGN §5)."""
+
+    TREE = "tree"  # cache mode: the node's host copy, a cache tier of its own
+    BOUNCE = "bounce"  # buffer mode with a store: a bounce copy written to L3 and freed at the acknowledgement
+    NONE = "none"  # no host tier, or buffer mode without a store: nothing is backed up
 
 
 class LiveRequest:
@@ -141,38 +197,59 @@ class TieredCache:
         self._writes: dict[int, StorageWriteJob] = {}  # storage writes not yet taken back by poll
         self._prefetches: dict[str, PrefetchOp] = {}  # rid -> its prefetch, until admission or abort
         self._staged: dict[str, StagedPrefetch] = {}  # rid -> its parked fetch (buffer mode)
-        self._prefetch_pages = 0  # host pages held by prefetch operations
+        self._prefetch_pages = 0  # host pages held by prefetch operations and staged records (their budget)
         self._hits: dict[bytes, TierHits] = {}  # namespace id -> tier hits
         self.prefetch_stats = PrefetchStats()
         self.backup_stats = BackupStats()
         self._admin: AdminServer | None = None  # serve_admin's socket, when open
+        self._closed = False
+        if self.host_pool is None:
+            self._backup_target = BackupTarget.NONE
+        elif config.host_mode is HostMode.CACHE:
+            self._backup_target = BackupTarget.TREE
+        else:
+            self._backup_target = BackupTarget.BOUNCE if store is not None else BackupTarget.NONE
 
     # --- the request lifecycle -------------------------------------------------------------------------------
 
     def match(self, request: Request) -> TreeMatch:
         """What the cache holds for `request`: device prefix, host-only extension, anchor. Counts hits."""
+        self._check_open("match")
         m = self.tree.match_prefix(request.key)
-        c = self.counters
-        c.matches += 1
-        c.match_tokens += len(request)
-        c.device_hit_tokens += m.device_tokens
-        c.host_hit_tokens += m.host_tokens
+        self._count_match(request, m)
         return m
 
     def admit(self, request: Request) -> Admission:
         """Make room for `request` on the device: settle its prefetch, load back its host extension
         (all-or-nothing), splice its staged record (buffer mode), lock its cached path, allocate device pages for
-        the rest. A full pool is a value (`POOL_FULL`), with nothing held for the request."""
-        rid = request.rid
+        the rest. No room is a value: `POOL_FULL` (other live requests hold it; nothing new is held) or
+        `TOO_LARGE` (it could never fit). A request id that is already admitted is `RequestIdInUse`."""
+        self._check_open("admit")
+        rid, ps = request.rid, self.page_size
         if rid in self._live:
-            raise UnknownRequest(rid, "is already admitted")
+            raise RequestIdInUse(rid, "is already admitted")
+        total_pages = -(-len(request) // ps)
+        if total_pages > self.device_pool.num_pages:
+            self._drop_holds(rid, DropReason.TOO_LARGE)
+            self.counters.too_large += 1
+            return Admission(rid, AdmitStatus.TOO_LARGE)
+        self._drop_foreign_holds(request)  # what was fetched for another request never serves this one
+        m = self.tree.match_prefix(request.key)
+        node = m.device_node
+        self.tree.lock(node)
+        if total_pages - len(m.device_pages) > self.device_pool.free_pages and not self._room_for(m, total_pages,
+                                                                                                   rid):
+            self.tree.unlock(node)
+            self.counters.refused += 1
+            return Admission(rid, AdmitStatus.POOL_FULL)
         from_storage = 0
         op = self._prefetches.pop(rid, None)
         if op is not None:
             from_storage = self._settle_prefetch(op)
-        m = self.match(request)
-        node = m.device_node
-        self.tree.lock(node)
+        staged = self._staged.pop(rid, None)
+        if op is not None:  # the tree may hold more of the request now (host-only nodes of its prefetch)
+            m = self.tree.match_prefix(request.key, touch=False)
+        self._count_match(request, m)
         cached = m.device_pages
         loaded = 0
         if len(m.host_pages):
@@ -182,25 +259,28 @@ class TieredCache:
                 self.tree.unlock(node)
                 node = m.host_node
                 cached = np.concatenate([cached, loaded_pages])
-                loaded = len(loaded_pages) * self.page_size
-        staged = self._staged.pop(rid, None)
+                loaded = len(loaded_pages) * ps
         if staged is not None:
             node, cached, spliced = self._consume_staged(staged, request, node, cached)
             from_storage += spliced
+        cached_tokens = len(cached) * ps
+        if cached_tokens > len(request):
+            self.tree.unlock(node)
+            raise InvariantViolation(f"admit of request {rid}: {cached_tokens} cached tokens run past the end of its "
+                                     f"{len(request)} tokens; nothing was allocated for it")
         handle = self._next_handle
         self._next_handle += 1
         owner = owner_code(OwnerKind.REQUEST, handle)
-        cached_tokens = len(cached) * self.page_size
-        new_tokens = len(request) - cached_tokens  # >= 0: the match never runs past the request
-        fresh = self._alloc(self.device_pool, -(-new_tokens // self.page_size), owner)
-        if fresh is None:
+        new_tokens = len(request) - cached_tokens
+        fresh = self._alloc(self.device_pool, -(-new_tokens // ps), owner)
+        if fresh is None:  # the room was made above; only a copy still pinning its pages can take it back
             self.tree.unlock(node)
             self.counters.refused += 1
             return Admission(rid, AdmitStatus.POOL_FULL)
         self._live[rid] = LiveRequest(request, handle, node, cached, fresh)
         self.counters.admitted += 1
         self.counters.loaded_back_tokens += loaded
-        storage_tokens = min(from_storage * self.page_size, cached_tokens - m.device_tokens)
+        storage_tokens = min(from_storage * ps, cached_tokens - m.device_tokens)
         host_tokens = cached_tokens - m.device_tokens - storage_tokens
         hits = self._tier_hits(request.namespace)
         hits.device += m.device_tokens
@@ -213,6 +293,7 @@ class TieredCache:
     def commit(self, rid: str) -> CommitResult:
         """The forward wrote the request's KV: insert its whole pages into the tree (the tree's owners free
         duplicates), free the partial tail, unlock, and back up per the write policy."""
+        self._check_open("commit")
         live = self._pop_live(rid, "commit")
         request, ps = live.request, self.page_size
         key = request.key.page_aligned(ps)
@@ -235,26 +316,19 @@ class TieredCache:
         self.counters.duplicate_pages_freed += n_dup
         backed = 0
         rule = self.config.backup_rule
-        if rule.on_commit and self.host_pool is not None:
+        if rule.on_commit and self._backup_target is not BackupTarget.NONE:
             min_hits = self.config.write_through_threshold if rule.needs_hits else 0
-            op = self._start_backup(self._unbacked_path(ins.node, min_hits))
+            op = self._start_backup(self._backup_candidates(ins.node, min_hits))
             backed = len(op.pages) if op is not None else 0
-            self._start_storage_write(self._unstored_path(ins.node, min_hits))
+            if self._backup_target is BackupTarget.TREE:
+                self._start_storage_write(self._unstored_path(ins.node, min_hits))
         return CommitResult(rid, n_pages * ps, n_dup, n_tail, backed)
 
     def release(self, rid: str) -> None:
         """Drop everything held for a request without caching it — abort at any stage: its prefetch (in flight or
         done), its staged record, its admission (path unlocked, fresh pages freed). Each slot is freed once."""
-        found = False
-        op = self._prefetches.pop(rid, None)
-        if op is not None:
-            op.terminate()
-            self._give_back(op, DropReason.ABORTED)
-            found = True
-        staged = self._staged.pop(rid, None)
-        if staged is not None:
-            self._drop_staged(staged, DropReason.ABORTED)
-            found = True
+        self._check_open("release")
+        found = self._drop_holds(rid, DropReason.ABORTED)
         live = self._live.pop(rid, None)
         if live is not None:
             self.device_pool.disperse(live.fresh_pages, live.owner, [(len(live.fresh_pages), FREE_CODE)])
@@ -264,29 +338,65 @@ class TieredCache:
         if not found:
             raise UnknownRequest(rid, "cannot release: no prefetch, staged record or admission is held for it")
 
+    def holds(self, rid: str) -> bool:
+        """Does the cache hold anything for request id `rid`: a prefetch, a staged record or an admission?"""
+        return rid in self._live or rid in self._prefetches or rid in self._staged
+
+    def headroom(self) -> Headroom:
+        """Where each tier's pages are now: free, evictable, held only by prefetches, busy. A request of n pages
+        with a device prefix of d pages is admitted when n - d <= device.free + device.evictable + device.held
+        (after `flush` when copies are in flight); `TOO_LARGE` when n exceeds device.pages."""
+        t = self.tree
+        return Headroom(_room(self.device_pool, t.device_evictable, t.device_held),
+                        _room(self.host_pool, t.host_evictable, t.host_held) if self.host_pool is not None else None)
+
     # --- tiers -----------------------------------------------------------------------------------------------
 
     def evict(self, device_tokens: int = 0, host_tokens: int = 0) -> EvictResult:
-        """Free at least this many tokens per tier from unlocked, unpinned tree nodes, LRU first (fewer when
-        fewer are evictable)."""
+        """Free at least this many tokens per tier from tree nodes nobody locks, holds or pins, LRU first (fewer
+        when fewer are evictable)."""
+        self._check_open("evict")
         ps = self.page_size
         d = self._evict_device(-(-device_tokens // ps)) if device_tokens > 0 else 0
         h = self._evict_host(-(-host_tokens // ps)) if host_tokens > 0 and self.host_pool is not None else 0
         return EvictResult(d, h)
 
     def evict_namespace(self, namespace: Namespace, device: bool = True, host: bool = True) -> EvictResult:
-        """Free every unlocked, unpinned page `namespace` holds in L1 (`device`) and L2 (`host`), as eviction
-        would under pressure: a device copy with no host copy is backed up first under write-back; L3 keeps its
-        pages. What requests, copies or prefetches use stays."""
-        ns_id = namespace.id
-        mine = lambda node: node.namespace is not None and node.namespace.id == ns_id  # noqa: E731
+        """Free every page `namespace` holds in L1 (`device`) and L2 (`host`) that nobody locks, holds or pins,
+        as eviction would under pressure: a device copy with no host copy is backed up first under write-back; L3
+        keeps its pages. To offboard a tenant use `drop_namespace`, which never writes back."""
+        self._check_open("evict_namespace")
+        mine = _of_namespace(namespace)
         d = self._evict_device(self.device_pool.num_pages, mine) if device else 0
         h = (self._evict_host(self.host_pool.num_pages, mine) if host and self.host_pool is not None else 0)
         return EvictResult(d, h)
 
+    def drop_namespace(self, namespace: Namespace) -> NamespaceDrop:
+        """Offboard `namespace` from every tier: give back its prefetches and staged records, let the copies and
+        L3 writes in flight land, free its L1 and L2 pages without writing any of them back, then delete it from
+        L3. The result is the same whichever of this cache and the store was dropped first. Pages that running
+        requests of the namespace lock stay until they end (`live_requests` counts them); a commit after the drop
+        caches and writes as usual."""
+        self._check_open("drop_namespace")
+        ns_id = namespace.id
+        held = [rid for rid, op in self._prefetches.items() if op.namespace.id == ns_id]
+        held += [rid for rid, staged in self._staged.items() if staged.key.namespace.id == ns_id]
+        for rid in held:
+            self._drop_holds(rid, DropReason.ABORTED)
+        self.flush()  # a write still in flight would land after the delete below
+        mine = _of_namespace(namespace)
+        d = self._evict_device(self.device_pool.num_pages, mine, write_back=False)
+        h = (self._evict_host(self.host_pool.num_pages, mine, write_back=False)
+             if self.host_pool is not None else 0)
+        deleted = self.store.delete_namespace(ns_id) if self.store is not None else None
+        live = sum(1 for r in self._live.values() if r.request.namespace.id == ns_id)
+        return NamespaceDrop(namespace.info(), namespace.id_hex, d, h, deleted.pages if deleted else 0,
+                             deleted.bytes if deleted else 0, live)
+
     def poll(self) -> int:
         """Complete what has finished — copies, in issue order, and L3 jobs — and re-arm due prefetch retries.
         Call between scheduler steps. Returns how many copies and jobs completed."""
+        self._check_open("poll")
         done = 0
         while self._ops:
             op = next(iter(self._ops.values()))
@@ -304,30 +414,26 @@ class TieredCache:
     def flush(self) -> int:
         """Wait for every in-flight copy and L3 write (and the prefetch batches queued now) and complete them.
         Returns how many completed."""
-        done = 0
-        while self._ops or (self._io is not None and (self._writes or self._io.done or not self._io.idle)):
-            while self._ops:
-                op = next(iter(self._ops.values()))
-                op.wait()
-                self._complete(op)
-                done += 1
-            if self._io is not None:
-                self._io.drain()
-                done += self._take_io_jobs()
-        return done
+        self._check_open("flush")
+        return self._flush()
 
     def close(self) -> None:
         """Flush, stop the I/O worker and flush the store's access records. The store itself stays open (the
-        caller opened it). Prefetches still held are given back. An admin socket is closed first."""
+        caller opened it). Prefetches and staged records still held are given back. An admin socket is closed
+        first. Afterwards every call that acts (admit, prefetch, evict, poll, ...) raises `CacheClosed`; the views
+        of the final state (`audit`, `snapshot`, `stats`, `headroom`) still answer, and `close` again does nothing."""
+        if self._closed:
+            return
         if self._admin is not None:
             self._admin.close()
             self._admin = None
         for rid in list(self._prefetches) + list(self._staged):  # never live: admission consumes both
-            self.release(rid)
-        self.flush()
+            self._drop_holds(rid, DropReason.ABORTED)
+        self._flush()
         if self._io is not None:
             self._io.close()
             self.store.flush()  # type: ignore[union-attr]
+        self._closed = True
 
     def stats(self) -> CacheStats:
         """Hits per namespace and tier, prefetch and backup figures, counters (copies: safe to keep)."""
@@ -345,6 +451,7 @@ class TieredCache:
         takes the other options). Its requests are queued and run by `poll_admin`, which the engine calls between
         scheduler steps; `standalone=True` starts a helper thread that owns the cache from then on and runs them
         (with `poll`) itself. `close()` closes the socket and removes its file."""
+        self._check_open("serve_admin")
         from .admin import AdminServer
         from .admin_ops import execute
 
@@ -358,6 +465,7 @@ class TieredCache:
     def poll_admin(self, wait: float = 0.0) -> int:
         """Run the admin requests queued now, on this (the owner) thread; wait up to `wait` seconds for one.
         Returns how many ran (0 without an admin socket)."""
+        self._check_open("poll_admin")
         admin = self._admin
         return admin.poll(wait) if admin is not None else 0
 
@@ -381,6 +489,7 @@ class TieredCache:
 
     def device_slots(self, rid: str) -> np.ndarray:
         """Device slots of a live request's tokens, in order."""
+        self._check_open("device_slots")
         live = self._live.get(rid)
         if live is None:
             raise UnknownRequest(rid, "is not live")
@@ -392,41 +501,64 @@ class TieredCache:
     def prefetch(self, request: Request, match: TreeMatch | None = None) -> PrefetchOutcome:
         """Start fetching the request's miss from L3 into L2, before its admission.
 
-        The span is the request's whole pages past what the tree holds, hashed from the **request's** namespace.
-        `match` (default: a fresh one) gives the anchor, which must be the tree's root or of the request's
-        namespace: otherwise `NamespaceMismatch` is raised before any slot is taken, and the caller should count
-        it and serve the request without L3. Declining is a value (`issued=False`, `reason`).
+        The span is the request's whole pages past what the tree holds (past its device prefix in buffer mode),
+        hashed from the **request's** namespace. `match` (default: a fresh one) gives the anchor, which must be
+        the tree's root or of the request's namespace: otherwise `NamespaceMismatch` is raised before any slot is
+        taken, and the caller should count it and serve the request without L3. A match that no longer describes
+        the tree or the request declines as `STALE_MATCH`. A request id that already holds something for another
+        request (other tokens or namespace) raises `RequestIdInUse`; the same request again declines `IN_FLIGHT`.
+        Declining is a value (`issued=False`, `reason`).
+
+        The operation holds its anchor's path on one tier until admission: the host copy (cache mode: the fetched
+        pages attach below it) or the device prefix (buffer mode: the splice extends it), within
+        `prefetch_max_device_tokens`; nothing when the span starts at the first page.
         """
+        self._check_open("prefetch")
         st = self.prefetch_stats
         st.attempts += 1
         rid, ns = request.rid, request.namespace
+        held = self._held_key(rid)
+        if held is not None and not request.key.starts_with(held):
+            raise RequestIdInUse(rid, f"already holds a prefetch, staged record or admission for another request "
+                                      f"(namespace {held.namespace.label}, {len(held)} tokens); reuse an id only "
+                                      f"once nothing is held for it")
+        stale = False
         if match is None:
             match = self.tree.match_prefix(request.key)
-        for node, where in ((match.anchor, "prefetch anchor"), (match.host_node, "prefetch attach node")):
-            if node.namespace is not None and node.namespace != ns:
-                st.namespace_mismatches += 1
-                log.error("request %s: %s is in namespace %s, the request is in %s: not prefetching", rid, where,
-                          node.namespace.label, ns.label)
-                raise NamespaceMismatch(rid, ns.label, node.namespace.label, where)
-        reason = None
-        start_page = len(match.device_pages) + len(match.host_pages)
+        else:
+            for node, where in ((match.anchor, "prefetch anchor"), (match.host_node, "prefetch attach node")):
+                if node.namespace is not None and node.namespace != ns:
+                    st.namespace_mismatches += 1
+                    log.error("request %s: %s is in namespace %s, the request is in %s: not prefetching", rid,
+                              where, node.namespace.label, ns.label)
+                    raise NamespaceMismatch(rid, ns.label, node.namespace.label, where)
+            stale = not self._describes(match, request.key)
+        buffer = self.config.host_mode is HostMode.BUFFER
+        end_node = match.device_node if buffer else match.host_node
+        start_page = len(match.device_pages) + (0 if buffer else len(match.host_pages))
         span = len(request) // self.page_size - start_page
         room = self.config.prefetch_max_host_pages - self._prefetch_pages
-        end_node = match.host_node
+        hold = None if start_page == 0 else Tier.DEVICE if buffer else Tier.HOST
+        reason = None
         if self.store is None:
             reason = DeclineReason.NO_STORE
         elif self.host_pool is None:
             reason = DeclineReason.NO_HOST_TIER
-        elif rid in self._prefetches or rid in self._staged or rid in self._live:
+        elif held is not None:
             reason = DeclineReason.IN_FLIGHT
+        elif stale:
+            reason = DeclineReason.STALE_MATCH
         elif span <= 0:
             reason = DeclineReason.NOTHING_TO_FETCH
         elif span * self.page_size < self.config.prefetch_threshold_tokens:
             reason = DeclineReason.BELOW_THRESHOLD
         elif room <= 0:
             reason = DeclineReason.HOST_LIMIT
-        elif end_node.parent is not None and not end_node.is_namespace_root and end_node.host is None:
+        elif hold is Tier.HOST and end_node.host is None:
             reason = DeclineReason.UNBACKED_PREFIX
+        elif hold is Tier.DEVICE and (self.tree.device_held + self.tree.unheld_device_pages(end_node)
+                                      > self.config.prefetch_max_device_pages):
+            reason = DeclineReason.DEVICE_LIMIT
         if reason is not None:
             bump(st.declined, reason.value)
             return PrefetchOutcome(rid, False, reason, namespace=ns.info())
@@ -434,8 +566,10 @@ class TieredCache:
         end = start_page + span
         key = RadixKey(request.key.data[: end * self.page_size * TOKEN_BYTES], ns)
         hashes = page_hashes(self.layout.layout_id, key, self.page_size)[start_page:]  # the request's own chain
-        self.tree.lock(end_node)  # the span's prefix stays in the tree until admission or abort
-        op = PrefetchOp(self._next_op, rid, key, start_page, hashes, end_node)
+        anchor = end_node if hold is not None else None
+        if anchor is not None:
+            self.tree.hold(anchor, hold)  # type: ignore[arg-type]
+        op = PrefetchOp(self._next_op, rid, key, start_page, hashes, anchor, hold)
         self._next_op += 1
         self._prefetches[rid] = op
         self._submit_check(op)
@@ -450,6 +584,7 @@ class TieredCache:
         staged record (see `staged_records`), consumed by its admit or dropped by `release`. How operators warm
         L2 before traffic arrives. `policy` / `timeout_ms` replace the configured ones for this call (the admin
         socket's prefetch waits for what an operator asked for, whatever the engine's policy)."""
+        self._check_open("settle_prefetch")
         op = self._prefetches.pop(rid, None)
         if op is None:
             raise UnknownRequest(rid, "has no prefetch to settle")
@@ -468,6 +603,64 @@ class TieredCache:
     def storage_writes(self) -> list[StorageWriteJob]:
         """L2 -> L3 writes not yet acknowledged."""
         return list(self._writes.values())
+
+    def _held_key(self, rid: str) -> RadixKey | None:
+        """The key of what is held for `rid` (its admission, prefetch or staged record), if anything is."""
+        live = self._live.get(rid)
+        if live is not None:
+            return live.request.key
+        op = self._prefetches.get(rid)
+        if op is not None:
+            return op.key
+        staged = self._staged.get(rid)
+        return staged.key if staged is not None else None
+
+    def _describes(self, m: TreeMatch, key: RadixKey) -> bool:
+        """Does `m` still describe the tree for `key`: its nodes in the tree, ending where it says, on the key's
+        own tokens, with the device prefix still on the device?"""
+        tree, pb = self.tree, self.page_size * TOKEN_BYTES
+        end, dev = m.host_node, m.device_node
+        if not (tree.attached(end) and tree.attached(dev)):
+            return False
+        path = tree.path_key(end)
+        if len(path) != (len(m.device_pages) + len(m.host_pages)) * pb or not key.data.startswith(path):
+            return False
+        if len(tree.path_key(dev)) != len(m.device_pages) * pb:
+            return False
+        return not tree.path(dev) or dev.device is not None
+
+    def _drop_foreign_holds(self, request: Request) -> None:
+        """Give back the prefetch or staged record held for `request`'s id when it was fetched for another request
+        (a reused id): counted, logged, never used."""
+        rid = request.rid
+        op = self._prefetches.get(rid)
+        if op is not None:
+            reason = self._foreign(op.key, f"prefetch {op.id}", request)
+            if reason is not None:
+                del self._prefetches[rid]
+                op.terminate()
+                self._give_back(op, reason)
+        staged = self._staged.get(rid)
+        if staged is not None:
+            reason = self._foreign(staged.key, f"staged record {staged.id}", request)
+            if reason is not None:
+                del self._staged[rid]
+                self._drop_staged(staged, reason)
+
+    def _foreign(self, key: RadixKey, what: str, request: Request) -> DropReason | None:
+        """Why a prefetch or staged record held for `request`'s id, fetched for `key`, must not serve it: another
+        namespace, or tokens that do not start with its key (a reused request id). None when it serves it.
+        A mismatch is counted and logged with both namespaces' fingerprints."""
+        if key.namespace != request.namespace:
+            self.prefetch_stats.namespace_mismatches += 1
+            log.error("request %s: %s is in namespace %s, the request is in %s: dropped, not used", request.rid,
+                      what, key.namespace.label, request.namespace.label)
+            return DropReason.NAMESPACE_MISMATCH
+        if not request.key.data.startswith(key.data):
+            log.error("request %s: %s was fetched for other tokens (the request id was reused): dropped, not used",
+                      request.rid, what)
+            return DropReason.KEY_MISMATCH
+        return None
 
     def _submit_check(self, op: PrefetchOp) -> None:
         op.state = PrefetchState.CHECKING
@@ -524,7 +717,7 @@ class TieredCache:
             return
         op.state = PrefetchState.DONE
         if self.config.host_mode is HostMode.BUFFER and op.fetched:
-            # an empty result stays an op (holding nothing but its anchor lock) until admission or abort
+            # an empty result stays an op (holding nothing but its anchor's hold) until admission or abort
             self._prefetches.pop(op.rid, None)
             self._park(op)
 
@@ -583,52 +776,80 @@ class TieredCache:
         st.used_pages += ins.adopted
         self._prefetch_pages -= len(op.pages)
         op.pages = op.pages[:0]
-        self.tree.unlock(op.anchor)
+        self._release_anchor(op)
         op.state = PrefetchState.FINISHED
         return ins.adopted
 
     def _give_back(self, op: PrefetchOp, reason: DropReason) -> None:
-        """Abort: return every page the op holds to FREE and release its anchor."""
+        """Abort: return every page the op holds to FREE and release its anchor's hold."""
         if len(op.pages):
             self.host_pool.free(op.pages, op.owner)  # type: ignore[union-attr]
             bump(self.prefetch_stats.dropped, reason.value, int(op.fetched))
         self._prefetch_pages -= len(op.pages)
         op.pages = op.pages[:0]
-        self.tree.unlock(op.anchor)
+        self._release_anchor(op)
         op.state = PrefetchState.FINISHED
 
     def _park(self, op: PrefetchOp) -> None:
-        """Buffer mode: a finished fetch becomes a staged record (Op(prefetch) -> Staged), keeping the anchor lock."""
+        """Buffer mode: a finished fetch becomes a staged record (Op(prefetch) -> Staged), keeping the anchor's hold
+        and its place in the prefetch host budget."""
         st = self.prefetch_stats
         fetched = op.pages[: op.fetched]
         st.fetched_pages += len(fetched)
         st.fetched_bytes += len(fetched) * self.host_pool.page_bytes  # type: ignore[union-attr]
         st.seconds += time.monotonic() - op.created
-        self._prefetch_pages -= len(op.pages)
         op.state = PrefetchState.FINISHED
         staged = StagedPrefetch(self._next_op, op.rid, op.key, self.page_size, op.start_page, fetched,
-                                op.hashes[: len(fetched)], op.id, op.anchor)
+                                op.hashes[: len(fetched)], op.id, op.anchor, op.hold)
         self._next_op += 1
         self.host_pool.transfer(fetched, op.owner, staged.owner)  # type: ignore[union-attr]
         op.pages = op.pages[:0]
+        op.anchor = None  # the record holds it now
         self._staged[op.rid] = staged
 
     def _drop_staged(self, staged: StagedPrefetch, reason: DropReason) -> None:
-        """Free a staged record's host pages (Staged -> FREE) and release its anchor; never splice it."""
+        """Free a staged record's host pages (Staged -> FREE) and release its anchor's hold; never splice it."""
         self.host_pool.free(staged.pages, staged.owner)  # type: ignore[union-attr]
-        self.tree.unlock(staged.anchor)
+        self._prefetch_pages -= len(staged.pages)
+        self._release_anchor(staged)
         bump(self.prefetch_stats.dropped, reason.value, len(staged.pages))
+
+    def _release_anchor(self, holder: PrefetchOp | StagedPrefetch) -> None:
+        if holder.anchor is not None:
+            self.tree.release(holder.anchor, holder.hold)  # type: ignore[arg-type]
+            holder.anchor = None
+
+    def _drop_holds(self, rid: str, reason: DropReason) -> bool:
+        """Give back `rid`'s prefetch and staged record, if any. True if there was one."""
+        op = self._prefetches.pop(rid, None)
+        if op is not None:
+            op.terminate()
+            self._give_back(op, reason)
+        staged = self._staged.pop(rid, None)
+        if staged is not None:
+            self._drop_staged(staged, reason)
+        return op is not None or staged is not None
+
+    def _cancel_youngest_holds(self, n_pages: int, keep: str) -> bool:
+        """Admission's last resort: cancel buffer-mode prefetch holds on the device, youngest first (never `keep`'s,
+        the admitting request's own), evicting after each, until `n_pages` are free. Each is counted."""
+        holders: list[PrefetchOp | StagedPrefetch] = [
+            h for h in (*self._prefetches.values(), *self._staged.values())
+            if h.hold is Tier.DEVICE and h.anchor is not None and h.rid != keep]
+        holders.sort(key=lambda h: h.id if isinstance(h, PrefetchOp) else h.op_id, reverse=True)
+        pool = self.device_pool
+        for holder in holders:
+            self._drop_holds(holder.rid, DropReason.CANCELLED)
+            bump(self.prefetch_stats.cancelled, CancelReason.DEVICE_PRESSURE.value)
+            self._evict_device(n_pages - pool.free_pages)
+            if pool.free_pages >= n_pages:
+                return True
+        return pool.free_pages >= n_pages
 
     def _consume_staged(self, staged: StagedPrefetch, request: Request, node: TreeNode,
                         cached: np.ndarray) -> tuple[TreeNode, np.ndarray, int]:
-        """Buffer mode, at admission: splice `staged` after the request's cached device pages. Returns the new
-        locked end node, the cached pages, and how many pages were spliced."""
-        if staged.key.namespace != request.namespace:
-            self.prefetch_stats.namespace_mismatches += 1
-            log.error("request %s: staged record %s is in namespace %s, the request is in %s: dropped, not spliced",
-                      request.rid, staged.id, staged.key.namespace.label, request.namespace.label)
-            self._drop_staged(staged, DropReason.NAMESPACE_MISMATCH)
-            return node, cached, 0
+        """Buffer mode, at admission: splice `staged` (checked to serve `request`) after the request's cached device
+        pages. Returns the new locked end node, the cached pages, and how many pages were spliced."""
         skip = len(cached) - staged.start_page  # staged pages the device already holds
         if skip < 0:
             self._drop_staged(staged, DropReason.PREFIX_GAP)
@@ -656,6 +877,7 @@ class TieredCache:
         parts.append((len(dev), FREE_CODE))
         self.device_pool.disperse(dev, owner, parts)
         self.host_pool.free(staged.pages, staged.owner)  # type: ignore[union-attr]
+        self._prefetch_pages -= len(staged.pages)
         # After the splice the tree must own exactly the spliced device slots, in the request's namespace.
         again = self.tree.match_prefix(key)
         held = again.device_pages
@@ -665,7 +887,7 @@ class TieredCache:
                                      f"does not own exactly the spliced device pages")
         self.tree.lock(again.device_node)
         self.tree.unlock(node)
-        self.tree.unlock(staged.anchor)
+        self._release_anchor(staged)
         self.prefetch_stats.used_pages += len(dev) - n_dup
         bump(self.prefetch_stats.dropped, DropReason.DUPLICATE.value, skip + n_dup)
         return again.device_node, again.device_pages, len(dev) - n_dup
@@ -680,30 +902,35 @@ class TieredCache:
             return []
         return [n for n in self.tree.path(node) if self._wants_store(n, min_hits)]
 
-    def _start_storage_write(self, nodes: list[TreeNode]) -> StorageWriteJob | None:
-        """Queue an L2 -> L3 write of `nodes` (root first); pins them until the store acknowledges."""
+    def _start_storage_write(self, nodes: list[TreeNode], bounce: TransferOp | None = None) -> StorageWriteJob | None:
+        """Queue an L2 -> L3 write of `nodes` (root first). Cache mode: from their host copies, pinned until the
+        store acknowledges. Buffer mode: from the completed backup `bounce`, whose pages the write takes over
+        (Op(backup) -> Op(storage_write)) and frees at the acknowledgement."""
         if not nodes or self._io is None:
             return None
         rows = self.host_pool.pages.numpy()  # type: ignore[union-attr]
-        hashes, views, origins = [], [], []
+        hashes, origins = [], []
         step = self.page_size * TOKEN_BYTES
         for node in nodes:
             node_hashes = self.tree.page_hashes(node)
             parents = [self.tree.chain_parent(node), *node_hashes[:-1]]
-            for i, page in enumerate(node.host.tolist()):  # type: ignore[union-attr]
+            for i in range(len(node_hashes)):
                 hashes.append(node_hashes[i])
-                views.append(rows[page])
                 origins.append(PageOrigin(node.namespace, parents[i], node.key[i * step:(i + 1) * step]))
+        pages = bounce.pages if bounce is not None else np.concatenate([n.host for n in nodes])  # type: ignore
         first_parent = nodes[0].parent
         check_parent = first_parent is not None and first_parent.parent is not None \
             and not first_parent.is_namespace_root
-        job = StorageWriteJob(self._next_op, nodes, hashes, views, origins, self.config.io_batch_pages,
-                              check_parent)
+        job = StorageWriteJob(self._next_op, nodes, hashes, [rows[p] for p in pages.tolist()], origins,
+                              self.config.io_batch_pages, check_parent, pages if bounce is not None else None)
         self._next_op += 1
+        if bounce is not None:
+            self.host_pool.transfer(pages, bounce.owner, job.owner)  # type: ignore[union-attr]
+        else:
+            for n in nodes:
+                n.host_pins += 1  # the host copy is being read; the device copy may still be evicted
         for n in nodes:
-            n.host_pins += 1  # the host copy is being read; the device copy may still be evicted
-        for n in nodes:
-            self._pinners.setdefault(n.id, []).append(job)
+            self._pinners.setdefault(n.id, []).append(job)  # follows splits; marks "being written"
         self._writes[job.id] = job
         self._io.submit(job)
         return job
@@ -711,12 +938,13 @@ class TieredCache:
     def _store_now(self, node: TreeNode) -> None:
         """Write-back: write `node` (and its ancestors not yet in L3) to the store before its host copy goes.
         Runs the puts on this thread: eviction needs the answer before it frees the pages."""
-        job = self._start_storage_write([n for n in self.tree.path(node) if self._wants_store(n, 0)])
-        if job is None:
-            return
-        self._io.wait(job)  # type: ignore[union-attr]
-        self._io.done.remove(job)  # type: ignore[union-attr]
-        self._finish_storage_write(job)
+        self._wait_for(self._start_storage_write([n for n in self.tree.path(node) if self._wants_store(n, 0)]))
+
+    def _wait_for(self, job: StorageWriteJob | None) -> None:
+        if job is not None and job.id in self._writes:
+            self._io.wait(job)  # type: ignore[union-attr]
+            self._io.done.remove(job)  # type: ignore[union-attr]
+            self._finish_storage_write(job)
 
     def _finish_storage_write(self, job: StorageWriteJob) -> None:
         del self._writes[job.id]
@@ -724,20 +952,27 @@ class TieredCache:
         ok = job.error is None and job.rejected == 0
         if job.error is not None:
             bs.storage_failed += 1
-            log.warning("L3 write %s failed, nodes left in L2 only: %s", job.id, job.error)
+            log.warning("L3 write %s failed, nodes left %s: %s", job.id,
+                        "unstored" if job.bounce else "in L2 only", job.error)
         bs.storage_rejected += job.rejected
         bs.storage_pages += job.at - job.rejected if job.error is None else 0
         bs.storage_bytes += (job.at - job.rejected) * self.host_pool.page_bytes if job.error is None else 0  # type: ignore
         for node in job.nodes:
             node.stored = node.stored or (ok and not job.parent_missing)
             self._unpin(node, job)
+        if job.bounce:
+            self.host_pool.free(job.pages, job.owner)  # type: ignore[union-attr, arg-type]
         if job.parent_missing:
             # L3 evicted a page above these nodes since it was written: the path is written again from its host
-            # copies (backed nodes form a prefix, so every ancestor has one), root first.
+            # copies (backed nodes form a prefix, so every ancestor has one), or bounced again from its device
+            # copies (buffer mode: every node has one), root first.
             bs.storage_rewrites += 1
             for node in self.tree.path(job.nodes[0]):
                 node.stored = False
-            self._start_storage_write(self._unstored_path(job.nodes[-1], 0))
+            if job.bounce:
+                self._start_backup(self._backup_candidates(job.nodes[-1], 0))
+            else:
+                self._start_storage_write(self._unstored_path(job.nodes[-1], 0))
 
     def _tier_hits(self, ns: Namespace) -> TierHits:
         hits = self._hits.get(ns.id)
@@ -745,7 +980,41 @@ class TieredCache:
             hits = self._hits[ns.id] = TierHits(ns.info())
         return hits
 
-    # --- internals: allocation and eviction ------------------------------------------------------------------
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise CacheClosed(what)
+
+    def _count_match(self, request: Request, m: TreeMatch) -> None:
+        c = self.counters
+        c.matches += 1
+        c.match_tokens += len(request)
+        c.device_hit_tokens += m.device_tokens
+        c.host_hit_tokens += m.host_tokens
+
+    # --- internals: room, allocation and eviction ------------------------------------------------------------
+
+    def _room_for(self, m: TreeMatch, total_pages: int, keep: str) -> bool:
+        """Make room for an admission of `total_pages` pages whose device prefix is `m`'s (locked by the caller),
+        in the documented order: evict; wait for in-flight copies and evict again; then, only when that makes the
+        room, cancel prefetch holds youngest first. False, with nothing cancelled, when the room is not there."""
+        need = total_pages - len(m.device_pages)
+        pool = self.device_pool
+        host_nodes = self._host_only_path(m)
+        _pin(host_nodes, +1)  # the request's host extension survives write-back's host evictions
+        try:
+            self._evict_device(need - pool.free_pages)
+            if pool.free_pages < need and self._ops:
+                self._complete_copies()  # their pins keep pages from eviction
+                self._evict_device(need - pool.free_pages)
+            if pool.free_pages >= need:
+                return True
+            if pool.free_pages + self.tree.device_evictable + self.tree.device_held < need:
+                return False
+            return self._cancel_youngest_holds(need, keep)
+        finally:
+            _pin(host_nodes, -1)
+            for n in host_nodes:
+                self.tree.offer(n)
 
     def _alloc(self, pool: SlotPool, n: int, owner: int) -> np.ndarray | None:
         pages = pool.alloc(n, owner)
@@ -758,9 +1027,13 @@ class TieredCache:
             pages = pool.alloc(n, owner)
         return pages
 
-    def _evict_device(self, n_pages: int, where=None) -> int:
-        rule = self.config.backup_rule
-        backup = self._backup_now if rule.on_evict and self.host_pool is not None else None
+    def _evict_device(self, n_pages: int, where=None, write_back: bool = True) -> int:
+        if n_pages <= 0:
+            return 0
+        backup = None
+        if write_back and self.config.backup_rule.on_evict:
+            backup = {BackupTarget.TREE: self._backup_now, BackupTarget.BOUNCE: self._bounce_now}.get(
+                self._backup_target)
         freed = 0
         for ev in self.tree.evict_device(n_pages, backup, where):
             self.device_pool.free(ev.pages, ev.owner)
@@ -768,10 +1041,12 @@ class TieredCache:
         self.counters.device_pages_evicted += freed
         return freed
 
-    def _evict_host(self, n_pages: int, where=None) -> int:
+    def _evict_host(self, n_pages: int, where=None, write_back: bool = True) -> int:
         assert self.host_pool is not None
+        if n_pages <= 0:
+            return 0
         rule = self.config.backup_rule
-        backup = self._store_now if rule.on_evict and self.store is not None else None
+        backup = self._store_now if write_back and rule.on_evict and self.store is not None else None
         freed = 0
         for ev in self.tree.evict_host(n_pages, backup, where):
             self.host_pool.free(ev.pages, ev.owner)
@@ -781,13 +1056,16 @@ class TieredCache:
 
     # --- internals: copies -----------------------------------------------------------------------------------
 
-    def _unbacked_path(self, node: TreeNode, min_hits: int) -> list[TreeNode]:
-        """Nodes of `node`'s path that lack a host copy and are not being backed up, root first, stopping at the
-        first one below `min_hits` (backed nodes must stay a prefix)."""
+    def _backup_candidates(self, node: TreeNode, min_hits: int) -> list[TreeNode]:
+        """Nodes of `node`'s path a backup should copy, root first, stopping at the first one below `min_hits`:
+        those without a host copy (cache mode: host copies stay a prefix) or not yet in L3 (buffer mode: what is
+        in L3 stays a prefix of each chain), and not already being backed up or written."""
+        bounce = self._backup_target is BackupTarget.BOUNCE
         out = []
         for n in self.tree.path(node):
-            if n.host is not None or any(getattr(p, "kind", None) is OpKind.BACKUP
-                                         for p in self._pinners.get(n.id, ())):
+            if (n.stored if bounce else n.host is not None) or any(
+                    getattr(p, "kind", None) is OpKind.BACKUP or (bounce and isinstance(p, StorageWriteJob))
+                    for p in self._pinners.get(n.id, ())):
                 continue
             if n.hits < min_hits:
                 break
@@ -832,11 +1110,25 @@ class TieredCache:
 
     def _backup_now(self, node: TreeNode) -> None:
         """Write-back: back up `node` (and its unbacked ancestors, to keep backed nodes a prefix) and wait."""
-        self.flush()  # earlier copies complete first: completion order keeps the host prefix intact
-        op = self._start_backup(self._unbacked_path(node, 0))
+        self._flush()  # earlier copies complete first: completion order keeps the host prefix intact
+        op = self._start_backup(self._backup_candidates(node, 0))
         if op is not None:
             op.wait()
             self._complete(op)
+
+    def _bounce_now(self, node: TreeNode) -> None:
+        """Write-back in buffer mode: bounce `node` (and its ancestors not yet in L3) through L2 to L3 and wait for
+        the acknowledgement before its device copy goes."""
+        if node.stored:
+            return
+        self._complete_copies()
+        op = self._start_backup(self._backup_candidates(node, 0))
+        if op is None:
+            return
+        op.wait()
+        self._complete(op)
+        for job in [j for j in self._writes.values() if j.bounce and node in j.nodes]:
+            self._wait_for(job)
 
     def _load_back(self, m: TreeMatch, wait: bool = True) -> np.ndarray | None:
         """Copy the host-only extension of `m` to the device, all-or-nothing. Returns its device pages, or None
@@ -895,7 +1187,8 @@ class TieredCache:
 
     def _unpin(self, node: TreeNode, pinner: TransferOp | StorageWriteJob) -> None:
         if isinstance(pinner, StorageWriteJob):
-            node.host_pins -= 1
+            if not pinner.bounce:
+                node.host_pins -= 1
         else:
             node.pins -= 1
         self.tree.offer(node)
@@ -905,24 +1198,48 @@ class TieredCache:
             del self._pinners[node.id]
 
     def _complete(self, op: TransferOp) -> None:
-        """Hand each target node its pages (Op -> Node) and unpin it."""
+        """Hand each target node its pages (Op -> Node) and unpin it. In buffer mode a backup's pages are a bounce
+        copy: they go to an L3 write instead (Op(backup) -> Op(storage_write))."""
         del self._ops[op.id]
+        bounce = op.kind is OpKind.BACKUP and self._backup_target is BackupTarget.BOUNCE
+        if bounce:
+            self._start_storage_write([t.node for t in op.targets], bounce=op)
         for t in op.targets:
             node = t.node
-            op.pool.transfer(t.pages, op.owner, node.owner)
-            if op.kind is OpKind.BACKUP:
-                self.tree.set_host(node, t.pages)
-            else:
-                self.tree.set_device(node, t.pages)
+            if not bounce:
+                op.pool.transfer(t.pages, op.owner, node.owner)
+                if op.kind is OpKind.BACKUP:
+                    self.tree.set_host(node, t.pages)
+                else:
+                    self.tree.set_device(node, t.pages)
             self._unpin(node, op)
         if op.kind is OpKind.BACKUP:
             self.counters.backups_completed += 1
             self.backup_stats.host_pages += len(op.pages)
             self.backup_stats.host_bytes += len(op.pages) * op.pool.page_bytes
             rule = self.config.backup_rule
-            if self.store is not None and rule.on_commit:
+            if not bounce and self.store is not None and rule.on_commit:
                 min_hits = self.config.write_through_threshold if rule.needs_hits else 0
                 self._start_storage_write([t.node for t in op.targets if self._wants_store(t.node, min_hits)])
+
+    def _complete_copies(self) -> int:
+        """Wait for every in-flight copy and complete them, in issue order."""
+        done = 0
+        while self._ops:
+            op = next(iter(self._ops.values()))
+            op.wait()
+            self._complete(op)
+            done += 1
+        return done
+
+    def _flush(self) -> int:
+        done = 0
+        while self._ops or (self._io is not None and (self._writes or self._io.done or not self._io.idle)):
+            done += self._complete_copies()
+            if self._io is not None:
+                self._io.drain()
+                done += self._take_io_jobs()
+        return done
 
     def _on_split(self, child: TreeNode, new: TreeNode, head_pages: int) -> None:
         """The tree moved child's first pages to `new`: move their ledger owner, and retarget in-flight copies."""
@@ -951,3 +1268,13 @@ def _pin(nodes: list[TreeNode], delta: int) -> None:
     for n in nodes:
         n.pins += delta
 
+
+def _room(pool: SlotPool, evictable: int, held: int) -> TierRoom:
+    free = pool.free_pages
+    return TierRoom(pool.num_pages, free, evictable, held, pool.num_pages - free - evictable - held)
+
+
+def _of_namespace(namespace: Namespace):
+    """A tree-node filter: the nodes of `namespace`."""
+    ns_id = namespace.id
+    return lambda node: node.namespace is not None and node.namespace.id == ns_id

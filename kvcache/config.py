@@ -63,7 +63,11 @@ class CacheConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     host_mode: HostMode = HostMode.CACHE
     prefetch_policy: PrefetchPolicy = PrefetchPolicy.BEST_EFFORT
     prefetch_threshold_tokens: int = 0  # a miss past the tree shorter than this starts no prefetch
-    prefetch_max_host_tokens: int | None = None  # host slots all prefetches may hold at once; None = the host tier
+    prefetch_max_host_tokens: int | None = None  # host slots all prefetches and staged records may hold at once;
+    # None = the host tier
+    prefetch_max_device_tokens: int | None = None  # buffer mode: device tokens that prefetch holds may keep from
+    # eviction at once (the prefixes their splices extend); None = half the device tier. Admission releases holds,
+    # youngest first, when a request that fits the device pool would otherwise not fit
     prefetch_timeout_ms: float = 20.0  # TIMEOUT policy: base budget ...
     prefetch_timeout_per_page_ms: float = 0.5  # ... plus this much per page asked for
     prefetch_retries: int = 2  # re-arms of a prefetch that found fewer pages than wanted
@@ -98,8 +102,9 @@ class CacheConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                      "prefetch_timeout_per_page_ms", "prefetch_retry_interval_ms"):
             if getattr(self, name) < 0:
                 raise InvalidConfig(f"{name}={getattr(self, name)} must be >= 0")
-        if self.prefetch_max_host_tokens is not None and self.prefetch_max_host_tokens < 0:
-            raise InvalidConfig(f"prefetch_max_host_tokens={self.prefetch_max_host_tokens} must be >= 0")
+        for name in ("prefetch_max_host_tokens", "prefetch_max_device_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise InvalidConfig(f"{name}={getattr(self, name)} must be >= 0")
         if self.io_batch_pages < 1:
             raise InvalidConfig(f"io_batch_pages={self.io_batch_pages} must be >= 1")
 
@@ -119,6 +124,13 @@ class CacheConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if self.prefetch_max_host_tokens is None:
             return self.host_pages
         return min(self.host_pages, self.prefetch_max_host_tokens // self.layout.page_size)
+
+    @property
+    def prefetch_max_device_pages(self) -> int:
+        """Buffer mode: device pages prefetch holds may keep from eviction at once."""
+        if self.prefetch_max_device_tokens is None:
+            return self.device_pages // 2
+        return min(self.device_pages, self.prefetch_max_device_tokens // self.layout.page_size)
 
     @property
     def backup_rule(self) -> BackupRule:

@@ -10,6 +10,9 @@ either bad input from the caller, a broken invariant, or a storage fault the cal
     │   ├── InvalidLayout             a KVLayout field out of range, an unknown dtype
     │   ├── InvalidConfig             a CacheConfig that cannot be built (pool sizes, policy)
     │   ├── UnknownRequest            a request id that is not live (commit/release), or live twice (admit)
+    │   │   └── RequestIdInUse        ... that already holds a prefetch, staged record or admission for another
+    │   │                             request (other tokens or namespace): refused before anything moves
+    │   ├── CacheClosed               a call on a TieredCache after its close()
     │   └── InvalidTrace              a workload trace line that is not a valid request (names the line)
     ├── InvariantViolation            kvcache's own bookkeeping is broken: fail loudly, never continue silently
     │   ├── OwnershipError            a ledger move whose source owner is not the slot's current owner
@@ -67,6 +70,20 @@ class UnknownRequest(InvalidInput):
         super().__init__(f"request {rid!r}: {why}")
 
 
+class RequestIdInUse(UnknownRequest):
+    """A request id that already holds something (a prefetch, a staged record, an admission) for another
+    request: other tokens or another namespace. Refused before anything moves, so a reused id can never be
+    handed KV that was fetched or computed for someone else."""
+
+
+class CacheClosed(InvalidInput):
+    """A call on a TieredCache after `close()`: its I/O worker is stopped and its holds are given back."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        super().__init__(f"{what}: the cache is closed")
+
+
 class InvalidTrace(InvalidInput):
     """A line of a JSONL workload trace that is not a valid request: carries the source and the line number."""
 
@@ -102,11 +119,11 @@ class DoubleFree(OwnershipError):
 
 
 class LockUnderflow(InvariantViolation):
-    """An unlock of a node whose lock count (or the count of an ancestor) is already zero."""
+    """An unlock (or a hold's release) of a node whose count (or the count of an ancestor) is already zero."""
 
-    def __init__(self, node_id: int, namespace: str) -> None:
-        self.node_id, self.namespace = node_id, namespace
-        super().__init__(f"unlock underflow at node {node_id} (namespace {namespace})")
+    def __init__(self, node_id: int, namespace: str, what: str = "lock") -> None:
+        self.node_id, self.namespace, self.what = node_id, namespace, what
+        super().__init__(f"{what} underflow at node {node_id} (namespace {namespace})")
 
 
 class NamespaceMismatch(InvariantViolation):

@@ -93,6 +93,10 @@ class RadixKey(msgspec.Struct, frozen=True, gc=False):
         """The first `n_tokens` tokens of this key, same namespace."""
         return RadixKey(self.data[: n_tokens * TOKEN_BYTES], self.namespace)
 
+    def starts_with(self, prefix: "RadixKey") -> bool:
+        """Same namespace, and `prefix`'s tokens are the first tokens of this key."""
+        return self.namespace == prefix.namespace and self.data.startswith(prefix.data)
+
 
 def hash_root(layout_id: bytes, namespace: Namespace) -> bytes:
     """h_0 of the chain: the root of `namespace` under `layout_id`."""

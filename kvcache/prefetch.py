@@ -5,6 +5,10 @@ own chain (`page_hashes(layout_id, request.key)`), never from a tree node. The a
 checked — it must be the tree's root or of the request's namespace — and a disagreement is `NamespaceMismatch`,
 raised before any slot is taken.
 
+The operation is bound to its request: its key (namespace and tokens) is the request's, and admission uses it only
+for a request whose tokens start with that key. It *holds* its anchor's path on the one tier its result attaches
+to (a host copy in cache mode, the device prefix in buffer mode), never the whole path, and only within bounds.
+
 Life of one operation (all pool and tree moves on the scheduler thread; the I/O worker only reads the store and
 writes the bytes of pages the operation owns):
 
@@ -27,7 +31,7 @@ from .keys import RadixKey
 from .namespace import Namespace, NamespaceInfo
 from .owners import OwnerKind, owner_code
 from .storage.base import L3Store
-from .tree import TreeNode
+from .tree import Tier, TreeNode
 
 
 class DeclineReason(str, enum.Enum):
@@ -38,8 +42,10 @@ class DeclineReason(str, enum.Enum):
     IN_FLIGHT = "in_flight"  # the request already has a prefetch, a staged record or an admission
     NOTHING_TO_FETCH = "nothing_to_fetch"  # the tree already holds every whole page of the request
     BELOW_THRESHOLD = "below_threshold"  # the miss is shorter than prefetch_threshold_tokens
-    HOST_LIMIT = "host_limit"  # prefetches already hold prefetch_max_host_tokens of L2
-    UNBACKED_PREFIX = "unbacked_prefix"  # the match ends in a node without a host copy: nothing could attach
+    HOST_LIMIT = "host_limit"  # prefetches and staged records already hold prefetch_max_host_tokens of L2
+    DEVICE_LIMIT = "device_limit"  # buffer mode: holding this prefix would pass prefetch_max_device_tokens
+    UNBACKED_PREFIX = "unbacked_prefix"  # cache mode: the match ends in a node without a host copy to attach to
+    STALE_MATCH = "stale_match"  # the match handed in no longer describes the tree (evicted since) or the request
 
 
 class DropReason(str, enum.Enum):
@@ -48,8 +54,17 @@ class DropReason(str, enum.Enum):
     ABORTED = "aborted"  # the request was released before it used them
     DUPLICATE = "duplicate"  # the tree already held those pages when they arrived
     UNATTACHED = "unattached"  # their prefix had left the tree, or ends in a node without host copy
-    NAMESPACE_MISMATCH = "namespace_mismatch"  # a staged record consumed by a request of another namespace
+    NAMESPACE_MISMATCH = "namespace_mismatch"  # a prefetch or staged record met by a request of another namespace
+    KEY_MISMATCH = "key_mismatch"  # ... by a request whose tokens do not start with its key (a reused request id)
     PREFIX_GAP = "prefix_gap"  # a staged record whose prefix the request no longer has on the device
+    CANCELLED = "cancelled"  # released so that an admission fits (see CancelReason)
+    TOO_LARGE = "too_large"  # the request can never fit the device pool
+
+
+class CancelReason(str, enum.Enum):
+    """Why a prefetch (or a staged record) was cancelled before its request's admission."""
+
+    DEVICE_PRESSURE = "device_pressure"  # its device hold kept a request that fits the pool from being admitted
 
 
 class PrefetchState(str, enum.Enum):
@@ -90,11 +105,11 @@ class SettledPrefetch(msgspec.Struct):
 class PrefetchOp:
     """An L3 -> L2 prefetch for one request. Owns its host pages (Op(prefetch)) until admission or abort."""
 
-    __slots__ = ("id", "owner", "rid", "namespace", "key", "start_page", "hashes", "anchor", "pages", "fetched",
-                 "attempts", "state", "lock", "terminated", "next_attempt", "created", "job", "hit")
+    __slots__ = ("id", "owner", "rid", "namespace", "key", "start_page", "hashes", "anchor", "hold", "pages",
+                 "fetched", "attempts", "state", "lock", "terminated", "next_attempt", "created", "job", "hit")
 
     def __init__(self, ident: int, rid: str, key: RadixKey, start_page: int, hashes: list[bytes],
-                 anchor: TreeNode) -> None:
+                 anchor: TreeNode | None, hold: Tier | None) -> None:
         self.id = ident
         self.owner = owner_code(OwnerKind.OP_PREFETCH, ident)
         self.rid = rid
@@ -102,7 +117,8 @@ class PrefetchOp:
         self.key = key  # the request's key, page-aligned, up to the end of the span
         self.start_page = start_page  # pages of the key the tree held at issue; the span starts here
         self.hashes = hashes  # page hashes of the span, from the request's own chain
-        self.anchor = anchor  # locked while the operation lives: keeps the span's prefix in the tree
+        self.anchor = anchor  # ends the span's prefix [0, start_page); None when the span starts at page 0
+        self.hold = hold  # the tier on which the anchor's path is held while the operation lives (None: no hold)
         self.pages = np.empty(0, dtype=np.int64)  # host pages owned by this op; [:fetched] hold span pages
         self.fetched = 0  # pages of the span that have arrived, in order; changed only under `lock`
         self.attempts = 0

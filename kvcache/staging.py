@@ -2,9 +2,10 @@
 
 A `StagedPrefetch` records the request it was fetched for — id, key tokens, **namespace**, where the span starts,
 its host pages and page hashes — and owns those host pages in the ledger (owner `Staged(id)`). Consuming it
-checks its namespace against the admitted request's: a mismatch drops it (pages freed, counted, logged with both
-fingerprints) and never splices; a match splices it into the tree under a key rebuilt from the record's own
-namespace.
+checks it against the admitted request: a record of another namespace, or whose key is not a prefix of the
+request's tokens (a reused request id), is dropped (pages freed, counted, logged with both fingerprints) and never
+spliced; a match splices it into the tree under a key rebuilt from the record's own namespace. Its pages count
+against the prefetch host budget until then.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 from .keys import RadixKey
 from .namespace import NamespaceInfo
 from .owners import OwnerKind, owner_code
-from .tree import TreeNode
+from .tree import Tier, TreeNode
 
 
 class StagedView(msgspec.Struct):
@@ -35,10 +36,11 @@ class StagedView(msgspec.Struct):
 class StagedPrefetch:
     """A parked fetch, owning its host pages until it is spliced or dropped."""
 
-    __slots__ = ("id", "owner", "rid", "key", "page_size", "start_page", "pages", "hashes", "op_id", "anchor")
+    __slots__ = ("id", "owner", "rid", "key", "page_size", "start_page", "pages", "hashes", "op_id", "anchor",
+                 "hold")
 
     def __init__(self, ident: int, rid: str, key: RadixKey, page_size: int, start_page: int, pages: np.ndarray,
-                 hashes: list[bytes], op_id: int, anchor: TreeNode) -> None:
+                 hashes: list[bytes], op_id: int, anchor: TreeNode | None, hold: Tier | None) -> None:
         self.id = ident
         self.owner = owner_code(OwnerKind.STAGED, ident)
         self.rid = rid
@@ -48,7 +50,8 @@ class StagedPrefetch:
         self.pages = pages  # host pages holding key pages [start_page, start_page + len(pages))
         self.hashes = hashes  # their page hashes (the request's chain)
         self.op_id = op_id  # the prefetch operation that fetched them
-        self.anchor = anchor  # locked: keeps the prefix [0, start_page) in the tree until consumed or dropped
+        self.anchor = anchor  # ends the prefix [0, start_page) on the device; None when the span starts at page 0
+        self.hold = hold  # the anchor's path is held on this tier until the record is consumed or dropped
 
     def view(self) -> StagedView:
         """Printable fields."""

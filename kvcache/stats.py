@@ -15,7 +15,8 @@ class CacheCounters(msgspec.Struct):
     device_hit_tokens: int = 0
     host_hit_tokens: int = 0
     admitted: int = 0
-    refused: int = 0  # admits that found the device pool full
+    refused: int = 0  # admits that found no room now (POOL_FULL: other live requests or copies hold it)
+    too_large: int = 0  # admits of requests that need more pages than the device pool has (TOO_LARGE)
     committed: int = 0
     released: int = 0
     loaded_back_tokens: int = 0
@@ -52,6 +53,7 @@ class PrefetchStats(msgspec.Struct):
     used_pages: int = 0  # fetched pages a request used (inserted or spliced)
     retried: int = 0  # re-armed attempts
     dropped: dict[str, int] = {}  # DropReason value -> pages given back
+    cancelled: dict[str, int] = {}  # CancelReason value -> prefetches and staged records cancelled under pressure
     read_errors: int = 0  # jobs that failed on an L3 fault
     seconds: float = 0.0  # issue-to-settle time, summed over settled prefetches
 

@@ -133,14 +133,18 @@ def copy_pages(src: SlotPool, src_pages: np.ndarray, dst: SlotPool, dst_pages: n
 
 
 class StorageWriteJob:
-    """An L2 -> L3 write of whole nodes: batched puts, run by the I/O worker. Holds no pages — the nodes keep
-    owning their host copies — but pins the nodes until the store has acknowledged every page."""
+    """An L2 -> L3 write of whole nodes: batched puts, run by the I/O worker.
+
+    Cache mode: it reads the nodes' host copies, owns no page, and pins those copies (`host_pins`) until the
+    store has acknowledged every page. Buffer mode: it owns a *bounce* copy of the nodes' pages in L2 (`pages`,
+    ledger owner Op(storage_write)), pins nothing, and its pages are freed at the acknowledgement."""
 
     def __init__(self, ident: int, nodes: list[TreeNode], hashes: list[bytes], views: list,
-                 origins: list, batch: int, check_parent: bool) -> None:
+                 origins: list, batch: int, check_parent: bool, pages: np.ndarray | None = None) -> None:
         self.id = ident
-        self.owner = owner_code(OwnerKind.OP_STORAGE_WRITE, ident)  # names this write in audits; owns no page
-        self.nodes = nodes  # pinned until `poll` takes the finished job back
+        self.owner = owner_code(OwnerKind.OP_STORAGE_WRITE, ident)  # names this write in audits and the ledger
+        self.nodes = nodes  # whose pages are written; marked stored when `poll` takes the finished job back
+        self.pages = pages  # buffer mode: the L2 bounce pages this job owns, one per hash; None: reads the tree
         self.hashes = hashes  # page hashes, root first
         self.views = views  # host page bytes, one per hash
         self.origins = origins  # PageOrigin per hash
@@ -165,7 +169,13 @@ class StorageWriteJob:
         self.at = end
         return end < len(self.hashes)
 
+    @property
+    def bounce(self) -> bool:
+        """True when the job writes its own bounce copy (buffer mode) instead of reading the nodes' host copies."""
+        return self.pages is not None
+
     def split_target(self, child: TreeNode, new_parent: TreeNode, head_pages: int) -> None:
-        """Follow a tree split: `new_parent` now holds part of a pinned node and is pinned too."""
+        """Follow a tree split: `new_parent` now holds part of a node being written (and is pinned too, when the
+        job reads host copies)."""
         if child in self.nodes:
             self.nodes.insert(self.nodes.index(child), new_parent)

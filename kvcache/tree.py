@@ -13,7 +13,14 @@ the L1 / L2 pool) have one entry per page. Invariants (checked by `audit`):
 - a node with a device copy has a parent with a device copy (device copies form a prefix from the namespace root);
   likewise for host copies ("backed nodes form a prefix");
 - a node holds at least one copy;
-- a parent's `lock_ref` is at least each child's (locking a node locks its path).
+- a parent's `lock_ref`, `device_holds` and `host_holds` are at least each child's (locks and holds take a path).
+
+Locks and holds both keep a path in the tree, for different holders and tiers. A *lock* is a running request's:
+nothing of the path is evicted. A *hold* is a prefetch's or a staged record's, on the one tier its result attaches
+to (DESIGN §4): a cache-mode prefetch holds the anchor path's host copies (the device copies stay evictable), a
+buffer-mode prefetch the device copies its splice will extend. The tree keeps each tier's pages in three exact
+classes — locked (`*_protected`), held only (`*_held`), neither (`*_evictable`) — so a caller can tell at once how
+much eviction could free and how much releasing holds would add.
 
 The tree records structure and page indices only. Ledger moves are the caller's (`TieredCache`): the tree hands
 back what it detached or adopted, and reports splits through `on_split` so the caller can move the head pages to
@@ -22,6 +29,7 @@ the new node's owner.
 
 from __future__ import annotations
 
+import enum
 import heapq
 from collections.abc import Callable, Iterator
 
@@ -36,11 +44,18 @@ from .owners import OwnerKind, owner_code
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
+class Tier(str, enum.Enum):
+    """A pool tier, as holds and reports name it."""
+
+    DEVICE = "device"  # L1
+    HOST = "host"  # L2
+
+
 class TreeNode:
     """One node: a run of whole pages of one namespace's tokens and where their KV is."""
 
     __slots__ = ("id", "owner", "key", "namespace", "parent", "children", "device", "host", "page_hashes",
-                 "stored", "lock_ref", "pins", "host_pins", "last_access", "hits")
+                 "stored", "lock_ref", "device_holds", "host_holds", "pins", "host_pins", "last_access", "hits")
 
     def __init__(self, ident: int, key: bytes, namespace: Namespace | None, parent: "TreeNode | None") -> None:
         self.id = ident  # unique in the tree, never reused; the ledger owner is Node(id)
@@ -54,6 +69,8 @@ class TreeNode:
         self.page_hashes: list[bytes] | None = None  # chain hashes of key's pages, computed on demand
         self.stored = False  # every page of key is acknowledged by the L3 store
         self.lock_ref = 0  # running requests using this node (>= 0); a locked node is never evicted
+        self.device_holds = 0  # prefetch holds on this path's device copies (>= 0); they are not evicted
+        self.host_holds = 0  # prefetch holds on this path's host copies (>= 0); they are not evicted
         self.pins = 0  # in-flight copies reading or writing this node (>= 0); a pinned node is never evicted
         self.host_pins = 0  # in-flight L3 writes reading the host copy (>= 0); it is not evicted from L2 meanwhile
         self.last_access = 0  # logical clock of the last match/insert through this node (LRU order)
@@ -74,7 +91,8 @@ class TreeNode:
     def __repr__(self) -> str:
         ns = self.namespace.label if self.namespace is not None else "root"
         return (f"TreeNode(#{self.id} {ns} tokens={len(self)} device={self.device is not None} "
-                f"host={self.host is not None} lock={self.lock_ref} pins={self.pins}/{self.host_pins})")
+                f"host={self.host is not None} lock={self.lock_ref} holds={self.device_holds}/{self.host_holds} "
+                f"pins={self.pins}/{self.host_pins})")
 
 
 class TreeMatch(msgspec.Struct, gc=False):
@@ -144,10 +162,13 @@ class RadixTree:
         self.root.device = self.root.host = _EMPTY
         self._next_id = 1
         self._clock = 0
-        # Pages held by unlocked (evictable) and locked (protected) nodes, per tier; kept exact on every change.
+        # Pages per tier in three classes, kept exact on every change: locked by a running request (protected),
+        # held by a prefetch and not locked (held), neither (evictable, once in-flight copies no longer pin them).
         self.device_evictable = 0
+        self.device_held = 0
         self.device_protected = 0
         self.host_evictable = 0
+        self.host_held = 0
         self.host_protected = 0
         # Called as on_split(child, new_parent, head_pages) after a split moved child's first pages to new_parent.
         self.on_split: SplitListener | None = None
@@ -168,23 +189,25 @@ class RadixTree:
             self.root.children[namespace.id] = node
         return node
 
-    def match_prefix(self, key: RadixKey) -> TreeMatch:
+    def match_prefix(self, key: RadixKey, touch: bool = True) -> TreeMatch:
         """The longest page-aligned prefix of `key` in the tree, within the key's own namespace.
 
         Splits the last matched node when the match ends inside it, so the returned nodes end exactly at the match.
-        Counts a hit and refreshes the LRU clock on every matched node.
+        Counts a hit and refreshes the LRU clock on every matched node (`touch=False`: neither, for a second look
+        within one admission).
         """
         ns_root = self.root.children.get(key.namespace.id)
         if ns_root is None:
             return TreeMatch(_EMPTY, _EMPTY, self.root, self.root, self.root, self.page_size)
-        self._clock += 1
-        clock = self._clock
         end = len(key.data) - len(key.data) % self._page_bytes
         path = list(self._descend(ns_root, key.data, end))
-        for node in path:
-            node.last_access = clock
-            node.hits += 1
-        ns_root.last_access = clock
+        if touch:
+            self._clock += 1
+            clock = self._clock
+            for node in path:
+                node.last_access = clock
+                node.hits += 1
+            ns_root.last_access = clock
         return self._match_of(ns_root, path)
 
     def _match_of(self, ns_root: TreeNode, path: list[TreeNode]) -> TreeMatch:
@@ -219,6 +242,8 @@ class RadixTree:
                                f"{self.page_size}")
         if len(device_pages) * pb != len(data):
             raise InvalidInput(f"insert of {len(data) // pb} pages with {len(device_pages)} device pages")
+        if not data:  # nothing to cache: no namespace root is created for it
+            return TreeInsert(0, self.root.children.get(key.namespace.id, self.root), [])
         self._clock += 1
         clock = self._clock
         node = self.namespace_root(key.namespace, create=True)
@@ -265,6 +290,8 @@ class RadixTree:
             return HostInsert(None, 0, 0)
         duplicates = matched - start_page
         if pos >= end or (node.host is None and not node.is_namespace_root):
+            if node.is_namespace_root:
+                self._reclaim_namespace_root(node)
             return HostInsert(None, duplicates, 0)
         leaf = self._new_node(data[pos:], key.namespace, node)
         node.children[data[pos:pos + pb]] = leaf
@@ -290,11 +317,71 @@ class RadixTree:
                 raise LockUnderflow(walk.id, walk.namespace.label if walk.namespace else "root")
             walk = walk.parent  # type: ignore[assignment]
         while node is not self.root:
+            parent = node.parent
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self._protect(node, False)
-                self.offer(node)
+                if node.is_namespace_root:
+                    self._reclaim_namespace_root(node)
+                else:
+                    self.offer(node)
+            node = parent  # type: ignore[assignment]
+
+    def hold(self, node: TreeNode, tier: Tier) -> None:
+        """Hold `node`'s path on one tier for a prefetch: its copies in that tier are not evicted until `release`.
+        The other tier's copies stay evictable."""
+        device = tier is Tier.DEVICE
+        while node is not self.root:
+            if device:
+                if node.device_holds == 0 and not node.lock_ref and node.device is not None:
+                    self.device_evictable -= len(node.device)
+                    self.device_held += len(node.device)
+                node.device_holds += 1
+            else:
+                if node.host_holds == 0 and not node.lock_ref and node.host is not None:
+                    self.host_evictable -= len(node.host)
+                    self.host_held += len(node.host)
+                node.host_holds += 1
             node = node.parent  # type: ignore[assignment]
+
+    def release(self, node: TreeNode, tier: Tier) -> None:
+        """Undo one `hold(node, tier)`. Raises `LockUnderflow` (changing nothing) when the path is not held."""
+        attr = "device_holds" if tier is Tier.DEVICE else "host_holds"
+        walk = node
+        while walk is not self.root:
+            if getattr(walk, attr) <= 0:
+                raise LockUnderflow(walk.id, walk.namespace.label if walk.namespace else "root", f"{tier.value} hold")
+            walk = walk.parent  # type: ignore[assignment]
+        device = tier is Tier.DEVICE
+        while node is not self.root:
+            parent = node.parent
+            if device:
+                node.device_holds -= 1
+                freed = node.device_holds == 0
+                if freed and not node.lock_ref and node.device is not None:
+                    self.device_held -= len(node.device)
+                    self.device_evictable += len(node.device)
+            else:
+                node.host_holds -= 1
+                freed = node.host_holds == 0
+                if freed and not node.lock_ref and node.host is not None:
+                    self.host_held -= len(node.host)
+                    self.host_evictable += len(node.host)
+            if freed:
+                if node.is_namespace_root:
+                    self._reclaim_namespace_root(node)
+                else:
+                    self.offer(node)
+            node = parent  # type: ignore[assignment]
+
+    def unheld_device_pages(self, node: TreeNode) -> int:
+        """Device pages of `node`'s path that a new device hold would add to `device_held` (neither locked nor
+        held yet; those nodes are a suffix of the path, since locks and holds take whole paths)."""
+        n = 0
+        while node is not self.root and not node.lock_ref and not node.device_holds:
+            n += len(node.device) if node.device is not None else 0
+            node = node.parent  # type: ignore[assignment]
+        return n
 
     # --- copies ----------------------------------------------------------------------------------------------
 
@@ -328,6 +415,15 @@ class RadixTree:
         if parent is None or parent.is_namespace_root or parent is self.root:
             return hash_root(self.layout_id, node.namespace)  # type: ignore[arg-type]
         return self.page_hashes(parent)[-1]
+
+    def attached(self, node: TreeNode) -> bool:
+        """Is `node` in the tree? (Eviction and namespace-root reclaim detach nodes; only leaves are detached, so a
+        node with a parent is attached.)"""
+        return node is self.root or node.parent is not None
+
+    def path_key(self, node: TreeNode) -> bytes:
+        """The packed tokens from `node`'s namespace root down to and including `node`."""
+        return b"".join(n.key for n in self.path(node))
 
     def path(self, node: TreeNode) -> list[TreeNode]:
         """Nodes from the namespace root's first child down to `node`."""
@@ -431,9 +527,9 @@ class RadixTree:
                 heapq.heappush(heap, entry)
 
     def offer(self, node: TreeNode) -> None:
-        """`node` lost its last lock or pin: it may be evictable again."""
+        """`node` lost its last lock, hold or pin: it may be evictable again."""
         if not (node.lock_ref or node.pins or node.host_pins):
-            self._offer(node, True, True)
+            self._offer(node, not node.device_holds, not node.host_holds)
 
     def _offer(self, node: TreeNode | None, device: bool, host: bool) -> None:
         """`node` may have become an eviction candidate of a tier: give it an entry in that tier's LRU heap."""
@@ -507,6 +603,7 @@ class RadixTree:
         assert parent is not None and 0 < cut < len(child.key)
         new = self._new_node(child.key[:cut], child.namespace, parent)  # type: ignore[arg-type]
         new.lock_ref, new.pins, new.host_pins = child.lock_ref, child.pins, child.host_pins
+        new.device_holds, new.host_holds = child.device_holds, child.host_holds
         new.last_access, new.hits, new.stored = child.last_access, child.hits, child.stored
         if child.device is not None:
             new.device, child.device = child.device[:head_pages], child.device[head_pages:]
@@ -528,10 +625,18 @@ class RadixTree:
         del parent.children[node.key[:self._page_bytes]]
         node.parent = None
         self.node_count -= 1
-        self._offer(parent, True, True)
-        if parent.is_namespace_root and not parent.children and parent.lock_ref == 0:
-            del self.root.children[parent.namespace.id]  # type: ignore[union-attr]
-            parent.parent = None
+        if parent.is_namespace_root:
+            self._reclaim_namespace_root(parent)
+        else:
+            self._offer(parent, True, True)
+
+    def _reclaim_namespace_root(self, ns_root: TreeNode) -> None:
+        """Detach a namespace root that holds nothing and that nobody locks or holds: the tree's size stays
+        bounded by what it caches, not by how many namespaces it has seen."""
+        if (ns_root.parent is self.root and not ns_root.children and not ns_root.lock_ref
+                and not ns_root.device_holds and not ns_root.host_holds):
+            del self.root.children[ns_root.namespace.id]  # type: ignore[union-attr]
+            ns_root.parent = None
 
     def _set_device(self, node: TreeNode, pages: np.ndarray | None) -> None:
         delta = (0 if pages is None else len(pages)) - (0 if node.device is None else len(node.device))
@@ -543,6 +648,8 @@ class RadixTree:
             self._offer(node, True, False)
         if node.lock_ref:
             self.device_protected += delta
+        elif node.device_holds:
+            self.device_held += delta
         else:
             self.device_evictable += delta
 
@@ -555,17 +662,28 @@ class RadixTree:
             self._offer(node, False, True)
         if node.lock_ref:
             self.host_protected += delta
+        elif node.host_holds:
+            self.host_held += delta
         else:
             self.host_evictable += delta
 
     def _protect(self, node: TreeNode, locked: bool) -> None:
+        """Move `node`'s pages between the locked class and the one it has without the lock."""
         sign = 1 if locked else -1
-        d = len(node.device) if node.device is not None else 0
-        h = len(node.host) if node.host is not None else 0
-        self.device_protected += sign * d
-        self.device_evictable -= sign * d
-        self.host_protected += sign * h
-        self.host_evictable -= sign * h
+        if node.device is not None:
+            d = sign * len(node.device)
+            self.device_protected += d
+            if node.device_holds:
+                self.device_held -= d
+            else:
+                self.device_evictable -= d
+        if node.host is not None:
+            h = sign * len(node.host)
+            self.host_protected += h
+            if node.host_holds:
+                self.host_held -= h
+            else:
+                self.host_evictable -= h
 
 
 def _concat(arrays: list[np.ndarray]) -> np.ndarray:
@@ -591,8 +709,8 @@ def _host_leaf(node: TreeNode) -> bool:
 
 
 def _device_busy(node: TreeNode) -> bool:
-    return bool(node.lock_ref or node.pins)
+    return bool(node.lock_ref or node.device_holds or node.pins)
 
 
 def _host_busy(node: TreeNode) -> bool:
-    return bool(node.lock_ref or node.pins or node.host_pins)
+    return bool(node.lock_ref or node.host_holds or node.pins or node.host_pins)

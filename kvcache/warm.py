@@ -15,7 +15,7 @@ import time
 import msgspec
 
 from .cache import TieredCache
-from .config import PrefetchPolicy
+from .config import HostMode, PrefetchPolicy
 from .errors import InvalidInput
 from .layout import KVLayout
 from .namespace import Namespace, NamespaceInfo
@@ -96,11 +96,16 @@ class WarmResult(msgspec.Struct):
 
 def warm_namespace(cache: TieredCache, namespace: Namespace, max_pages: int, max_bytes: int | None = None,
                    policy: PrefetchPolicy | None = None, timeout_ms: float | None = None) -> WarmResult:
-    """Prefetch `namespace`'s hottest stored prefixes into the cache's L2 up to the budget (cache mode: they
-    become host-only nodes). Needs a store and a host tier. `policy` / `timeout_ms` settle each prefetch instead
-    of the cache's configured ones (see `TieredCache.settle_prefetch`)."""
+    """Prefetch `namespace`'s hottest stored prefixes into the cache's L2 up to the budget, as host-only nodes.
+    Needs a store and a cache-mode host tier (InvalidInput before anything moves otherwise). `policy` /
+    `timeout_ms` settle each prefetch instead of the cache's configured ones (see `TieredCache.settle_prefetch`)."""
     if cache.store is None:
         raise InvalidInput("warming a namespace needs an L3 store")
+    if cache.host_pool is None or cache.config.host_mode is not HostMode.CACHE:
+        # Buffer mode's L2 holds only staged records until their request's admission: warmed pages would wait
+        # there for requests that never come, holding their budget and their anchors.
+        raise InvalidInput("warming a namespace needs a host tier in cache mode; this cache's L2 is a bounce "
+                           "buffer (buffer mode) or absent")
     start = time.perf_counter()
     ps = cache.page_size
     plan = hottest_prefixes(cache.store, cache.layout, namespace, max_pages, max_bytes)

@@ -18,6 +18,7 @@ PUBLIC = {
     "InvalidTrace", "InvariantViolation", "KVCacheError", "LayoutMismatch", "LockUnderflow", "NamespaceMismatch",
     "NotAStore", "OwnershipError", "StoreError", "StoreFull", "StoreReadOnly", "StoreUnsupported", "UnknownBackend",
     "UnknownRequest",
+    "CancelReason", "Headroom", "NamespaceDrop", "TierRoom", "CacheClosed", "RequestIdInUse",
     "AdminClient", "AdminServer",
     "AdminBadFrame", "AdminError", "AdminProtocolMismatch", "AdminRemoteError", "AdminSocketInUse", "AdminTimeout",
     "AdminUnavailable",

@@ -212,3 +212,40 @@ def test_device_slots_and_repr():
     assert list(c.device_slots("a")) == list(adm.slots)
     assert "1 live" in repr(c)
     assert isinstance(adm.slots, np.ndarray)
+
+
+def test_namespace_roots_are_reclaimed_when_they_hold_nothing():
+    """20,000 salted sub-page requests used to leave 20,000 empty namespace roots in the tree and in every
+    snapshot; the tree's size is bounded by what it holds."""
+    c = make_cache(page_size=4, device_tokens=64)
+    for i in range(2000):
+        req = Request(f"r{i}", [1, 2], Namespace("t", f"salt-{i}"))  # shorter than one page: nothing to cache
+        assert c.admit(req).status is AdmitStatus.ADMITTED
+        c.commit(req.rid)
+    assert c.tree.namespace_roots() == [] and len(c.snapshot().state.nodes) == 0
+    # a root locked by an admission while its last node is evicted goes when the lock does
+    run(c, "a", list(range(8)), T1)
+    c.flush()
+    c.admit(Request("b", [50, 51, 52, 53, 54], T1))  # no match: locks T1's root only
+    c.evict(device_tokens=64, host_tokens=128)
+    assert [r.namespace for r in c.tree.namespace_roots()] == [T1]
+    c.release("b")
+    assert c.tree.namespace_roots() == [] and c.audit().ok
+
+
+def test_every_call_after_close_raises_cache_closed():
+    from kvcache.errors import CacheClosed
+
+    c = make_cache(page_size=4)
+    run(c, "a", list(range(8)))
+    c.close()
+    req = Request("b", list(range(8)))
+    for call in (lambda: c.admit(req), lambda: c.commit("a"), lambda: c.release("a"), lambda: c.match(req),
+                 lambda: c.prefetch(req), lambda: c.evict(4), lambda: c.evict_namespace(T1), c.poll, c.flush,
+                 lambda: c.drop_namespace(T1), lambda: c.settle_prefetch("a"), lambda: c.device_slots("a"),
+                 lambda: c.poll_admin(0)):
+        with pytest.raises(CacheClosed):
+            call()
+    # the final state can still be looked at: nothing is held after close
+    assert c.audit().ok and c.headroom().device.busy == 0 and c.stats().counters.committed == 1
+    c.close()  # closing twice is fine

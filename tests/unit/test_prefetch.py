@@ -240,3 +240,84 @@ def test_l3_write_below_an_evicted_parent_rewrites_the_path(store):
     d.flush()
     adm, ok = serve(d, req)
     assert adm.cached_tokens == 64 and ok
+
+
+def test_a_match_taken_before_an_eviction_is_declined_as_stale(store):
+    warm(store)
+    c = l3_cache(store)
+    serve(c, Request("a", TOKENS[:32], T1))
+    c.flush()
+    req = Request("r", TOKENS, T1)
+    m = c.match(req)
+    assert m.device_tokens == 32
+    c.evict(device_tokens=10**6, host_tokens=10**6)  # the matched nodes leave the tree
+    out = c.prefetch(req, m)  # was AttributeError
+    assert not out.issued and out.reason is DeclineReason.STALE_MATCH
+    assert c.prefetch(req).issued  # a fresh match works
+    c.release("r")
+    assert c.audit().ok
+    c.close()
+
+
+def test_a_match_of_another_requests_tokens_is_declined_as_stale(store):
+    warm(store)
+    c = l3_cache(store)
+    serve(c, Request("a", TOKENS[:32], T1))
+    c.flush()
+    m = c.match(Request("x", TOKENS[:32], T1))
+    out = c.prefetch(Request("r", list(range(500, 564)), T1), m)
+    assert not out.issued and out.reason is DeclineReason.STALE_MATCH
+    assert c.audit().ok
+    c.close()
+
+
+def test_a_wait_complete_admit_after_close_raises_instead_of_blocking(store):
+    import threading
+
+    from kvcache.errors import CacheClosed
+
+    warm(store)
+    c = l3_cache(store, io_thread=True, prefetch_policy=PrefetchPolicy.WAIT_COMPLETE)
+    c.close()
+    req = Request("r", TOKENS, T1)
+    raised = []
+
+    def call():
+        try:
+            c.prefetch(req)
+            c.admit(req)
+        except CacheClosed as exc:
+            raised.append(exc)
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive() and len(raised) == 1  # was: blocked forever in admit
+
+
+@pytest.mark.parametrize("store_first", [True, False])
+def test_a_namespace_drop_never_writes_back(store, store_first):
+    """Under write_back, dropping a namespace (offboarding) frees its L1/L2 pages without writing them to L3,
+    whichever order the cache and the store are dropped in (evict_namespace after store.delete_namespace wrote
+    the deleted tenant back)."""
+    from kvcache.keys import page_hashes
+
+    c = l3_cache(store, write_policy=WritePolicy.WRITE_BACK, device_tokens=128, host_tokens=256)
+    serve(c, Request("a", TOKENS[:32], T1))
+    c.evict(device_tokens=32)  # write-back: the device copy went to L2, not yet to L3
+    serve(c, Request("b", TOKENS[32:], T1))  # on the device only
+    serve(c, Request("c", TOKENS, T2))  # another tenant stays
+    c.flush()
+    a_hashes = page_hashes(c.layout.layout_id, Request("p", TOKENS[:32], T1).key, 4)
+    b_hashes = page_hashes(c.layout.layout_id, Request("p", TOKENS[32:], T1).key, 4)
+    if store_first:
+        store.delete_namespace(T1.id)
+    dropped = c.drop_namespace(T1)
+    assert dropped.device_pages == 8 and dropped.host_pages == 8
+    c.flush()
+    assert store.exists_prefix(a_hashes) == 0 and store.exists_prefix(b_hashes) == 0
+    assert T1.id_hex not in {r.ns_id_hex for r in store.namespaces()}
+    assert c.match(Request("p", TOKENS, T1)).device_tokens == 0
+    assert c.match(Request("q", TOKENS, T2)).device_tokens == 64
+    assert c.audit().ok
+    c.close()

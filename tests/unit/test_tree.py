@@ -168,3 +168,9 @@ def test_insert_rejects_unaligned_keys():
         t.insert(key(range(6)), pages(0, 1))
     with pytest.raises(ValueError):
         t.insert(key(range(8)), pages(0, 3))
+
+
+def test_an_insert_of_less_than_a_page_creates_no_namespace_root():
+    t = RadixTree(4, LAYOUT_ID)
+    ins = t.insert(key([1, 2]).page_aligned(4), pages(0, 0))
+    assert ins.prefix_pages == 0 and ins.adopted == [] and t.namespace_roots() == []

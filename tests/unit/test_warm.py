@@ -67,3 +67,19 @@ def test_warm_lands_pages_as_host_only_nodes_of_the_namespace(tmp_path):
     assert other.host_tokens == 0  # identical token ids, another namespace: nothing warmed for it
     assert cache.host_pool.used_pages == 7
     cache.close()
+
+
+def test_warming_a_buffer_mode_cache_is_refused_before_anything_moves(tmp_path):
+    import pytest
+
+    from kvcache import InvalidInput
+    from kvcache.config import HostMode
+
+    store, _ = _seeded_store(tmp_path)
+    c = l3_cache(store, host_mode=HostMode.BUFFER)
+    with pytest.raises(InvalidInput, match="buffer"):
+        warm_namespace(c, T1, max_pages=8)  # used to strand staged records and their anchor locks
+    assert not c.staged_records() and not c.prefetch_ops() and c.host_pool.used_pages == 0
+    assert c.audit().ok
+    c.close()
+    store.close()
