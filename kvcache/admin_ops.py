@@ -4,7 +4,8 @@ scheduler steps (`TieredCache.poll_admin`): every handler sees the cache at rest
 The commands mirror the offline CLI's, on the cache that is running instead of one built for the command:
 prefetch a request or a whole namespace into L2, stage (buffer mode), load back L3 -> L2 -> L1, list namespaces
 with what each holds in L1, L2 and L3, audit, snapshot, stats, evict a namespace from L1/L2, replay a trace.
-Requests the handlers make for themselves carry ids `kvc-admin:<n>`; what they leave behind is what an operator
+Requests the handlers make for themselves carry ids `kvc-admin:<n>`, and a replay's requests `kvc-admin:<n>:<rid>`
+(an operator's trace never meets the engine's own request ids); what they leave behind is what an operator
 asked for (pages warmed into L2, a prefix loaded onto the device), never a live request or a parked record.
 """
 
@@ -15,12 +16,13 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+import msgspec
 import numpy as np
 import torch
 
 from .admin import ReplayJob
-from .admin_protocol import (AuditRequest, EvictOutcome, EvictRequest, LiveNamespace, LiveStats, LoadBackRequest,
-                             NamespacesRequest, NamespaceList, NamespaceTiers, PingRequest, PoolUse,
+from .admin_protocol import (AuditRequest, DropRequest, EvictOutcome, EvictRequest, LiveNamespace, LiveStats,
+                             LoadBackRequest, NamespacesRequest, NamespaceList, NamespaceTiers, PingRequest, PoolUse,
                              PrefetchRequest, RequestResult, ServerInfo, SnapshotRequest, SnapshotResult,
                              StageRequest, StatsRequest, TierUse)
 from .config import HostMode
@@ -33,7 +35,7 @@ from .request import Request
 from .warm import warm_namespace
 
 if TYPE_CHECKING:
-    from .cache import TieredCache
+    from .cache import NamespaceDrop, TieredCache
 
 _RIDS = itertools.count(1)
 
@@ -250,6 +252,10 @@ def _evict(cache: "TieredCache", req: EvictRequest) -> EvictOutcome:
     return EvictOutcome(ns.info(), freed.device_pages, freed.host_pages, namespace_tiers(cache, ns))
 
 
+def _drop(cache: "TieredCache", req: DropRequest) -> "NamespaceDrop":
+    return cache.drop_namespace(_namespace(req))
+
+
 def _ping(cache: "TieredCache", _: PingRequest) -> ServerInfo:
     from .admin_protocol import PROTOCOL_VERSION
 
@@ -268,16 +274,15 @@ def _replay(cache: "TieredCache", job: ReplayJob) -> ReplayReport:
     queued (an audit during a replay sees the state between two steps); a second replay waits for this one."""
     if job.snapshot_out is not None and not os.path.isabs(job.snapshot_out):
         raise InvalidInput(f"snapshot path {job.snapshot_out!r} must be absolute")
-    held = {r.request.rid for r in cache.live_requests()} | {p.rid for p in cache.prefetch_ops()} \
-        | {s.rid for s in cache.staged_records()}
+    tag = _rid()
+    trace = [msgspec.structs.replace(item, rid=f"{tag}:{item.rid}") for item in job.trace]
     try:
         report = Replayer(cache, verify=job.verify, batch=job.batch, lookahead=job.lookahead).run(
-            job.trace, progress=lambda _: cache.poll_admin())
+            trace, progress=lambda _: cache.poll_admin())
     except BaseException:
         # a failed replay must not leave its requests holding slots in a cache that keeps running
-        for item in job.trace:
-            if item.rid not in held:
-                _release_quietly(cache, item.rid)
+        for item in trace:
+            _release_quietly(cache, item.rid)
         raise
     if job.snapshot_out is not None:
         cache.snapshot(job.snapshot_out)
@@ -294,5 +299,6 @@ _HANDLERS = {
     SnapshotRequest: _snapshot,
     StatsRequest: _stats,
     EvictRequest: _evict,
+    DropRequest: _drop,
     ReplayJob: _replay,
 }

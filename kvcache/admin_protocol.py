@@ -110,6 +110,14 @@ class EvictRequest(msgspec.Struct, frozen=True, tag="evict", forbid_unknown_fiel
     host: bool = True
 
 
+class DropRequest(msgspec.Struct, frozen=True, tag="ns_drop", forbid_unknown_fields=True):
+    """Offboard a namespace from every tier without writing any of it back (`TieredCache.drop_namespace`).
+    Answered with `kvcache.cache.NamespaceDrop`."""
+
+    extra_key: str | None = None
+    cache_salt: str | None = None
+
+
 class ReplayRequest(msgspec.Struct, frozen=True, tag="replay", forbid_unknown_fields=True):
     """A chunk of a JSONL trace for the live cache to replay. Chunks split the trace's bytes anywhere; all but
     the last carry `more=True` and are answered with `ReplayAck`; the last is answered with
@@ -124,7 +132,7 @@ class ReplayRequest(msgspec.Struct, frozen=True, tag="replay", forbid_unknown_fi
 
 
 AdminRequest = Union[PingRequest, PrefetchRequest, StageRequest, LoadBackRequest, NamespacesRequest, AuditRequest,
-                     SnapshotRequest, StatsRequest, EvictRequest, ReplayRequest]
+                     SnapshotRequest, StatsRequest, EvictRequest, DropRequest, ReplayRequest]
 
 
 class Envelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -6,7 +6,12 @@ requests; the forward writes its new tokens' synthetic KV (`kvcache.kvdata`); co
 per the write policy. With `verify`, every cached token an admission hands out is compared, byte for byte, with
 what its page hash says it must hold. At the end the driver flushes L3 writes and audits the whole cache.
 
-A `NamespaceMismatch` from a prefetch is counted and the request is served without L3 — the loop never dies of it.
+Under pressure it follows the documented loop: a prefetch declined by a bound (host budget, device holds) or
+cancelled by an admission is issued again at the next step, oldest waiting request first, so the request nearest
+admission gets the room first; admission itself evicts, waits for copies and cancels the youngest holds last. A
+request that finds no room because this step's requests hold it waits for the next step; one larger than the
+device pool is `refused`. A `NamespaceMismatch` from a prefetch is counted and the request is served without L3 —
+the loop never dies of it.
 """
 
 from __future__ import annotations
@@ -18,16 +23,19 @@ from collections.abc import Callable, Iterable
 import msgspec
 
 from .audit import AuditReport
-from .cache import AdmitStatus, TieredCache
-from .errors import NamespaceMismatch
+from .cache import Admission, AdmitStatus, TieredCache
+from .errors import InvariantViolation, NamespaceMismatch
 from .keys import page_hashes
 from .kvdata import SyntheticKV
 from .namespace import NamespaceInfo
+from .prefetch import DeclineReason
 from .request import Request
 from .stats import BackupStats, PrefetchStats
 from .workload import TraceRequest
 
 _TAIL_FILL = 0xAB  # bytes of a partial tail page: never cached, never verified
+# Declines that a later step may not meet: the bound that declined the prefetch loosens as requests are admitted.
+_RETRY_DECLINES = frozenset({DeclineReason.HOST_LIMIT, DeclineReason.DEVICE_LIMIT})
 
 
 class TierTokens(msgspec.Struct):
@@ -65,7 +73,7 @@ class ReplayReport(msgspec.Struct):
     (DESIGN §8)."""
 
     requests: int  # admitted and committed
-    refused: int  # requests that did not fit the device pool even alone (skipped)
+    refused: int  # requests larger than the device pool (TOO_LARGE: skipped)
     tokens: int  # tokens of the committed requests
     hit_tokens: TierTokens  # of those, found cached, by tier
     namespaces: list[NamespaceReplay]
@@ -74,13 +82,15 @@ class ReplayReport(msgspec.Struct):
     verify_mismatches: int  # pages whose bytes differed from their page hash's
     mismatches: list[VerifyMismatch]  # the first few
     namespace_mismatches: int  # prefetches refused for an anchor of another namespace
-    prefetches_cancelled: int  # waiting requests' prefetches cancelled to make device room for the head request
+    prefetches_cancelled: int  # waiting requests' prefetch holds an admission cancelled (prefetch.cancelled)
     prefetch: PrefetchStats  # during this replay
     backup: BackupStats  # during this replay
     audit: AuditReport  # of the whole cache after the final flush
     seconds: float  # the loop and the final flush
     requests_per_s: float
     tokens_per_s: float
+    prefetches_reissued: int = 0  # prefetches issued again after a bound declined them or an admission cancelled
+    blocked: int = 0  # live mode: requests skipped because requests outside this replay held the device pool
 
     @property
     def ok(self) -> bool:
@@ -102,7 +112,8 @@ class _Tally:
         self.mismatched = 0
         self.examples: list[VerifyMismatch] = []
         self.ns_mismatches = 0
-        self.cancelled = 0
+        self.reissued = 0
+        self.blocked = 0
 
     def admitted(self, request: Request, adm) -> None:
         ns = request.namespace
@@ -134,16 +145,18 @@ def _delta(after: msgspec.Struct, before: msgspec.Struct) -> msgspec.Struct:
 class Replayer:
     """Drives one cache with requests; `run` replays a trace and returns the report."""
 
-    def __init__(self, cache: TieredCache, *, verify: bool = False, batch: int = 4, lookahead: int = 8) -> None:
+    def __init__(self, cache: TieredCache, *, verify: bool = False, batch: int = 4, lookahead: int = 8,
+                 on_admit: Callable[[Request, Admission], None] | None = None) -> None:
         if batch < 1 or lookahead < 0:
             raise ValueError(f"batch={batch} must be >= 1 and lookahead={lookahead} >= 0")
         self.cache = cache
         self.verify = verify
         self.batch = batch  # requests admitted together in one step (concurrent on the device)
         self.lookahead = lookahead  # requests waiting behind the step, whose prefetches are in flight
+        self.on_admit = on_admit  # called with every admitted request and its admission (observers, tests)
         self.kv = SyntheticKV(cache.layout)
-        self._prefetching: set[str] = set()  # rids whose prefetch is held by the cache (until admission)
-        self._cancelled: set[str] = set()  # rids whose prefetch was cancelled under pressure, to re-issue
+        self._prefetching: set[str] = set()  # rids whose prefetch the cache holds (until their admission)
+        self._retry: set[str] = set()  # rids whose prefetch a bound declined: issued again at the next step
 
     def run(self, trace: Iterable[TraceRequest],
             progress: Callable[[int], None] | None = None) -> ReplayReport:
@@ -165,70 +178,80 @@ class Replayer:
 
         refill()
         while waiting:
+            cache.poll()
+            self._reissue(waiting, tally)  # before new arrivals: the oldest waiting requests get the room first
             step = [waiting.popleft() for _ in range(min(self.batch, len(waiting)))]
             refill()
-            self._reissue(waiting, tally)
-            cache.poll()
             running: list[Request] = []
             for i, request in enumerate(step):
-                self._prefetching.discard(request.rid)  # admission settles it
-                self._cancelled.discard(request.rid)
                 adm = cache.admit(request)
-                if adm.status is AdmitStatus.POOL_FULL and not running and self._relieve(waiting, tally):
-                    adm = cache.admit(request)  # the waiting requests' prefetches no longer pin device pages
                 if adm.status is AdmitStatus.POOL_FULL:
-                    if running:  # room comes back when this step's requests commit: retry first next step
+                    if running:  # room comes back when this step's requests commit: first in line next step
                         waiting.extendleft(reversed(step[i:]))
                         break
+                    if not cache.live_requests():
+                        raise InvariantViolation(
+                            f"request {request.rid} ({len(request)} tokens) fits the device pool but was not admitted "
+                            f"with nothing else running: {cache.headroom()}")
+                    tally.blocked += 1  # live mode: the engine's own requests hold the room during this replay
+                    self._forget(request.rid)
+                    continue
+                self._forget(request.rid)
+                if adm.status is AdmitStatus.TOO_LARGE:
                     tally.refused += 1
                     continue
                 self._forward(request, adm, tally)
                 tally.admitted(request, adm)
+                if self.on_admit is not None:
+                    self.on_admit(request, adm)
                 running.append(request)
             for request in running:
                 cache.commit(request.rid)
-            cache.poll()
             if progress is not None:
-                progress(tally.requests + tally.refused)
+                progress(tally.requests + tally.refused + tally.blocked)
         cache.flush()
         seconds = time.perf_counter() - start
         audit = cache.audit()
         stats1 = cache.stats()
+        prefetch = _delta(stats1.prefetch, stats0.prefetch)
         return ReplayReport(
             tally.requests, tally.refused, tally.tokens, tally.hits,
             sorted(tally.by_ns.values(), key=lambda r: (-r.tokens, r.namespace.extra_key or "")),
-            self.verify, tally.verified, tally.mismatched, tally.examples, tally.ns_mismatches, tally.cancelled,
-            _delta(stats1.prefetch, stats0.prefetch), _delta(stats1.backup, stats0.backup),  # type: ignore[arg-type]
+            self.verify, tally.verified, tally.mismatched, tally.examples, tally.ns_mismatches,
+            sum(prefetch.cancelled.values()),  # type: ignore[attr-defined]
+            prefetch, _delta(stats1.backup, stats0.backup),  # type: ignore[arg-type]
             audit, seconds, tally.requests / seconds if seconds else 0.0,
-            tally.tokens / seconds if seconds else 0.0)
+            tally.tokens / seconds if seconds else 0.0, tally.reissued, tally.blocked)
 
     def _prefetch(self, request: Request, tally: _Tally) -> None:
         if self.cache.store is None:
             return
         try:
-            if self.cache.prefetch(request).issued:
-                self._prefetching.add(request.rid)
+            outcome = self.cache.prefetch(request)
         except NamespaceMismatch:
             tally.ns_mismatches += 1  # counted by the cache too; the request is served without L3
-
-    def _relieve(self, waiting: deque[Request], tally: _Tally) -> bool:
-        """The head request does not fit alone: cancel the waiting requests' prefetches, whose anchors lock
-        device pages (as a scheduler under memory pressure drops speculative work). True if any was."""
-        cancelled = [r for r in waiting if r.rid in self._prefetching]
-        for request in cancelled:
-            self.cache.release(request.rid)
-            self._prefetching.discard(request.rid)
-            self._cancelled.add(request.rid)
-        tally.cancelled += len(cancelled)
-        return bool(cancelled)
+            return
+        if outcome.issued:
+            self._prefetching.add(request.rid)
+        elif outcome.reason in _RETRY_DECLINES:
+            self._retry.add(request.rid)
 
     def _reissue(self, waiting: deque[Request], tally: _Tally) -> None:
-        """Prefetch again for waiting requests whose prefetch `_relieve` cancelled."""
-        if self._cancelled:
-            for request in waiting:
-                if request.rid in self._cancelled:
-                    self._cancelled.discard(request.rid)
-                    self._prefetch(request, tally)
+        """Prefetch again, oldest first, for waiting requests whose prefetch a bound declined or an admission
+        cancelled (the cache no longer holds it)."""
+        if not (self._retry or self._prefetching):
+            return
+        for request in waiting:
+            rid = request.rid
+            cancelled = rid in self._prefetching and not self.cache.holds(rid)
+            if rid in self._retry or cancelled:
+                self._forget(rid)
+                tally.reissued += 1
+                self._prefetch(request, tally)
+
+    def _forget(self, rid: str) -> None:
+        self._prefetching.discard(rid)
+        self._retry.discard(rid)
 
     def _forward(self, request: Request, adm, tally: _Tally) -> None:
         """Check the cached pages (verify), then write the new tokens' KV as the engine's forward would."""
@@ -250,7 +273,8 @@ class Replayer:
 
 
 def replay(cache: TieredCache, trace: Iterable[TraceRequest], *, verify: bool = False, batch: int = 4,
-           lookahead: int = 8, progress: Callable[[int], None] | None = None) -> ReplayReport:
+           lookahead: int = 8, progress: Callable[[int], None] | None = None,
+           on_admit: Callable[[Request, Admission], None] | None = None) -> ReplayReport:
     """Replay `trace` through `cache` (see `Replayer`)."""
-    return Replayer(cache, verify=verify, batch=batch, lookahead=lookahead).run(trace, progress)
+    return Replayer(cache, verify=verify, batch=batch, lookahead=lookahead, on_admit=on_admit).run(trace, progress)
 

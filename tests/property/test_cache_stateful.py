@@ -1,26 +1,35 @@
-"""Random interleavings of the request lifecycle, eviction, backup, load-back — and, over a real LMDB L3, prefetch,
-termination, staging, consumption by a request of another namespace and storage writes — over four namespaces.
+"""Random interleavings of the request lifecycle, eviction, backup, load-back — and, over a real LMDB L3 behind a
+wrapper that fails and reads short, prefetch, termination, staging, namespace drops and storage writes — over four
+namespaces, with several requests in flight, request ids reused with other tokens or a shorter prompt, releases at
+any point, and device pools from a few pages up (down to less than one request).
 
-After every step: the ownership audit is clean. On every match: the bytes of each cached page (device and host)
-are the ones written for that page's hash — so a page served across namespaces, a slot reused while still owned,
-or a wrong load-back shows up as a content mismatch, not only as a ledger finding.
+After every step: the ownership audit is clean, and every page the tree holds (device and host) holds the bytes
+written for its page hash. On every admit: each cached page holds the request's own KV, and the request is never
+handed more than it asked for. So a page served across namespaces or across requests that reuse an id, a slot
+reused while still owned, or a wrong load-back shows up as a content mismatch, not only as a ledger finding.
 """
 
 from __future__ import annotations
 
+import collections
 import os
+import random
 import shutil
 import tempfile
+import time
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
+                                 run_state_machine_as_test)
 
 from factories import make_cache, make_layout, make_store
 from kvcache import AdmitStatus, CacheConfig, Namespace, NamespaceMismatch, Request, TieredCache, WritePolicy
 from kvcache.config import HostMode, PrefetchPolicy
+from kvcache.errors import RequestIdInUse
 from kvcache.keys import page_hashes
 
 NAMESPACES = [Namespace("t1", "salt-1"), Namespace("t2", "salt-2"), Namespace("t3"), Namespace()]
@@ -32,11 +41,50 @@ EXAMPLES = int(os.environ.get("KVC_STATEFUL_EXAMPLES", "300"))
 STEPS = 50
 LONG_RUN = 30
 
+tokens_st = st.tuples(st.sampled_from(PREFIXES), st.lists(st.integers(0, 3), max_size=10))
+MAX_TOKENS = max(map(len, PREFIXES)) + 10
+
 
 def page_content(digest: bytes, page_bytes: int) -> torch.Tensor:
     """What a page must hold: its page hash, repeated."""
     reps = -(-page_bytes // len(digest))
     return torch.frombuffer(bytearray((digest * reps)[:page_bytes]), dtype=torch.uint8)
+
+
+class FlakyStore:
+    """A real LMDB store behind faults: each call may raise (as a dropped connection would) and reads may stop
+    short (as a page evicted or found corrupt meanwhile would). Everything else goes to the store."""
+
+    def __init__(self, store, rng: random.Random, fault_rate: float) -> None:
+        self._store, self._rng, self._rate = store, rng, fault_rate
+        self.faults = 0
+
+    def _fault(self) -> bool:
+        hit = self._rng.random() < self._rate
+        self.faults += hit
+        return hit
+
+    def exists_prefix(self, hashes):
+        if self._fault():
+            raise OSError("injected: exists_prefix failed")
+        n = self._store.exists_prefix(hashes)
+        return self._rng.randint(0, n) if n and self._fault() else n
+
+    def get_into(self, hashes, out_views):
+        if self._fault():
+            raise OSError("injected: get_into failed")
+        if hashes and self._fault():  # a short read: only the first k pages arrive
+            k = self._rng.randint(0, len(hashes) - 1)
+            return self._store.get_into(hashes[:k], out_views[:k])
+        return self._store.get_into(hashes, out_views)
+
+    def put(self, hashes, pages, origins):
+        if self._fault():
+            raise OSError("injected: put failed")
+        return self._store.put(hashes, pages, origins)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
 
 
 class CacheMachine(RuleBasedStateMachine):
@@ -47,20 +95,28 @@ class CacheMachine(RuleBasedStateMachine):
         self.tmp = None
         self.live: dict[str, Request] = {}
         self.pending: dict[str, Request] = {}  # prefetched, not yet admitted
+        self.committed: list[Request] = []  # what may be in L3 by now: prefetched again after restarts, evictions
         self.counter = 0
 
     @initialize(page_size=st.sampled_from([1, 2, 4]), policy=st.sampled_from(list(WritePolicy)),
-                device_pages=st.integers(6, 24), host_pages=st.integers(4, 32), l3=st.booleans(),
-                mode=st.sampled_from(list(HostMode)), prefetch_policy=st.sampled_from(list(PrefetchPolicy)))
-    def build(self, page_size, policy, device_pages, host_pages, l3, mode, prefetch_policy):
+                device_requests=st.sampled_from([0.5, 1, 1, 1.5, 2, 4]), host_pages=st.integers(4, 32),
+                l3=st.sampled_from([True, True, False]), mode=st.sampled_from(list(HostMode)),
+                prefetch_policy=st.sampled_from(list(PrefetchPolicy)), seed=st.integers(0, 2**32 - 1),
+                fault_rate=st.sampled_from([0.0, 0.0, 0.05, 0.2]))
+    def build(self, page_size, policy, device_requests, host_pages, l3, mode, prefetch_policy, seed, fault_rate):
+        # the device pool in requests of the longest kind (20 tokens): half of one (it is refused) up to four
+        device_pages = max(1, int(device_requests * -(-MAX_TOKENS // page_size)))
         if l3:
             self.tmp = tempfile.mkdtemp(prefix="kvc-stateful-")
             self.store = make_store(os.path.join(self.tmp, "store"), make_layout(page_size))
-            self.cache = TieredCache(CacheConfig(
+            self.flaky = FlakyStore(self.store, random.Random(seed), fault_rate)
+            self.config = CacheConfig(
                 make_layout(page_size), device_tokens=device_pages * page_size, host_tokens=host_pages * page_size,
                 device="cpu", write_policy=policy, write_through_threshold=2, host_mode=mode,
                 prefetch_policy=prefetch_policy, prefetch_timeout_ms=0, prefetch_retry_interval_ms=0,
-                io_batch_pages=2, io_thread=False), self.store)
+                io_batch_pages=2, io_thread=False)
+            self._seed_store(page_size)
+            self.cache = TieredCache(self.config, self.flaky)
         else:
             self.cache = make_cache(page_size=page_size, device_tokens=device_pages * page_size,
                                     host_tokens=host_pages * page_size, write_policy=policy,
@@ -68,31 +124,91 @@ class CacheMachine(RuleBasedStateMachine):
         self.ps = page_size
         self.page_bytes = self.cache.device_pool.page_bytes
 
+    def _seed_store(self, page_size: int) -> None:
+        """An earlier process wrote some sequences of two namespaces to L3 (with the bytes of their page hashes)."""
+        writer = make_cache(page_size=page_size, device_tokens=64 * page_size, host_tokens=64 * page_size)
+        writer = TieredCache(writer.config, self.store)
+        for i, ns in enumerate(NAMESPACES[:2]):
+            for j, prefix in enumerate(PREFIXES[1:]):
+                req = Request(f"seed{i}.{j}", prefix + [j, i, 0, 1], ns)
+                adm = writer.admit(req)
+                hashes = self._expected_for(writer, req)
+                for p in range(adm.cached_tokens // page_size, -(-len(req) // page_size)):
+                    slots = torch.from_numpy(adm.slots[p * page_size:(p + 1) * page_size])
+                    fill = page_content(hashes[p], writer.device_pool.page_bytes).view(page_size, -1) \
+                        if p < len(hashes) else 0xAB
+                    writer.device_pool.storage[slots] = fill
+                writer.commit(req.rid)
+                self.committed.append(req)
+        writer.close()
+
+    @staticmethod
+    def _expected_for(cache, req: Request) -> list[bytes]:
+        return page_hashes(cache.layout.layout_id, req.key, cache.page_size)
+
     def teardown(self):
         RUN_LENGTHS.append(self.steps)
+        SEEN["runs with L3" if self.store is not None else "runs without L3"] += 1
+        if self.cache is not None:
+            _tally(self.cache)
         if self.store is not None:
-            self.cache.close()
+            for rid in list(self.live):
+                self.cache.release(rid)
+            self.cache.close()  # gives back every prefetch and staged record: nothing stays held
+            assert self.cache.audit().ok and self.cache.headroom().device.busy == 0
             self.store.close()
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+    @property
+    def has_live(self) -> bool:
+        return bool(self.live)
+
+    @property
+    def has_store(self) -> bool:
+        return self.store is not None
+
+    @property
+    def has_pending(self) -> bool:
+        # An admission may have cancelled a pending request's prefetch (its device hold, youngest first).
+        for rid in [r for r in self.pending if not self.cache.holds(r)]:
+            assert self.cache.stats().prefetch.cancelled, f"{rid}'s prefetch is gone and none was cancelled"
+            del self.pending[rid]
+        return bool(self.pending)
+
+    @property
+    def has_committed(self) -> bool:
+        return self.store is not None and bool(self.committed)
 
     def _expected(self, req: Request) -> list[bytes]:
         return page_hashes(self.cache.layout.layout_id, req.key, self.ps)
 
-    @rule(ns=st.sampled_from(NAMESPACES), prefix=st.sampled_from(PREFIXES),
-          suffix=st.lists(st.integers(0, 3), max_size=10))
-    def admit(self, ns, prefix, suffix):
-        tokens = prefix + suffix
-        if not tokens:
-            return
+    def _rid(self, kind: str) -> str:
         self.counter += 1
-        req = Request(f"r{self.counter}", tokens, ns)
-        adm = self.cache.admit(req)
-        if adm.status is AdmitStatus.POOL_FULL:
-            return
-        self.live[req.rid] = req
-        # cached pages must already hold this request's own KV
-        self._verify_pages(req, self.cache.device_pool, adm.slots[: adm.cached_tokens])
+        return f"{kind}{self.counter}"
 
+    def _admit(self, req: Request) -> bool:
+        """Admit `req`; on success it is live and its cached pages were checked to be its own KV."""
+        adm = self.cache.admit(req)
+        if adm.status is AdmitStatus.TOO_LARGE:
+            assert -(-len(req) // self.ps) > self.cache.device_pool.num_pages
+            assert not self.cache.holds(req.rid)
+            return False
+        if adm.status is AdmitStatus.POOL_FULL:
+            assert self.live, "refused with nothing else running"
+            return False
+        assert 0 <= adm.cached_tokens <= len(req) and adm.cached_tokens + adm.new_tokens == len(req)
+        assert len(adm.slots) == len(req)
+        self.live[req.rid] = req
+        self._verify_pages(req, self.cache.device_pool, adm.slots[: adm.cached_tokens])
+        return True
+
+    @rule(ns=st.sampled_from(NAMESPACES), tokens=tokens_st)
+    def admit(self, ns, tokens):
+        tokens = tokens[0] + tokens[1]
+        if tokens:
+            self._admit(Request(self._rid("r"), tokens, ns))
+
+    @precondition(lambda self: self.has_live)
     @rule(data=st.data())
     def commit(self, data):
         if not self.live:
@@ -111,7 +227,9 @@ class CacheMachine(RuleBasedStateMachine):
             else:
                 storage[slots] = 0xAB
         self.cache.commit(rid)
+        self.committed.append(req)
 
+    @precondition(lambda self: self.has_live)
     @rule(data=st.data(), scribble=st.booleans())
     def abort(self, data, scribble):
         if not self.live:
@@ -136,10 +254,9 @@ class CacheMachine(RuleBasedStateMachine):
     def flush(self):
         self.cache.flush()
 
-    @rule(ns=st.sampled_from(NAMESPACES), prefix=st.sampled_from(PREFIXES),
-          suffix=st.lists(st.integers(0, 3), max_size=10))
-    def match_and_verify(self, ns, prefix, suffix):
-        tokens = prefix + suffix
+    @rule(ns=st.sampled_from(NAMESPACES), tokens=tokens_st)
+    def match_and_verify(self, ns, tokens):
+        tokens = tokens[0] + tokens[1]
         if not tokens:
             return
         req = Request("probe", tokens, ns)
@@ -154,43 +271,79 @@ class CacheMachine(RuleBasedStateMachine):
 
     # --- L3 steps (no-ops without a store) ---
 
-    @rule(ns=st.sampled_from(NAMESPACES), prefix=st.sampled_from(PREFIXES),
-          suffix=st.lists(st.integers(0, 3), max_size=10))
-    def prefetch(self, ns, prefix, suffix):
-        tokens = prefix + suffix
+    @precondition(lambda self: self.has_store)
+    @rule(ns=st.sampled_from(NAMESPACES), tokens=tokens_st)
+    def prefetch(self, ns, tokens):
+        tokens = tokens[0] + tokens[1]
         if self.store is None or not tokens:
             return
-        self.counter += 1
-        req = Request(f"p{self.counter}", tokens, ns)
+        req = Request(self._rid("p"), tokens, ns)
         out = self.cache.prefetch(req)
         if out.issued:
             self.pending[req.rid] = req
 
+    @precondition(lambda self: self.has_committed)
+    @rule(data=st.data(), extend=st.lists(st.integers(0, 3), max_size=6))
+    def prefetch_stored(self, data, extend):
+        """Prefetch a sequence committed earlier (perhaps extended): after evictions and restarts it is in L3."""
+        if self.store is None or not self.committed:
+            return
+        done = data.draw(st.sampled_from(self.committed))
+        req = Request(self._rid("p"), done.tokens + extend, done.namespace)
+        if self.cache.prefetch(req).issued:
+            self.pending[req.rid] = req
+
+    @precondition(lambda self: self.has_store)
     @rule(steps=st.integers(1, 4))
     def io_steps(self, steps):
         if self.store is not None:
             self.cache._io.run_pending(max_steps=steps)
             self.cache._take_io_jobs()
 
-    @rule(data=st.data(), foreign=st.booleans())
-    def admit_prefetched(self, data, foreign):
-        """Admit a prefetched request; `foreign`: the same rid arrives in another namespace (a reused id), so
-        its staged record must be dropped, never spliced."""
+    @precondition(lambda self: self.has_pending)
+    @rule(data=st.data(), arrived=st.booleans())
+    def admit_prefetched(self, data, arrived):
+        """Admit a prefetched request, after its fetch has arrived (`arrived`) or whenever."""
+        if not self.pending:
+            return
+        if arrived:
+            self.cache.flush()
+        rid = data.draw(st.sampled_from(sorted(self.pending)))
+        if self._admit(self.pending[rid]) or not self.cache.holds(rid):
+            del self.pending[rid]  # admitted, or too large (its holds were given back)
+
+    @precondition(lambda self: self.has_pending)
+    @rule(data=st.data(), how=st.sampled_from(["namespace", "tokens", "shorter", "longer"]))
+    def reuse_rid(self, data, how):
+        """A held request id arrives again for another request: in another namespace, with other tokens, with a
+        shorter or a longer prompt. A prefetch for it is refused before anything moves; its admit never hands
+        out what was fetched for the other request."""
         if not self.pending:
             return
         rid = data.draw(st.sampled_from(sorted(self.pending)))
-        req = self.pending.pop(rid)
-        if foreign:
-            other = [ns for ns in NAMESPACES if ns != req.namespace][0]
-            req = Request(rid, req.tokens, other)
-        adm = self.cache.admit(req)
-        if adm.status is AdmitStatus.POOL_FULL:
-            if self.cache._prefetches.get(rid) or self.cache._staged.get(rid):
-                self.cache.release(rid)
-            return
-        self.live[rid] = req
-        self._verify_pages(req, self.cache.device_pool, adm.slots[: adm.cached_tokens])
+        held = self.pending[rid]
+        tokens = held.tokens
+        if how == "namespace":
+            other = Request(rid, tokens, [ns for ns in NAMESPACES if ns != held.namespace][0])
+        elif how == "tokens":
+            other = Request(rid, [t + 100 for t in tokens], held.namespace)
+        elif how == "shorter":  # shorter than what is held for it (a prefetch may hold less than the request)
+            held_tokens = len(self.cache._held_key(rid))
+            if held_tokens < 2:
+                return
+            other = Request(rid, tokens[: data.draw(st.integers(1, held_tokens - 1))], held.namespace)
+        else:
+            other = Request(rid, tokens + [7, 7, 7], held.namespace)  # the same request, grown: not a conflict
+        used = (self.cache.host_pool.used_pages, self.cache.device_pool.used_pages)
+        if how != "longer":
+            with pytest.raises(RequestIdInUse):
+                self.cache.prefetch(other)
+            assert (self.cache.host_pool.used_pages, self.cache.device_pool.used_pages) == used
+        del self.pending[rid]
+        if not self._admit(other) and self.cache.holds(rid):
+            self.cache.release(rid)
 
+    @precondition(lambda self: self.has_pending)
     @rule(data=st.data())
     def abort_prefetched(self, data):
         if not self.pending:
@@ -199,6 +352,36 @@ class CacheMachine(RuleBasedStateMachine):
         self.pending.pop(rid)
         self.cache.release(rid)
 
+    @precondition(lambda self: self.has_store)
+    @rule()
+    def restart(self):
+        """The engine restarts over the same store: L1 and L2 start empty, L3 keeps what was written."""
+        if self.store is None:
+            return
+        for rid in list(self.live):
+            self.cache.release(rid)
+        self.cache.close()
+        assert self.cache.audit().ok and self.cache.headroom().device.busy == 0
+        self.live.clear()
+        self.pending.clear()
+        _tally(self.cache)
+        self.cache = TieredCache(self.config, self.flaky)
+
+    @precondition(lambda self: self.has_store)
+    @rule(ns=st.sampled_from(NAMESPACES))
+    def drop_namespace(self, ns):
+        if self.store is None:
+            return
+        self.cache.drop_namespace(ns)
+        for rid in [r for r, req in self.pending.items() if req.namespace == ns]:
+            assert not self.cache.holds(rid)
+            del self.pending[rid]
+        if not any(req.namespace == ns for req in self.live.values()):
+            probe = Request("probe", PREFIXES[1], ns)
+            m = self.cache.match(probe)
+            assert m.device_tokens == m.host_tokens == 0
+
+    @precondition(lambda self: self.has_store)
     @rule(data=st.data())
     def foreign_anchor(self, data):
         """A prefetch handed a match taken for another namespace's request must be refused, holding nothing."""
@@ -232,16 +415,51 @@ class CacheMachine(RuleBasedStateMachine):
             report = self.cache.audit()
             assert report.ok, report.violations
 
+    @invariant()
+    def every_cached_page_holds_its_hash(self):
+        if self.cache is None:
+            return
+        tree = self.cache.tree
+        for node in tree.nodes():
+            for pool, pages in ((self.cache.device_pool, node.device), (self.cache.host_pool, node.host)):
+                if pages is None:
+                    continue
+                for page, digest in zip(pages.tolist(), tree.page_hashes(node)):
+                    assert torch.equal(pool.pages[page], page_content(digest, self.page_bytes)), \
+                        f"{pool.name} page {page} of node #{node.id} holds another page's KV"
+
     steps = -1  # invariant checks after the first (initialize) one: the number of rule steps run
 
 
 RUN_LENGTHS: list[int] = []
+SEEN: collections.Counter[str] = collections.Counter()  # what the runs exercised, printed with the timing
+
+
+def _tally(cache) -> None:
+    """Add what one cache did to SEEN."""
+    st_ = cache.stats()
+    SEEN["prefetches issued"] += st_.prefetch.issued
+    SEEN["pages found in L3"] += st_.prefetch.hit_pages
+    SEEN["pages used from L3"] += st_.prefetch.used_pages
+    SEEN["pages written to L3"] += st_.backup.storage_pages
+    SEEN["read errors"] += st_.prefetch.read_errors
+    SEEN["write failures"] += st_.backup.storage_failed
+    SEEN["holds cancelled"] += sum(st_.prefetch.cancelled.values())
+    for reason, n in st_.prefetch.dropped.items():
+        SEEN[f"pages dropped: {reason}"] += n
+    SEEN["admitted"] += st_.counters.admitted
+    SEEN["pool_full"] += st_.counters.refused
+    SEEN["too_large"] += st_.counters.too_large
 
 
 def test_random_interleavings_keep_the_ledger_and_the_bytes_right():
     RUN_LENGTHS.clear()
+    SEEN.clear()
+    start = time.perf_counter()
     run_state_machine_as_test(CacheMachine, settings=settings(
         max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None,
         suppress_health_check=[HealthCheck.too_slow]))
     long_runs = sum(n >= LONG_RUN for n in RUN_LENGTHS)
+    print(f"stateful: {len(RUN_LENGTHS)} runs, {sum(RUN_LENGTHS)} steps, {long_runs} of >= {LONG_RUN} steps, "
+          f"{time.perf_counter() - start:.1f} s; " + ", ".join(f"{k} {v}" for k, v in sorted(SEEN.items())))
     assert long_runs >= EXAMPLES * 2 // 3, f"only {long_runs} of {len(RUN_LENGTHS)} runs had >= {LONG_RUN} steps"
