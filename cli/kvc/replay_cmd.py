@@ -118,9 +118,11 @@ def print_report(report: ReplayReport, title: str) -> None:
     p = report.prefetch
     declined = ", ".join(f"{k} {v}" for k, v in sorted(p.declined.items())) or "none"
     dropped = ", ".join(f"{k} {v}" for k, v in sorted(p.dropped.items())) or "none"
-    out.print(f"prefetch: {p.issued} issued of {p.attempts}; declined: {declined}; {p.hit_pages} pages hit in L3, "
-              f"{p.fetched_pages} fetched ({human_bytes(p.fetched_bytes)}), {p.used_pages} used; dropped: "
-              f"{dropped}; {p.read_errors} read errors; {report.namespace_mismatches} namespace mismatches")
+    cancelled = ", ".join(f"{k} {v}" for k, v in sorted(p.cancelled.items())) or "none"
+    out.print(f"prefetch: {p.issued} issued of {p.attempts} ({report.prefetches_reissued} issued again); declined: "
+              f"{declined}; {p.hit_pages} pages hit in L3, {p.fetched_pages} fetched ({human_bytes(p.fetched_bytes)}), "
+              f"{p.used_pages} used; dropped: {dropped}; cancelled: {cancelled}; {p.read_errors} read errors; "
+              f"{report.namespace_mismatches} namespace mismatches")
     b = report.backup
     out.print(f"backup: {b.host_pages} pages L1 -> L2, {b.storage_pages} pages L2 -> L3 "
               f"({human_bytes(b.storage_bytes)}), {b.storage_failed} failed, {b.storage_rejected} rejected")
@@ -131,7 +133,10 @@ def print_report(report: ReplayReport, title: str) -> None:
             out.print(f"  {m.rid} page {m.page} ({m.namespace.extra_key}, salt fp {m.namespace.salt_fingerprint})")
     audit = "ok" if report.audit.ok else f"{len(report.audit.violations)} violations ({report.audit.violations[0]})"
     out.print(f"audit: {audit}")
-    out.print(f"{report.requests} requests ({report.refused} refused), {report.tokens} tokens in "
+    refused = f"{report.refused} refused: larger than the device pool"
+    if report.blocked:
+        refused += f"; {report.blocked} blocked by the engine's own requests"
+    out.print(f"{report.requests} requests ({refused}), {report.tokens} tokens in "
               f"{report.seconds:.2f} s: {report.requests_per_s:,.0f} req/s, {report.tokens_per_s:,.0f} tokens/s")
 
 
