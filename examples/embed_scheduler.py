@@ -50,10 +50,12 @@ while arrivals or waiting:
     # 2. admit the head of the queue (one request per step keeps the toy simple)
     request = waiting.popleft()
     adm = cache.admit(request)
-    if adm.status is AdmitStatus.POOL_FULL:
-        waiting.appendleft(request)
-        cache.evict(device_tokens=len(request))
+    if adm.status is AdmitStatus.TOO_LARGE:  # more tokens than the device pool holds: it never fits
+        print(f"{request.rid:9} {request.namespace.label:20} {len(request):4} tokens: too large, skipped")
         continue
+    # POOL_FULL means other running requests hold the room (admit itself evicts, waits for copies and cancels
+    # prefetch holds first): with one request per step there are none.
+    assert adm.status is AdmitStatus.ADMITTED, adm.status
     # 3. the forward: check the reused pages, write the new ones
     ps = layout.page_size
     pages = adm.slots[::ps] // ps
