@@ -214,9 +214,14 @@ class TieredCache:
 
     def match(self, request: Request) -> TreeMatch:
         """What the cache holds for `request`: device prefix, host-only extension, anchor. Counts hits."""
-        self._check_open("match")
+        if self._closed:
+            raise CacheClosed("match")
         m = self.tree.match_prefix(request.key)
-        self._count_match(request, m)
+        c = self.counters
+        c.matches += 1
+        c.match_tokens += len(request)
+        c.device_hit_tokens += m.device_tokens
+        c.host_hit_tokens += m.host_tokens
         return m
 
     def admit(self, request: Request) -> Admission:
@@ -224,24 +229,27 @@ class TieredCache:
         (all-or-nothing), splice its staged record (buffer mode), lock its cached path, allocate device pages for
         the rest. No room is a value: `POOL_FULL` (other live requests hold it; nothing new is held) or
         `TOO_LARGE` (it could never fit). A request id that is already admitted is `RequestIdInUse`."""
-        self._check_open("admit")
-        rid, ps = request.rid, self.page_size
+        if self._closed:
+            raise CacheClosed("admit")
+        rid, ps, n_tokens = request.rid, self.page_size, len(request)
         if rid in self._live:
             raise RequestIdInUse(rid, "is already admitted")
-        total_pages = -(-len(request) // ps)
-        if total_pages > self.device_pool.num_pages:
-            self._drop_holds(rid, DropReason.TOO_LARGE)
-            self.counters.too_large += 1
-            return Admission(rid, AdmitStatus.TOO_LARGE)
-        self._drop_foreign_holds(request)  # what was fetched for another request never serves this one
-        m = self.tree.match_prefix(request.key)
+        if self._prefetches or self._staged:
+            self._drop_foreign_holds(request)  # what was fetched for another request never serves this one
+        m = self.match(request)
         node = m.device_node
         self.tree.lock(node)
-        if total_pages - len(m.device_pages) > self.device_pool.free_pages and not self._room_for(m, total_pages,
-                                                                                                   rid):
-            self.tree.unlock(node)
-            self.counters.refused += 1
-            return Admission(rid, AdmitStatus.POOL_FULL)
+        total_pages = -(-n_tokens // ps)
+        if total_pages - len(m.device_pages) > self.device_pool.free_pages:  # room to make, or never
+            if total_pages > self.device_pool.num_pages:
+                self.tree.unlock(node)
+                self._drop_holds(rid, DropReason.TOO_LARGE)
+                self.counters.too_large += 1
+                return Admission(rid, AdmitStatus.TOO_LARGE)
+            if not self._room_for(m, total_pages, rid):
+                self.tree.unlock(node)
+                self.counters.refused += 1
+                return Admission(rid, AdmitStatus.POOL_FULL)
         from_storage = 0
         op = self._prefetches.pop(rid, None)
         if op is not None:
@@ -249,7 +257,6 @@ class TieredCache:
         staged = self._staged.pop(rid, None)
         if op is not None:  # the tree may hold more of the request now (host-only nodes of its prefetch)
             m = self.tree.match_prefix(request.key, touch=False)
-        self._count_match(request, m)
         cached = m.device_pages
         loaded = 0
         if len(m.host_pages):
@@ -264,14 +271,14 @@ class TieredCache:
             node, cached, spliced = self._consume_staged(staged, request, node, cached)
             from_storage += spliced
         cached_tokens = len(cached) * ps
-        if cached_tokens > len(request):
+        if cached_tokens > n_tokens:
             self.tree.unlock(node)
             raise InvariantViolation(f"admit of request {rid}: {cached_tokens} cached tokens run past the end of its "
-                                     f"{len(request)} tokens; nothing was allocated for it")
+                                     f"{n_tokens} tokens; nothing was allocated for it")
         handle = self._next_handle
         self._next_handle += 1
         owner = owner_code(OwnerKind.REQUEST, handle)
-        new_tokens = len(request) - cached_tokens
+        new_tokens = n_tokens - cached_tokens
         fresh = self._alloc(self.device_pool, -(-new_tokens // ps), owner)
         if fresh is None:  # the room was made above; only a copy still pinning its pages can take it back
             self.tree.unlock(node)
@@ -286,14 +293,15 @@ class TieredCache:
         hits.device += m.device_tokens
         hits.host += host_tokens
         hits.storage += storage_tokens
-        slots = self.device_pool.slots(np.concatenate([cached, fresh]) if len(cached) else fresh)[: len(request)]
+        slots = self.device_pool.slots(np.concatenate([cached, fresh]) if len(cached) else fresh)[:n_tokens]
         return Admission(rid, AdmitStatus.ADMITTED, cached_tokens, loaded, new_tokens, slots, m.device_tokens,
                          host_tokens, storage_tokens)
 
     def commit(self, rid: str) -> CommitResult:
         """The forward wrote the request's KV: insert its whole pages into the tree (the tree's owners free
         duplicates), free the partial tail, unlock, and back up per the write policy."""
-        self._check_open("commit")
+        if self._closed:
+            raise CacheClosed("commit")
         live = self._pop_live(rid, "commit")
         request, ps = live.request, self.page_size
         key = request.key.page_aligned(ps)
@@ -984,37 +992,34 @@ class TieredCache:
         if self._closed:
             raise CacheClosed(what)
 
-    def _count_match(self, request: Request, m: TreeMatch) -> None:
-        c = self.counters
-        c.matches += 1
-        c.match_tokens += len(request)
-        c.device_hit_tokens += m.device_tokens
-        c.host_hit_tokens += m.host_tokens
-
     # --- internals: room, allocation and eviction ------------------------------------------------------------
 
     def _room_for(self, m: TreeMatch, total_pages: int, keep: str) -> bool:
         """Make room for an admission of `total_pages` pages whose device prefix is `m`'s (locked by the caller),
         in the documented order: evict; wait for in-flight copies and evict again; then, only when that makes the
         room, cancel prefetch holds youngest first. False, with nothing cancelled, when the room is not there."""
-        need = total_pages - len(m.device_pages)
-        pool = self.device_pool
+        if m.host_node is m.device_node:
+            return self._make_device_room(total_pages - len(m.device_pages), keep)
         host_nodes = self._host_only_path(m)
         _pin(host_nodes, +1)  # the request's host extension survives write-back's host evictions
         try:
-            self._evict_device(need - pool.free_pages)
-            if pool.free_pages < need and self._ops:
-                self._complete_copies()  # their pins keep pages from eviction
-                self._evict_device(need - pool.free_pages)
-            if pool.free_pages >= need:
-                return True
-            if pool.free_pages + self.tree.device_evictable + self.tree.device_held < need:
-                return False
-            return self._cancel_youngest_holds(need, keep)
+            return self._make_device_room(total_pages - len(m.device_pages), keep)
         finally:
             _pin(host_nodes, -1)
             for n in host_nodes:
                 self.tree.offer(n)
+
+    def _make_device_room(self, need: int, keep: str) -> bool:
+        pool = self.device_pool
+        self._evict_device(need - pool.free_pages)
+        if pool.free_pages < need and self._ops:
+            self._complete_copies()  # their pins keep pages from eviction
+            self._evict_device(need - pool.free_pages)
+        if pool.free_pages >= need:
+            return True
+        if pool.free_pages + self.tree.device_evictable + self.tree.device_held < need:
+            return False
+        return self._cancel_youngest_holds(need, keep)
 
     def _alloc(self, pool: SlotPool, n: int, owner: int) -> np.ndarray | None:
         pages = pool.alloc(n, owner)
@@ -1061,11 +1066,12 @@ class TieredCache:
         those without a host copy (cache mode: host copies stay a prefix) or not yet in L3 (buffer mode: what is
         in L3 stays a prefix of each chain), and not already being backed up or written."""
         bounce = self._backup_target is BackupTarget.BOUNCE
+        pinners = self._pinners
         out = []
         for n in self.tree.path(node):
-            if (n.stored if bounce else n.host is not None) or any(
+            if (n.stored if bounce else n.host is not None) or (n.id in pinners and any(
                     getattr(p, "kind", None) is OpKind.BACKUP or (bounce and isinstance(p, StorageWriteJob))
-                    for p in self._pinners.get(n.id, ())):
+                    for p in pinners[n.id])):
                 continue
             if n.hits < min_hits:
                 break
@@ -1201,7 +1207,7 @@ class TieredCache:
         """Hand each target node its pages (Op -> Node) and unpin it. In buffer mode a backup's pages are a bounce
         copy: they go to an L3 write instead (Op(backup) -> Op(storage_write))."""
         del self._ops[op.id]
-        bounce = op.kind is OpKind.BACKUP and self._backup_target is BackupTarget.BOUNCE
+        bounce = self._backup_target is BackupTarget.BOUNCE and op.kind is OpKind.BACKUP
         if bounce:
             self._start_storage_write([t.node for t in op.targets], bounce=op)
         for t in op.targets:

@@ -89,12 +89,8 @@ class SlotPool:
     def alloc(self, n: int, owner: int) -> np.ndarray | None:
         """Take `n` free pages for `owner` (a ledger code). None when fewer than `n` are free: a full pool is an
         expected outcome, not an error."""
-        if type(n) is not int:
-            if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-                raise InvalidInput(f"{self.name} pool: alloc of {n!r} pages: the count must be an int")
-            n = int(n)
-        if n < 0 or n > self.num_pages:
-            raise InvalidInput(f"{self.name} pool: alloc of {n} pages: the count must be in 0..{self.num_pages}")
+        if type(n) is not int or not 0 <= n <= self.num_pages:
+            n = self._count(n)
         if n > self._top:
             return None
         top = self._top
@@ -166,14 +162,31 @@ class SlotPool:
 
     # --- helpers ---------------------------------------------------------------------------------------------
 
+    def _count(self, n: object) -> int:
+        """`n` as a page count of an alloc, or InvalidInput (a bool, a float, a negative or too large count)."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise InvalidInput(f"{self.name} pool: alloc of {n!r} pages: the count must be an int")
+        if not 0 <= n <= self.num_pages:
+            raise InvalidInput(f"{self.name} pool: alloc of {n} pages: the count must be in 0..{self.num_pages}")
+        return int(n)
+
     def _check_pages(self, pages: np.ndarray, op: str) -> None:
-        # Negative indices would wrap around to other owners' pages and floats would be truncated: both are refused
-        # before the ledger is read. Viewed as unsigned, a negative page is huge, so one max() bounds both ends.
-        if (not isinstance(pages, np.ndarray) or pages.ndim != 1 or pages.dtype.kind not in "iu"
-                or (len(pages) and int(pages.view(np.uint64).max() if pages.dtype.itemsize == 8
-                                       else pages.astype(np.uint64).max()) >= self.num_pages)):
-            raise InvalidInput(f"{self.name} pool: {op} needs a 1-D integer array of pages in 0..{self.num_pages - 1}, "
-                               f"got {_describe(pages)}")
+        # Negative indices would wrap around to other owners' pages (numpy indexing wraps them, unsigned views
+        # included) and floats would be truncated: both are refused before anything changes. Viewed as unsigned, a
+        # negative page is huge, so one max() bounds both ends.
+        try:
+            n = len(pages)
+            if pages.ndim != 1 or pages.dtype not in _UNSIGNED:
+                bad = True
+            elif n <= _SMALL:  # a numpy reduction costs more than this, below ~64 elements
+                bad = n and (min(pages.tolist()) < 0 or max(pages.tolist()) >= self.num_pages)
+            else:
+                bad = _max(pages.view(_UNSIGNED[pages.dtype])) >= self.num_pages
+        except (AttributeError, KeyError, TypeError):  # not an array, or not of an integer dtype
+            bad = True
+        if bad:
+            raise InvalidInput(f"{self.name} pool: {op} needs a 1-D integer array of pages in "
+                               f"0..{self.num_pages - 1}, got {_describe(pages)}")
 
     def _check(self, pages: np.ndarray, owner: int, op: str) -> None:
         # Compared as bytes: one gather and one memcmp, several times cheaper than (a != b).any() on small arrays.
@@ -195,6 +208,14 @@ class SlotPool:
     def __repr__(self) -> str:
         return (f"SlotPool({self.name}, {self.used_pages}/{self.num_pages} pages used, page_size={self.page_size}, "
                 f"{self.page_bytes} B/page, {self.device})")
+
+
+_max = np.maximum.reduce  # ndarray.max() goes through a Python wrapper first
+_SMALL = 64
+
+# The unsigned view of each integer dtype (same width, no copy): a negative page reads as out of range.
+_UNSIGNED = {np.dtype(t): np.dtype(t).str.replace("i", "u") for t in (np.int8, np.int16, np.int32, np.int64,
+                                                                      np.uint8, np.uint16, np.uint32, np.uint64)}
 
 
 def _describe(pages: object) -> str:

@@ -316,12 +316,13 @@ class RadixTree:
             if walk.lock_ref <= 0:
                 raise LockUnderflow(walk.id, walk.namespace.label if walk.namespace else "root")
             walk = walk.parent  # type: ignore[assignment]
-        while node is not self.root:
+        root = self.root
+        while node is not root:
             parent = node.parent
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self._protect(node, False)
-                if node.is_namespace_root:
+                if parent is root:  # a namespace root
                     self._reclaim_namespace_root(node)
                 else:
                     self.offer(node)
@@ -368,7 +369,7 @@ class RadixTree:
                     self.host_held -= len(node.host)
                     self.host_evictable += len(node.host)
             if freed:
-                if node.is_namespace_root:
+                if parent is self.root:  # a namespace root
                     self._reclaim_namespace_root(node)
                 else:
                     self.offer(node)
