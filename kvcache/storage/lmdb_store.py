@@ -318,7 +318,7 @@ def _open_env(path: str, create: bool, map_size: int, durability: str, checksum:
             raise _translate(exc, path, "creating the store directory") from None
     existing = os.path.getsize(data_file) if os.path.exists(data_file) else 0
     kwargs = dict(map_size=max(map_size, existing), subdir=True, max_dbs=MAX_DBS, max_readers=MAX_READERS,
-                  sync=DURABILITY[durability][0], metasync=DURABILITY[durability][1], meminit=False, lock=True)
+                  sync=DURABILITY[durability][0], metasync=DURABILITY[durability][1], meminit=True, lock=True)
     writable = True
     try:
         env = lmdb.open(path, readonly=False, **kwargs)
