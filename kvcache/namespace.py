@@ -27,9 +27,11 @@ the process, which is safe but useless for correlation). A store records fingerp
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
+from collections.abc import Iterator
 
 import msgspec
 
@@ -92,6 +94,20 @@ def use_fingerprint_key(key: bytes | None) -> None:
         raise InvalidInput(f"a fingerprint key is {_KEY_RANGE[0]} to {_KEY_RANGE[1]} bytes, got {len(key)}")
     with _key_lock:
         _process_key = key
+
+
+@contextlib.contextmanager
+def fingerprint_key_scope() -> Iterator[None]:
+    """Whatever `use_fingerprint_key` is called with inside, the process's key is restored on leaving (a CLI
+    command run inside a test or a host process must not re-key the host's namespaces)."""
+    global _process_key
+    with _key_lock:
+        saved = _process_key
+    try:
+        yield
+    finally:
+        with _key_lock:
+            _process_key = saved
 
 
 def display_id(ns_id: bytes, key: bytes | None = None) -> str:
