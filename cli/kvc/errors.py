@@ -28,7 +28,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import typer
-from typer._click import exceptions as click_exc
+try:  # typer < 0.25 runs on click; later typers vendor it as typer._click
+    from click import exceptions as click_exc
+except ImportError:
+    from typer._click import exceptions as click_exc  # type: ignore[no-redef]
 from typer.core import TyperGroup
 
 from kvcache.errors import KVCacheError

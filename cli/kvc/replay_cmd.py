@@ -73,8 +73,8 @@ def replay(
     """Replay a workload through the whole core — match, L3 prefetch, admit, forward (synthetic KV), commit,
     backup, eviction, load-back — on a cache embedded on the store. Committed pages are written to the store
     (flushed before exit), so a later replay in a new process hits L3. Exit 1 when --verify finds a mismatch,
-    the final ownership audit fails, or every L3 write failed (nothing was backed up); a read-only store is
-    refused before the replay starts (exit 2). With --socket, the live cache runs the trace with its own sizes
+    the final ownership audit fails, or no L3 write succeeded (every one failed or was refused: nothing was
+    backed up); a read-only store is refused before the replay starts (exit 2). With --socket, the live cache runs the trace with its own sizes
     and policies (the tier and policy options are then not used)."""
     if snapshot_out is not None:
         writable_target(snapshot_out, "--snapshot-out")
@@ -99,17 +99,19 @@ def replay(
 
 
 def _finish(report: "ReplayReport", requests: list[TraceRequest], title: str, json: bool) -> None:
-    """Print a replay's report; exit 1 when it found problems or could back up nothing."""
+    """Print a replay's report; exit 1 when it found problems, or when it wrote pages to L3 and none of them made
+    it (a store that refuses writes: the next process would find nothing)."""
     if json:
         emit_json(report)
     else:
         print_report(report, title, requests)
     b = report.backup
-    if b.storage_failed:
-        everything = "every L3 write" if not b.storage_pages else f"{b.storage_failed} of " \
-                     f"{b.storage_failed + b.storage_pages} L3 page writes"
-        sys.stderr.write(f"kvc: warning: {everything} failed: the pages stayed in L2 only\n")
-    if not report.ok or (b.storage_failed and not b.storage_pages):
+    lost = b.storage_failed + b.storage_rejected
+    if lost:
+        what = "every L3 write" if not b.storage_pages else f"{lost} of {lost + b.storage_pages} L3 page writes"
+        sys.stderr.write(f"kvc: warning: {what} failed or was refused ({b.storage_failed} failed, "
+                         f"{b.storage_rejected} refused): those pages stayed in L2 only\n")
+    if not report.ok or (lost and not b.storage_pages):
         raise typer.Exit(EXIT_FOUND)
 
 

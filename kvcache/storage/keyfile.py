@@ -20,12 +20,17 @@ KEY_FILE = "fingerprint.key"
 
 
 def read_key(directory: str) -> bytes | None:
-    """The key in `directory`'s key file; None when there is none. StoreError when it is unreadable or bad."""
+    """The key in `directory`'s key file; None when there is none or this user may not read it. StoreError when
+    it cannot be read otherwise, or holds no key."""
     path = os.path.join(directory, KEY_FILE)
     try:
         with open(path, encoding="ascii") as f:
             text = f.read(256)
     except FileNotFoundError:
+        return None
+    except PermissionError:
+        # Another user's store, readable but not its key (a monitoring account): the registry's fingerprints
+        # still read as recorded; what this process derives itself is keyed by its own key (kvcache.namespace).
         return None
     except (OSError, UnicodeDecodeError) as exc:
         raise StoreError(path, f"cannot read the fingerprint key: {exc}") from None

@@ -95,6 +95,8 @@ def _redacted(location: str) -> tuple[str, tuple[str, ...]]:
     for raw in re.findall(r"=([^&]*)", parts.query):  # the query's own spelling of each secret
         if unquote(raw) in secrets:
             secrets.add(raw)
+    if not secrets:
+        return location, ()  # verbatim: urlunsplit would also normalise what it need not touch (lmdb:///x)
     shown_query = urlencode(query, safe="*:/") if hidden else parts.query
     shown = urlunsplit((parts.scheme, netloc, parts.path, shown_query, parts.fragment))
     # longest first, so that a secret containing another is replaced whole
