@@ -35,17 +35,24 @@ COMMANDS = {
 TARGET_S = 0.5
 
 
-def wall(cmd: list[str], env: dict[str, str], runs: int) -> list[float]:
-    """Wall seconds of `runs` runs of `cmd` (after one untimed run that warms the page cache)."""
-    times = []
+def _once(cmd: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed: {proc.stderr.decode()[-500:]}")
+    return elapsed
+
+
+def walls(cmds: dict[str, list[str]], env: dict[str, str], runs: int) -> dict[str, list[float]]:
+    """Wall seconds of `runs` runs of each command, round-robin (so a burst of load on this shared machine falls on
+    every command alike), after one untimed round that warms the page cache."""
+    times: dict[str, list[float]] = {name: [] for name in cmds}
     for i in range(runs + 1):
-        start = time.perf_counter()
-        proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        elapsed = time.perf_counter() - start
-        if proc.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} failed: {proc.stderr.decode()[-500:]}")
-        if i:
-            times.append(elapsed)
+        for name, cmd in cmds.items():
+            elapsed = _once(cmd, env)
+            if i:
+                times[name].append(elapsed)
     return times
 
 
@@ -63,9 +70,10 @@ def main() -> int:
                             ",".join(map(str, range(tenant, tenant + 256)))], env=env, check=True,
                            stdout=subprocess.DEVNULL)
         load_before = os.getloadavg()
-        python = statistics.median(wall([sys.executable, "-c", "pass"], env, args.runs))
-        torch = statistics.median(wall([sys.executable, "-c", "import torch"], env, args.runs))
-        results = {name: wall([str(KVC), *argv], env, args.runs) for name, argv in COMMANDS.items()}
+        cmds = {"python": [sys.executable, "-c", "pass"], "torch": [sys.executable, "-c", "import torch"],
+                **{name: [str(KVC), *argv] for name, argv in COMMANDS.items()}}
+        results = walls(cmds, env, args.runs)
+        python, torch = (statistics.median(results.pop(k)) for k in ("python", "torch"))
         load_after = os.getloadavg()
     rows = []
     ratios: dict[str, float] = {}
@@ -79,7 +87,8 @@ def main() -> int:
     body = "\n".join([
         "## Start-up of the commands that move no KV (`benchmarks/bench_startup.py`)",
         "",
-        f"Wall time of a fresh `kvc` process from fork to exit, median of {args.runs} runs after one untimed run, "
+        f"Wall time of a fresh `kvc` process from fork to exit, median of {args.runs} runs (round-robin over the "
+        f"commands and baselines, after one untimed round), "
         f"on an LMDB store of 8 namespaces; stdout to /dev/null. Same-run baselines: `python -c pass` "
         f"{python:.3f} s, `python -c \"import torch\"` {torch:.3f} s (what these commands no longer import: a "
         f"test asserts it). Target: under {TARGET_S} s. Load average before / after: "

@@ -126,7 +126,7 @@ def view(s: TopSample, socket: str, width: int = 10):
     from rich.progress_bar import ProgressBar
     from rich.table import Table
 
-    tiers = Table(title=f"kvc top — live cache at {esc(socket)} (every {s.interval_s:g} s)", title_justify="left")
+    tiers = Table(title=f"kvc top — live cache at {esc(socket)} (every {s.interval_s:.1f} s)", title_justify="left")
     for col in ("tier", "occupancy", "held", "hit tok/s", "of asked"):
         tiers.add_column(col, justify="left" if col in ("tier", "occupancy", "held") else "right")
     for t, (_, name) in zip(s.tiers, TIERS):
@@ -135,10 +135,10 @@ def view(s: TopSample, socket: str, width: int = 10):
         held = (f"{t.used_tokens:,} / {t.tokens:,} tokens" if t.tier != "storage"
                 else f"{human_bytes(t.used_bytes)} / {human_bytes(t.capacity_bytes) if t.capacity_bytes else '∞'}")
         tiers.add_row(name, bar, held, f"{t.hit_tokens_per_s:,.0f}", _pct(t.hit_share))
-    rates = (f"requests {s.requests_per_s:,.1f}/s (refused {s.refused_per_s:,.1f}/s) · prefetch "
-             f"{s.prefetch_pages_per_s:,.0f} pages/s · backup L1→L2 {s.backup_host_pages_per_s:,.0f}, L2→L3 "
-             f"{s.backup_storage_pages_per_s:,.0f} pages/s · L3 write failures {s.storage_write_failures_per_s:,.0f}/s"
-             f" · in flight: {s.inflight_copies} copies, {s.prefetches} prefetches")
+    rates = (f"requests {s.requests_per_s:,.1f}/s (refused {s.refused_per_s:,.1f}/s) · in flight: "
+             f"{s.inflight_copies} copies, {s.prefetches} prefetches\nprefetch {s.prefetch_pages_per_s:,.0f} pages/s"
+             f" · backup L1→L2 {s.backup_host_pages_per_s:,.0f}, L2→L3 {s.backup_storage_pages_per_s:,.0f} pages/s"
+             f" · L3 write failures {s.storage_write_failures_per_s:,.0f}/s")
     ns = Table(title="busiest namespaces (hit tokens/s)", title_justify="left")
     for col in ("extra_key", "salt fp", "L1", "L2", "L3"):
         ns.add_column(col, justify="left" if col in ("extra_key", "salt fp") else "right")
