@@ -65,7 +65,9 @@ OutputOpt = Annotated[Output | None, typer.Option(
 NoHeadersOpt = Annotated[bool, typer.Option("--no-headers", help="tsv: leave out the header line.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout and nothing else.")]
 
-_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ud800-\udfff]")
+# C0/C1 controls, soft hyphen, bidi and zero-width format characters, BOM, lone surrogates (undecodable bytes)
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff"
+                     r"\ud800-\udfff]")
 
 
 def escape_controls(text: str) -> str:

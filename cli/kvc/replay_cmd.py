@@ -74,8 +74,8 @@ def replay(
     backup, eviction, load-back — on a cache embedded on the store. Committed pages are written to the store
     (flushed before exit), so a later replay in a new process hits L3. Exit 1 when --verify finds a mismatch,
     the final ownership audit fails, or no L3 write succeeded (every one failed or was refused: nothing was
-    backed up); a read-only store is refused before the replay starts (exit 2). With --socket, the live cache runs the trace with its own sizes
-    and policies (the tier and policy options are then not used)."""
+    backed up); a read-only store is refused before the replay starts (exit 2). With --socket, the live cache
+    runs the trace with its own sizes and policies (the tier and policy options are then not used)."""
     if snapshot_out is not None:
         writable_target(snapshot_out, "--snapshot-out")
     requests = read_trace(trace)  # validated whole before anything runs: a bad line changes nothing

@@ -70,7 +70,8 @@ def serve(
                 signal.signal(sig, lambda *_: stop.set())
             metrics = _serve_metrics(server.path, metrics_addr, metrics_port) if metrics_port is not None else None
             where = f", metrics on {metrics[0]}" if metrics is not None else ""
-            console(stderr=True).print(f"kvc serve: serving on {server.path} (store {store}, L1 {device_tokens} tokens, "
+            log = console(stderr=True)
+            log.print(f"kvc serve: serving on {server.path} (store {store}, L1 {device_tokens} tokens, "
                       f"L2 {host_tokens} tokens, {mode.value} mode, pid {os.getpid()}{where})", markup=False)
             if json:
                 emit_json({"event": "ready", "socket": server.path, "pid": os.getpid(), "store": str(store),
@@ -81,7 +82,8 @@ def serve(
                 if metrics is not None:
                     metrics[1].shutdown()
             served = server.served
-    console(stderr=True).print(f"kvc serve: stopped after {served} requests; socket removed, L3 writes flushed", markup=False)
+    console(stderr=True).print(f"kvc serve: stopped after {served} requests; socket removed, L3 writes flushed",
+                               markup=False)
 
 
 def _serve_metrics(socket: str, addr: str, port: int):
