@@ -39,10 +39,30 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+# What a headline figure measures, by its name: (pattern, unit, which way is better). First match wins; every
+# figure a script publishes must match one (tests/unit/test_bench_report.py checks the names the scripts use).
+FIGURES: list[tuple[str, str, str]] = [
+    (r"_per_s(\[|_|$)", "per second", "higher"),
+    (r"gbps$", "GB/s", "higher"),
+    (r"_seconds$", "seconds", "lower"),
+    (r"^ledger_overhead|_over_no_|^verify_over_|_over_python$", "x (time ratio)", "lower"),
+    (r"^replay_ratio_with", "x (throughput ratio to no client)", "higher"),
+    (r"_over_", "x (speed ratio)", "higher"),
+]
+
+
+def meaning(figure: str) -> tuple[str, str]:
+    """(unit, "higher" or "lower" is better) of a headline figure's name; ("?", "?") when none matches."""
+    for pattern, unit, better in FIGURES:
+        if re.search(pattern, figure):
+            return unit, better
+    return "?", "?"
+
+
 def publish(name: str, body: str, no_write: bool, ratios: dict[str, float]) -> None:
     """A script's result: print `body`, write it as section `name` of BENCHMARKS.md unless `no_write`, and, when
-    `kvc bench` runs the script (env KVC_BENCH_JSON names a file), append the headline ratios there as one JSON
-    line so the CLI can print them."""
+    `kvc bench` runs the script (env KVC_BENCH_JSON names a file), append the headline figures there as one JSON
+    line, each with its unit and which way is better, so the CLI can print them."""
     import json
 
     print(body)
@@ -50,5 +70,6 @@ def publish(name: str, body: str, no_write: bool, ratios: dict[str, float]) -> N
         write_section(name, body)
     out = os.environ.get("KVC_BENCH_JSON")
     if out:
+        figures = [{"name": k, "value": v, "unit": meaning(k)[0], "better": meaning(k)[1]} for k, v in ratios.items()]
         with open(out, "a") as f:
-            f.write(json.dumps({"script": name, "ratios": ratios}) + "\n")
+            f.write(json.dumps({"script": name, "ratios": ratios, "figures": figures}) + "\n")

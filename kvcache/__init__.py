@@ -5,36 +5,70 @@ L1 (device) and L2 (host) slot pools under one namespaced radix tree, an optiona
 Start with `TieredCache(CacheConfig(layout=KVLayout(...), device_tokens=..., host_tokens=...), store=None)`.
 """
 
-from .admin import AdminClient, AdminServer
-from .audit import AuditReport, Violation, ViolationKind
-from .cache import (Admission, AdmitStatus, CommitResult, EvictResult, Headroom, NamespaceDrop, TieredCache,
-                    TierRoom)
-from .config import CacheConfig, HostMode, PrefetchPolicy, WritePolicy
+import importlib
+import sys
+import types
+
 from .errors import (AdminBadFrame, AdminError, AdminProtocolMismatch, AdminRemoteError, AdminSocketInUse,
                      AdminTimeout, AdminUnavailable, CacheClosed, DoubleFree, InvalidConfig, InvalidInput,
                      InvalidLayout, InvalidNamespace, InvalidTokens, InvalidTrace, InvariantViolation, KVCacheError,
                      LayoutMismatch, LockUnderflow, NamespaceMismatch, NotAStore, OwnershipError, RequestIdInUse,
                      StoreError, StoreFull, StoreReadOnly, StoreUnsupported, UnknownBackend, UnknownRequest)
-from .keys import RadixKey, page_hashes
-from .kvdata import SyntheticKV
-from .layout import KVLayout
-from .namespace import Namespace, NamespaceInfo
-from .owners import Owner, OwnerKind
-from .prefetch import CancelReason, DeclineReason, DropReason, PrefetchOutcome, SettledPrefetch
-from .replay import NamespaceReplay, Replayer, ReplayReport, TierTokens, VerifyMismatch, replay
-from .request import Request
-from .staging import StagedView
-from .stats import BackupStats, CacheCounters, CacheStats, PrefetchStats, TierHits
-from .storage.base import L3Store, open_store, page_origins
-from .tree import TreeMatch
-from .warm import WarmResult, warm_namespace
-from .workload import TraceRequest, WorkloadSpec, generate, read_trace, write_trace
+
+# Where each public name lives. They are imported on first use (PEP 562), so that `import kvcache.namespace`,
+# or a kvc command that only reads a store, does not pay for torch (seconds) and the cache behind it.
+_LAZY: dict[str, tuple[str, ...]] = {
+    "admin": ("AdminClient", "AdminServer"),
+    "audit": ("AuditReport", "Violation", "ViolationKind"),
+    "cache": ("Admission", "AdmitStatus", "CommitResult", "EvictResult", "Headroom", "NamespaceDrop", "TieredCache",
+              "TierRoom"),
+    "config": ("CacheConfig", "HostMode", "PrefetchPolicy", "WritePolicy"),
+    "keys": ("RadixKey", "page_hashes"),
+    "kvdata": ("SyntheticKV",),
+    "layout": ("KVLayout",),
+    "namespace": ("Namespace", "NamespaceInfo"),
+    "owners": ("Owner", "OwnerKind"),
+    "prefetch": ("CancelReason", "DeclineReason", "DropReason", "PrefetchOutcome", "SettledPrefetch"),
+    "replay": ("NamespaceReplay", "Replayer", "ReplayReport", "TierTokens", "VerifyMismatch", "replay"),
+    "request": ("Request",),
+    "staging": ("StagedView",),
+    "stats": ("BackupStats", "CacheCounters", "CacheStats", "PrefetchStats", "TierHits"),
+    "storage.base": ("L3Store", "open_store", "page_origins"),
+    "tree": ("TreeMatch",),
+    "warm": ("WarmResult", "warm_namespace"),
+    "workload": ("TraceRequest", "WorkloadSpec", "generate", "read_trace", "write_trace"),
+}
+_HOME = {name: module for module, names in _LAZY.items() for name in names}
+
+
+def __getattr__(name: str) -> object:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvcache' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))
+
+
+class _Package(types.ModuleType):
+    """Keeps `kvcache.replay` the function: importing the submodule of that name must not rebind it."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if isinstance(value, types.ModuleType) and name in _HOME:
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "Admission", "AdmitStatus", "AuditReport", "BackupStats", "CacheConfig", "CacheCounters", "CacheStats",
     "CancelReason", "CommitResult", "DeclineReason", "DropReason", "EvictResult", "Headroom", "HostMode", "KVLayout",
-    "Namespace", "NamespaceDrop", "TierRoom",
-    "NamespaceInfo", "Owner", "OwnerKind", "PrefetchOutcome", "PrefetchPolicy", "PrefetchStats", "RadixKey",
+    "Namespace", "NamespaceDrop", "TierRoom", "NamespaceInfo", "Owner", "OwnerKind", "PrefetchOutcome", "PrefetchPolicy", "PrefetchStats", "RadixKey",
     "Request", "StagedView", "TierHits", "TieredCache", "TreeMatch", "Violation", "ViolationKind", "WritePolicy",
     "page_hashes", "L3Store", "open_store", "page_origins",
     "SettledPrefetch", "SyntheticKV", "WarmResult", "warm_namespace",

@@ -28,7 +28,7 @@ from .admin_protocol import (AuditRequest, DropRequest, EvictOutcome, EvictReque
 from .config import HostMode
 from .errors import InvalidInput, UnknownRequest
 from .keys import page_hashes
-from .namespace import Namespace
+from .namespace import Namespace, display_id
 from .pools import SlotPool
 from .replay import ReplayReport, Replayer
 from .request import Request
@@ -102,7 +102,8 @@ def _namespaces(cache: "TieredCache", _: NamespacesRequest) -> NamespaceList:
         extra_key = rec.extra_key if rec is not None else info.extra_key  # type: ignore[union-attr]
         fingerprint = rec.salt_fingerprint if rec is not None else info.salt_fingerprint  # type: ignore[union-attr]
         l3 = TierUse(rec.pages, rec.pages * ps, rec.bytes) if rec is not None else TierUse()  # type: ignore
-        rows[ns_hex] = LiveNamespace(extra_key, fingerprint, ns_hex, l3.pages, l3.tokens, l3.bytes,
+        shown_id = display_id(bytes.fromhex(ns_hex))  # never the raw id: with the extra_key it is a salt oracle
+        rows[ns_hex] = LiveNamespace(extra_key, fingerprint, shown_id, l3.pages, l3.tokens, l3.bytes,
                                      rec.hits if rec is not None else 0,  # type: ignore[union-attr]
                                      rec.created if rec is not None else 0.0,  # type: ignore[union-attr]
                                      rec.last_access if rec is not None else 0.0,  # type: ignore[union-attr]

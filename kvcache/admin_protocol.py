@@ -195,7 +195,7 @@ class LiveNamespace(msgspec.Struct):
 
     extra_key: str | None
     salt_fingerprint: str | None
-    id: str
+    id: str  # display_id: the namespace id keyed by the fingerprint key (never the raw id)
     pages: int  # in L3
     tokens: int
     bytes: int

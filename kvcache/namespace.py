@@ -7,20 +7,114 @@ caused the key — never one read off a tree node.
 The salt is a secret that makes prefix sharing opt-in. It is held only to derive `id` and `salt_fingerprint` and
 never leaves this object: not in repr/str, not in msgspec encoding (a Namespace cannot be encoded at all; encode
 `info()` instead), not on disk.
+
+Two digests, two keys:
+
+- `id` seeds the page-hash chain of the namespace in L3 (`kvcache.keys.hash_root`), so every process and every
+  machine sharing a store must derive the same id from the same (extra_key, salt). Its key is fixed (`_ID_KEY`).
+  Because an id and its extra_key would let anyone brute-force a short salt offline, an id is never shown as is:
+  outputs show `display_id`, a digest of the id under the fingerprint key.
+- `salt_fingerprint` is what outputs, metrics and the store's registry show in place of the salt. It is keyed by
+  a per-deployment secret, the *fingerprint key*, kept with the store (a 0600 key file beside an LMDB store, the
+  format record of a shared store; `kvcache.storage.keyfile`), never a constant in the code, so a fingerprint
+  seen in a metric or a log cannot be turned back into a short salt by anyone without the key.
+
+The fingerprint key of this process: the one given to `use_fingerprint_key` (the kvc CLI passes its store's,
+and so should an engine that shows fingerprints: `use_fingerprint_key(store.fingerprint_key)`), else env
+`KVC_FINGERPRINT_KEY` (hex), else a random key drawn once per process (fingerprints then match nothing outside
+the process, which is safe but useless for correlation). A store records fingerprints under its own key.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import threading
+from collections.abc import Iterator
 
 import msgspec
 
-from .errors import InvalidNamespace
+from .errors import InvalidInput, InvalidNamespace
 
-# Keys of the two digests. Fixed, so ids and fingerprints agree across processes and machines (the L3 store
-# and the CLI compare them); distinct, so a namespace id never equals a salt fingerprint.
+# The key of `id`: fixed, so ids agree across processes and machines (they seed the L3 page hashes). Not a
+# secret: ids are never printed (see `display_id`).
 _ID_KEY = b"kvc.namespace.id.v1"
-_FINGERPRINT_KEY = b"kvc.salt.fingerprint.v1"
+# Personalisation of the keyed digests, so a fingerprint and a display id never coincide for one input.
+_FINGERPRINT_PERSON = b"kvc.salt.fp.v2"
+_DISPLAY_PERSON = b"kvc.ns.shown.v1"
+
+FINGERPRINT_KEY_ENV = "KVC_FINGERPRINT_KEY"
+FINGERPRINT_KEY_BYTES = 32  # of a key drawn here; one given may be 16..64 bytes (blake2b's key limit)
+_KEY_RANGE = (16, 64)
+
+_key_lock = threading.Lock()
+_process_key: bytes | None = None
+
+
+def parse_fingerprint_key(text: str, source: str = FINGERPRINT_KEY_ENV) -> bytes:
+    """A fingerprint key from its hex form (32 to 128 hex digits); InvalidInput naming `source` otherwise (never
+    echoing the text: it is a secret)."""
+    text = text.strip()
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if not _KEY_RANGE[0] <= len(key) <= _KEY_RANGE[1]:
+        raise InvalidInput(f"{source}: a fingerprint key is {2 * _KEY_RANGE[0]} to {2 * _KEY_RANGE[1]} hex digits "
+                           f"(got {len(text)} characters that are not)")
+    return key
+
+
+def env_fingerprint_key() -> bytes | None:
+    """The key in env KVC_FINGERPRINT_KEY, or None when it is unset or empty."""
+    text = os.environ.get(FINGERPRINT_KEY_ENV, "")
+    return parse_fingerprint_key(text) if text.strip() else None
+
+
+def new_fingerprint_key() -> bytes:
+    """The key a new store records: env KVC_FINGERPRINT_KEY when set (one key for a whole deployment), else
+    FINGERPRINT_KEY_BYTES random bytes."""
+    return env_fingerprint_key() or os.urandom(FINGERPRINT_KEY_BYTES)
+
+
+def fingerprint_key() -> bytes:
+    """The fingerprint key of this process (see the module docstring for where it comes from)."""
+    global _process_key
+    with _key_lock:
+        if _process_key is None:
+            _process_key = env_fingerprint_key() or os.urandom(FINGERPRINT_KEY_BYTES)
+        return _process_key
+
+
+def use_fingerprint_key(key: bytes | None) -> None:
+    """Make `key` the fingerprint key of this process (None: back to env KVC_FINGERPRINT_KEY or a random key)."""
+    global _process_key
+    if key is not None and not _KEY_RANGE[0] <= len(key) <= _KEY_RANGE[1]:
+        raise InvalidInput(f"a fingerprint key is {_KEY_RANGE[0]} to {_KEY_RANGE[1]} bytes, got {len(key)}")
+    with _key_lock:
+        _process_key = key
+
+
+@contextlib.contextmanager
+def fingerprint_key_scope() -> Iterator[None]:
+    """Whatever `use_fingerprint_key` is called with inside, the process's key is restored on leaving (a CLI
+    command run inside a test or a host process must not re-key the host's namespaces)."""
+    global _process_key
+    with _key_lock:
+        saved = _process_key
+    try:
+        yield
+    finally:
+        with _key_lock:
+            _process_key = saved
+
+
+def display_id(ns_id: bytes, key: bytes | None = None) -> str:
+    """How a namespace id is shown (16 hex digits): a digest of the id under the fingerprint key (default: this
+    process's). An id shown as is, next to its extra_key, would let a short salt be brute-forced offline."""
+    return hashlib.blake2b(ns_id, digest_size=8, key=key if key is not None else fingerprint_key(),
+                           person=_DISPLAY_PERSON).hexdigest()
 
 
 def _field(value: str | None) -> bytes:
@@ -36,6 +130,13 @@ def _canonical(value: object, name: str) -> str | None:
         return None
     if not isinstance(value, str):
         raise InvalidNamespace(f"{name} must be a string or None, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        # A lone surrogate: Python's stand-in for bytes that were not UTF-8 (e.g. on a command line). It has no
+        # digest and no JSON form. The value is not echoed: it may be the salt.
+        raise InvalidNamespace(f"{name} is not valid UTF-8 text (character {exc.start} stands for an undecodable "
+                               f"byte)") from None
     return value
 
 
@@ -52,26 +153,21 @@ class Namespace:
     Normalised here and nowhere else. Equality and hashing go through `id`, a 16-byte digest of both fields.
     """
 
-    __slots__ = ("extra_key", "_salt", "id", "salt_fingerprint", "_hash")
+    __slots__ = ("extra_key", "_salt", "id", "_hash", "_fingerprint")
 
     extra_key: str | None
-    id: bytes  # 16-byte blake2b of both fields; the L3 root seed and the store registry key
-    salt_fingerprint: str | None  # 12 hex chars of a keyed digest of the salt; None without a salt
+    id: bytes  # 16-byte blake2b of both fields; the L3 root seed and the store registry key (never printed)
 
     def __init__(self, extra_key: str | None = None, cache_salt: str | None = None) -> None:
         extra_key = _canonical(extra_key, "extra_key")
         salt = _canonical(cache_salt, "cache_salt")
         ident = hashlib.blake2b(_field(extra_key) + _field(salt), digest_size=16, key=_ID_KEY).digest()
-        fingerprint = (
-            None if salt is None
-            else hashlib.blake2b(salt.encode("utf-8"), digest_size=6, key=_FINGERPRINT_KEY).hexdigest()
-        )
         set_ = object.__setattr__
         set_(self, "extra_key", extra_key)
         set_(self, "_salt", salt)
         set_(self, "id", ident)
-        set_(self, "salt_fingerprint", fingerprint)
         set_(self, "_hash", hash(ident))
+        set_(self, "_fingerprint", (b"", None))  # (key, fingerprint under it): the last one computed
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Namespace is immutable")
@@ -104,17 +200,40 @@ class Namespace:
 
     @property
     def id_hex(self) -> str:
-        """`id` as 32 hex characters."""
+        """`id` as 32 hex characters (internal: the store's registry key; outputs show `display_id`)."""
         return self.id.hex()
+
+    @property
+    def display_id(self) -> str:
+        """The id as outputs show it: keyed by this process's fingerprint key (see `display_id()`)."""
+        return display_id(self.id)
+
+    @property
+    def salt_fingerprint(self) -> str | None:
+        """12 hex digits of a digest of the salt keyed by this process's fingerprint key; None without a salt."""
+        return self.fingerprint(fingerprint_key())
+
+    def fingerprint(self, key: bytes) -> str | None:
+        """The salt fingerprint under `key` (a store's fingerprint key); None without a salt."""
+        if self._salt is None:
+            return None
+        last_key, last = self._fingerprint
+        if last_key == key:
+            return last
+        fingerprint = hashlib.blake2b(self._salt.encode("utf-8"), digest_size=6, key=key,
+                                      person=_FINGERPRINT_PERSON).hexdigest()
+        object.__setattr__(self, "_fingerprint", (key, fingerprint))
+        return fingerprint
 
     @property
     def label(self) -> str:
         """A short human label: ``extra_key/salt_fingerprint`` with ``-`` for an absent part. Safe to log."""
         return f"{self.extra_key if self.extra_key is not None else '-'}/{self.salt_fingerprint or '-'}"
 
-    def info(self) -> NamespaceInfo:
-        """The public, printable fields (never the salt)."""
-        return NamespaceInfo(self.extra_key, self.salt_fingerprint)
+    def info(self, key: bytes | None = None) -> NamespaceInfo:
+        """The public, printable fields (never the salt); the fingerprint under `key` (default: this process's
+        fingerprint key)."""
+        return NamespaceInfo(self.extra_key, self.fingerprint(key) if key is not None else self.salt_fingerprint)
 
 
 DEFAULT_NAMESPACE = Namespace()

@@ -25,7 +25,7 @@ class StagedView(msgspec.Struct):
     id: int
     rid: str
     namespace: NamespaceInfo
-    namespace_id: str  # hex
+    namespace_id: str  # the namespace's display_id (keyed: a raw id would let a short salt be brute-forced)
     key_tokens: int
     start_tokens: int  # tokens the tree held when the fetch started; the staged pages follow them
     staged_tokens: int
@@ -56,7 +56,7 @@ class StagedPrefetch:
     def view(self) -> StagedView:
         """Printable fields."""
         ns = self.key.namespace
-        return StagedView(self.id, self.rid, ns.info(), ns.id_hex, len(self.key), self.start_page * self.page_size,
+        return StagedView(self.id, self.rid, ns.info(), ns.display_id, len(self.key), self.start_page * self.page_size,
                           len(self.pages) * self.page_size, self.op_id, [h.hex() for h in self.hashes])
 
     def __repr__(self) -> str:

@@ -1,4 +1,9 @@
-"""`kvc audit`: the L3 integrity audit of a store, or the ownership audit of a snapshot."""
+"""`kvc audit`: the L3 integrity audit of a store, the ownership audit of a snapshot, or the ownership and
+structure audit of a live cache — and the output says which ran.
+
+Exit 0 when nothing was found; 1 whenever violations were found, whether --repair then fixed them or not (a
+cron job must hear about a store that needed repairing); 2 when the audit could not run.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +13,21 @@ from typing import Annotated, Any
 
 import msgspec
 import typer
-from rich.table import Table
 
-from kvcache.audit import audit_snapshot
-from kvcache.snapshot import read_snapshot
-from kvcache.storage.base import VerifyRemoval
+from kvcache.storage.base import REPAIRS, VERIFY_KINDS, VerifyRemoval
 
 from . import live
-from .common import (DEFAULT_STORE, EXIT_FOUND, EXIT_OK, DebugOpt, JsonOpt, StoreOpt, UsageError, command,
-                     emit_json, human_bytes, open_inspect, out)
+from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, open_inspect
+from .errors import EXIT_FOUND, EXIT_OK, UsageError
+from .output import (Column, JsonOpt, Kind, Listing, NoHeadersOpt, Output, OutputOpt, emit_json, emit_rows,
+                     human_bytes, output_format, render)
+
+# the audits one `kvc audit` can run, as `audits` names them
+AUDITS = {
+    "l3_integrity": "L3 integrity of the store: checksums, metadata, indexes, registry",
+    "ownership": "slot ownership: every page of every pool has exactly one owner",
+    "structure": "tree structure: locks, parents, namespaces of the live cache",
+}
 
 
 class Finding(msgspec.Struct, omit_defaults=True):
@@ -33,17 +44,28 @@ class Finding(msgspec.Struct, omit_defaults=True):
     rid: str | None = None
 
 
+class PlannedRepair(msgspec.Struct, frozen=True):
+    """What `--repair` would do about one finding (`--repair --dry-run`)."""
+
+    kind: str
+    page_hash: str | None
+    action: str  # REPAIRS[kind], or "reported only"
+
+
 class AuditOutput(msgspec.Struct):
     """`kvc audit --json` (DESIGN §8: `ok`, `violations` with `kind`, `checked`)."""
 
-    source: str  # "store" or "snapshot"
-    location: str
-    ok: bool  # no violations (with --repair: none left after the repair)
-    violations: list[Finding]  # what the audit found (with --repair: what is left after the repair)
+    source: str  # "store", "snapshot" or "live"
+    location: str  # credentials redacted
+    audits: list[str]  # which audits ran: keys of AUDITS
+    ok: bool  # nothing found: exit 0. False: violations were found (exit 1), repaired or not
+    violations: list[Finding]  # what the audit found (before any repair)
     checked: dict[str, int]
+    repair: str = "none"  # "none", "dry_run" (see `planned`), "done" (see `repaired`, `remaining`, `removals`)
     repaired: int = 0  # findings fixed by --repair
-    repaired_violations: list[Finding] = []  # with --repair: what was found before the repair
+    remaining: list[Finding] = []  # with --repair: what a second scan still finds
     removals: list[VerifyRemoval] = []  # every record --repair removed, one entry each
+    planned: list[PlannedRepair] = []  # with --repair --dry-run: what --repair would do, per finding
 
 
 @command
@@ -55,92 +77,126 @@ def audit(
     repair: Annotated[bool, typer.Option(
         "--repair", help="Remove what is provably corrupt or unreachable in the store, reporting each removal.")]
     = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="With --repair: change nothing, print what --repair would do about each finding.")]
+    = False,
     socket: live.SocketOpt = None,
+    output: OutputOpt = None,
+    no_headers: NoHeadersOpt = False,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Check a store's integrity (checksums, metadata, indexes, registry), or a snapshot's slot ownership, or
-    with --socket the live cache's slot ownership and tree structure.
+    with --socket the live cache's slot ownership and tree structure. The output names the audits that ran.
 
-    Exit 0 when clean, 1 when violations were found, 2 on bad usage or input.
+    Exit 0 when nothing was found, 1 when violations were found (repaired or not), 2 on bad usage or input.
     """
+    if dry_run and not repair:
+        raise UsageError("--dry-run goes with --repair")
+    sock = live.socket_path(socket)
+    if repair and (snapshot is not None or sock is not None):
+        raise UsageError("--repair works on a store, not on a snapshot or a live cache")
     if snapshot is not None:
         result = _snapshot_audit(snapshot)
-    elif (sock := live.socket_path(socket)) is not None:
-        if repair:
-            raise UsageError("--repair works on a store, not on a live cache")
+    elif sock is not None:
         result = live.audit(sock)
     else:
-        result = _store_audit(store, repair)
-    if json:
+        result = _store_audit(store, repair, dry_run)
+    fmt = output_format(output, json)
+    if fmt is Output.JSON:
         emit_json(result)
+    elif fmt is Output.JSONL:
+        emit_rows(result.violations)
     else:
-        _render(result)
+        _render(result, fmt, output is Output.TSV, no_headers)
     raise typer.Exit(EXIT_OK if result.ok else EXIT_FOUND)
 
 
-def _snapshot_audit(path: Path) -> AuditOutput:
-    report = audit_snapshot(read_snapshot(path))
-    findings = [Finding(**{k: v for k, v in msgspec.structs.asdict(v).items()}) for v in report.violations]
+def findings_of(violations: list[Any]) -> list[Finding]:
+    """Ownership violations (kvcache.audit.Violation) as findings."""
+    findings = [Finding(**msgspec.structs.asdict(v)) for v in violations]
     for f in findings:
         f.kind = getattr(f.kind, "value", f.kind)
-    return AuditOutput("snapshot", str(path), report.ok, findings, msgspec.structs.asdict(report.checked))
+    return findings
 
 
-def _store_audit(location: str, repair: bool) -> AuditOutput:
-    store = open_inspect(location, writable=repair)
+def _snapshot_audit(path: Path) -> AuditOutput:
+    from kvcache.audit import audit_snapshot
+    from kvcache.snapshot import read_snapshot
+
+    report = audit_snapshot(read_snapshot(path))
+    return AuditOutput("snapshot", str(path), ["ownership"], report.ok, findings_of(report.violations),
+                       msgspec.structs.asdict(report.checked))
+
+
+def _store_audit(location, repair: bool, dry_run: bool) -> AuditOutput:
+    store = open_inspect(location, writable=repair and not dry_run)
     try:
-        report = store.verify(repair=repair)
-        after = store.verify() if repair and not report.ok else report  # exit code and `ok` speak of what is left
+        report = store.verify(repair=repair and not dry_run)
+        after = store.verify() if repair and not dry_run and not report.ok else None
     finally:
         store.close()
     checked = {"pages": report.pages_checked, "bytes": report.bytes_checked}
-    left = [Finding(f.kind, f.detail, page_hash=f.page_hash) for f in after.findings]
-    if not repair:
-        return AuditOutput("store", location, report.ok, left, checked)
     found = [Finding(f.kind, f.detail, page_hash=f.page_hash) for f in report.findings]
-    return AuditOutput("store", location, after.ok, left, checked, report.repaired, found, report.removals)
+    result = AuditOutput("store", str(location), ["l3_integrity"], report.ok, found, checked)
+    if dry_run:
+        result.repair = "dry_run"
+        result.planned = [PlannedRepair(f.kind, f.page_hash, REPAIRS.get(f.kind, "reported only")) for f in found]
+    elif repair:
+        result.repair = "done"
+        result.repaired = report.repaired
+        result.removals = report.removals
+        result.remaining = [Finding(f.kind, f.detail, page_hash=f.page_hash)
+                            for f in (after.findings if after is not None else [])]
+    return result
 
 
-def _render(result: AuditOutput) -> None:
-    summary = Table(title=f"kvc audit — {result.source} {result.location}", show_header=False)
-    summary.add_column(style="bold")
-    summary.add_column()
-    if result.repaired_violations:
-        summary.add_row("found", f"[yellow]{len(result.repaired_violations)} violation(s)[/], "
-                                 f"{result.repaired} repaired")
-    summary.add_row("result", "[green]ok[/]" if result.ok else f"[red]{len(result.violations)} violation(s)[/]")
-    for name, value in result.checked.items():
-        summary.add_row(f"checked {name}", human_bytes(value) if name == "bytes" else f"{value:,}")
-    if result.repaired:
-        summary.add_row("repaired", f"{result.repaired:,}")
-    out.print(summary)
-    _render_groups(result.repaired_violations, "repaired: ")
-    _render_groups(result.violations, "")
+def _render(result: AuditOutput, fmt: Output, findings_only: bool, no_headers: bool) -> None:
+    """Tables on a terminal; elsewhere the same sections as plain lines, or with -o tsv only the findings (kind,
+    where, detail: one line each, for awk)."""
+    if findings_only:
+        rows = [[f.kind, _where(f), f.detail] for f in result.violations]
+        render(Listing("", [Column("kind"), Column("where"), Column("detail", Kind.USER)], rows), fmt, no_headers)
+        return
+    summary = [["audits", "; ".join(AUDITS[a] for a in result.audits)],
+               ["result", "ok" if result.ok else f"{len(result.violations)} violation(s) found"]]
+    summary += [[f"checked {name}", human_bytes(value) if name == "bytes" else f"{value:,}"]
+                for name, value in result.checked.items()]
+    if result.repair == "done":
+        summary.append(["repair", f"{result.repaired} repaired, {len(result.removals)} records removed, "
+                                  f"{len(result.remaining)} violation(s) left"])
+    elif result.repair == "dry_run":
+        summary.append(["repair", f"dry run: nothing changed; {len(result.planned)} finding(s) planned below"])
+    sections = [Listing(f"kvc audit — {result.source} {result.location}", [Column("figure"), Column("value")],
+                        summary, header=False)]
+    sections += _groups(result.violations, "")
+    if result.planned:
+        sections.append(Listing("--repair would", [Column("finding"), Column("page"), Column("action")],
+                                [[p.kind, (p.page_hash or "-")[:16], p.action] for p in result.planned[:100]]))
+    sections += _groups(result.remaining, "left after repair: ")
     if result.removals:
-        table = Table(title=f"removed by --repair ({len(result.removals)})", title_justify="left")
-        for col in ("page", "what", "finding", "bytes", "below"):
-            table.add_column(col)
-        for r in result.removals[:100]:
-            table.add_row(r.page_hash[:16], r.what, r.kind, human_bytes(r.nbytes), (r.below or "-")[:16])
+        rows = [[r.page_hash[:16], r.what, r.kind, r.nbytes, (r.below or "-")[:16]] for r in result.removals[:100]]
         if len(result.removals) > 100:
-            table.add_row("…", f"{len(result.removals) - 100} more (use --json for all)", "", "", "")
-        out.print(table)
+            rows.append(["…", f"{len(result.removals) - 100} more (use --json for all)", "", None, ""])
+        sections.append(Listing(f"removed by --repair ({len(result.removals)})",
+                                [Column("page"), Column("what"), Column("finding"), Column("bytes", Kind.BYTES),
+                                 Column("below")], rows))
+    for section in sections:
+        render(section, fmt, titled=True)
 
 
-def _render_groups(findings: list[Finding], prefix: str) -> None:
+def _groups(findings: list[Finding], prefix: str) -> list[Listing]:
     groups: dict[str, list[Finding]] = defaultdict(list)
     for f in findings:
         groups[f.kind].append(f)
+    listings = []
     for kind, items in sorted(groups.items()):
-        table = Table(title=f"{prefix}{kind} ({len(items)})", title_justify="left")
-        table.add_column("where")
-        table.add_column("detail")
-        for f in items[:50]:
-            table.add_row(_where(f), f.detail)
+        rows = [[_where(f), f.detail] for f in items[:50]]
         if len(items) > 50:
-            table.add_row("…", f"{len(items) - 50} more (use --json for all)")
-        out.print(table)
+            rows.append(["…", f"{len(items) - 50} more (use --json for all)"])
+        title = f"{prefix}{kind} ({len(items)})" + (f": {VERIFY_KINDS[kind]}" if kind in VERIFY_KINDS else "")
+        listings.append(Listing(title, [Column("where"), Column("detail", Kind.USER)], rows))
+    return listings
 
 
 def _where(f: Finding) -> str:

@@ -12,9 +12,10 @@ from typing import Annotated
 
 import msgspec
 import typer
-from rich.table import Table
 
-from .common import EXIT_FOUND, DebugOpt, JsonOpt, UsageError, command, emit_json, out, progress
+from .common import DebugOpt, command, progress
+from .errors import EXIT_FOUND, UsageError
+from .output import Column, JsonOpt, Kind, Listing, emit_json, output_format, render, say
 
 # script -> arguments of its quick run (a few seconds each; the full runs are what BENCHMARKS.md records)
 QUICK_ARGS: dict[str, list[str]] = {
@@ -23,8 +24,18 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_replay": ["--pages", "512", "--requests", "1000", "--repeat", "1"],
     "bench_l3": ["--store-mb", "32", "--redis-mb", "32", "--repeat", "1"],
     "bench_admin": ["--requests", "500", "--round-trips", "500", "--repeat", "1"],
+    "bench_startup": ["--runs", "3"],
 }
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "benchmarks"  # cli/kvc/ -> the checkout's benchmarks/
+
+
+class BenchFigure(msgspec.Struct, frozen=True):
+    """One headline figure: its value, its unit, and which way is better."""
+
+    name: str
+    value: float
+    unit: str  # e.g. "x (speed ratio)", "x (time ratio)", "per second", "GB/s", "seconds"; "?" when unknown
+    better: str  # "higher" or "lower" ("?" when the script did not say)
 
 
 class BenchScript(msgspec.Struct):
@@ -33,7 +44,8 @@ class BenchScript(msgspec.Struct):
     script: str
     exit_code: int
     seconds: float
-    ratios: dict[str, float]  # the script's headline figures (ratios to same-run baselines, rates)
+    ratios: dict[str, float]  # the script's headline figures by name (ratios to same-run baselines, rates)
+    figures: list[BenchFigure]  # the same, each with its unit and direction
     report: str  # the Markdown section it printed (what BENCHMARKS.md holds after a --write run)
 
 
@@ -95,27 +107,35 @@ def _run(directory: Path, name: str, quick: bool, write: bool, ratios_file: Path
                           env=dict(os.environ, KVC_BENCH_JSON=str(ratios_file)))
     seconds = time.perf_counter() - start
     ratios: dict[str, float] = {}
+    figures: list[BenchFigure] = []
     if ratios_file.exists():
         for line in ratios_file.read_text().splitlines():
-            ratios.update(msgspec.json.decode(line)["ratios"])
+            doc = msgspec.json.decode(line)
+            ratios.update(doc["ratios"])
+            figures += [BenchFigure(**f) for f in doc.get("figures", [])]
+    known = {f.name for f in figures}
+    figures += [BenchFigure(k, v, "?", "?") for k, v in ratios.items() if k not in known]
     report = proc.stdout if proc.returncode == 0 else (proc.stdout + proc.stderr)[-2000:]
-    return BenchScript(name, proc.returncode, seconds, ratios, report)
+    return BenchScript(name, proc.returncode, seconds, ratios, figures, report)
 
 
 def _print(result: BenchOutput) -> None:
-    table = Table(title=f"kvc bench ({'quick' if result.quick else 'full'} runs of {result.directory})",
-                  title_justify="left")
-    for col in ("script", "figure", "value", "seconds"):
-        table.add_column(col, justify="right" if col in ("value", "seconds") else "left")
+    rows: list[list] = []
     for r in result.scripts:
         if r.exit_code:
-            table.add_row(r.script, f"FAILED (exit {r.exit_code})", "", f"{r.seconds:.1f}")
+            rows.append([r.script, f"FAILED (exit {r.exit_code})", None, "", "", r.seconds])
             continue
-        for i, (name, value) in enumerate(r.ratios.items()):
-            table.add_row(r.script if i == 0 else "", name, f"{value:,.2f}", f"{r.seconds:.1f}" if i == 0 else "")
-        if not r.ratios:
-            table.add_row(r.script, "(no headline figures: see its report)", "", f"{r.seconds:.1f}")
-    out.print(table)
+        for i, f in enumerate(r.figures):
+            better = f"{f.better} is better" if f.better != "?" else "?"
+            rows.append([r.script if i == 0 else "", f.name, f.value, f.unit, better, r.seconds if i == 0 else None])
+        if not r.figures:
+            rows.append([r.script, "(no headline figures: see its report)", None, "", "", r.seconds])
+    columns = [Column("script"), Column("figure"), Column("value", Kind.FLOAT), Column("unit"),
+               Column("better"), Column("seconds", Kind.FLOAT)]
+    render(Listing(f"kvc bench ({'quick' if result.quick else 'full'} runs of {result.directory})", columns, rows),
+           output_format(None), titled=True)
     for r in result.scripts:
         if r.exit_code:
-            out.print(f"{r.script} failed:\n{r.report}", markup=False)
+            from rich.markup import escape
+
+            say(escape(f"{r.script} failed:\n{r.report}"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -10,19 +11,23 @@ import typer
 
 from kvcache import KVLayout, NotAStore
 from kvcache.storage.base import open_store
+from kvcache.storage.keyfile import KEY_FILE
 
-from .common import DEFAULT_STORE, DebugOpt, JsonOpt, StoreOpt, command, emit_json, human_bytes, out
+from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command
+from .errors import UsageError
+from .output import JsonOpt, emit_json, esc, human_bytes, say
 
 
 class InitOutput(msgspec.Struct):
     """`kvc init --json`."""
 
-    store: str
+    store: str  # credentials redacted
     created: bool  # False: the store already existed with this layout (nothing changed)
     layout: KVLayout
     layout_id: str  # hex
     bytes_per_token: int
     bytes_per_page: int
+    fingerprint_key: str  # where the store's fingerprint key is kept: its key file, or "format record"
 
 
 @command
@@ -30,34 +35,45 @@ def init(
     store: StoreOpt = DEFAULT_STORE,
     model: Annotated[str, typer.Option(help="Model name and revision: part of the layout's identity.")]
     = "synthetic@r1",
-    page_size: Annotated[int, typer.Option(help="Tokens per page: the unit of caching and of L3 storage.")] = 16,
-    layers: Annotated[int, typer.Option(help="Transformer layers.")] = 4,
-    kv_heads: Annotated[int, typer.Option(help="KV heads per layer.")] = 2,
-    head_dim: Annotated[int, typer.Option(help="Elements per head.")] = 32,
+    page_size: Annotated[int, typer.Option(min=1, max=1 << 20,
+                                           help="Tokens per page: the unit of caching and of L3 storage.")] = 16,
+    layers: Annotated[int, typer.Option(min=1, max=1 << 16, help="Transformer layers.")] = 4,
+    kv_heads: Annotated[int, typer.Option(min=1, max=1 << 16, help="KV heads per layer.")] = 2,
+    head_dim: Annotated[int, typer.Option(min=1, max=1 << 16, help="Elements per head.")] = 32,
     dtype: Annotated[str, typer.Option(help="KV element type, e.g. float16, bfloat16, float32, float8_e4m3fn.")]
     = "float16",
+    parents: Annotated[bool, typer.Option("--parents", help="Create missing parent directories of the store "
+                                                            "path (like mkdir -p).")] = False,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Create a store for one KV layout. Running it again with the same layout changes nothing; another
-    layout is an error (exit 2): pages of different layouts must never mix."""
+    """Create a store for one KV layout, with its own fingerprint key (a 0600 key file beside an LMDB store;
+    env KVC_FINGERPRINT_KEY, when set, is the key instead of a random one). Running it again with the same
+    layout changes nothing; another layout is an error (exit 2): pages of different layouts must never mix. A
+    store path whose parent directory is missing is refused unless --parents."""
     layout = KVLayout(model, layers=layers, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype,
                       page_size=page_size)
+    path = None if store.is_url else Path(store.url)
+    if path is not None and not path.parent.exists():
+        if not parents:
+            raise UsageError(f"{store}: the parent directory {path.parent} does not exist (typo? pass --parents "
+                             f"to create it)")
+        os.makedirs(path.parent, exist_ok=True)
     created = False
     try:
-        handle = open_store(store, layout)
+        handle = open_store(store.url, layout)
     except NotAStore:
-        if "://" not in store and Path(store).exists() and any(Path(store).iterdir()):
+        if path is not None and path.exists() and any(path.iterdir()):
             raise  # a directory with other things in it is not made into a store
-        handle, created = open_store(store, layout, create=True), True
+        handle, created = open_store(store.url, layout, create=True), True
     handle.close()
-    result = InitOutput(store, created, layout, layout.layout_id.hex(), layout.bytes_per_token,
-                        layout.bytes_per_page)
+    key = str(path / KEY_FILE) if path is not None else "format record"
+    result = InitOutput(str(store), created, layout, layout.layout_id.hex(), layout.bytes_per_token,
+                        layout.bytes_per_page, key)
     if json:
         emit_json(result)
         return
     verb = "created" if created else "already holds this layout:"
-    out.print(f"{store}: {verb} {layout.describe()}")
-    out.print(f"  {human_bytes(layout.bytes_per_token)} per token, {human_bytes(layout.bytes_per_page)} per page "
-              f"of {page_size} tokens; layout id {layout.layout_id.hex()[:16]}")
-
+    say(f"{esc(str(store))}: {verb} {esc(layout.describe())}")
+    say(f"  {human_bytes(layout.bytes_per_token)} per token, {human_bytes(layout.bytes_per_page)} per page "
+        f"of {page_size} tokens; layout id {layout.layout_id.hex()[:16]}; fingerprint key in {esc(key)}")

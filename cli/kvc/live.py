@@ -13,19 +13,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+from typing import TYPE_CHECKING
+
 import msgspec
 import typer
-from rich.table import Table
 
 from kvcache.admin import AdminClient
 from kvcache.admin_protocol import (AuditRequest, EvictOutcome, EvictRequest, LiveStats, NamespaceList,
                                     NamespacesRequest, SnapshotRequest, SnapshotResult, StatsRequest)
 from kvcache.audit import AuditReport
-from kvcache.replay import ReplayReport
+from kvcache.namespace import Namespace
 from kvcache.workload import read_trace
 
-from .common import (DebugOpt, JsonOpt, SaltOpt, UsageError, command, emit_json, human_bytes,
-                     namespace_arg, out, when)
+from .common import DebugOpt, command
+from .errors import UsageError
+from .output import (Column, JsonOpt, Kind, Listing, Output, emit_json, emit_rows, human_bytes, ns_label, render,
+                     say)
+from .secrets import SaltFileOpt, SaltOpt, salt_from
+
+if TYPE_CHECKING:
+    from kvcache.replay import ReplayReport  # imports torch: only where a replay runs
 
 DEFAULT_TIMEOUT = 30.0
 
@@ -75,27 +82,25 @@ def call(socket: str, request, result_type):
 # --- ns ls, ns evict -----------------------------------------------------------------------------------------
 
 
-def ns_ls(socket: str, sort: str, json: bool) -> None:
+def ns_ls(socket: str, sort: str, fmt: Output, no_headers: bool) -> None:
     """`kvc ns ls` on the live cache: the store's rows plus what each namespace holds in L1, L2 and L3."""
+    from .ns_cmd import sort_rows
+
     listing = call(socket, NamespacesRequest(), NamespaceList)
-    if sort == "extra_key":
-        listing.namespaces.sort(key=lambda r: (r.extra_key or "", r.salt_fingerprint or ""))
-    else:
-        listing.namespaces.sort(key=lambda r: getattr(r, sort), reverse=True)
-    if json:
+    sort_rows(listing.namespaces, sort)
+    if fmt is Output.JSON:
         emit_json(listing)
         return
-    table = Table(title=f"namespaces of the live cache at {socket} (store {listing.store or '-'})")
-    cols = ("extra_key", "salt fingerprint", "L1 tokens", "L2 tokens", "L3 tokens", "L3 bytes", "hits",
-            "last access")
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("extra_key", "salt fingerprint", "last access")
-                         else "right")
-    for r in listing.namespaces:
-        table.add_row(r.extra_key if r.extra_key is not None else "-", r.salt_fingerprint or "-",
-                      f"{r.device.tokens:,}", f"{r.host.tokens:,}", f"{r.storage.tokens:,}",
-                      human_bytes(r.storage.bytes), f"{r.hits:,}", when(r.last_access))
-    out.print(table)
+    if fmt is Output.JSONL:
+        emit_rows(listing.namespaces)
+        return
+    columns = [Column("id"), Column("extra_key", Kind.USER), Column("salt fingerprint"),
+               Column("L1 tokens", Kind.INT), Column("L2 tokens", Kind.INT), Column("L3 tokens", Kind.INT),
+               Column("L3 bytes", Kind.BYTES), Column("hits", Kind.INT), Column("last access", Kind.TIME)]
+    rows = [[r.id, r.extra_key, r.salt_fingerprint, r.device.tokens, r.host.tokens, r.storage.tokens,
+             r.storage.bytes, r.hits, r.last_access] for r in listing.namespaces]
+    render(Listing(f"namespaces of the live cache at {socket} (store {listing.store or '-'})", columns, rows),
+           fmt, no_headers)
 
 
 @command
@@ -103,6 +108,7 @@ def ns_evict(
     extra_key: Annotated[str, typer.Argument(help="The namespace's extra_key (\"\" for requests without one).",
                                              metavar="EXTRA_KEY")],
     salt: SaltOpt = None,
+    salt_file: SaltFileOpt = None,
     socket: SocketOpt = None,
     device: Annotated[bool, typer.Option("--device/--no-device", help="Evict from L1.")] = True,
     host: Annotated[bool, typer.Option("--host/--no-host", help="Evict from L2.")] = True,
@@ -114,14 +120,16 @@ def ns_evict(
     path = socket_path(socket)
     if path is None:
         raise UsageError("kvc ns evict acts on a live cache: give --socket PATH (or KVC_SOCKET)")
-    ns = namespace_arg(extra_key, salt)
-    outcome = call(path, EvictRequest(extra_key, salt, device, host), EvictOutcome)
+    salt_value = salt_from(salt, salt_file)
+    Namespace(extra_key, salt_value)  # checked here, before the request goes out
+    outcome = call(path, EvictRequest(extra_key, salt_value, device, host), EvictOutcome)
     if json:
         emit_json(outcome)
         return
     t = outcome.tiers
-    out.print(f"evicted namespace {ns.label}: {outcome.device_pages:,} L1 pages, {outcome.host_pages:,} L2 pages; "
-              f"it now holds {t.device.tokens:,} tokens in L1, {t.host.tokens:,} in L2, {t.storage.tokens:,} in L3")
+    say(f"evicted namespace {ns_label(outcome.namespace)}: {outcome.device_pages:,} L1 pages, "
+        f"{outcome.host_pages:,} L2 pages; it now holds {t.device.tokens:,} tokens in L1, {t.host.tokens:,} in L2, "
+        f"{t.storage.tokens:,} in L3")
 
 
 # --- audit, stats, snapshot, replay --------------------------------------------------------------------------
@@ -129,64 +137,40 @@ def ns_evict(
 
 def audit(socket: str):
     """`kvc audit` on the live cache: the ownership and structure audit, as `AuditOutput` (source "live")."""
-    from .audit_cmd import AuditOutput, Finding
+    from .audit_cmd import AuditOutput, findings_of
 
     report = call(socket, AuditRequest(), AuditReport)
-    findings = [Finding(**msgspec.structs.asdict(v)) for v in report.violations]
-    for f in findings:
-        f.kind = getattr(f.kind, "value", f.kind)
-    return AuditOutput("live", socket, report.ok, findings, msgspec.structs.asdict(report.checked))
+    return AuditOutput("live", socket, ["ownership", "structure"], report.ok, findings_of(report.violations),
+                       msgspec.structs.asdict(report.checked))
 
 
-def stats(socket: str, prom: bool, json: bool) -> None:
+def stats(socket: str, prom: bool, json: bool, output: Output | None = None, no_headers: bool = False) -> None:
     """`kvc stats` on the live cache: the store's figures as offline, plus the cache's pools and counters."""
     figures = call(socket, StatsRequest(), LiveStats)
     if prom:
-        typer.echo(_prometheus(figures), nl=False)
+        from kvcache.metrics import cache_families, exposition
+
+        typer.echo(exposition(cache_families(figures, call(socket, NamespacesRequest(), NamespaceList))), nl=False)
         return
     if json:
         emit_json(figures)
         return
-    table = Table(title=f"kvc stats — live cache at {socket}", show_header=False)
-    table.add_column(style="bold")
-    table.add_column()
-    table.add_row("layout", figures.layout.describe())
+    from .stats_cmd import print_figures, store_rows
+
+    rows = [["layout", figures.layout.describe()]]
     for name, pool in (("L1 device", figures.device), ("L2 host", figures.host)):
         if pool is not None:
-            table.add_row(name, f"{pool.used_tokens:,} / {pool.tokens:,} tokens ({human_bytes(pool.used_bytes)} "
-                                f"of {human_bytes(pool.bytes)})")
-    table.add_row("in flight", f"{figures.live_requests} requests, {figures.inflight_copies} copies, "
-                               f"{figures.prefetches} prefetches, {figures.staged} staged, "
-                               f"{figures.storage_writes} L3 writes")
+            rows.append([name, f"{pool.used_tokens:,} / {pool.tokens:,} tokens ({human_bytes(pool.used_bytes)} "
+                               f"of {human_bytes(pool.bytes)})"])
+    rows.append(["in flight", f"{figures.live_requests} requests, {figures.inflight_copies} copies, "
+                              f"{figures.prefetches} prefetches, {figures.staged} staged, "
+                              f"{figures.storage_writes} L3 writes"])
     hits = figures.cache.hits
-    table.add_row("hit tokens", f"L1 {sum(h.device for h in hits):,} · L2 {sum(h.host for h in hits):,} · "
-                                f"L3 {sum(h.storage for h in hits):,}")
+    rows.append(["hit tokens", f"L1 {sum(h.device for h in hits):,} · L2 {sum(h.host for h in hits):,} · "
+                               f"L3 {sum(h.storage for h in hits):,}"])
     if figures.store is not None:
-        s = figures.store
-        table.add_row("store", f"{s.location} ({s.backend}): {s.pages:,} pages, {human_bytes(s.bytes)}, "
-                               f"{s.namespaces:,} namespaces")
-    out.print(table)
-
-
-def _prometheus(figures: LiveStats) -> str:
-    """The offline store exposition plus the live cache's pool and hit figures."""
-    from .stats_cmd import prometheus
-
-    text = prometheus(figures.store) if figures.store is not None else ""
-    lines = []
-    gauges = [("kvc_cache_tokens", "Pool capacity in tokens.", "tokens"),
-              ("kvc_cache_used_tokens", "Tokens held in the pool.", "used_tokens")]
-    for name, help_text, field in gauges:
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
-        for tier, pool in (("device", figures.device), ("host", figures.host)):
-            if pool is not None:
-                lines.append(f'{name}{{tier="{tier}"}} {getattr(pool, field)}')
-    lines += ["# HELP kvc_cache_hit_tokens_total Tokens admitted requests found cached, by tier.",
-              "# TYPE kvc_cache_hit_tokens_total counter"]
-    for tier in ("device", "host", "storage"):
-        lines.append(f'kvc_cache_hit_tokens_total{{tier="{tier}"}} '
-                     f'{sum(getattr(h, tier) for h in figures.cache.hits)}')
-    return text + "\n".join(lines) + "\n"
+        rows += store_rows(figures.store, figures.store.location)
+    print_figures(f"kvc stats — live cache at {socket}", rows, output, no_headers)
 
 
 def snapshot_to(socket: str, path: Path) -> SnapshotResult:
@@ -197,6 +181,8 @@ def snapshot_to(socket: str, path: Path) -> SnapshotResult:
 def replay(socket: str, trace: Path, verify: bool, batch: int, snapshot_out: Path | None) -> ReplayReport:
     """Have the live cache replay `trace` (validated here first, so a bad line names this file) and return its
     report."""
+    from kvcache.replay import ReplayReport
+
     read_trace(trace)
     with client(socket) as c:
         return c.replay(Path(trace).read_bytes(), ReplayReport, verify=verify, batch=batch,

@@ -1,22 +1,87 @@
-"""The `kvc` typer application: global options and the command groups."""
+"""The `kvc` typer application: global options and the command groups.
+
+Every invocation runs under kvc.errors.KvcGroup (one error contract: one line, exit 2; Ctrl-C exit 130). The
+command modules import only what reading a store needs; the cache and torch are imported by the commands that
+move KV, when they run, so `kvc --version`, `kvc ns ls`, `kvc stats` and `kvc audit` start in a fraction of a
+second (benchmarks/bench_startup.py).
+"""
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
+import importlib
+from typing import Any
 
 import typer
+from typer.core import TyperCommand
+
+from .errors import STATE, KvcGroup
+
+# name -> (module, attribute, one line for `kvc --help`; `kvc NAME --help` shows the whole docstring). A command's
+# module is imported only when that command runs (or its own help is asked for): `kvc --version` and `kvc
+# --help` import none of them.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "init": ("init_cmd", "init", "Create a store for one KV layout (idempotent)."),
+    "put": ("put_cmd", "put", "Write a sequence's pages to L3 (synthetic KV, or --kv-file)."),
+    "prefetch": ("request_cmd", "prefetch", "L3 -> L2 for a request, or a namespace's hottest prefixes."),
+    "stage": ("request_cmd", "stage", "Prefetch in buffer mode and show the staged record."),
+    "load-back": ("request_cmd", "load_back", "L3 -> L2 -> L1 for a request, spliced and byte-checked."),
+    "replay": ("replay_cmd", "replay", "Run a JSONL trace through the whole core (--verify)."),
+    "generate": ("replay_cmd", "generate", "Write a synthetic multi-tenant trace."),
+    "demo": ("demo_cmd", "demo", "A multi-tenant workload replayed cold, then warm after a restart."),
+    "audit": ("audit_cmd", "audit", "Store integrity, a snapshot's or a live cache's ownership."),
+    "stats": ("stats_cmd", "stats", "Store (and live cache) figures; --prom for Prometheus."),
+    "top": ("top_cmd", "top", "A live cache's tiers, hits and copies, refreshed in place."),
+    "serve": ("serve_cmd", "serve", "Run a live cache with an admin socket (and --metrics-port)."),
+    "snapshot": ("snapshot_cmd", "snapshot", "Write a live cache's ownership snapshot."),
+    "bench": ("bench_cmd", "bench", "Run the benchmark scripts and print their ratios."),
+    "ns": ("ns_cmd", "app", "Namespaces in the store: list, show a prefix tree, drop (offboarding)."),
+}
+
+
+class LazyGroup(KvcGroup):
+    """The app's group: lists COMMANDS without importing them, and builds a command when it is resolved."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: Any, name: str) -> Any:
+        if name in self.commands:
+            return self.commands[name]
+        if name not in COMMANDS:
+            return None
+        short = COMMANDS[name][2]  # for the command list of `kvc --help`: the module is not imported for it
+        return TyperCommand(name=name, short_help=short, help=short)
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        name = args[0] if args else None
+        if name in COMMANDS and name not in self.commands:
+            self.commands[name] = _build(name)
+        return super().resolve_command(ctx, args)
+
+
+def _build(name: str) -> Any:
+    module, attr, short = COMMANDS[name]
+    target = getattr(importlib.import_module(f"kvc.{module}"), attr)
+    if isinstance(target, typer.Typer):
+        return typer.main.get_group(target)
+    info = typer.models.CommandInfo(name=name, callback=target, short_help=short)
+    return typer.main.get_command_from_info(info, pretty_exceptions_short=True, rich_markup_mode=app.rich_markup_mode)
+
 
 app = typer.Typer(
     name="kvc",
+    cls=LazyGroup,
     help="kvc: a tiered KV-cache core for LLM serving (device, host and persistent page-store tiers) "
     "and the tool to operate it: prefetch, stage, load back, inspect namespaces, audit ownership, replay workloads.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 
 
 def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("kvc")
     except PackageNotFoundError:  # running from a source tree without an install
@@ -29,33 +94,6 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
-def _register() -> None:
-    from . import (audit_cmd, bench_cmd, demo_cmd, init_cmd, live, ns_cmd, put_cmd, replay_cmd, request_cmd,
-                   serve_cmd, snapshot_cmd, stats_cmd)
-
-    # name -> (command, one line for `kvc --help`; `kvc NAME --help` shows the whole docstring)
-    commands = {
-        "init": (init_cmd.init, "Create a store for one KV layout (idempotent)."),
-        "put": (put_cmd.put, "Write a sequence's pages to L3 (synthetic KV, or --kv-file)."),
-        "prefetch": (request_cmd.prefetch, "L3 -> L2 for a request, or a namespace's hottest prefixes."),
-        "stage": (request_cmd.stage, "Prefetch in buffer mode and show the staged record."),
-        "load-back": (request_cmd.load_back, "L3 -> L2 -> L1 for a request, spliced and byte-checked."),
-        "replay": (replay_cmd.replay, "Run a JSONL trace through the whole core (--verify)."),
-        "generate": (replay_cmd.generate, "Write a synthetic multi-tenant trace."),
-        "demo": (demo_cmd.demo, "A multi-tenant workload replayed cold, then warm after a restart."),
-        "audit": (audit_cmd.audit, "Store integrity, a snapshot's or a live cache's ownership."),
-        "stats": (stats_cmd.stats, "Store (and live cache) figures; --prom for Prometheus."),
-        "serve": (serve_cmd.serve, "Run a live cache with an admin socket."),
-        "snapshot": (snapshot_cmd.snapshot, "Write a live cache's ownership snapshot."),
-        "bench": (bench_cmd.bench, "Run the benchmark scripts and print their ratios."),
-    }
-    for name, (fn, short) in commands.items():
-        app.command(name, short_help=short)(fn)
-    app.add_typer(ns_cmd.app, name="ns")
-    evict_help = "Live cache only: drop a namespace's pages from L1 and/or L2."
-    ns_cmd.app.command("evict", short_help=evict_help)(live.ns_evict)
-
-
 @app.callback()
 def main(
     version_: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
@@ -63,23 +101,13 @@ def main(
     socket: str | None = typer.Option(None, "--socket", envvar="KVC_SOCKET", show_default=False,
                                       help="Act on the live cache serving this admin socket (see `kvc serve`); "
                                       "a command's own --socket wins."),
-    timeout: float = typer.Option(30.0, "--timeout", envvar="KVC_TIMEOUT",
+    timeout: float = typer.Option(30.0, "--timeout", envvar="KVC_TIMEOUT", min=0.001, max=86400.0,
                                   help="Seconds to wait for a live cache's answer."),
+    debug: bool = typer.Option(False, "--debug", envvar="KVC_DEBUG",
+                               help="Show the traceback of an error (any command)."),
 ) -> None:
     """kvc: operate a tiered KV cache."""
     from . import live
 
+    STATE.debug = STATE.debug or debug
     live.set_global(socket, timeout)
-    _one_intra_op_thread()
-
-
-def _one_intra_op_thread() -> None:
-    """Run torch's CPU ops on the calling thread only. A cache's copies are small per-page gathers and
-    scatters, and the L3 I/O thread runs beside them: with OpenMP workers spinning for the same cores, a 10k
-    request replay on two cores took 8x longer (44 s instead of 5.8 s, measured with --verify)."""
-    import torch
-
-    torch.set_num_threads(1)
-
-
-_register()

@@ -1,4 +1,9 @@
-"""`kvc ns`: the namespaces a store holds — list, show one's prefix tree, drop one."""
+"""`kvc ns`: the namespaces a store holds — list, show one's prefix tree, drop one.
+
+A namespace is named on the command line by its extra_key and salt (EXTRA_KEY with --salt / --salt-file /
+KVC_SALT), or, where the salt is not at hand (offboarding from a runbook), by the id or the salt fingerprint that
+`kvc ns ls` prints. Both are keyed by the store's fingerprint key, so neither lets a short salt be guessed back.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +11,17 @@ from typing import Annotated
 
 import msgspec
 import typer
-from rich.table import Table
-from rich.tree import Tree
 
-from kvcache import NamespaceInfo
 from kvcache.keys import unpack_tokens
-from kvcache.storage.base import NamespaceRecord
+from kvcache.namespace import Namespace, NamespaceInfo, display_id
+from kvcache.storage.base import L3Store, NamespaceRecord
 
 from . import live
-from .common import (DEFAULT_STORE, DebugOpt, JsonOpt, SaltOpt, StoreOpt, UsageError, command,
-                     emit_json, human_bytes, namespace_arg, open_inspect, out, when)
+from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, namespace_arg, open_inspect
+from .errors import UsageError
+from .output import (Column, JsonOpt, Kind, Listing, NoHeadersOpt, Output, OutputOpt, console, emit_json, emit_rows,
+                     human_bytes, literal, ns_label, output_format, render, say, shown)
+from .secrets import SaltFileOpt, SaltOpt
 
 app = typer.Typer(help="Namespaces in the store: list them, show one's prefix tree, drop one (offboarding).",
                   no_args_is_help=True)
@@ -30,7 +36,7 @@ class NamespaceRow(msgspec.Struct):
 
     extra_key: str | None
     salt_fingerprint: str | None
-    id: str
+    id: str  # display_id: keyed by the store's fingerprint key; `kvc ns drop --id` takes it
     pages: int
     tokens: int
     bytes: int
@@ -42,7 +48,7 @@ class NamespaceRow(msgspec.Struct):
 class NamespaceList(msgspec.Struct):
     """`kvc ns ls --json`."""
 
-    store: str
+    store: str  # credentials redacted
     namespaces: list[NamespaceRow]
 
 
@@ -61,7 +67,7 @@ class NamespaceTree(msgspec.Struct):
     """`kvc ns show --json`."""
 
     namespace: NamespaceInfo
-    id: str
+    id: str  # display_id
     pages: int
     bytes: int
     roots: list[PrefixNode]
@@ -69,82 +75,104 @@ class NamespaceTree(msgspec.Struct):
 
 
 class DropOutput(msgspec.Struct):
-    """`kvc ns drop --json`."""
+    """`kvc ns drop --json`. `dropped` is False when the namespace was not there (only with --missing-ok)."""
 
-    namespace: NamespaceInfo
-    id: str
+    namespace: NamespaceInfo | None  # None: named by an id that matched nothing
+    id: str | None
+    dropped: bool
     pages: int
     bytes: int
     transactions: int
 
 
-def _page_size(store) -> int:
+LS_COLUMNS = [Column("id"), Column("extra_key", Kind.USER), Column("salt fingerprint"), Column("pages", Kind.INT),
+              Column("tokens", Kind.INT), Column("bytes", Kind.BYTES), Column("hits", Kind.INT),
+              Column("last access", Kind.TIME)]
+
+
+def _page_size(store: L3Store) -> int:
     sizes = {layout.page_size for layout in store.layouts()}
     return sizes.pop() if len(sizes) == 1 else 0  # tokens per page is ambiguous across layouts
 
 
-def _record(store, ns) -> NamespaceRecord:
-    for rec in store.namespaces():
-        if rec.ns_id_hex == ns.id_hex:
-            return rec
-    raise UsageError(f"no namespace {ns.label} in {store.location} (check the extra_key and --salt)")
+def _shown_id(rec: NamespaceRecord) -> str:
+    return display_id(bytes.fromhex(rec.ns_id_hex))
 
 
-@app.command("ls")
+def sort_rows(rows: list, sort: str) -> None:
+    """Order `ns ls` rows (offline or live) by one of SORT_KEYS."""
+    if sort == "extra_key":
+        rows.sort(key=lambda r: (r.extra_key or "", r.salt_fingerprint or ""))
+    else:
+        rows.sort(key=lambda r: getattr(r, sort), reverse=True)
+
+
+@app.command("ls", short_help="List the namespaces in the store (or a live cache), with their ids.")
 @command
 def ls(
     store: StoreOpt = DEFAULT_STORE,
     sort: Annotated[str, typer.Option("--sort", help=f"Order by one of: {', '.join(SORT_KEYS)} (largest first, "
                                       "extra_key alphabetical).")] = "bytes",
     socket: live.SocketOpt = None,
+    output: OutputOpt = None,
+    no_headers: NoHeadersOpt = False,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """List the namespaces in the store: extra_key, salt fingerprint, pages, tokens, bytes, hits, last access.
-    With --socket, the live cache's namespaces, with what each holds in L1, L2 and L3."""
+    """List the namespaces in the store: id, extra_key, salt fingerprint, pages, tokens, bytes, hits, last
+    access. With --socket, the live cache's namespaces, with what each holds in L1, L2 and L3."""
     if sort not in SORT_KEYS:
         raise UsageError(f"--sort {sort!r} is not one of {', '.join(SORT_KEYS)}")
+    fmt = output_format(output, json)
     if (sock := live.socket_path(socket)) is not None:
-        return live.ns_ls(sock, sort, json)
+        return live.ns_ls(sock, sort, fmt, no_headers)
     st = open_inspect(store)
     try:
         ps = _page_size(st)
-        rows = [NamespaceRow(r.extra_key, r.salt_fingerprint, r.ns_id_hex, r.pages, r.pages * ps, r.bytes, r.hits,
+        rows = [NamespaceRow(r.extra_key, r.salt_fingerprint, _shown_id(r), r.pages, r.pages * ps, r.bytes, r.hits,
                              r.created, r.last_access) for r in st.namespaces()]
     finally:
         st.close()
-    if sort == "extra_key":
-        rows.sort(key=lambda r: (r.extra_key or "", r.salt_fingerprint or ""))
+    sort_rows(rows, sort)
+    if fmt is Output.JSON:
+        emit_json(NamespaceList(str(store), rows))
+    elif fmt is Output.JSONL:
+        emit_rows(rows)
     else:
-        rows.sort(key=lambda r: getattr(r, sort), reverse=True)
-    if json:
-        emit_json(NamespaceList(store, rows))
-        return
-    table = Table(title=f"namespaces in {store}")
-    for col in ("extra_key", "salt fingerprint", "pages", "tokens", "bytes", "hits", "last access"):
-        table.add_column(col, justify="right" if col in ("pages", "tokens", "bytes", "hits") else "left")
-    for r in rows:
-        table.add_row(r.extra_key if r.extra_key is not None else "-", r.salt_fingerprint or "-", f"{r.pages:,}",
-                      f"{r.tokens:,}" if ps else "?", human_bytes(r.bytes), f"{r.hits:,}", when(r.last_access))
-    out.print(table)
+        render(Listing(f"namespaces in {store}", LS_COLUMNS,
+                       [[r.id, r.extra_key, r.salt_fingerprint, r.pages, r.tokens if ps else None, r.bytes, r.hits,
+                         r.last_access] for r in rows]), fmt, no_headers)
 
 
-@app.command("show")
+def _record(store: L3Store, ns: Namespace) -> NamespaceRecord | None:
+    return next((rec for rec in store.namespaces() if rec.ns_id_hex == ns.id_hex), None)
+
+
+@app.command("show", short_help="Show a namespace's prefix tree in the store, hottest first.")
 @command
 def show(
     extra_key: KeyArg,
     salt: SaltOpt = None,
+    salt_file: SaltFileOpt = None,
     store: StoreOpt = DEFAULT_STORE,
-    depth: Annotated[int, typer.Option("--depth", min=1, help="Pages of prefix to walk down.")] = 4,
-    width: Annotated[int, typer.Option("--width", min=1, help="Children shown per page, hottest first.")] = 5,
+    depth: Annotated[int, typer.Option("--depth", min=1, max=4096, help="Pages of prefix to walk down.")] = 4,
+    width: Annotated[int, typer.Option("--width", min=1, max=4096,
+                                       help="Children shown per page, hottest first.")] = 5,
+    output: OutputOpt = None,
+    no_headers: NoHeadersOpt = False,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Show a namespace's prefix tree in the store, hottest branches first, depth- and width-limited."""
-    ns = namespace_arg(extra_key, salt)
+    """Show a namespace's prefix tree in the store, hottest branches first, depth- and width-limited. tsv: one
+    line per page (depth, page hash, hits, bytes, tokens)."""
+    ns = namespace_arg(extra_key, salt, salt_file)
+    fmt = output_format(output, json)
     st = open_inspect(store)
     try:
         rec = _record(st, ns)
+        if rec is None:
+            raise UsageError(f"no namespace {shown(ns.extra_key)}/{ns.salt_fingerprint or '-'} in {store} "
+                             f"(check the extra_key and the salt)")
         roots, more = [], 0
         for layout in st.layouts():
             kids = st.children(st.root(ns, layout))
@@ -152,19 +180,26 @@ def show(
             more += max(0, len(kids) - width)
     finally:
         st.close()
-    tree = NamespaceTree(ns.info(), ns.id_hex, rec.pages, rec.bytes, roots, more)
-    if json:
+    tree = NamespaceTree(ns.info(), ns.display_id, rec.pages, rec.bytes, roots, more)
+    if fmt in (Output.JSON, Output.JSONL):
         emit_json(tree)
-        return
-    view = Tree(f"[bold]{ns.label}[/]  {rec.pages:,} pages, {human_bytes(rec.bytes)}")
-    for node in roots:
-        _render(view, node)
-    if more:
-        view.add(f"[dim]… {more} more[/]")
-    out.print(view)
+    elif fmt is Output.TSV:
+        rows: list[list] = []
+        _flatten(roots, 1, rows)
+        render(Listing("", [Column("depth", Kind.INT), Column("page_hash"), Column("hits", Kind.INT),
+                            Column("bytes", Kind.BYTES), Column("tokens")], rows), fmt, no_headers)
+    else:
+        from rich.tree import Tree
+
+        view = Tree(f"[bold]{ns_label(ns)}[/]  id {ns.display_id}  {rec.pages:,} pages, {human_bytes(rec.bytes)}")
+        for node in roots:
+            _render(view, node)
+        if more:
+            view.add(f"[dim]… {more} more[/]")
+        console().print(view)
 
 
-def _walk(store, child, depth: int, width: int) -> PrefixNode:
+def _walk(store: L3Store, child, depth: int, width: int) -> PrefixNode:
     node = PrefixNode(child.page_hash.hex(), unpack_tokens(child.tokens), child.hits, child.nbytes, [])
     if depth > 0:
         kids = store.children(child.page_hash)
@@ -173,7 +208,13 @@ def _walk(store, child, depth: int, width: int) -> PrefixNode:
     return node
 
 
-def _render(parent: Tree, node: PrefixNode) -> None:
+def _flatten(nodes: list[PrefixNode], depth: int, rows: list[list]) -> None:
+    for node in nodes:
+        rows.append([depth, node.page_hash, node.hits, node.bytes, ",".join(map(str, node.tokens))])
+        _flatten(node.children, depth + 1, rows)
+
+
+def _render(parent, node: PrefixNode) -> None:
     toks = node.tokens if len(node.tokens) <= 8 else node.tokens[:8] + ["…"]
     branch = parent.add(f"{' '.join(map(str, toks))}  [dim]hits {node.hits:,} · {node.page_hash[:12]}[/]")
     for child in node.children:
@@ -182,30 +223,87 @@ def _render(parent: Tree, node: PrefixNode) -> None:
         branch.add(f"[dim]… {node.more} more[/]")
 
 
-@app.command("drop")
+def _targets(store: L3Store, extra_key: str | None, ns: Namespace | None, ns_id: str | None,
+             fingerprint: str | None) -> list[NamespaceRecord]:
+    """The registry records a drop names (at most one unless the name is ambiguous)."""
+    records = store.namespaces()
+    if ns_id is not None:
+        return [r for r in records if _shown_id(r) == ns_id.lower()]
+    if fingerprint is not None:
+        key = extra_key or None
+        return [r for r in records if r.salt_fingerprint == fingerprint.lower()
+                and (extra_key is None or r.extra_key == key)]
+    assert ns is not None
+    return [r for r in records if r.ns_id_hex == ns.id_hex]
+
+
+@app.command("drop", short_help="Drop a namespace from the store: by extra_key and salt, --id or --fingerprint.")
 @command
 def drop(
-    extra_key: KeyArg,
+    extra_key: Annotated[str | None, typer.Argument(
+        help="The namespace's extra_key (\"\" for requests without one); with --fingerprint, narrows it to this "
+        "extra_key.", metavar="[EXTRA_KEY]", show_default=False)] = None,
     salt: SaltOpt = None,
+    salt_file: SaltFileOpt = None,
+    ns_id: Annotated[str | None, typer.Option(
+        "--id", help="Name the namespace by the id `kvc ns ls` prints (no salt needed).", show_default=False)]
+    = None,
+    fingerprint: Annotated[str | None, typer.Option(
+        "--fingerprint", help="Name it by its salt fingerprint as `kvc ns ls` prints it (with EXTRA_KEY when "
+        "tenants share a salt; no salt needed).", show_default=False)] = None,
+    missing_ok: Annotated[bool, typer.Option(
+        "--missing-ok", help="A namespace that is not in the store is not an error: nothing to drop, exit 0 "
+        "(a second run of an offboarding succeeds).")] = False,
     store: StoreOpt = DEFAULT_STORE,
     yes: Annotated[bool, typer.Option("--yes", help="Confirm: remove every page of the namespace.")] = False,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Remove every page of one namespace from the store (a tenant's offboarding). Needs --yes."""
-    ns = namespace_arg(extra_key, salt)
+    """Remove every page of one namespace from the store (a tenant's offboarding). Name it by EXTRA_KEY and its
+    salt, by --id, or by --fingerprint [EXTRA_KEY]. Needs --yes. Exit 2 when it names no namespace (0 with
+    --missing-ok) or more than one."""
+    if ns_id is not None and fingerprint is not None:
+        raise UsageError("give --id or --fingerprint, not both")
+    by_digest = ns_id is not None or fingerprint is not None
+    if by_digest and (salt is not None or salt_file is not None):
+        raise UsageError("--id and --fingerprint name a namespace without its salt: drop --salt / --salt-file")
+    if ns_id is not None and extra_key is not None:
+        raise UsageError("--id names the namespace alone: drop EXTRA_KEY")
+    if not by_digest and extra_key is None:
+        raise UsageError("name the namespace: EXTRA_KEY (with its salt), --id ID or --fingerprint FP")
+    ns = None if by_digest else namespace_arg(extra_key, salt, salt_file)
+    if ns_id is not None:
+        what = f"id {shown(ns_id)}"
+    elif fingerprint is not None:
+        what = f"fingerprint {shown(fingerprint)}" + (f" and extra_key {shown(extra_key)}" if extra_key else "")
+    else:
+        what = f"{shown(ns.extra_key)}/{ns.salt_fingerprint or '-'}"  # type: ignore[union-attr]
     if not yes:
-        raise UsageError(f"refusing to drop namespace {ns.label} without --yes")
+        raise UsageError(f"refusing to drop namespace {what} without --yes")
     st = open_inspect(store, writable=True)
     try:
-        _record(st, ns)
-        result = st.delete_namespace(ns.id)
+        found = _targets(st, extra_key, ns, ns_id, fingerprint)
+        if len(found) > 1:
+            raise UsageError(f"{len(found)} namespaces have {what}: name one by --id (see `kvc ns ls`)")
+        if not found:
+            if not missing_ok:
+                raise UsageError(f"no namespace {what} in {store} (--missing-ok makes that a success)")
+            output = DropOutput(ns.info() if ns is not None else None, ns.display_id if ns is not None else ns_id,
+                                False, 0, 0, 0)
+        else:
+            rec = found[0]
+            result = st.delete_namespace(bytes.fromhex(rec.ns_id_hex))
+            output = DropOutput(NamespaceInfo(rec.extra_key, rec.salt_fingerprint), _shown_id(rec), True,
+                                result.pages, result.bytes, result.transactions)
     finally:
         st.close()
-    output = DropOutput(ns.info(), ns.id_hex, result.pages, result.bytes, result.transactions)
     if json:
         emit_json(output)
+    elif not output.dropped:
+        say(literal(f"namespace {what} is not in {shown(str(store))}: nothing to drop"))
     else:
-        out.print(f"dropped namespace {ns.label}: {result.pages:,} pages, {human_bytes(result.bytes)} "
-                  f"({result.transactions} transactions)")
+        say(f"dropped namespace {ns_label(output.namespace)} (id {output.id}): {output.pages:,} pages, "
+            f"{human_bytes(output.bytes)} ({output.transactions} transactions)")
 
+
+app.command("evict", short_help="Live cache only: drop a namespace's pages from L1 and/or L2.")(live.ns_evict)

@@ -5,19 +5,24 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import msgspec
-import torch
 import typer
 
-from kvcache import KVLayout, NamespaceInfo, page_origins
 from kvcache.keys import pack_tokens
-from kvcache.kvdata import SyntheticKV
+from kvcache.layout import KVLayout
+from kvcache.namespace import NamespaceInfo
+from kvcache.storage.base import page_origins
 
-from .common import (DEFAULT_STORE, DebugOpt, ExtraKeyOpt, JsonOpt, SaltOpt, StoreOpt, TokensFileOpt, TokensOpt,
-                     UsageError, command, emit_json, human_bytes, namespace_arg, open_for_cache, out, progress,
-                     tokens_arg)
+from .common import (DEFAULT_STORE, DebugOpt, ExtraKeyOpt, StoreOpt, TokensFileOpt, TokensOpt, command,
+                     namespace_arg, open_for_cache, progress, tokens_arg)
+from .errors import UsageError
+from .output import JsonOpt, emit_json, human_bytes, ns_label, say
+from .secrets import SaltFileOpt, SaltOpt
+
+if TYPE_CHECKING:
+    import torch
 
 BATCH_PAGES = 64  # pages per store.put: one write transaction each
 
@@ -41,6 +46,7 @@ def put(
     store: StoreOpt = DEFAULT_STORE,
     extra_key: ExtraKeyOpt = None,
     salt: SaltOpt = None,
+    salt_file: SaltFileOpt = None,
     tokens: TokensOpt = None,
     tokens_file: TokensFileOpt = None,
     kv_file: Annotated[Path | None, typer.Option(
@@ -54,8 +60,10 @@ def put(
     ids = tokens_arg(tokens, tokens_file)
     if ids is None:
         raise UsageError("give the sequence with --tokens or --tokens-file")
-    ns = namespace_arg(extra_key, salt)
+    ns = namespace_arg(extra_key, salt, salt_file)
     with contextlib.closing(open_for_cache(store)) as handle:
+        from kvcache.kvdata import SyntheticKV
+
         layout = handle.layout
         assert layout is not None
         kv = _file_pages(kv_file, layout, len(ids)) if kv_file is not None else None
@@ -80,13 +88,15 @@ def put(
         emit_json(result_)
         return
     rate = nbytes / result_.seconds if result_.seconds else 0.0
-    out.print(f"{ns.label}: {len(hashes)} pages of {len(ids)} tokens: {written} written, {existing} already "
-              f"stored, {rejected} rejected; {human_bytes(nbytes)} in {result_.seconds * 1000:.1f} ms "
-              f"({human_bytes(rate)}/s)")
+    say(f"{ns_label(ns)}: {len(hashes)} pages of {len(ids)} tokens: "
+        f"{written} written, {existing} already stored, {rejected} rejected; {human_bytes(nbytes)} in "
+        f"{result_.seconds * 1000:.1f} ms ({human_bytes(rate)}/s)")
 
 
-def _file_pages(path: Path, layout: KVLayout, n_tokens: int) -> torch.Tensor:
+def _file_pages(path: Path, layout: KVLayout, n_tokens: int) -> "torch.Tensor":
     """[pages, bytes_per_page] uint8 rows of a KV tensor file, checked against the layout and the tokens."""
+    import torch
+
     if path.suffix == ".safetensors":
         try:
             from safetensors.torch import load_file

@@ -3,23 +3,35 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
+import tempfile
+from collections import Counter
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import msgspec
 import typer
-from rich.table import Table
 
-from kvcache import HostMode, PrefetchPolicy, WritePolicy
-from kvcache.replay import ReplayReport, replay as run_replay
-from kvcache.workload import WorkloadSpec, generate as generate_trace, read_trace, write_trace
+from kvcache.config import HostMode, PrefetchPolicy, WritePolicy
+from kvcache.workload import TraceRequest, WorkloadSpec, read_trace
 
 from . import live
-from .common import (DEFAULT_STORE, EXIT_FOUND, DebugOpt, JsonOpt, StoreOpt, UsageError, command, emit_json,
-                     human_bytes, offline_cache, open_for_cache, out, progress)
+from .common import (DEFAULT_STORE, DebugOpt, StoreOpt, command, offline_cache, open_for_cache, progress,
+                     writable_target)
+from .errors import EXIT_FOUND, UsageError
+from .output import (Column, JsonOpt, Kind, Listing, emit_json, esc, human_bytes, ns_label, output_format,
+                     render, say)
 
-DeviceOpt = Annotated[int, typer.Option("--device-tokens", help="L1 (device pool) capacity in tokens.")]
-HostOpt = Annotated[int, typer.Option("--host-tokens", help="L2 (host pool) capacity in tokens; 0: no L2.")]
+if TYPE_CHECKING:
+    from kvcache.replay import ReplayReport
+
+MAX_TOKENS = 2**40  # per tier: far beyond any machine; what the machine holds is checked before allocating
+
+DeviceOpt = Annotated[int, typer.Option("--device-tokens", min=1, max=MAX_TOKENS,
+                                         help="L1 (device pool) capacity in tokens.")]
+HostOpt = Annotated[int, typer.Option("--host-tokens", min=0, max=MAX_TOKENS,
+                                       help="L2 (host pool) capacity in tokens; 0: no L2.")]
 PrefetchPolicyOpt = Annotated[PrefetchPolicy, typer.Option(
     "--prefetch-policy", case_sensitive=False,
     help="What admission takes of a request's L3 prefetch: best_effort (what has arrived), wait_complete "
@@ -35,25 +47,19 @@ ModeOpt = Annotated[HostMode, typer.Option(
 VerifyOpt = Annotated[bool, typer.Option(
     "--verify", help="Compare every cached token handed to a request with the KV its page hash prescribes; "
     "exit 1 on any mismatch.")]
-BatchOpt = Annotated[int, typer.Option("--batch", help="Requests admitted together per scheduler step.")]
-
-
-def replay_options_ok(device_tokens: int, host_tokens: int, batch: int) -> None:
-    """Bad sizes are usage errors (exit 2), before anything runs."""
-    if device_tokens < 1 or host_tokens < 0 or batch < 1:
-        raise UsageError(f"--device-tokens {device_tokens}, --host-tokens {host_tokens}, --batch {batch}: "
-                         f"need device >= 1 page, host >= 0, batch >= 1")
+BatchOpt = Annotated[int, typer.Option("--batch", min=1, max=65536,
+                                        help="Requests admitted together per scheduler step.")]
 
 
 @command
 def replay(
-    trace: Annotated[Path, typer.Argument(help="JSONL trace, one request per line (DESIGN §8).",
+    trace: Annotated[Path, typer.Argument(help="JSONL trace, one request per line (docs/trace-format.md).",
                                           show_default=False)],
     store: StoreOpt = DEFAULT_STORE,
     verify: VerifyOpt = False,
     snapshot_out: Annotated[Path | None, typer.Option(
         "--snapshot-out", help="After the replay, write the cache's ownership snapshot here "
-        "(check it with `kvc audit --snapshot`).")] = None,
+        "(check it with `kvc audit --snapshot`). Its directory is checked before the replay starts.")] = None,
     device_tokens: DeviceOpt = 16384,
     host_tokens: HostOpt = 65536,
     prefetch_policy: PrefetchPolicyOpt = PrefetchPolicy.TIMEOUT,
@@ -66,21 +72,22 @@ def replay(
 ) -> None:
     """Replay a workload through the whole core — match, L3 prefetch, admit, forward (synthetic KV), commit,
     backup, eviction, load-back — on a cache embedded on the store. Committed pages are written to the store
-    (flushed before exit), so a later replay in a new process hits L3. Exit 1 when --verify finds a mismatch or
-    the final ownership audit fails. With --socket, the live cache runs the trace with its own sizes and
-    policies (the tier and policy options are then not used)."""
-    replay_options_ok(device_tokens, host_tokens, batch)
+    (flushed before exit), so a later replay in a new process hits L3. Exit 1 when --verify finds a mismatch,
+    the final ownership audit fails, or no L3 write succeeded (every one failed or was refused: nothing was
+    backed up); a read-only store is refused before the replay starts (exit 2). With --socket, the live cache
+    runs the trace with its own sizes and policies (the tier and policy options are then not used)."""
+    if snapshot_out is not None:
+        writable_target(snapshot_out, "--snapshot-out")
+    requests = read_trace(trace)  # validated whole before anything runs: a bad line changes nothing
     if (sock := live.socket_path(socket)) is not None:
         report = live.replay(sock, trace, verify, batch, snapshot_out)
-        if json:
-            emit_json(report)
-        else:
-            print_report(report, f"{trace} on the live cache at {sock}")
-        if not report.ok:
-            raise typer.Exit(EXIT_FOUND)
+        _finish(report, requests, f"{trace} on the live cache at {sock}", json)
         return
-    requests = read_trace(trace)  # validated whole before anything runs: a bad line changes nothing
+    from kvcache.replay import replay as run_replay
+
     with contextlib.closing(open_for_cache(store)) as handle:
+        if handle.readonly:
+            raise UsageError(f"{store}: the store is read-only here; a replay writes its committed pages to it")
         cache = offline_cache(handle, handle.layout, device_tokens, host_tokens, prefetch_policy=prefetch_policy,
                               write_policy=write_policy, host_mode=mode)
         with contextlib.closing(cache):
@@ -88,56 +95,79 @@ def replay(
                 report = run_replay(cache, requests, verify=verify, batch=batch, progress=advance)
             if snapshot_out is not None:
                 cache.snapshot(str(snapshot_out))
+    _finish(report, requests, str(trace), json)
+
+
+def _finish(report: "ReplayReport", requests: list[TraceRequest], title: str, json: bool) -> None:
+    """Print a replay's report; exit 1 when it found problems, or when it wrote pages to L3 and none of them made
+    it (a store that refuses writes: the next process would find nothing)."""
     if json:
         emit_json(report)
     else:
-        print_report(report, str(trace))
-    if not report.ok:
+        print_report(report, title, requests)
+    b = report.backup
+    lost = b.storage_failed + b.storage_rejected
+    if lost:
+        what = "every L3 write" if not b.storage_pages else f"{lost} of {lost + b.storage_pages} L3 page writes"
+        sys.stderr.write(f"kvc: warning: {what} failed or was refused ({b.storage_failed} failed, "
+                         f"{b.storage_rejected} refused): those pages stayed in L2 only\n")
+    if not report.ok or (lost and not b.storage_pages):
         raise typer.Exit(EXIT_FOUND)
 
 
-def hit_table(report: ReplayReport, title: str) -> Table:
-    """Per namespace × tier hit tokens."""
-    table = Table(title=title, title_justify="left")
-    for col in ("extra_key", "salt fp", "requests", "tokens", "L1 hit", "L2 hit", "L3 hit", "hit %"):
-        table.add_column(col, justify="left" if col in ("extra_key", "salt fp") else "right")
+def trace_counts(requests: list[TraceRequest]) -> Counter:
+    """Requests per namespace in a trace."""
+    return Counter(r.namespace().info() for r in requests)
+
+
+def hit_listing(report: "ReplayReport", title: str, requests: list[TraceRequest]) -> Listing:
+    """Per namespace × tier hit tokens; `refused` from the trace (requests sent, not committed)."""
+    sent = trace_counts(requests)
+    rows = []
     for row in report.namespaces:
         h = row.hit_tokens
-        table.add_row(row.namespace.extra_key or "-", row.namespace.salt_fingerprint or "-", str(row.requests),
-                      str(row.tokens), str(h.device), str(h.host), str(h.storage),
-                      f"{100 * h.total / row.tokens:.1f}" if row.tokens else "-")
+        rows.append([row.namespace.extra_key, row.namespace.salt_fingerprint, sent[row.namespace], row.requests,
+                     sent[row.namespace] - row.requests, row.tokens, h.device, h.host, h.storage,
+                     100 * h.total / row.tokens if row.tokens else None])
+    seen = {row.namespace for row in report.namespaces}
+    for info, n in sorted(sent.items(), key=lambda kv: (kv[0].extra_key or "", kv[0].salt_fingerprint or "")):
+        if info not in seen:  # every request of the namespace was refused
+            rows.append([info.extra_key, info.salt_fingerprint, n, 0, n, 0, 0, 0, 0, None])
     h = report.hit_tokens
-    table.add_row("total", "", str(report.requests), str(report.tokens), str(h.device), str(h.host),
-                  str(h.storage), f"{100 * h.total / report.tokens:.1f}" if report.tokens else "-", style="bold")
-    return table
+    rows.append(["total", None, len(requests), report.requests, report.refused, report.tokens, h.device, h.host,
+                 h.storage, 100 * h.total / report.tokens if report.tokens else None])
+    columns = [Column("extra_key", Kind.USER), Column("salt fp"), Column("sent", Kind.INT),
+               Column("done", Kind.INT), Column("refused", Kind.INT), Column("tokens", Kind.INT),
+               Column("L1 hit", Kind.INT), Column("L2 hit", Kind.INT), Column("L3 hit", Kind.INT),
+               Column("hit %", Kind.PERCENT)]
+    return Listing(title, columns, rows, bold=[len(rows) - 1])
 
 
-def print_report(report: ReplayReport, title: str) -> None:
+def print_report(report: "ReplayReport", title: str, requests: list[TraceRequest]) -> None:
     """The human form of a replay report."""
-    out.print(hit_table(report, f"replay {title}"))
+    render(hit_listing(report, f"replay {title}", requests), output_format(None), titled=True)
     p = report.prefetch
     declined = ", ".join(f"{k} {v}" for k, v in sorted(p.declined.items())) or "none"
     dropped = ", ".join(f"{k} {v}" for k, v in sorted(p.dropped.items())) or "none"
     cancelled = ", ".join(f"{k} {v}" for k, v in sorted(p.cancelled.items())) or "none"
-    out.print(f"prefetch: {p.issued} issued of {p.attempts} ({report.prefetches_reissued} issued again); declined: "
-              f"{declined}; {p.hit_pages} pages hit in L3, {p.fetched_pages} fetched ({human_bytes(p.fetched_bytes)}), "
-              f"{p.used_pages} used; dropped: {dropped}; cancelled: {cancelled}; {p.read_errors} read errors; "
-              f"{report.namespace_mismatches} namespace mismatches")
+    say(f"prefetch: {p.issued} issued of {p.attempts} ({report.prefetches_reissued} issued again); declined: "
+        f"{declined}; {p.hit_pages} pages hit in L3, {p.fetched_pages} fetched ({human_bytes(p.fetched_bytes)}), "
+        f"{p.used_pages} used; dropped: {dropped}; cancelled: {cancelled}; {p.read_errors} read errors; "
+        f"{report.namespace_mismatches} namespace mismatches")
     b = report.backup
-    out.print(f"backup: {b.host_pages} pages L1 -> L2, {b.storage_pages} pages L2 -> L3 "
-              f"({human_bytes(b.storage_bytes)}), {b.storage_failed} failed, {b.storage_rejected} rejected")
+    say(f"backup: {b.host_pages} pages L1 -> L2, {b.storage_pages} pages L2 -> L3 "
+        f"({human_bytes(b.storage_bytes)}), {b.storage_failed} failed, {b.storage_rejected} rejected")
     if report.verify:
         verdict = "ok" if not report.verify_mismatches else f"{report.verify_mismatches} pages DIFFER"
-        out.print(f"verify: {report.verified_tokens} cached tokens compared byte for byte: {verdict}")
+        say(f"verify: {report.verified_tokens} cached tokens compared byte for byte: {verdict}")
         for m in report.mismatches[:5]:
-            out.print(f"  {m.rid} page {m.page} ({m.namespace.extra_key}, salt fp {m.namespace.salt_fingerprint})")
+            say(f"  {esc(m.rid)} page {m.page} ({ns_label(m.namespace)})")
     audit = "ok" if report.audit.ok else f"{len(report.audit.violations)} violations ({report.audit.violations[0]})"
-    out.print(f"audit: {audit}")
-    refused = f"{report.refused} refused: larger than the device pool"
-    if report.blocked:
-        refused += f"; {report.blocked} blocked by the engine's own requests"
-    out.print(f"{report.requests} requests ({refused}), {report.tokens} tokens in "
-              f"{report.seconds:.2f} s: {report.requests_per_s:,.0f} req/s, {report.tokens_per_s:,.0f} tokens/s")
+    say(f"audit: {esc(audit)}")
+    blocked = f", {report.blocked} blocked by the engine's own requests" if report.blocked else ""
+    say(f"{len(requests)} requests sent: {report.requests} done, {report.refused} refused (too large for L1)"
+        f"{blocked}; {report.tokens} tokens in {report.seconds:.2f} s: {report.requests_per_s:,.0f} req/s, "
+        f"{report.tokens_per_s:,.0f} tokens/s")
 
 
 class GenerateOutput(msgspec.Struct):
@@ -153,23 +183,38 @@ class GenerateOutput(msgspec.Struct):
 def generate(
     out_path: Annotated[Path, typer.Argument(metavar="OUT", help="Where to write the JSONL trace.",
                                              show_default=False)],
-    requests: Annotated[int, typer.Option(help="Requests in the trace.")] = 1000,
-    tenants: Annotated[int, typer.Option(help="Tenants (namespaces: extra_key tenant-<i>).")] = 4,
+    requests: Annotated[int, typer.Option(min=1, max=10_000_000, help="Requests in the trace.")] = 1000,
+    tenants: Annotated[int, typer.Option(min=1, max=100_000,
+                                         help="Tenants (namespaces: extra_key tenant-<i>).")] = 4,
     salted: Annotated[bool, typer.Option(help="Give every tenant a cache_salt.")] = True,
-    documents: Annotated[int, typer.Option(help="Documents per tenant (Zipf popularity).")] = 6,
-    continue_prob: Annotated[float, typer.Option(help="Chance a request continues an open conversation.")] = 0.5,
-    seed: Annotated[int, typer.Option(help="Random seed: the same seed gives the same trace.")] = 0,
+    documents: Annotated[int, typer.Option(min=1, max=100_000,
+                                           help="Documents per tenant (Zipf popularity).")] = 6,
+    continue_prob: Annotated[float, typer.Option(min=0.0, max=1.0,
+                                                 help="Chance a request continues an open conversation.")] = 0.5,
+    seed: Annotated[int, typer.Option(min=0, max=2**63 - 1,
+                                      help="Random seed: the same seed gives the same trace.")] = 0,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Write a synthetic multi-tenant trace: per-tenant system prompts and documents, a prefix with the same
-    token ids in every tenant, Zipf-like popularity, multi-turn conversations."""
+    token ids in every tenant, Zipf-like popularity, multi-turn conversations. The file appears whole (written
+    beside it, then renamed)."""
+    from kvcache.workload import generate as generate_trace, write_trace
+
+    writable_target(out_path, "OUT")
     spec = WorkloadSpec(requests=requests, tenants=tenants, salted=salted, documents=documents,
                         continue_prob=continue_prob, seed=seed)
     trace = generate_trace(spec)
-    write_trace(out_path, trace)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out_path.name}.", dir=out_path.parent)
+    os.close(fd)
+    try:
+        write_trace(tmp, trace)
+        os.replace(tmp, out_path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)  # interrupted or failed: no half-written trace is left behind
     result = GenerateOutput(str(out_path), len(trace), sum(len(r.tokens) for r in trace), spec)
     if json:
         emit_json(result)
     else:
-        out.print(f"{out_path}: {result.requests} requests, {result.tokens} tokens, {tenants} tenants")
+        say(f"{esc(str(out_path))}: {result.requests} requests, {result.tokens} tokens, {tenants} tenants")

@@ -13,21 +13,31 @@ from typing import Annotated
 
 import typer
 
-from kvcache import InvariantViolation, PrefetchPolicy
-from kvcache.admin_ops import execute
 from kvcache.admin_protocol import LoadBackRequest, PrefetchRequest, RequestResult, StageRequest
+from kvcache.config import PrefetchPolicy
+from kvcache.namespace import Namespace
 
 from . import live
-from .common import (DEFAULT_STORE, EXIT_FOUND, DebugOpt, ExtraKeyOpt, JsonOpt, SaltOpt, StoreOpt, TokensFileOpt,
-                     TokensOpt, UsageError, command, emit_json, human_bytes, offline_cache, open_for_cache, out,
-                     round_up_pages, tokens_arg)
+from .common import (DEFAULT_STORE, DebugOpt, ExtraKeyOpt, StoreOpt, TokensFileOpt, TokensOpt, command,
+                     offline_cache, open_for_cache, round_up_pages, tokens_arg)
+from .errors import EXIT_FOUND, UsageError
+from .output import JsonOpt, emit_json, esc, human_bytes, ns_label, say
+from .secrets import SaltFileOpt, SaltOpt, salt_from
 
 DEFAULT_MAX_PAGES = 4096
+MAX_PAGES = 2**31 - 1  # a budget, not a size: L2 is sized from what the namespace holds, never from this
 
 PolicyOpt = Annotated[PrefetchPolicy, typer.Option(
     "--policy", help="When the prefetch is settled: wait_complete (wait for every hit page), timeout (wait up to "
     "--timeout-ms), best_effort (take what has arrived).", case_sensitive=False)]
-TimeoutOpt = Annotated[float, typer.Option("--timeout-ms", help="Budget of the timeout policy, in milliseconds.")]
+TimeoutOpt = Annotated[float, typer.Option("--timeout-ms", min=0, max=3_600_000,
+                                           help="Budget of the timeout policy, in milliseconds.")]
+
+
+def _namespace(extra_key: str | None, salt: str | None, salt_file) -> tuple[Namespace, str | None]:
+    """The request's namespace (checked before anything runs) and the salt the admin request carries."""
+    value = salt_from(salt, salt_file)
+    return Namespace(extra_key, value), value
 
 
 def _tokens(tokens: str | None, tokens_file) -> list[int]:
@@ -37,19 +47,27 @@ def _tokens(tokens: str | None, tokens_file) -> list[int]:
     return ids.tolist()
 
 
-def _run(store: str, socket: str | None, request, mode: str, device_tokens: int, host_tokens: int,
-         host_pages: int = 0) -> RequestResult:
+def _run(store, socket: str | None, request, mode: str, device_tokens: int, host_tokens: int,
+         warm: Namespace | None = None, warm_pages: int = 0) -> RequestResult:
     """Run an admin request on the live cache at `socket`, or on a cache embedded on `store` for this command
-    with tiers of `device_tokens` and `host_tokens` (or `host_pages`, whichever is larger)."""
+    with tiers of `device_tokens` and `host_tokens`; to warm the namespace `warm`, L2 holds what it has stored,
+    up to `warm_pages`."""
     if socket is not None:
         return live.call(socket, request, RequestResult)
     with contextlib.closing(open_for_cache(store)) as handle:
-        ps = handle.layout.page_size  # type: ignore[union-attr]
+        layout = handle.layout
+        assert layout is not None
+        ps = layout.page_size
+        if warm is not None:
+            stored = next((r.pages for r in handle.namespaces() if r.ns_id_hex == warm.id_hex), 0)
+            host_tokens = max(host_tokens, min(stored, warm_pages) * ps)
         # offline the prefetch is the only thing running, so a miss is final: no retries to wait for
-        cache = offline_cache(handle, handle.layout, round_up_pages(device_tokens, ps),
-                              max(round_up_pages(host_tokens, ps), host_pages * ps), host_mode=mode,
-                              prefetch_retries=0)
+        cache = offline_cache(handle, layout, round_up_pages(device_tokens, ps), round_up_pages(host_tokens, ps),
+                              host_mode=mode, prefetch_retries=0)
         with contextlib.closing(cache):
+            from kvcache.admin_ops import execute
+            from kvcache.errors import InvariantViolation
+
             result = execute(cache, request)
             audit = cache.audit()
             if not audit.ok:  # a broken invariant is kvc's bug: say so loudly, never print a result
@@ -61,21 +79,19 @@ def _emit(result: RequestResult, json: bool) -> None:
     if json:
         emit_json(result)
         return
-    ns = result.namespace
-    label = f"{ns.extra_key or '(no extra_key)'} salt={ns.salt_fingerprint or '-'}"
     what = f"{result.prefixes} prefixes, " if result.prefixes else ""
-    out.print(f"{result.command} {label}: {what}{result.hit_tokens}/{result.requested_tokens} tokens hit "
-              f"({result.pages} pages, {human_bytes(result.bytes)}) in {result.seconds * 1000:.1f} ms")
+    say(f"{result.command} {ns_label(result.namespace)}: {what}{result.hit_tokens}/{result.requested_tokens} tokens "
+        f"hit ({result.pages} pages, {human_bytes(result.bytes)}) in {result.seconds * 1000:.1f} ms")
     if result.declined:
-        out.print(f"  no prefetch started: {result.declined}")
+        say(f"  no prefetch started: {esc(result.declined)}")
     if result.staged is not None:
         s = result.staged
-        out.print(f"  staged record #{s.id} for {s.rid}: namespace id {s.namespace_id[:16]}, tokens "
-                  f"{s.start_tokens}..{s.start_tokens + s.staged_tokens} of {s.key_tokens}, op {s.op_id}")
+        say(f"  staged record #{s.id} for {esc(s.rid)}: namespace id {esc(s.namespace_id)}, tokens "
+            f"{s.start_tokens}..{s.start_tokens + s.staged_tokens} of {s.key_tokens}, op {s.op_id}")
     if result.command == "load-back":
         verdict = "ok" if not result.verify_mismatches else f"{result.verify_mismatches} pages DIFFER"
-        out.print(f"  loaded back {result.loaded_back_tokens} tokens L2 -> L1; verified {result.verified_tokens} "
-                  f"device tokens against the store: {verdict}")
+        say(f"  loaded back {result.loaded_back_tokens} tokens L2 -> L1; verified {result.verified_tokens} "
+            f"device tokens against the store: {verdict}")
 
 
 @command
@@ -83,13 +99,14 @@ def prefetch(
     store: StoreOpt = DEFAULT_STORE,
     extra_key: ExtraKeyOpt = None,
     salt: SaltOpt = None,
+    salt_file: SaltFileOpt = None,
     tokens: TokensOpt = None,
     tokens_file: TokensFileOpt = None,
     max_pages: Annotated[int, typer.Option(
-        "--max-pages", help="Without tokens: most pages to fetch from the namespace's hottest prefixes.")]
-    = DEFAULT_MAX_PAGES,
+        "--max-pages", min=0, max=MAX_PAGES,
+        help="Without tokens: most pages to fetch from the namespace's hottest prefixes.")] = DEFAULT_MAX_PAGES,
     max_bytes: Annotated[int | None, typer.Option(
-        "--max-bytes", help="Without tokens: most payload bytes to fetch.")] = None,
+        "--max-bytes", min=0, max=2**62, help="Without tokens: most payload bytes to fetch.")] = None,
     policy: PolicyOpt = PrefetchPolicy.WAIT_COMPLETE,
     timeout_ms: TimeoutOpt = 1000.0,
     socket: live.SocketOpt = None,
@@ -100,12 +117,11 @@ def prefetch(
     hottest stored prefixes up to --max-pages / --max-bytes, walked from its root in the store. With --socket
     the pages land in the live cache's L2 and stay."""
     ids = tokens_arg(tokens, tokens_file)
-    if max_pages < 0 or (max_bytes is not None and max_bytes < 0):
-        raise UsageError("--max-pages and --max-bytes must be >= 0")
-    request = PrefetchRequest(extra_key, salt, None if ids is None else ids.tolist(), max_pages, max_bytes, policy,
-                              timeout_ms)
+    ns, salt_value = _namespace(extra_key, salt, salt_file)
+    request = PrefetchRequest(extra_key, salt_value, None if ids is None else ids.tolist(), max_pages, max_bytes,
+                              policy, timeout_ms)
     _emit(_run(store, live.socket_path(socket), request, "cache", 1, 0 if ids is None else len(ids),
-               max_pages if ids is None else 0), json)
+               ns if ids is None else None, max_pages), json)
 
 
 @command
@@ -113,6 +129,7 @@ def stage(
     store: StoreOpt = DEFAULT_STORE,
     extra_key: ExtraKeyOpt = None,
     salt: SaltOpt = None,
+    salt_file: SaltFileOpt = None,
     tokens: TokensOpt = None,
     tokens_file: TokensFileOpt = None,
     policy: PolicyOpt = PrefetchPolicy.WAIT_COMPLETE,
@@ -124,7 +141,8 @@ def stage(
     """Prefetch one request in buffer mode and show its staged record: the fetched pages parked for that
     request, with the request's namespace fingerprint (the record is given back afterwards)."""
     ids = _tokens(tokens, tokens_file)
-    request = StageRequest(ids, extra_key, salt, policy, timeout_ms)
+    _, salt_value = _namespace(extra_key, salt, salt_file)
+    request = StageRequest(ids, extra_key, salt_value, policy, timeout_ms)
     _emit(_run(store, live.socket_path(socket), request, "buffer", 1, len(ids)), json)
 
 
@@ -133,6 +151,7 @@ def load_back(
     store: StoreOpt = DEFAULT_STORE,
     extra_key: ExtraKeyOpt = None,
     salt: SaltOpt = None,
+    salt_file: SaltFileOpt = None,
     tokens: TokensOpt = None,
     tokens_file: TokensFileOpt = None,
     mode: Annotated[str, typer.Option(
@@ -150,7 +169,8 @@ def load_back(
     if mode not in ("cache", "buffer"):
         raise UsageError(f"--mode {mode!r}: expected cache or buffer")
     ids = _tokens(tokens, tokens_file)
-    request = LoadBackRequest(ids, extra_key, salt, policy, timeout_ms)
+    _, salt_value = _namespace(extra_key, salt, salt_file)
+    request = LoadBackRequest(ids, extra_key, salt_value, policy, timeout_ms)
     result = _run(store, live.socket_path(socket), request, mode, len(ids), len(ids))
     _emit(result, json)
     if result.verify_mismatches:

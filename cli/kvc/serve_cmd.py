@@ -17,12 +17,13 @@ from typing import Annotated
 
 import typer
 
-from kvcache import HostMode, PrefetchPolicy, WritePolicy
+from kvcache.config import HostMode, PrefetchPolicy, WritePolicy
 
 from . import live
-from .common import (DEFAULT_STORE, DebugOpt, JsonOpt, StoreOpt, UsageError, command, emit_json, err,
-                     offline_cache, open_for_cache)
-from .replay_cmd import DeviceOpt, HostOpt, ModeOpt, PrefetchPolicyOpt, WritePolicyOpt, replay_options_ok
+from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, offline_cache, open_for_cache
+from .errors import UsageError
+from .output import JsonOpt, console, emit_json
+from .replay_cmd import DeviceOpt, HostOpt, ModeOpt, PrefetchPolicyOpt, WritePolicyOpt
 
 ModeBits = Annotated[str, typer.Option("--socket-mode", help="Permissions of the socket file, octal (owner "
                                        "only by default: whoever can connect can drive the cache).")]
@@ -38,11 +39,20 @@ def serve(
     write_policy: WritePolicyOpt = WritePolicy.WRITE_THROUGH,
     mode: ModeOpt = HostMode.CACHE,
     socket_mode: ModeBits = "600",
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", min=0, max=65535, show_default=False,
+        help="Serve Prometheus metrics of the live cache over HTTP on this port (0: any free port; the ready "
+        "line names it): tiers, hits per namespace and tier, prefetch and backup counters, the store's "
+        "figures. Each scrape is answered between two scheduler steps.")] = None,
+    metrics_addr: Annotated[str, typer.Option(
+        "--metrics-addr", help="Address the metrics endpoint listens on (labels carry tenant names: keep it "
+        "off public interfaces).")] = "127.0.0.1",
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Run a live cache on the store with an admin socket, until SIGTERM or SIGINT. Other kvc commands act on it
-    with --socket. Prints "serving on SOCKET" on stderr when ready (with --json, a ready object on stdout)."""
+    with --socket; `--metrics-port` adds a Prometheus endpoint. Prints "serving on SOCKET" on stderr when ready
+    (with --json, a ready object on stdout)."""
     path = live.socket_path(socket)
     if path is None:
         raise UsageError("kvc serve needs --socket PATH (or KVC_SOCKET)")
@@ -50,7 +60,6 @@ def serve(
         bits = int(socket_mode, 8)
     except ValueError:
         raise UsageError(f"--socket-mode {socket_mode!r}: not an octal mode such as 600") from None
-    replay_options_ok(device_tokens, host_tokens, 1)
     stop = threading.Event()
     with contextlib.closing(open_for_cache(store)) as handle:
         cache = offline_cache(handle, handle.layout, device_tokens, host_tokens, prefetch_policy=prefetch_policy,
@@ -59,10 +68,39 @@ def serve(
             server = cache.serve_admin(path, mode=bits)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: stop.set())
-            err.print(f"kvc serve: serving on {server.path} (store {store}, L1 {device_tokens} tokens, "
-                      f"L2 {host_tokens} tokens, {mode.value} mode, pid {os.getpid()})", markup=False)
+            metrics = _serve_metrics(server.path, metrics_addr, metrics_port) if metrics_port is not None else None
+            where = f", metrics on {metrics[0]}" if metrics is not None else ""
+            log = console(stderr=True)
+            log.print(f"kvc serve: serving on {server.path} (store {store}, L1 {device_tokens} tokens, "
+                      f"L2 {host_tokens} tokens, {mode.value} mode, pid {os.getpid()}{where})", markup=False)
             if json:
-                emit_json({"event": "ready", "socket": server.path, "pid": os.getpid(), "store": store})
-            server.serve_forever(cache.poll, stop)
+                emit_json({"event": "ready", "socket": server.path, "pid": os.getpid(), "store": str(store),
+                           "metrics": metrics[0] if metrics is not None else None})
+            try:
+                server.serve_forever(cache.poll, stop)
+            finally:
+                if metrics is not None:
+                    metrics[1].shutdown()
             served = server.served
-    err.print(f"kvc serve: stopped after {served} requests; socket removed, L3 writes flushed", markup=False)
+    console(stderr=True).print(f"kvc serve: stopped after {served} requests; socket removed, L3 writes flushed",
+                               markup=False)
+
+
+def _serve_metrics(socket: str, addr: str, port: int):
+    """Start the Prometheus endpoint (a thread): each scrape asks this cache's own admin socket, so the figures
+    are read on the owner thread between steps. Returns (its URL, its server)."""
+    from prometheus_client import start_http_server
+
+    from kvcache.admin_protocol import LiveStats, NamespaceList, NamespacesRequest, StatsRequest
+    from kvcache.metrics import cache_families, registry_of
+
+    def families():
+        return cache_families(live.call(socket, StatsRequest(), LiveStats),
+                              live.call(socket, NamespacesRequest(), NamespaceList))
+
+    try:
+        httpd, _ = start_http_server(port, addr=addr, registry=registry_of(families))
+    except OSError as exc:
+        raise UsageError(f"--metrics-port {port} on {addr}: {exc.strerror or exc}") from None
+    host, bound = httpd.server_address[:2]
+    return f"http://{host}:{bound}/metrics", httpd

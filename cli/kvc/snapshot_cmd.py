@@ -8,7 +8,9 @@ from typing import Annotated
 import typer
 
 from . import live
-from .common import DebugOpt, JsonOpt, UsageError, command, emit_json, human_bytes, out
+from .common import DebugOpt, command
+from .errors import UsageError
+from .output import JsonOpt, emit_json, esc, human_bytes, say
 
 
 @command
@@ -29,5 +31,5 @@ def snapshot(
     if json:
         emit_json(result)
     else:
-        out.print(f"snapshot of the live cache at {sock} written to {result.path} ({human_bytes(result.bytes)}: "
-                  f"{result.nodes} tree nodes, {result.holders} other holders)")
+        say(f"snapshot of the live cache at {esc(sock)} written to {esc(result.path)} ({human_bytes(result.bytes)}: "
+            f"{result.nodes} tree nodes, {result.holders} other holders)")

@@ -1,4 +1,5 @@
-"""`kvc stats`: a store's size, pages, namespaces, layouts and counters; `--prom` for Prometheus."""
+"""`kvc stats`: a store's size, pages, namespaces, layouts; with --socket a live cache's too; `--prom` for
+Prometheus (kvcache.metrics)."""
 
 from __future__ import annotations
 
@@ -6,79 +7,67 @@ from typing import Annotated
 
 import msgspec
 import typer
-from rich.table import Table
 
 from kvcache.storage.base import StoreStats
 
 from . import live
-from .common import DEFAULT_STORE, DebugOpt, JsonOpt, StoreOpt, command, emit_json, human_bytes, open_inspect, out
+from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, open_inspect
+from .output import (Column, JsonOpt, Listing, NoHeadersOpt, Output, OutputOpt, emit_json, human_bytes,
+                     output_format, render)
 
-# Prometheus metric name -> (help, type, how to read it from StoreStats): the exposition is this table, printed.
-PROM_METRICS: dict[str, tuple[str, str, str]] = {
-    "kvc_store_pages": ("Pages stored.", "gauge", "pages"),
-    "kvc_store_bytes": ("Payload bytes stored.", "gauge", "bytes"),
-    "kvc_store_footprint_bytes": ("Bytes the store occupies in its medium.", "gauge", "footprint_bytes"),
-    "kvc_store_capacity_bytes": ("Payload limit in bytes; 0 = unlimited.", "gauge", "capacity_bytes"),
-    "kvc_store_namespaces": ("Namespaces in the registry.", "gauge", "namespaces"),
-    "kvc_store_layouts": ("KV layouts the store holds.", "gauge", "layouts"),
-    "kvc_store_pages_read_total": ("Pages read by this handle.", "counter", "counters.pages_read"),
-    "kvc_store_misses_total": ("Reads that stopped short.", "counter", "counters.misses"),
-    "kvc_store_checksum_failures_total": ("Pages that failed their checksum.", "counter",
-                                          "counters.checksum_failures"),
-}
+PromOpt = Annotated[bool, typer.Option("--prom", help="Print the Prometheus text exposition instead (for a "
+                                       "node_exporter textfile or a scrape; `kvc serve --metrics-port` serves it).")]
 
 
-def _read(stats: StoreStats, path: str) -> float:
-    value = stats
-    for part in path.split("."):
-        value = getattr(value, part)
-    return float(value)  # type: ignore[arg-type]
+def store_rows(figures: StoreStats, location: str) -> list[list[str]]:
+    """`kvc stats` rows (figure, value) of a store."""
+    c = figures.counters
+    return [["store", location],
+            ["backend", f"{figures.backend} (format {figures.format_version}, checksum {figures.checksum})"],
+            ["pages", f"{figures.pages:,}"],
+            ["payload", human_bytes(figures.bytes)],
+            ["footprint", human_bytes(figures.footprint_bytes)],
+            ["capacity", human_bytes(figures.capacity_bytes) if figures.capacity_bytes else "unlimited"],
+            ["namespaces", f"{figures.namespaces:,}"],
+            ["reads / misses", f"{c.pages_read:,} / {c.misses:,} (checksum failures {c.checksum_failures:,})"]]
 
 
-def prometheus(stats: StoreStats) -> str:
-    """The Prometheus text exposition of a store's stats."""
-    labels = f'{{backend="{stats.backend}",store="{stats.location}"}}'
-    lines = []
-    for name, (help_text, kind, path) in PROM_METRICS.items():
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name}{labels} {_read(stats, path):g}"]
-    return "\n".join(lines) + "\n"
+def print_figures(title: str, rows: list[list[str]], output: Output | None, no_headers: bool) -> None:
+    """Figure/value rows: a two-column table on a terminal, `figure<TAB>value` lines elsewhere (--json for
+    scripts)."""
+    render(Listing(title, [Column("figure"), Column("value")], rows, header=False), output_format(output),
+           no_headers)
 
 
 @command
 def stats(
     store: StoreOpt = DEFAULT_STORE,
-    prom: Annotated[bool, typer.Option("--prom", help="Print Prometheus text format instead.")] = False,
+    prom: PromOpt = False,
     socket: live.SocketOpt = None,
+    output: OutputOpt = None,
+    no_headers: NoHeadersOpt = False,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Store size, pages, namespaces, layouts and hit/miss counters; with --socket, also the live cache's
-    pools, what is in flight and its hit tokens per tier."""
+    """Store size, pages, namespaces and layouts; with --socket, also the live cache's pools, what is in flight,
+    its hit tokens per tier and its counters."""
     if (sock := live.socket_path(socket)) is not None:
-        return live.stats(sock, prom, json)
+        return live.stats(sock, prom, json, output, no_headers)
     st = open_inspect(store)
     try:
-        figures = st.stats()
+        figures = msgspec.structs.replace(st.stats(), location=str(store))
         layouts = st.layouts()
+        namespaces = st.namespaces() if prom else []
     finally:
         st.close()
     if prom:
-        typer.echo(prometheus(figures), nl=False)
+        from kvcache.metrics import exposition, store_families
+
+        typer.echo(exposition(store_families(figures, str(store), namespaces)), nl=False)
         return
     if json:
         emit_json({**msgspec.structs.asdict(figures), "layout_list": layouts})
         return
-    table = Table(title=f"kvc stats — {store}", show_header=False)
-    table.add_column(style="bold")
-    table.add_column()
-    table.add_row("backend", f"{figures.backend} (format {figures.format_version}, checksum {figures.checksum})")
-    table.add_row("pages", f"{figures.pages:,}")
-    table.add_row("payload", human_bytes(figures.bytes))
-    table.add_row("on disk", human_bytes(figures.footprint_bytes))
-    table.add_row("capacity", human_bytes(figures.capacity_bytes) if figures.capacity_bytes else "unlimited")
-    table.add_row("namespaces", f"{figures.namespaces:,}")
-    for layout in layouts:
-        table.add_row("layout", layout.describe())
-    c = figures.counters
-    table.add_row("reads / misses", f"{c.pages_read:,} / {c.misses:,} (checksum failures {c.checksum_failures:,})")
-    out.print(table)
+    rows = store_rows(figures, str(store))
+    rows += [["layout", layout.describe()] for layout in layouts]
+    print_figures(f"kvc stats — {store}", rows, output, no_headers)

@@ -1,34 +1,48 @@
 #!/usr/bin/env bash
-# Runbook: nightly integrity audit of the L3 store; alerts when it finds problems.
+# Runbook: nightly integrity audit of the L3 store, for cron; alerts on anything but a clean store.
 #
-#   KVC_STORE=/var/lib/kvc ALERT_CMD='logger -p user.crit' ./nightly_audit.sh
+#   KVC_STORE=/var/lib/kvc ALERT_CMD='logger -p user.crit -t kvc' ./nightly_audit.sh
 #
-# `kvc audit` exits 0 when the store is clean, 1 when it found problems, 2 when it could not run.
-# Exit: the audit's code. On 1 the findings go to ALERT_CMD (default: stderr) one line per kind.
+# `kvc audit` exits 0 when the store is clean, 1 when it found problems, 2 when it could not run (no store, a
+# store it cannot open): every non-zero exit alerts, so a missing store is never silent under cron. Runs do not
+# overlap: a second one while the first holds the lock alerts and exits 75 (EX_TEMPFAIL).
+# Exit: the audit's code (75 when another run holds the lock). Alerts go to ALERT_CMD (default: stderr), one line
+# each: per finding kind on exit 1, the error line on any other failure.
 set -uo pipefail
 KVC=${KVC:-kvc}
 ALERT_CMD=${ALERT_CMD:-}
+LOCK=${KVC_AUDIT_LOCK:-${TMPDIR:-/tmp}/kvc-nightly-audit.lock}
 
-report=$("$KVC" audit --json)
+alert() {
+    if [[ -n "$ALERT_CMD" ]]; then $ALERT_CMD "$1"; else echo "$1" >&2; fi
+}
+
+exec 9>>"$LOCK" || { alert "ALERT kvc nightly audit: cannot open the lock file $LOCK"; exit 2; }
+if ! flock -n 9; then
+    alert "ALERT kvc nightly audit: another run holds $LOCK; skipped"
+    exit 75
+fi
+
+errors=$(mktemp)
+trap 'rm -f "$errors"' EXIT
+report=$("$KVC" audit --json 2>"$errors")
 rc=$?
 case $rc in
     0)
-        echo "nightly_audit: ok ($(python3 -c 'import json,sys; c=json.load(sys.stdin)["checked"]; print(c.get("pages", 0), "pages checked")' <<<"$report"))"
+        echo "nightly_audit: ok ($(python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+print(d["checked"].get("pages", 0), "pages checked;", ", ".join(d["audits"]), "audit")' <<<"$report"))"
         ;;
     1)
-        summary=$(python3 -c '
+        while IFS= read -r line; do alert "$line"; done < <(python3 -c '
 import collections, json, sys
 d = json.load(sys.stdin)
 for kind, n in sorted(collections.Counter(v["kind"] for v in d["violations"]).items()):
     print(f"ALERT kvc store audit: {n} x {kind}")' <<<"$report")
-        if [[ -n "$ALERT_CMD" ]]; then
-            while IFS= read -r line; do $ALERT_CMD "$line"; done <<<"$summary"
-        else
-            echo "$summary" >&2
-        fi
         ;;
     *)
-        echo "nightly_audit: kvc audit could not run (exit $rc)" >&2
+        alert "ALERT kvc nightly audit: kvc audit could not run (exit $rc): $(tail -n 1 "$errors")"
         ;;
 esac
 exit $rc

@@ -1,33 +1,44 @@
 #!/usr/bin/env bash
 # Runbook: offboard a tenant — drop every page of its namespace from the store, then prove it is gone.
 #
-#   TENANT=t1 SALT=... KVC_STORE=/var/lib/kvc ./offboard_tenant.sh
+#   NS_ID=3f1c0a9e5b7d2468 KVC_STORE=/var/lib/kvc ./offboard_tenant.sh          # the id `kvc ns ls` prints
+#   TENANT=t1 FINGERPRINT=5bad764d95ac KVC_STORE=/var/lib/kvc ./offboard_tenant.sh   # or extra_key + fingerprint
 #
-# Exit: 0 dropped and verified gone, 1 pages of the namespace are still listed, 2 kvc could not run.
+# No salt is needed (nor ever put on a command line): the namespace is named by what `kvc ns ls` shows. Running
+# it again after a success is a success (`ns drop --missing-ok`), so a retried cron job or a re-run ticket is safe.
+# Exit: 0 dropped (or already gone) and verified gone, 1 the namespace is still listed, 2 kvc could not run.
 set -euo pipefail
 KVC=${KVC:-kvc}
-: "${TENANT:?set TENANT to the extra_key of the tenant}"
-salt_args=()
-if [[ -n "${SALT:-}" ]]; then salt_args=(--salt "$SALT"); fi
+if [[ -n "${NS_ID:-}" ]]; then
+    target=(--id "$NS_ID")
+elif [[ -n "${FINGERPRINT:-}" ]]; then
+    : "${TENANT:?set TENANT (the extra_key) with FINGERPRINT}"
+    target=(--fingerprint "$FINGERPRINT" "$TENANT")
+else
+    echo "offboard_tenant: set NS_ID, or TENANT and FINGERPRINT (see kvc ns ls)" >&2
+    exit 2
+fi
 
-dropped=$("$KVC" ns drop "$TENANT" "${salt_args[@]}" --yes --json)
-read -r pages fp < <(python3 -c '
+dropped=$("$KVC" ns drop "${target[@]}" --missing-ok --yes --json)
+read -r was pages id < <(python3 -c '
 import json, sys
 d = json.load(sys.stdin)
-print(d["pages"], d["namespace"]["salt_fingerprint"] or "-")' <<<"$dropped")
-echo "offboard_tenant: dropped $pages pages of tenant $TENANT (salt fingerprint $fp)"
+print("dropped" if d["dropped"] else "absent", d["pages"], d["id"] or "-")' <<<"$dropped")
+if [[ "$was" == dropped ]]; then
+    echo "offboard_tenant: dropped $pages pages of namespace $id"
+else
+    echo "offboard_tenant: namespace ${NS_ID:-${TENANT:-}/${FINGERPRINT:-}} is not in the store (already offboarded)"
+fi
 
-# Verify: the namespace is no longer listed with any page, and prefetching it finds nothing.
-left=$("$KVC" ns ls --json | python3 -c '
+# Verify: no namespace with that id (or that extra_key and fingerprint) is listed any more.
+left=$("$KVC" ns ls -o jsonl | python3 -c '
 import json, sys
-fp = None if sys.argv[1] == "-" else sys.argv[1]
-rows = [r for r in json.load(sys.stdin)["namespaces"]
-        if r["extra_key"] == sys.argv[2] and r["salt_fingerprint"] == fp and r["pages"] > 0]
-print(sum(r["pages"] for r in rows))' "$fp" "$TENANT")
-warm=$("$KVC" prefetch --extra-key "$TENANT" "${salt_args[@]}" --json | python3 -c '
-import json, sys; print(json.load(sys.stdin)["pages"])')
-if [[ "$left" -ne 0 || "$warm" -ne 0 ]]; then
-    echo "offboard_tenant: tenant $TENANT still has $left pages listed, $warm fetchable" >&2
+ns_id, tenant, fp = sys.argv[1:4]
+rows = [json.loads(line) for line in sys.stdin if line.strip()]
+hits = [r for r in rows if (ns_id and r["id"] == ns_id) or (fp and r["salt_fingerprint"] == fp and r["extra_key"] == tenant)]
+print(sum(r["pages"] for r in hits) if hits else 0)' "${NS_ID:-}" "${TENANT:-}" "${FINGERPRINT:-}")
+if [[ "$left" -ne 0 ]]; then
+    echo "offboard_tenant: the namespace still lists $left pages" >&2
     exit 1
 fi
-echo "offboard_tenant: verified: no page of tenant $TENANT is listed or fetchable"
+echo "offboard_tenant: verified: the namespace is no longer in the store"

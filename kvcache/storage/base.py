@@ -38,7 +38,7 @@ from ..namespace import Namespace
 # (DESIGN §2: plugins -> kvcache.storage.base, never the rest of the core).
 from ..errors import LayoutMismatch, NotAStore, StoreError, StoreReadOnly, StoreUnsupported  # noqa: E402,F401
 from ..keys import hash_root_of_id  # noqa: E402,F401
-from ..namespace import NamespaceInfo  # noqa: E402,F401
+from ..namespace import NamespaceInfo, new_fingerprint_key  # noqa: E402,F401
 
 ENTRY_POINT_GROUP = "kvcache.storage"
 DEFAULT_SCHEME = "lmdb"  # the backend a plain filesystem path opens

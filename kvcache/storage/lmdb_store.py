@@ -70,6 +70,7 @@ from ..namespace import Namespace
 from .base import (AccessPolicy, CapacityPolicy, ChildInfo, DeleteResult, LayoutRecord, NamespaceRecord,
                    PageMeta, PageOrigin, PutResult, StoreCounters, StoreStats, VerifyFinding, VerifyRemoval,
                    VerifyReport, check_page_hashes, out_views_for, page_bytes)
+from .keyfile import ensure_key, read_key
 
 try:  # xxh3 runs ~8x faster than zlib's crc32 here: it is what keeps the checked read path near memcpy speed
     import xxhash
@@ -318,7 +319,7 @@ def _open_env(path: str, create: bool, map_size: int, durability: str, checksum:
             raise _translate(exc, path, "creating the store directory") from None
     existing = os.path.getsize(data_file) if os.path.exists(data_file) else 0
     kwargs = dict(map_size=max(map_size, existing), subdir=True, max_dbs=MAX_DBS, max_readers=MAX_READERS,
-                  sync=DURABILITY[durability][0], metasync=DURABILITY[durability][1], meminit=False, lock=True)
+                  sync=DURABILITY[durability][0], metasync=DURABILITY[durability][1], meminit=True, lock=True)
     writable = True
     try:
         env = lmdb.open(path, readonly=False, **kwargs)
@@ -533,6 +534,8 @@ class LMDBStore:
         store = cls(shared, location, layout, readonly or not shared.writable, access or AccessPolicy(), map_size,
                     durability)
         try:
+            # the salt fingerprints this store records and shows are keyed by its key file (kvcache.namespace)
+            store.fingerprint_key = read_key(path) if store.readonly else ensure_key(path)
             if layout is not None:
                 store._bind_layout(layout, register=(create and not existed) or add_layout)
             if capacity is not None:
@@ -544,6 +547,7 @@ class LMDBStore:
         return store
 
     _evict_headroom = CapacityPolicy().evict_headroom
+    fingerprint_key: bytes | None = None  # from the store's key file; None: a read-only store made without one
 
     def _bind_layout(self, layout: KVLayout, register: bool) -> None:
         held = self._layout_records()
@@ -1060,7 +1064,7 @@ class LMDBStore:
             if raw is None:
                 if d.info is None:
                     continue  # a namespace deleted meanwhile
-                info = d.info.info()
+                info = d.info.info(self.fingerprint_key)
                 record = NamespaceRecord(ns_id.hex(), info.extra_key, info.salt_fingerprint, 0, 0, now, now, 0)
             else:
                 record = _dec_ns.decode(raw)

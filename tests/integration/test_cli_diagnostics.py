@@ -3,6 +3,7 @@
 Run through typer's CliRunner (in process) and as real subprocesses of the installed `kvc`."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from factories import forward, l3_cache, make_cache, make_layout, make_store
 from kvc.main import app
 from kvcache import Namespace, Request
 from kvcache.owners import OwnerKind, owner_code
+from kvcache.storage.keyfile import read_key
 
 SALTS = {"t1": "cli-salt-one-qwerty", "t2": "cli-salt-two-asdfgh"}
 KVC = Path(sys.executable).with_name("kvc")
@@ -35,16 +37,17 @@ def store_path(tmp_path):
     return str(path)
 
 
-def kvc(*args):
-    """Run the installed kvc as a subprocess."""
-    proc = subprocess.run([str(KVC), *args], capture_output=True, text=True, timeout=60)
+def kvc(*args, salt=None):
+    """Run the installed kvc as a subprocess (a salt goes in KVC_SALT, never on its command line)."""
+    env = dict(os.environ, KVC_SALT=salt) if salt is not None else None
+    proc = subprocess.run([str(KVC), *args], capture_output=True, text=True, timeout=60, env=env)
     for salt in SALTS.values():
         assert salt not in proc.stdout + proc.stderr
     return proc
 
 
-def invoke(*args):
-    result = runner.invoke(app, list(args))
+def invoke(*args, salt=None):
+    result = runner.invoke(app, list(args), env={"KVC_SALT": salt} if salt is not None else None)
     for salt in SALTS.values():
         assert salt not in result.output
     return result
@@ -55,8 +58,9 @@ def test_ns_ls_json_lists_the_namespaces_written(store_path):
     assert out.returncode == 0 and out.stderr == ""
     doc = json.loads(out.stdout)
     rows = {(r["extra_key"], r["salt_fingerprint"]) for r in doc["namespaces"]}
-    assert rows == {("t1", Namespace("t1", SALTS["t1"]).salt_fingerprint),
-                    ("t2", Namespace("t2", SALTS["t2"]).salt_fingerprint), (None, None)}
+    key = read_key(store_path)  # the registry shows fingerprints under the store's own key
+    assert rows == {("t1", Namespace("t1", SALTS["t1"]).fingerprint(key)),
+                    ("t2", Namespace("t2", SALTS["t2"]).fingerprint(key)), (None, None)}
     assert all(r["pages"] == 12 and r["tokens"] == 48 and r["bytes"] == 12 * 64 for r in doc["namespaces"])
 
 
@@ -67,29 +71,31 @@ def test_ns_ls_human_and_sorting(store_path):
 
 
 def test_ns_show_walks_the_prefix_tree(store_path):
-    doc = json.loads(kvc("ns", "show", "t1", "--salt", SALTS["t1"], "--store", store_path, "--json",
-                         "--depth", "20").stdout)
+    doc = json.loads(kvc("ns", "show", "t1", "--store", store_path, "--json", "--depth", "20",
+                         salt=SALTS["t1"]).stdout)
     assert doc["namespace"]["extra_key"] == "t1" and doc["pages"] == 12
     node, depth = doc["roots"][0], 1
     assert node["tokens"] == [0, 1, 2, 3]
     while node["children"]:
         node, depth = node["children"][0], depth + 1
     assert depth == 12 and node["tokens"] == [0] * 4
-    human = invoke("ns", "show", "t1", "--salt", SALTS["t1"], "--store", store_path, "--depth", "2")
+    human = invoke("ns", "show", "t1", "--store", store_path, "--depth", "2", "-o", "table", salt=SALTS["t1"])
     assert human.exit_code == 0 and "0 1 2 3" in human.output and "4 5 6 7" in human.output
+    tsv = invoke("ns", "show", "t1", "--store", store_path, "--depth", "2", salt=SALTS["t1"]).stdout.splitlines()
+    assert tsv[0] == "depth\tpage_hash\thits\tbytes\ttokens" and tsv[1].endswith("\t0,1,2,3")
 
 
 def test_ns_show_unknown_namespace_is_exit_2(store_path):
-    out = kvc("ns", "show", "t1", "--salt", "not-the-salt", "--store", store_path)
+    out = kvc("ns", "show", "t1", "--store", store_path, salt="not-the-salt")
     assert out.returncode == 2 and out.stdout == "" and out.stderr.startswith("kvc: error: no namespace t1/")
     assert len(out.stderr.strip().splitlines()) == 1
 
 
 def test_ns_drop_needs_yes_and_removes_exactly_one(store_path):
-    refused = kvc("ns", "drop", "t2", "--salt", SALTS["t2"], "--store", store_path)
+    refused = kvc("ns", "drop", "t2", "--store", store_path, salt=SALTS["t2"])
     assert refused.returncode == 2 and "--yes" in refused.stderr
-    dropped = json.loads(invoke("ns", "drop", "t2", "--salt", SALTS["t2"], "--store", store_path, "--yes",
-                                "--json").stdout)
+    dropped = json.loads(invoke("ns", "drop", "t2", "--store", store_path, "--yes", "--json",
+                                salt=SALTS["t2"]).stdout)
     assert dropped["pages"] == 12 and dropped["namespace"]["extra_key"] == "t2"
     left = json.loads(invoke("ns", "ls", "--store", store_path, "--json").stdout)["namespaces"]
     assert sorted((r["extra_key"] or "") for r in left) == ["", "t1"]
@@ -101,7 +107,10 @@ def test_stats_json_and_prometheus(store_path):
     assert doc["pages"] == 36 and doc["namespaces"] == 3 and doc["layouts"] == 1
     prom = invoke("stats", "--store", store_path, "--prom").stdout
     assert "# TYPE kvc_store_pages gauge" in prom and 'kvc_store_pages{backend="lmdb",' in prom
-    assert any(line.endswith(" 36") for line in prom.splitlines() if line.startswith("kvc_store_pages{"))
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = {s.name: s.value for f in text_string_to_metric_families(prom) for s in f.samples}
+    assert values["kvc_store_pages"] == 36
 
 
 def test_store_audit_clean_is_exit_0_with_pinned_fields(store_path):
@@ -127,8 +136,10 @@ def test_store_audit_finds_a_corrupted_page_and_repair_removes_it(store_path):
     assert human.exit_code == 1 and "checksum_mismatch" in human.stdout
     repaired = invoke("audit", "--store", store_path, "--repair", "--json")
     doc = json.loads(repaired.stdout)
-    assert repaired.exit_code == 0 and doc["ok"] and doc["violations"] == [] and doc["repaired"] >= 1
-    assert "checksum_mismatch" in {v["kind"] for v in doc["repaired_violations"]} and doc["removals"]
+    # exit 1: the store needed repairing (a cron job must hear of it), though nothing is left
+    assert repaired.exit_code == 1 and not doc["ok"] and doc["remaining"] == [] and doc["repaired"] >= 1
+    assert "checksum_mismatch" in {v["kind"] for v in doc["violations"]} and doc["removals"]
+    assert doc["repair"] == "done" and doc["audits"] == ["l3_integrity"]
     assert invoke("audit", "--store", store_path).exit_code == 0
 
 
@@ -194,7 +205,7 @@ def test_store_audit_finds_an_orphan_chain_and_repair_removes_only_it(store_path
     assert found.returncode == 1 and [v["kind"] for v in doc["violations"]] == ["orphan"]
     assert doc["violations"][0]["page_hash"] == hashes[0].hex()
     repaired = invoke("audit", "--store", store_path, "--repair")
-    assert repaired.exit_code == 0 and "removed by --repair (3)" in repaired.stdout  # nothing left: exit 0
-    assert "repaired: orphan (1)" in repaired.stdout
+    assert repaired.exit_code == 1 and "removed by --repair (3)" in repaired.stdout  # found: exit 1, repaired
+    assert "orphan (1)" in repaired.stdout and "0 violation(s) left" in repaired.stdout
     clean = kvc("audit", "--store", store_path, "--json")
     assert clean.returncode == 0 and json.loads(clean.stdout)["checked"]["pages"] == 36  # the valid pages stay

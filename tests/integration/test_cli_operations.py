@@ -14,6 +14,8 @@ from typer.testing import CliRunner
 import kvcache.cache
 from kvc.main import app
 from kvcache import Namespace, WorkloadSpec, generate, write_trace
+from kvcache.namespace import display_id
+from kvcache.storage.keyfile import read_key
 
 SALT = "op-salt-zxcvbnm-123"
 OTHER_SALT = "op-salt-other-456"
@@ -87,7 +89,8 @@ def test_put_then_prefetch_hits_every_full_page_only_in_the_same_namespace(store
     assert PINNED_REQUEST <= set(hit)
     assert hit["requested_tokens"] == 100 and hit["hit_tokens"] == 96 and hit["pages"] == 6
     assert hit["bytes"] == 6 * 16 * 64
-    assert hit["namespace"] == {"extra_key": "t1", "salt_fingerprint": Namespace("t1", SALT).salt_fingerprint}
+    fingerprint = Namespace("t1", SALT).fingerprint(read_key(str(store)))  # under the store's own key
+    assert hit["namespace"] == {"extra_key": "t1", "salt_fingerprint": fingerprint}
     for other in (["--extra-key", "t1", "--salt", OTHER_SALT], ["--extra-key", "t2", "--salt", SALT],
                   ["--extra-key", "t1"], []):
         miss = as_json(invoke("prefetch", "--store", store, *other, "--tokens", TOKENS, "--json"))
@@ -137,16 +140,17 @@ def test_stage_shows_the_record_with_the_requests_namespace(store):
     invoke("put", "--store", store, "--extra-key", "t1", "--salt", SALT, "--tokens", TOKENS)
     doc = as_json(invoke("stage", "--store", store, "--extra-key", "t1", "--salt", SALT, "--tokens", TOKENS,
                          "--json"))
-    ns = Namespace("t1", SALT)
+    ns, key = Namespace("t1", SALT), read_key(str(store))
     staged = doc["staged"]
-    assert staged["namespace"] == {"extra_key": "t1", "salt_fingerprint": ns.salt_fingerprint}
-    assert staged["namespace_id"] == ns.id_hex and staged["staged_tokens"] == 96 and len(staged["page_hashes"]) == 6
+    assert staged["namespace"] == {"extra_key": "t1", "salt_fingerprint": ns.fingerprint(key)}
+    shown_id = display_id(ns.id, key)  # the raw id is never printed: with the extra_key it is a salt oracle
+    assert staged["namespace_id"] == shown_id and staged["staged_tokens"] == 96 and len(staged["page_hashes"]) == 6
     assert doc["hit_tokens"] == 96
     other = as_json(invoke("stage", "--store", store, "--extra-key", "t1", "--salt", OTHER_SALT, "--tokens", TOKENS,
                            "--json"))
     assert other["staged"] is None and other["hit_tokens"] == 0
     human = invoke("stage", "--store", store, "--extra-key", "t1", "--salt", SALT, "--tokens", TOKENS)
-    assert human.exit_code == 0 and ns.id_hex[:16] in human.output
+    assert human.exit_code == 0 and shown_id in human.output and ns.id_hex[:16] not in human.output
 
 
 @pytest.mark.parametrize("mode", ["cache", "buffer"])
@@ -234,7 +238,7 @@ def test_a_bad_trace_exits_2_naming_the_line_and_runs_nothing(store, tmp_path, l
     trace.write_text('{"rid": "a", "tokens": [1, 2, 3], "extra_key": "t1", "cache_salt": "%s"}\n\n%s\n'
                      % (SALT, line))
     result = invoke("replay", trace, "--store", store, "--json")
-    assert result.exit_code == 2 and result.stdout == ""
+    assert result.exit_code == 2 and json.loads(result.stdout)["error"]["kind"] == "invalid_trace"
     assert len(result.stderr.strip().splitlines()) == 1
     assert "bad.jsonl:3: " in result.stderr and why in result.stderr
     assert as_json(invoke("stats", "--store", store, "--json"))["pages"] == 0

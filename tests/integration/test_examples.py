@@ -70,40 +70,79 @@ def _runbook(name, env, *args, **extra):
     return _run(["bash", ROOT / "examples" / "runbooks" / name, *args], env=dict(env, **extra))
 
 
-def test_warm_tenant_runbook(runbook_env):
-    ok = _runbook("warm_tenant.sh", runbook_env, TENANT="t1", SALT="t1-example-salt")
+def test_warm_tenant_runbook(runbook_env, tmp_path):
+    ok = _runbook("warm_tenant.sh", runbook_env, TENANT="t1", KVC_SALT="t1-example-salt")
     assert ok.returncode == 0, ok.stderr
     # 2 system-prompt pages + 1 of the second turn
     assert "tenant t1" in ok.stdout and "3 pages, 48 tokens" in ok.stdout
-    budget = _runbook("warm_tenant.sh", runbook_env, "2", TENANT="t1", SALT="t1-example-salt")
+    assert "visible to every local user" not in ok.stderr  # the runbook never puts the salt on a command line
+    salt_file = tmp_path / "t1.salt"
+    salt_file.write_text("t1-example-salt\n")
+    budget = _runbook("warm_tenant.sh", runbook_env, "2", TENANT="t1", KVC_SALT_FILE=str(salt_file))
     assert budget.returncode == 0 and "2 pages, 32 tokens" in budget.stdout
-    wrong = _runbook("warm_tenant.sh", runbook_env, TENANT="t1", SALT="not-the-salt")
+    wrong = _runbook("warm_tenant.sh", runbook_env, TENANT="t1", KVC_SALT="not-the-salt")
     assert wrong.returncode == 3 and "nothing stored for tenant t1" in wrong.stderr
     broken = _runbook("warm_tenant.sh", dict(runbook_env, KVC_STORE="/nonexistent/store"), TENANT="t1")
     assert broken.returncode == 2 and "kvc: error:" in broken.stderr
 
 
-def test_nightly_audit_runbook_alerts_on_exit_1(runbook_env):
-    clean = _runbook("nightly_audit.sh", runbook_env)
-    assert clean.returncode == 0 and clean.stdout.startswith("nightly_audit: ok (")
+def test_runbooks_never_put_a_salt_on_a_command_line():
+    for script in (ROOT / "examples" / "runbooks").glob("*.sh"):
+        assert "--salt \"" not in script.read_text() and "--salt $" not in script.read_text(), script.name
+
+
+def test_nightly_audit_runbook_alerts_on_every_failure(runbook_env, tmp_path):
+    env = dict(runbook_env, KVC_AUDIT_LOCK=str(tmp_path / "audit.lock"))
+    clean = _runbook("nightly_audit.sh", env)
+    assert clean.returncode == 0 and clean.stdout.startswith("nightly_audit: ok (") and "l3_integrity" in clean.stdout
     import lmdb
 
-    env = lmdb.open(runbook_env["KVC_STORE"], max_dbs=16, subdir=True)
-    pages = env.open_db(b"pages")
-    with env.begin(write=True) as txn:
+    store = lmdb.open(runbook_env["KVC_STORE"], max_dbs=16, subdir=True)
+    pages = store.open_db(b"pages")
+    with store.begin(write=True) as txn:
         key, value = next(iter(txn.cursor(pages)))
         txn.put(key, value[:-1] + bytes([value[-1] ^ 0xFF]), db=pages)
-    env.close()
-    alert = _runbook("nightly_audit.sh", runbook_env)
+    store.close()
+    alert = _runbook("nightly_audit.sh", env)
     assert alert.returncode == 1
     assert "ALERT kvc store audit: 1 x checksum_mismatch" in alert.stderr
-    missing = _runbook("nightly_audit.sh", dict(runbook_env, KVC_STORE="/nonexistent/store"))
-    assert missing.returncode == 2 and "could not run" in missing.stderr
+    # the report: exit 2 (no store) alerted nothing, so a cron job failed silently
+    missing = _runbook("nightly_audit.sh", dict(env, KVC_STORE="/nonexistent/store"))
+    assert missing.returncode == 2 and "ALERT kvc nightly audit: kvc audit could not run (exit 2)" in missing.stderr
+    assert "/nonexistent/store: no store here" in missing.stderr
 
 
-def test_offboard_tenant_runbook_drops_one_tenant_only(runbook_env):
-    gone = _runbook("offboard_tenant.sh", runbook_env, TENANT="t1", SALT="t1-example-salt")
+def test_nightly_audit_runs_never_overlap(runbook_env, tmp_path):
+    import fcntl
+
+    lock = tmp_path / "audit.lock"
+    with open(lock, "w") as held:  # another run holds the lock
+        fcntl.flock(held, fcntl.LOCK_EX)
+        busy = _runbook("nightly_audit.sh", runbook_env, KVC_AUDIT_LOCK=str(lock))
+    assert busy.returncode == 75 and "another run holds" in busy.stderr
+    assert _runbook("nightly_audit.sh", runbook_env, KVC_AUDIT_LOCK=str(lock)).returncode == 0
+
+
+def _ns_rows(env):
+    listing = _run(["kvc", "ns", "ls", "--json"], env=env)
+    assert listing.returncode == 0, listing.stderr
+    return {r["extra_key"]: r for r in json.loads(listing.stdout)["namespaces"]}
+
+
+def test_offboard_tenant_runbook_needs_no_salt_and_is_idempotent(runbook_env):
+    ns_id = _ns_rows(runbook_env)["t1"]["id"]
+    gone = _runbook("offboard_tenant.sh", runbook_env, NS_ID=ns_id)
     assert gone.returncode == 0, gone.stderr
-    assert "dropped 3 pages of tenant t1" in gone.stdout and "verified: no page of tenant t1" in gone.stdout
-    still = _runbook("warm_tenant.sh", runbook_env, TENANT="t2", SALT="t2-example-salt")
+    assert f"dropped 3 pages of namespace {ns_id}" in gone.stdout and "verified" in gone.stdout
+    again = _runbook("offboard_tenant.sh", runbook_env, NS_ID=ns_id)  # the report: a second run failed
+    assert again.returncode == 0 and "already offboarded" in again.stdout and "verified" in again.stdout
+    still = _runbook("warm_tenant.sh", runbook_env, TENANT="t2", KVC_SALT="t2-example-salt")
     assert still.returncode == 0 and "3 pages" in still.stdout  # the other tenant, same token ids, untouched
+    assert "t1" not in _ns_rows(runbook_env)
+
+
+def test_offboard_tenant_by_extra_key_and_fingerprint(runbook_env):
+    fingerprint = _ns_rows(runbook_env)["t2"]["salt_fingerprint"]
+    gone = _runbook("offboard_tenant.sh", runbook_env, TENANT="t2", FINGERPRINT=fingerprint)
+    assert gone.returncode == 0 and "dropped 3 pages" in gone.stdout, gone.stderr
+    assert set(_ns_rows(runbook_env)) == {"t1", None}

@@ -51,5 +51,5 @@ def test_node_b_hits_node_a_pages_per_namespace(redis_server):  # noqa: F811
         assert set(records) == {"t1", "t2"}
         assert records["t1"].hits == 32 + 2 * 8  # the pages B's prefetches read, in the shared registry
         ns1 = Namespace("t1", "salt-1")
-        assert records["t1"].salt_fingerprint == ns1.salt_fingerprint
+        assert records["t1"].salt_fingerprint == ns1.fingerprint(store.fingerprint_key)  # the store's key
         assert "salt-1" not in repr(records)

@@ -168,7 +168,7 @@ def test_an_audit_sent_during_a_replay_runs_between_its_steps(cache, sock_path, 
 
 def _tiers(client, ns=T1):
     rows = {r.id: r for r in client.call(NamespacesRequest(), NamespaceList).namespaces}
-    return rows[ns.id_hex]
+    return rows[ns.display_id]
 
 
 def test_namespace_prefetch_warms_l2_then_evict_empties_it(live):
@@ -211,7 +211,7 @@ def test_stage_needs_buffer_mode_and_gives_its_record_back(tmp_path):
         cache.serve_admin(str(tmp_path / "s"), standalone=True)
         with AdminClient(str(tmp_path / "s")) as client:
             out = client.call(StageRequest(PROMPT + [2] * 8, "t1", SALT), RequestResult)
-            assert out.staged.staged_tokens == 48 and out.staged.namespace_id == T1.id_hex
+            assert out.staged.staged_tokens == 48 and out.staged.namespace_id == T1.display_id
             assert client.call(StatsRequest(), LiveStats).staged == 0
             with pytest.raises(AdminRemoteError, match="cache mode") as err:
                 client.call(PrefetchRequest("t1", SALT), RequestResult)

@@ -32,7 +32,7 @@ def test_completed_fetch_is_parked_with_the_requests_namespace(warm_store):
     c.flush()
     [staged] = c.staged_records()
     view = staged.view()
-    assert view.rid == "r" and view.namespace == T1.info() and view.namespace_id == T1.id_hex
+    assert view.rid == "r" and view.namespace == T1.info() and view.namespace_id == T1.display_id
     assert view.staged_tokens == 64 and view.start_tokens == 0 and len(view.page_hashes) == 16
     codes = set(c.host_pool.owners(staged.pages).tolist())
     assert codes == {staged.owner} and staged.owner >> 48 == OwnerKind.STAGED

@@ -6,7 +6,8 @@ Opened by URL (``redis://[user:password@]host:port/db``, ``rediss://`` for TLS, 
 
 Key schema (P is the key prefix, default ``kvc:``; several deployments share one Redis under distinct prefixes)::
 
-    P format             string  StoreFormat (msgpack): magic, version, checksum algorithm, created
+    P format             string  StoreFormat (msgpack): magic, version, checksum algorithm, created,
+                                 fingerprint key (hex)
     P layouts            hash    layout id hex -> LayoutRecord (msgpack)
     P nsidx              set     namespace id hex of every registered namespace
     P ns:<ns id hex>     hash    the namespace record (identity, never the salt; counters; roots)
@@ -49,7 +50,7 @@ from kvcache.storage.base import (PAGE_HASH_BYTES, TOKEN_BYTES, AccessPolicy, Ca
                                   DeleteResult, InvalidInput, KVLayout, LayoutMismatch, LayoutRecord,
                                   Namespace, NamespaceInfo, NamespaceRecord, NotAStore, PageMeta, PageOrigin,
                                   PutResult, StoreCounters, StoreError, StoreReadOnly, StoreStats,
-                                  StoreUnsupported, VerifyFinding, VerifyRemoval, VerifyReport,
+                                  StoreUnsupported, VerifyFinding, VerifyRemoval, VerifyReport, new_fingerprint_key,
                                   check_page_hashes, extend_chain, hash_root, hash_root_of_id,
                                   out_views_for, page_bytes)
 
@@ -84,6 +85,8 @@ class StoreFormat(msgspec.Struct, frozen=True):
     version: int  # FORMAT_VERSION of the writer that created it
     checksum: str  # CHECKSUM
     created: float  # unix seconds
+    fingerprint_key: str = ""  # hex: the key of the salt fingerprints this store records (kvcache.namespace);
+    #                            "" in a store made before keys existed
 
 
 class RedisOptions(msgspec.Struct, frozen=True):
@@ -227,6 +230,7 @@ class RedisStore:
         self.readonly = readonly
         self.access_policy = access
         self.format = fmt
+        self.fingerprint_key = bytes.fromhex(fmt.fingerprint_key) if fmt.fingerprint_key else None
         self._client = client
         self._lock = threading.Lock()  # guards the access log, the corrupt set, the counters and the backoff
         self._pending: list[tuple[float, bytes, str, int]] = []  # (when, deepest page, its ns hex, pages)
@@ -290,7 +294,7 @@ class RedisStore:
                 if not create:
                     raise NotAStore(url.shown, f"no kvc store under prefix {url.options.prefix!r} (create=True "
                                                f"makes one)")
-                fmt = StoreFormat(FORMAT_MAGIC, FORMAT_VERSION, CHECKSUM, time.time())
+                fmt = StoreFormat(FORMAT_MAGIC, FORMAT_VERSION, CHECKSUM, time.time(), new_fingerprint_key().hex())
                 client.set(key, _enc.encode(fmt), nx=True)  # two creators race: one record wins, both read it
                 raw = client.get(key)
         except _FAULTS as exc:
@@ -683,7 +687,7 @@ class RedisStore:
         keys: list[bytes] = [self._k_nsidx] + [self._nk(ns.id_hex) for ns in infos]
         args: list[Any] = [repr(now), len(infos)]
         for ns in infos:
-            args += [ns.id_hex, _enc.encode(ns.info())]
+            args += [ns.id_hex, _enc.encode(ns.info(self.fingerprint_key))]
         fresh: set[bytes] = set()
         for h, v, m, o in zip(hashes, values, metas, origins):
             is_root = o.parent == roots[o.namespace.id]
@@ -727,7 +731,7 @@ class RedisStore:
             if o.parent == roots[o.namespace.id]:
                 acc[3] = o.parent.hex()
         for ns, n, b, root in per_ns.values():
-            self._call(self._s_ns_adjust, [self._nk(ns.id_hex)], [_enc.encode(ns.info()), repr(now), n, b, root],
+            self._call(self._s_ns_adjust, [self._nk(ns.id_hex)], [_enc.encode(ns.info(self.fingerprint_key)), repr(now), n, b, root],
                        pipe)
             pipe.sadd(self._k_nsidx, ns.id_hex)
         if written_idx:

@@ -1,0 +1,218 @@
+"""What kvc prints, and how: safe text for eyes, exact values for scripts.
+
+- Every string a user or a tenant chose (extra_key, paths, store URLs, finding details) goes through `shown`:
+  control characters and invisible format characters are escaped (`\\x1b`, `\\n`, `\\u202e`), and a value with
+  leading or trailing whitespace, or an empty one, is shown in double quotes, so `" t1"` and `"t1"` never look
+  alike and a tenant name cannot colour, move or split the operator's terminal. Rich markup is never
+  interpreted in such text (`esc` escapes it, tables get plain `Text`).
+- Listings (`kvc ns ls`, `kvc ns show`, and every report table) render in one of the `Output` formats: `table`
+  (rich, for a terminal), `tsv` (tab-separated, one header line unless --no-headers, raw numbers: bytes as
+  integers, times as unix seconds), `json` (one object), `jsonl` (one object per row). Without -o, a terminal
+  gets `table` and anything else (a pipe, a file, cron) gets `tsv`: box-drawing characters never reach awk.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import sys
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Any
+
+import msgspec
+import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+_consoles: dict[bool, "Console"] = {}
+
+
+def console(stderr: bool = False) -> "Console":
+    """The rich console on stdout (or stderr), made — and rich imported — on first use, so a command that prints
+    tsv or JSON never loads rich. Piped output gets 120 columns rather than rich's 80, so text keeps one line per
+    line."""
+    if stderr not in _consoles:
+        from rich.console import Console
+
+        stream = sys.stderr if stderr else sys.stdout
+        _consoles[stderr] = Console(stderr=stderr, highlight=False, soft_wrap=True,
+                                    width=None if stream.isatty() else 120)
+    return _consoles[stderr]
+
+
+def __getattr__(name: str) -> "Console":
+    """`out` and `err`: `console()` and `console(stderr=True)`."""
+    if name in ("out", "err"):
+        return console(stderr=name == "err")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class Output(str, enum.Enum):
+    """Output formats of listing commands."""
+
+    TABLE = "table"
+    TSV = "tsv"
+    JSON = "json"
+    JSONL = "jsonl"
+
+
+OutputOpt = Annotated[Output | None, typer.Option(
+    "-o", "--output", case_sensitive=False, show_default=False,
+    help="table (for a terminal), tsv (tab-separated, raw numbers, for awk/cut), json (one object) or jsonl "
+    "(one object per row). Default: table on a terminal, tsv otherwise.")]
+NoHeadersOpt = Annotated[bool, typer.Option("--no-headers", help="tsv: leave out the header line.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout and nothing else.")]
+
+# C0/C1 controls, soft hyphen, bidi and zero-width format characters, BOM, lone surrogates (undecodable bytes)
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff"
+                     r"\ud800-\udfff]")
+
+
+def escape_controls(text: str) -> str:
+    """`text` with control and invisible format characters escaped (\\x1b, \\n, \\u202e)."""
+    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
+
+
+def shown(text: str | None, none: str = "-") -> str:
+    """A user-chosen string made safe to print (see the module docstring); `none` for None."""
+    if text is None:
+        return none
+    safe = escape_controls(text)
+    if safe != safe.strip() or not safe or safe == none or safe.startswith('"'):
+        return '"' + safe.replace('"', '\\"') + '"'
+    return safe
+
+
+def literal(text: str) -> str:
+    """kvc's own words for a rich markup string, taken literally (any user text in them already `shown`)."""
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def esc(text: str | None, none: str = "-") -> str:
+    """`shown(text)` escaped for a rich markup string."""
+    from rich.markup import escape
+
+    return escape(shown(text, none))
+
+
+def output_format(output: Output | None, json: bool = False) -> Output:
+    """The format to print in: -o, else --json, else table on a terminal and tsv elsewhere."""
+    if output is not None:
+        return output
+    if json:
+        return Output.JSON
+    return Output.TABLE if sys.stdout.isatty() else Output.TSV
+
+
+def emit_json(value: Any) -> None:
+    """The command's result as one JSON object on stdout (msgspec structs encode as their fields)."""
+    sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
+    sys.stdout.flush()
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def when(ts: float) -> str:
+    """A unix time as a short local timestamp ('-' for never)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+class Kind(str, enum.Enum):
+    """How a column's values print: for eyes (table) and for scripts (tsv)."""
+
+    USER = "user"  # a string someone chose: `shown` in both
+    TEXT = "text"  # kvc's own words
+    INT = "int"  # 1,234 / 1234
+    BYTES = "bytes"  # 1.2 KiB / 1234
+    TIME = "time"  # 2026-01-02 03:04:05 / 1767323045
+    PERCENT = "percent"  # 88.7 / 88.7
+    FLOAT = "float"  # 0.59 / 0.59
+
+
+class Column(msgspec.Struct, frozen=True):
+    """One column of a listing."""
+
+    header: str
+    kind: Kind = Kind.TEXT
+
+
+def cell(value: Any, kind: Kind, human: bool) -> str:
+    """One value as a cell of a table (`human`) or of a tsv line."""
+    if value is None:
+        return "-"
+    if kind is Kind.USER:
+        return shown(value)
+    if kind is Kind.INT:
+        return f"{value:,}" if human else str(value)
+    if kind is Kind.BYTES:
+        return human_bytes(value) if human else str(int(value))
+    if kind is Kind.TIME:
+        return when(value) if human else str(int(value))
+    if kind is Kind.PERCENT:
+        return f"{value:.1f}"
+    if kind is Kind.FLOAT:
+        return f"{value:,.2f}" if human else f"{value:g}"
+    return escape_controls(str(value))
+
+
+class Listing(msgspec.Struct):
+    """Rows to print: a title (tables only), columns, rows of raw values, and rows shown in bold (totals)."""
+
+    title: str
+    columns: list[Column]
+    rows: list[list[Any]]
+    bold: list[int] = []  # indexes of rows to emphasise in a table
+    header: bool = True  # tables: show the header row
+
+
+def render(listing: Listing, fmt: Output, no_headers: bool = False, titled: bool = False) -> None:
+    """Print a listing as a rich table or as tsv lines (json and jsonl are the command's own structs); `titled`:
+    a report's section, whose tsv form starts with its title line (plain lines for a log or a mail)."""
+    if fmt is Output.TABLE:
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(title=Text(listing.title), title_justify="left", show_header=listing.header)
+        for col in listing.columns:
+            table.add_column(col.header, justify="left" if col.kind in (Kind.USER, Kind.TEXT, Kind.TIME)
+                             else "right")
+        for i, row in enumerate(listing.rows):
+            table.add_row(*(Text(cell(v, c.kind, True)) for v, c in zip(row, listing.columns)),
+                          style="bold" if i in listing.bold else None)
+        console().print(table)
+        return
+    lines = [escape_controls(listing.title)] if titled and listing.title else []
+    if listing.header and not no_headers:
+        lines.append("\t".join(c.header for c in listing.columns))
+    lines += ["\t".join(cell(v, c.kind, False) for v, c in zip(row, listing.columns)) for row in listing.rows]
+    if lines:
+        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()
+
+
+def emit_rows(rows: Sequence[Any]) -> None:
+    """jsonl: one JSON object per row."""
+    sys.stdout.write("".join(msgspec.json.encode(r).decode() + "\n" for r in rows))
+    sys.stdout.flush()
+
+
+def say(text: str) -> None:
+    """A line of kvc's own words (rich markup allowed; user strings must come through `esc`)."""
+    console().print(text)
+
+
+def ns_label(info: Any) -> str:
+    """A namespace (anything with extra_key and salt_fingerprint) as ``extra_key/fingerprint`` for a markup
+    string, `-` for an absent part."""
+    return f"{esc(info.extra_key)}/{info.salt_fingerprint or '-'}"

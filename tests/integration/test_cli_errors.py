@@ -1,0 +1,227 @@
+"""One error contract (issue 13): every failure is one `kvc: error:` line and exit 2 (with --json also a JSON
+object on stdout), Ctrl-C is one line and exit 130 with nothing half-written, sizes are checked before anything
+is allocated, repeated warnings collapse, a replay whose L3 writes all failed says so and exits 1.
+
+The bad inputs are the issue's own list; on 0f180b0 each of them ended in a traceback with exit 1 (or was
+accepted: --timeout-ms -5, Unicode digits, a missing init parent that was silently created)."""
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvc.errors import collapsed_warnings
+from kvc.main import app
+from kvcache import WorkloadSpec, generate, write_trace
+from redis_server import RedisServer, require_server
+
+KVC = Path(sys.executable).with_name("kvc")
+TOKENS = ",".join(str(t) for t in range(1, 101))
+runner = CliRunner()
+
+
+def invoke(*args, **env):
+    return runner.invoke(app, [str(a) for a in args], env=env or None)
+
+
+def kvc(*args, timeout=120, **kw):
+    return subprocess.run([str(KVC), *map(os.fsencode, map(str, args))], capture_output=True, timeout=timeout, **kw)
+
+
+@pytest.fixture
+def store(tmp_path):
+    path = tmp_path / "store"
+    assert invoke("init", "--store", path, "--page-size", 4, "--layers", 1, "--kv-heads", 1,
+                  "--head-dim", 16).exit_code == 0
+    assert invoke("put", "--store", path, "--extra-key", "t1", "--tokens", TOKENS).exit_code == 0
+    return path
+
+
+def _one_line_exit_2(result, json_mode=False):
+    stderr = result.stderr if isinstance(result.stderr, str) else result.stderr.decode()
+    stdout = result.stdout if isinstance(result.stdout, str) else result.stdout.decode()
+    code = getattr(result, "exit_code", getattr(result, "returncode", None))
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvc: error: ") and "Traceback" not in stderr, stderr
+    if json_mode:
+        doc = json.loads(stdout)
+        assert set(doc) == {"error"} and set(doc["error"]) == {"kind", "message"}
+        assert lines[0] == "kvc: error: " + doc["error"]["message"]
+        return doc["error"]
+    assert stdout == ""
+    return lines[0]
+
+
+BAD = {
+    "max_pages_over_int64": (["prefetch", "--extra-key", "t1", "--max-pages", "9223372036854775807"], "usage"),
+    "device_tokens_beyond_memory": (["replay", "TRACE", "--device-tokens", "100000000000"], "usage"),
+    "host_tokens_beyond_memory": (["replay", "TRACE", "--host-tokens", "100000000000"], "usage"),
+    "timeout_ms_too_large": (["load-back", "--extra-key", "t1", "--tokens", "1,2", "--timeout-ms", "1e12"], "usage"),
+    "negative_timeout": (["prefetch", "--extra-key", "t1", "--tokens", TOKENS, "--timeout-ms", "-5"], "usage"),
+    "unicode_digits": (["put", "--tokens", "٣,٤"], "usage"),
+    "nested_brackets": (["put", "--tokens", "[" * 100_000 + "1" + "]" * 100_000], "usage"),
+    "bad_port": (["ns", "ls", "--store", "redis://127.0.0.1:notaport/0"], "usage"),
+    "typo_option": (["ns", "ls", "--sotr", "bytes"], "usage"),
+    "unknown_command": (["nsls"], "usage"),
+    "snapshot_out_nowhere": (["replay", "TRACE", "--snapshot-out", "/proc/nope/x"], "usage"),
+    "init_missing_parent": (["init", "--store", "/nonexistent/deep/path"], "usage"),
+    "missing_store": (["ns", "ls", "--store", "NOWHERE"], "usage"),
+    "batch_zero": (["replay", "TRACE", "--batch", "0"], "usage"),
+    "ns_drop_unknown_id": (["ns", "drop", "--id", "0123456789abcdef", "--yes"], "usage"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_one_line_exit_2_and_a_json_error(store, tmp_path, case):
+    args, kind = BAD[case]
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, generate(WorkloadSpec(requests=20, tenants=2, seed=1)))
+    args = [str(trace) if a == "TRACE" else str(tmp_path / "nowhere") if a == "NOWHERE" else a for a in args]
+    if "--store" not in args and args[0] != "nsls":
+        args += ["--store", str(store)]
+    _one_line_exit_2(invoke(*args))
+    error = _one_line_exit_2(invoke(*args, "--json"), json_mode=True)
+    assert error["kind"] == kind
+    assert not Path("/nonexistent/deep").exists()
+    stats = json.loads(invoke("stats", "--store", store, "--json").stdout)
+    assert stats["pages"] == 25  # nothing was written by a refused command
+
+
+def test_undecodable_bytes_on_the_command_line_are_exit_2(store):
+    # argv bytes ff fe are lone surrogates to Python: no UTF-8, no digest; 0f180b0 raised UnicodeEncodeError
+    result = kvc("put", "--store", store, "--extra-key", "\udcff\udcfe", "--tokens", "1,2,3,4")
+    line = _one_line_exit_2(result)
+    assert "extra_key is not valid UTF-8" in line
+    doc = kvc("put", "--store", store, "--extra-key", "\udcff\udcfe", "--tokens", "1,2,3,4", "--json")
+    assert json.loads(doc.stdout)["error"]["kind"] == "invalid_namespace"
+
+
+def test_prefetch_sizes_l2_from_the_store_not_from_max_pages(store):
+    # 0f180b0 sized L2 from --max-pages: "tried to allocate 1638400000000 bytes" and a traceback
+    result = invoke("prefetch", "--store", store, "--extra-key", "t1", "--max-pages", 100_000_000, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["pages"] == 25  # the namespace's pages, all of them
+
+
+def test_init_creates_missing_parents_only_when_asked(tmp_path):
+    deep = tmp_path / "a" / "b" / "store"
+    _one_line_exit_2(invoke("init", "--store", deep))
+    assert not (tmp_path / "a").exists()
+    assert invoke("init", "--store", deep, "--parents").exit_code == 0 and (deep / "data.mdb").exists()
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    quiet = kvc("ns", "ls", "--store", tmp_path / "nowhere")
+    assert b"Traceback" not in quiet.stderr
+    for loud in (kvc("--debug", "ns", "ls", "--store", tmp_path / "nowhere"),
+                 kvc("ns", "ls", "--store", tmp_path / "nowhere", env=dict(os.environ, KVC_DEBUG="1"))):
+        assert loud.returncode == 2 and b"Traceback" in loud.stderr
+        assert loud.stderr.decode().strip().splitlines()[-1].startswith("kvc: error: ")
+
+
+def test_ctrl_c_is_one_line_exit_130_and_leaves_the_store_sound(tmp_path):
+    store = tmp_path / "store"
+    assert invoke("init", "--store", store).exit_code == 0
+    trace = tmp_path / "big.jsonl"
+    write_trace(trace, generate(WorkloadSpec(requests=20_000, tenants=4, seed=3)))
+    data = store / "data.mdb"
+    start = data.stat().st_size
+    proc = subprocess.Popen([str(KVC), "replay", str(trace), "--store", str(store), "--snapshot-out",
+                             str(tmp_path / "cache.snap")], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while data.stat().st_size == start and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the replay is writing pages to the store
+    assert proc.poll() is None, "the replay ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert err.decode().strip().splitlines() == ["kvc: interrupted"] and out == b""
+    assert not (tmp_path / "cache.snap").exists()  # no snapshot, and no temp file of one either
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".cache.snap")] == []
+    audit = invoke("audit", "--store", store, "--json")
+    assert audit.exit_code == 0 and json.loads(audit.stdout)["ok"]  # what was written is whole
+
+
+def test_a_replay_no_l3_write_of_which_succeeds_says_so_and_exits_1(tmp_path):
+    # a store that refuses every write (NOREPLICAS) while reads work: 0f180b0 exited 0
+    server = RedisServer(require_server(), tmp_path / "redis").start()
+    try:
+        url = server.store_url()
+        assert invoke("init", "--store", url, "--page-size", 4).exit_code == 0
+        with server._client() as c:
+            c.config_set("min-replicas-to-write", 1)
+        trace = tmp_path / "t.jsonl"
+        write_trace(trace, generate(WorkloadSpec(requests=100, tenants=2, seed=2)))
+        result = kvc("replay", trace, "--store", url, "--json")
+    finally:
+        server.stop()
+    report = json.loads(result.stdout)
+    b = report["backup"]
+    assert result.returncode == 1 and b["storage_pages"] == 0 and b["storage_failed"] + b["storage_rejected"] > 10
+    assert result.stderr.decode().strip().splitlines() == [
+        f"kvc: warning: every L3 write failed or was refused ({b['storage_failed']} failed, "
+        f"{b['storage_rejected']} refused): those pages stayed in L2 only"]
+
+
+def test_a_read_only_store_is_refused_before_the_replay_starts(tmp_path):
+    # 0f180b0 ran the replay, printed one identical warning per failed L3 write (3,374) and exited 0
+    root = Path(tempfile.mkdtemp(prefix="kvc-ro-"))  # outside pytest's 0700 temp root, for another user
+    try:
+        os.chmod(root, 0o755)
+        store = root / "store"
+        assert invoke("init", "--store", store).exit_code == 0
+        trace = root / "t.jsonl"
+        write_trace(trace, generate(WorkloadSpec(requests=50, tenants=2, seed=4)))
+        os.chmod(trace, 0o644)
+        (store / "lock.mdb").chmod(0o666)  # readers need the lock file; the data stays read-only
+        as_other = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+        if not as_other:
+            store.chmod(0o555)
+            (store / "data.mdb").chmod(0o444)
+        proc = subprocess.run([*as_other, str(KVC), "replay", str(trace), "--store", str(store)],
+                              capture_output=True, text=True, timeout=120, env=dict(os.environ, HOME=str(root)))
+        line = _one_line_exit_2(proc)
+        assert "read-only" in line
+    finally:
+        os.chmod(root / "store", 0o755)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_repeated_warnings_collapse_into_one_summary_line(capsys):
+    log = logging.getLogger("kvcache")
+    with collapsed_warnings():
+        for i in range(3374):
+            log.warning("L3 write %s failed, nodes left in L2 only: %s", i, "read-only")
+        log.warning("prefetch %s of request %s: L3 read failed: %s", 1, "r1", "EIO")
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["kvc: warning: L3 write 0 failed, nodes left in L2 only: read-only",
+                   "kvc: warning: prefetch 1 of request r1: L3 read failed: EIO",
+                   "kvc: warning: 3373 more like: L3 write 0 failed, nodes left in L2 only: read-only"]
+
+
+def test_ns_drop_names_exactly_one_namespace(store):
+    invoke("put", "--store", store, "--extra-key", "t2", "--tokens", TOKENS, KVC_SALT="shared")
+    invoke("put", "--store", store, "--extra-key", "t3", "--tokens", TOKENS, KVC_SALT="shared")
+    rows = json.loads(invoke("ns", "ls", "--store", store, "--json").stdout)["namespaces"]
+    fp = {r["extra_key"]: r["salt_fingerprint"] for r in rows}["t2"]
+    both = _one_line_exit_2(invoke("ns", "drop", "--fingerprint", fp, "--yes", "--store", store))
+    assert "2 namespaces have fingerprint" in both  # t2 and t3 share the salt: name one
+    for conflict in (["--id", "0" * 16, "--fingerprint", fp], ["--id", "0" * 16, "--salt", "x"], ["t2", "--id", "x"],
+                     []):
+        _one_line_exit_2(invoke("ns", "drop", *conflict, "--yes", "--store", store))
+    out = json.loads(invoke("ns", "drop", "t3", "--fingerprint", fp, "--yes", "--json", "--store", store).stdout)
+    assert out["dropped"] and out["namespace"]["extra_key"] == "t3" and out["pages"] == 25
+    again = invoke("ns", "drop", "t3", "--fingerprint", fp, "--yes", "--missing-ok", "--json", "--store", store)
+    assert again.exit_code == 0 and json.loads(again.stdout)["dropped"] is False
+    left = {r["extra_key"] for r in json.loads(invoke("ns", "ls", "--store", store, "--json").stdout)["namespaces"]}
+    assert left == {"t1", "t2"}

@@ -1,0 +1,218 @@
+"""Secrets stay secret (issue 13): a store password never reaches any output of any command, the salt never
+reaches a command line with the safe forms, fingerprints are keyed per store.
+
+Each test reproduces a report first: on 0f180b0 `kvc stats`, `init`, `ns ls --json` and `audit --json` printed
+the password, `--salt-file` / `--salt -` / KVC_SALT did not exist, and every store showed the same fingerprint
+for a salt (the README's `wrong` -> c39589a45512)."""
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvc.main import app
+from kvcache import Namespace, WorkloadSpec, generate, write_trace
+from redis_server import RedisServer, require_server
+
+KVC = Path(sys.executable).with_name("kvc")
+PASSWORD = "pw-Zq8xV3-redis-secret"
+SALT = "salt-Hk2mW9-tenant-secret"
+TOKENS = ",".join(str(t) for t in range(1, 101))
+runner = CliRunner()
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("KVC_SALT", "KVC_STORE", "KVC_FINGERPRINT_KEY")}
+    return {**env, **extra}
+
+
+def kvc(*args, env=None, stdin=None, timeout=120):
+    return subprocess.run([str(KVC), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          env=env or _env(), input=stdin)
+
+
+@pytest.fixture(scope="module")
+def locked_redis(tmp_path_factory):
+    """A redis-server that requires a password."""
+    server = RedisServer(require_server(), tmp_path_factory.mktemp("redis-auth")).start()
+    with server._client() as c:
+        c.config_set("requirepass", PASSWORD)
+    yield server
+    server.stop()
+
+
+def _no_password(*texts):
+    for text in texts:
+        assert PASSWORD not in text
+        assert PASSWORD.replace("-", "%2D") not in text
+
+
+def test_no_command_prints_a_store_password(locked_redis, tmp_path):
+    url = f"redis://:{PASSWORD}@127.0.0.1:{locked_redis.port}/0?prefix=sec-{os.getpid()}:"
+    trace = tmp_path / "trace.jsonl"
+    write_trace(trace, generate(WorkloadSpec(requests=40, tenants=2, seed=1)))
+    env = {"KVC_SALT": SALT, "KVC_STORE": url}
+    seen = []
+
+    def run(*args, code=0):
+        result = runner.invoke(app, [str(a) for a in args], env=env)
+        seen.append((args, result.stdout, result.stderr))
+        _no_password(result.stdout, result.stderr)
+        assert result.exit_code == code, (args, result.stderr)
+        return result
+
+    for fmt in ([], ["--json"]):
+        run("init", "--page-size", 4, *fmt)
+        run("put", "--extra-key", "t1", "--tokens", TOKENS, *fmt)
+        run("prefetch", "--extra-key", "t1", "--tokens", TOKENS, *fmt)
+        run("prefetch", "--extra-key", "t1", *fmt)
+        run("stage", "--extra-key", "t1", "--tokens", TOKENS, *fmt)
+        run("load-back", "--extra-key", "t1", "--tokens", TOKENS, *fmt)
+        run("ns", "show", "t1", *fmt)
+        run("stats", *fmt)
+        run("audit", *fmt)
+        run("audit", "--repair", "--dry-run", *fmt)
+        run("replay", trace, *fmt)
+    for fmt in ("table", "tsv", "json", "jsonl"):
+        run("ns", "ls", "-o", fmt)
+        run("stats", "-o", fmt) if fmt in ("table", "tsv") else None
+    run("stats", "--prom")
+    assert any(str(url).replace(PASSWORD, "***").split("?")[0] in s[1] for s in seen)  # the location is shown
+    # errors quoting the URL: a bad password, a bad port, an unreachable server, a scheme nobody serves
+    for bad in (url.replace(PASSWORD, PASSWORD + "x"), f"redis://:{PASSWORD}@127.0.0.1:notaport/0",
+                f"redis://:{PASSWORD}@127.0.0.1:1/0", f"nosuch://:{PASSWORD}@host/0"):
+        for fmt in ([], ["--json"]):
+            result = runner.invoke(app, ["ns", "ls", "--store", bad, *fmt])
+            assert result.exit_code == 2
+            _no_password(result.stdout, result.stderr)
+    ns_id = json.loads(run("ns", "ls", "--json").stdout)["namespaces"][0]["id"]
+    run("ns", "drop", "--id", ns_id, "--yes", "--json")
+
+
+def test_a_live_server_and_its_metrics_never_print_the_password(locked_redis, tmp_path):
+    url = f"redis://:{PASSWORD}@127.0.0.1:{locked_redis.port}/0?prefix=live-{os.getpid()}:"
+    env = _env(KVC_STORE=url, KVC_SALT=SALT)
+    assert kvc("init", "--page-size", 4, env=env).returncode == 0
+    assert kvc("put", "--extra-key", "t1", "--tokens", TOKENS, env=env).returncode == 0
+    sock = tmp_path / "s.sock"
+    serve = subprocess.Popen([str(KVC), "serve", "--socket", str(sock), "--metrics-port", "0", "--json",
+                              "--device-tokens", "1024", "--host-tokens", "4096"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        ready = json.loads(serve.stdout.readline())
+        _no_password(json.dumps(ready))
+        outputs = [kvc("--socket", sock, *args, env=env) for args in
+                   (["stats"], ["stats", "--json"], ["stats", "--prom"], ["ns", "ls", "--json"], ["audit"],
+                    ["prefetch", "--extra-key", "t1", "--json"], ["top", "--count", "1", "--interval", "0.1"])]
+        for out in outputs:
+            assert out.returncode == 0, out.stderr
+            _no_password(out.stdout, out.stderr)
+        scrape = urllib.request.urlopen(ready["metrics"], timeout=10).read().decode()
+        _no_password(scrape)
+        assert "kvc_store_info{" in scrape and "redis://:***@127.0.0.1" in scrape
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        _, err = serve.communicate(timeout=30)
+    assert serve.returncode == 0
+    _no_password(err)
+
+
+def _watch_cmdline(args, env, stdin=None):
+    """Run kvc and read its /proc/PID/cmdline for as long as it runs; (exit code, stdout, stderr, every cmdline
+    seen)."""
+    proc = subprocess.Popen([str(KVC), *map(str, args)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    seen = set()
+    if stdin is not None:
+        proc.stdin.write(stdin)
+    proc.stdin.close()
+    while proc.poll() is None:
+        try:
+            seen.add(Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode(errors="replace"))
+        except OSError:
+            pass  # between exit and reaping
+        time.sleep(0.002)
+    return proc.returncode, proc.stdout.read(), proc.stderr.read(), seen
+
+
+@pytest.fixture
+def lmdb_store(tmp_path):
+    path = tmp_path / "store"
+    _invoke("init", "--store", path)
+    _invoke("put", "--store", path, "--extra-key", "t1", "--tokens", TOKENS, KVC_SALT=SALT)
+    return path
+
+
+def test_the_salt_never_reaches_the_process_list_with_the_safe_forms(lmdb_store, tmp_path):
+    salt_file = tmp_path / "t1.salt"
+    salt_file.write_text(SALT + "\n")
+    salt_file.chmod(0o600)
+    base = ["prefetch", "--store", lmdb_store, "--extra-key", "t1", "--tokens", TOKENS, "--json"]
+    fingerprints = set()
+    for extra, env, stdin in ((["--salt-file", salt_file], _env(), None), (["--salt", "-"], _env(), SALT + "\n"),
+                              ([], _env(KVC_SALT=SALT), None)):
+        code, out, err, cmdlines = _watch_cmdline(base + extra, env, stdin)
+        assert code == 0, err
+        assert cmdlines and all(SALT not in c for c in cmdlines)
+        assert "visible to every local user" not in err
+        fingerprints.add(json.loads(out)["namespace"]["salt_fingerprint"])
+    # the unsafe form still works, is seen in the process list (the check above can fail), and warns once
+    code, out, err, cmdlines = _watch_cmdline(base + ["--salt", SALT], _env())
+    assert code == 0 and any(SALT in c for c in cmdlines)
+    assert err.count("visible to every local user") == 1
+    hit = json.loads(out)
+    assert hit["pages"] == 6 and fingerprints == {hit["namespace"]["salt_fingerprint"]}  # the same namespace
+
+
+def test_salt_sources_conflict_or_missing_are_usage_errors(lmdb_store, tmp_path):
+    base = ["ns", "show", "t1", "--store", lmdb_store]
+    both = kvc(*base, "--salt", "x", "--salt-file", tmp_path / "f")
+    assert both.returncode == 2 and "not both" in both.stderr
+    missing = kvc(*base, "--salt-file", tmp_path / "missing.salt")
+    assert missing.returncode == 2 and missing.stderr.startswith("kvc: error: --salt-file")
+    empty = kvc(*base, "--salt", "-", stdin="")
+    assert empty.returncode == 2 and "no salt" in empty.stderr
+    none = kvc(*base, "--salt", "", env=_env(KVC_SALT=SALT))  # '' overrides KVC_SALT: the unsalted t1
+    assert none.returncode == 2 and "no namespace t1/-" in none.stderr
+    for out in (both, missing, empty, none):
+        assert len(out.stderr.strip().splitlines()) == 1 and SALT not in out.stdout + out.stderr
+
+
+def _invoke(*args, **env):
+    result = runner.invoke(app, [str(a) for a in args], env={"KVC_FINGERPRINT_KEY": None, **env})
+    assert result.exit_code == 0, result.stderr
+    return result
+
+
+def _first_row(path):
+    return json.loads(_invoke("ns", "ls", "--store", path, "--json").stdout)["namespaces"][0]
+
+
+def test_fingerprints_are_keyed_by_each_store(tmp_path):
+    rows = {}
+    for name in ("a", "b"):
+        path = tmp_path / name
+        init = json.loads(_invoke("init", "--store", path, "--json").stdout)
+        key_file = Path(init["fingerprint_key"])
+        assert key_file.parent == path and stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        _invoke("put", "--store", path, "--extra-key", "t1", "--tokens", TOKENS, KVC_SALT="wrong")
+        rows[name] = _first_row(path)
+    assert rows["a"]["salt_fingerprint"] != rows["b"]["salt_fingerprint"]
+    assert rows["a"]["id"] != rows["b"]["id"]  # display ids are keyed too
+    # 0f180b0 printed c39589a45512 for the salt `wrong` in every store (a constant key in the code)
+    assert "c39589a45512" not in (rows["a"]["salt_fingerprint"], rows["b"]["salt_fingerprint"])
+    assert Namespace("t1", "wrong").id_hex not in (rows["a"]["id"], rows["b"]["id"])
+    # one key for a deployment: KVC_FINGERPRINT_KEY seeds every store created with it
+    for name in ("c", "d"):
+        _invoke("init", "--store", tmp_path / name, KVC_FINGERPRINT_KEY="ab" * 32)
+        _invoke("put", "--store", tmp_path / name, "--extra-key", "t1", "--tokens", TOKENS, KVC_SALT="wrong")
+    c, d = (_first_row(tmp_path / n) for n in "cd")
+    assert c["salt_fingerprint"] == d["salt_fingerprint"] == Namespace("t1", "wrong").fingerprint(b"\xab" * 32)

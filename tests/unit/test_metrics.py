@@ -1,0 +1,58 @@
+"""kvcache.metrics: Prometheus families of a store's and a live cache's figures, exact and escaped."""
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from factories import forward, l3_cache, make_layout, make_store
+from kvcache import Namespace, Request
+from kvcache.admin_ops import execute
+from kvcache.admin_protocol import LiveStats, NamespaceList, NamespacesRequest, StatsRequest
+from kvcache.metrics import cache_families, exposition, store_families
+
+
+def _samples(text):
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_store_families_are_exact_and_label_namespaces(tmp_path):
+    store = make_store(tmp_path / "s", make_layout(4))
+    cache = l3_cache(store)
+    ns = Namespace('quote"back\\slash\nnewline', "salt")
+    req = Request("r", list(range(40)), ns)
+    forward(cache, req, cache.admit(req))
+    cache.commit("r")
+    cache.close()
+    stats = store.stats()
+    text = exposition(store_families(stats, "/srv/kvc", store.namespaces()))
+    values = _samples(text)
+    assert values[("kvc_store_pages", (("backend", "lmdb"), ("store", "/srv/kvc")))] == stats.pages == 10
+    labels = (("extra_key", ns.extra_key), ("salt_fingerprint", store.namespaces()[0].salt_fingerprint))
+    assert values[("kvc_store_namespace_pages", labels)] == 10
+    assert 'extra_key="quote\\"back\\\\slash\\nnewline"' in text  # escaped by prometheus_client
+    assert "salt" not in text.replace("salt_fingerprint", "")
+    big = exposition(store_families(type(stats)(**{**{f: getattr(stats, f) for f in stats.__struct_fields__},
+                                                    "bytes": 62275584}), "/srv/kvc"))
+    assert _samples(big)[("kvc_store_bytes", (("backend", "lmdb"), ("store", "/srv/kvc")))] == 62275584
+    store.close()
+
+
+def test_cache_families_count_hits_per_namespace_and_tier(tmp_path):
+    store = make_store(tmp_path / "s", make_layout(4))
+    cache = l3_cache(store)
+    for i, ns in enumerate([Namespace("t1", "a"), Namespace("t2", "b")]):
+        for turn in range(2):
+            req = Request(f"r{i}{turn}", list(range(32)), ns)
+            forward(cache, req, cache.admit(req))
+            cache.commit(req.rid)
+    live = execute(cache, StatsRequest())
+    listing = execute(cache, NamespacesRequest())
+    assert isinstance(live, LiveStats) and isinstance(listing, NamespaceList)
+    values = _samples(exposition(cache_families(live, listing)))
+    fp = Namespace("t1", "a").salt_fingerprint
+    assert values[("kvc_cache_hit_tokens_total", (("extra_key", "t1"), ("salt_fingerprint", fp),
+                                                   ("tier", "device")))] == 32
+    assert values[("kvc_cache_requests_total", (("outcome", "committed"),))] == 4
+    assert values[("kvc_cache_pool_tokens", (("tier", "device"),))] == live.device.tokens
+    assert ("kvc_store_pages_read_total", (("backend", "lmdb"), ("store", store.location))) in values
+    cache.close()
+    store.close()
