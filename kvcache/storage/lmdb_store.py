@@ -296,26 +296,105 @@ def _translate(exc: BaseException, path: str, doing: str, wanted: int = 0) -> St
     """A typed StoreError for an LMDB or OS fault under `path`."""
     code = _error_code(exc)
     if code in (errno.ENOSPC, errno.EDQUOT) or (code == errno.EIO and _disk_full(path, wanted)):
-        return StoreFull(path, f"{doing}: no space left on the disk (needed about {wanted} bytes)")
+        need = f" (needed about {wanted} bytes)" if wanted else ""
+        return StoreFull(path, f"{doing}: no space left on the disk{need}")
     if code in (errno.EACCES, errno.EPERM, errno.EROFS) or isinstance(exc, lmdb.ReadonlyError):
         return StoreReadOnly(path, f"{doing}: the location is read-only ({exc})")
     return StoreError(path, f"{doing}: {exc}")
 
 
 def _open_env(path: str, create: bool, map_size: int, durability: str, checksum: str) -> _SharedEnv:
-    """Open (or create) the environment at `path` and check that it is a kvc store."""
+    """Open (or create) the environment at `path` and check that it is a kvc store.
+
+    The open is retried as a whole on a transient fault (OPEN_ATTEMPTS times): another process growing the map
+    between our `lmdb.open` and our first transaction (MDB_MAP_RESIZED), a full reader table, EAGAIN. A create
+    that fails leaves nothing behind: the files it made are removed, so a later `init` starts afresh.
+    """
     if os.path.exists(path) and not os.path.isdir(path):
         raise NotAStore(path, "is a regular file, expected a kvc store directory")
     data_file = os.path.join(path, "data.mdb")
-    if not os.path.exists(data_file):
+    creating = not os.path.exists(data_file)
+    made_dir = False
+    if creating:
         if not create:
             raise NotAStore(path, "no kvc store here (expected a directory holding data.mdb; create=True makes one)")
-        if os.path.isdir(path) and os.listdir(path):
+        # A lone lock.mdb is what a create that died (a full disk) left: nothing of a store to protect.
+        if os.path.isdir(path) and set(os.listdir(path)) - {"lock.mdb"}:
             raise NotAStore(path, "directory is not empty and holds no store; refusing to create one inside it")
+        made_dir = not os.path.isdir(path)
         try:
             os.makedirs(path, exist_ok=True)
         except OSError as exc:
             raise _translate(exc, path, "creating the store directory") from None
+    try:
+        _reserve_lock_file(path)
+        last: BaseException | None = None
+        for attempt in range(OPEN_ATTEMPTS):
+            try:
+                return _open_env_once(path, create, map_size, durability, checksum)
+            except lmdb.Error as exc:
+                if not _transient(exc):
+                    raise _translate(exc, path, "opening") from None
+                last = exc
+            time.sleep(min(0.0005 * 2 ** attempt, 0.05))
+        raise StoreError(path, f"opening: still failing after {OPEN_ATTEMPTS} attempts ({last})")
+    except BaseException:
+        if creating:
+            _remove_failed_create(path, made_dir)
+        raise
+
+
+OPEN_ATTEMPTS = 100  # whole-open retries on transient faults (a writer may grow the map many times meanwhile)
+# LMDB's lock file for MAX_READERS reader slots (192-byte header + 64 bytes a slot), with room to spare: a larger
+# file only gives more slots.
+LOCK_FILE_BYTES = 64 << 10
+_TRANSIENT_ERRNOS = (errno.EAGAIN, errno.EINTR, errno.EBUSY)
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether an LMDB fault at open goes away by itself: retry the open."""
+    return (isinstance(exc, (lmdb.MapResizedError, lmdb.ReadersFullError))
+            or _error_code(exc) in _TRANSIENT_ERRNOS)
+
+
+def _reserve_lock_file(path: str) -> None:
+    """Give the lock file its blocks before LMDB maps it. LMDB sizes a new lock file with ftruncate (a sparse
+    file) and writes its reader table through the map: on a full disk that write is a SIGBUS, not an error. With
+    the blocks allocated here, a full disk is a StoreFull from this call instead."""
+    lock_file = os.path.join(path, "lock.mdb")
+    try:
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if _error_code(exc) in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return  # a read-only location: LMDB opens the store read-only (and cannot grow this file either)
+        raise _translate(exc, path, "creating the lock file", LOCK_FILE_BYTES) from None
+    try:
+        size = os.fstat(fd).st_size
+        os.posix_fallocate(fd, 0, max(size, LOCK_FILE_BYTES))
+    except OSError as exc:
+        if _error_code(exc) in (errno.ENOSPC, errno.EDQUOT):
+            raise _translate(exc, path, "reserving the lock file", LOCK_FILE_BYTES) from None
+        # EOPNOTSUPP/EINVAL: a filesystem without fallocate; LMDB sizes the file itself
+    finally:
+        os.close(fd)
+
+
+def _remove_failed_create(path: str, made_dir: bool) -> None:
+    """Remove what a failed create left (the store files, and the directory when the create made it)."""
+    for name in ("data.mdb", "lock.mdb"):
+        try:
+            os.unlink(os.path.join(path, name))
+        except OSError:
+            pass  # never made, or already gone
+    if made_dir:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass  # something else appeared in it: leave it
+
+
+def _open_env_once(path: str, create: bool, map_size: int, durability: str, checksum: str) -> _SharedEnv:
+    data_file = os.path.join(path, "data.mdb")
     existing = os.path.getsize(data_file) if os.path.exists(data_file) else 0
     kwargs = dict(map_size=max(map_size, existing), subdir=True, max_dbs=MAX_DBS, max_readers=MAX_READERS,
                   sync=DURABILITY[durability][0], metasync=DURABILITY[durability][1], meminit=False, lock=True)
@@ -326,17 +405,28 @@ def _open_env(path: str, create: bool, map_size: int, durability: str, checksum:
         code = _error_code(exc)
         if isinstance(exc, lmdb.InvalidError) or isinstance(exc, lmdb.VersionMismatchError):
             raise NotAStore(path, f"not an LMDB environment ({exc})") from None
+        if isinstance(exc, lmdb.Error) and _transient(exc):
+            raise
         if code in (errno.EACCES, errno.EPERM, errno.EROFS) and existing:
             writable = False  # a read-only location: read the store, refuse writes
             try:
                 env = lmdb.open(path, readonly=True, **kwargs)
             except (lmdb.Error, OSError) as exc2:
+                if isinstance(exc2, lmdb.Error) and _transient(exc2):
+                    raise
                 raise _translate(exc2, path, "opening read-only") from None
         else:
             raise _translate(exc, path, "opening") from None
     try:
         env.reader_check()  # clear reader slots of dead processes before anything pins old pages
-        dbs, fmt = _open_dbs(env, path, writable, create, checksum)
+        for _ in range(OPEN_ATTEMPTS):
+            try:
+                dbs, fmt = _open_dbs(env, path, writable, create, checksum)
+                break
+            except lmdb.MapResizedError:
+                env.set_mapsize(0)  # adopt the map size of the process that grew it, then read again
+        else:
+            raise StoreError(path, f"opening: the map kept growing under {OPEN_ATTEMPTS} attempts to read it")
     except BaseException:
         env.close()
         raise
@@ -361,6 +451,8 @@ def _open_dbs(env: lmdb.Environment, path: str, writable: bool, create: bool,
                 txn.put(b"totals", _enc.encode(StoreTotals(0, 0)), db=handles["store"])
                 txn.put(b"capacity", _U64.pack(0), db=handles["store"])
         except lmdb.Error as exc:
+            if _transient(exc):
+                raise  # the whole open is retried
             raise _translate(exc, path, "creating the store") from None
         return _Dbs(**handles), fmt
     try:
@@ -424,6 +516,14 @@ class _NsDelta:
         self.last_access = 0.0
         self.roots: set[str] = set()
         self.info: Namespace | None = None  # set by writers, which know extra_key and salt fingerprint
+
+
+def _decode_or_none(decoder: msgspec.msgpack.Decoder, raw: Any) -> Any:
+    """A record decoded, or None when its bytes are damaged."""
+    try:
+        return decoder.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
 
 
 def _chains_to(page_hash: bytes, meta: PageMeta) -> bool:
@@ -518,7 +618,7 @@ class LMDBStore:
         environment). `checksum`: the algorithm of a store created now (a key of CHECKSUMS); an existing store
         keeps the one it was created with.
         """
-        path = location[len("lmdb://"):] if location.startswith("lmdb://") else location
+        path = location[len("lmdb://"):] if location[:len("lmdb://")].lower() == "lmdb://" else location
         if not path:
             raise InvalidInput("an LMDB store location needs a path")
         path = os.path.realpath(path)
@@ -611,6 +711,11 @@ class LMDBStore:
         n = len(outs)
         if n == 0:
             return 0
+        if self.layout is not None:
+            want = self.layout.bytes_per_page
+            if any(len(out) != want for out in outs):
+                raise InvalidInput(f"get_into needs out views of {want} bytes (a page of layout "
+                                   f"{self.layout.describe()}), got {sorted({len(o) for o in outs})}")
         shared = self._live()
         digest, seeds, stored = self._checksum.digest, self._checksum.seeds(hashes), _U64.unpack_from
         corrupt = self._corrupt
@@ -622,15 +727,16 @@ class LMDBStore:
                     value = get(h, None, db)
                     if value is None or (corrupt and h in corrupt):
                         break
+                    # A stored size other than a page's (the out views were checked above) is a damaged record:
+                    # a miss, quarantined like a checksum failure. The copy happens inside the transaction (see
+                    # the module docstring), and is checked on the copy, still in cache: what the caller got is
+                    # what was verified.
                     if len(value) - _HEADER != len(out):
-                        raise InvalidInput(f"page {h.hex()} holds {len(value) - _HEADER} bytes, its out view "
-                                           f"{len(out)}")
-                    out[:] = value[_HEADER:]  # the copy happens inside the transaction (see module docstring)
-                    # Checked on the copy, which is still in cache: what the caller got is what was verified.
+                        self._quarantine(h)
+                        break
+                    out[:] = value[_HEADER:]
                     if digest(out, seed) != stored(value)[0]:
-                        with self._lock:
-                            corrupt.add(h)
-                        self._counts["checksum_failures"] += 1
+                        self._quarantine(h)
                         break
                     done += 1
         except lmdb.Error:
@@ -641,6 +747,13 @@ class LMDBStore:
         if done and not self.readonly:
             self._record_access(hashes[done - 1], done)
         return done
+
+    def _quarantine(self, page_hash: bytes) -> None:
+        """A page failed verification on read: a miss from now on in this handle, dropped by the next write
+        transaction (which checks it again first) or by `verify(repair=True)`."""
+        with self._lock:
+            self._corrupt.add(page_hash)
+        self._counts["checksum_failures"] += 1
 
     def _record_access(self, deepest: bytes, pages: int) -> None:
         # One entry per read, not per page: the read is credited to the deepest page it reached (its ancestors
@@ -1040,9 +1153,12 @@ class LMDBStore:
             raw = txn.get(h, db=dbs.meta)
             if value is None or raw is None:
                 continue
-            if self._checksum.of(value[_HEADER:], h) == _U64.unpack_from(value)[0]:
+            meta = _decode_or_none(_dec_meta, raw)
+            if meta is None:
+                continue  # metadata that does not decode: verify reports it, repair removes the page
+            if (len(value) - _HEADER == meta.nbytes
+                    and self._checksum.of(value[_HEADER:], h) == _U64.unpack_from(value)[0]):
                 continue  # rewritten since
-            meta = _dec_meta.decode(raw)
             self._drop_page(txn, h, meta, deltas)
             dropped += 1
             freed += meta.nbytes
