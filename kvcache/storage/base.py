@@ -7,7 +7,9 @@ pages. Everything is batched and everything is by page hash.
 Rules every backend keeps (tests/conformance checks them for each registered backend):
 
 - `exists_prefix` and `get_into` count consecutive pages from the start of the batch and stop at the first gap.
-- A page whose bytes fail their checksum is a miss: counted, reported by `verify()`, never served.
+- A page whose bytes fail their checksum, or whose stored size is not a page's, is a miss: counted, quarantined
+  (a miss again on every later read, until a write or `verify(repair=True)` removes it), reported by `verify()`,
+  never served.
 - Expected outcomes are values: a miss is a short count, a page over the capacity or a quota is `rejected` in
   the `PutResult`. Exceptions are for unusable input and for faults the caller must see (`kvcache.errors`).
 - A read fault (an I/O error under a read) degrades to a miss and is counted.
@@ -121,7 +123,7 @@ class StoreCounters(msgspec.Struct, frozen=True):
 
     pages_read: int = 0  # pages copied out to callers
     misses: int = 0  # get_into/exists_prefix calls that stopped before the end of their batch
-    checksum_failures: int = 0  # pages that failed their checksum on read (served as misses)
+    checksum_failures: int = 0  # pages that failed verification on read (checksum or size): misses, quarantined
     read_errors: int = 0  # I/O faults on read (served as misses)
     write_errors: int = 0  # faults on write (a server gone, a timeout): the batch failed, counted as rejected
     pages_written: int = 0
@@ -372,6 +374,8 @@ def open_store(url_or_path: str, layout: KVLayout | None = None, *, create: bool
     holds) unless `create` makes a new store or `add_layout` registers it. `create`: make the store when it does
     not exist. `readonly`: refuse writes. Backend-specific `options` (capacity, map size, policies) pass through.
     """
+    if "\0" in str(url_or_path):
+        raise InvalidInput("a store location cannot hold a NUL byte")
     cls = backend_class(scheme_of(url_or_path))
     return cls.open(str(url_or_path), layout=layout, create=create, readonly=readonly, add_layout=add_layout,
                     **options)

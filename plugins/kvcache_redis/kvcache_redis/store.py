@@ -31,6 +31,8 @@ writes at once instead of waiting on a dead server, then reconnects. Administrat
 from __future__ import annotations
 
 import hashlib
+import math
+import re
 import threading
 import time
 from collections import Counter
@@ -132,12 +134,36 @@ class _Url(msgspec.Struct, frozen=True):
     shown: str  # the URL with any password replaced by ***
 
 
+MAX_SECONDS = 3600.0  # the longest timeout or backoff a URL may ask for
+
+
+def _redacted(location: str) -> str:
+    """`location` with any password replaced by *** (for error messages about a URL that did not parse)."""
+    return re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", location)
+
+
+def _seconds(name: str, value: Any) -> float:
+    """A URL's number of seconds: finite, > 0 and at most MAX_SECONDS."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise InvalidInput(f"{name} must be a number of seconds, got {value!r}") from None
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
+        raise InvalidInput(f"{name} must be > 0 and at most {MAX_SECONDS:g} seconds, got {value!r}")
+    return seconds
+
+
 def _parse_url(location: str, overrides: dict[str, Any]) -> _Url:
-    parts = urlsplit(location)
+    try:
+        parts = urlsplit(location)
+        hostname, _ = parts.hostname, parts.port  # both parse lazily: a bad host or port raises here
+    except ValueError as exc:
+        raise InvalidInput(f"{_redacted(location)}: not a usable store URL ({exc})") from None
     scheme = parts.scheme.lower()
     if scheme not in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
-        raise InvalidInput(f"{location!r}: not a redis://, rediss://, redis+cluster:// or rediss+cluster:// URL")
-    if not parts.hostname:
+        raise InvalidInput(f"{_redacted(location)!r}: not a redis://, rediss://, redis+cluster:// or "
+                           f"rediss+cluster:// URL")
+    if not hostname:
         raise InvalidInput(f"{scheme}:// URL without a host")
     cluster = scheme.endswith("+cluster")
     base = scheme.split("+")[0]
@@ -156,15 +182,12 @@ def _parse_url(location: str, overrides: dict[str, Any]) -> _Url:
                 raise InvalidInput("the key prefix must be a non-empty string")
             fields[name] = value
         else:
-            try:
-                fields[name] = float(value)
-            except (TypeError, ValueError):
-                raise InvalidInput(f"{name} must be a number of seconds, got {value!r}") from None
-            if fields[name] <= 0:
-                raise InvalidInput(f"{name} must be > 0, got {value!r}")
+            fields[name] = _seconds(name, value)
     path = parts.path
     if cluster and path.strip("/") not in ("", "0"):
         raise InvalidInput("a Redis Cluster has database 0 only: drop the /db part of the URL")
+    if not cluster and not re.fullmatch(r"/?(\d{1,6})?", path):
+        raise InvalidInput(f"{path!r}: the database of a redis:// URL is a number, as in redis://host:6379/0")
     client_url = urlunsplit((base, parts.netloc, "" if cluster else path, urlencode(rest), ""))
     netloc = parts.netloc
     if parts.password is not None:
@@ -408,6 +431,9 @@ class RedisStore:
         n = len(outs)
         if n == 0:
             return 0
+        if self.layout is not None and any(len(out) != self.layout.bytes_per_page for out in outs):
+            raise InvalidInput(f"get_into needs out views of {self.layout.bytes_per_page} bytes (a page of layout "
+                               f"{self.layout.describe()}), got {sorted({len(o) for o in outs})}")
         client = self._live()
         done = 0
         ns_hex = ""
@@ -428,11 +454,14 @@ class RedisStore:
         for h, out, (value, ns) in zip(hashes, outs, replies):
             if value is None or ns is None or (corrupt and h in corrupt):
                 break
-            if len(value) - _HEADER != len(out):
-                raise InvalidInput(f"page {h.hex()} holds {len(value) - _HEADER} bytes, its out view {len(out)}")
-            out[:] = memoryview(value)[_HEADER:]
-            # Checked on the copy, still in cache: what the caller got is what was verified.
-            if _checksum(out, h) != int.from_bytes(value[:_HEADER], "little"):
+            # A stored size other than a page's (the out views were checked above) is a damaged record: a miss,
+            # quarantined like a checksum failure. Checked on the copy, still in cache: what the caller got is
+            # what was verified.
+            bad = len(value) - _HEADER != len(out)
+            if not bad:
+                out[:] = memoryview(value)[_HEADER:]
+                bad = _checksum(out, h) != int.from_bytes(value[:_HEADER], "little")
+            if bad:
                 with self._lock:
                     corrupt[h] = hashlib.sha1(value).hexdigest()
                     self._counts["checksum_failures"] += 1
@@ -1252,6 +1281,21 @@ def _connect(url: _Url, redis_options: dict[str, Any]) -> Any:
             from redis.cluster import RedisCluster
 
             return RedisCluster.from_url(url.client_url, **kwargs)
-        return redis.Redis.from_url(url.client_url, retry_on_timeout=False, **kwargs)
+        client = redis.Redis.from_url(url.client_url, retry_on_timeout=False, **kwargs)
+        # redis-py checks some options only when it builds a connection: build one now (no I/O) so a bad option
+        # is an error of the URL, not of the first command.
+        client.connection_pool.make_connection().disconnect()
+        return client
     except _FAULTS as exc:
         raise StoreError(url.shown, f"cannot reach the server: {exc}") from None
+    except (ValueError, TypeError, redis.RedisError) as exc:
+        raise InvalidInput(f"{url.shown}: unusable connection option in the URL ({_option_error(exc)})") from None
+
+
+def _option_error(exc: BaseException) -> str:
+    """redis-py's complaint about a URL option, in the URL's terms."""
+    text = str(exc)
+    m = re.search(r"unexpected keyword argument '(\w+)'", text)
+    if m:
+        return f"{m.group(1)} is not an option of this kind of connection (TLS options need rediss://)"
+    return text
