@@ -9,8 +9,8 @@ from .admin import AdminClient, AdminServer
 from .audit import AuditReport, Violation, ViolationKind
 from .cache import Admission, AdmitStatus, CommitResult, EvictResult, TieredCache
 from .config import CacheConfig, HostMode, PrefetchPolicy, WritePolicy
-from .errors import (AdminBadFrame, AdminError, AdminProtocolMismatch, AdminRemoteError, AdminSocketInUse,
-                     AdminTimeout, AdminUnavailable, DoubleFree, InvalidConfig, InvalidInput, InvalidLayout,
+from .errors import (AdminBadFrame, AdminError, AdminProtocolMismatch, AdminRemoteError, AdminShuttingDown,
+                     AdminSocketInUse, AdminTimeout, AdminUnavailable, AdminUntrusted, DoubleFree, InvalidConfig, InvalidInput, InvalidLayout,
                      InvalidNamespace, InvalidTokens, InvalidTrace, InvariantViolation, KVCacheError,
                      LayoutMismatch, LockUnderflow, NamespaceMismatch, NotAStore, OwnershipError, StoreError,
                      StoreFull, StoreReadOnly, StoreUnsupported, UnknownBackend, UnknownRequest)
@@ -47,5 +47,5 @@ __all__ = [
     "NotAStore", "OwnershipError", "StoreError", "StoreFull", "StoreReadOnly", "StoreUnsupported", "UnknownBackend",
     "UnknownRequest",
     "AdminBadFrame", "AdminError", "AdminProtocolMismatch", "AdminRemoteError", "AdminSocketInUse", "AdminTimeout",
-    "AdminUnavailable",
+    "AdminUnavailable", "AdminUntrusted", "AdminShuttingDown",
 ]

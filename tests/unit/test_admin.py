@@ -18,11 +18,11 @@ from kvcache import admin as admin_module
 from kvcache.admin_protocol import (PROTOCOL_VERSION, AuditRequest, Envelope, EvictOutcome, EvictRequest,
                                     FrameTooLarge, LiveStats, LoadBackRequest, NamespaceList, NamespacesRequest,
                                     PingRequest, PrefetchRequest, RequestResult, Response, ServerInfo,
-                                    SnapshotRequest, SnapshotResult, StageRequest, StatsRequest, Truncated,
+                                    ReplayOutcome, SnapshotData, SnapshotRequest, StageRequest, StatsRequest,
+                                    Truncated,
                                     decode_response, frame, read_frame)
 from kvcache.audit import AuditReport, audit_snapshot
-from kvcache.replay import ReplayReport
-from kvcache.snapshot import read_snapshot
+from kvcache.snapshot import decode_snapshot
 from kvcache.workload import TraceRequest, write_trace
 
 SALT = "admin-unit-salt-zxcvbn"
@@ -143,7 +143,7 @@ def test_an_audit_sent_during_a_replay_runs_between_its_steps(cache, sock_path, 
     done = []
 
     def replay():
-        done.append(("replay", AdminClient(sock_path).replay(trace.read_bytes(), ReplayReport, batch=2)))
+        done.append(("replay", AdminClient(sock_path).replay(trace, ReplayOutcome, batch=2).report))
 
     def audit():
         done.append(("audit", AdminClient(sock_path).call(AuditRequest(), AuditReport)))
@@ -222,16 +222,16 @@ def test_stage_needs_buffer_mode_and_gives_its_record_back(tmp_path):
         store.close()
 
 
-def test_snapshot_of_the_live_cache_audits_offline_the_same(live, tmp_path):
+def test_snapshot_of_the_live_cache_audits_offline_the_same(live, sock_path, tmp_path):
     _, client = live
     client.call(PrefetchRequest("t1", SALT), RequestResult)
-    path = tmp_path / "live.snap"
-    written = client.call(SnapshotRequest(str(path)), SnapshotResult)
-    assert written.bytes == path.stat().st_size and written.nodes >= 2
-    offline = audit_snapshot(read_snapshot(path))
+    sent = client.call(SnapshotRequest(), SnapshotData)  # bytes back: the server writes no file
+    assert sent.nodes >= 2 and not list(tmp_path.glob("*.snap"))
+    offline = audit_snapshot(decode_snapshot(sent.data))
     assert offline.ok and offline.checked == client.call(AuditRequest(), AuditReport).checked
-    with pytest.raises(AdminRemoteError, match="absolute"):
-        client.call(SnapshotRequest("relative.snap"), SnapshotResult)
+    old_kind = _raw(sock_path, _body({"v": PROTOCOL_VERSION, "id": 1,
+                                      "request": {"type": "snapshot", "path": str(tmp_path / "x.snap")}}))
+    assert old_kind[0].error.kind == "bad_request" and not (tmp_path / "x.snap").exists()
 
 
 def test_replay_in_chunks_and_a_bad_trace_changes_nothing(live, tmp_path, monkeypatch):
@@ -239,12 +239,14 @@ def test_replay_in_chunks_and_a_bad_trace_changes_nothing(live, tmp_path, monkey
     monkeypatch.setattr(admin_module, "TRACE_CHUNK_BYTES", 300)  # force many chunks
     data = b"".join(msgspec.json.encode(TraceRequest(f"c{i}", PROMPT + [i] * 8, "t1", SALT)) + b"\n"
                     for i in range(6))
-    report = client.replay(data, ReplayReport, verify=True)
+    outcome = client.replay(data, ReplayOutcome, verify=True, snapshot=True)
+    report = outcome.report
     assert report.requests == 6 and report.ok and report.verified_tokens > 0
+    assert audit_snapshot(decode_snapshot(outcome.snapshot.data)).ok
     assert report.hit_tokens.total > 0
     bad = data + b'{"rid": "x", "tokens": [1], "surprise": 1}\n'
     with pytest.raises(AdminRemoteError, match="trace:7") as err:
-        client.replay(bad, ReplayReport)
+        client.replay(bad, ReplayOutcome)
     assert err.value.kind == "InvalidTrace"
     assert client.call(StatsRequest(), LiveStats).cache.counters.committed == report.requests + 3
 
@@ -325,12 +327,11 @@ def test_the_salt_never_leaves_the_server(live, sock_path, tmp_path):
     cache, client = live
     requests = [PrefetchRequest("t1", SALT), LoadBackRequest(PROMPT + [0] * 8, "t1", SALT),
                 EvictRequest("t1", SALT), NamespacesRequest(), StatsRequest(),
-                SnapshotRequest(str(tmp_path / "s.snap")),
+                SnapshotRequest(),
                 PrefetchRequest("t1", SALT, max_pages="bad")]  # type: ignore[arg-type]  # an error echo
     for i, req in enumerate(requests):
         for answer in _raw(sock_path, frame(Envelope(PROTOCOL_VERSION, i, req))):
-            assert SALT.encode() not in msgspec.msgpack.encode(answer)
-    assert SALT.encode() not in (tmp_path / "s.snap").read_bytes()
+            assert SALT.encode() not in msgspec.msgpack.encode(answer)  # the snapshot's bytes included
 
 
 # --- versions and the client's errors --------------------------------------------------------------------------

@@ -20,7 +20,7 @@ PUBLIC = {
     "UnknownRequest",
     "AdminClient", "AdminServer",
     "AdminBadFrame", "AdminError", "AdminProtocolMismatch", "AdminRemoteError", "AdminSocketInUse", "AdminTimeout",
-    "AdminUnavailable",
+    "AdminUnavailable", "AdminUntrusted", "AdminShuttingDown",
 }
 
 
