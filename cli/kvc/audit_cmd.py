@@ -10,13 +10,13 @@ import msgspec
 import typer
 from rich.table import Table
 
-from kvcache.audit import audit_snapshot
+from kvcache.audit import audit_snapshot, audit_store
 from kvcache.snapshot import read_snapshot
 from kvcache.storage.base import VerifyRemoval
 
 from . import live
 from .common import (DEFAULT_STORE, EXIT_FOUND, EXIT_OK, DebugOpt, JsonOpt, StoreOpt, UsageError, command,
-                     emit_json, human_bytes, open_inspect, out)
+                     emit_json, human_bytes, out, require_store)
 
 
 class Finding(msgspec.Struct, omit_defaults=True):
@@ -88,12 +88,10 @@ def _snapshot_audit(path: Path) -> AuditOutput:
 
 
 def _store_audit(location: str, repair: bool) -> AuditOutput:
-    store = open_inspect(location, writable=repair)
-    try:
-        report = store.verify(repair=repair)
-        after = store.verify() if repair and not report.ok else report  # exit code and `ok` speak of what is left
-    finally:
-        store.close()
+    require_store(location)
+    # audit_store survives a damaged store (LMDB: its walks run in child processes; see kvcache.audit)
+    report = audit_store(location, repair=repair)
+    after = audit_store(location) if repair and not report.ok else report  # exit code and `ok`: what is left
     checked = {"pages": report.pages_checked, "bytes": report.bytes_checked}
     left = [Finding(f.kind, f.detail, page_hash=f.page_hash) for f in after.findings]
     if not repair:

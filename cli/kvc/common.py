@@ -81,17 +81,21 @@ def emit_json(value: Any) -> None:
     sys.stdout.flush()
 
 
-def open_inspect(location: str, writable: bool = False) -> L3Store:
-    """Open an existing store to inspect it (read-only unless `writable`); a missing store is an error."""
+def require_store(location: str) -> None:
+    """UsageError when `location` is a path where nothing exists (a URL is checked by its backend)."""
     if "://" not in location and not Path(location).exists():
         raise UsageError(f"{location}: no store here (create one with `kvc init`, or pass --store / KVC_STORE)")
+
+
+def open_inspect(location: str, writable: bool = False) -> L3Store:
+    """Open an existing store to inspect it (read-only unless `writable`); a missing store is an error."""
+    require_store(location)
     return open_store(location, readonly=not writable)
 
 
 def open_for_cache(location: str) -> L3Store:
     """Open an existing store for a cache to read and write, under the layout it holds (`kvc init` made it)."""
-    if "://" not in location and not Path(location).exists():
-        raise UsageError(f"{location}: no store here (create one with `kvc init`, or pass --store / KVC_STORE)")
+    require_store(location)
     with contextlib.closing(open_store(location, readonly=True)) as probe:
         layouts = probe.layouts()
     if len(layouts) != 1:

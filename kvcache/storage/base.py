@@ -176,6 +176,9 @@ VERIFY_KINDS: dict[str, str] = {
     "missing_index": "a page missing from an index (children, namespace, access order)",
     "dangling_index": "an index entry naming a page that is not stored (or not under that parent)",
     "counter_mismatch": "registry counters differ from the pages stored",
+    "damaged_record": "a namespace, layout or store record that does not decode",
+    "structure_corrupt": "the store's own structure (an LMDB B-tree page, its catalogue of sub-databases) is "
+                         "damaged: the walk of it failed or died; the detail says where it got to",
 }
 # What verify(repair=True) does per kind. Removed pages go with their whole subtree (what was reachable only
 # through them). `unknown_layout` and `unknown_namespace` are reported, never repaired: the missing record cannot
@@ -192,6 +195,10 @@ REPAIRS: dict[str, str] = {
     "missing_index": "re-add the index entry",
     "dangling_index": "remove the index entry",
     "counter_mismatch": "recount every registry counter from the pages",
+    "damaged_record": "remove the record; a namespace's or a layout's pages go with it (they cannot be registered "
+                      "again without it); totals are recounted",
+    "structure_corrupt": "rebuild: copy every page that reads back sound into a fresh store, verify it, and swap it "
+                         "in atomically; every page that could not be copied is listed as removed",
 }
 
 
@@ -201,7 +208,8 @@ class VerifyRemoval(msgspec.Struct, frozen=True):
     kind: str  # the VERIFY_KINDS kind of the finding that caused it
     page_hash: str  # hex of the page removed (what="index": of the page the entry named)
     what: str  # "page" (bytes, metadata, index entry), "bytes" (bytes without metadata), "meta" (metadata without
-    #            bytes, and its index entry), "index" (one children entry)
+    #            bytes, and its index entry), "index" (one children entry), "record" (a namespace or layout record;
+    #            `page_hash` is then its key)
     nbytes: int  # payload bytes freed
     below: str | None = None  # hex of the finding's page when this one went as part of that page's subtree
 

@@ -217,10 +217,12 @@ class _SharedEnv:
 
     @contextmanager
     def read(self, buffers: bool = False) -> Iterator[lmdb.Transaction]:
-        """A short read transaction."""
+        """A short read transaction. A record that does not decode in it is a StoreError naming the cure."""
         txn = self._begin(False, buffers)
         try:
             yield txn
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise _damaged(self.path, exc) from None
         finally:
             txn.abort()
             self._leave()
@@ -242,6 +244,9 @@ class _SharedEnv:
                 except lmdb.MapResizedError:
                     txn.abort()
                     full = False
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    txn.abort()
+                    raise _damaged(self.path, exc) from None
                 except BaseException:
                     txn.abort()
                     raise
@@ -254,6 +259,11 @@ class _SharedEnv:
                     self.resize(max(2 * size, size + 2 * grow_hint))
                 else:
                     self.resize(0)
+
+
+def _damaged(path: str, exc: BaseException) -> StoreError:
+    return StoreError(path, f"a damaged record in the store ({exc}); run `kvc audit` to see it and "
+                            f"`kvc audit --repair` to remove it")
 
 
 _ENVS: dict[str, _SharedEnv] = {}
@@ -552,7 +562,7 @@ def _subtree_size(top: bytes, kids: dict[bytes, list[bytes]],
 class _Findings:
     """What one verify found, and what repair may do about each finding (indices into `items`)."""
 
-    __slots__ = ("items", "by_page", "remove", "relink", "unlink", "recount", "fixed")
+    __slots__ = ("items", "by_page", "remove", "relink", "unlink", "recount", "fixed", "damaged", "damaged_meta")
 
     def __init__(self) -> None:
         self.items: list[VerifyFinding] = []
@@ -562,6 +572,8 @@ class _Findings:
         self.unlink: list[tuple[bytes, bytes, int]] = []  # (parent, child, finding) of dangling children entries
         self.recount: list[int] = []  # counter_mismatch findings
         self.fixed: set[int] = set()  # findings repaired
+        self.damaged: list[tuple[str, bytes, int]] = []  # (sub-database, key, finding) of records that do not decode
+        self.damaged_meta: set[bytes] = set()  # pages whose metadata does not decode
 
     def add(self, kind: str, page_hash: bytes | None, detail: str, remove: bool = False) -> None:
         """Record a finding; `remove`: the page under `page_hash` is provably corrupt or unreachable."""
@@ -601,6 +613,8 @@ class LMDBStore:
         self._pending_since = 0.0
         self._corrupt: set[bytes] = set()  # pages that failed their checksum here; misses until dropped
         self._counts = {name: 0 for name in StoreCounters.__struct_fields__ if name != "pending_access"}
+        # (sub-database, records walked, last key): called as verify walks, by the isolated audit (lmdb_salvage)
+        self.progress: Callable[[str, int, bytes | None], None] | None = None
 
     # -- opening --------------------------------------------------------------------------------------------
 
@@ -644,6 +658,15 @@ class LMDBStore:
         return store
 
     _evict_headroom = CapacityPolicy().evict_headroom
+
+    @classmethod
+    def verify_location(cls, location: str, repair: bool = False) -> VerifyReport:
+        """`verify(repair)` of the store at `location`, safe against a damaged store: every pass runs in a child
+        process, a walk that dies in a damaged B-tree is a `structure_corrupt` finding, and `repair` rebuilds
+        such a store from what still reads back sound (see `lmdb_salvage`). Opens nothing in this process."""
+        from .lmdb_salvage import audit_location  # the salvage builds on this module
+
+        return audit_location(location, repair)
 
     def _bind_layout(self, layout: KVLayout, register: bool) -> None:
         held = self._layout_records()
@@ -1261,15 +1284,18 @@ class LMDBStore:
     def _pages_of(self, ns_id: bytes) -> list[bytes]:
         """Hashes of the stored pages of one namespace: a scan of `meta`, VERIFY_CHUNK_PAGES x 16 per read txn."""
         shared = self._live()
-        return [h for _, h, value in self._scan(shared.dbs.meta, VERIFY_CHUNK_PAGES * 16)
-                if _dec_meta.decode(value).ns_id == ns_id]
+        return [h for _, h, value in self._scan(shared.dbs.meta, VERIFY_CHUNK_PAGES * 16, "meta")
+                if getattr(_decode_or_none(_dec_meta, value), "ns_id", None) == ns_id]
 
-    def _scan(self, db: Any, chunk: int) -> Iterator[tuple[lmdb.Transaction, bytes, Any]]:
+    def _scan(self, db: Any, chunk: int, label: str = "") -> Iterator[tuple[lmdb.Transaction, bytes, Any]]:
         """Every (txn, key, value) of `db` in key order, `chunk` entries per short read transaction (a long one
         pins old pages while writers go on). `value` is a zero-copy view: use it before the next item."""
         shared = self._live()
         after: bytes | None = None
+        walked = 0
         while True:
+            if self.progress is not None:
+                self.progress(label, walked, after)
             with shared.read(buffers=True) as txn:
                 cur = txn.cursor(db=db)
                 positioned = cur.first() if after is None else cur.set_range(after)
@@ -1281,6 +1307,7 @@ class LMDBStore:
                     yield txn, after, cur.value()
                     n += 1
                     positioned = cur.next()
+                walked += n
             if not positioned:
                 return
 
@@ -1302,35 +1329,56 @@ class LMDBStore:
             self._check_writable()
         shared = self._live()
         found = _Findings()
-        layouts = {k: r.layout for k, r in self._layout_records().items()}
+        layouts = self._verify_layouts(found)
         checked = checked_bytes = 0
-        for txn, h, value in self._scan(shared.dbs.pages, VERIFY_CHUNK_PAGES):
+        for txn, h, value in self._scan(shared.dbs.pages, VERIFY_CHUNK_PAGES, "pages"):
             checked += 1
-            checked_bytes += len(value) - _HEADER
+            checked_bytes += max(len(value) - _HEADER, 0)
             self._verify_page(txn, h, value, layouts, found)
-        kids = self._verify_tree(layouts, found)
+        kids, tree = self._verify_tree(layouts, found)
         if not repair:
             return VerifyReport(not found.items, checked, checked_bytes, found.items)
-        removals = self._repair(found, kids, layouts)
+        removals = self._repair(found, kids, tree, layouts)
         items = [msgspec.structs.replace(f, repaired=True) if i in found.fixed else f
                  for i, f in enumerate(found.items)]
         return VerifyReport(not items, checked, checked_bytes, items, len(found.fixed), removals)
 
+    def _verify_layouts(self, found: _Findings) -> dict[bytes, KVLayout]:
+        """The layouts recorded; a layout record that does not decode is a `damaged_record` finding."""
+        shared = self._live()
+        out: dict[bytes, KVLayout] = {}
+        with shared.read() as txn:
+            for key, raw in txn.cursor(db=shared.dbs.layouts):
+                record = _decode_or_none(_dec_layout, raw)
+                if record is None:
+                    found.add("damaged_record", None, f"layout record {bytes(key).hex()} does not decode")
+                    found.damaged.append(("layouts", bytes(key), len(found.items) - 1))
+                else:
+                    out[bytes(key)] = record.layout
+        return out
+
     def _verify_page(self, txn: lmdb.Transaction, h: bytes, value: Any, layouts: dict[bytes, KVLayout],
                      found: _Findings) -> None:
         dbs = self._shared.dbs
-        stored_sum = _U64.unpack_from(value)[0]
-        payload = value[_HEADER:]
         if len(h) != PAGE_HASH_BYTES:
             found.add("dangling_index", h, "a pages key that is not a page hash", remove=True)
             return
+        if len(value) < _HEADER:
+            found.add("size_mismatch", h, f"{len(value)} bytes stored: not even a checksum", remove=True)
+            return
+        stored_sum = _U64.unpack_from(value)[0]
+        payload = value[_HEADER:]
         if self._checksum.of(payload, h) != stored_sum:
             found.add("checksum_mismatch", h, "payload does not match its checksum", remove=True)
         raw = txn.get(h, db=dbs.meta)
         if raw is None:
             found.add("missing_meta", h, "page without metadata", remove=True)
             return
-        meta = _dec_meta.decode(raw)
+        meta = _decode_or_none(_dec_meta, raw)
+        if meta is None:
+            found.add("missing_meta", h, "its metadata does not decode (a damaged record)", remove=True)
+            found.damaged_meta.add(h)
+            return
         if meta.checksum != stored_sum:
             found.add("checksum_mismatch", h, "metadata checksum differs from the page's", remove=True)
         if meta.nbytes != len(payload):
@@ -1351,19 +1399,28 @@ class LMDBStore:
             found.add("missing_index", h, "not listed under its parent in children")
             found.relink.setdefault(h, len(found.items) - 1)
 
-    def _verify_tree(self, layouts: dict[bytes, KVLayout], found: _Findings) -> dict[bytes, list[bytes]]:
+    def _verify_tree(self, layouts: dict[bytes, KVLayout], found: _Findings
+                     ) -> tuple[dict[bytes, list[bytes]], dict[bytes, tuple[bytes, bytes, bytes, int]]]:
         """Metadata without pages, orphaned chains, namespace and layout tags against the chain, children entries
         pointing nowhere, and registry counters: one snapshot of the metadata. Returns parent -> children as the
-        metadata says (what repair walks, besides the children index)."""
+        metadata says (what repair walks, besides the children index), and page -> (parent, namespace id, layout
+        id, bytes) of every page whose metadata decodes."""
         shared = self._live()
         dbs = shared.dbs
         with shared.read(buffers=True) as txn:
             pages = txn.cursor(db=dbs.pages)  # set_key positions without copying the payload
             tree: dict[bytes, tuple[bytes, bytes, bytes, int]] = {}  # page -> (parent, ns id, layout id, nbytes)
             per_ns: dict[bytes, list[int]] = {}
+            if self.progress is not None:
+                self.progress("meta", 0, None)
             for key, raw in txn.cursor(db=dbs.meta):
                 h = bytes(key)
-                meta = _dec_meta.decode(raw)
+                meta = _decode_or_none(_dec_meta, raw)
+                if meta is None:
+                    if not pages.set_key(h):  # with a page, the page's check reported it
+                        found.add("missing_page", h, "metadata that does not decode, without a page", remove=True)
+                        found.damaged_meta.add(h)
+                    continue
                 tree[h] = (meta.parent, meta.ns_id, meta.layout_id, meta.nbytes)
                 if not pages.set_key(h):
                     found.add("missing_page", h, "metadata without a page", remove=True)
@@ -1371,9 +1428,20 @@ class LMDBStore:
                 acc = per_ns.setdefault(meta.ns_id, [0, 0])
                 acc[0] += 1
                 acc[1] += meta.nbytes
-            registry = {bytes(k): _dec_ns.decode(v) for k, v in txn.cursor(db=dbs.namespaces)}
+            if self.progress is not None:
+                self.progress("namespaces", len(tree), None)
+            registry: dict[bytes, NamespaceRecord] = {}
+            for k, v in txn.cursor(db=dbs.namespaces):
+                record = _decode_or_none(_dec_ns, v)
+                if record is None:
+                    found.add("damaged_record", None, f"namespace record {bytes(k).hex()} does not decode")
+                    found.damaged.append(("namespaces", bytes(k), len(found.items) - 1))
+                else:
+                    registry[bytes(k)] = record
+            if self.progress is not None:
+                self.progress("children", 0, None)
             links = [(bytes(p), bytes(c)) for p, c in txn.cursor(db=dbs.children)]
-            totals = _dec_totals.decode(txn.get(b"totals", db=dbs.store))
+            totals = _decode_or_none(_dec_totals, txn.get(b"totals", db=dbs.store)) or StoreTotals(-1, -1)
             # Every root a page may hang from: each (layout, namespace) pair the pages or the records name.
             pairs = {(lay, ns) for _, ns, lay, _ in tree.values()} | {(lay, ns) for lay in layouts for ns in registry}
             roots = {hash_root_of_id(lay, ns): (lay, ns) for lay, ns in pairs}
@@ -1399,6 +1467,10 @@ class LMDBStore:
                                            f"root: unreachable with the {below} page(s) ({below_bytes} bytes) "
                                            f"below it", remove=True)
         for parent, child in links:
+            if child in found.damaged_meta:
+                # the entry of a page whose metadata is damaged: it goes when repair removes that page
+                found.unlink.append((parent, child, found.by_page[child][0]))
+                continue
             up = tree.get(child)
             if up is None or up[0] != parent:
                 why = ("names a page that is not stored" if up is None else
@@ -1415,19 +1487,27 @@ class LMDBStore:
                                                     f"{n_bytes}")
                 found.recount.append(len(found.items) - 1)
         if (totals.pages, totals.bytes) != (stored_pages, stored_bytes):
-            found.add("counter_mismatch", None, f"store totals say {totals.pages} pages / {totals.bytes} bytes, "
-                                                f"the store holds {stored_pages} / {stored_bytes}")
+            said = ("the store totals record does not decode" if totals.pages < 0 else
+                    f"store totals say {totals.pages} pages / {totals.bytes} bytes")
+            found.add("counter_mismatch", None, f"{said}, the store holds {stored_pages} / {stored_bytes}")
             found.recount.append(len(found.items) - 1)
-        return kids
+        return kids, tree
 
     # -- repair ---------------------------------------------------------------------------------------------
 
     def _repair(self, found: _Findings, kids: dict[bytes, list[bytes]],
+                tree: dict[bytes, tuple[bytes, bytes, bytes, int]],
                 layouts: dict[bytes, KVLayout]) -> list[VerifyRemoval]:
         """Apply base.REPAIRS to what verify found; every removal is rechecked in its own write transaction."""
         dbs = self._live().dbs
         removals: list[VerifyRemoval] = []
         removed: set[bytes] = set()
+        for name, key, i in found.damaged:
+            for r, h in self._drop_damaged(name, key, i, tree, found):
+                removals.append(r)
+                if h is not None:
+                    removed.add(h)
+            found.fixed.add(i)
         # Work items: (page, finding index, page it was reached from: None for the finding's own page).
         work: list[tuple[bytes, int, bytes | None]] = [(h, i, None) for h, i in reversed(found.remove.items())]
         while work:
@@ -1445,7 +1525,7 @@ class LMDBStore:
                 cur = txn.cursor(db=dbs.children)
                 for parent, child, i in batch_links:
                     raw = txn.get(child, db=dbs.meta)
-                    if raw is not None and _dec_meta.decode(raw).parent == parent:
+                    if raw is not None and getattr(_decode_or_none(_dec_meta, raw), "parent", None) == parent:
                         continue  # the page was stored meanwhile: the entry is no longer dangling
                     if cur.set_key_dup(parent, child):
                         cur.delete()
@@ -1465,9 +1545,9 @@ class LMDBStore:
             def add_links(txn: lmdb.Transaction, batch_pages=batch_pages) -> list[int]:
                 done = []
                 for h, i in batch_pages:
-                    raw = txn.get(h, db=dbs.meta)
-                    if raw is not None:
-                        txn.put(_dec_meta.decode(raw).parent, h, db=dbs.children, dupdata=True)
+                    meta = _decode_or_none(_dec_meta, txn.get(h, db=dbs.meta) or b"")
+                    if meta is not None:
+                        txn.put(meta.parent, h, db=dbs.children, dupdata=True)
                         done.append(i)
                 return done
 
@@ -1478,6 +1558,46 @@ class LMDBStore:
         with self._lock:
             self._corrupt -= removed  # gone: a writer may store them again
         return removals
+
+    def _drop_damaged(self, name: str, key: bytes, i: int, tree: dict[bytes, tuple[bytes, bytes, bytes, int]],
+                      found: _Findings) -> list[tuple[VerifyRemoval, bytes | None]]:
+        """Remove a namespace or layout record that does not decode, and every page filed under it (they cannot
+        be registered again without it), REPAIR_BATCH_PAGES per write transaction."""
+        dbs = self._shared.dbs
+        db = dbs.namespaces if name == "namespaces" else dbs.layouts
+        field = 1 if name == "namespaces" else 2
+        pages = [h for h, row in tree.items() if row[field] == key]
+        kind = found.items[i].kind
+        out: list[tuple[VerifyRemoval, bytes | None]] = []
+        for start in range(0, max(len(pages), 1), REPAIR_BATCH_PAGES):
+            batch = pages[start:start + REPAIR_BATCH_PAGES]
+
+            def body(txn: lmdb.Transaction, batch=batch, first=start == 0) -> list[tuple[VerifyRemoval, bytes]]:
+                done: list[tuple[VerifyRemoval, bytes | None]] = []
+                if first and txn.get(key, db=db) is not None and _decode_or_none(
+                        _dec_ns if name == "namespaces" else _dec_layout, txn.get(key, db=db)) is None:
+                    txn.delete(key, db=db)
+                    done.append((VerifyRemoval(kind, key.hex(), "record", 0), None))
+                deltas: dict[bytes, _NsDelta] = {}
+                freed_pages = freed_bytes = 0
+                for h in batch:
+                    if txn.get(h, db=dbs.meta) is None and txn.get(h, db=dbs.pages) is None:
+                        continue
+                    what, nbytes, counted = self._remove_records(txn, h, deltas)
+                    freed_pages += counted
+                    freed_bytes += nbytes if counted else 0
+                    done.append((VerifyRemoval(kind, h.hex(), what, nbytes, key.hex()), h))
+                if freed_pages:
+                    totals = _decode_or_none(_dec_totals, txn.get(b"totals", db=dbs.store))
+                    if totals is not None:
+                        txn.put(b"totals", _enc.encode(StoreTotals(totals.pages - freed_pages,
+                                                                   totals.bytes - freed_bytes)), db=dbs.store)
+                    self._apply_deltas(txn, deltas, time.time())
+                return done
+
+            out += self._write(body)
+        found.recount.append(i)  # the totals are set from what is left at the end
+        return out
 
     def _remove_pages(self, work: list[tuple[bytes, int, bytes | None]], kids: dict[bytes, list[bytes]],
                       layouts: dict[bytes, KVLayout], found: _Findings
@@ -1512,9 +1632,10 @@ class LMDBStore:
                     below.update(bytes(c) for c in links.iternext_dup(keys=False, values=True))
                 stack.extend((c, i, h) for c in below)
             if freed_pages:
-                totals = _dec_totals.decode(txn.get(b"totals", db=dbs.store))
-                txn.put(b"totals", _enc.encode(StoreTotals(totals.pages - freed_pages, totals.bytes - freed_bytes)),
-                        db=dbs.store)
+                totals = _decode_or_none(_dec_totals, txn.get(b"totals", db=dbs.store))
+                if totals is not None:  # a damaged totals record is rewritten by the recount at the end
+                    txn.put(b"totals", _enc.encode(StoreTotals(totals.pages - freed_pages,
+                                                               totals.bytes - freed_bytes)), db=dbs.store)
                 self._apply_deltas(txn, deltas, time.time())
             return stack, out
 
@@ -1528,7 +1649,9 @@ class LMDBStore:
         raw = txn.get(h, db=dbs.meta)
         if value is None or raw is None or len(h) != PAGE_HASH_BYTES:
             return value is not None or raw is not None  # half a page, or a key that is no page hash
-        meta = _dec_meta.decode(raw)
+        meta = _decode_or_none(_dec_meta, raw)
+        if meta is None or len(value) < _HEADER:
+            return True  # damaged metadata, or bytes too short to hold a checksum
         stored_sum = _U64.unpack_from(value)[0]
         size = len(value) - _HEADER
         layout = layouts.get(meta.layout_id)
@@ -1538,7 +1661,9 @@ class LMDBStore:
             return True
         up = txn.get(meta.parent, db=dbs.meta)
         if up is not None:
-            parent = _dec_meta.decode(up)
+            parent = _decode_or_none(_dec_meta, up)
+            if parent is None:
+                return False  # the parent's damaged metadata is its own finding; this page goes below it
             return (parent.ns_id, parent.layout_id) != (meta.ns_id, meta.layout_id)
         if meta.parent == hash_root_of_id(meta.layout_id, meta.ns_id):
             return False
@@ -1550,7 +1675,7 @@ class LMDBStore:
         """Whether `h` is a child of the removed page `via` (so unreachable now), checked in this transaction."""
         dbs = self._shared.dbs
         raw = txn.get(h, db=dbs.meta)
-        if raw is None or _dec_meta.decode(raw).parent != via:
+        if raw is None or getattr(_decode_or_none(_dec_meta, raw), "parent", None) != via:
             return False  # not stored, or linked under `via` by a wrong index entry only (dangling_index)
         return txn.get(via, db=dbs.meta) is None and txn.get(via, db=dbs.pages) is None
 
@@ -1563,8 +1688,13 @@ class LMDBStore:
         raw = txn.get(h, db=dbs.meta)
         if raw is None:
             txn.delete(h, db=dbs.pages)
-            return "bytes", len(value) - _HEADER, False
-        meta = _dec_meta.decode(raw)
+            return "bytes", max(len(value) - _HEADER, 0), False
+        meta = _decode_or_none(_dec_meta, raw)
+        if meta is None:  # damaged metadata: its children entry is unlinked by repair, its counters recounted
+            txn.delete(h, db=dbs.meta)
+            if value is not None:
+                txn.delete(h, db=dbs.pages)
+            return ("page" if value is not None else "meta"), max(len(value or b"") - _HEADER, 0), False
         if value is None:
             txn.delete(h, db=dbs.meta)
             txn.delete(meta.parent, h, db=dbs.children)
@@ -1578,13 +1708,15 @@ class LMDBStore:
         pages = txn.cursor(db=dbs.pages)
         per_ns: dict[bytes, list[int]] = {}
         for key, raw in txn.cursor(db=dbs.meta):
-            if pages.set_key(bytes(key)):
-                meta = _dec_meta.decode(raw)
+            meta = _decode_or_none(_dec_meta, raw)
+            if meta is not None and pages.set_key(bytes(key)):
                 acc = per_ns.setdefault(meta.ns_id, [0, 0])
                 acc[0] += 1
                 acc[1] += meta.nbytes
         for key, raw in list(txn.cursor(db=dbs.namespaces)):
-            record = _dec_ns.decode(raw)
+            record = _decode_or_none(_dec_ns, raw)
+            if record is None:
+                continue  # a damaged record: verify reports it, repair removes it with its pages
             n_pages, n_bytes = per_ns.get(bytes(key), [0, 0])
             if (record.pages, record.bytes) != (n_pages, n_bytes):
                 txn.put(bytes(key), _enc.encode(msgspec.structs.replace(record, pages=n_pages, bytes=n_bytes)),
