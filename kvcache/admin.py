@@ -135,7 +135,7 @@ class AdminServer:
     once (one more is answered `busy`). `idle_timeout`: seconds a connection may stay silent, and a frame may take
     from its first byte. `max_trace_bytes`: one replay upload; `max_upload_bytes`: every upload in flight together
     (default twice `max_trace_bytes`), spooled to temp files in `upload_dir` (default: the system's). `backlog`:
-    the listen backlog (default: 4 x `max_connections`, at least 128).
+    the listen backlog (default: 16 x `max_connections`, at least 1024, at most SOMAXCONN).
     """
 
     def __init__(self, path: str | os.PathLike, execute: Executor, *, mode: int = 0o600,
@@ -152,7 +152,9 @@ class AdminServer:
         self.upload_dir = upload_dir
         self.max_connections = max_connections
         self.idle_timeout = idle_timeout
-        self.backlog = backlog if backlog is not None else max(128, 4 * max_connections)
+        # A burst of connects waits in the backlog until the accept thread answers it (served or `busy`): sized
+        # well past the limit, so such a burst is answered instead of refused (the kernel caps it at somaxconn).
+        self.backlog = backlog if backlog is not None else min(max(1024, 16 * max_connections), socket.SOMAXCONN)
         self._execute = execute
         self._queue: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._sock: socket.socket | None = None

@@ -126,6 +126,7 @@ class StoreCounters(msgspec.Struct, frozen=True):
     checksum_failures: int = 0  # pages that failed verification on read (checksum or size): misses, quarantined
     read_errors: int = 0  # I/O faults on read (served as misses)
     write_errors: int = 0  # faults on write (a server gone, a timeout): the batch failed, counted as rejected
+    format_lost: int = 0  # batches refused because the store's format record is gone (a shared store lost its data)
     pages_written: int = 0
     pages_existing: int = 0
     pages_rejected: int = 0

@@ -14,6 +14,7 @@ need the parent's other threads (LMDB handles of the parent are closed in the ch
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import resource
 import select
@@ -114,6 +115,7 @@ def _child(fn: Callable[[Callable[[Any], None]], Any], read_fd: int, write_fd: i
     try:
         os.close(read_fd)
         os.dup2(err_fd, 2)  # LMDB's assertion goes to the report, not to the caller's terminal
+        faulthandler.disable()  # nor a Python fault dump, which goes to the descriptor it was enabled with
         resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

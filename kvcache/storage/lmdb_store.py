@@ -643,6 +643,7 @@ class LMDBStore:
             raise NotAStore(path, "no kvc store here to open read-only")
         if durability not in DURABILITY:
             raise InvalidInput(f"durability {durability!r} is not one of {', '.join(DURABILITY)}")
+        made_dir = not os.path.exists(path)
         shared = _acquire(path, create and not readonly, map_size, durability, checksum)
         store = cls(shared, location, layout, readonly or not shared.writable, access or AccessPolicy(), map_size,
                     durability)
@@ -654,6 +655,8 @@ class LMDBStore:
             store._evict_headroom = (capacity or CapacityPolicy()).evict_headroom
         except BaseException:
             store.close()
+            if create and not existed and shared.refs == 0:
+                _remove_failed_create(path, made_dir)  # a create is whole or not at all (a full disk, say)
             raise
         return store
 

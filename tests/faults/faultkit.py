@@ -132,3 +132,29 @@ def run_as(user: pwd.struct_passwd, fn, *args) -> int:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status)
+
+
+class Serve:
+    """A `kvc serve` subprocess, ready once its --json ready line is on stdout; `stop` sends a signal and waits."""
+
+    def __init__(self, store: str, sock: str, *extra) -> None:
+        self.sock = sock
+        self.proc = subprocess.Popen([str(KVC), "serve", "--store", store, "--socket", sock, "--json",
+                                      *map(str, extra)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"kvc serve did not start: {self.proc.stderr.read()}")
+
+    def stop(self, sig: int = 15, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        code = self.proc.wait(timeout)
+        self.proc.stdout.close()
+        self.stderr = self.proc.stderr.read()
+        self.proc.stderr.close()
+        return code
+
+    def rss_kib(self) -> int:
+        """The server's resident memory now."""
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))

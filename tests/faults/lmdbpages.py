@@ -99,7 +99,7 @@ def _walk(data: bytes, psize: int, root: int, db: str, out: list[Page], subs: li
             if nflags & F_BIGDATA:
                 over = struct.unpack_from("<Q", data, value_at)[0]
                 count = struct.unpack_from("<I", data, over * psize + 12)[0]
-                out.append(Page(over, "data", db, [(HEADER, count * psize)], count))
+                out.append(Page(over, "data", db, [(HEADER, HEADER + (lo | hi << 16))], count))
             elif nflags & F_SUBDATA:
                 record = DB_RECORD.unpack_from(data, value_at)
                 if nflags & F_DUPDATA:

@@ -26,11 +26,17 @@ nothing is raised to the caller of the data path (`exists_prefix`, `get_into`, `
 connection fault the store backs off (exponentially, up to `backoff_max` seconds), answering misses and failed
 writes at once instead of waiting on a dead server, then reconnects. Administrative calls (`namespaces`, `stats`,
 `verify`, `delete_namespace`, ...) raise `StoreError` on a fault: their caller must know the answer is missing.
+
+A server that loses its data (a restart without persistence, a FLUSHALL) loses the format record too: every put
+checks it inside its script, and a writer that finds it gone stops writing (each batch refused whole and counted
+in `format_lost`) and says so once, in one line on the `kvcache_redis` logger, until `kvc init` creates the store
+again. Writing on would fill a prefix that is no store with pages whose parents and registry are gone.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import re
 import threading
@@ -56,6 +62,8 @@ from kvcache.storage.base import (PAGE_HASH_BYTES, TOKEN_BYTES, AccessPolicy, Ca
                                   out_views_for, page_bytes)
 
 from . import scripts
+
+log = logging.getLogger("kvcache_redis")
 
 FORMAT_MAGIC = "kvc-store"
 FORMAT_VERSION = 1
@@ -259,6 +267,7 @@ class RedisStore:
         self._counts = {name: 0 for name in StoreCounters.__struct_fields__ if name != "pending_access"}
         self._down_until = 0.0  # monotonic time before which data calls do not try the server
         self._backoff = 0.0
+        self._gone = False  # the last put found the format record gone (said once until a put succeeds)
         self._closed = False
         p = self.prefix.encode()
         self._k_format, self._k_layouts, self._k_nsidx = p + b"format", p + b"layouts", p + b"nsidx"
@@ -674,6 +683,8 @@ class RedisStore:
                 written, existing = self._put_batch(client, hashes, values, metas, origins, roots, now)
             self._ok()
         except redis.ResponseError as exc:
+            if str(exc).startswith("KVCNOSTORE"):
+                return self._store_gone(len(hashes))
             if str(exc).startswith("KVCNS"):
                 i = int(str(exc).split()[1])
                 raise InvalidInput(f"page {hashes[i].hex()}: its parent is in another namespace than "
@@ -688,7 +699,22 @@ class RedisStore:
             c = self._counts
             c["pages_written"] += written
             c["pages_existing"] += existing
+            back, self._gone = self._gone, False
+        if back:
+            log.warning("%s: the store's format record is back; writing again", self.location)
         return PutResult(written, existing, 0, 0, written * nbytes)
+
+    def _store_gone(self, n: int) -> PutResult:
+        """The format record is gone (the server lost its data, or the store was deleted): the batch is refused
+        whole and counted (`format_lost`), and it is said once, in one line, until a put succeeds again."""
+        with self._lock:
+            self._counts["format_lost"] += 1
+            self._counts["pages_rejected"] += n
+            first, self._gone = not self._gone, True
+        if first:
+            log.error("%s: the store's format record under prefix %r is gone (the server lost its data?); writes "
+                      "stop until `kvc init` creates the store again", self.location, self.prefix)
+        return PutResult(0, 0, n, 0, 0)
 
     def _failed_put(self, n: int, error: BaseException | None = None, fault: bool = True) -> PutResult:
         """A batch not stored: `rejected` whole. `error`: the fault (counted in write_errors); None with `fault`
@@ -721,6 +747,7 @@ class RedisStore:
             fresh.add(h)
             keys += [self._pk(h), self._ck(o.parent), self._pk(o.parent)]
             args += [h, v, m, ns_order[o.namespace.id], o.parent.hex(), "1" if is_root else "0", "1" if check else "0"]
+        keys.append(self._k_format)
         written, existing = self._call(self._s_put_batch, keys, args, client)
         return int(written), int(existing)
 
@@ -728,6 +755,10 @@ class RedisStore:
                      origins: Sequence[PageOrigin], roots: dict[bytes, bytes], now: float) -> tuple[int, int]:
         # The parent check reads first (another slot than the page): a race with a concurrent writer of the
         # parent can only make it miss a wrong parent that a content-addressed hash already rules out.
+        # The format record lives in another slot than the pages: checked first, not atomically with the writes
+        # (a loss between the check and the writes leaves pages that verify reports as orphans).
+        if not client.exists(self._k_format):
+            raise redis.ResponseError("KVCNOSTORE the format record is gone")
         fresh = set(hashes)
         to_check = [(i, o.parent) for i, o in enumerate(origins)
                     if o.parent != roots[o.namespace.id] and o.parent not in fresh]
