@@ -270,37 +270,43 @@ def _copy_walking(path: str, new: str, db: str) -> tuple[set[bytes], int]:
     return copied, state["entries"]
 
 
-def _walk_copy(path: str, new: str, db: str, how: _Walk, report: Callable[[Any], None]) -> None:
-    """In a child: the walk of `_copy_walking`, reporting ("entries", n) and ("committed", keys)."""
+@contextlib.contextmanager
+def _old_to_new(path: str, new: str, db: str) -> Iterator[tuple[lmdb.Transaction, Any, LMDBStore, Any]]:
+    """In a child: a read transaction on the old store with sub-database `db` opened in it, and the fresh store
+    with its own `db`: (old txn, old db, fresh store, fresh db)."""
     env = _raw_env(path)
     store = LMDBStore.open(new, durability="none")
-    target = getattr(store._live().dbs, db)
     try:
         with env.begin(buffers=True) as txn:
-            dbi = _open_db(env, txn, db)
-            report(("entries", txn.stat(dbi)["entries"]))
-            cur = txn.cursor(db=dbi)
-            if how.backward:
-                ok = cur.last()
-            else:
-                ok = cur.set_range(how.bound) if how.bound is not None else cur.first()
-            batch: list[tuple[bytes, bytes]] = []
-            while ok:
-                key = bytes(cur.key())
-                if how.backward and how.bound is not None and key <= how.bound:
-                    break
-                if how.backward or how.bound is None or key > how.bound:
-                    batch.append((key, bytes(cur.value())))
-                    if len(batch) >= how.batch:
-                        _put_raw(store, target, batch)
-                        report(("committed", [k for k, _ in batch]))
-                        batch = []
-                ok = cur.prev() if how.backward else cur.next()
-            _put_raw(store, target, batch)
-            report(("committed", [k for k, _ in batch]))
+            yield txn, _open_db(env, txn, db), store, getattr(store._live().dbs, db)
     finally:
         store.close()
         env.close()
+
+
+def _walk_copy(path: str, new: str, db: str, how: _Walk, report: Callable[[Any], None]) -> None:
+    """In a child: the walk of `_copy_walking`, reporting ("entries", n) and ("committed", keys)."""
+    with _old_to_new(path, new, db) as (txn, dbi, store, target):
+        report(("entries", txn.stat(dbi)["entries"]))
+        cur = txn.cursor(db=dbi)
+        if how.backward:
+            ok = cur.last()
+        else:
+            ok = cur.set_range(how.bound) if how.bound is not None else cur.first()
+        batch: list[tuple[bytes, bytes]] = []
+        while ok:
+            key = bytes(cur.key())
+            if how.backward and how.bound is not None and key <= how.bound:
+                break
+            if how.backward or how.bound is None or key > how.bound:
+                batch.append((key, bytes(cur.value())))
+                if len(batch) >= how.batch:
+                    _put_raw(store, target, batch)
+                    report(("committed", [k for k, _ in batch]))
+                    batch = []
+            ok = cur.prev() if how.backward else cur.next()
+        _put_raw(store, target, batch)
+        report(("committed", [k for k, _ in batch]))
 
 
 def _put_raw(store: LMDBStore, target: Any, records: list[tuple[bytes, bytes]]) -> None:
@@ -337,28 +343,20 @@ def _lookup_copy(path: str, new: str, db: str, keys: list[bytes], start: int, sk
                  report: Callable[[Any], None]) -> None:
     """In a child: copy keys[start:] found in `db`, COPY_BATCH_PAGES per commit, reporting ("reading", i) before
     each lookup and ("found", keys) + ("committed", i) after each commit."""
-    env = _raw_env(path)
-    store = LMDBStore.open(new, durability="none")
-    target = getattr(store._live().dbs, db)
-    try:
-        with env.begin(buffers=True) as txn:
-            dbi = _open_db(env, txn, db)
-            for i in range(start, len(keys), COPY_BATCH_PAGES):
-                batch = []
-                end = min(i + COPY_BATCH_PAGES, len(keys))
-                for j in range(i, end):
-                    if j in skip:
-                        continue
-                    report(("reading", j))
-                    value = txn.get(keys[j], db=dbi)
-                    if value is not None:
-                        batch.append((keys[j], bytes(value)))
-                _put_raw(store, target, batch)
-                report(("found", [k for k, _ in batch]))
-                report(("committed", end))
-    finally:
-        store.close()
-        env.close()
+    with _old_to_new(path, new, db) as (txn, dbi, store, target):
+        for i in range(start, len(keys), COPY_BATCH_PAGES):
+            batch = []
+            end = min(i + COPY_BATCH_PAGES, len(keys))
+            for j in range(i, end):
+                if j in skip:
+                    continue
+                report(("reading", j))
+                value = txn.get(keys[j], db=dbi)
+                if value is not None:
+                    batch.append((keys[j], bytes(value)))
+            _put_raw(store, target, batch)
+            report(("found", [k for k, _ in batch]))
+            report(("committed", end))
 
 
 def _prepare(new: str, store_records: dict[bytes, bytes]) -> list[VerifyRemoval]:

@@ -158,3 +158,23 @@ class Serve:
         """The server's resident memory now."""
         with open(f"/proc/{self.proc.pid}/status") as f:
             return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def fork_child(fn, *args) -> tuple[int, int]:
+    """Fork a child running `fn(*args, write_fd)` (it reports on the pipe's write end); (pid, read end). The child
+    exits 0 when `fn` returns, 1 with its traceback on stderr when it raises."""
+    import traceback
+
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.close(read_fd)
+            fn(*args, write_fd)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        os._exit(code)
+    os.close(write_fd)
+    return pid, read_fd

@@ -5,94 +5,43 @@ flight is all or nothing. A killed server leaves a stale socket that the next `k
 
 from __future__ import annotations
 
-import hashlib
+import importlib.util
 import os
 import random
 import signal
 import subprocess
 import threading
 import time
-import traceback
-
-import numpy as np
+from pathlib import Path
 
 import faultkit
 import storecheck
 from kvcache import WorkloadSpec, generate, write_trace
 from kvcache.admin import AdminClient
 from kvcache.admin_protocol import PingRequest, ReplayOutcome, ServerInfo
-from kvcache.keys import pack_tokens
 from kvcache.layout import KVLayout
 from kvcache.namespace import Namespace
-from kvcache.storage.base import open_store, page_origins
+from kvcache.storage.base import open_store
 
 LAYOUT = KVLayout("kill-model@r1", layers=2, kv_heads=2, head_dim=32, dtype="float16", page_size=4)  # 1 KiB pages
-NS = Namespace("kill-tenant", "kill-salt")
-PAGES_PER_BATCH = 8
 SPEC = WorkloadSpec(requests=3000, tenants=3, documents=4, seed=14)
 
 
-def _batch(trial: int, k: int):
-    first = (trial * 100_000 + k) * PAGES_PER_BATCH * LAYOUT.page_size
-    hashes, origins = page_origins(LAYOUT, pack_tokens(range(first, first + PAGES_PER_BATCH * LAYOUT.page_size)), NS)
-    return hashes, origins, [np.frombuffer(hashlib.shake_128(h).digest(LAYOUT.bytes_per_page), np.uint8)
-                             for h in hashes]
+def _l3_crash():
+    """tests/integration/test_l3_crash.py: its kill-and-check rounds of a put loop are this suite's put trial."""
+    spec = importlib.util.spec_from_file_location("l3_crash", Path(__file__).parents[1] / "integration" /
+                                                  "test_l3_crash.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _put_forever(path: str, trial: int, ack_fd: int) -> None:
-    store = open_store(path, LAYOUT)
-    for k in range(100_000):
-        hashes, origins, payloads = _batch(trial, k)
-        store.put(hashes, payloads, origins)
-        os.write(ack_fd, f"{k}\n".encode())
-
-
-def test_kill_9_of_a_writer_loses_no_acknowledged_batch(tmp_path):
-    path = str(tmp_path / "store")
-    open_store(path, LAYOUT, create=True).close()
-    rng = random.Random(1414)
+def test_kill_9_of_a_writer_loses_no_acknowledged_batch(tmp_path, capsys):
     trials = faultkit.trials(10)
-    survived = lost = 0
-    out = np.zeros((PAGES_PER_BATCH, LAYOUT.bytes_per_page), np.uint8)
-    for trial in range(trials):
-        read_fd, write_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                os.close(read_fd)
-                _put_forever(path, trial, write_fd)
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-            os._exit(code)
-        os.close(write_fd)
-        received = b""
-        while received.count(b"\n") < rng.randint(1, 8):
-            chunk = os.read(read_fd, 4096)
-            assert chunk, "the writer died by itself"
-            received += chunk
-        time.sleep(rng.uniform(0, 0.01))
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        while chunk := os.read(read_fd, 4096):
-            received += chunk
-        os.close(read_fd)
-        acked = [int(x) for x in received.split()]
-        missing = 0
-        with open_store(path, LAYOUT) as store:
-            clean = store.verify().ok
-            for k in acked:
-                hashes, _, payloads = _batch(trial, k)
-                got = store.get_into(hashes, list(out))
-                missing += PAGES_PER_BATCH - got
-                missing += sum(not np.array_equal(out[i], payloads[i]) for i in range(got))
-            in_flight = store.exists_prefix(_batch(trial, len(acked))[0])
-        ok = clean and missing == 0 and in_flight in (0, PAGES_PER_BATCH)
-        survived += ok
-        lost += missing
-        assert ok, (trial, clean, missing, in_flight)
-    faultkit.record("kill -9 of a writer mid-put", trials, survived, lost, "pages of acknowledged batches missing")
+    _l3_crash().check_kills(str(tmp_path / "store"), trials, seed=1414)  # asserts every round
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    faultkit.record("kill -9 of a writer mid-put", trials, trials, 0,
+                    f"every acknowledged batch read back exact, the one in flight whole or absent ({summary})")
 
 
 def _trace(tmp_path) -> tuple[str, list[Namespace]]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-import traceback
 
 import numpy as np
 
@@ -42,18 +41,7 @@ def _writer(path: str, ready_fd: int) -> None:
 
 
 def _start_writer(path: str) -> int:
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            os.close(read_fd)
-            _writer(path, write_fd)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        os._exit(code)
-    os.close(write_fd)
+    pid, read_fd = faultkit.fork_child(_writer, path)
     assert os.read(read_fd, 1) == b"r", "the writer did not start"
     os.close(read_fd)
     return pid
