@@ -9,14 +9,18 @@ child (`isolated.run_isolated`), and the audit survives whatever the store does 
 - **repair**, structure sound: `verify(repair=True)` in a child, then a check. If that repair dies, or leaves
   findings it should have fixed, the store is rebuilt.
 - **repair**, structure damaged: **rebuild**. With the store to itself (it takes LMDB's lock file exclusively:
-  a store open in another process is refused, and openers wait), it enumerates every key it can reach of each
-  sub-database (forward, then backward from the end past a damaged region), copies every page that reads back
-  sound (checksum, size, metadata, hash chain, a recorded layout and namespace) into a fresh environment in the
-  store directory, restarting past any key whose read kills a child, recounts, repairs the fresh store (pages
-  below a lost one become orphans and go), verifies it clean, and swaps its data file in with one rename. The
-  lock file is then re-initialised from the new data by LMDB itself before anyone else can use it. Every page
-  that was not copied is listed as a removal (`structure_corrupt`), and the finding's detail says how many
-  records of each sub-database could not even be enumerated.
+  a store open in another process is refused, and openers wait), it copies into a fresh environment in the store
+  directory, raw, every record of each sub-database a cursor walk reaches (forward; after a death, forward again
+  one record a commit up to the damage, then backward from the end down to it); then, for a page reached in one
+  of its two records only, it looks the other up by key (restarting past any key whose lookup kills a child) and,
+  failing that, finds it in the data file's leaf pages directly (a damaged branch hides whole intact leaves; only
+  keys the other record names are taken, and only records that prove themselves: a page's checksum seeded by its
+  key, metadata that chains to its key). The fresh store is then checked the ordinary way: pages of a namespace
+  or layout whose record was lost go, the children index is rebuilt from the metadata, counters are recounted,
+  `verify(repair=True)` removes what fails its checks (and what hung below it), and it must verify clean before
+  its data file replaces the store's with one rename. The lock file is then re-initialised from the new data by
+  LMDB itself before anyone else can use it. Every page that did not make it is listed as a removal, and the
+  finding's detail says how many records of each sub-database could not even be reached.
 
 The store's own directory is never left half-done: until the rename, the original is untouched; the fresh
 environment is removed whatever happens.
@@ -26,9 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-from collections import Counter
 import os
 import shutil
+import struct
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -38,11 +42,10 @@ import msgspec
 
 from ..errors import NotAStore, StoreError, StoreReadOnly, StoreUnsupported
 from ..keys import PAGE_HASH_BYTES
-from ..layout import KVLayout
-from .base import LayoutRecord, NamespaceRecord, VerifyFinding, VerifyRemoval, VerifyReport
+from .base import VerifyFinding, VerifyRemoval, VerifyReport
 from .isolated import Died, run_isolated
 from .lmdb_store import (_DB_NAMES, _DUPFIXED, _ENVS, _HEADER, _U64, CHECKSUMS, DEFAULT_CHECKSUM, MAX_DBS,
-                         LMDBStore, StoreFormat, _dec_format, _dec_meta, _decode_or_none)
+                         Checksum, LMDBStore, StoreFormat, _chains_to, _dec_format, _dec_meta, _decode_or_none)
 
 COPY_BATCH_PAGES = 256  # records per write transaction of the rebuild's first pass (a death loses one batch)
 _ERRORS = {"NotAStore": NotAStore, "StoreUnsupported": StoreUnsupported, "StoreReadOnly": StoreReadOnly}
@@ -152,9 +155,19 @@ def _rebuild(path: str, check: VerifyReport) -> VerifyReport:
             recorded: dict[str, int] = {}
             for db in ("layouts", "namespaces", "meta", "pages"):
                 known[db], recorded[db] = _copy_walking(path, new, db)
-            # a page reached in one of its two records only: look the other one up by its key
+            # a page reached in one of its two records only: look the other one up by its key, and what the tree
+            # cannot reach, find in the file's leaf pages themselves
             for db, other in (("pages", "meta"), ("meta", "pages")):
                 known[db] |= _copy_by_key(path, new, db, sorted(known[other] - known[db]))
+            sound, died = run_isolated(lambda _: _drop_unsound(new, store_records), result_type=dict[str, list[bytes]])
+            if died is not None:
+                raise StoreError(path, f"rebuilding: checking the copied records {died.describe()}")
+            named = known["meta"] | known["pages"]
+            found, died = run_isolated(lambda _: _scan_file(path, new, named - set(sound["pages"]),
+                                                            named - set(sound["meta"]), store_records),
+                                       result_type=dict[str, list[bytes]])
+            for db, keys in (found or {}).items():
+                known[db] |= set(keys)
             pruned, died = run_isolated(lambda _: _prepare(new, store_records), result_type=list[VerifyRemoval])
             if died is not None:
                 raise StoreError(path, f"rebuilding: preparing the fresh store {died.describe()}")
@@ -357,6 +370,109 @@ def _lookup_copy(path: str, new: str, db: str, keys: list[bytes], start: int, sk
             _put_raw(store, target, batch)
             report(("found", [k for k, _ in batch]))
             report(("committed", end))
+
+
+def _drop_unsound(new: str, store_records: dict[bytes, bytes]) -> dict[str, list[bytes]]:
+    """In a child, on the fresh store: remove copied page and metadata records that do not prove themselves (a
+    walk of a damaged leaf can return garbage); returns the keys of those that do, per sub-database."""
+    algos = _algorithms(store_records)
+    store = LMDBStore.open(new, durability="none")
+    dbs = store._live().dbs
+    kept: dict[str, list[bytes]] = {"pages": [], "meta": []}
+
+    def body(txn: lmdb.Transaction) -> None:
+        for db, proves in (("pages", lambda k, v: _page_proves(k, v, algos)), ("meta", _meta_proves)):
+            target = getattr(dbs, db)
+            for key, value in list(txn.cursor(db=target)):
+                if proves(bytes(key), value):
+                    kept[db].append(bytes(key))
+                else:
+                    txn.delete(bytes(key), db=target)
+
+    try:
+        store._write(body)
+    finally:
+        store.close()
+    return kept
+
+
+def _algorithms(store_records: dict[bytes, bytes]) -> list[Checksum]:
+    """The checksum the store's format record names, or every one when that record is lost."""
+    fmt = _decode_or_none(_dec_format, store_records.get(b"format", b""))
+    if isinstance(fmt, StoreFormat) and fmt.checksum in CHECKSUMS:
+        return [CHECKSUMS[fmt.checksum]]
+    return list(CHECKSUMS.values())
+
+
+def _page_proves(key: bytes, value: Any, algos: list[Checksum]) -> bool:
+    """A page record whose checksum, seeded by its key, matches its payload."""
+    return (len(key) == PAGE_HASH_BYTES and len(value) >= _HEADER
+            and any(a.of(memoryview(value)[_HEADER:], key) == _U64.unpack_from(value)[0] for a in algos))
+
+
+def _meta_proves(key: bytes, value: Any) -> bool:
+    """A metadata record that decodes and chains to its key."""
+    meta = _decode_or_none(_dec_meta, value)
+    return meta is not None and _chains_to(key, meta)
+
+
+def _scan_file(path: str, new: str, want_pages: set[bytes], want_meta: set[bytes],
+               store_records: dict[bytes, bytes]) -> dict[str, list[bytes]]:
+    """In a child: find the records of `want_pages` / `want_meta` in the leaf pages of the data file, past the
+    B-tree that could not reach them (a damaged branch page hides whole leaves that are intact). Only keys known
+    from the other sub-database are taken (a freed page still holds records of pages deleted since: those must not
+    come back), and only a record that proves itself: a page whose checksum, seeded by its key, matches; metadata
+    that decodes and chains to its key. Parsed in Python, bounds-checked: a damaged page is skipped, never read
+    past. Writes what it finds into the fresh store; returns the keys, per sub-database."""
+    if not (want_pages or want_meta):
+        return {}
+    algos = _algorithms(store_records)
+    pages: dict[bytes, bytes] = {}
+    metas: dict[bytes, bytes] = {}
+    with open(os.path.join(path, "data.mdb"), "rb") as f:
+        data = f.read()
+    psize = int.from_bytes(data[40:44], "little") or 4096  # recorded in meta page 0 (LMDB's free db pad field)
+    for base in range(2 * psize, len(data) - psize + 1, psize):
+        # Any page whose node table fits is parsed as a leaf: its flags or free-space bound may be what was
+        # damaged, and every record taken must prove itself anyway (a branch node parsed so proves nothing).
+        (lower,) = struct.unpack_from("<H", data, base + 12)
+        if not _HEADER_BYTES <= lower <= psize:
+            continue
+        for i in range((lower - _HEADER_BYTES) // 2):
+            node = base + struct.unpack_from("<H", data, base + _HEADER_BYTES + 2 * i)[0]
+            if node + _NODE > base + psize:
+                continue
+            lo, hi, nflags, ksize = struct.unpack_from("<HHHH", data, node)
+            key = data[node + _NODE:node + _NODE + ksize]
+            if ksize != PAGE_HASH_BYTES or (key not in want_pages and key not in want_meta):
+                continue
+            size, at = lo | hi << 16, node + _NODE + ksize
+            if nflags & _F_BIGDATA:
+                over = int.from_bytes(data[at:at + 8], "little") * psize
+                at = over + _HEADER_BYTES
+                if not 0 < over < len(data) - _HEADER_BYTES:
+                    continue
+            value = data[at:at + size]
+            if len(value) != size:
+                continue
+            if key in want_pages and key not in pages and _page_proves(key, value, algos):
+                pages[key] = value
+            if key in want_meta and key not in metas and _meta_proves(key, value):
+                metas[key] = value
+    store = LMDBStore.open(new, durability="none")
+    try:
+        dbs = store._live().dbs
+        _put_raw(store, dbs.pages, list(pages.items()))
+        _put_raw(store, dbs.meta, list(metas.items()))
+    finally:
+        store.close()
+    return {"pages": list(pages), "meta": list(metas)}
+
+
+# LMDB's page layout (mdb.c, 64-bit): a 16-byte header (pgno, pad, flags, lower, upper), node offsets from there
+# to `lower`; a node is lo, hi, flags, key size (u16 each), the key, then the value (or an overflow page number).
+_HEADER_BYTES, _NODE = 16, 8
+_F_BIGDATA = 0x01
 
 
 def _prepare(new: str, store_records: dict[bytes, bytes]) -> list[VerifyRemoval]:

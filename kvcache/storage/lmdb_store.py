@@ -562,7 +562,8 @@ def _subtree_size(top: bytes, kids: dict[bytes, list[bytes]],
 class _Findings:
     """What one verify found, and what repair may do about each finding (indices into `items`)."""
 
-    __slots__ = ("items", "by_page", "remove", "relink", "unlink", "recount", "fixed", "damaged", "damaged_meta")
+    __slots__ = ("items", "by_page", "remove", "relink", "unlink", "recount", "fixed", "damaged", "damaged_meta",
+                 "lookup_missed", "misrouted")
 
     def __init__(self) -> None:
         self.items: list[VerifyFinding] = []
@@ -574,6 +575,8 @@ class _Findings:
         self.fixed: set[int] = set()  # findings repaired
         self.damaged: list[tuple[str, bytes, int]] = []  # (sub-database, key, finding) of records that do not decode
         self.damaged_meta: set[bytes] = set()  # pages whose metadata does not decode
+        self.lookup_missed: dict[str, set[bytes]] = {"meta": set(), "pages": set()}  # keys a lookup did not find
+        self.misrouted: dict[str, int] = {"meta": 0, "pages": 0}  # ... of which a walk found this many
 
     def add(self, kind: str, page_hash: bytes | None, detail: str, remove: bool = False) -> None:
         """Record a finding; `remove`: the page under `page_hash` is provably corrupt or unreachable."""
@@ -1339,12 +1342,26 @@ class LMDBStore:
             checked_bytes += max(len(value) - _HEADER, 0)
             self._verify_page(txn, h, value, layouts, found)
         kids, tree = self._verify_tree(layouts, found)
+        self._check_lookups(found)
         if not repair:
             return VerifyReport(not found.items, checked, checked_bytes, found.items)
         removals = self._repair(found, kids, tree, layouts)
         items = [msgspec.structs.replace(f, repaired=True) if i in found.fixed else f
                  for i, f in enumerate(found.items)]
         return VerifyReport(not items, checked, checked_bytes, items, len(found.fixed), removals)
+
+    def _check_lookups(self, found: _Findings) -> None:
+        """A record that a lookup missed but a walk of its sub-database finds is no missing record: the B-tree's
+        branch pages misroute lookups. That is `structure_corrupt` (repair rebuilds the store by walking it), and
+        repairing the records one by one would remove sound pages."""
+        missed = found.lookup_missed["pages"]
+        if missed:  # rare: walk the page keys again (no payloads) to see whether they are there
+            for _, h, _ in self._scan(self._live().dbs.pages, VERIFY_CHUNK_PAGES * 16, "pages"):
+                found.misrouted["pages"] += h in missed
+        for db, n in found.misrouted.items():
+            if n:
+                found.add("structure_corrupt", None, f"lookups in sub-database '{db}' miss {n} record(s) that a walk "
+                                                     f"of it finds: a damaged branch page misroutes them")
 
     def _verify_layouts(self, found: _Findings) -> dict[bytes, KVLayout]:
         """The layouts recorded; a layout record that does not decode is a `damaged_record` finding."""
@@ -1376,6 +1393,7 @@ class LMDBStore:
         raw = txn.get(h, db=dbs.meta)
         if raw is None:
             found.add("missing_meta", h, "page without metadata", remove=True)
+            found.lookup_missed["meta"].add(h)
             return
         meta = _decode_or_none(_dec_meta, raw)
         if meta is None:
@@ -1418,6 +1436,8 @@ class LMDBStore:
                 self.progress("meta", 0, None)
             for key, raw in txn.cursor(db=dbs.meta):
                 h = bytes(key)
+                if h in found.lookup_missed["meta"]:
+                    found.misrouted["meta"] += 1  # the walk finds what a lookup of it missed
                 meta = _decode_or_none(_dec_meta, raw)
                 if meta is None:
                     if not pages.set_key(h):  # with a page, the page's check reported it
@@ -1427,10 +1447,20 @@ class LMDBStore:
                 tree[h] = (meta.parent, meta.ns_id, meta.layout_id, meta.nbytes)
                 if not pages.set_key(h):
                     found.add("missing_page", h, "metadata without a page", remove=True)
+                    found.lookup_missed["pages"].add(h)
                     continue
                 acc = per_ns.setdefault(meta.ns_id, [0, 0])
                 acc[0] += 1
                 acc[1] += meta.nbytes
+            # A walk that reaches fewer records than the catalogue counts skipped a damaged part of the tree: the
+            # records it missed are not missing, and removing what depends on them would lose sound pages.
+            walked = {"meta": len(tree) + len(found.damaged_meta),
+                      "pages": sum(1 for _ in txn.cursor(db=dbs.pages).iternext(keys=True, values=False))}
+            for db, n in walked.items():
+                recorded = txn.stat(getattr(dbs, db))["entries"]
+                if n != recorded:
+                    found.add("structure_corrupt", None, f"a walk of sub-database '{db}' reaches {n} of the "
+                                                         f"{recorded} records its catalogue counts")
             if self.progress is not None:
                 self.progress("namespaces", len(tree), None)
             registry: dict[bytes, NamespaceRecord] = {}
