@@ -9,11 +9,12 @@ import importlib
 import sys
 import types
 
-from .errors import (AdminBadFrame, AdminError, AdminProtocolMismatch, AdminRemoteError, AdminSocketInUse,
-                     AdminTimeout, AdminUnavailable, CacheClosed, DoubleFree, InvalidConfig, InvalidInput,
-                     InvalidLayout, InvalidNamespace, InvalidTokens, InvalidTrace, InvariantViolation, KVCacheError,
-                     LayoutMismatch, LockUnderflow, NamespaceMismatch, NotAStore, OwnershipError, RequestIdInUse,
-                     StoreError, StoreFull, StoreReadOnly, StoreUnsupported, UnknownBackend, UnknownRequest)
+from .errors import (AdminBadFrame, AdminError, AdminProtocolMismatch, AdminRemoteError, AdminShuttingDown,
+                     AdminSocketInUse, AdminTimeout, AdminUnavailable, AdminUntrusted, CacheClosed, DoubleFree,
+                     InvalidConfig, InvalidInput, InvalidLayout, InvalidNamespace, InvalidTokens, InvalidTrace,
+                     InvariantViolation, KVCacheError, LayoutMismatch, LockUnderflow, NamespaceMismatch, NotAStore,
+                     OwnershipError, RequestIdInUse, StoreError, StoreFull, StoreReadOnly, StoreUnsupported,
+                     UnknownBackend, UnknownRequest)
 
 # Where each public name lives. They are imported on first use (PEP 562), so that `import kvcache.namespace`,
 # or a kvc command that only reads a store, does not pay for torch (seconds) and the cache behind it.
@@ -68,7 +69,8 @@ sys.modules[__name__].__class__ = _Package
 __all__ = [
     "Admission", "AdmitStatus", "AuditReport", "BackupStats", "CacheConfig", "CacheCounters", "CacheStats",
     "CancelReason", "CommitResult", "DeclineReason", "DropReason", "EvictResult", "Headroom", "HostMode", "KVLayout",
-    "Namespace", "NamespaceDrop", "TierRoom", "NamespaceInfo", "Owner", "OwnerKind", "PrefetchOutcome", "PrefetchPolicy", "PrefetchStats", "RadixKey",
+    "Namespace", "NamespaceDrop", "TierRoom", "NamespaceInfo", "Owner", "OwnerKind", "PrefetchOutcome",
+    "PrefetchPolicy", "PrefetchStats", "RadixKey",
     "Request", "StagedView", "TierHits", "TieredCache", "TreeMatch", "Violation", "ViolationKind", "WritePolicy",
     "page_hashes", "L3Store", "open_store", "page_origins",
     "SettledPrefetch", "SyntheticKV", "WarmResult", "warm_namespace",
@@ -78,10 +80,11 @@ __all__ = [
     # live mode: the admin socket
     "AdminClient", "AdminServer",
     # errors
-    "CacheClosed", "DoubleFree", "InvalidConfig", "InvalidInput", "InvalidLayout", "InvalidNamespace", "InvalidTokens",
+    "CacheClosed", "DoubleFree", "InvalidConfig", "InvalidInput", "InvalidLayout", "InvalidNamespace",
+    "InvalidTokens",
     "InvalidTrace", "InvariantViolation", "KVCacheError", "LayoutMismatch", "LockUnderflow", "NamespaceMismatch",
     "NotAStore", "OwnershipError", "StoreError", "StoreFull", "StoreReadOnly", "StoreUnsupported", "UnknownBackend",
     "RequestIdInUse", "UnknownRequest",
     "AdminBadFrame", "AdminError", "AdminProtocolMismatch", "AdminRemoteError", "AdminSocketInUse", "AdminTimeout",
-    "AdminUnavailable",
+    "AdminUnavailable", "AdminUntrusted", "AdminShuttingDown",
 ]

@@ -1,32 +1,52 @@
 """Live mode's transport: the admin socket server of a running cache, and its client (DESIGN §7).
 
 `AdminServer` listens on a Unix domain socket (mode 0600 by default: the owner only). Its threads only move
-bytes: the accept thread hands each connection to a connection thread, which reads frames, checks them and
-**queues** the decoded requests. Nothing on those threads touches the cache. The cache's owner thread runs the
-queued requests in `poll` (`TieredCache.poll_admin()`, between scheduler steps), so every answer sees a
-consistent state and the admin path never races the engine; the connection thread then writes the answer back.
-A standalone cache (`kvc serve`) has no engine loop: `serve_forever` is that loop.
+bytes: the accept thread checks who connects and hands each connection to a connection thread, which reads
+frames, checks them and **queues** the decoded requests. Nothing on those threads touches the cache. The cache's
+owner thread runs the queued requests in `poll` (`TieredCache.poll_admin()`, between scheduler steps), so every
+answer sees a consistent state and the admin path never races the engine; the connection thread then writes the
+answer back. A standalone cache (`kvc serve`) has no engine loop: `serve_forever` is that loop.
+
+Trust, both ways. The server reads each peer's credentials (SO_PEERCRED) and answers `forbidden` to a uid not on
+its allow-list (default: its own uid). The client reads the server's credentials before it sends a byte and
+refuses a server whose uid it does not trust (default: its own and root's): a salt never goes to an impostor who
+bound the path first. The server refuses a socket path in a directory other users can write without the sticky
+bit (they could replace the socket). The server writes no file a client names: snapshots go back as bytes.
+
+Bounded resources. At most `max_connections` connections are served; one more is answered `busy` at once by the
+accept thread (the listen backlog is sized well past the limit so a burst of connects is answered, not refused),
+and the client retries `busy` within its timeout. A connection silent for `idle_timeout` seconds is closed, and a
+frame must arrive whole within that time of its first byte. Replay uploads are spooled to anonymous temp files
+under a per-trace and a total cap, and replayed from there line by line. Frame sizes and nesting are bounded
+(`admin_protocol`). A slow or silent client holds at most its own connection thread, never the owner thread.
 
 A malformed frame never ends the server: a body that is not a request is answered with an error and the
 connection goes on; a length prefix over the limit is answered and the connection closed (the stream cannot be
 framed any more); a connection that stops mid-frame is closed. The salt in a request derives the namespace on the
 owner thread and goes no further: requests are never logged or echoed.
 
+Stopping: `close()` (or the `stop` event of `serve_forever`, set by a signal handler) stops a running replay at its
+next step: the replay's own polls between steps raise `AdminShuttingDown`, the replay releases what it held, and
+its client is answered `shutting_down`.
+
 `AdminClient` is the other end: one connection, one request at a time, typed errors (`AdminUnavailable`,
-`AdminTimeout`, `AdminProtocolMismatch`, `AdminRemoteError`, `AdminBadFrame`) naming the socket.
+`AdminUntrusted`, `AdminTimeout`, `AdminProtocolMismatch`, `AdminRemoteError`, `AdminBadFrame`) naming the socket.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import pwd
 import queue
 import socket
 import stat
+import struct
 import tempfile
 import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any, TypeVar
 
 import msgspec
 
@@ -34,26 +54,55 @@ from .admin_protocol import (MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, MAX_TRACE_BY
                              TRACE_CHUNK_BYTES, AdminRequest, Envelope, ErrorInfo, FrameTooLarge, ReplayAck,
                              ReplayRequest, Response, Truncated, decode_envelope, decode_response, encode, frame,
                              head_of, read_frame)
-from .errors import (AdminBadFrame, AdminError, AdminProtocolMismatch, AdminRemoteError, AdminSocketInUse,
-                     AdminTimeout, AdminUnavailable, InvalidTrace, KVCacheError)
-from .workload import TraceRequest, parse_trace
+from .errors import (AdminBadFrame, AdminError, AdminProtocolMismatch, AdminRemoteError, AdminShuttingDown,
+                     AdminSocketInUse, AdminTimeout, AdminUnavailable, AdminUntrusted, InvalidTrace, KVCacheError)
+from .workload import TraceRequest, parse_trace, trace_lines
 
 log = logging.getLogger("kvcache.admin")
 
 _SUN_PATH_MAX = 107  # bytes of a Unix socket path (sun_path is 108 with the terminating NUL)
 _WAKE = 0.25  # seconds: how often waiting threads look whether the server is closing
+_SEND_RATE = 1 << 20  # bytes a second a reader must at least take an answer at (a large answer gets longer)
+_BUSY_RETRY_START = 0.02  # seconds before a client retries a `busy` answer (doubling, up to _BUSY_RETRY_MAX)
+_BUSY_RETRY_MAX = 0.5
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 T = TypeVar("T")
 
 
-class ReplayJob(msgspec.Struct):
-    """What the owner thread runs for a replay: the whole trace, already validated on the connection thread."""
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a connected Unix socket (SO_PEERCRED: for a client,
+    the server as it was when it called listen; for a server, the client as it was when it connected)."""
+    return _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
 
-    trace: list[TraceRequest]
+
+def _user(uid: int) -> str:
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+class ReplayJob(msgspec.Struct):
+    """What the owner thread runs for a replay: the trace, validated on the connection thread and read again line
+    by line from its upload while it runs, and the options of its last chunk."""
+
+    trace: Iterable[TraceRequest]
+    requests: int
     verify: bool
     batch: int
     lookahead: int
-    snapshot_out: str | None
+    snapshot: bool  # answer the ownership snapshot taken right after the replay with its report
+
+
+class _Upload:
+    """A replay trace arriving in chunks, spooled to an anonymous temp file (counted against the server's total)."""
+
+    __slots__ = ("file", "size")
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self.file = file
+        self.size = 0
 
 
 class _Job:
@@ -80,29 +129,48 @@ def _one_line(text: str) -> str:
 
 
 class AdminServer:
-    """The admin socket of one cache: accepts connections and queues their requests for `poll`."""
+    """The admin socket of one cache: accepts connections and queues their requests for `poll`.
+
+    `allow_uids`: the uids a peer may have (default: this process's). `max_connections`: connections served at
+    once (one more is answered `busy`). `idle_timeout`: seconds a connection may stay silent, and a frame may take
+    from its first byte. `max_trace_bytes`: one replay upload; `max_upload_bytes`: every upload in flight together
+    (default twice `max_trace_bytes`), spooled to temp files in `upload_dir` (default: the system's). `backlog`:
+    the listen backlog (default: 16 x `max_connections`, at least 1024, at most SOMAXCONN).
+    """
 
     def __init__(self, path: str | os.PathLike, execute: Executor, *, mode: int = 0o600,
-                 max_request_bytes: int = MAX_REQUEST_BYTES, max_trace_bytes: int = MAX_TRACE_BYTES,
-                 max_connections: int = 64, idle_timeout: float = 600.0) -> None:
+                 allow_uids: Iterable[int] | None = None, max_request_bytes: int = MAX_REQUEST_BYTES,
+                 max_trace_bytes: int = MAX_TRACE_BYTES, max_upload_bytes: int | None = None,
+                 upload_dir: str | None = None, max_connections: int = 64, idle_timeout: float = 10.0,
+                 backlog: int | None = None) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.mode = mode
+        self.allow_uids = frozenset(allow_uids) if allow_uids is not None else frozenset({os.geteuid()})
         self.max_request_bytes = max_request_bytes
         self.max_trace_bytes = max_trace_bytes
+        self.max_upload_bytes = max_upload_bytes if max_upload_bytes is not None else 2 * max_trace_bytes
+        self.upload_dir = upload_dir
         self.max_connections = max_connections
-        self.idle_timeout = idle_timeout  # a connection silent this long is closed (its thread ends)
+        self.idle_timeout = idle_timeout
+        # A burst of connects waits in the backlog until the accept thread answers it (served or `busy`): sized
+        # well past the limit, so such a burst is answered instead of refused (the kernel caps it at somaxconn).
+        self.backlog = backlog if backlog is not None else min(max(1024, 16 * max_connections), socket.SOMAXCONN)
         self._execute = execute
         self._queue: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._sock: socket.socket | None = None
         self._inode: tuple[int, int] | None = None  # (st_dev, st_ino) of our socket file: unlink only ours
         self._conns: dict[socket.socket, threading.Thread] = {}
         self._lock = threading.Lock()
+        self._uploaded = 0  # bytes of every upload in flight (guarded by _lock)
         self._closing = threading.Event()
+        self._stop: threading.Event | None = None  # serve_forever's: set by a signal handler to stop
         self._accept_thread: threading.Thread | None = None
         self._owner_thread: threading.Thread | None = None
         self._owner_stop = threading.Event()
         self._depth = 0  # poll nesting: a replay polls between its steps
         self.served = 0  # requests answered by poll
+        self.refused = 0  # connections refused: a peer not on the allow-list
+        self.busy = 0  # connections answered `busy`
 
     # --- life -----------------------------------------------------------------------------------------------
 
@@ -112,14 +180,16 @@ class AdminServer:
         self._sock = _bind(self.path, self.mode)
         st = os.stat(self.path)
         self._inode = (st.st_dev, st.st_ino)
-        self._sock.listen(max(8, self.max_connections))
+        self._sock.listen(self.backlog)
         self._accept_thread = threading.Thread(target=self._accept_loop, name="kvc-admin-accept", daemon=True)
         self._accept_thread.start()
         return self
 
     def serve_forever(self, poll_cache: Callable[[], Any], stop: threading.Event, tick: float = 0.01) -> None:
         """The owner loop of a standalone cache: run queued requests and complete the cache's finished copies and
-        L3 jobs (`poll_cache`) until `stop` is set. Wakes at least every `tick` seconds."""
+        L3 jobs (`poll_cache`) until `stop` is set. Wakes at least every `tick` seconds. Setting `stop` (from a
+        signal handler) also stops a running replay at its next step."""
+        self._stop = stop
         while not stop.is_set() and not self._closing.is_set():
             self.poll(tick)
             poll_cache()
@@ -175,6 +245,11 @@ class AdminServer:
         """True once `close` began."""
         return self._closing.is_set()
 
+    @property
+    def stopping(self) -> bool:
+        """True once `close` began or `serve_forever`'s stop event is set: a running replay stops."""
+        return self._closing.is_set() or (self._stop is not None and self._stop.is_set())
+
     def _unlink(self) -> None:
         try:
             st = os.stat(self.path)
@@ -191,8 +266,10 @@ class AdminServer:
     def poll(self, wait: float = 0.0) -> int:
         """Run the requests queued now, on the calling (owner) thread; wait up to `wait` seconds for a first one.
         Requests that arrive meanwhile wait for the next poll, so one poll's work is bounded by what was queued
-        when it began. A replay's own polls between its steps leave other replays queued. Returns how many
-        requests ran."""
+        when it began. A replay's own polls between its steps leave other replays queued, and raise
+        `AdminShuttingDown` once the server is stopping (the replay ends there). Returns how many requests ran."""
+        if self._depth and self.stopping:
+            raise AdminShuttingDown(self.path, "the server is shutting down")
         try:
             job = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
         except queue.Empty:
@@ -226,6 +303,9 @@ class AdminServer:
             return
         try:
             job.body = encode(self._execute(job.request))
+        except AdminShuttingDown:
+            job.error = ErrorInfo("shutting_down", "the server is shutting down: the request stopped between two "
+                                                   "steps and released what it held")
         except KVCacheError as exc:
             job.error = ErrorInfo(type(exc).__name__, _one_line(str(exc)) or type(exc).__name__)
         except Exception as exc:  # a bug must not take the engine down with it: answer, log, go on
@@ -246,16 +326,32 @@ class AdminServer:
                     return
                 self._closing.wait(0.05)  # e.g. out of file descriptors: try again shortly
                 continue
+            try:
+                _, uid, _ = peer_credentials(conn)
+            except OSError:
+                conn.close()
+                continue
+            if uid not in self.allow_uids:
+                self.refused += 1
+                log.warning("admin socket %s: refused a connection from %s (not on the allow-list)", self.path,
+                            _user(uid))
+                self._reply_and_close(conn, ErrorInfo("forbidden", f"{_user(uid)} may not use this admin socket "
+                                                                   f"(the server allows {self._allowed()})"))
+                continue
             thread = threading.Thread(target=self._connection, args=(conn,), name="kvc-admin-conn", daemon=True)
             with self._lock:
                 full = len(self._conns) >= self.max_connections
                 if not full:
                     self._conns[conn] = thread
             if full:
+                self.busy += 1
                 self._reply_and_close(conn, ErrorInfo("busy", f"the server has {self.max_connections} "
                                                               f"connections open; try again"))
                 continue
             thread.start()
+
+    def _allowed(self) -> str:
+        return ", ".join(_user(uid) for uid in sorted(self.allow_uids))
 
     def _reply_and_close(self, conn: socket.socket, error: ErrorInfo) -> None:
         try:
@@ -266,23 +362,25 @@ class AdminServer:
         conn.close()
 
     def _connection(self, conn: socket.socket) -> None:
+        upload: list[_Upload] = []  # the replay upload in progress on this connection (0 or 1)
         try:
-            conn.settimeout(self.idle_timeout)
-            self._converse(conn)
+            self._converse(conn, upload)
         except OSError:
-            pass  # the peer went away or stayed silent: nothing to answer
+            pass  # the peer went away, stayed silent, or trickled a frame too slowly: nothing to answer
         finally:
+            for u in upload:
+                self._discard(u)
             with self._lock:
                 self._conns.pop(conn, None)
             conn.close()
 
-    def _converse(self, conn: socket.socket) -> None:
-        trace = bytearray()  # replay chunks received on this connection so far
+    def _converse(self, conn: socket.socket, upload: list[_Upload]) -> None:
         while not self._closing.is_set():
+            conn.settimeout(self.idle_timeout)
             try:
-                body = read_frame(conn, self.max_request_bytes)
+                body = read_frame(conn, self.max_request_bytes, self.idle_timeout)
             except FrameTooLarge as exc:
-                _send(conn, 0, error=ErrorInfo("bad_frame", f"{exc}; closing the connection"))
+                self._send(conn, 0, error=ErrorInfo("bad_frame", f"{exc}; closing the connection"))
                 _drain(conn)
                 return
             except Truncated:
@@ -292,52 +390,113 @@ class AdminServer:
             try:
                 version, ident = head_of(body)
             except AdminBadFrame as exc:
-                _send(conn, 0, error=ErrorInfo("bad_frame", str(exc)))
+                self._send(conn, 0, error=ErrorInfo("bad_frame", str(exc)))
                 continue
             if version != PROTOCOL_VERSION:
-                _send(conn, ident, error=ErrorInfo(
+                self._send(conn, ident, error=ErrorInfo(
                     "protocol_version", f"admin protocol mismatch: the client speaks version {version}, this "
                                         f"server speaks version {PROTOCOL_VERSION}"))
                 continue
             try:
                 request = decode_envelope(body).request
             except AdminBadFrame as exc:
-                _send(conn, ident, error=ErrorInfo("bad_request", str(exc)))
+                self._send(conn, ident, error=ErrorInfo("bad_request", str(exc)))
                 continue
             if isinstance(request, ReplayRequest):
-                job_request, reply = self._replay_chunk(trace, request)
+                job_request, reply = self._replay_chunk(upload, request)
                 if job_request is None:
-                    _send(conn, ident, **reply)
+                    self._send(conn, ident, **reply)
                     continue
             else:
                 job_request = request
             job = _Job(job_request)
             self._queue.put(job)
-            while not job.done.wait(_WAKE):
-                if self._closing.is_set():
-                    job.fail("shutting_down", "the server is shutting down")
+            try:
+                while not job.done.wait(_WAKE):
+                    if self._closing.is_set():
+                        job.fail("shutting_down", "the server is shutting down")
+            finally:
+                for u in upload:  # a replay's upload is read until the job ends
+                    self._discard(u)
+                upload.clear()
             if job.error is not None:
-                _send(conn, ident, error=job.error)
+                self._send(conn, ident, error=job.error)
             else:
-                _send(conn, ident, result=msgspec.Raw(job.body))  # type: ignore[arg-type]
+                self._send(conn, ident, result=msgspec.Raw(job.body))  # type: ignore[arg-type]
 
-    def _replay_chunk(self, trace: bytearray, request: ReplayRequest) -> tuple[ReplayJob | None, dict]:
-        """Add a chunk to the connection's trace: the job to queue once the last chunk is in (validated here, off
-        the owner thread), or else the reply to send now."""
-        if len(trace) + len(request.chunk) > self.max_trace_bytes:
-            trace.clear()
+    def _send(self, conn: socket.socket, ident: int, *, result: msgspec.Raw | None = None,
+              error: ErrorInfo | None = None) -> None:
+        """Answer on the connection thread; a reader slower than _SEND_RATE (or gone) ends the connection."""
+        response = (Response(PROTOCOL_VERSION, ident, error=error) if result is None
+                    else Response(PROTOCOL_VERSION, ident, result))
+        data = frame(response)
+        conn.settimeout(self.idle_timeout + len(data) / _SEND_RATE)
+        conn.sendall(data)
+
+    # --- replay uploads -------------------------------------------------------------------------------------
+
+    def _replay_chunk(self, upload: list[_Upload], request: ReplayRequest) -> tuple[ReplayJob | None, dict]:
+        """Add a chunk to the connection's upload: the job to queue once the last chunk is in (validated here,
+        off the owner thread), or else the reply to send now. An upload over a cap is dropped whole."""
+        n = len(request.chunk)
+        current = upload[0] if upload else None
+        if (current.size if current is not None else 0) + n > self.max_trace_bytes:
+            if current is not None:
+                self._discard(upload.pop())
             return None, {"error": ErrorInfo("bad_request", f"the trace is over the limit of "
                                                             f"{self.max_trace_bytes} bytes")}
-        trace += request.chunk
-        if request.more:
-            return None, {"result": msgspec.Raw(encode(ReplayAck(len(trace))))}
-        data = bytes(trace)
-        trace.clear()
+        with self._lock:
+            room = self._uploaded + n <= self.max_upload_bytes
+            if room:
+                self._uploaded += n
+        if not room:
+            if current is not None:
+                self._discard(upload.pop())
+            return None, {"error": ErrorInfo("busy", f"uploads in flight are at the server's limit of "
+                                                     f"{self.max_upload_bytes} bytes; try again")}
+        if current is None:
+            try:
+                current = _Upload(tempfile.TemporaryFile(prefix="kvc-trace-", dir=self.upload_dir))
+            except OSError as exc:
+                with self._lock:
+                    self._uploaded -= n
+                return None, {"error": ErrorInfo("internal", f"cannot spool the trace: {exc}")}
+            upload.append(current)
+        current.size += n  # counted before the write: _discard takes it off the total whatever happens
         try:
-            items = list(parse_trace(data.splitlines(), "trace"))
+            current.file.write(request.chunk)
+        except OSError as exc:
+            self._discard(upload.pop())
+            return None, {"error": ErrorInfo("internal", f"cannot spool the trace: {exc}")}
+        if request.more:
+            return None, {"result": msgspec.Raw(encode(ReplayAck(current.size)))}
+        f = current.file
+        try:
+            f.seek(0)
+            count = sum(1 for _ in parse_trace(trace_lines(f), "trace"))
+            f.seek(0)
         except InvalidTrace as exc:
+            self._discard(upload.pop())
             return None, {"error": ErrorInfo("InvalidTrace", _one_line(str(exc)))}
-        return ReplayJob(items, request.verify, request.batch, request.lookahead, request.snapshot_out), {}
+        except OSError as exc:
+            self._discard(upload.pop())
+            return None, {"error": ErrorInfo("internal", f"cannot read the spooled trace: {exc}")}
+        trace = parse_trace(trace_lines(f), "trace")
+        return ReplayJob(trace, count, request.verify, request.batch, request.lookahead, request.snapshot), {}
+
+    def _discard(self, upload: _Upload) -> None:
+        with self._lock:
+            self._uploaded -= upload.size
+        upload.size = 0
+        try:
+            upload.file.close()
+        except OSError:
+            pass  # an anonymous temp file: closing frees it, a failure changes nothing
+
+    @property
+    def uploaded_bytes(self) -> int:
+        """Bytes of the replay uploads in flight now."""
+        return self._uploaded
 
 
 def _drain(conn: socket.socket, limit: int = 16 << 20, seconds: float = 1.0) -> None:
@@ -352,20 +511,15 @@ def _drain(conn: socket.socket, limit: int = 16 << 20, seconds: float = 1.0) -> 
         limit -= len(part)
 
 
-def _send(conn: socket.socket, ident: int, *, result: msgspec.Raw | None = None,
-          error: ErrorInfo | None = None) -> None:
-    response = (Response(PROTOCOL_VERSION, ident, error=error) if result is None
-                else Response(PROTOCOL_VERSION, ident, result))
-    conn.sendall(frame(response))
-
-
 def _bind(path: str, mode: int) -> socket.socket:
     """A socket bound at `path` with `mode`, never more open than that: bound in a private directory, chmod'ed,
-    then renamed into place. A live server there is refused; a stale socket file is replaced."""
+    then renamed into place. A directory other users may write (without the sticky bit) is refused, a live server
+    there is refused; a stale socket file is replaced."""
     if len(os.fsencode(path)) > _SUN_PATH_MAX:
         raise AdminError(path, f"a Unix socket path takes at most {_SUN_PATH_MAX} bytes; use a shorter one")
-    _claim(path)
     parent = os.path.dirname(path)
+    _check_directory(path, parent)
+    _claim(path)
     private = tempfile.mkdtemp(prefix=".kvc", dir=parent)  # mode 0700
     tmp = os.path.join(private, "s")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -388,6 +542,20 @@ def _bind(path: str, mode: int) -> socket.socket:
     return sock
 
 
+def _check_directory(path: str, parent: str) -> None:
+    """Refuse a socket directory that other users may write without the sticky bit: any of them could remove our
+    socket and bind their own in its place."""
+    try:
+        st = os.stat(parent)
+    except OSError as exc:
+        raise AdminError(path, f"cannot use the socket's directory {parent}: {exc.strerror or exc}") from None
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        who = "every user" if st.st_mode & stat.S_IWOTH else "its group"
+        raise AdminError(path, f"the socket's directory {parent} is writable by {who} and has no sticky bit: "
+                               f"another user could replace the socket; serve from a directory only you can write "
+                               f"(e.g. $XDG_RUNTIME_DIR) or one with the sticky bit")
+
+
 def _claim(path: str) -> None:
     """Make `path` free for a new socket: refuse a live server or a file that is not a socket; remove a stale
     socket (one nobody accepts on)."""
@@ -401,25 +569,40 @@ def _claim(path: str) -> None:
     probe.settimeout(2.0)
     try:
         probe.connect(path)
+        _, uid, _ = peer_credentials(probe)
     except (ConnectionRefusedError, FileNotFoundError):
-        os.unlink(path)  # stale: left by a server that died; take it over
+        try:
+            os.unlink(path)  # stale: left by a server that died; take it over
+        except PermissionError:
+            raise AdminSocketInUse(path, f"a stale socket of {_user(st.st_uid)} that this user cannot remove"
+                                   ) from None
         return
     except OSError as exc:
         raise AdminSocketInUse(path, f"cannot tell whether a server answers here ({exc.strerror or exc})") from None
     finally:
         probe.close()
-    raise AdminSocketInUse(path, "a server is already listening on this socket")
+    mine = uid == os.geteuid()
+    raise AdminSocketInUse(path, "a server is already listening on this socket" +
+                           ("" if mine else f", run by {_user(uid)}, not by this user: someone else bound the path "
+                                            f"first (serve from a directory only you can write)"))
 
 
 # --- the client --------------------------------------------------------------------------------------------
 
 
 class AdminClient:
-    """A connection to a live cache's admin socket. One request at a time; usable as a context manager."""
+    """A connection to a live cache's admin socket. One request at a time; usable as a context manager.
 
-    def __init__(self, path: str | os.PathLike, timeout: float | None = 30.0) -> None:
+    Before it sends anything, the client checks who serves the socket (SO_PEERCRED): a server whose uid is not in
+    `trusted_uids` (default: this process's and root's) is refused with `AdminUntrusted`. A `busy` answer (the
+    server at its connection limit) is retried within the timeout.
+    """
+
+    def __init__(self, path: str | os.PathLike, timeout: float | None = 30.0,
+                 trusted_uids: Iterable[int] | None = None) -> None:
         self.path = os.fspath(path)
         self.timeout = timeout  # seconds to wait for each answer; None: no limit
+        self.trusted_uids = frozenset(trusted_uids) if trusted_uids is not None else frozenset({os.geteuid(), 0})
         self._sock: socket.socket | None = None
         self._next_id = 1
 
@@ -438,6 +621,18 @@ class AdminClient:
     def call(self, request: Any, result_type: type[T], timeout: float | None | bool = True) -> T:
         """Send `request`, wait for its answer and decode it as `result_type`. `timeout=True`: the client's."""
         wait = self.timeout if timeout is True else timeout
+        deadline = None if wait is None else time.monotonic() + wait
+        pause = _BUSY_RETRY_START
+        while True:
+            try:
+                return self._call_once(request, result_type, wait)
+            except AdminRemoteError as exc:
+                if exc.kind != "busy" or (deadline is not None and time.monotonic() + pause > deadline):
+                    raise
+            time.sleep(pause)  # the server's connection limit: try again shortly, within the timeout
+            pause = min(2 * pause, _BUSY_RETRY_MAX)
+
+    def _call_once(self, request: Any, result_type: type[T], wait: float | None) -> T:
         ident = self._next_id
         self._next_id += 1
         data = frame(Envelope(PROTOCOL_VERSION, ident, request))
@@ -447,7 +642,10 @@ class AdminClient:
         sock = self._connect()
         try:
             sock.settimeout(wait)
-            sock.sendall(data)
+            try:
+                sock.sendall(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the server answered and closed before reading (busy, forbidden): read that answer
             body = read_frame(sock, MAX_RESPONSE_BYTES)
         except (TimeoutError, socket.timeout):
             self.close()  # the answer may still come: this connection can no longer be framed
@@ -470,21 +668,29 @@ class AdminClient:
         if response.error is not None:
             if response.error.kind == "protocol_version":
                 raise AdminProtocolMismatch(self.path, PROTOCOL_VERSION, response.v)
+            if response.error.kind in ("busy", "forbidden"):
+                self.close()  # the server closed this connection after answering
             raise AdminRemoteError(self.path, response.error.kind, response.error.message)
         try:
             return msgspec.msgpack.decode(response.result, type=result_type)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise AdminBadFrame(self.path, f"unexpected result: {exc}") from None
+        except RecursionError:
+            raise AdminBadFrame(self.path, "unexpected result: nested too deep") from None
 
-    def replay(self, trace: bytes, result_type: type[T], *, verify: bool = False, batch: int = 4,
-               lookahead: int = 8, snapshot_out: str | None = None, timeout: float | None | bool = None) -> T:
-        """Have the live cache replay a JSONL trace (sent in chunks of at most one frame); returns its report.
+    def replay(self, trace: bytes | str | os.PathLike | IO[bytes], result_type: type[T], *, verify: bool = False,
+               batch: int = 4, lookahead: int = 8, snapshot: bool = False,
+               timeout: float | None | bool = None) -> T:
+        """Have the live cache replay a JSONL trace (its bytes, a path or a binary file, sent in chunks of at most
+        one frame, never read whole); returns its answer as `result_type` (`admin_protocol.ReplayOutcome`).
         `timeout` applies to the final answer (default: none, a long trace takes what it takes)."""
-        chunks = [trace[i:i + TRACE_CHUNK_BYTES] for i in range(0, len(trace), TRACE_CHUNK_BYTES)] or [b""]
-        for chunk in chunks[:-1]:
-            self.call(ReplayRequest(chunk, more=True), ReplayAck)
-        return self.call(ReplayRequest(chunks[-1], False, verify, batch, lookahead, snapshot_out), result_type,
-                         timeout)
+        last = b""
+        chunks = _chunks(trace)
+        for chunk in chunks:
+            if last:
+                self.call(ReplayRequest(last, more=True), ReplayAck)
+            last = chunk
+        return self.call(ReplayRequest(last, False, verify, batch, lookahead, snapshot), result_type, timeout)
 
     def _connect(self) -> socket.socket:
         if self._sock is not None:
@@ -493,6 +699,7 @@ class AdminClient:
         sock.settimeout(self.timeout if self.timeout is not None else 30.0)
         try:
             sock.connect(self.path)
+            _, uid, _ = peer_credentials(sock)
         except FileNotFoundError:
             sock.close()
             raise AdminUnavailable(self.path, "no kvc server: the socket does not exist "
@@ -507,5 +714,29 @@ class AdminClient:
         except OSError as exc:
             sock.close()
             raise AdminUnavailable(self.path, f"cannot connect: {exc.strerror or exc}") from None
+        if uid not in self.trusted_uids:
+            sock.close()
+            raise AdminUntrusted(self.path, f"the server on this socket runs as {_user(uid)}, which this client "
+                                            f"does not trust; nothing was sent (to trust it: KVC_SERVER_UID={uid})")
         self._sock = sock
         return sock
+
+
+def _chunks(trace: bytes | str | os.PathLike | IO[bytes]) -> Iterator[bytes]:
+    """A trace's bytes in replay chunks (TRACE_CHUNK_BYTES each); at least one, maybe empty."""
+    if isinstance(trace, (bytes, bytearray, memoryview)):
+        data = bytes(trace)
+        yield from (data[i:i + TRACE_CHUNK_BYTES] for i in range(0, len(data), TRACE_CHUNK_BYTES))
+        if not data:
+            yield b""
+        return
+    if isinstance(trace, (str, os.PathLike)):
+        with open(trace, "rb") as f:
+            yield from _chunks(f)
+        return
+    sent = False
+    while chunk := trace.read(TRACE_CHUNK_BYTES):
+        sent = True
+        yield chunk
+    if not sent:
+        yield b""

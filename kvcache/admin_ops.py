@@ -23,15 +23,16 @@ import torch
 from .admin import ReplayJob
 from .admin_protocol import (AuditRequest, DropRequest, EvictOutcome, EvictRequest, LiveNamespace, LiveStats,
                              LoadBackRequest, NamespacesRequest, NamespaceList, NamespaceTiers, PingRequest, PoolUse,
-                             PrefetchRequest, RequestResult, ServerInfo, SnapshotRequest, SnapshotResult,
-                             StageRequest, StatsRequest, TierUse)
+                             PrefetchRequest, ReplayOutcome, RequestResult, ServerInfo, SnapshotData,
+                             SnapshotRequest, StageRequest, StatsRequest, TierUse)
 from .config import HostMode
 from .errors import InvalidInput, UnknownRequest
 from .keys import page_hashes
 from .namespace import Namespace, display_id
 from .pools import SlotPool
-from .replay import ReplayReport, Replayer
+from .replay import Replayer
 from .request import Request
+from .snapshot import encode_snapshot
 from .warm import warm_namespace
 
 if TYPE_CHECKING:
@@ -153,7 +154,11 @@ def _prefetch_one(cache: "TieredCache", request: Request, req, command: str) -> 
     outcome = cache.prefetch(request)
     pages = 0
     if outcome.issued:
-        pages = cache.settle_prefetch(request.rid, req.policy, req.timeout_ms).fetched_pages
+        try:
+            pages = cache.settle_prefetch(request.rid, req.policy, req.timeout_ms).fetched_pages
+        except BaseException:
+            _release_quietly(cache, request.rid)  # a failed settle must not leave the prefetch holding L2 pages
+            raise
     return RequestResult(command, request.namespace.info(), len(request), pages * cache.page_size, pages,
                          pages * cache.layout.bytes_per_page, time.perf_counter() - start,
                          None if outcome.issued else outcome.reason.value)  # type: ignore[union-attr]
@@ -224,12 +229,10 @@ def _audit(cache: "TieredCache", _: AuditRequest):
     return cache.audit()
 
 
-def _snapshot(cache: "TieredCache", req: SnapshotRequest) -> SnapshotResult:
-    if not os.path.isabs(req.path):
-        raise InvalidInput(f"snapshot path {req.path!r} must be absolute (the server's directory is not yours)")
-    snap = cache.snapshot(req.path)
-    return SnapshotResult(req.path, os.path.getsize(req.path), snap.created, len(snap.state.nodes),
-                          len(snap.state.holders))
+def _snapshot(cache: "TieredCache", _: SnapshotRequest | None = None) -> SnapshotData:
+    """The snapshot as bytes: the client writes the file (the server writes no path a client names)."""
+    snap = cache.snapshot()
+    return SnapshotData(snap.created, len(snap.state.nodes), len(snap.state.holders), encode_snapshot(snap))
 
 
 def _pool_use(pool: SlotPool) -> PoolUse:
@@ -270,24 +273,29 @@ def _ping(cache: "TieredCache", _: PingRequest) -> ServerInfo:
 # --- replay --------------------------------------------------------------------------------------------------
 
 
-def _replay(cache: "TieredCache", job: ReplayJob) -> ReplayReport:
+def _replay(cache: "TieredCache", job: ReplayJob) -> ReplayOutcome:
     """Run the trace through the live cache. Between its steps the replay serves the other admin requests
-    queued (an audit during a replay sees the state between two steps); a second replay waits for this one."""
-    if job.snapshot_out is not None and not os.path.isabs(job.snapshot_out):
-        raise InvalidInput(f"snapshot path {job.snapshot_out!r} must be absolute")
+    queued (an audit during a replay sees the state between two steps); a second replay waits for this one. A
+    server that stops meanwhile ends it at its next step (`AdminShuttingDown` from `poll_admin`). The trace's
+    request ids get the replay's own prefix, so they never meet the engine's."""
     tag = _rid()
-    trace = [msgspec.structs.replace(item, rid=f"{tag}:{item.rid}") for item in job.trace]
+    trace = (msgspec.structs.replace(item, rid=f"{tag}:{item.rid}") for item in job.trace)  # still streamed
+    before = _holders(cache)
     try:
         report = Replayer(cache, verify=job.verify, batch=job.batch, lookahead=job.lookahead).run(
             trace, progress=lambda _: cache.poll_admin())
     except BaseException:
-        # a failed replay must not leave its requests holding slots in a cache that keeps running
-        for item in trace:
-            _release_quietly(cache, item.rid)
+        # a failed or stopped replay must not leave its requests holding slots in a cache that keeps running
+        for rid in _holders(cache) - before:
+            _release_quietly(cache, rid)
         raise
-    if job.snapshot_out is not None:
-        cache.snapshot(job.snapshot_out)
-    return report
+    return ReplayOutcome(msgspec.Raw(msgspec.msgpack.encode(report)), _snapshot(cache) if job.snapshot else None)
+
+
+def _holders(cache: "TieredCache") -> set[str]:
+    """Request ids the cache holds anything for now: live admissions, prefetches, staged records."""
+    return ({r.request.rid for r in cache.live_requests()} | {p.rid for p in cache.prefetch_ops()}
+            | {s.rid for s in cache.staged_records()})
 
 
 _HANDLERS = {

@@ -10,6 +10,14 @@ connection is closed, since the rest of the stream can no longer be framed. A tr
 frame is sent as several `ReplayRequest` chunks on one connection (`more=True` on all but the last); the server
 concatenates them (up to `MAX_TRACE_BYTES`) and runs the whole trace once the last arrives.
 
+Every number a request carries is range-checked by its type (finite, bounded: a `timeout_ms` of `inf` or 1e300
+is a `bad_request`, not a wait that overflows), and a frame's nesting is bounded: the head of a frame is read by a
+small iterative reader that refuses nesting past `MAX_FRAME_DEPTH`, and the body is decoded into typed structs,
+which refuse a container where a scalar belongs at once (no recursion into what the types do not expect).
+
+Snapshots travel back to the client as bytes (`SnapshotData`, `ReplayOutcome.snapshot`): the server writes no
+file a client names.
+
 The salt of a namespace travels in requests only (to derive the namespace on the server); no result carries it.
 """
 
@@ -17,6 +25,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from typing import Annotated, Union
 
 import msgspec
@@ -29,16 +38,23 @@ from .staging import StagedView
 from .stats import CacheStats
 from .storage.base import StoreStats
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: snapshots come back as bytes (no server-side path); bounded numbers
 MAX_REQUEST_BYTES = 1 << 20  # a request frame's body: 1 MiB (a 200k-token request fits)
 MAX_RESPONSE_BYTES = 256 << 20  # a response frame's body, as the client accepts it (audits can list much)
 MAX_TRACE_BYTES = 256 << 20  # a replay trace, all chunks together
 TRACE_CHUNK_BYTES = MAX_REQUEST_BYTES - 4096  # trace bytes per replay chunk, leaving room for the envelope
+MAX_FRAME_DEPTH = 16  # nesting of containers in a frame (a request needs 4)
+MAX_TIMEOUT_MS = 3_600_000.0  # an hour: the longest wait a request may ask for
+MAX_PAGES = 1 << 31
+MAX_BYTES = 1 << 50
 
 _LENGTH = struct.Struct(">I")
 
 Token = Annotated[int, msgspec.Meta(ge=0, le=0xFFFFFFFF)]
-Pages = Annotated[int, msgspec.Meta(ge=0)]
+Pages = Annotated[int, msgspec.Meta(ge=0, le=MAX_PAGES)]
+Bytes = Annotated[int, msgspec.Meta(ge=0, le=MAX_BYTES)]
+TimeoutMs = Annotated[float, msgspec.Meta(ge=0, le=MAX_TIMEOUT_MS)]  # rejects nan and inf too
+RequestId = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
 
 
 # --- requests ------------------------------------------------------------------------------------------------
@@ -56,9 +72,9 @@ class PrefetchRequest(msgspec.Struct, frozen=True, tag="prefetch", forbid_unknow
     cache_salt: str | None = None  # derives the namespace on the server; never echoed, logged or stored
     tokens: list[Token] | None = None  # None: the whole namespace, hottest prefixes first, up to the budget
     max_pages: Pages = 4096
-    max_bytes: Pages | None = None
+    max_bytes: Bytes | None = None
     policy: PrefetchPolicy = PrefetchPolicy.WAIT_COMPLETE  # how this prefetch is settled (not the cache's policy)
-    timeout_ms: Annotated[float, msgspec.Meta(ge=0)] = 1000.0
+    timeout_ms: TimeoutMs = 1000.0
 
 
 class StageRequest(msgspec.Struct, frozen=True, tag="stage", forbid_unknown_fields=True):
@@ -68,7 +84,7 @@ class StageRequest(msgspec.Struct, frozen=True, tag="stage", forbid_unknown_fiel
     extra_key: str | None = None
     cache_salt: str | None = None
     policy: PrefetchPolicy = PrefetchPolicy.WAIT_COMPLETE
-    timeout_ms: Annotated[float, msgspec.Meta(ge=0)] = 1000.0
+    timeout_ms: TimeoutMs = 1000.0
 
 
 class LoadBackRequest(msgspec.Struct, frozen=True, tag="load_back", forbid_unknown_fields=True):
@@ -79,7 +95,7 @@ class LoadBackRequest(msgspec.Struct, frozen=True, tag="load_back", forbid_unkno
     extra_key: str | None = None
     cache_salt: str | None = None
     policy: PrefetchPolicy = PrefetchPolicy.WAIT_COMPLETE
-    timeout_ms: Annotated[float, msgspec.Meta(ge=0)] = 1000.0
+    timeout_ms: TimeoutMs = 1000.0
 
 
 class NamespacesRequest(msgspec.Struct, frozen=True, tag="ns_ls", forbid_unknown_fields=True):
@@ -91,10 +107,8 @@ class AuditRequest(msgspec.Struct, frozen=True, tag="audit", forbid_unknown_fiel
 
 
 class SnapshotRequest(msgspec.Struct, frozen=True, tag="snapshot", forbid_unknown_fields=True):
-    """Write the ownership snapshot to `path` (absolute: the server's working directory is not the client's).
-    Answered with `SnapshotResult`."""
-
-    path: str
+    """The ownership snapshot of the live cache now. Answered with `SnapshotData`: the client writes the file (the
+    server writes no path a client names)."""
 
 
 class StatsRequest(msgspec.Struct, frozen=True, tag="stats", forbid_unknown_fields=True):
@@ -126,9 +140,9 @@ class ReplayRequest(msgspec.Struct, frozen=True, tag="replay", forbid_unknown_fi
     chunk: bytes
     more: bool = False
     verify: bool = False
-    batch: Annotated[int, msgspec.Meta(ge=1)] = 4
-    lookahead: Annotated[int, msgspec.Meta(ge=0)] = 8
-    snapshot_out: str | None = None  # absolute path: write the ownership snapshot there after the replay
+    batch: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 4
+    lookahead: Annotated[int, msgspec.Meta(ge=0, le=65536)] = 8
+    snapshot: bool = False  # send the ownership snapshot taken right after the replay back with its report
 
 
 AdminRequest = Union[PingRequest, PrefetchRequest, StageRequest, LoadBackRequest, NamespacesRequest, AuditRequest,
@@ -139,15 +153,8 @@ class Envelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One request frame."""
 
     v: int  # PROTOCOL_VERSION of the sender
-    id: int  # chosen by the client, echoed in the response
+    id: RequestId  # chosen by the client, echoed in the response
     request: AdminRequest
-
-
-class _Head(msgspec.Struct):
-    """What is read of any frame before its body is trusted: the version (and id, to answer)."""
-
-    v: int = 0
-    id: int = 0
 
 
 # --- results -------------------------------------------------------------------------------------------------
@@ -214,8 +221,17 @@ class NamespaceList(msgspec.Struct):
     namespaces: list[LiveNamespace]
 
 
+class SnapshotData(msgspec.Struct, frozen=True):
+    """A live cache's ownership snapshot, as the bytes of its file (`kvcache.snapshot`), for the client to write."""
+
+    created: float
+    nodes: int
+    holders: int
+    data: bytes
+
+
 class SnapshotResult(msgspec.Struct, frozen=True):
-    """Where a live snapshot was written and what it holds."""
+    """Where the client wrote a live snapshot and what it holds (`kvc snapshot --json`)."""
 
     path: str
     bytes: int
@@ -266,6 +282,21 @@ class ReplayAck(msgspec.Struct, frozen=True):
     received_bytes: int  # of the trace so far
 
 
+class ReplayOutcome(msgspec.Struct):
+    """What a live replay answers: its report, and the snapshot taken right after it when asked for."""
+
+    # a kvcache.replay.ReplayReport, msgpack-encoded: decoding it needs the replay driver, which imports torch,
+    # and the protocol is imported by commands that must start without it
+    report: msgspec.Raw
+    snapshot: SnapshotData | None = None
+
+    def replay_report(self):
+        """The report, decoded (`kvcache.replay.ReplayReport`; imports the replay driver)."""
+        from .replay import ReplayReport
+
+        return msgspec.msgpack.decode(self.report, type=ReplayReport)
+
+
 class ServerInfo(msgspec.Struct, frozen=True):
     """Who answers on the socket."""
 
@@ -304,12 +335,94 @@ class Response(msgspec.Struct, frozen=True):
 
 
 def head_of(body: bytes) -> tuple[int, int]:
-    """(version, id) of a frame body; `AdminBadFrame` when it is not a msgpack map."""
-    try:
-        head = msgspec.msgpack.decode(body, type=_Head)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise AdminBadFrame("", f"not a kvc admin frame: {exc}") from None
-    return head.v, head.id
+    """(version, id) of a frame body, read before the body is trusted; `AdminBadFrame` when it is not a msgpack
+    map, or nests deeper than MAX_FRAME_DEPTH before its head. A missing field reads as 0."""
+    found = _read_head(body)
+    return found.get("v", 0), found.get("id", 0)
+
+
+_FIXED = {0xC0: 0, 0xC2: 0, 0xC3: 0, 0xCA: 4, 0xCB: 8, 0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xD0: 1, 0xD1: 2,
+          0xD2: 4, 0xD3: 8, 0xD4: 2, 0xD5: 3, 0xD6: 5, 0xD7: 9, 0xD8: 17}  # tag -> bytes after it
+_SIZED = {0xC4: (1, 0), 0xC5: (2, 0), 0xC6: (4, 0), 0xC7: (1, 1), 0xC8: (2, 1), 0xC9: (4, 1), 0xD9: (1, 0),
+          0xDA: (2, 0), 0xDB: (4, 0)}  # tag -> (length bytes, ext type bytes): bin, ext, str
+_CONTAINERS = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}  # tag -> (count bytes, items per count)
+_INTS = {0xCC: ">B", 0xCD: ">H", 0xCE: ">I", 0xCF: ">Q", 0xD0: ">b", 0xD1: ">h", 0xD2: ">i", 0xD3: ">q"}
+
+
+def _header(body: bytes, pos: int) -> tuple[int, int, int]:
+    """One msgpack value header at `pos`: (position after the header, items a container holds or -1, position
+    after the whole value when it is no container)."""
+    if pos >= len(body):
+        raise AdminBadFrame("", "not a kvc admin frame: truncated msgpack")
+    tag = body[pos]
+    if tag <= 0x7F or tag >= 0xE0:
+        return pos + 1, -1, pos + 1
+    if 0x80 <= tag <= 0x8F:
+        return pos + 1, 2 * (tag & 0x0F), -1
+    if 0x90 <= tag <= 0x9F:
+        return pos + 1, tag & 0x0F, -1
+    if 0xA0 <= tag <= 0xBF:
+        return pos + 1, -1, pos + 1 + (tag & 0x1F)
+    if tag in _FIXED:
+        return pos + 1, -1, pos + 1 + _FIXED[tag]
+    if tag in _SIZED:
+        width, ext = _SIZED[tag]
+        n = int.from_bytes(body[pos + 1:pos + 1 + width], "big")
+        return pos + 1, -1, pos + 1 + width + ext + n
+    if tag in _CONTAINERS:
+        width, per = _CONTAINERS[tag]
+        return pos + 1 + width, per * int.from_bytes(body[pos + 1:pos + 1 + width], "big"), -1
+    raise AdminBadFrame("", f"not a kvc admin frame: byte {tag:#x} starts no msgpack value")
+
+
+def _skip(body: bytes, pos: int) -> int:
+    """The position after the value at `pos`, walked iteratively; `AdminBadFrame` past MAX_FRAME_DEPTH."""
+    pending = [1]  # values still to skip, per open container
+    while pending:
+        if pending[-1] == 0:
+            pending.pop()
+            continue
+        pending[-1] -= 1
+        after_header, items, end = _header(body, pos)
+        if items < 0:
+            pos = end
+        else:
+            if len(pending) > MAX_FRAME_DEPTH:
+                raise AdminBadFrame("", f"a frame nested deeper than {MAX_FRAME_DEPTH} levels")
+            pos = after_header
+            pending.append(items)
+    if pos > len(body):
+        raise AdminBadFrame("", "not a kvc admin frame: truncated msgpack")
+    return pos
+
+
+def _read_head(body: bytes) -> dict[str, int]:
+    """The integer fields `v` and `id` of the top-level map of a frame, skipping (iteratively) what comes before
+    them: a kvc client writes them first, so a well-formed frame costs two fields."""
+    pos, items, _ = _header(body, 0)
+    if items < 0 or not (0x80 <= body[0] <= 0x8F or body[0] in (0xDE, 0xDF)):
+        raise AdminBadFrame("", "not a kvc admin frame: Expected `object`")
+    found: dict[str, int] = {}
+    for _ in range(items // 2):
+        key_start = pos
+        pos = _skip(body, pos)
+        key = body[key_start:pos]
+        name = key[1:].decode("utf-8", "replace") if key and 0xA0 <= key[0] <= 0xBF else None
+        value_start = pos
+        pos = _skip(body, pos)
+        if name in ("v", "id"):
+            tag = body[value_start]
+            if tag <= 0x7F:
+                found[name] = tag
+            elif tag in _INTS:
+                found[name] = struct.unpack_from(_INTS[tag], body, value_start + 1)[0]
+            elif tag >= 0xE0:
+                found[name] = tag - 0x100
+            else:
+                raise AdminBadFrame("", f"not a kvc admin frame: `{name}` is not an integer")
+            if len(found) == 2:
+                break
+    return found
 
 
 _ENVELOPE = msgspec.msgpack.Decoder(Envelope)
@@ -323,6 +436,8 @@ def decode_envelope(body: bytes) -> Envelope:
         return _ENVELOPE.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise AdminBadFrame("", f"bad request: {exc}") from None
+    except RecursionError:  # typed decoding refuses unexpected containers at once; this is a last guard
+        raise AdminBadFrame("", f"a frame nested deeper than {MAX_FRAME_DEPTH} levels") from None
 
 
 def decode_response(body: bytes) -> Response:
@@ -331,6 +446,8 @@ def decode_response(body: bytes) -> Response:
         return _RESPONSE.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise AdminBadFrame("", f"bad response: {exc}") from None
+    except RecursionError:
+        raise AdminBadFrame("", f"a response nested deeper than {MAX_FRAME_DEPTH} levels") from None
 
 
 def encode(value: object) -> bytes:
@@ -356,10 +473,16 @@ class Truncated(Exception):
     """The peer closed the connection inside a frame (internal to the framing)."""
 
 
-def _read_exact(sock: socket.socket, n: int) -> bytes | None:
-    """Exactly n bytes, or None when the peer closed before the first one; `Truncated` when it closed after."""
+def _read_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes | None:
+    """Exactly n bytes, or None when the peer closed before the first one; `Truncated` when it closed after.
+    With a `deadline` (time.monotonic()), a socket timeout is raised once it passes, however the bytes trickle."""
     buf = bytearray()
     while len(buf) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout(f"frame not complete in time ({len(buf)} of {n} bytes)")
+            sock.settimeout(left)
         part = sock.recv(min(n - len(buf), 1 << 20))
         if not part:
             if not buf:
@@ -369,17 +492,23 @@ def _read_exact(sock: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def read_frame(sock: socket.socket, limit: int) -> bytes | None:
+def read_frame(sock: socket.socket, limit: int, frame_seconds: float | None = None) -> bytes | None:
     """The body of the next frame, or None at a clean end of stream (between frames). Raises `FrameTooLarge`
     before reading a body over `limit`, `Truncated` when the stream ends inside a frame, and the socket's own
-    errors (timeouts included)."""
-    prefix = _read_exact(sock, _LENGTH.size)
-    if prefix is None:
+    errors (timeouts included). With `frame_seconds`, the rest of a frame must arrive within that many seconds
+    of its first byte (a peer trickling a frame byte by byte cannot hold a reader forever); the wait for the first
+    byte is the socket's own timeout."""
+    first = _read_exact(sock, 1)
+    if first is None:
         return None
-    (length,) = _LENGTH.unpack(prefix)
+    deadline = None if frame_seconds is None else time.monotonic() + frame_seconds
+    rest = _read_exact(sock, _LENGTH.size - 1, deadline)
+    if rest is None:
+        raise Truncated("connection closed inside a length prefix")
+    (length,) = _LENGTH.unpack(first + rest)
     if length > limit:
         raise FrameTooLarge(length, limit)
-    body = _read_exact(sock, length) if length else b""
+    body = _read_exact(sock, length, deadline) if length else b""
     if body is None:
         raise Truncated(f"connection closed before a body of {length} bytes")
     return body

@@ -1,4 +1,5 @@
-"""Ownership audit: is every page of every pool held by exactly one owner, and is the tree well formed?
+"""Ownership audit: is every page of every pool held by exactly one owner, and is the tree well formed? And the
+entry point of the L3 integrity audit of a store (`audit_store`), which survives a damaged store.
 
 One implementation for a live cache and for a dumped state: `collect_state(cache)` reads a cache into an
 `OwnershipState` (plain msgspec data: the ledgers, the free lists and every reference holder — tree nodes, live
@@ -33,6 +34,7 @@ from .owners import FREE_CODE, OwnerKind, describe_code, owner_code
 
 if TYPE_CHECKING:
     from .cache import TieredCache
+    from .storage.base import VerifyReport
 
 STATE_VERSION = 1
 _MAX_LISTED = 32  # pages listed per violation; `count` has the full number
@@ -198,7 +200,8 @@ def collect_state(cache: "TieredCache") -> OwnershipState:
                                    rid=staged.rid, **_holds(staged)))
     for write in cache.storage_writes():
         if write.bounce:  # buffer mode: owns its bounce copy, reads no node
-            holders.append(HolderState("op:storage_write", write.id, write.owner, host, _b(write.pages)))  # type: ignore
+            holders.append(HolderState("op:storage_write", write.id, write.owner, host,
+                                       _b(write.pages)))  # type: ignore[arg-type]
         else:
             holders.append(HolderState("op:storage_write", write.id, write.owner, host, b"",
                                        host_pins=[n.id for n in write.nodes]))
@@ -226,6 +229,22 @@ def audit_snapshot(doc) -> AuditReport:
 
         doc = decode_snapshot(bytes(doc))
     return check_state(doc.state)
+
+
+def audit_store(location: str, repair: bool = False) -> "VerifyReport":
+    """The L3 integrity audit of the store at `location` (`L3Store.verify`), with `repair` what base.REPAIRS
+    allows. A backend that can run it isolated (LMDB: in child processes, so that a B-tree damaged enough to make
+    LMDB abort yields a `structure_corrupt` finding instead of killing the caller, and a repair rebuilds it) does;
+    any other is opened here and verified."""
+    import contextlib
+
+    from .storage.base import backend_class, open_store, scheme_of
+
+    isolated = getattr(backend_class(scheme_of(location)), "verify_location", None)
+    if isolated is not None:
+        return isolated(location, repair=repair)
+    with contextlib.closing(open_store(location, readonly=not repair)) as store:
+        return store.verify(repair=repair)
 
 
 # --- the checks ----------------------------------------------------------------------------------------------

@@ -964,7 +964,8 @@ class TieredCache:
                         "unstored" if job.bounce else "in L2 only", job.error)
         bs.storage_rejected += job.rejected
         bs.storage_pages += job.at - job.rejected if job.error is None else 0
-        bs.storage_bytes += (job.at - job.rejected) * self.host_pool.page_bytes if job.error is None else 0  # type: ignore
+        if job.error is None:
+            bs.storage_bytes += (job.at - job.rejected) * self.host_pool.page_bytes  # type: ignore[union-attr]
         for node in job.nodes:
             node.stored = node.stored or (ok and not job.parent_missing)
             self._unpin(node, job)

@@ -28,6 +28,8 @@ either bad input from the caller, a broken invariant, or a storage fault the cal
         └── UnknownBackend            a URL scheme no installed L3 backend is registered for
     └── AdminError                    a live cache's admin socket cannot answer as asked (each names the socket)
         ├── AdminUnavailable          no server on the socket (no file, a stale socket, the connection dropped)
+        ├── AdminUntrusted            the server on the socket runs as a uid the client does not trust
+        ├── AdminShuttingDown         the server stopped a running request between two steps (it is closing)
         ├── AdminSocketInUse          serving on a socket path where a live server answers, or that is no socket
         ├── AdminProtocolMismatch     the two ends speak different protocol versions (names both)
         ├── AdminTimeout              no answer within the client's timeout
@@ -181,6 +183,15 @@ class AdminError(KVCacheError):
 
 class AdminUnavailable(AdminError):
     """No server answers on the socket: no such file, a stale socket file, or the server went away mid-request."""
+
+
+class AdminUntrusted(AdminError):
+    """The process serving the socket runs as a uid the client does not trust: nothing was sent to it."""
+
+
+class AdminShuttingDown(AdminError):
+    """Raised on a server's owner thread between two steps of a running request (a replay) once the server is
+    closing: the request stops there, releases what it held, and its client is answered `shutting_down`."""
 
 
 class AdminSocketInUse(AdminError):

@@ -175,13 +175,9 @@ class SlotPool:
         # included) and floats would be truncated: both are refused before anything changes. Viewed as unsigned, a
         # negative page is huge, so one max() bounds both ends.
         try:
-            n = len(pages)
-            if pages.ndim != 1 or pages.dtype not in _UNSIGNED:
-                bad = True
-            elif n <= _SMALL:  # a numpy reduction costs more than this, below ~64 elements
-                bad = n and (min(pages.tolist()) < 0 or max(pages.tolist()) >= self.num_pages)
-            else:
-                bad = _max(pages.view(_UNSIGNED[pages.dtype])) >= self.num_pages
+            # argmax, not max: a reduction's setup costs several times an argmax over a few hundred pages
+            u = pages.view(_UNSIGNED[pages.dtype])
+            bad = u.ndim != 1 or (len(u) and u[u.argmax()] >= self.num_pages)
         except (AttributeError, KeyError, TypeError):  # not an array, or not of an integer dtype
             bad = True
         if bad:
@@ -210,8 +206,6 @@ class SlotPool:
                 f"{self.page_bytes} B/page, {self.device})")
 
 
-_max = np.maximum.reduce  # ndarray.max() goes through a Python wrapper first
-_SMALL = 64
 
 # The unsigned view of each integer dtype (same width, no copy): a negative page reads as out of range.
 _UNSIGNED = {np.dtype(t): np.dtype(t).str.replace("i", "u") for t in (np.int8, np.int16, np.int32, np.int64,

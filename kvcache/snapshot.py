@@ -72,10 +72,16 @@ def take_snapshot(cache: "TieredCache") -> Snapshot:
                     collect_state(cache), msgspec.structs.replace(cache.counters))
 
 
-def write_snapshot(snapshot: Snapshot, path: str | os.PathLike) -> Path:
-    """Write `snapshot` to `path` atomically (a temp file in the same directory, fsync, rename)."""
+def encode_snapshot(snapshot: Snapshot) -> bytes:
+    """The bytes of a snapshot file."""
+    return msgspec.msgpack.encode(snapshot)
+
+
+def write_snapshot(snapshot: Snapshot | bytes, path: str | os.PathLike) -> Path:
+    """Write `snapshot` (or the bytes of one, as a live cache sends them) to `path` atomically (a temp file in
+    the same directory, fsync, rename)."""
     path = Path(path)
-    data = msgspec.msgpack.encode(snapshot)
+    data = snapshot if isinstance(snapshot, bytes) else encode_snapshot(snapshot)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
     try:
         with os.fdopen(fd, "wb") as f:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, BinaryIO
 
 import msgspec
 import numpy as np
@@ -52,10 +52,18 @@ _DECODER = msgspec.json.Decoder(TraceRequest)
 _ENCODER = msgspec.json.Encoder()
 
 
+# The longest line a trace may hold: a request of about two million tokens. A longer line is an error at once, so
+# a file that is no trace (`/dev/zero`, a binary) fails on its first line instead of being read into memory whole.
+MAX_TRACE_LINE_BYTES = 16 << 20
+
+
 def parse_trace(lines: Iterable[str | bytes], source: str = "<trace>") -> Iterator[TraceRequest]:
     """Decode trace lines lazily, raising `InvalidTrace` (source and 1-based line number) on the first bad one."""
     seen: dict[str, int] = {}
     for number, line in enumerate(lines, 1):
+        if len(line) > MAX_TRACE_LINE_BYTES:
+            raise InvalidTrace(source, number, f"the line is longer than {MAX_TRACE_LINE_BYTES} bytes (a trace holds "
+                                               f"one JSON request per line)")
         if not line.strip():
             continue
         try:
@@ -77,7 +85,14 @@ def parse_trace(lines: Iterable[str | bytes], source: str = "<trace>") -> Iterat
 def read_trace(path: str | Path) -> list[TraceRequest]:
     """Every request of a JSONL trace file, validated (see `parse_trace`)."""
     with open(path, "rb") as f:
-        return list(parse_trace(f, str(path)))
+        return list(parse_trace(trace_lines(f), str(path)))
+
+
+def trace_lines(f: BinaryIO) -> Iterator[bytes]:
+    """The lines of a binary file, none read past MAX_TRACE_LINE_BYTES (a longer one comes back cut just over the
+    limit, for `parse_trace` to refuse)."""
+    while line := f.readline(MAX_TRACE_LINE_BYTES + 1):
+        yield line
 
 
 def write_trace(path: str | Path, requests: Iterable[TraceRequest]) -> int:

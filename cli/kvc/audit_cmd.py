@@ -17,7 +17,7 @@ import typer
 from kvcache.storage.base import REPAIRS, VERIFY_KINDS, VerifyRemoval
 
 from . import live
-from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, open_inspect
+from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, require_store
 from .errors import EXIT_FOUND, EXIT_OK, UsageError
 from .output import (Column, JsonOpt, Kind, Listing, NoHeadersOpt, Output, OutputOpt, emit_json, emit_rows,
                      human_bytes, output_format, render)
@@ -130,12 +130,13 @@ def _snapshot_audit(path: Path) -> AuditOutput:
 
 
 def _store_audit(location, repair: bool, dry_run: bool) -> AuditOutput:
-    store = open_inspect(location, writable=repair and not dry_run)
-    try:
-        report = store.verify(repair=repair and not dry_run)
-        after = store.verify() if repair and not dry_run and not report.ok else None
-    finally:
-        store.close()
+    from kvcache.audit import audit_store
+
+    require_store(location)
+    # audit_store survives a damaged store (LMDB: its walks run in child processes; see kvcache.audit)
+    fix = repair and not dry_run
+    report = audit_store(location.url, repair=fix)
+    after = audit_store(location.url) if fix and not report.ok else None
     checked = {"pages": report.pages_checked, "bytes": report.bytes_checked}
     found = [Finding(f.kind, f.detail, page_hash=f.page_hash) for f in report.findings]
     result = AuditOutput("store", str(location), ["l3_integrity"], report.ok, found, checked)

@@ -64,7 +64,8 @@ def command(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _must_exist(location: StoreLocation) -> None:
+def require_store(location: StoreLocation) -> None:
+    """UsageError when `location` is a path where nothing exists (a URL is checked by its backend)."""
     if not location.is_url and not Path(location.url).exists():
         raise UsageError(f"{location}: no store here (create one with `kvc init`, or pass --store / KVC_STORE)")
 
@@ -79,13 +80,13 @@ def _keyed(store: L3Store) -> L3Store:
 
 def open_inspect(location: StoreLocation, writable: bool = False) -> L3Store:
     """Open an existing store to inspect it (read-only unless `writable`); a missing store is an error."""
-    _must_exist(location)
+    require_store(location)
     return _keyed(open_store(location.url, readonly=not writable))
 
 
 def open_for_cache(location: StoreLocation) -> L3Store:
     """Open an existing store for a cache to read and write, under the layout it holds (`kvc init` made it)."""
-    _must_exist(location)
+    require_store(location)
     with contextlib.closing(open_store(location.url, readonly=True)) as probe:
         layouts = probe.layouts()
     if len(layouts) != 1:

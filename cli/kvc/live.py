@@ -10,6 +10,7 @@ a failure on the server) are `kvcache.errors.AdminError`: one line on stderr, ex
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -19,11 +20,13 @@ import msgspec
 import typer
 
 from kvcache.admin import AdminClient
-from kvcache.admin_protocol import (AuditRequest, EvictOutcome, EvictRequest, LiveStats, NamespaceList,
-                                    NamespacesRequest, SnapshotRequest, SnapshotResult, StatsRequest)
+from kvcache.admin_protocol import (AuditRequest, DropRequest, EvictOutcome, EvictRequest, LiveStats, NamespaceList,
+                                    NamespacesRequest, ReplayOutcome, SnapshotData, SnapshotRequest,
+                                    SnapshotResult, StatsRequest)
 from kvcache.audit import AuditReport
 from kvcache.namespace import Namespace
-from kvcache.workload import read_trace
+from kvcache.snapshot import decode_snapshot, write_snapshot
+from kvcache.workload import parse_trace, trace_lines
 
 from .common import DebugOpt, command
 from .errors import UsageError
@@ -38,8 +41,10 @@ DEFAULT_TIMEOUT = 30.0
 
 SocketOpt = Annotated[str | None, typer.Option(
     "--socket", help="Act on the live cache serving this admin socket (`kvc serve`, or an engine's "
-    "serve_admin) instead of opening the store. Also accepted before the command; env: KVC_SOCKET.",
+    "serve_admin) instead of opening the store. Also accepted before the command; env: KVC_SOCKET. Nothing is "
+    "sent to a server running as another user than you or root unless env KVC_SERVER_UID names its uid.",
     show_default=False)]
+MAX_TIMEOUT_S = 86400.0  # --timeout: a day at most
 
 
 class _Global(msgspec.Struct):
@@ -64,10 +69,19 @@ def socket_path(socket: str | None) -> str | None:
 
 
 def client(socket: str) -> AdminClient:
-    """A client of the live cache at `socket`, with the --timeout given before the command."""
-    if _GLOBAL.timeout <= 0:
-        raise UsageError(f"--timeout {_GLOBAL.timeout:g}: must be > 0 seconds")
-    return AdminClient(socket, _GLOBAL.timeout)
+    """A client of the live cache at `socket`, with the --timeout given before the command, trusting a server
+    run by this user, by root, or by the uids in env KVC_SERVER_UID (comma-separated)."""
+    if not 0 < _GLOBAL.timeout <= MAX_TIMEOUT_S:  # also refuses nan and inf
+        raise UsageError(f"--timeout {_GLOBAL.timeout:g}: must be > 0 and at most {MAX_TIMEOUT_S:g} seconds")
+    return AdminClient(socket, _GLOBAL.timeout, trusted_uids={os.geteuid(), 0, *_server_uids()})
+
+
+def _server_uids() -> list[int]:
+    text = os.environ.get("KVC_SERVER_UID", "").strip()
+    words = [w for w in text.replace(",", " ").split() if w]
+    if not all(w.isdigit() for w in words):
+        raise UsageError(f"KVC_SERVER_UID={text!r}: not a list of numeric uids such as 1001,1002")
+    return [int(w) for w in words]
 
 
 def call(socket: str, request, result_type):
@@ -132,6 +146,27 @@ def ns_evict(
         f"{t.storage.tokens:,} in L3")
 
 
+def ns_drop(path: str, extra_key: str, salt: str | None, missing_ok: bool, json: bool) -> None:
+    """`kvc --socket S ns drop EXTRA_KEY`: offboard a namespace from the live cache's L1 and L2 (nothing written
+    back) and from its store, in one request (`TieredCache.drop_namespace`)."""
+    from kvcache.cache import NamespaceDrop  # the result type only; the server runs the cache
+
+    Namespace(extra_key, salt)  # checked here, before the request goes out
+    outcome = call(path, DropRequest(extra_key, salt), NamespaceDrop)
+    held = outcome.device_pages + outcome.host_pages + outcome.store_pages
+    if not held and not outcome.live_requests and not missing_ok:
+        raise UsageError(f"namespace {ns_label(outcome.namespace)} holds nothing in the live cache or its store "
+                         f"(--missing-ok makes that a success)")
+    if json:
+        emit_json(outcome)
+        return
+    running = (f"; {outcome.live_requests} running request(s) keep their pages until they end"
+               if outcome.live_requests else "")
+    say(f"dropped namespace {ns_label(outcome.namespace)} from the live cache: {outcome.device_pages:,} L1 pages, "
+        f"{outcome.host_pages:,} L2 pages, {outcome.store_pages:,} L3 pages ({human_bytes(outcome.store_bytes)})"
+        f"{running}")
+
+
 # --- audit, stats, snapshot, replay --------------------------------------------------------------------------
 
 
@@ -174,16 +209,27 @@ def stats(socket: str, prom: bool, json: bool, output: Output | None = None, no_
 
 
 def snapshot_to(socket: str, path: Path) -> SnapshotResult:
-    """Have the live cache write its ownership snapshot to `path` (made absolute here)."""
-    return call(socket, SnapshotRequest(str(Path(path).resolve())), SnapshotResult)
+    """Fetch the live cache's ownership snapshot and write it to `path` (atomically, by this process: the server
+    writes no file a client names)."""
+    snap = call(socket, SnapshotRequest(), SnapshotData)
+    return _write_snapshot(snap, path)
+
+
+def _write_snapshot(snap: SnapshotData, path: Path) -> SnapshotResult:
+    decode_snapshot(snap.data, f"the snapshot from {path}")  # never write what is not a snapshot
+    target = write_snapshot(snap.data, Path(path).resolve())
+    return SnapshotResult(str(target), len(snap.data), snap.created, snap.nodes, snap.holders)
 
 
 def replay(socket: str, trace: Path, verify: bool, batch: int, snapshot_out: Path | None) -> ReplayReport:
-    """Have the live cache replay `trace` (validated here first, so a bad line names this file) and return its
-    report."""
-    from kvcache.replay import ReplayReport
-
-    read_trace(trace)
+    """Have the live cache replay `trace` (validated here first, so a bad line names this file; streamed in
+    chunks, never read whole) and return its report; write the snapshot taken right after it to `snapshot_out`."""
+    with open(trace, "rb") as f:
+        for _ in parse_trace(trace_lines(f), str(trace)):
+            pass
     with client(socket) as c:
-        return c.replay(Path(trace).read_bytes(), ReplayReport, verify=verify, batch=batch,
-                        snapshot_out=str(Path(snapshot_out).resolve()) if snapshot_out is not None else None)
+        outcome = c.replay(Path(trace), ReplayOutcome, verify=verify, batch=batch,
+                           snapshot=snapshot_out is not None)
+    if snapshot_out is not None and outcome.snapshot is not None:
+        _write_snapshot(outcome.snapshot, snapshot_out)
+    return outcome.replay_report()

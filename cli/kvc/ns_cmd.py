@@ -21,7 +21,7 @@ from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, namespace_arg, o
 from .errors import UsageError
 from .output import (Column, JsonOpt, Kind, Listing, NoHeadersOpt, Output, OutputOpt, console, emit_json, emit_rows,
                      human_bytes, literal, ns_label, output_format, render, say, shown)
-from .secrets import SaltFileOpt, SaltOpt
+from .secrets import SaltFileOpt, SaltOpt, salt_from
 
 app = typer.Typer(help="Namespaces in the store: list them, show one's prefix tree, drop one (offboarding).",
                   no_args_is_help=True)
@@ -255,13 +255,15 @@ def drop(
         "--missing-ok", help="A namespace that is not in the store is not an error: nothing to drop, exit 0 "
         "(a second run of an offboarding succeeds).")] = False,
     store: StoreOpt = DEFAULT_STORE,
+    socket: live.SocketOpt = None,
     yes: Annotated[bool, typer.Option("--yes", help="Confirm: remove every page of the namespace.")] = False,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Remove every page of one namespace from the store (a tenant's offboarding). Name it by EXTRA_KEY and its
     salt, by --id, or by --fingerprint [EXTRA_KEY]. Needs --yes. Exit 2 when it names no namespace (0 with
-    --missing-ok) or more than one."""
+    --missing-ok) or more than one. With --socket the live cache drops it from L1, L2 and its store at once,
+    writing nothing back (name it by EXTRA_KEY and its salt)."""
     if ns_id is not None and fingerprint is not None:
         raise UsageError("give --id or --fingerprint, not both")
     by_digest = ns_id is not None or fingerprint is not None
@@ -271,7 +273,8 @@ def drop(
         raise UsageError("--id names the namespace alone: drop EXTRA_KEY")
     if not by_digest and extra_key is None:
         raise UsageError("name the namespace: EXTRA_KEY (with its salt), --id ID or --fingerprint FP")
-    ns = None if by_digest else namespace_arg(extra_key, salt, salt_file)
+    salt_value = None if by_digest else salt_from(salt, salt_file)  # read once: it may come from stdin
+    ns = None if by_digest else Namespace(extra_key, salt_value)
     if ns_id is not None:
         what = f"id {shown(ns_id)}"
     elif fingerprint is not None:
@@ -280,6 +283,12 @@ def drop(
         what = f"{shown(ns.extra_key)}/{ns.salt_fingerprint or '-'}"  # type: ignore[union-attr]
     if not yes:
         raise UsageError(f"refusing to drop namespace {what} without --yes")
+    path = live.socket_path(socket)
+    if path is not None:
+        if by_digest:
+            raise UsageError("a live drop names the namespace by EXTRA_KEY and its salt (the cache's tree knows "
+                             "namespaces by their salt, not by --id or --fingerprint)")
+        return live.ns_drop(path, extra_key, salt_value, missing_ok, json)  # type: ignore[arg-type]
     st = open_inspect(store, writable=True)
     try:
         found = _targets(st, extra_key, ns, ns_id, fingerprint)

@@ -2,9 +2,10 @@
 
 The process builds one `TieredCache` on the store (sizes and policies as `kvc replay` takes them), opens its
 admin socket and runs the owner loop: queued admin requests, then the cache's finished copies and L3 jobs, again
-and again. SIGTERM or SIGINT stops it cleanly: the socket stops accepting and its file is removed, what is queued
-is answered, L3 writes are flushed, exit 0. A socket path where a live server answers is refused (exit 2); a
-stale socket file left by a dead server is taken over.
+and again. SIGTERM or SIGINT stops it cleanly: a running replay stops at its next step and releases what it held,
+the socket stops accepting and its file is removed, what is queued is answered, L3 writes are flushed, exit 0. A
+socket path where a live server answers is refused (exit 2); a stale socket file left by a dead server is taken
+over.
 """
 
 from __future__ import annotations
@@ -26,7 +27,16 @@ from .output import JsonOpt, console, emit_json
 from .replay_cmd import DeviceOpt, HostOpt, ModeOpt, PrefetchPolicyOpt, WritePolicyOpt
 
 ModeBits = Annotated[str, typer.Option("--socket-mode", help="Permissions of the socket file, octal (owner "
-                                       "only by default: whoever can connect can drive the cache).")]
+                                       "only by default). Whoever can connect must also be on the allow-list "
+                                       "(--allow-uid).")]
+AllowUids = Annotated[list[int] | None, typer.Option(
+    "--allow-uid", help="A uid whose processes may use the socket (checked with SO_PEERCRED on every connection); "
+    "repeat for several. Default: only the uid running kvc serve.", show_default=False, metavar="UID")]
+MaxConnections = Annotated[int, typer.Option(
+    "--max-connections", help="Connections served at once; one more is answered 'busy' (clients retry).")]
+IdleTimeout = Annotated[float, typer.Option(
+    "--idle-timeout", help="Seconds a connection may stay silent, or take to send one request, before the server "
+                           "closes it.")]
 
 
 @command
@@ -47,6 +57,9 @@ def serve(
     metrics_addr: Annotated[str, typer.Option(
         "--metrics-addr", help="Address the metrics endpoint listens on (labels carry tenant names: keep it "
         "off public interfaces).")] = "127.0.0.1",
+    allow_uid: AllowUids = None,
+    max_connections: MaxConnections = 64,
+    idle_timeout: IdleTimeout = 10.0,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -60,12 +73,20 @@ def serve(
         bits = int(socket_mode, 8)
     except ValueError:
         raise UsageError(f"--socket-mode {socket_mode!r}: not an octal mode such as 600") from None
+    if not 1 <= max_connections <= 4096:
+        raise UsageError(f"--max-connections {max_connections}: must be 1..4096")
+    if not 0 < idle_timeout <= 3600:  # also refuses nan and inf
+        raise UsageError(f"--idle-timeout {idle_timeout:g}: must be > 0 and at most 3600 seconds")
+    if any(uid < 0 for uid in allow_uid or ()):
+        raise UsageError("--allow-uid: a uid is a number >= 0")
+    allowed = {os.geteuid(), *allow_uid} if allow_uid else None
     stop = threading.Event()
     with contextlib.closing(open_for_cache(store)) as handle:
         cache = offline_cache(handle, handle.layout, device_tokens, host_tokens, prefetch_policy=prefetch_policy,
                               write_policy=write_policy, host_mode=mode)
         with contextlib.closing(cache):  # closes the socket (file removed), then flushes L3 writes
-            server = cache.serve_admin(path, mode=bits)
+            server = cache.serve_admin(path, mode=bits, allow_uids=allowed, max_connections=max_connections,
+                                       idle_timeout=idle_timeout)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: stop.set())
             metrics = _serve_metrics(server.path, metrics_addr, metrics_port) if metrics_port is not None else None

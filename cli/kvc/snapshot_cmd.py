@@ -15,8 +15,8 @@ from .output import JsonOpt, emit_json, esc, human_bytes, say
 
 @command
 def snapshot(
-    path: Annotated[Path, typer.Argument(help="Where the live cache writes the snapshot (atomically).",
-                                         show_default=False)],
+    path: Annotated[Path, typer.Argument(help="Where to write the snapshot (atomically; this command writes it, "
+                                         "the server only sends it).", show_default=False)],
     socket: live.SocketOpt = None,
     json: JsonOpt = False,
     debug: DebugOpt = False,

@@ -7,7 +7,9 @@ pages. Everything is batched and everything is by page hash.
 Rules every backend keeps (tests/conformance checks them for each registered backend):
 
 - `exists_prefix` and `get_into` count consecutive pages from the start of the batch and stop at the first gap.
-- A page whose bytes fail their checksum is a miss: counted, reported by `verify()`, never served.
+- A page whose bytes fail their checksum, or whose stored size is not a page's, is a miss: counted, quarantined
+  (a miss again on every later read, until a write or `verify(repair=True)` removes it), reported by `verify()`,
+  never served.
 - Expected outcomes are values: a miss is a short count, a page over the capacity or a quota is `rejected` in
   the `PutResult`. Exceptions are for unusable input and for faults the caller must see (`kvcache.errors`).
 - A read fault (an I/O error under a read) degrades to a miss and is counted.
@@ -121,9 +123,10 @@ class StoreCounters(msgspec.Struct, frozen=True):
 
     pages_read: int = 0  # pages copied out to callers
     misses: int = 0  # get_into/exists_prefix calls that stopped before the end of their batch
-    checksum_failures: int = 0  # pages that failed their checksum on read (served as misses)
+    checksum_failures: int = 0  # pages that failed verification on read (checksum or size): misses, quarantined
     read_errors: int = 0  # I/O faults on read (served as misses)
     write_errors: int = 0  # faults on write (a server gone, a timeout): the batch failed, counted as rejected
+    format_lost: int = 0  # batches refused because the store's format record is gone (a shared store lost its data)
     pages_written: int = 0
     pages_existing: int = 0
     pages_rejected: int = 0
@@ -174,6 +177,9 @@ VERIFY_KINDS: dict[str, str] = {
     "missing_index": "a page missing from an index (children, namespace, access order)",
     "dangling_index": "an index entry naming a page that is not stored (or not under that parent)",
     "counter_mismatch": "registry counters differ from the pages stored",
+    "damaged_record": "a namespace, layout or store record that does not decode",
+    "structure_corrupt": "the store's own structure (an LMDB B-tree page, its catalogue of sub-databases) is "
+                         "damaged: the walk of it failed or died; the detail says where it got to",
 }
 # What verify(repair=True) does per kind. Removed pages go with their whole subtree (what was reachable only
 # through them). `unknown_layout` and `unknown_namespace` are reported, never repaired: the missing record cannot
@@ -190,6 +196,10 @@ REPAIRS: dict[str, str] = {
     "missing_index": "re-add the index entry",
     "dangling_index": "remove the index entry",
     "counter_mismatch": "recount every registry counter from the pages",
+    "damaged_record": "remove the record; a namespace's or a layout's pages go with it (they cannot be registered "
+                      "again without it); totals are recounted",
+    "structure_corrupt": "rebuild: copy every page that reads back sound into a fresh store, verify it, and swap it "
+                         "in atomically; every page that could not be copied is listed as removed",
 }
 
 
@@ -199,7 +209,8 @@ class VerifyRemoval(msgspec.Struct, frozen=True):
     kind: str  # the VERIFY_KINDS kind of the finding that caused it
     page_hash: str  # hex of the page removed (what="index": of the page the entry named)
     what: str  # "page" (bytes, metadata, index entry), "bytes" (bytes without metadata), "meta" (metadata without
-    #            bytes, and its index entry), "index" (one children entry)
+    #            bytes, and its index entry), "index" (one children entry), "record" (a namespace or layout record;
+    #            `page_hash` is then its key)
     nbytes: int  # payload bytes freed
     below: str | None = None  # hex of the finding's page when this one went as part of that page's subtree
 
@@ -372,6 +383,8 @@ def open_store(url_or_path: str, layout: KVLayout | None = None, *, create: bool
     holds) unless `create` makes a new store or `add_layout` registers it. `create`: make the store when it does
     not exist. `readonly`: refuse writes. Backend-specific `options` (capacity, map size, policies) pass through.
     """
+    if "\0" in str(url_or_path):
+        raise InvalidInput("a store location cannot hold a NUL byte")
     cls = backend_class(scheme_of(url_or_path))
     return cls.open(str(url_or_path), layout=layout, create=create, readonly=readonly, add_layout=add_layout,
                     **options)

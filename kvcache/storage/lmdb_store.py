@@ -70,7 +70,7 @@ from ..namespace import Namespace
 from .base import (AccessPolicy, CapacityPolicy, ChildInfo, DeleteResult, LayoutRecord, NamespaceRecord,
                    PageMeta, PageOrigin, PutResult, StoreCounters, StoreStats, VerifyFinding, VerifyRemoval,
                    VerifyReport, check_page_hashes, out_views_for, page_bytes)
-from .keyfile import ensure_key, read_key
+from .keyfile import KEY_FILE, ensure_key, read_key
 
 try:  # xxh3 runs ~8x faster than zlib's crc32 here: it is what keeps the checked read path near memcpy speed
     import xxhash
@@ -218,10 +218,12 @@ class _SharedEnv:
 
     @contextmanager
     def read(self, buffers: bool = False) -> Iterator[lmdb.Transaction]:
-        """A short read transaction."""
+        """A short read transaction. A record that does not decode in it is a StoreError naming the cure."""
         txn = self._begin(False, buffers)
         try:
             yield txn
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise _damaged(self.path, exc) from None
         finally:
             txn.abort()
             self._leave()
@@ -243,6 +245,9 @@ class _SharedEnv:
                 except lmdb.MapResizedError:
                     txn.abort()
                     full = False
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    txn.abort()
+                    raise _damaged(self.path, exc) from None
                 except BaseException:
                     txn.abort()
                     raise
@@ -255,6 +260,11 @@ class _SharedEnv:
                     self.resize(max(2 * size, size + 2 * grow_hint))
                 else:
                     self.resize(0)
+
+
+def _damaged(path: str, exc: BaseException) -> StoreError:
+    return StoreError(path, f"a damaged record in the store ({exc}); run `kvc audit` to see it and "
+                            f"`kvc audit --repair` to remove it")
 
 
 _ENVS: dict[str, _SharedEnv] = {}
@@ -297,26 +307,105 @@ def _translate(exc: BaseException, path: str, doing: str, wanted: int = 0) -> St
     """A typed StoreError for an LMDB or OS fault under `path`."""
     code = _error_code(exc)
     if code in (errno.ENOSPC, errno.EDQUOT) or (code == errno.EIO and _disk_full(path, wanted)):
-        return StoreFull(path, f"{doing}: no space left on the disk (needed about {wanted} bytes)")
+        need = f" (needed about {wanted} bytes)" if wanted else ""
+        return StoreFull(path, f"{doing}: no space left on the disk{need}")
     if code in (errno.EACCES, errno.EPERM, errno.EROFS) or isinstance(exc, lmdb.ReadonlyError):
         return StoreReadOnly(path, f"{doing}: the location is read-only ({exc})")
     return StoreError(path, f"{doing}: {exc}")
 
 
 def _open_env(path: str, create: bool, map_size: int, durability: str, checksum: str) -> _SharedEnv:
-    """Open (or create) the environment at `path` and check that it is a kvc store."""
+    """Open (or create) the environment at `path` and check that it is a kvc store.
+
+    The open is retried as a whole on a transient fault (OPEN_ATTEMPTS times): another process growing the map
+    between our `lmdb.open` and our first transaction (MDB_MAP_RESIZED), a full reader table, EAGAIN. A create
+    that fails leaves nothing behind: the files it made are removed, so a later `init` starts afresh.
+    """
     if os.path.exists(path) and not os.path.isdir(path):
         raise NotAStore(path, "is a regular file, expected a kvc store directory")
     data_file = os.path.join(path, "data.mdb")
-    if not os.path.exists(data_file):
+    creating = not os.path.exists(data_file)
+    made_dir = False
+    if creating:
         if not create:
             raise NotAStore(path, "no kvc store here (expected a directory holding data.mdb; create=True makes one)")
-        if os.path.isdir(path) and os.listdir(path):
+        # A lone lock.mdb is what a create that died (a full disk) left: nothing of a store to protect.
+        if os.path.isdir(path) and set(os.listdir(path)) - {"lock.mdb"}:
             raise NotAStore(path, "directory is not empty and holds no store; refusing to create one inside it")
+        made_dir = not os.path.isdir(path)
         try:
             os.makedirs(path, exist_ok=True)
         except OSError as exc:
             raise _translate(exc, path, "creating the store directory") from None
+    try:
+        _reserve_lock_file(path)
+        last: BaseException | None = None
+        for attempt in range(OPEN_ATTEMPTS):
+            try:
+                return _open_env_once(path, create, map_size, durability, checksum)
+            except lmdb.Error as exc:
+                if not _transient(exc):
+                    raise _translate(exc, path, "opening") from None
+                last = exc
+            time.sleep(min(0.0005 * 2 ** attempt, 0.05))
+        raise StoreError(path, f"opening: still failing after {OPEN_ATTEMPTS} attempts ({last})")
+    except BaseException:
+        if creating:
+            _remove_failed_create(path, made_dir)
+        raise
+
+
+OPEN_ATTEMPTS = 100  # whole-open retries on transient faults (a writer may grow the map many times meanwhile)
+# LMDB's lock file for MAX_READERS reader slots (192-byte header + 64 bytes a slot), with room to spare: a larger
+# file only gives more slots.
+LOCK_FILE_BYTES = 64 << 10
+_TRANSIENT_ERRNOS = (errno.EAGAIN, errno.EINTR, errno.EBUSY)
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether an LMDB fault at open goes away by itself: retry the open."""
+    return (isinstance(exc, (lmdb.MapResizedError, lmdb.ReadersFullError))
+            or _error_code(exc) in _TRANSIENT_ERRNOS)
+
+
+def _reserve_lock_file(path: str) -> None:
+    """Give the lock file its blocks before LMDB maps it. LMDB sizes a new lock file with ftruncate (a sparse
+    file) and writes its reader table through the map: on a full disk that write is a SIGBUS, not an error. With
+    the blocks allocated here, a full disk is a StoreFull from this call instead."""
+    lock_file = os.path.join(path, "lock.mdb")
+    try:
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if _error_code(exc) in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return  # a read-only location: LMDB opens the store read-only (and cannot grow this file either)
+        raise _translate(exc, path, "creating the lock file", LOCK_FILE_BYTES) from None
+    try:
+        size = os.fstat(fd).st_size
+        os.posix_fallocate(fd, 0, max(size, LOCK_FILE_BYTES))
+    except OSError as exc:
+        if _error_code(exc) in (errno.ENOSPC, errno.EDQUOT):
+            raise _translate(exc, path, "reserving the lock file", LOCK_FILE_BYTES) from None
+        # EOPNOTSUPP/EINVAL: a filesystem without fallocate; LMDB sizes the file itself
+    finally:
+        os.close(fd)
+
+
+def _remove_failed_create(path: str, made_dir: bool) -> None:
+    """Remove what a failed create left (the store files, and the directory when the create made it)."""
+    for name in ("data.mdb", "lock.mdb", KEY_FILE):
+        try:
+            os.unlink(os.path.join(path, name))
+        except OSError:
+            pass  # never made, or already gone
+    if made_dir:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass  # something else appeared in it: leave it
+
+
+def _open_env_once(path: str, create: bool, map_size: int, durability: str, checksum: str) -> _SharedEnv:
+    data_file = os.path.join(path, "data.mdb")
     existing = os.path.getsize(data_file) if os.path.exists(data_file) else 0
     kwargs = dict(map_size=max(map_size, existing), subdir=True, max_dbs=MAX_DBS, max_readers=MAX_READERS,
                   sync=DURABILITY[durability][0], metasync=DURABILITY[durability][1], meminit=True, lock=True)
@@ -327,17 +416,28 @@ def _open_env(path: str, create: bool, map_size: int, durability: str, checksum:
         code = _error_code(exc)
         if isinstance(exc, lmdb.InvalidError) or isinstance(exc, lmdb.VersionMismatchError):
             raise NotAStore(path, f"not an LMDB environment ({exc})") from None
+        if isinstance(exc, lmdb.Error) and _transient(exc):
+            raise
         if code in (errno.EACCES, errno.EPERM, errno.EROFS) and existing:
             writable = False  # a read-only location: read the store, refuse writes
             try:
                 env = lmdb.open(path, readonly=True, **kwargs)
             except (lmdb.Error, OSError) as exc2:
+                if isinstance(exc2, lmdb.Error) and _transient(exc2):
+                    raise
                 raise _translate(exc2, path, "opening read-only") from None
         else:
             raise _translate(exc, path, "opening") from None
     try:
         env.reader_check()  # clear reader slots of dead processes before anything pins old pages
-        dbs, fmt = _open_dbs(env, path, writable, create, checksum)
+        for _ in range(OPEN_ATTEMPTS):
+            try:
+                dbs, fmt = _open_dbs(env, path, writable, create, checksum)
+                break
+            except lmdb.MapResizedError:
+                env.set_mapsize(0)  # adopt the map size of the process that grew it, then read again
+        else:
+            raise StoreError(path, f"opening: the map kept growing under {OPEN_ATTEMPTS} attempts to read it")
     except BaseException:
         env.close()
         raise
@@ -362,6 +462,8 @@ def _open_dbs(env: lmdb.Environment, path: str, writable: bool, create: bool,
                 txn.put(b"totals", _enc.encode(StoreTotals(0, 0)), db=handles["store"])
                 txn.put(b"capacity", _U64.pack(0), db=handles["store"])
         except lmdb.Error as exc:
+            if _transient(exc):
+                raise  # the whole open is retried
             raise _translate(exc, path, "creating the store") from None
         return _Dbs(**handles), fmt
     try:
@@ -427,6 +529,14 @@ class _NsDelta:
         self.info: Namespace | None = None  # set by writers, which know extra_key and salt fingerprint
 
 
+def _decode_or_none(decoder: msgspec.msgpack.Decoder, raw: Any) -> Any:
+    """A record decoded, or None when its bytes are damaged."""
+    try:
+        return decoder.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
 def _chains_to(page_hash: bytes, meta: PageMeta) -> bool:
     """Whether `page_hash` is H(parent || tokens) of its metadata: the chain step of kvcache.keys."""
     n = len(meta.tokens) // TOKEN_BYTES
@@ -453,7 +563,8 @@ def _subtree_size(top: bytes, kids: dict[bytes, list[bytes]],
 class _Findings:
     """What one verify found, and what repair may do about each finding (indices into `items`)."""
 
-    __slots__ = ("items", "by_page", "remove", "relink", "unlink", "recount", "fixed")
+    __slots__ = ("items", "by_page", "remove", "relink", "unlink", "recount", "fixed", "damaged", "damaged_meta",
+                 "lookup_missed", "misrouted")
 
     def __init__(self) -> None:
         self.items: list[VerifyFinding] = []
@@ -463,6 +574,10 @@ class _Findings:
         self.unlink: list[tuple[bytes, bytes, int]] = []  # (parent, child, finding) of dangling children entries
         self.recount: list[int] = []  # counter_mismatch findings
         self.fixed: set[int] = set()  # findings repaired
+        self.damaged: list[tuple[str, bytes, int]] = []  # (sub-database, key, finding) of records that do not decode
+        self.damaged_meta: set[bytes] = set()  # pages whose metadata does not decode
+        self.lookup_missed: dict[str, set[bytes]] = {"meta": set(), "pages": set()}  # keys a lookup did not find
+        self.misrouted: dict[str, int] = {"meta": 0, "pages": 0}  # ... of which a walk found this many
 
     def add(self, kind: str, page_hash: bytes | None, detail: str, remove: bool = False) -> None:
         """Record a finding; `remove`: the page under `page_hash` is provably corrupt or unreachable."""
@@ -502,6 +617,8 @@ class LMDBStore:
         self._pending_since = 0.0
         self._corrupt: set[bytes] = set()  # pages that failed their checksum here; misses until dropped
         self._counts = {name: 0 for name in StoreCounters.__struct_fields__ if name != "pending_access"}
+        # (sub-database, records walked, last key): called as verify walks, by the isolated audit (lmdb_salvage)
+        self.progress: Callable[[str, int, bytes | None], None] | None = None
 
     # -- opening --------------------------------------------------------------------------------------------
 
@@ -519,7 +636,7 @@ class LMDBStore:
         environment). `checksum`: the algorithm of a store created now (a key of CHECKSUMS); an existing store
         keeps the one it was created with.
         """
-        path = location[len("lmdb://"):] if location.startswith("lmdb://") else location
+        path = location[len("lmdb://"):] if location[:len("lmdb://")].lower() == "lmdb://" else location
         if not path:
             raise InvalidInput("an LMDB store location needs a path")
         path = os.path.realpath(path)
@@ -530,6 +647,7 @@ class LMDBStore:
             raise NotAStore(path, "no kvc store here to open read-only")
         if durability not in DURABILITY:
             raise InvalidInput(f"durability {durability!r} is not one of {', '.join(DURABILITY)}")
+        made_dir = not os.path.exists(path)
         shared = _acquire(path, create and not readonly, map_size, durability, checksum)
         store = cls(shared, location, layout, readonly or not shared.writable, access or AccessPolicy(), map_size,
                     durability)
@@ -543,11 +661,22 @@ class LMDBStore:
             store._evict_headroom = (capacity or CapacityPolicy()).evict_headroom
         except BaseException:
             store.close()
+            if create and not existed and shared.refs == 0:
+                _remove_failed_create(path, made_dir)  # a create is whole or not at all (a full disk, say)
             raise
         return store
 
     _evict_headroom = CapacityPolicy().evict_headroom
     fingerprint_key: bytes | None = None  # from the store's key file; None: a read-only store made without one
+
+    @classmethod
+    def verify_location(cls, location: str, repair: bool = False) -> VerifyReport:
+        """`verify(repair)` of the store at `location`, safe against a damaged store: every pass runs in a child
+        process, a walk that dies in a damaged B-tree is a `structure_corrupt` finding, and `repair` rebuilds
+        such a store from what still reads back sound (see `lmdb_salvage`). Opens nothing in this process."""
+        from .lmdb_salvage import audit_location  # the salvage builds on this module
+
+        return audit_location(location, repair)
 
     def _bind_layout(self, layout: KVLayout, register: bool) -> None:
         held = self._layout_records()
@@ -615,6 +744,11 @@ class LMDBStore:
         n = len(outs)
         if n == 0:
             return 0
+        if self.layout is not None:
+            want = self.layout.bytes_per_page
+            if any(len(out) != want for out in outs):
+                raise InvalidInput(f"get_into needs out views of {want} bytes (a page of layout "
+                                   f"{self.layout.describe()}), got {sorted({len(o) for o in outs})}")
         shared = self._live()
         digest, seeds, stored = self._checksum.digest, self._checksum.seeds(hashes), _U64.unpack_from
         corrupt = self._corrupt
@@ -626,15 +760,16 @@ class LMDBStore:
                     value = get(h, None, db)
                     if value is None or (corrupt and h in corrupt):
                         break
+                    # A stored size other than a page's (the out views were checked above) is a damaged record:
+                    # a miss, quarantined like a checksum failure. The copy happens inside the transaction (see
+                    # the module docstring), and is checked on the copy, still in cache: what the caller got is
+                    # what was verified.
                     if len(value) - _HEADER != len(out):
-                        raise InvalidInput(f"page {h.hex()} holds {len(value) - _HEADER} bytes, its out view "
-                                           f"{len(out)}")
-                    out[:] = value[_HEADER:]  # the copy happens inside the transaction (see module docstring)
-                    # Checked on the copy, which is still in cache: what the caller got is what was verified.
+                        self._quarantine(h)
+                        break
+                    out[:] = value[_HEADER:]
                     if digest(out, seed) != stored(value)[0]:
-                        with self._lock:
-                            corrupt.add(h)
-                        self._counts["checksum_failures"] += 1
+                        self._quarantine(h)
                         break
                     done += 1
         except lmdb.Error:
@@ -645,6 +780,13 @@ class LMDBStore:
         if done and not self.readonly:
             self._record_access(hashes[done - 1], done)
         return done
+
+    def _quarantine(self, page_hash: bytes) -> None:
+        """A page failed verification on read: a miss from now on in this handle, dropped by the next write
+        transaction (which checks it again first) or by `verify(repair=True)`."""
+        with self._lock:
+            self._corrupt.add(page_hash)
+        self._counts["checksum_failures"] += 1
 
     def _record_access(self, deepest: bytes, pages: int) -> None:
         # One entry per read, not per page: the read is credited to the deepest page it reached (its ancestors
@@ -1049,9 +1191,12 @@ class LMDBStore:
             raw = txn.get(h, db=dbs.meta)
             if value is None or raw is None:
                 continue
-            if self._checksum.of(value[_HEADER:], h) == _U64.unpack_from(value)[0]:
+            meta = _decode_or_none(_dec_meta, raw)
+            if meta is None:
+                continue  # metadata that does not decode: verify reports it, repair removes the page
+            if (len(value) - _HEADER == meta.nbytes
+                    and self._checksum.of(value[_HEADER:], h) == _U64.unpack_from(value)[0]):
                 continue  # rewritten since
-            meta = _dec_meta.decode(raw)
             self._drop_page(txn, h, meta, deltas)
             dropped += 1
             freed += meta.nbytes
@@ -1154,15 +1299,18 @@ class LMDBStore:
     def _pages_of(self, ns_id: bytes) -> list[bytes]:
         """Hashes of the stored pages of one namespace: a scan of `meta`, VERIFY_CHUNK_PAGES x 16 per read txn."""
         shared = self._live()
-        return [h for _, h, value in self._scan(shared.dbs.meta, VERIFY_CHUNK_PAGES * 16)
-                if _dec_meta.decode(value).ns_id == ns_id]
+        return [h for _, h, value in self._scan(shared.dbs.meta, VERIFY_CHUNK_PAGES * 16, "meta")
+                if getattr(_decode_or_none(_dec_meta, value), "ns_id", None) == ns_id]
 
-    def _scan(self, db: Any, chunk: int) -> Iterator[tuple[lmdb.Transaction, bytes, Any]]:
+    def _scan(self, db: Any, chunk: int, label: str = "") -> Iterator[tuple[lmdb.Transaction, bytes, Any]]:
         """Every (txn, key, value) of `db` in key order, `chunk` entries per short read transaction (a long one
         pins old pages while writers go on). `value` is a zero-copy view: use it before the next item."""
         shared = self._live()
         after: bytes | None = None
+        walked = 0
         while True:
+            if self.progress is not None:
+                self.progress(label, walked, after)
             with shared.read(buffers=True) as txn:
                 cur = txn.cursor(db=db)
                 positioned = cur.first() if after is None else cur.set_range(after)
@@ -1174,6 +1322,7 @@ class LMDBStore:
                     yield txn, after, cur.value()
                     n += 1
                     positioned = cur.next()
+                walked += n
             if not positioned:
                 return
 
@@ -1195,35 +1344,71 @@ class LMDBStore:
             self._check_writable()
         shared = self._live()
         found = _Findings()
-        layouts = {k: r.layout for k, r in self._layout_records().items()}
+        layouts = self._verify_layouts(found)
         checked = checked_bytes = 0
-        for txn, h, value in self._scan(shared.dbs.pages, VERIFY_CHUNK_PAGES):
+        for txn, h, value in self._scan(shared.dbs.pages, VERIFY_CHUNK_PAGES, "pages"):
             checked += 1
-            checked_bytes += len(value) - _HEADER
+            checked_bytes += max(len(value) - _HEADER, 0)
             self._verify_page(txn, h, value, layouts, found)
-        kids = self._verify_tree(layouts, found)
+        kids, tree = self._verify_tree(layouts, found)
+        self._check_lookups(found)
         if not repair:
             return VerifyReport(not found.items, checked, checked_bytes, found.items)
-        removals = self._repair(found, kids, layouts)
+        removals = self._repair(found, kids, tree, layouts)
         items = [msgspec.structs.replace(f, repaired=True) if i in found.fixed else f
                  for i, f in enumerate(found.items)]
         return VerifyReport(not items, checked, checked_bytes, items, len(found.fixed), removals)
 
+    def _check_lookups(self, found: _Findings) -> None:
+        """A record that a lookup missed but a walk of its sub-database finds is no missing record: the B-tree's
+        branch pages misroute lookups. That is `structure_corrupt` (repair rebuilds the store by walking it), and
+        repairing the records one by one would remove sound pages."""
+        missed = found.lookup_missed["pages"]
+        if missed:  # rare: walk the page keys again (no payloads) to see whether they are there
+            for _, h, _ in self._scan(self._live().dbs.pages, VERIFY_CHUNK_PAGES * 16, "pages"):
+                found.misrouted["pages"] += h in missed
+        for db, n in found.misrouted.items():
+            if n:
+                found.add("structure_corrupt", None, f"lookups in sub-database '{db}' miss {n} record(s) that a walk "
+                                                     f"of it finds: a damaged branch page misroutes them")
+
+    def _verify_layouts(self, found: _Findings) -> dict[bytes, KVLayout]:
+        """The layouts recorded; a layout record that does not decode is a `damaged_record` finding."""
+        shared = self._live()
+        out: dict[bytes, KVLayout] = {}
+        with shared.read() as txn:
+            for key, raw in txn.cursor(db=shared.dbs.layouts):
+                record = _decode_or_none(_dec_layout, raw)
+                if record is None:
+                    found.add("damaged_record", None, f"layout record {bytes(key).hex()} does not decode")
+                    found.damaged.append(("layouts", bytes(key), len(found.items) - 1))
+                else:
+                    out[bytes(key)] = record.layout
+        return out
+
     def _verify_page(self, txn: lmdb.Transaction, h: bytes, value: Any, layouts: dict[bytes, KVLayout],
                      found: _Findings) -> None:
         dbs = self._shared.dbs
-        stored_sum = _U64.unpack_from(value)[0]
-        payload = value[_HEADER:]
         if len(h) != PAGE_HASH_BYTES:
             found.add("dangling_index", h, "a pages key that is not a page hash", remove=True)
             return
+        if len(value) < _HEADER:
+            found.add("size_mismatch", h, f"{len(value)} bytes stored: not even a checksum", remove=True)
+            return
+        stored_sum = _U64.unpack_from(value)[0]
+        payload = value[_HEADER:]
         if self._checksum.of(payload, h) != stored_sum:
             found.add("checksum_mismatch", h, "payload does not match its checksum", remove=True)
         raw = txn.get(h, db=dbs.meta)
         if raw is None:
             found.add("missing_meta", h, "page without metadata", remove=True)
+            found.lookup_missed["meta"].add(h)
             return
-        meta = _dec_meta.decode(raw)
+        meta = _decode_or_none(_dec_meta, raw)
+        if meta is None:
+            found.add("missing_meta", h, "its metadata does not decode (a damaged record)", remove=True)
+            found.damaged_meta.add(h)
+            return
         if meta.checksum != stored_sum:
             found.add("checksum_mismatch", h, "metadata checksum differs from the page's", remove=True)
         if meta.nbytes != len(payload):
@@ -1244,29 +1429,61 @@ class LMDBStore:
             found.add("missing_index", h, "not listed under its parent in children")
             found.relink.setdefault(h, len(found.items) - 1)
 
-    def _verify_tree(self, layouts: dict[bytes, KVLayout], found: _Findings) -> dict[bytes, list[bytes]]:
+    def _verify_tree(self, layouts: dict[bytes, KVLayout], found: _Findings
+                     ) -> tuple[dict[bytes, list[bytes]], dict[bytes, tuple[bytes, bytes, bytes, int]]]:
         """Metadata without pages, orphaned chains, namespace and layout tags against the chain, children entries
         pointing nowhere, and registry counters: one snapshot of the metadata. Returns parent -> children as the
-        metadata says (what repair walks, besides the children index)."""
+        metadata says (what repair walks, besides the children index), and page -> (parent, namespace id, layout
+        id, bytes) of every page whose metadata decodes."""
         shared = self._live()
         dbs = shared.dbs
         with shared.read(buffers=True) as txn:
             pages = txn.cursor(db=dbs.pages)  # set_key positions without copying the payload
             tree: dict[bytes, tuple[bytes, bytes, bytes, int]] = {}  # page -> (parent, ns id, layout id, nbytes)
             per_ns: dict[bytes, list[int]] = {}
+            if self.progress is not None:
+                self.progress("meta", 0, None)
             for key, raw in txn.cursor(db=dbs.meta):
                 h = bytes(key)
-                meta = _dec_meta.decode(raw)
+                if h in found.lookup_missed["meta"]:
+                    found.misrouted["meta"] += 1  # the walk finds what a lookup of it missed
+                meta = _decode_or_none(_dec_meta, raw)
+                if meta is None:
+                    if not pages.set_key(h):  # with a page, the page's check reported it
+                        found.add("missing_page", h, "metadata that does not decode, without a page", remove=True)
+                        found.damaged_meta.add(h)
+                    continue
                 tree[h] = (meta.parent, meta.ns_id, meta.layout_id, meta.nbytes)
                 if not pages.set_key(h):
                     found.add("missing_page", h, "metadata without a page", remove=True)
+                    found.lookup_missed["pages"].add(h)
                     continue
                 acc = per_ns.setdefault(meta.ns_id, [0, 0])
                 acc[0] += 1
                 acc[1] += meta.nbytes
-            registry = {bytes(k): _dec_ns.decode(v) for k, v in txn.cursor(db=dbs.namespaces)}
+            # A walk that reaches fewer records than the catalogue counts skipped a damaged part of the tree: the
+            # records it missed are not missing, and removing what depends on them would lose sound pages.
+            walked = {"meta": len(tree) + len(found.damaged_meta),
+                      "pages": sum(1 for _ in txn.cursor(db=dbs.pages).iternext(keys=True, values=False))}
+            for db, n in walked.items():
+                recorded = txn.stat(getattr(dbs, db))["entries"]
+                if n != recorded:
+                    found.add("structure_corrupt", None, f"a walk of sub-database '{db}' reaches {n} of the "
+                                                         f"{recorded} records its catalogue counts")
+            if self.progress is not None:
+                self.progress("namespaces", len(tree), None)
+            registry: dict[bytes, NamespaceRecord] = {}
+            for k, v in txn.cursor(db=dbs.namespaces):
+                record = _decode_or_none(_dec_ns, v)
+                if record is None:
+                    found.add("damaged_record", None, f"namespace record {bytes(k).hex()} does not decode")
+                    found.damaged.append(("namespaces", bytes(k), len(found.items) - 1))
+                else:
+                    registry[bytes(k)] = record
+            if self.progress is not None:
+                self.progress("children", 0, None)
             links = [(bytes(p), bytes(c)) for p, c in txn.cursor(db=dbs.children)]
-            totals = _dec_totals.decode(txn.get(b"totals", db=dbs.store))
+            totals = _decode_or_none(_dec_totals, txn.get(b"totals", db=dbs.store)) or StoreTotals(-1, -1)
             # Every root a page may hang from: each (layout, namespace) pair the pages or the records name.
             pairs = {(lay, ns) for _, ns, lay, _ in tree.values()} | {(lay, ns) for lay in layouts for ns in registry}
             roots = {hash_root_of_id(lay, ns): (lay, ns) for lay, ns in pairs}
@@ -1292,6 +1509,10 @@ class LMDBStore:
                                            f"root: unreachable with the {below} page(s) ({below_bytes} bytes) "
                                            f"below it", remove=True)
         for parent, child in links:
+            if child in found.damaged_meta:
+                # the entry of a page whose metadata is damaged: it goes when repair removes that page
+                found.unlink.append((parent, child, found.by_page[child][0]))
+                continue
             up = tree.get(child)
             if up is None or up[0] != parent:
                 why = ("names a page that is not stored" if up is None else
@@ -1308,19 +1529,27 @@ class LMDBStore:
                                                     f"{n_bytes}")
                 found.recount.append(len(found.items) - 1)
         if (totals.pages, totals.bytes) != (stored_pages, stored_bytes):
-            found.add("counter_mismatch", None, f"store totals say {totals.pages} pages / {totals.bytes} bytes, "
-                                                f"the store holds {stored_pages} / {stored_bytes}")
+            said = ("the store totals record does not decode" if totals.pages < 0 else
+                    f"store totals say {totals.pages} pages / {totals.bytes} bytes")
+            found.add("counter_mismatch", None, f"{said}, the store holds {stored_pages} / {stored_bytes}")
             found.recount.append(len(found.items) - 1)
-        return kids
+        return kids, tree
 
     # -- repair ---------------------------------------------------------------------------------------------
 
     def _repair(self, found: _Findings, kids: dict[bytes, list[bytes]],
+                tree: dict[bytes, tuple[bytes, bytes, bytes, int]],
                 layouts: dict[bytes, KVLayout]) -> list[VerifyRemoval]:
         """Apply base.REPAIRS to what verify found; every removal is rechecked in its own write transaction."""
         dbs = self._live().dbs
         removals: list[VerifyRemoval] = []
         removed: set[bytes] = set()
+        for name, key, i in found.damaged:
+            for r, h in self._drop_damaged(name, key, i, tree, found):
+                removals.append(r)
+                if h is not None:
+                    removed.add(h)
+            found.fixed.add(i)
         # Work items: (page, finding index, page it was reached from: None for the finding's own page).
         work: list[tuple[bytes, int, bytes | None]] = [(h, i, None) for h, i in reversed(found.remove.items())]
         while work:
@@ -1338,7 +1567,7 @@ class LMDBStore:
                 cur = txn.cursor(db=dbs.children)
                 for parent, child, i in batch_links:
                     raw = txn.get(child, db=dbs.meta)
-                    if raw is not None and _dec_meta.decode(raw).parent == parent:
+                    if raw is not None and getattr(_decode_or_none(_dec_meta, raw), "parent", None) == parent:
                         continue  # the page was stored meanwhile: the entry is no longer dangling
                     if cur.set_key_dup(parent, child):
                         cur.delete()
@@ -1358,9 +1587,9 @@ class LMDBStore:
             def add_links(txn: lmdb.Transaction, batch_pages=batch_pages) -> list[int]:
                 done = []
                 for h, i in batch_pages:
-                    raw = txn.get(h, db=dbs.meta)
-                    if raw is not None:
-                        txn.put(_dec_meta.decode(raw).parent, h, db=dbs.children, dupdata=True)
+                    meta = _decode_or_none(_dec_meta, txn.get(h, db=dbs.meta) or b"")
+                    if meta is not None:
+                        txn.put(meta.parent, h, db=dbs.children, dupdata=True)
                         done.append(i)
                 return done
 
@@ -1371,6 +1600,46 @@ class LMDBStore:
         with self._lock:
             self._corrupt -= removed  # gone: a writer may store them again
         return removals
+
+    def _drop_damaged(self, name: str, key: bytes, i: int, tree: dict[bytes, tuple[bytes, bytes, bytes, int]],
+                      found: _Findings) -> list[tuple[VerifyRemoval, bytes | None]]:
+        """Remove a namespace or layout record that does not decode, and every page filed under it (they cannot
+        be registered again without it), REPAIR_BATCH_PAGES per write transaction."""
+        dbs = self._shared.dbs
+        db = dbs.namespaces if name == "namespaces" else dbs.layouts
+        field = 1 if name == "namespaces" else 2
+        pages = [h for h, row in tree.items() if row[field] == key]
+        kind = found.items[i].kind
+        out: list[tuple[VerifyRemoval, bytes | None]] = []
+        for start in range(0, max(len(pages), 1), REPAIR_BATCH_PAGES):
+            batch = pages[start:start + REPAIR_BATCH_PAGES]
+
+            def body(txn: lmdb.Transaction, batch=batch, first=start == 0) -> list[tuple[VerifyRemoval, bytes]]:
+                done: list[tuple[VerifyRemoval, bytes | None]] = []
+                if first and txn.get(key, db=db) is not None and _decode_or_none(
+                        _dec_ns if name == "namespaces" else _dec_layout, txn.get(key, db=db)) is None:
+                    txn.delete(key, db=db)
+                    done.append((VerifyRemoval(kind, key.hex(), "record", 0), None))
+                deltas: dict[bytes, _NsDelta] = {}
+                freed_pages = freed_bytes = 0
+                for h in batch:
+                    if txn.get(h, db=dbs.meta) is None and txn.get(h, db=dbs.pages) is None:
+                        continue
+                    what, nbytes, counted = self._remove_records(txn, h, deltas)
+                    freed_pages += counted
+                    freed_bytes += nbytes if counted else 0
+                    done.append((VerifyRemoval(kind, h.hex(), what, nbytes, key.hex()), h))
+                if freed_pages:
+                    totals = _decode_or_none(_dec_totals, txn.get(b"totals", db=dbs.store))
+                    if totals is not None:
+                        txn.put(b"totals", _enc.encode(StoreTotals(totals.pages - freed_pages,
+                                                                   totals.bytes - freed_bytes)), db=dbs.store)
+                    self._apply_deltas(txn, deltas, time.time())
+                return done
+
+            out += self._write(body)
+        found.recount.append(i)  # the totals are set from what is left at the end
+        return out
 
     def _remove_pages(self, work: list[tuple[bytes, int, bytes | None]], kids: dict[bytes, list[bytes]],
                       layouts: dict[bytes, KVLayout], found: _Findings
@@ -1405,9 +1674,10 @@ class LMDBStore:
                     below.update(bytes(c) for c in links.iternext_dup(keys=False, values=True))
                 stack.extend((c, i, h) for c in below)
             if freed_pages:
-                totals = _dec_totals.decode(txn.get(b"totals", db=dbs.store))
-                txn.put(b"totals", _enc.encode(StoreTotals(totals.pages - freed_pages, totals.bytes - freed_bytes)),
-                        db=dbs.store)
+                totals = _decode_or_none(_dec_totals, txn.get(b"totals", db=dbs.store))
+                if totals is not None:  # a damaged totals record is rewritten by the recount at the end
+                    txn.put(b"totals", _enc.encode(StoreTotals(totals.pages - freed_pages,
+                                                               totals.bytes - freed_bytes)), db=dbs.store)
                 self._apply_deltas(txn, deltas, time.time())
             return stack, out
 
@@ -1421,7 +1691,9 @@ class LMDBStore:
         raw = txn.get(h, db=dbs.meta)
         if value is None or raw is None or len(h) != PAGE_HASH_BYTES:
             return value is not None or raw is not None  # half a page, or a key that is no page hash
-        meta = _dec_meta.decode(raw)
+        meta = _decode_or_none(_dec_meta, raw)
+        if meta is None or len(value) < _HEADER:
+            return True  # damaged metadata, or bytes too short to hold a checksum
         stored_sum = _U64.unpack_from(value)[0]
         size = len(value) - _HEADER
         layout = layouts.get(meta.layout_id)
@@ -1431,7 +1703,9 @@ class LMDBStore:
             return True
         up = txn.get(meta.parent, db=dbs.meta)
         if up is not None:
-            parent = _dec_meta.decode(up)
+            parent = _decode_or_none(_dec_meta, up)
+            if parent is None:
+                return False  # the parent's damaged metadata is its own finding; this page goes below it
             return (parent.ns_id, parent.layout_id) != (meta.ns_id, meta.layout_id)
         if meta.parent == hash_root_of_id(meta.layout_id, meta.ns_id):
             return False
@@ -1443,7 +1717,7 @@ class LMDBStore:
         """Whether `h` is a child of the removed page `via` (so unreachable now), checked in this transaction."""
         dbs = self._shared.dbs
         raw = txn.get(h, db=dbs.meta)
-        if raw is None or _dec_meta.decode(raw).parent != via:
+        if raw is None or getattr(_decode_or_none(_dec_meta, raw), "parent", None) != via:
             return False  # not stored, or linked under `via` by a wrong index entry only (dangling_index)
         return txn.get(via, db=dbs.meta) is None and txn.get(via, db=dbs.pages) is None
 
@@ -1456,8 +1730,13 @@ class LMDBStore:
         raw = txn.get(h, db=dbs.meta)
         if raw is None:
             txn.delete(h, db=dbs.pages)
-            return "bytes", len(value) - _HEADER, False
-        meta = _dec_meta.decode(raw)
+            return "bytes", max(len(value) - _HEADER, 0), False
+        meta = _decode_or_none(_dec_meta, raw)
+        if meta is None:  # damaged metadata: its children entry is unlinked by repair, its counters recounted
+            txn.delete(h, db=dbs.meta)
+            if value is not None:
+                txn.delete(h, db=dbs.pages)
+            return ("page" if value is not None else "meta"), max(len(value or b"") - _HEADER, 0), False
         if value is None:
             txn.delete(h, db=dbs.meta)
             txn.delete(meta.parent, h, db=dbs.children)
@@ -1471,13 +1750,15 @@ class LMDBStore:
         pages = txn.cursor(db=dbs.pages)
         per_ns: dict[bytes, list[int]] = {}
         for key, raw in txn.cursor(db=dbs.meta):
-            if pages.set_key(bytes(key)):
-                meta = _dec_meta.decode(raw)
+            meta = _decode_or_none(_dec_meta, raw)
+            if meta is not None and pages.set_key(bytes(key)):
                 acc = per_ns.setdefault(meta.ns_id, [0, 0])
                 acc[0] += 1
                 acc[1] += meta.nbytes
         for key, raw in list(txn.cursor(db=dbs.namespaces)):
-            record = _dec_ns.decode(raw)
+            record = _decode_or_none(_dec_ns, raw)
+            if record is None:
+                continue  # a damaged record: verify reports it, repair removes it with its pages
             n_pages, n_bytes = per_ns.get(bytes(key), [0, 0])
             if (record.pages, record.bytes) != (n_pages, n_bytes):
                 txn.put(bytes(key), _enc.encode(msgspec.structs.replace(record, pages=n_pages, bytes=n_bytes)),

@@ -36,7 +36,8 @@ def test_a_live_replay_whose_rids_collide_with_the_engines_holds_verifies_clean(
     assert [s.rid for s in c.staged_records()] == ["r1"]
     trace = [TraceRequest("r1", PROMPT + [2] * 8 + [9] * 7, "t1", SALT),
              TraceRequest("r2", PROMPT + [0] * 8, "t1", SALT)]
-    report = execute(c, ReplayJob(trace, verify=True, batch=1, lookahead=2, snapshot_out=None))
+    outcome = execute(c, ReplayJob(trace, len(trace), verify=True, batch=1, lookahead=2, snapshot=False))
+    report = outcome.replay_report()
     assert report.requests == 2 and report.verify_mismatches == 0 and report.verified_tokens > 0
     assert report.audit.ok
     assert [s.rid for s in c.staged_records()] == ["r1"]  # the engine's record is still its own

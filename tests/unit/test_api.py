@@ -21,7 +21,7 @@ PUBLIC = {
     "CancelReason", "Headroom", "NamespaceDrop", "TierRoom", "CacheClosed", "RequestIdInUse",
     "AdminClient", "AdminServer",
     "AdminBadFrame", "AdminError", "AdminProtocolMismatch", "AdminRemoteError", "AdminSocketInUse", "AdminTimeout",
-    "AdminUnavailable",
+    "AdminUnavailable", "AdminUntrusted", "AdminShuttingDown",
 }
 
 

@@ -262,7 +262,7 @@ def test_get_into_rejects_unusable_views(store):
         store.get_into(hashes[:1], [np.zeros((PAGE, 2), np.uint8)[:, 0]])
     with pytest.raises(InvalidInput, match="writable"):
         store.get_into(hashes[:1], [bytes(PAGE)])
-    with pytest.raises(InvalidInput, match="holds"):
+    with pytest.raises(InvalidInput, match="out views of"):
         store.get_into(hashes[:1], [np.zeros(PAGE // 2, np.uint8)])
 
 
@@ -481,3 +481,47 @@ def test_quota_rejects_only_the_namespace_over_it(path):
         s.set_capacity(0, namespace_quota_bytes=0)
         assert s.put(hashes, [payload(h) for h in hashes], origins).written == 2
         assert s.verify().ok
+
+
+def test_a_page_whose_stored_size_is_wrong_is_a_counted_quarantined_miss(path):
+    with LMDBStore.open(path, LAYOUT, create=True) as store:
+        hashes, _ = write(store, range(12))
+    env = lmdb.open(path, max_dbs=lmdb_store.MAX_DBS)
+    with env.begin(write=True) as txn:  # the second page's value cut short: its recorded size is now wrong
+        pages = env.open_db(b"pages", txn=txn, create=False)
+        txn.put(hashes[1], bytes(txn.get(hashes[1], db=pages))[:100], db=pages)
+    env.close()
+    with LMDBStore.open(path, LAYOUT) as store:
+        out = np.zeros((3, PAGE), np.uint8)
+        assert store.get_into(hashes, list(out)) == 1  # a miss, not InvalidInput
+        assert store.get_into(hashes, list(out)) == 1  # quarantined: still a miss
+        assert store.counters().checksum_failures == 1 and store.counters().misses == 2
+        assert {f.kind for f in store.verify().findings} >= {"size_mismatch"}
+        store.flush()  # the next write transaction drops it (checked again first)
+        assert store.page_meta(hashes[1]) is None and store.verify(repair=True).removals
+        assert store.verify().ok
+    with LMDBStore.open(path, LAYOUT) as store, pytest.raises(InvalidInput, match="out views of"):
+        store.get_into(hashes[:1], [np.zeros(PAGE - 1, np.uint8)])  # a caller's wrong buffer is still an error
+
+
+def test_records_that_do_not_decode_are_findings_and_one_repair_clears_them(path):
+    with LMDBStore.open(path, LAYOUT, create=True) as store:
+        hashes, _ = write(store, range(16))
+        write(store, range(100, 108), ns=NS2)
+    env = lmdb.open(path, max_dbs=lmdb_store.MAX_DBS)
+    with env.begin(write=True) as txn:
+        meta = env.open_db(b"meta", txn=txn, create=False)
+        txn.put(hashes[2], b"\xc1 not msgpack", db=meta)  # a damaged page record...
+        registry = env.open_db(b"namespaces", txn=txn, create=False)
+        txn.put(NS2.id, b"\xc1", db=registry)  # ... and a damaged namespace record
+    env.close()
+    with LMDBStore.open(path, readonly=True) as store:
+        kinds = {f.kind for f in store.verify().findings}
+        assert {"missing_meta", "damaged_record"} <= kinds
+        with pytest.raises(lmdb_store.StoreError, match="kvc audit --repair"):
+            store.namespaces()  # outside verify, a damaged record is one StoreError naming the cure
+    with LMDBStore.open(path, LAYOUT) as store:
+        report = store.verify(repair=True)
+        assert report.repaired == len(report.findings)
+        assert store.verify().ok  # one pass
+        assert store.stats().pages == 2  # the first two pages of NS; the rest hung below the damaged one or was NS2's

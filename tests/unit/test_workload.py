@@ -83,3 +83,15 @@ def test_unsalted_tenants_and_bad_specs():
         WorkloadSpec(tenants=0)
     with pytest.raises(ValueError, match="continue_prob"):
         WorkloadSpec(continue_prob=1.5)
+
+
+def test_an_endless_line_is_refused_at_the_cap_not_read_whole(tmp_path, monkeypatch):
+    from kvcache import workload
+
+    monkeypatch.setattr(workload, "MAX_TRACE_LINE_BYTES", 1000)
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'{"rid": "a", "tokens": [1]}\n' + b"x" * 5000)
+    with pytest.raises(InvalidTrace, match=r"t.jsonl:2: the line is longer than 1000 bytes"):
+        read_trace(path)
+    with pytest.raises(InvalidTrace, match=":1: the line is longer"):
+        list(parse_trace([b"y" * 1001]))

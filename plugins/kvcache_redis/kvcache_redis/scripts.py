@@ -17,17 +17,22 @@ and one ``r:<root hex>`` field per layout root the namespace's pages hang from.
 """
 
 # KEYS: [1] namespace index, [2 .. 1+nns] namespace records, then per page: page record, children set of its
-# parent, parent page record.
+# parent, parent page record; last, the store's format record.
 # ARGV: [1] now, [2] nns, per namespace (2): id hex, NamespaceInfo msgpack; per page (7): child member (the raw
 # page hash), d, m, namespace number (1-based), parent hex, "1" when the parent is the namespace root, "1" when
 # the parent's namespace must be checked (a stored parent that is not new in this batch).
-# Returns {written, existing}, or an error naming the first page whose parent is no stored page of its namespace.
+# Returns {written, existing}; an error KVCNOSTORE when the format record is gone (the server lost its data:
+# nothing is written under a prefix that is no store), or KVCNS naming the first page whose parent is no stored page
+# of its namespace.
 PUT_BATCH = """#!lua
+if redis.call('EXISTS', KEYS[#KEYS]) == 0 then
+  return redis.error_reply('KVCNOSTORE the format record is gone')
+end
 local now = ARGV[1]
 local nns = tonumber(ARGV[2])
 local kb = 1 + nns
 local ab = 2 + 2 * nns
-local np = (#KEYS - kb) / 3
+local np = (#KEYS - kb - 1) / 3
 local nshex = {}
 for j = 1, nns do nshex[j] = ARGV[1 + 2 * j] end
 for i = 0, np - 1 do

@@ -27,11 +27,19 @@ nothing is raised to the caller of the data path (`exists_prefix`, `get_into`, `
 connection fault the store backs off (exponentially, up to `backoff_max` seconds), answering misses and failed
 writes at once instead of waiting on a dead server, then reconnects. Administrative calls (`namespaces`, `stats`,
 `verify`, `delete_namespace`, ...) raise `StoreError` on a fault: their caller must know the answer is missing.
+
+A server that loses its data (a restart without persistence, a FLUSHALL) loses the format record too: every put
+checks it inside its script, and a writer that finds it gone stops writing (each batch refused whole and counted
+in `format_lost`) and says so once, in one line on the `kvcache_redis` logger, until `kvc init` creates the store
+again. Writing on would fill a prefix that is no store with pages whose parents and registry are gone.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import math
+import re
 import threading
 import time
 from collections import Counter
@@ -55,6 +63,8 @@ from kvcache.storage.base import (PAGE_HASH_BYTES, TOKEN_BYTES, AccessPolicy, Ca
                                   out_views_for, page_bytes)
 
 from . import scripts
+
+log = logging.getLogger("kvcache_redis")
 
 FORMAT_MAGIC = "kvc-store"
 FORMAT_VERSION = 1
@@ -135,12 +145,36 @@ class _Url(msgspec.Struct, frozen=True):
     shown: str  # the URL with any password replaced by ***
 
 
+MAX_SECONDS = 3600.0  # the longest timeout or backoff a URL may ask for
+
+
+def _redacted(location: str) -> str:
+    """`location` with any password replaced by *** (for error messages about a URL that did not parse)."""
+    return re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", location)
+
+
+def _seconds(name: str, value: Any) -> float:
+    """A URL's number of seconds: finite, > 0 and at most MAX_SECONDS."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise InvalidInput(f"{name} must be a number of seconds, got {value!r}") from None
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
+        raise InvalidInput(f"{name} must be > 0 and at most {MAX_SECONDS:g} seconds, got {value!r}")
+    return seconds
+
+
 def _parse_url(location: str, overrides: dict[str, Any]) -> _Url:
-    parts = urlsplit(location)
+    try:
+        parts = urlsplit(location)
+        hostname, _ = parts.hostname, parts.port  # both parse lazily: a bad host or port raises here
+    except ValueError as exc:
+        raise InvalidInput(f"{_redacted(location)}: not a usable store URL ({exc})") from None
     scheme = parts.scheme.lower()
     if scheme not in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
-        raise InvalidInput(f"{location!r}: not a redis://, rediss://, redis+cluster:// or rediss+cluster:// URL")
-    if not parts.hostname:
+        raise InvalidInput(f"{_redacted(location)!r}: not a redis://, rediss://, redis+cluster:// or "
+                           f"rediss+cluster:// URL")
+    if not hostname:
         raise InvalidInput(f"{scheme}:// URL without a host")
     cluster = scheme.endswith("+cluster")
     base = scheme.split("+")[0]
@@ -159,15 +193,12 @@ def _parse_url(location: str, overrides: dict[str, Any]) -> _Url:
                 raise InvalidInput("the key prefix must be a non-empty string")
             fields[name] = value
         else:
-            try:
-                fields[name] = float(value)
-            except (TypeError, ValueError):
-                raise InvalidInput(f"{name} must be a number of seconds, got {value!r}") from None
-            if fields[name] <= 0:
-                raise InvalidInput(f"{name} must be > 0, got {value!r}")
+            fields[name] = _seconds(name, value)
     path = parts.path
     if cluster and path.strip("/") not in ("", "0"):
         raise InvalidInput("a Redis Cluster has database 0 only: drop the /db part of the URL")
+    if not cluster and not re.fullmatch(r"/?(\d{1,6})?", path):
+        raise InvalidInput(f"{path!r}: the database of a redis:// URL is a number, as in redis://host:6379/0")
     client_url = urlunsplit((base, parts.netloc, "" if cluster else path, urlencode(rest), ""))
     netloc = parts.netloc
     if parts.password is not None:
@@ -240,6 +271,7 @@ class RedisStore:
         self._counts = {name: 0 for name in StoreCounters.__struct_fields__ if name != "pending_access"}
         self._down_until = 0.0  # monotonic time before which data calls do not try the server
         self._backoff = 0.0
+        self._gone = False  # the last put found the format record gone (said once until a put succeeds)
         self._closed = False
         p = self.prefix.encode()
         self._k_format, self._k_layouts, self._k_nsidx = p + b"format", p + b"layouts", p + b"nsidx"
@@ -412,6 +444,9 @@ class RedisStore:
         n = len(outs)
         if n == 0:
             return 0
+        if self.layout is not None and any(len(out) != self.layout.bytes_per_page for out in outs):
+            raise InvalidInput(f"get_into needs out views of {self.layout.bytes_per_page} bytes (a page of layout "
+                               f"{self.layout.describe()}), got {sorted({len(o) for o in outs})}")
         client = self._live()
         done = 0
         ns_hex = ""
@@ -432,11 +467,14 @@ class RedisStore:
         for h, out, (value, ns) in zip(hashes, outs, replies):
             if value is None or ns is None or (corrupt and h in corrupt):
                 break
-            if len(value) - _HEADER != len(out):
-                raise InvalidInput(f"page {h.hex()} holds {len(value) - _HEADER} bytes, its out view {len(out)}")
-            out[:] = memoryview(value)[_HEADER:]
-            # Checked on the copy, still in cache: what the caller got is what was verified.
-            if _checksum(out, h) != int.from_bytes(value[:_HEADER], "little"):
+            # A stored size other than a page's (the out views were checked above) is a damaged record: a miss,
+            # quarantined like a checksum failure. Checked on the copy, still in cache: what the caller got is
+            # what was verified.
+            bad = len(value) - _HEADER != len(out)
+            if not bad:
+                out[:] = memoryview(value)[_HEADER:]
+                bad = _checksum(out, h) != int.from_bytes(value[:_HEADER], "little")
+            if bad:
                 with self._lock:
                     corrupt[h] = hashlib.sha1(value).hexdigest()
                     self._counts["checksum_failures"] += 1
@@ -649,6 +687,8 @@ class RedisStore:
                 written, existing = self._put_batch(client, hashes, values, metas, origins, roots, now)
             self._ok()
         except redis.ResponseError as exc:
+            if str(exc).startswith("KVCNOSTORE"):
+                return self._store_gone(len(hashes))
             if str(exc).startswith("KVCNS"):
                 _, i, stored = str(exc).split()[:3]
                 raise _foreign_parent(hashes[int(i)], origins[int(i)], stored == "stored") from None
@@ -662,7 +702,22 @@ class RedisStore:
             c = self._counts
             c["pages_written"] += written
             c["pages_existing"] += existing
+            back, self._gone = self._gone, False
+        if back:
+            log.warning("%s: the store's format record is back; writing again", self.location)
         return PutResult(written, existing, 0, 0, written * nbytes)
+
+    def _store_gone(self, n: int) -> PutResult:
+        """The format record is gone (the server lost its data, or the store was deleted): the batch is refused
+        whole and counted (`format_lost`), and it is said once, in one line, until a put succeeds again."""
+        with self._lock:
+            self._counts["format_lost"] += 1
+            self._counts["pages_rejected"] += n
+            first, self._gone = not self._gone, True
+        if first:
+            log.error("%s: the store's format record under prefix %r is gone (the server lost its data?); writes "
+                      "stop until `kvc init` creates the store again", self.location, self.prefix)
+        return PutResult(0, 0, n, 0, 0)
 
     def _failed_put(self, n: int, error: BaseException | None = None, fault: bool = True) -> PutResult:
         """A batch not stored: `rejected` whole. `error`: the fault (counted in write_errors); None with `fault`
@@ -695,6 +750,7 @@ class RedisStore:
             fresh.add(h)
             keys += [self._pk(h), self._ck(o.parent), self._pk(o.parent)]
             args += [h, v, m, ns_order[o.namespace.id], o.parent.hex(), "1" if is_root else "0", "1" if check else "0"]
+        keys.append(self._k_format)
         written, existing = self._call(self._s_put_batch, keys, args, client)
         return int(written), int(existing)
 
@@ -702,6 +758,10 @@ class RedisStore:
                      origins: Sequence[PageOrigin], roots: dict[bytes, bytes], now: float) -> tuple[int, int]:
         # The parent check reads first (another slot than the page): a race with a concurrent writer of the
         # parent can only make it miss a wrong parent that a content-addressed hash already rules out.
+        # The format record lives in another slot than the pages: checked first, not atomically with the writes
+        # (a loss between the check and the writes leaves pages that verify reports as orphans).
+        if not client.exists(self._k_format):
+            raise redis.ResponseError("KVCNOSTORE the format record is gone")
         fresh = set(hashes)
         to_check = [(i, o.parent) for i, o in enumerate(origins)
                     if o.parent != roots[o.namespace.id] and o.parent not in fresh]
@@ -731,8 +791,8 @@ class RedisStore:
             if o.parent == roots[o.namespace.id]:
                 acc[3] = o.parent.hex()
         for ns, n, b, root in per_ns.values():
-            self._call(self._s_ns_adjust, [self._nk(ns.id_hex)], [_enc.encode(ns.info(self.fingerprint_key)), repr(now), n, b, root],
-                       pipe)
+            self._call(self._s_ns_adjust, [self._nk(ns.id_hex)],
+                       [_enc.encode(ns.info(self.fingerprint_key)), repr(now), n, b, root], pipe)
             pipe.sadd(self._k_nsidx, ns.id_hex)
         if written_idx:
             pipe.execute()
@@ -1254,9 +1314,24 @@ def _connect(url: _Url, redis_options: dict[str, Any]) -> Any:
             from redis.cluster import RedisCluster
 
             return RedisCluster.from_url(url.client_url, **kwargs)
-        return redis.Redis.from_url(url.client_url, retry_on_timeout=False, **kwargs)
+        client = redis.Redis.from_url(url.client_url, retry_on_timeout=False, **kwargs)
+        # redis-py checks some options only when it builds a connection: build one now (no I/O) so a bad option
+        # is an error of the URL, not of the first command.
+        client.connection_pool.make_connection().disconnect()
+        return client
     except _FAULTS as exc:
         raise StoreError(url.shown, f"cannot reach the server: {exc}") from None
+    except (ValueError, TypeError, redis.RedisError) as exc:
+        raise InvalidInput(f"{url.shown}: unusable connection option in the URL ({_option_error(exc)})") from None
+
+
+def _option_error(exc: BaseException) -> str:
+    """redis-py's complaint about a URL option, in the URL's terms."""
+    text = str(exc)
+    m = re.search(r"unexpected keyword argument '(\w+)'", text)
+    if m:
+        return f"{m.group(1)} is not an option of this kind of connection (TLS options need rediss://)"
+    return text
 
 
 def _foreign_parent(page_hash: bytes, origin: PageOrigin, stored: bool) -> InvalidInput:
