@@ -251,6 +251,26 @@ def test_admin_errors_are_one_line_and_exit_2(served, tmp_path):
         in other.stderr
 
 
+def test_a_live_ns_drop_offboards_a_tenant_from_every_tier_without_writing_back(tmp_path, template):
+    store = shutil.copytree(template, tmp_path / "store")
+    server = Server(str(store), str(tmp_path / "s.sock"), "--write-policy", "write_back")
+    try:
+        sock = server.sock
+        kvc("--socket", sock, "prefetch", "--extra-key", "t1", "--salt", SALT, check_rc=0)  # t1 in L2 as well
+        assert _ns_row(sock, "t1")["host"]["tokens"] == 84
+        doc = as_json(invoke("--socket", sock, "ns", "drop", "t1", "--salt", SALT, "--yes", "--json"))
+        assert doc["host_pages"] == 21 and doc["store_pages"] == 21 and doc["live_requests"] == 0
+        listed = {r["extra_key"] for r in as_json(invoke("--socket", sock, "ns", "ls", "--json"))["namespaces"]}
+        assert "t1" not in listed and "t2" in listed  # gone from L1, L2 and L3; nothing was written back
+        again = invoke("--socket", sock, "ns", "drop", "t1", "--salt", SALT, "--yes", "--missing-ok")
+        assert again.exit_code == 0  # a second run of an offboarding succeeds
+        assert invoke("--socket", sock, "ns", "drop", "t1", "--salt", SALT, "--yes").exit_code == 2
+        by_id = invoke("--socket", sock, "ns", "drop", "--id", "0123456789abcdef", "--yes")
+        assert by_id.exit_code == 2 and "EXTRA_KEY and its salt" in by_id.stderr
+    finally:
+        assert server.stop() == 0
+
+
 def test_sigterm_stops_cleanly_a_live_socket_is_refused_a_stale_one_taken_over(tmp_path, template):
     store = str(shutil.copytree(template, tmp_path / "store"))
     sock = str(tmp_path / "s.sock")

@@ -49,3 +49,19 @@ def test_a_live_replay_whose_rids_collide_with_the_engines_holds_verifies_clean(
     c.release("r1")
     assert c.audit().ok
     c.close()
+
+
+def test_a_live_namespace_drop_empties_every_tier_and_writes_nothing_back(store):
+    from kvcache.admin_protocol import DropRequest
+    from kvcache.config import WritePolicy
+
+    c = l3_cache(store, write_policy=WritePolicy.WRITE_BACK)
+    replay(c, [TraceRequest(f"d{i}", PROMPT + [i] * 8 + [7] * 8, "t1", SALT) for i in range(3)])
+    c.evict(device_tokens=40)  # write-back: some pages only in L2 now, not in L3 yet
+    dropped = execute(c, DropRequest("t1", SALT))
+    assert dropped.namespace == T1.info() and dropped.store_pages > 0
+    assert dropped.device_pages + dropped.host_pages > 0 and dropped.live_requests == 0
+    c.flush()
+    assert T1.id_hex not in {r.ns_id_hex for r in store.namespaces()}
+    assert c.match(Request("p", PROMPT, T1)).device_tokens == 0 and c.audit().ok
+    c.close()
