@@ -36,6 +36,13 @@ def write(cache, rid, tokens, ns):
     return req
 
 
+def hot_prefixes(cache):
+    """Every tenant's 2-page prefix is committed on the device (all 8 pages of the 8-page pools below)."""
+    for i, ns in enumerate(TENANTS):
+        write(cache, f"p{i}", prefix(i), ns)
+    cache.flush()
+
+
 def seed_l3(store):
     """An earlier process wrote every tenant's whole sequence (prefix + suffix) to L3."""
     w = l3_cache(store, device_tokens=64 * PS, host_tokens=64 * PS)
@@ -51,9 +58,7 @@ def test_waiting_prefetches_do_not_starve_the_prefetching_requests_own_admit(sto
     span is used, not dropped as unattached (on the old main: POOL_FULL, and in buffer mode 'unattached')."""
     seed_l3(store)
     c = l3_cache(store, device_tokens=8 * PS, host_tokens=64 * PS, host_mode=mode)
-    for i, ns in enumerate(TENANTS):  # every tenant's prefix is hot on the device: 8 of 8 pages
-        write(c, f"p{i}", prefix(i), ns)
-    c.flush()
+    hot_prefixes(c)
     reqs = [Request(f"r{i}", prefix(i) + suffix(i), ns) for i, ns in enumerate(TENANTS)]
     for r in reqs:
         c.prefetch(r)
@@ -95,9 +100,7 @@ def test_buffer_mode_device_holds_are_capped(store):
     seed_l3(store)
     c = l3_cache(store, device_tokens=8 * PS, host_tokens=64 * PS, host_mode=HostMode.BUFFER,
                  prefetch_max_device_tokens=4 * PS)
-    for i, ns in enumerate(TENANTS):
-        write(c, f"p{i}", prefix(i), ns)
-    c.flush()
+    hot_prefixes(c)
     out = [c.prefetch(Request(f"r{i}", prefix(i) + suffix(i), ns)) for i, ns in enumerate(TENANTS)]
     assert [o.issued for o in out] == [True, True, False, False]
     assert {o.reason for o in out[2:]} == {DeclineReason.DEVICE_LIMIT}
@@ -113,9 +116,7 @@ def test_admission_reclaims_buffer_mode_holds_youngest_first_as_a_last_resort(st
     seed_l3(store)
     c = l3_cache(store, device_tokens=8 * PS, host_tokens=64 * PS, host_mode=HostMode.BUFFER,
                  prefetch_max_device_tokens=8 * PS)
-    for i, ns in enumerate(TENANTS):
-        write(c, f"p{i}", prefix(i), ns)
-    c.flush()
+    hot_prefixes(c)
     for i, ns in enumerate(TENANTS):
         assert c.prefetch(Request(f"r{i}", prefix(i) + suffix(i), ns)).issued
     c.flush()
