@@ -7,8 +7,8 @@ owner per page; a slot's owner is its page's owner.
 Ledger moves (`alloc`, `transfer`, `free`, `disperse`) validate their arguments (`InvalidInput`: a count that is
 negative, not an int or more than the pool; pages that are not a 1-D integer array inside the pool; parts that do
 not partition the holding), then check the current owner of every page, vectorised, and raise `OwnershipError` /
-`DoubleFree` — all before changing anything. With ``ledger=False`` the owner checks and records are skipped
-(benchmarks measure the ledger's cost against that); the argument checks and the allocator are the same.
+`DoubleFree`; a move that raises leaves the pool as it was. With ``ledger=False`` the owner checks and records are
+skipped (benchmarks measure the ledger's cost against that); the argument checks and the allocator are the same.
 """
 
 from __future__ import annotations
@@ -89,11 +89,13 @@ class SlotPool:
     def alloc(self, n: int, owner: int) -> np.ndarray | None:
         """Take `n` free pages for `owner` (a ledger code). None when fewer than `n` are free: a full pool is an
         expected outcome, not an error."""
-        if type(n) is not int or not 0 <= n <= self.num_pages:
+        if type(n) is not int or n < 0:
             n = self._count(n)
-        if n > self._top:
-            return None
         top = self._top
+        if n > top:
+            if n > self.num_pages:
+                self._count(n)  # raises: more than the pool could ever give
+            return None
         pages = self._stack[top - n: top].copy()
         self._top = top - n
         if self.ledger:
@@ -103,51 +105,54 @@ class SlotPool:
 
     def transfer(self, pages: np.ndarray, src: int, dst: int) -> None:
         """Move `pages` from owner `src` to owner `dst`; every page must be owned by `src`."""
-        self._check_pages(pages, "transfer")
-        if self.ledger and len(pages):
-            self._check(pages, src, "transfer")
-            self._owner[pages] = dst
+        if self.ledger:
+            if self._check(pages, src, "transfer"):
+                self._owner[pages] = dst
+        else:
+            self._check_pages(pages, "transfer")
 
     def disperse(self, pages: np.ndarray, owner: int, parts: list[tuple[int, int]]) -> None:
         """Move a holding of `owner`, exactly as `alloc` returned it, to several owners at once: `parts` lists
         ``(end, new_owner)`` for consecutive ranges of `pages` ([previous end, end), the last end = len(pages));
-        FREE_CODE returns a range to the free list. One ownership check covers every range, and the ranges
-        partition `pages` by construction; the pages are distinct because one `alloc` produced them."""
-        self._check_pages(pages, "disperse")
-        start = 0
-        for end, _ in parts:
-            if type(end) is not int or end < start:
-                break
-            start = end
-        if not parts or start != len(pages):
-            raise InvalidInput(f"{self.name} pool: disperse parts {[end for end, _ in parts]} do not partition a "
-                               f"holding of {len(pages)} pages")
-        if self.ledger and len(pages):
+        FREE_CODE returns a range to the free list. One ownership check covers every range. Parts that do not
+        partition `pages` are InvalidInput, and leave the pool as it was."""
+        if self.ledger:
             self._check(pages, owner, "disperse")
-        start = 0
-        for end, dst in parts:
-            part = pages[start:end]
-            start = end
-            if not len(part):
-                continue
-            if dst == FREE_CODE:
-                if self.ledger:
-                    self._owner[part] = FREE_CODE
-                top = self._top
-                self._stack[top: top + len(part)] = part
-                self._top = top + len(part)
-            elif self.ledger:
-                self._owner[part] = dst
+        else:
+            self._check_pages(pages, "disperse")
+        start, top0 = 0, self._top
+        try:
+            for end, dst in parts:
+                if end < start:
+                    raise ValueError
+                part = pages[start:end]
+                start = end
+                if not len(part):
+                    continue
+                if dst == FREE_CODE:
+                    if self.ledger:
+                        self._owner[part] = FREE_CODE
+                    top = self._top
+                    self._stack[top: top + len(part)] = part
+                    self._top = top + len(part)
+                elif self.ledger:
+                    self._owner[part] = dst
+            if start != len(pages):
+                raise ValueError
+        except (ValueError, TypeError):
+            # undo what the loop did: every page was owner's (checked above); the stack above top0 is free space
+            if self.ledger:
+                self._owner[pages] = owner
+            self._top = top0
+            raise InvalidInput(f"{self.name} pool: disperse parts {[p[0] for p in parts]} do not partition a "
+                               f"holding of {len(pages)} pages") from None
 
     def free(self, pages: np.ndarray, owner: int) -> None:
         """Return `pages`, owned by `owner`, to FREE."""
-        self._check_pages(pages, "free")
-        k = len(pages)
-        if not k:
-            return
         if self.ledger:
-            ledger = self._owner
-            self._check(pages, owner, "free")
+            if not self._check(pages, owner, "free"):
+                return
+            k = len(pages)
             # A page listed twice would land on the free stack twice and later be handed to two owners.
             mark, ids = self._mark, self._arange[:k]
             mark[pages] = ids
@@ -155,7 +160,10 @@ class SlotPool:
                 dup = int(pages[int(np.flatnonzero(mark[pages] != ids)[0])])
                 raise DoubleFree(self.name, "free", dup, self._slot_range(dup), describe_code(owner),
                                  "the same free (page listed twice)", 1)
-            ledger[pages] = FREE_CODE
+            self._owner[pages] = FREE_CODE
+        else:
+            self._check_pages(pages, "free")
+            k = len(pages)
         top = self._top
         self._stack[top: top + k] = pages
         self._top = top + k
@@ -184,11 +192,17 @@ class SlotPool:
             raise InvalidInput(f"{self.name} pool: {op} needs a 1-D integer array of pages in "
                                f"0..{self.num_pages - 1}, got {_describe(pages)}")
 
-    def _check(self, pages: np.ndarray, owner: int, op: str) -> None:
-        # Compared as bytes: one gather and one memcmp, several times cheaper than (a != b).any() on small arrays.
-        current = self._owner[pages]
-        if current.tobytes() != owner.to_bytes(8, "little") * len(pages):
-            raise self._mismatch(op, pages, current, owner)
+    def _check(self, pages: np.ndarray, owner: int, op: str) -> int:
+        """Check `pages` (as `_check_pages`) and that `owner` owns each of them; returns how many there are."""
+        self._check_pages(pages, op)
+        n = len(pages)
+        if n:
+            # Compared as bytes: one gather and one memcmp, several times cheaper than (a != b).any() on small
+            # arrays.
+            current = self._owner[pages]
+            if current.tobytes() != owner.to_bytes(8, "little") * n:
+                raise self._mismatch(op, pages, current, owner)
+        return n
 
     def _slot_range(self, page: int) -> tuple[int, int]:
         return page * self.page_size, page * self.page_size + self.page_size - 1

@@ -322,10 +322,10 @@ class RadixTree:
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self._protect(node, False)
-                if parent is root:  # a namespace root
-                    self._reclaim_namespace_root(node)
-                else:
+                if parent is not root:
                     self.offer(node)
+                elif not node.children:  # a namespace root that holds nothing now
+                    self._reclaim_namespace_root(node)
             node = parent  # type: ignore[assignment]
 
     def hold(self, node: TreeNode, tier: Tier) -> None:
