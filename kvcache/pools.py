@@ -184,7 +184,7 @@ class SlotPool:
         # negative page is huge, so one max() bounds both ends.
         try:
             # argmax, not max: a reduction's setup costs several times an argmax over a few hundred pages
-            u = pages.view(_UNSIGNED[pages.dtype])
+            u = pages.view(np.uint64) if pages.dtype is _INT64 else pages.view(_UNSIGNED[pages.dtype])
             bad = u.ndim != 1 or (len(u) and u[u.argmax()] >= self.num_pages)
         except (AttributeError, KeyError, TypeError):  # not an array, or not of an integer dtype
             bad = True
@@ -221,6 +221,7 @@ class SlotPool:
 
 
 
+_INT64 = np.dtype(np.int64)  # what alloc returns, and every holding made from its pages
 # The unsigned view of each integer dtype (same width, no copy): a negative page reads as out of range.
 _UNSIGNED = {np.dtype(t): np.dtype(t).str.replace("i", "u") for t in (np.int8, np.int16, np.int32, np.int64,
                                                                       np.uint8, np.uint16, np.uint32, np.uint64)}
