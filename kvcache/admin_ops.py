@@ -87,7 +87,8 @@ def namespace_tiers(cache: "TieredCache", namespace: Namespace) -> NamespaceTier
     """What `namespace` holds in L1, L2 (the tree) and L3 (the store's registry) now."""
     row = _tree_pages(cache, namespace).get(namespace.id, [namespace, 0, 0])
     rec = _stored(cache).get(namespace.id_hex)
-    stored = TierUse(rec.pages, rec.pages * cache.page_size, rec.bytes) if rec is not None else TierUse()  # type: ignore
+    stored = (TierUse(rec.pages, rec.pages * cache.page_size, rec.bytes)  # type: ignore[union-attr]
+              if rec is not None else TierUse())
     return NamespaceTiers(_use(cache, row[1]), _use(cache, row[2]), stored)
 
 

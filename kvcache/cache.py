@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import time
 from typing import TYPE_CHECKING
 
@@ -35,8 +36,8 @@ import torch
 
 from .audit import AuditReport, audit_cache
 from .config import CacheConfig, HostMode, PrefetchPolicy
-from .errors import (CacheClosed, InvalidConfig, InvariantViolation, LayoutMismatch, NamespaceMismatch,
-                     RequestIdInUse, UnknownRequest)
+from .errors import (CacheClosed, InvalidConfig, InvalidInput, InvariantViolation, LayoutMismatch,
+                     NamespaceMismatch, RequestIdInUse, UnknownRequest)
 from .io_worker import IOWorker
 from .keys import TOKEN_BYTES, RadixKey, page_hashes
 from .namespace import Namespace, NamespaceInfo
@@ -593,10 +594,18 @@ class TieredCache:
         L2 before traffic arrives. `policy` / `timeout_ms` replace the configured ones for this call (the admin
         socket's prefetch waits for what an operator asked for, whatever the engine's policy)."""
         self._check_open("settle_prefetch")
+        if timeout_ms is not None and not 0 <= timeout_ms < math.inf:
+            raise InvalidInput(f"timeout_ms={timeout_ms} must be >= 0 and finite")
         op = self._prefetches.pop(rid, None)
         if op is None:
             raise UnknownRequest(rid, "has no prefetch to settle")
-        inserted = self._settle_prefetch(op, policy, timeout_ms)
+        try:
+            inserted = self._settle_prefetch(op, policy, timeout_ms)
+        except BaseException:  # the op is out of the table: give back what it holds, or nobody ever will
+            if op.state is not PrefetchState.FINISHED:
+                op.terminate()
+                self._give_back(op, DropReason.ABORTED)
+            raise
         return SettledPrefetch(rid, op.id, op.hit, op.fetched, inserted, rid in self._staged,
                                time.monotonic() - op.created, op.namespace.info())
 
@@ -749,7 +758,8 @@ class TieredCache:
                 budget = max(0.0, op.created + budget / 1000 - time.monotonic())
             deadline = None if budget is None else time.monotonic() + budget
             while op.job is not None:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                # one wait at most an hour (a condition wait overflows past ~9e9 s); the loop goes on to the end
+                left = None if deadline is None else min(3600.0, max(0.0, deadline - time.monotonic()))
                 if not self._io.wait(op.job, left):
                     break
                 self._take_io_jobs()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 
 import msgspec
 
@@ -100,8 +101,8 @@ class CacheConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise InvalidConfig("write_back needs a host tier (host_tokens > 0)")
         for name in ("prefetch_threshold_tokens", "prefetch_retries", "prefetch_timeout_ms",
                      "prefetch_timeout_per_page_ms", "prefetch_retry_interval_ms"):
-            if getattr(self, name) < 0:
-                raise InvalidConfig(f"{name}={getattr(self, name)} must be >= 0")
+            if not 0 <= getattr(self, name) < math.inf:  # nan and inf too: a wait needs a finite budget
+                raise InvalidConfig(f"{name}={getattr(self, name)} must be >= 0 and finite")
         for name in ("prefetch_max_host_tokens", "prefetch_max_device_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise InvalidConfig(f"{name}={getattr(self, name)} must be >= 0")

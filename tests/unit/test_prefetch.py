@@ -321,3 +321,25 @@ def test_a_namespace_drop_never_writes_back(store, store_first):
     assert c.match(Request("q", TOKENS, T2)).device_tokens == 64
     assert c.audit().ok
     c.close()
+
+
+def test_a_settle_with_an_infinite_or_huge_timeout_holds_nothing_afterwards(store):
+    """timeout_ms=inf used to raise OverflowError inside the wait, after the op had left the table: its host
+    pages leaked to op:prefetch for the life of the cache."""
+    from kvcache import InvalidInput
+
+    warm(store)
+    c = l3_cache(store, io_thread=True)
+    req = Request("r", TOKENS, T1)
+    assert c.prefetch(req).issued
+    for bad in (float("inf"), float("nan"), -5.0):
+        with pytest.raises(InvalidInput):
+            c.settle_prefetch("r", PrefetchPolicy.TIMEOUT, bad)
+    assert c.holds("r")  # refused before anything moved
+    settled = c.settle_prefetch("r", PrefetchPolicy.TIMEOUT, 1e13)  # finite, past a condition wait's range
+    assert settled.fetched_pages == 16 and c.audit().ok
+    c.close()
+    from kvcache import CacheConfig, InvalidConfig
+
+    with pytest.raises(InvalidConfig, match="finite"):
+        CacheConfig(make_layout(4), device_tokens=64, prefetch_timeout_ms=float("inf"))
