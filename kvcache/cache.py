@@ -1009,8 +1009,6 @@ class TieredCache:
         """Make room for an admission of `total_pages` pages whose device prefix is `m`'s (locked by the caller),
         in the documented order: evict; wait for in-flight copies and evict again; then, only when that makes the
         room, cancel prefetch holds youngest first. False, with nothing cancelled, when the room is not there."""
-        if m.host_node is m.device_node:
-            return self._make_device_room(total_pages - len(m.device_pages), keep)
         host_nodes = self._host_only_path(m)
         _pin(host_nodes, +1)  # the request's host extension survives write-back's host evictions
         try:
