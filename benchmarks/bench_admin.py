@@ -5,8 +5,8 @@
     at a time on one connection for a fixed count: `ping` (the protocol alone), `stats`, `ns ls` (walks the tree and
     the store's registry), `audit` (the whole ownership partition). Reported as round trips/s, against a raw Unix
     socket echo of a ping-sized frame between the same two processes, measured in the same run.
-(2) Replay impact: the same trace replayed by the cache's owner thread (`kvcache.replay.Replayer`, calling
-    `poll_admin()` between its steps, as an engine loop would), each run on a fresh cache over the filled store,
+(2) Replay impact: the same trace replayed by the cache's owner thread (`kvcache.workload.replay.Replayer`, calling
+    `server.poll()` between its steps, as an engine loop would), each run on a fresh cache over the filled store,
     alternating: no client, then 1 and 4 client processes looping `stats` as fast as answers come back. Reported as
     requests/s and the ratio to the run without clients, and how many admin requests were answered meanwhile.
 
@@ -30,10 +30,9 @@ import threading
 from pathlib import Path
 
 import torch
-
 from _report import machine, publish, table
-from kvcache import CacheConfig, KVLayout, TieredCache, WorkloadSpec, generate
-from kvcache.replay import Replayer
+
+from kvcache import AdminServer, CacheConfig, KVLayout, Replayer, TieredCache, WorkloadSpec, generate
 from kvcache.storage.base import open_store
 
 LAYOUT = KVLayout("bench-admin@r1", layers=2, kv_heads=2, head_dim=32, dtype="float16", page_size=16)
@@ -42,10 +41,10 @@ DEVICE_TOKENS, HOST_TOKENS = 32768, 65536
 # The client side, run in its own process so that its work does not share the server's interpreter lock.
 CLIENT = textwrap.dedent("""
     import json, socket, struct, sys, time, os
-    from kvcache.admin import AdminClient
-    from kvcache.admin_protocol import (AuditRequest, LiveStats, NamespaceList, NamespacesRequest, PingRequest,
+    from kvcache.live.client import AdminClient
+    from kvcache.live.protocol import (AuditRequest, LiveStats, NamespaceList, NamespacesRequest, PingRequest,
                                         ServerInfo, StatsRequest)
-    from kvcache.audit import AuditReport
+    from kvcache.diagnostics.audit import AuditReport
     mode, path, arg = sys.argv[1], sys.argv[2], sys.argv[3]
     KINDS = {"ping": (PingRequest(), ServerInfo), "stats": (StatsRequest(), LiveStats),
              "ns_ls": (NamespacesRequest(), NamespaceList), "audit": (AuditRequest(), AuditReport)}
@@ -119,11 +118,12 @@ def round_trips(store, scratch: str, n: int) -> dict[str, float]:
     cache = _cache(store)
     Replayer(cache).run(generate(WorkloadSpec(requests=500, tenants=4, seed=3)))  # a populated tree to inspect
     path = f"{scratch}/rt.sock"
-    cache.serve_admin(path, standalone=True)
+    server = AdminServer(cache, path).start_owner_thread()
     try:
         out = json.loads(_client("count", path, str(n), "ping,stats,ns_ls,audit").communicate()[0])
         nodes = cache.tree.node_count
     finally:
+        server.close()
         cache.close()
     rates = {kind: r["n"] / r["seconds"] for kind, r in out.items()}
     rates["nodes"] = nodes
@@ -141,20 +141,21 @@ def replay_impact(store, scratch: str, n_requests: int, repeat: int) -> dict[int
             cache = _cache(store)
             path = f"{scratch}/replay-{rep}-{clients}.sock"
             stop = Path(f"{scratch}/stop-{rep}-{clients}")
-            cache.serve_admin(path)
+            server = AdminServer(cache, path)
             procs = [_client("hammer", path, str(stop)) for _ in range(clients)]
             for p in procs:  # each client has started (imports done) before the replay starts
                 assert p.stdout.readline().strip() == "ready"
             gc.collect()
-            report = Replayer(cache).run(trace, progress=lambda _: cache.poll_admin())
+            report = Replayer(cache).run(trace, progress=lambda _: server.poll())
             stop.touch()
             answered = 0
             while any(p.poll() is None for p in procs):
-                cache.poll_admin(0.01)
+                server.poll(0.01)
             for p in procs:
                 answered += json.loads(p.stdout.read())["n"]
             assert report.audit.ok and report.requests == n_requests, report.audit
             runs[clients].append((report.requests_per_s, answered, report.seconds))
+            server.close()
             cache.close()
     base = statistics.median(r[0] for r in runs[0])
     return {clients: {"rps": statistics.median(r[0] for r in rs),
@@ -186,7 +187,7 @@ def main() -> int:
         "## Admin socket: round trips, and their cost to a replay in the same process (`benchmarks/bench_admin.py`)",
         "",
         f"Machine: {machine()}. One client process, one request at a time on one connection, the cache's owner "
-        f"loop on a helper thread (`serve_admin(standalone=True)`); a tree of {int(rt['nodes']):,} nodes in "
+        f"loop on a helper thread (`AdminServer(cache, path).start_owner_thread()`); a tree of {int(rt['nodes']):,} nodes in "
         f"4 namespaces over an LMDB store. Baseline: a raw Unix-socket echo of a ping-sized frame between the same "
         f"two processes, same run.",
         "",
@@ -194,7 +195,7 @@ def main() -> int:
               [["raw echo (baseline)", f"{echo:,.0f}", "1.00x"]]
               + [[names[k], f"{rt[k]:,.0f}", f"{rt[k] / echo:.2f}x"] for k in names]),
         "",
-        f"Replay impact: a {args.requests:,}-request, 4-tenant trace replayed by the owner thread, `poll_admin()` "
+        f"Replay impact: a {args.requests:,}-request, 4-tenant trace replayed by the owner thread, `server.poll()` "
         f"between steps (batch 4), L1 {DEVICE_TOKENS:,} / L2 {HOST_TOKENS:,} tokens, L3 already holding the "
         f"trace; median of {args.repeat}. Clients loop `stats` in their own processes; a request waits for the "
         f"next step boundary, so each client gets about one answer per step.",

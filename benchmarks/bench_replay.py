@@ -5,7 +5,7 @@
     hash prescribes) — for pages seen before (digest remembered: the steady state of a cache) and at first sight
     (digest computed from the regenerated page) — against the copy it checks: `copy_pages` host -> device of the
     same pages (the load-back path), and a plain memcpy of the same bytes. All in the same run; best of R.
-(2) Replay: the synthetic multi-tenant generator (`kvc generate` defaults) replayed by `kvcache.replay` on an
+(2) Replay: the synthetic multi-tenant generator (`kvc generate` defaults) replayed by `kvcache.workload.replay` on an
     LMDB store (temporary), default `kvc replay` tiers (L1 16,384 / L2 65,536 tokens, timeout prefetch policy,
     write-through): with --verify and without (the ratio is verify's share of the job), and with the ownership
     ledger switched off (the ledger's share). Requests/s and tokens/s. One torch thread, as `kvc` runs.
@@ -24,10 +24,10 @@ import time
 
 import numpy as np
 import torch
-
 from _report import machine, publish, table
-from kvcache import CacheConfig, KVLayout, Namespace, RadixKey, SyntheticKV, TieredCache, WorkloadSpec, generate
-from kvcache import page_hashes, replay
+
+from kvcache import (CacheConfig, KVLayout, Namespace, RadixKey, SyntheticKV, TieredCache, WorkloadSpec, generate,
+                     page_hashes, replay)
 from kvcache.pools import SlotPool
 from kvcache.storage.base import open_store
 from kvcache.transfer import copy_pages

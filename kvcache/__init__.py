@@ -6,8 +6,6 @@ Start with `TieredCache(CacheConfig(layout=KVLayout(...), device_tokens=..., hos
 """
 
 import importlib
-import sys
-import types
 
 from .errors import (AdminBadFrame, AdminError, AdminProtocolMismatch, AdminRemoteError, AdminShuttingDown,
                      AdminSocketInUse, AdminTimeout, AdminUnavailable, AdminUntrusted, CacheClosed, DoubleFree,
@@ -19,25 +17,27 @@ from .errors import (AdminBadFrame, AdminError, AdminProtocolMismatch, AdminRemo
 # Where each public name lives. They are imported on first use (PEP 562), so that `import kvcache.namespace`,
 # or a kvc command that only reads a store, does not pay for torch (seconds) and the cache behind it.
 _LAZY: dict[str, tuple[str, ...]] = {
-    "admin": ("AdminClient", "AdminServer"),
-    "audit": ("AuditReport", "Violation", "ViolationKind"),
+    "diagnostics.audit": ("AuditReport", "Violation", "ViolationKind"),
     "cache": ("Admission", "AdmitStatus", "CommitResult", "EvictResult", "Headroom", "NamespaceDrop", "TieredCache",
               "TierRoom"),
     "config": ("CacheConfig", "HostMode", "PrefetchPolicy", "WritePolicy"),
     "keys": ("RadixKey", "page_hashes"),
-    "kvdata": ("SyntheticKV",),
     "layout": ("KVLayout",),
     "namespace": ("Namespace", "NamespaceInfo"),
     "owners": ("Owner", "OwnerKind"),
     "prefetch": ("CancelReason", "DeclineReason", "DropReason", "PrefetchOutcome", "SettledPrefetch"),
-    "replay": ("NamespaceReplay", "Replayer", "ReplayReport", "TierTokens", "VerifyMismatch", "replay"),
     "request": ("Request",),
     "staging": ("StagedView",),
     "stats": ("BackupStats", "CacheCounters", "CacheStats", "PrefetchStats", "TierHits"),
     "storage.base": ("L3Store", "open_store", "page_origins"),
     "tree": ("TreeMatch",),
-    "warm": ("WarmResult", "warm_namespace"),
-    "workload": ("TraceRequest", "WorkloadSpec", "generate", "read_trace", "write_trace"),
+    # the layers above the cache: workload tools and live mode
+    "workload.kvdata": ("SyntheticKV",),
+    "workload.replay": ("NamespaceReplay", "Replayer", "ReplayReport", "TierTokens", "VerifyMismatch", "replay"),
+    "workload.traces": ("TraceRequest", "WorkloadSpec", "generate", "read_trace", "write_trace"),
+    "workload.warm": ("WarmResult", "warm_namespace"),
+    "live.client": ("AdminClient",),
+    "live.server": ("AdminServer",),
 }
 _HOME = {name: module for module, names in _LAZY.items() for name in names}
 
@@ -54,17 +54,6 @@ def __getattr__(name: str) -> object:
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_HOME))
 
-
-class _Package(types.ModuleType):
-    """Keeps `kvcache.replay` the function: importing the submodule of that name must not rebind it."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if isinstance(value, types.ModuleType) and name in _HOME:
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "Admission", "AdmitStatus", "AuditReport", "BackupStats", "CacheConfig", "CacheCounters", "CacheStats",

@@ -28,16 +28,16 @@ import enum
 import logging
 import math
 import time
-from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
 import torch
 
-from .audit import AuditReport, audit_cache
 from .config import CacheConfig, HostMode, PrefetchPolicy
-from .errors import (CacheClosed, InvalidConfig, InvalidInput, InvariantViolation, LayoutMismatch,
-                     NamespaceMismatch, RequestIdInUse, UnknownRequest)
+from .diagnostics.audit import AuditReport, audit_cache
+from .diagnostics.snapshot import Snapshot, take_snapshot, write_snapshot
+from .errors import (CacheClosed, InvalidInput, InvariantViolation, LayoutMismatch, NamespaceMismatch, RequestIdInUse,
+                     UnknownRequest)
 from .io_worker import IOWorker
 from .keys import TOKEN_BYTES, RadixKey, page_hashes
 from .namespace import Namespace, NamespaceInfo
@@ -46,15 +46,11 @@ from .pools import SlotPool
 from .prefetch import (CancelReason, CheckJob, DeclineReason, DropReason, FetchJob, PrefetchOp, PrefetchOutcome,
                        PrefetchState, SettledPrefetch)
 from .request import Request
-from .snapshot import Snapshot, take_snapshot, write_snapshot
 from .staging import StagedPrefetch
 from .stats import BackupStats, CacheCounters, CacheStats, PrefetchStats, TierHits, bump
 from .storage.base import L3Store, PageOrigin
 from .transfer import OpKind, OpTarget, StorageWriteJob, TransferOp, copy_pages
 from .tree import HostInsert, RadixTree, Tier, TreeMatch, TreeNode
-
-if TYPE_CHECKING:
-    from .admin import AdminServer
 
 log = logging.getLogger("kvcache")
 
@@ -202,7 +198,6 @@ class TieredCache:
         self._hits: dict[bytes, TierHits] = {}  # namespace id -> tier hits
         self.prefetch_stats = PrefetchStats()
         self.backup_stats = BackupStats()
-        self._admin: AdminServer | None = None  # serve_admin's socket, when open
         self._closed = False
         if self.host_pool is None:
             self._backup_target = BackupTarget.NONE
@@ -428,14 +423,11 @@ class TieredCache:
 
     def close(self) -> None:
         """Flush, stop the I/O worker and flush the store's access records. The store itself stays open (the
-        caller opened it). Prefetches and staged records still held are given back. An admin socket is closed
-        first. Afterwards every call that acts (admit, prefetch, evict, poll, ...) raises `CacheClosed`; the views
+        caller opened it). Prefetches and staged records still held are given back. Close an admin server
+        on this cache first (its requests would meet a closed cache). Afterwards every call that acts (admit, prefetch, evict, poll, ...) raises `CacheClosed`; the views
         of the final state (`audit`, `snapshot`, `stats`, `headroom`) still answer, and `close` again does nothing."""
         if self._closed:
             return
-        if self._admin is not None:
-            self._admin.close()
-            self._admin = None
         for rid in list(self._prefetches) + list(self._staged):  # never live: admission consumes both
             self._drop_holds(rid, DropReason.ABORTED)
         self._flush()
@@ -453,36 +445,9 @@ class TieredCache:
         """Check the ownership partition and the tree's structure now."""
         return audit_cache(self)
 
-    # --- live mode: the admin socket (DESIGN §7) ------------------------------------------------------------
-
-    def serve_admin(self, path: str, *, standalone: bool = False, **options) -> AdminServer:
-        """Open the admin socket at `path` (mode 0600 unless `mode=` is given; `kvcache.admin.AdminServer`
-        takes the other options). Its requests are queued and run by `poll_admin`, which the engine calls between
-        scheduler steps; `standalone=True` starts a helper thread that owns the cache from then on and runs them
-        (with `poll`) itself. `close()` closes the socket and removes its file."""
-        self._check_open("serve_admin")
-        from .admin import AdminServer
-        from .admin_ops import execute
-
-        if self._admin is not None:
-            raise InvalidConfig(f"this cache already serves an admin socket at {self._admin.path}")
-        self._admin = AdminServer(path, lambda request: execute(self, request), **options).start()
-        if standalone:
-            self._admin.start_owner_thread(self.poll)
-        return self._admin
-
-    def poll_admin(self, wait: float = 0.0) -> int:
-        """Run the admin requests queued now, on this (the owner) thread; wait up to `wait` seconds for one.
-        Returns how many ran (0 without an admin socket)."""
-        self._check_open("poll_admin")
-        admin = self._admin
-        return admin.poll(wait) if admin is not None else 0
-
-    # --- introspection (audit, snapshots, tests) --------------------------------------------------------------
-
     def snapshot(self, path: str | None = None) -> Snapshot:
         """The ownership snapshot of the cache now; written atomically to `path` when given. Audit it offline
-        with `kvcache.audit.audit_snapshot`."""
+        with `kvcache.diagnostics.audit.audit_snapshot`."""
         snap = take_snapshot(self)
         if path is not None:
             write_snapshot(snap, path)

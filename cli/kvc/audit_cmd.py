@@ -19,8 +19,8 @@ from kvcache.storage.base import REPAIRS, VERIFY_KINDS, VerifyRemoval
 from . import live
 from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, require_store
 from .errors import EXIT_FOUND, EXIT_OK, UsageError
-from .output import (Column, JsonOpt, Kind, Listing, NoHeadersOpt, Output, OutputOpt, emit_json, emit_rows,
-                     human_bytes, output_format, render)
+from .output import (Column, JsonOpt, Kind, Listing, NoHeadersOpt, Output, OutputOpt, emit_json, emit_rows, human_bytes,
+                     output_format, render)
 
 # the audits one `kvc audit` can run, as `audits` names them
 AUDITS = {
@@ -113,7 +113,7 @@ def audit(
 
 
 def findings_of(violations: list[Any]) -> list[Finding]:
-    """Ownership violations (kvcache.audit.Violation) as findings."""
+    """Ownership violations (kvcache.diagnostics.audit.Violation) as findings."""
     findings = [Finding(**msgspec.structs.asdict(v)) for v in violations]
     for f in findings:
         f.kind = getattr(f.kind, "value", f.kind)
@@ -121,8 +121,8 @@ def findings_of(violations: list[Any]) -> list[Finding]:
 
 
 def _snapshot_audit(path: Path) -> AuditOutput:
-    from kvcache.audit import audit_snapshot
-    from kvcache.snapshot import read_snapshot
+    from kvcache.diagnostics.audit import audit_snapshot
+    from kvcache.diagnostics.snapshot import read_snapshot
 
     report = audit_snapshot(read_snapshot(path))
     return AuditOutput("snapshot", str(path), ["ownership"], report.ok, findings_of(report.violations),
@@ -130,10 +130,10 @@ def _snapshot_audit(path: Path) -> AuditOutput:
 
 
 def _store_audit(location, repair: bool, dry_run: bool) -> AuditOutput:
-    from kvcache.audit import audit_store
+    from kvcache.diagnostics.audit import audit_store
 
     require_store(location)
-    # audit_store survives a damaged store (LMDB: its walks run in child processes; see kvcache.audit)
+    # audit_store survives a damaged store (LMDB: its walks run in child processes; see kvcache.diagnostics.audit)
     fix = repair and not dry_run
     report = audit_store(location.url, repair=fix)
     after = audit_store(location.url) if fix and not report.ok else None

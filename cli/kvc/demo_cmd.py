@@ -14,7 +14,7 @@ import typer
 from kvcache.layout import KVLayout
 from kvcache.namespace import NamespaceInfo
 from kvcache.storage.base import open_store
-from kvcache.workload import WorkloadSpec, generate
+from kvcache.workload.traces import WorkloadSpec, generate
 
 from .common import DebugOpt, command, offline_cache, progress
 from .errors import EXIT_FOUND, UsageError
@@ -22,7 +22,7 @@ from .output import Column, JsonOpt, Kind, Listing, emit_json, esc, human_bytes,
 from .replay_cmd import MAX_TOKENS, hit_listing, trace_counts
 
 if TYPE_CHECKING:
-    from kvcache.replay import ReplayReport  # imports torch: only where the demo runs
+    from kvcache.workload.replay import ReplayReport  # imports torch: only where the demo runs
 
 DEMO_LAYOUT = KVLayout("kvc-demo@r1", layers=2, kv_heads=2, head_dim=16, dtype="float16", page_size=16)
 
@@ -80,7 +80,7 @@ def demo(
         raise UsageError(f"{store}: already exists; the demo writes a new store (give a new path)")
     if store is not None and not store.parent.is_dir():
         raise UsageError(f"{store}: the parent directory {store.parent} does not exist")
-    from kvcache.replay import replay as run_replay
+    from kvcache.workload.replay import replay as run_replay
 
     # a working set (tenants x 48 documents of 256 tokens) several times L2, so L3 serves the cold run too
     spec = WorkloadSpec(requests=requests, tenants=tenants, documents=48, document_tokens=256, seed=7)

@@ -12,30 +12,27 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import msgspec
 import typer
 
-from kvcache.admin import AdminClient
-from kvcache.admin_protocol import (AuditRequest, DropRequest, EvictOutcome, EvictRequest, LiveStats, NamespaceList,
-                                    NamespacesRequest, ReplayOutcome, SnapshotData, SnapshotRequest,
-                                    SnapshotResult, StatsRequest)
-from kvcache.audit import AuditReport
+from kvcache.diagnostics.audit import AuditReport
+from kvcache.diagnostics.snapshot import decode_snapshot, write_snapshot
+from kvcache.live.client import AdminClient
+from kvcache.live.protocol import (AuditRequest, DropRequest, EvictOutcome, EvictRequest, LiveStats, NamespaceList,
+                                   NamespacesRequest, ReplayOutcome, SnapshotData, SnapshotRequest, SnapshotResult,
+                                   StatsRequest)
 from kvcache.namespace import Namespace
-from kvcache.snapshot import decode_snapshot, write_snapshot
-from kvcache.workload import parse_trace, trace_lines
+from kvcache.workload.traces import parse_trace, trace_lines
 
 from .common import DebugOpt, command
 from .errors import UsageError
-from .output import (Column, JsonOpt, Kind, Listing, Output, emit_json, emit_rows, human_bytes, ns_label, render,
-                     say)
+from .output import Column, JsonOpt, Kind, Listing, Output, emit_json, emit_rows, human_bytes, ns_label, render, say
 from .secrets import SaltFileOpt, SaltOpt, salt_from
 
 if TYPE_CHECKING:
-    from kvcache.replay import ReplayReport  # imports torch: only where a replay runs
+    from kvcache.workload.replay import ReplayReport  # imports torch: only where a replay runs
 
 DEFAULT_TIMEOUT = 30.0
 
@@ -183,7 +180,7 @@ def stats(socket: str, prom: bool, json: bool, output: Output | None = None, no_
     """`kvc stats` on the live cache: the store's figures as offline, plus the cache's pools and counters."""
     figures = call(socket, StatsRequest(), LiveStats)
     if prom:
-        from kvcache.metrics import cache_families, exposition
+        from kvcache.live.metrics import cache_families, exposition
 
         typer.echo(exposition(cache_families(figures, call(socket, NamespacesRequest(), NamespaceList))), nl=False)
         return

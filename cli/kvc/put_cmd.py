@@ -15,8 +15,8 @@ from kvcache.layout import KVLayout
 from kvcache.namespace import NamespaceInfo
 from kvcache.storage.base import page_origins
 
-from .common import (DEFAULT_STORE, DebugOpt, ExtraKeyOpt, StoreOpt, TokensFileOpt, TokensOpt, command,
-                     namespace_arg, open_for_cache, progress, tokens_arg)
+from .common import (DEFAULT_STORE, DebugOpt, ExtraKeyOpt, StoreOpt, TokensFileOpt, TokensOpt, command, namespace_arg,
+                     open_for_cache, progress, tokens_arg)
 from .errors import UsageError
 from .output import JsonOpt, emit_json, human_bytes, ns_label, say
 from .secrets import SaltFileOpt, SaltOpt
@@ -62,7 +62,7 @@ def put(
         raise UsageError("give the sequence with --tokens or --tokens-file")
     ns = namespace_arg(extra_key, salt, salt_file)
     with contextlib.closing(open_for_cache(store)) as handle:
-        from kvcache.kvdata import SyntheticKV
+        from kvcache.workload.kvdata import SyntheticKV
 
         layout = handle.layout
         assert layout is not None

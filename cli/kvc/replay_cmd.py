@@ -14,17 +14,15 @@ import msgspec
 import typer
 
 from kvcache.config import HostMode, PrefetchPolicy, WritePolicy
-from kvcache.workload import TraceRequest, WorkloadSpec, read_trace
+from kvcache.workload.traces import TraceRequest, WorkloadSpec, read_trace
 
 from . import live
-from .common import (DEFAULT_STORE, DebugOpt, StoreOpt, command, offline_cache, open_for_cache, progress,
-                     writable_target)
+from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, offline_cache, open_for_cache, progress, writable_target
 from .errors import EXIT_FOUND, UsageError
-from .output import (Column, JsonOpt, Kind, Listing, emit_json, esc, human_bytes, ns_label, output_format,
-                     render, say)
+from .output import Column, JsonOpt, Kind, Listing, emit_json, esc, human_bytes, ns_label, output_format, render, say
 
 if TYPE_CHECKING:
-    from kvcache.replay import ReplayReport
+    from kvcache.workload.replay import ReplayReport
 
 MAX_TOKENS = 2**40  # per tier: far beyond any machine; what the machine holds is checked before allocating
 
@@ -83,7 +81,7 @@ def replay(
         report = live.replay(sock, trace, verify, batch, snapshot_out)
         _finish(report, requests, f"{trace} on the live cache at {sock}", json)
         return
-    from kvcache.replay import replay as run_replay
+    from kvcache.workload.replay import replay as run_replay
 
     with contextlib.closing(open_for_cache(store)) as handle:
         if handle.readonly:
@@ -199,7 +197,8 @@ def generate(
     """Write a synthetic multi-tenant trace: per-tenant system prompts and documents, a prefix with the same
     token ids in every tenant, Zipf-like popularity, multi-turn conversations. The file appears whole (written
     beside it, then renamed)."""
-    from kvcache.workload import generate as generate_trace, write_trace
+    from kvcache.workload.traces import generate as generate_trace
+    from kvcache.workload.traces import write_trace
 
     writable_target(out_path, "OUT")
     spec = WorkloadSpec(requests=requests, tenants=tenants, salted=salted, documents=documents,

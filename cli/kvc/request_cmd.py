@@ -1,7 +1,7 @@
 """`kvc prefetch`, `kvc stage`, `kvc load-back`: one request (or one namespace) through the L3 path of a cache.
 
-Each command builds one admin request (`kvcache.admin_protocol`) and has a cache run it with
-`kvcache.admin_ops.execute` — the same code either way. With --socket, the live cache runs it on its owner
+Each command builds one admin request (`kvcache.live.protocol`) and has a cache run it with
+`kvcache.live.ops.execute` — the same code either way. With --socket, the live cache runs it on its owner
 thread and what it warms stays. Offline, a `TieredCache` is embedded on the store for the length of the command,
 sized to the request: it shows what the cache does (and checks the bytes), and its L2/L1 end with the process.
 """
@@ -13,13 +13,13 @@ from typing import Annotated
 
 import typer
 
-from kvcache.admin_protocol import LoadBackRequest, PrefetchRequest, RequestResult, StageRequest
 from kvcache.config import PrefetchPolicy
+from kvcache.live.protocol import LoadBackRequest, PrefetchRequest, RequestResult, StageRequest
 from kvcache.namespace import Namespace
 
 from . import live
-from .common import (DEFAULT_STORE, DebugOpt, ExtraKeyOpt, StoreOpt, TokensFileOpt, TokensOpt, command,
-                     offline_cache, open_for_cache, round_up_pages, tokens_arg)
+from .common import (DEFAULT_STORE, DebugOpt, ExtraKeyOpt, StoreOpt, TokensFileOpt, TokensOpt, command, offline_cache,
+                     open_for_cache, round_up_pages, tokens_arg)
 from .errors import EXIT_FOUND, UsageError
 from .output import JsonOpt, emit_json, esc, human_bytes, ns_label, say
 from .secrets import SaltFileOpt, SaltOpt, salt_from
@@ -65,8 +65,8 @@ def _run(store, socket: str | None, request, mode: str, device_tokens: int, host
         cache = offline_cache(handle, layout, round_up_pages(device_tokens, ps), round_up_pages(host_tokens, ps),
                               host_mode=mode, prefetch_retries=0)
         with contextlib.closing(cache):
-            from kvcache.admin_ops import execute
             from kvcache.errors import InvariantViolation
+            from kvcache.live.ops import execute
 
             result = execute(cache, request)
             audit = cache.audit()

@@ -84,9 +84,12 @@ def serve(
     with contextlib.closing(open_for_cache(store)) as handle:
         cache = offline_cache(handle, handle.layout, device_tokens, host_tokens, prefetch_policy=prefetch_policy,
                               write_policy=write_policy, host_mode=mode)
-        with contextlib.closing(cache):  # closes the socket (file removed), then flushes L3 writes
-            server = cache.serve_admin(path, mode=bits, allow_uids=allowed, max_connections=max_connections,
-                                       idle_timeout=idle_timeout)
+        from kvcache.live.server import AdminServer  # imports the cache's ops (and torch): only where one runs
+
+        # the server closes first (socket file removed, queued requests answered), then the cache flushes L3
+        with contextlib.closing(cache), AdminServer(cache, path, mode=bits, allow_uids=allowed,
+                                                    max_connections=max_connections,
+                                                    idle_timeout=idle_timeout) as server:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: stop.set())
             metrics = _serve_metrics(server.path, metrics_addr, metrics_port) if metrics_port is not None else None
@@ -98,7 +101,7 @@ def serve(
                 emit_json({"event": "ready", "socket": server.path, "pid": os.getpid(), "store": str(store),
                            "metrics": metrics[0] if metrics is not None else None})
             try:
-                server.serve_forever(cache.poll, stop)
+                server.serve_forever(stop)
             finally:
                 if metrics is not None:
                     metrics[1].shutdown()
@@ -112,8 +115,8 @@ def _serve_metrics(socket: str, addr: str, port: int):
     are read on the owner thread between steps. Returns (its URL, its server)."""
     from prometheus_client import start_http_server
 
-    from kvcache.admin_protocol import LiveStats, NamespaceList, NamespacesRequest, StatsRequest
-    from kvcache.metrics import cache_families, registry_of
+    from kvcache.live.metrics import cache_families, registry_of
+    from kvcache.live.protocol import LiveStats, NamespaceList, NamespacesRequest, StatsRequest
 
     def families():
         return cache_families(live.call(socket, StatsRequest(), LiveStats),

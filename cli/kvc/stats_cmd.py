@@ -1,5 +1,5 @@
 """`kvc stats`: a store's size, pages, namespaces, layouts; with --socket a live cache's too; `--prom` for
-Prometheus (kvcache.metrics)."""
+Prometheus (kvcache.live.metrics)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from kvcache.storage.base import StoreStats
 
 from . import live
 from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, open_inspect
-from .output import (Column, JsonOpt, Listing, NoHeadersOpt, Output, OutputOpt, emit_json, human_bytes,
-                     output_format, render)
+from .output import (Column, JsonOpt, Listing, NoHeadersOpt, Output, OutputOpt, emit_json, human_bytes, output_format,
+                     render)
 
 PromOpt = Annotated[bool, typer.Option("--prom", help="Print the Prometheus text exposition instead (for a "
                                        "node_exporter textfile or a scrape; `kvc serve --metrics-port` serves it).")]
@@ -61,7 +61,7 @@ def stats(
     finally:
         st.close()
     if prom:
-        from kvcache.metrics import exposition, store_families
+        from kvcache.live.metrics import exposition, store_families
 
         typer.echo(exposition(store_families(figures, str(store), namespaces)), nl=False)
         return

@@ -15,7 +15,7 @@ from typing import Annotated
 import msgspec
 import typer
 
-from kvcache.admin_protocol import LiveStats, StatsRequest
+from kvcache.live.protocol import LiveStats, StatsRequest
 
 from . import live
 from .common import DebugOpt, command

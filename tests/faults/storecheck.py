@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvcache.kvdata import SyntheticKV
 from kvcache.layout import KVLayout
 from kvcache.namespace import Namespace
 from kvcache.storage.base import open_store
+from kvcache.workload.kvdata import SyntheticKV
 
 
 class Reread:

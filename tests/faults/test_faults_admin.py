@@ -17,24 +17,25 @@ import threading
 import time
 import uuid
 
+import faultkit
 import msgspec
 import numpy as np
 import pytest
 
-import faultkit
 from kvcache import WorkloadSpec, generate, write_trace
-from kvcache.admin import AdminClient, AdminServer
-from kvcache.admin_protocol import (PROTOCOL_VERSION, TRACE_CHUNK_BYTES, AuditRequest, LiveStats, LoadBackRequest,
-                                    PingRequest, PrefetchRequest, ReplayAck, ReplayOutcome, ReplayRequest,
-                                    Response, ServerInfo, SnapshotData, SnapshotRequest, StageRequest,
-                                    StatsRequest, decode_response, read_frame)
-from kvcache.audit import AuditReport
+from kvcache.diagnostics.audit import AuditReport
 from kvcache.errors import AdminRemoteError, AdminUntrusted
 from kvcache.keys import pack_tokens
-from kvcache.kvdata import SyntheticKV
 from kvcache.layout import KVLayout
+from kvcache.live.client import AdminClient
+from kvcache.live.protocol import (PROTOCOL_VERSION, TRACE_CHUNK_BYTES, AuditRequest, LiveStats, LoadBackRequest,
+                                   PingRequest, PrefetchRequest, ReplayAck, ReplayOutcome, ReplayRequest, Response,
+                                   ServerInfo, SnapshotData, SnapshotRequest, StageRequest, StatsRequest,
+                                   decode_response, read_frame)
+from kvcache.live.transport import AdminTransport
 from kvcache.namespace import Namespace
 from kvcache.storage.base import open_store, page_origins
+from kvcache.workload.kvdata import SyntheticKV
 
 LAYOUT = KVLayout("admin-fault@r1", layers=2, kv_heads=2, head_dim=32, dtype="float16", page_size=4)
 SALT = "admin-fault-salt-7d1f"
@@ -324,8 +325,8 @@ def test_uploads_are_spooled_to_disk_and_capped(store, tmp_path):
     finally:
         assert server.stop() == 0
     # caps, on a server of this process: one trace over the per-trace cap, three at once over the total
-    capped = AdminServer(str(tmp_path / "c.sock"), lambda request: None, max_trace_bytes=3 * TRACE_CHUNK_BYTES,
-                         max_upload_bytes=4 * TRACE_CHUNK_BYTES).start()
+    capped = AdminTransport(str(tmp_path / "c.sock"), lambda request: None, max_trace_bytes=3 * TRACE_CHUNK_BYTES,
+                            max_upload_bytes=4 * TRACE_CHUNK_BYTES).start()
     try:
         with AdminClient(capped.path) as big:
             for _ in range(3):

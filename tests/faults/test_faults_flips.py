@@ -21,18 +21,18 @@ import os
 import random
 import shutil
 
+import faultkit
+import lmdbpages
 import numpy as np
 import pytest
 
-import faultkit
-import lmdbpages
-from kvcache.audit import audit_store
+from kvcache.diagnostics.audit import audit_store
 from kvcache.keys import pack_tokens
-from kvcache.kvdata import SyntheticKV
 from kvcache.layout import KVLayout
 from kvcache.namespace import Namespace
 from kvcache.storage.base import open_store, page_origins
 from kvcache.storage.isolated import run_isolated
+from kvcache.workload.kvdata import SyntheticKV
 
 LAYOUT = KVLayout("flip-model@r1", layers=2, kv_heads=2, head_dim=64, dtype="float16", page_size=4)  # 4 KiB pages
 KINDS = ("data", "leaf", "branch", "header")

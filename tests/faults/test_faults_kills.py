@@ -16,10 +16,11 @@ from pathlib import Path
 
 import faultkit
 import storecheck
+
 from kvcache import WorkloadSpec, generate, write_trace
-from kvcache.admin import AdminClient
-from kvcache.admin_protocol import PingRequest, ReplayOutcome, ServerInfo
 from kvcache.layout import KVLayout
+from kvcache.live.client import AdminClient
+from kvcache.live.protocol import PingRequest, ReplayOutcome, ServerInfo
 from kvcache.namespace import Namespace
 from kvcache.storage.base import open_store
 

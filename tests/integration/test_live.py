@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from kvc.main import app
 from kvcache import Namespace, WorkloadSpec, generate, write_trace
-from kvcache.admin_protocol import PROTOCOL_VERSION, Truncated, read_frame
+from kvcache.live.protocol import PROTOCOL_VERSION, Truncated, read_frame
 from kvcache.storage.keyfile import read_key
 
 SALT = "live-salt-qwerty-987"

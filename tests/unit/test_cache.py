@@ -242,8 +242,7 @@ def test_every_call_after_close_raises_cache_closed():
     req = Request("b", list(range(8)))
     for call in (lambda: c.admit(req), lambda: c.commit("a"), lambda: c.release("a"), lambda: c.match(req),
                  lambda: c.prefetch(req), lambda: c.evict(4), lambda: c.evict_namespace(T1), c.poll, c.flush,
-                 lambda: c.drop_namespace(T1), lambda: c.settle_prefetch("a"), lambda: c.device_slots("a"),
-                 lambda: c.poll_admin(0)):
+                 lambda: c.drop_namespace(T1), lambda: c.settle_prefetch("a"), lambda: c.device_slots("a")):
         with pytest.raises(CacheClosed):
             call()
     # the final state can still be looked at: nothing is held after close

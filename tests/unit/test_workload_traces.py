@@ -3,7 +3,7 @@
 import pytest
 
 from kvcache import InvalidTrace, Namespace, TraceRequest, WorkloadSpec, generate, read_trace, write_trace
-from kvcache.workload import parse_trace
+from kvcache.workload.traces import parse_trace
 
 
 def test_round_trip_keeps_every_field(tmp_path):
@@ -86,7 +86,7 @@ def test_unsalted_tenants_and_bad_specs():
 
 
 def test_an_endless_line_is_refused_at_the_cap_not_read_whole(tmp_path, monkeypatch):
-    from kvcache import workload
+    from kvcache.workload import traces as workload
 
     monkeypatch.setattr(workload, "MAX_TRACE_LINE_BYTES", 1000)
     path = tmp_path / "t.jsonl"

@@ -1,5 +1,5 @@
 """What each admin request does to a live cache (DESIGN §7). Runs on the cache's owner thread only, between
-scheduler steps (`TieredCache.poll_admin`): every handler sees the cache at rest and may use it like the engine.
+scheduler steps (`AdminServer.poll`): every handler sees the cache at rest and may use it like the engine.
 
 The commands mirror the offline CLI's, on the cache that is running instead of one built for the command:
 prefetch a request or a whole namespace into L2, stage (buffer mode), load back L3 -> L2 -> L1, list namespaces
@@ -14,29 +14,30 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
 import torch
 
-from .admin import ReplayJob
-from .admin_protocol import (AuditRequest, DropRequest, EvictOutcome, EvictRequest, LiveNamespace, LiveStats,
-                             LoadBackRequest, NamespacesRequest, NamespaceList, NamespaceTiers, PingRequest, PoolUse,
-                             PrefetchRequest, ReplayOutcome, RequestResult, ServerInfo, SnapshotData,
-                             SnapshotRequest, StageRequest, StatsRequest, TierUse)
-from .config import HostMode
-from .errors import InvalidInput, UnknownRequest
-from .keys import page_hashes
-from .namespace import Namespace, display_id
-from .pools import SlotPool
-from .replay import Replayer
-from .request import Request
-from .snapshot import encode_snapshot
-from .warm import warm_namespace
+from ..config import HostMode
+from ..diagnostics.snapshot import encode_snapshot
+from ..errors import InvalidInput, UnknownRequest
+from ..keys import page_hashes
+from ..namespace import Namespace, display_id
+from ..pools import SlotPool
+from ..request import Request
+from ..workload.replay import Replayer
+from ..workload.warm import warm_namespace
+from .protocol import (AuditRequest, DropRequest, EvictOutcome, EvictRequest, LiveNamespace, LiveStats, LoadBackRequest,
+                       NamespaceList, NamespacesRequest, NamespaceTiers, PingRequest, PoolUse, PrefetchRequest,
+                       ReplayOutcome, RequestResult, ServerInfo, SnapshotData, SnapshotRequest, StageRequest,
+                       StatsRequest, TierUse)
+from .transport import ReplayJob
 
 if TYPE_CHECKING:
-    from .cache import NamespaceDrop, TieredCache
+    from ..cache import NamespaceDrop, TieredCache
 
 _RIDS = itertools.count(1)
 
@@ -45,8 +46,11 @@ def _rid() -> str:
     return f"kvc-admin:{next(_RIDS)}"
 
 
-def execute(cache: "TieredCache", request: object):
-    """Run one admin request on `cache` and return its result struct (errors are raised, typed)."""
+def execute(cache: "TieredCache", request: object, between_steps: Callable[[], object] = lambda: 0):
+    """Run one admin request on `cache` and return its result struct (errors are raised, typed). A replay calls
+    `between_steps` after each of its steps (the server's poll: other requests are answered meanwhile)."""
+    if isinstance(request, ReplayJob):
+        return _replay(cache, request, between_steps)
     handler = _HANDLERS.get(type(request))
     if handler is None:  # the protocol's union and this table are kept together; this is a bug, not input
         raise InvalidInput(f"no handler for {type(request).__name__}")
@@ -262,7 +266,7 @@ def _drop(cache: "TieredCache", req: DropRequest) -> "NamespaceDrop":
 
 
 def _ping(cache: "TieredCache", _: PingRequest) -> ServerInfo:
-    from .admin_protocol import PROTOCOL_VERSION
+    from .protocol import PROTOCOL_VERSION
 
     c = cache.config
     return ServerInfo(PROTOCOL_VERSION, os.getpid(), cache.layout,
@@ -274,17 +278,17 @@ def _ping(cache: "TieredCache", _: PingRequest) -> ServerInfo:
 # --- replay --------------------------------------------------------------------------------------------------
 
 
-def _replay(cache: "TieredCache", job: ReplayJob) -> ReplayOutcome:
+def _replay(cache: "TieredCache", job: ReplayJob, between_steps: Callable[[], object]) -> ReplayOutcome:
     """Run the trace through the live cache. Between its steps the replay serves the other admin requests
     queued (an audit during a replay sees the state between two steps); a second replay waits for this one. A
-    server that stops meanwhile ends it at its next step (`AdminShuttingDown` from `poll_admin`). The trace's
+    server that stops meanwhile ends it at its next step (`AdminShuttingDown` from `between_steps`). The trace's
     request ids get the replay's own prefix, so they never meet the engine's."""
     tag = _rid()
     trace = (msgspec.structs.replace(item, rid=f"{tag}:{item.rid}") for item in job.trace)  # still streamed
     before = _holders(cache)
     try:
         report = Replayer(cache, verify=job.verify, batch=job.batch, lookahead=job.lookahead).run(
-            trace, progress=lambda _: cache.poll_admin())
+            trace, progress=lambda _: between_steps())
     except BaseException:
         # a failed or stopped replay must not leave its requests holding slots in a cache that keeps running
         for rid in _holders(cache) - before:
@@ -310,5 +314,4 @@ _HANDLERS = {
     StatsRequest: _stats,
     EvictRequest: _evict,
     DropRequest: _drop,
-    ReplayJob: _replay,
 }

@@ -75,12 +75,12 @@ def test_check_spans_many_chunks():
 def test_digest_is_of_the_prescribed_page_and_survives_the_cache_reset(monkeypatch):
     import xxhash
 
-    import kvcache.kvdata
+    import kvcache.workload.kvdata
 
     layout = make_layout(4)
     kv = SyntheticKV(layout)
     hashes = _hashes(layout, range(40))
     assert kv.digest(hashes[3]) == xxhash.xxh3_128_intdigest(kv.pages([hashes[3]]).numpy())
-    monkeypatch.setattr(kvcache.kvdata, "_DIGEST_CACHE", 4)
+    monkeypatch.setattr(kvcache.workload.kvdata, "_DIGEST_CACHE", 4)
     digests = [kv.digest(h) for h in hashes]
     assert len(kv._digests) <= 4 and digests == [SyntheticKV(layout).digest(h) for h in hashes]

@@ -2,7 +2,7 @@
 
 Per request (DESIGN §5): it enters a waiting window of `lookahead` requests, where its L3 prefetch is issued
 (as an engine does while a request queues); at the head of the window it is admitted in a step of up to `batch`
-requests; the forward writes its new tokens' synthetic KV (`kvcache.kvdata`); commit inserts it and backs it up
+requests; the forward writes its new tokens' synthetic KV (`kvcache.workload.kvdata`); commit inserts it and backs it up
 per the write policy. With `verify`, every cached token an admission hands out is compared, byte for byte, with
 what its page hash says it must hold. At the end the driver flushes L3 writes and audits the whole cache.
 
@@ -22,16 +22,16 @@ from collections.abc import Callable, Iterable
 
 import msgspec
 
-from .audit import AuditReport
-from .cache import Admission, AdmitStatus, TieredCache
-from .errors import InvariantViolation, NamespaceMismatch
-from .keys import page_hashes
+from ..cache import Admission, AdmitStatus, TieredCache
+from ..diagnostics.audit import AuditReport
+from ..errors import InvariantViolation, NamespaceMismatch
+from ..keys import page_hashes
+from ..namespace import NamespaceInfo
+from ..prefetch import DeclineReason
+from ..request import Request
+from ..stats import BackupStats, PrefetchStats
 from .kvdata import SyntheticKV
-from .namespace import NamespaceInfo
-from .prefetch import DeclineReason
-from .request import Request
-from .stats import BackupStats, PrefetchStats
-from .workload import TraceRequest
+from .traces import TraceRequest
 
 _TAIL_FILL = 0xAB  # bytes of a partial tail page: never cached, never verified
 # Declines that a later step may not meet: the bound that declined the prefetch loosens as requests are admitted.

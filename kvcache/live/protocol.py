@@ -30,13 +30,13 @@ from typing import Annotated, Union
 
 import msgspec
 
-from .config import PrefetchPolicy
-from .errors import AdminBadFrame
-from .layout import KVLayout
-from .namespace import NamespaceInfo
-from .staging import StagedView
-from .stats import CacheStats
-from .storage.base import StoreStats
+from ..config import PrefetchPolicy
+from ..errors import AdminBadFrame
+from ..layout import KVLayout
+from ..namespace import NamespaceInfo
+from ..staging import StagedView
+from ..stats import CacheStats
+from ..storage.base import StoreStats
 
 PROTOCOL_VERSION = 2  # 2: snapshots come back as bytes (no server-side path); bounded numbers
 MAX_REQUEST_BYTES = 1 << 20  # a request frame's body: 1 MiB (a 200k-token request fits)
@@ -103,7 +103,7 @@ class NamespacesRequest(msgspec.Struct, frozen=True, tag="ns_ls", forbid_unknown
 
 
 class AuditRequest(msgspec.Struct, frozen=True, tag="audit", forbid_unknown_fields=True):
-    """The ownership and structure audit of the live cache. Answered with `kvcache.audit.AuditReport`."""
+    """The ownership and structure audit of the live cache. Answered with `kvcache.diagnostics.audit.AuditReport`."""
 
 
 class SnapshotRequest(msgspec.Struct, frozen=True, tag="snapshot", forbid_unknown_fields=True):
@@ -135,7 +135,7 @@ class DropRequest(msgspec.Struct, frozen=True, tag="ns_drop", forbid_unknown_fie
 class ReplayRequest(msgspec.Struct, frozen=True, tag="replay", forbid_unknown_fields=True):
     """A chunk of a JSONL trace for the live cache to replay. Chunks split the trace's bytes anywhere; all but
     the last carry `more=True` and are answered with `ReplayAck`; the last is answered with
-    `kvcache.replay.ReplayReport` once the whole trace ran. The options of the last chunk apply."""
+    `kvcache.workload.replay.ReplayReport` once the whole trace ran. The options of the last chunk apply."""
 
     chunk: bytes
     more: bool = False
@@ -222,7 +222,7 @@ class NamespaceList(msgspec.Struct):
 
 
 class SnapshotData(msgspec.Struct, frozen=True):
-    """A live cache's ownership snapshot, as the bytes of its file (`kvcache.snapshot`), for the client to write."""
+    """A live cache's ownership snapshot, as the bytes of its file (`kvcache.diagnostics.snapshot`), for the client to write."""
 
     created: float
     nodes: int
@@ -285,14 +285,14 @@ class ReplayAck(msgspec.Struct, frozen=True):
 class ReplayOutcome(msgspec.Struct):
     """What a live replay answers: its report, and the snapshot taken right after it when asked for."""
 
-    # a kvcache.replay.ReplayReport, msgpack-encoded: decoding it needs the replay driver, which imports torch,
+    # a kvcache.workload.replay.ReplayReport, msgpack-encoded: decoding it needs the replay driver, which imports torch,
     # and the protocol is imported by commands that must start without it
     report: msgspec.Raw
     snapshot: SnapshotData | None = None
 
     def replay_report(self):
-        """The report, decoded (`kvcache.replay.ReplayReport`; imports the replay driver)."""
-        from .replay import ReplayReport
+        """The report, decoded (`kvcache.workload.replay.ReplayReport`; imports the replay driver)."""
+        from ..workload.replay import ReplayReport
 
         return msgspec.msgpack.decode(self.report, type=ReplayReport)
 

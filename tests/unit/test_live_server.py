@@ -12,18 +12,19 @@ import msgspec
 import pytest
 
 from factories import forward, l3_cache, make_layout, make_store
-from kvcache import (AdminBadFrame, AdminClient, AdminProtocolMismatch, AdminRemoteError, AdminServer,
-                     AdminSocketInUse, AdminTimeout, AdminUnavailable, Namespace, Request)
-from kvcache import admin as admin_module
-from kvcache.admin_protocol import (PROTOCOL_VERSION, AuditRequest, Envelope, EvictOutcome, EvictRequest,
-                                    FrameTooLarge, LiveStats, LoadBackRequest, NamespaceList, NamespacesRequest,
-                                    PingRequest, PrefetchRequest, RequestResult, Response, ServerInfo,
-                                    ReplayOutcome, SnapshotData, SnapshotRequest, StageRequest, StatsRequest,
-                                    Truncated,
-                                    decode_response, frame, read_frame)
-from kvcache.audit import AuditReport, audit_snapshot
-from kvcache.snapshot import decode_snapshot
-from kvcache.workload import TraceRequest, write_trace
+from kvcache import (AdminBadFrame, AdminClient, AdminProtocolMismatch, AdminRemoteError, AdminServer, AdminSocketInUse,
+                     AdminTimeout, AdminUnavailable, Namespace, Request)
+from kvcache.diagnostics.audit import AuditReport, audit_snapshot
+from kvcache.diagnostics.snapshot import decode_snapshot
+from kvcache.errors import AdminError
+from kvcache.live import client as client_module
+from kvcache.live.protocol import (PROTOCOL_VERSION, AuditRequest, Envelope, EvictOutcome, EvictRequest, FrameTooLarge,
+                                   LiveStats, LoadBackRequest, NamespaceList, NamespacesRequest, PingRequest,
+                                   PrefetchRequest, ReplayOutcome, RequestResult, Response, ServerInfo, SnapshotData,
+                                   SnapshotRequest, StageRequest, StatsRequest, Truncated, decode_response, frame,
+                                   read_frame)
+from kvcache.live.transport import AdminTransport
+from kvcache.workload.traces import TraceRequest, write_trace
 
 SALT = "admin-unit-salt-zxcvbn"
 T1 = Namespace("t1", SALT)
@@ -56,9 +57,24 @@ def sock_path(tmp_path):
 
 
 @pytest.fixture
-def live(cache, sock_path):
+def serve(cache):
+    """Opens admin servers on the test's cache (`standalone`: with an owner thread) and closes them before it."""
+    servers = []
+
+    def open_server(path, standalone=False, **options):
+        server = AdminServer(cache, path, **options)
+        servers.append(server)
+        return server.start_owner_thread() if standalone else server
+
+    yield open_server
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture
+def live(cache, sock_path, serve):
     """The cache serving its socket with a helper owner thread; a connected client."""
-    cache.serve_admin(sock_path, standalone=True)
+    serve(sock_path, standalone=True)
     with AdminClient(sock_path, timeout=30) as client:
         yield cache, client
 
@@ -93,37 +109,37 @@ def test_a_length_over_the_limit_is_refused_before_its_body_and_a_cut_frame_is_t
 # --- the socket file -----------------------------------------------------------------------------------------
 
 
-def test_socket_is_owner_only_and_removed_at_close(cache, sock_path):
-    cache.serve_admin(sock_path)
+def test_socket_is_owner_only_and_removed_at_close(cache, sock_path, serve):
+    server = serve(sock_path)
     assert stat.S_IMODE(os.stat(sock_path).st_mode) == 0o600
-    cache.close()
+    server.close()
     assert not os.path.exists(sock_path)
 
 
-def test_a_live_socket_is_refused_a_stale_one_taken_over_a_file_left_alone(cache, sock_path, tmp_path):
-    server = AdminServer(sock_path, lambda r: None).start()
+def test_a_live_socket_is_refused_a_stale_one_taken_over_a_file_left_alone(cache, sock_path, tmp_path, serve):
+    server = AdminTransport(sock_path, lambda r: None).start()
     with pytest.raises(AdminSocketInUse, match="already listening"):
-        cache.serve_admin(sock_path)
+        serve(sock_path)
     server.close()
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stale.bind(sock_path)  # bound, never listening, then abandoned: what a killed server leaves
     stale.close()
     assert os.path.exists(sock_path)
-    cache.serve_admin(sock_path, standalone=True)
+    serve(sock_path, standalone=True)
     with AdminClient(sock_path) as c:
         assert c.call(PingRequest(), ServerInfo).pid == os.getpid()
     regular = tmp_path / "not-a-socket"
     regular.write_text("keep me")
     with pytest.raises(AdminSocketInUse, match="not a socket"):
-        AdminServer(str(regular), lambda r: None).start()
+        AdminTransport(str(regular), lambda r: None).start()
     assert regular.read_text() == "keep me"
 
 
 # --- the owner thread ----------------------------------------------------------------------------------------
 
 
-def test_requests_run_only_when_the_owner_polls(cache, sock_path):
-    server = cache.serve_admin(sock_path)
+def test_requests_run_only_when_the_owner_polls(cache, sock_path, serve):
+    server = serve(sock_path)
     answers = []
     client = threading.Thread(target=lambda: answers.append(AdminClient(sock_path).call(AuditRequest(),
                                                                                          AuditReport)))
@@ -131,13 +147,13 @@ def test_requests_run_only_when_the_owner_polls(cache, sock_path):
     while server.pending == 0:
         threading.Event().wait(0.001)
     assert answers == [] and server.served == 0  # queued, not run: nobody polled
-    assert cache.poll_admin() == 1
+    assert server.poll() == 1
     client.join()
     assert answers[0].ok and server.served == 1
 
 
-def test_an_audit_sent_during_a_replay_runs_between_its_steps(cache, sock_path, tmp_path):
-    server = cache.serve_admin(sock_path)
+def test_an_audit_sent_during_a_replay_runs_between_its_steps(cache, sock_path, tmp_path, serve):
+    server = serve(sock_path)
     trace = tmp_path / "t.jsonl"
     write_trace(trace, [TraceRequest(f"q{i}", PROMPT + [i % 5] * 12, "t1", SALT) for i in range(40)])
     done = []
@@ -156,7 +172,7 @@ def test_an_audit_sent_during_a_replay_runs_between_its_steps(cache, sock_path, 
     threads[1].start()
     while server.pending < 2:
         threading.Event().wait(0.001)
-    cache.poll_admin()  # runs the replay, which serves the audit after its first step
+    server.poll()  # runs the replay, which serves the audit after its first step
     for t in threads:
         t.join()
     assert [kind for kind, _ in done] == ["audit", "replay"]
@@ -208,8 +224,8 @@ def test_stage_needs_buffer_mode_and_gives_its_record_back(tmp_path):
     cache = l3_cache(store, host_mode="buffer", io_thread=True)
     try:
         _fill(cache)
-        cache.serve_admin(str(tmp_path / "s"), standalone=True)
-        with AdminClient(str(tmp_path / "s")) as client:
+        server = AdminServer(cache, str(tmp_path / "s")).start_owner_thread()
+        with server, AdminClient(str(tmp_path / "s")) as client:
             out = client.call(StageRequest(PROMPT + [2] * 8, "t1", SALT), RequestResult)
             assert out.staged.staged_tokens == 48 and out.staged.namespace_id == T1.display_id
             assert client.call(StatsRequest(), LiveStats).staged == 0
@@ -236,7 +252,7 @@ def test_snapshot_of_the_live_cache_audits_offline_the_same(live, sock_path, tmp
 
 def test_replay_in_chunks_and_a_bad_trace_changes_nothing(live, tmp_path, monkeypatch):
     cache, client = live
-    monkeypatch.setattr(admin_module, "TRACE_CHUNK_BYTES", 300)  # force many chunks
+    monkeypatch.setattr(client_module, "TRACE_CHUNK_BYTES", 300)  # force many chunks
     # Tokens of their own: `_fill` wrote the PROMPT pages with factories' content, not the synthetic KV a
     # replay's --verify expects, so a prefetch of them that lands in time would count as a mismatch.
     data = b"".join(msgspec.json.encode(TraceRequest(f"c{i}", [7000 + t for t in range(40)] + [i] * 8, "t1",
@@ -365,7 +381,7 @@ def test_another_protocol_version_is_named_on_both_ends(live, sock_path, tmp_pat
     listener.close()
 
 
-def test_client_errors_name_the_socket(tmp_path, cache):
+def test_client_errors_name_the_socket(tmp_path, cache, serve):
     missing = str(tmp_path / "nobody.sock")
     with pytest.raises(AdminUnavailable, match="does not exist"):
         AdminClient(missing).call(PingRequest(), ServerInfo)
@@ -375,15 +391,15 @@ def test_client_errors_name_the_socket(tmp_path, cache):
     with pytest.raises(AdminUnavailable, match="nothing is listening"):
         AdminClient(str(tmp_path / "stale.sock")).call(PingRequest(), ServerInfo)
     path = str(tmp_path / "slow.sock")
-    cache.serve_admin(path)  # nobody polls: the request waits in the queue
+    serve(path)  # nobody polls: the request waits in the queue
     with pytest.raises(AdminTimeout, match="no answer within 0.2 s"):
         AdminClient(path, timeout=0.2).call(PingRequest(), ServerInfo)
     with pytest.raises(AdminBadFrame, match="over the admin socket's limit"):
         AdminClient(path).call(LoadBackRequest([2**31] * 300_000), RequestResult)
 
 
-def test_close_answers_what_is_queued_and_a_closed_server_is_unavailable(cache, sock_path):
-    server = cache.serve_admin(sock_path)
+def test_close_answers_what_is_queued_and_a_closed_server_is_unavailable(cache, sock_path, serve):
+    server = serve(sock_path)
     errors = []
 
     def ask():
@@ -396,7 +412,7 @@ def test_close_answers_what_is_queued_and_a_closed_server_is_unavailable(cache, 
     t.start()
     while server.pending == 0:
         threading.Event().wait(0.001)
-    cache.close()
+    server.close()
     t.join()
     assert errors == ["shutting_down"] and not os.path.exists(sock_path)
     with pytest.raises(AdminUnavailable):
@@ -406,8 +422,8 @@ def test_close_answers_what_is_queued_and_a_closed_server_is_unavailable(cache, 
 # --- trust and bounds (issue 14) -----------------------------------------------------------------------------
 
 
-def test_a_peer_off_the_allow_list_is_answered_forbidden_and_runs_nothing(cache, sock_path):
-    server = cache.serve_admin(sock_path, standalone=True, allow_uids=set())  # not even this process's uid
+def test_a_peer_off_the_allow_list_is_answered_forbidden_and_runs_nothing(cache, sock_path, serve):
+    server = serve(sock_path, standalone=True, allow_uids=set())  # not even this process's uid
     with pytest.raises(AdminRemoteError) as err:
         AdminClient(sock_path).call(AuditRequest(), AuditReport)
     assert err.value.kind == "forbidden" and server.refused == 1 and server.served == 0
@@ -444,14 +460,14 @@ def test_a_directory_other_users_can_write_is_refused_unless_sticky(cache, tmp_p
     loose = tmp_path / "loose"
     loose.mkdir()
     os.chmod(loose, 0o777)
-    with pytest.raises(admin_module.AdminError, match="sticky"):
-        AdminServer(str(loose / "s.sock"), lambda r: None).start()
+    with pytest.raises(AdminError, match="sticky"):
+        AdminTransport(str(loose / "s.sock"), lambda r: None).start()
     os.chmod(loose, 0o1777)
-    AdminServer(str(loose / "s.sock"), lambda r: None).start().close()
+    AdminTransport(str(loose / "s.sock"), lambda r: None).start().close()
 
 
-def test_busy_is_answered_and_retried_within_the_timeout(cache, sock_path):
-    server = cache.serve_admin(sock_path, standalone=True, max_connections=1, idle_timeout=0.5)
+def test_busy_is_answered_and_retried_within_the_timeout(cache, sock_path, serve):
+    server = serve(sock_path, standalone=True, max_connections=1, idle_timeout=0.5)
     hog = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     hog.connect(sock_path)  # silent: holds the only connection until the idle timeout
     threading.Event().wait(0.1)
@@ -483,8 +499,8 @@ def test_a_deeply_nested_frame_is_answered(live, sock_path):
     assert client.call(PingRequest(), ServerInfo).pid == os.getpid()
 
 
-def test_closing_the_server_stops_a_running_replay_at_its_next_step(cache, sock_path, tmp_path, monkeypatch):
-    from kvcache.replay import Replayer
+def test_closing_the_server_stops_a_running_replay_at_its_next_step(cache, sock_path, tmp_path, monkeypatch, serve):
+    from kvcache.workload.replay import Replayer
 
     forward = Replayer._forward
 
@@ -493,7 +509,7 @@ def test_closing_the_server_stops_a_running_replay_at_its_next_step(cache, sock_
         return forward(self, *args)
 
     monkeypatch.setattr(Replayer, "_forward", slow_forward)
-    server = cache.serve_admin(sock_path, standalone=True)
+    server = serve(sock_path, standalone=True)
     trace = tmp_path / "t.jsonl"
     write_trace(trace, [TraceRequest(f"z{i}", PROMPT + [i % 7] * 12, "t1", SALT) for i in range(3000)])
     answer = []

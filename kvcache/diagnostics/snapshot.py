@@ -2,7 +2,7 @@
 
 A snapshot is a versioned msgpack document (`Snapshot`): the layout, the pool sizes, every pool's ledger and free
 list (int64 arrays as bytes), every reference holder (tree nodes with their namespace id and fingerprint, live
-requests, in-flight operations, prefetches, staged records, L3 writes) and the counters. `kvcache.audit.
+requests, in-flight operations, prefetches, staged records, L3 writes) and the counters. `kvcache.diagnostics.audit.
 audit_snapshot` runs on it the very checks `TieredCache.audit()` runs live. The salt never enters a snapshot.
 """
 
@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from .audit import OwnershipState, collect_state
-from .errors import InvalidInput
-from .layout import KVLayout
-from .namespace import NamespaceInfo
-from .stats import CacheCounters
+from ..errors import InvalidInput
+from ..layout import KVLayout
+from ..namespace import NamespaceInfo
+from ..stats import CacheCounters
+from .ownership import OwnershipState, collect_state
 
 if TYPE_CHECKING:
-    from .cache import TieredCache
+    from ..cache import TieredCache
 
 SNAPSHOT_KIND = "kvc.ownership-snapshot"
 SNAPSHOT_VERSION = 1

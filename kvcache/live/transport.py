@@ -1,24 +1,25 @@
-"""Live mode's transport: the admin socket server of a running cache, and its client (DESIGN §7).
+"""Live mode's transport: the admin socket of a running cache, which only moves bytes (DESIGN §7).
 
-`AdminServer` listens on a Unix domain socket (mode 0600 by default: the owner only). Its threads only move
+`AdminTransport` listens on a Unix domain socket (mode 0600 by default: the owner only). Its threads only move
 bytes: the accept thread checks who connects and hands each connection to a connection thread, which reads
-frames, checks them and **queues** the decoded requests. Nothing on those threads touches the cache. The cache's
-owner thread runs the queued requests in `poll` (`TieredCache.poll_admin()`, between scheduler steps), so every
-answer sees a consistent state and the admin path never races the engine; the connection thread then writes the
-answer back. A standalone cache (`kvc serve`) has no engine loop: `serve_forever` is that loop.
+frames, checks them and **queues** the decoded requests. Nothing on those threads runs a request. The owner thread
+runs the queued requests in `poll` (the engine calls it between scheduler steps, through `AdminServer.poll`), with
+the executor it was given, so every answer sees a consistent state and the admin path never races the engine; the
+connection thread then writes the answer back. A standalone cache (`kvc serve`) has no engine loop:
+`serve_forever` is that loop. The transport knows nothing of the cache: `server.AdminServer` gives it one.
 
 Trust, both ways. The server reads each peer's credentials (SO_PEERCRED) and answers `forbidden` to a uid not on
-its allow-list (default: its own uid). The client reads the server's credentials before it sends a byte and
-refuses a server whose uid it does not trust (default: its own and root's): a salt never goes to an impostor who
-bound the path first. The server refuses a socket path in a directory other users can write without the sticky
-bit (they could replace the socket). The server writes no file a client names: snapshots go back as bytes.
+its allow-list (default: its own uid). The client (`client.AdminClient`) reads the server's credentials before it
+sends a byte and refuses a server whose uid it does not trust: a salt never goes to an impostor who bound the path
+first. The server refuses a socket path in a directory other users can write without the sticky bit (they could
+replace the socket). The server writes no file a client names: snapshots go back as bytes.
 
 Bounded resources. At most `max_connections` connections are served; one more is answered `busy` at once by the
 accept thread (the listen backlog is sized well past the limit so a burst of connects is answered, not refused),
 and the client retries `busy` within its timeout. A connection silent for `idle_timeout` seconds is closed, and a
 frame must arrive whole within that time of its first byte. Replay uploads are spooled to anonymous temp files
 under a per-trace and a total cap, and replayed from there line by line. Frame sizes and nesting are bounded
-(`admin_protocol`). A slow or silent client holds at most its own connection thread, never the owner thread.
+(`protocol`). A slow or silent client holds at most its own connection thread, never the owner thread.
 
 A malformed frame never ends the server: a body that is not a request is answered with an error and the
 connection goes on; a length prefix over the limit is answered and the connection closed (the stream cannot be
@@ -28,59 +29,34 @@ owner thread and goes no further: requests are never logged or echoed.
 Stopping: `close()` (or the `stop` event of `serve_forever`, set by a signal handler) stops a running replay at its
 next step: the replay's own polls between steps raise `AdminShuttingDown`, the replay releases what it held, and
 its client is answered `shutting_down`.
-
-`AdminClient` is the other end: one connection, one request at a time, typed errors (`AdminUnavailable`,
-`AdminUntrusted`, `AdminTimeout`, `AdminProtocolMismatch`, `AdminRemoteError`, `AdminBadFrame`) naming the socket.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import pwd
 import queue
 import socket
 import stat
-import struct
 import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import IO, Any, TypeVar
+from collections.abc import Callable, Iterable
+from typing import IO, Any
 
 import msgspec
 
-from .admin_protocol import (MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, MAX_TRACE_BYTES, PROTOCOL_VERSION,
-                             TRACE_CHUNK_BYTES, AdminRequest, Envelope, ErrorInfo, FrameTooLarge, ReplayAck,
-                             ReplayRequest, Response, Truncated, decode_envelope, decode_response, encode, frame,
-                             head_of, read_frame)
-from .errors import (AdminBadFrame, AdminError, AdminProtocolMismatch, AdminRemoteError, AdminShuttingDown,
-                     AdminSocketInUse, AdminTimeout, AdminUnavailable, AdminUntrusted, InvalidTrace, KVCacheError)
-from .workload import TraceRequest, parse_trace, trace_lines
+from ..errors import AdminBadFrame, AdminError, AdminShuttingDown, AdminSocketInUse, InvalidTrace, KVCacheError
+from ..workload.traces import TraceRequest, parse_trace, trace_lines
+from .credentials import describe_uid, peer_credentials
+from .protocol import (MAX_REQUEST_BYTES, MAX_TRACE_BYTES, PROTOCOL_VERSION, AdminRequest, ErrorInfo, FrameTooLarge,
+                       ReplayAck, ReplayRequest, Response, Truncated, decode_envelope, encode, frame, head_of,
+                       read_frame)
 
-log = logging.getLogger("kvcache.admin")
+log = logging.getLogger("kvcache.live")
 
 _SUN_PATH_MAX = 107  # bytes of a Unix socket path (sun_path is 108 with the terminating NUL)
 _WAKE = 0.25  # seconds: how often waiting threads look whether the server is closing
 _SEND_RATE = 1 << 20  # bytes a second a reader must at least take an answer at (a large answer gets longer)
-_BUSY_RETRY_START = 0.02  # seconds before a client retries a `busy` answer (doubling, up to _BUSY_RETRY_MAX)
-_BUSY_RETRY_MAX = 0.5
-_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-
-T = TypeVar("T")
-
-
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the process at the other end of a connected Unix socket (SO_PEERCRED: for a client,
-    the server as it was when it called listen; for a server, the client as it was when it connected)."""
-    return _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
-
-
-def _user(uid: int) -> str:
-    try:
-        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
-    except KeyError:
-        return f"uid {uid}"
 
 
 class ReplayJob(msgspec.Struct):
@@ -128,8 +104,8 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-class AdminServer:
-    """The admin socket of one cache: accepts connections and queues their requests for `poll`.
+class AdminTransport:
+    """The admin socket: accepts connections and queues their requests for `poll`, which runs them with `execute`.
 
     `allow_uids`: the uids a peer may have (default: this process's). `max_connections`: connections served at
     once (one more is answered `busy`). `idle_timeout`: seconds a connection may stay silent, and a frame may take
@@ -174,7 +150,7 @@ class AdminServer:
 
     # --- life -----------------------------------------------------------------------------------------------
 
-    def start(self) -> "AdminServer":
+    def start(self) -> "AdminTransport":
         """Claim the path (refusing one a live server answers on, taking over a stale socket), listen, and start
         accepting. Returns self."""
         self._sock = _bind(self.path, self.mode)
@@ -334,8 +310,8 @@ class AdminServer:
             if uid not in self.allow_uids:
                 self.refused += 1
                 log.warning("admin socket %s: refused a connection from %s (not on the allow-list)", self.path,
-                            _user(uid))
-                self._reply_and_close(conn, ErrorInfo("forbidden", f"{_user(uid)} may not use this admin socket "
+                            describe_uid(uid))
+                self._reply_and_close(conn, ErrorInfo("forbidden", f"{describe_uid(uid)} may not use this admin socket "
                                                                    f"(the server allows {self._allowed()})"))
                 continue
             thread = threading.Thread(target=self._connection, args=(conn,), name="kvc-admin-conn", daemon=True)
@@ -351,7 +327,7 @@ class AdminServer:
             thread.start()
 
     def _allowed(self) -> str:
-        return ", ".join(_user(uid) for uid in sorted(self.allow_uids))
+        return ", ".join(describe_uid(uid) for uid in sorted(self.allow_uids))
 
     def _reply_and_close(self, conn: socket.socket, error: ErrorInfo) -> None:
         try:
@@ -574,7 +550,7 @@ def _claim(path: str) -> None:
         try:
             os.unlink(path)  # stale: left by a server that died; take it over
         except PermissionError:
-            raise AdminSocketInUse(path, f"a stale socket of {_user(st.st_uid)} that this user cannot remove"
+            raise AdminSocketInUse(path, f"a stale socket of {describe_uid(st.st_uid)} that this user cannot remove"
                                    ) from None
         return
     except OSError as exc:
@@ -583,160 +559,5 @@ def _claim(path: str) -> None:
         probe.close()
     mine = uid == os.geteuid()
     raise AdminSocketInUse(path, "a server is already listening on this socket" +
-                           ("" if mine else f", run by {_user(uid)}, not by this user: someone else bound the path "
+                           ("" if mine else f", run by {describe_uid(uid)}, not by this user: someone else bound the path "
                                             f"first (serve from a directory only you can write)"))
-
-
-# --- the client --------------------------------------------------------------------------------------------
-
-
-class AdminClient:
-    """A connection to a live cache's admin socket. One request at a time; usable as a context manager.
-
-    Before it sends anything, the client checks who serves the socket (SO_PEERCRED): a server whose uid is not in
-    `trusted_uids` (default: this process's and root's) is refused with `AdminUntrusted`. A `busy` answer (the
-    server at its connection limit) is retried within the timeout.
-    """
-
-    def __init__(self, path: str | os.PathLike, timeout: float | None = 30.0,
-                 trusted_uids: Iterable[int] | None = None) -> None:
-        self.path = os.fspath(path)
-        self.timeout = timeout  # seconds to wait for each answer; None: no limit
-        self.trusted_uids = frozenset(trusted_uids) if trusted_uids is not None else frozenset({os.geteuid(), 0})
-        self._sock: socket.socket | None = None
-        self._next_id = 1
-
-    def __enter__(self) -> "AdminClient":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Close the connection (a later call reconnects)."""
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-
-    def call(self, request: Any, result_type: type[T], timeout: float | None | bool = True) -> T:
-        """Send `request`, wait for its answer and decode it as `result_type`. `timeout=True`: the client's."""
-        wait = self.timeout if timeout is True else timeout
-        deadline = None if wait is None else time.monotonic() + wait
-        pause = _BUSY_RETRY_START
-        while True:
-            try:
-                return self._call_once(request, result_type, wait)
-            except AdminRemoteError as exc:
-                if exc.kind != "busy" or (deadline is not None and time.monotonic() + pause > deadline):
-                    raise
-            time.sleep(pause)  # the server's connection limit: try again shortly, within the timeout
-            pause = min(2 * pause, _BUSY_RETRY_MAX)
-
-    def _call_once(self, request: Any, result_type: type[T], wait: float | None) -> T:
-        ident = self._next_id
-        self._next_id += 1
-        data = frame(Envelope(PROTOCOL_VERSION, ident, request))
-        if len(data) - 4 > MAX_REQUEST_BYTES:
-            raise AdminBadFrame(self.path, f"the request is {len(data) - 4} bytes, over the admin socket's limit "
-                                           f"of {MAX_REQUEST_BYTES} bytes")
-        sock = self._connect()
-        try:
-            sock.settimeout(wait)
-            try:
-                sock.sendall(data)
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the server answered and closed before reading (busy, forbidden): read that answer
-            body = read_frame(sock, MAX_RESPONSE_BYTES)
-        except (TimeoutError, socket.timeout):
-            self.close()  # the answer may still come: this connection can no longer be framed
-            raise AdminTimeout(self.path, wait or 0.0) from None
-        except (Truncated, FrameTooLarge, OSError) as exc:
-            self.close()
-            raise AdminUnavailable(self.path, f"the server dropped the connection ({exc})") from None
-        if body is None:
-            self.close()
-            raise AdminUnavailable(self.path, "the server closed the connection without answering")
-        try:
-            version, _ = head_of(body)
-            if version != PROTOCOL_VERSION:
-                self.close()
-                raise AdminProtocolMismatch(self.path, PROTOCOL_VERSION, version)
-            response = decode_response(body)
-        except AdminBadFrame as exc:
-            self.close()
-            raise AdminBadFrame(self.path, str(exc)) from None
-        if response.error is not None:
-            if response.error.kind == "protocol_version":
-                raise AdminProtocolMismatch(self.path, PROTOCOL_VERSION, response.v)
-            if response.error.kind in ("busy", "forbidden"):
-                self.close()  # the server closed this connection after answering
-            raise AdminRemoteError(self.path, response.error.kind, response.error.message)
-        try:
-            return msgspec.msgpack.decode(response.result, type=result_type)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise AdminBadFrame(self.path, f"unexpected result: {exc}") from None
-        except RecursionError:
-            raise AdminBadFrame(self.path, "unexpected result: nested too deep") from None
-
-    def replay(self, trace: bytes | str | os.PathLike | IO[bytes], result_type: type[T], *, verify: bool = False,
-               batch: int = 4, lookahead: int = 8, snapshot: bool = False,
-               timeout: float | None | bool = None) -> T:
-        """Have the live cache replay a JSONL trace (its bytes, a path or a binary file, sent in chunks of at most
-        one frame, never read whole); returns its answer as `result_type` (`admin_protocol.ReplayOutcome`).
-        `timeout` applies to the final answer (default: none, a long trace takes what it takes)."""
-        last = b""
-        chunks = _chunks(trace)
-        for chunk in chunks:
-            if last:
-                self.call(ReplayRequest(last, more=True), ReplayAck)
-            last = chunk
-        return self.call(ReplayRequest(last, False, verify, batch, lookahead, snapshot), result_type, timeout)
-
-    def _connect(self) -> socket.socket:
-        if self._sock is not None:
-            return self._sock
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout if self.timeout is not None else 30.0)
-        try:
-            sock.connect(self.path)
-            _, uid, _ = peer_credentials(sock)
-        except FileNotFoundError:
-            sock.close()
-            raise AdminUnavailable(self.path, "no kvc server: the socket does not exist "
-                                              "(start one with `kvc serve`)") from None
-        except ConnectionRefusedError:
-            sock.close()
-            raise AdminUnavailable(self.path, "no kvc server: nothing is listening on this socket "
-                                              "(a stale socket, or not a socket)") from None
-        except (TimeoutError, socket.timeout):
-            sock.close()
-            raise AdminTimeout(self.path, sock.gettimeout() or 0.0) from None
-        except OSError as exc:
-            sock.close()
-            raise AdminUnavailable(self.path, f"cannot connect: {exc.strerror or exc}") from None
-        if uid not in self.trusted_uids:
-            sock.close()
-            raise AdminUntrusted(self.path, f"the server on this socket runs as {_user(uid)}, which this client "
-                                            f"does not trust; nothing was sent (to trust it: KVC_SERVER_UID={uid})")
-        self._sock = sock
-        return sock
-
-
-def _chunks(trace: bytes | str | os.PathLike | IO[bytes]) -> Iterator[bytes]:
-    """A trace's bytes in replay chunks (TRACE_CHUNK_BYTES each); at least one, maybe empty."""
-    if isinstance(trace, (bytes, bytearray, memoryview)):
-        data = bytes(trace)
-        yield from (data[i:i + TRACE_CHUNK_BYTES] for i in range(0, len(data), TRACE_CHUNK_BYTES))
-        if not data:
-            yield b""
-        return
-    if isinstance(trace, (str, os.PathLike)):
-        with open(trace, "rb") as f:
-            yield from _chunks(f)
-        return
-    sent = False
-    while chunk := trace.read(TRACE_CHUNK_BYTES):
-        sent = True
-        yield chunk
-    if not sent:
-        yield b""

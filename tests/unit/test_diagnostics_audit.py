@@ -5,7 +5,8 @@ import pytest
 
 from factories import make_cache
 from kvcache import Namespace, Request
-from kvcache.audit import OwnershipState, check_state, collect_state
+from kvcache.diagnostics.audit import check_state
+from kvcache.diagnostics.ownership import OwnershipState, collect_state
 from kvcache.owners import OwnerKind, owner_code
 
 T1 = Namespace("t1")

@@ -1,12 +1,12 @@
-"""kvcache.metrics: Prometheus families of a store's and a live cache's figures, exact and escaped."""
+"""kvcache.live.metrics: Prometheus families of a store's and a live cache's figures, exact and escaped."""
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from factories import forward, l3_cache, make_layout, make_store
 from kvcache import Namespace, Request
-from kvcache.admin_ops import execute
-from kvcache.admin_protocol import LiveStats, NamespaceList, NamespacesRequest, StatsRequest
-from kvcache.metrics import cache_families, exposition, store_families
+from kvcache.live.metrics import cache_families, exposition, store_families
+from kvcache.live.ops import execute
+from kvcache.live.protocol import LiveStats, NamespaceList, NamespacesRequest, StatsRequest
 
 
 def _samples(text):

@@ -1,8 +1,8 @@
 """Ownership audit: is every page of every pool held by exactly one owner, and is the tree well formed? And the
 entry point of the L3 integrity audit of a store (`audit_store`), which survives a damaged store.
 
-One implementation for a live cache and for a dumped state: `collect_state(cache)` reads a cache into an
-`OwnershipState` (plain msgspec data: the ledgers, the free lists and every reference holder — tree nodes, live
+One implementation for a live cache and for a dumped state: `ownership.collect_state(cache)` reads a cache into
+an `OwnershipState` (plain msgspec data: the ledgers, the free lists and every reference holder — tree nodes, live
 requests, in-flight operations, staged records), and `check_state(state)` runs every check on it. A snapshot is
 that state serialised, so an offline audit of a dump runs exactly the checks a live audit runs.
 
@@ -30,13 +30,14 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
-from .owners import FREE_CODE, OwnerKind, describe_code, owner_code
+from ..owners import FREE_CODE, OwnerKind, describe_code, owner_code
+from .ownership import NodeState, OwnershipState, PoolState, collect_state, pages_of
+from .snapshot import Snapshot, decode_snapshot
 
 if TYPE_CHECKING:
-    from .cache import TieredCache
-    from .storage.base import VerifyReport
+    from ..cache import TieredCache
+    from ..storage.base import VerifyReport
 
-STATE_VERSION = 1
 _MAX_LISTED = 32  # pages listed per violation; `count` has the full number
 
 
@@ -92,141 +93,14 @@ class AuditReport(msgspec.Struct):
     checked: AuditChecked
 
 
-# --- the state an audit reads --------------------------------------------------------------------------------
-
-
-class PoolState(msgspec.Struct):
-    """One pool's ledger and free list."""
-
-    name: str
-    num_pages: int
-    page_size: int
-    ledger_enabled: bool
-    owners: bytes  # int64 little-endian owner code per page
-    free_list: bytes  # int64 little-endian pages on the free stack
-
-
-class NodeState(msgspec.Struct):
-    """One tree node (namespace roots included; the tree's root is implicit, id 0)."""
-
-    id: int
-    parent: int  # 0 for namespace roots
-    namespace: str  # namespace id, hex
-    namespace_root: bool
-    tokens: int
-    device: bytes | None  # int64 little-endian L1 pages, None without a device copy
-    host: bytes | None  # int64 little-endian L2 pages, None without a host copy
-    lock_ref: int
-    pins: int
-    host_pins: int = 0
-    device_holds: int = 0
-    host_holds: int = 0
-
-
-class HolderState(msgspec.Struct):
-    """A reference holder that is not a tree node: a live request, an in-flight op, a staged record."""
-
-    kind: str  # "request", "op:<kind>", "staged"
-    id: int
-    owner: int  # ledger code the holder's pages must carry
-    pool: str
-    pages: bytes  # int64 little-endian
-    locks: list[int] = []  # node ids this holder keeps locked (a request: the end of its cached prefix)
-    pins: list[int] = []  # node ids this holder keeps pinned (a copy: its targets)
-    host_pins: list[int] = []  # node ids whose host copy this holder reads (an L3 write)
-    rid: str | None = None
-    device_holds: list[int] = []  # node ids whose path's device copies this holder holds (buffer-mode prefetch)
-    host_holds: list[int] = []  # node ids whose path's host copies this holder holds (cache-mode prefetch)
-
-
-class TreeSizes(msgspec.Struct):
-    """The tree's own running totals, to compare with recomputed ones."""
-
-    device_evictable: int
-    device_protected: int
-    host_evictable: int
-    host_protected: int
-    device_held: int = 0
-    host_held: int = 0
-
-
-class OwnershipState(msgspec.Struct):
-    """Everything the audit checks, as plain data (what a snapshot serialises)."""
-
-    version: int
-    page_size: int
-    pools: list[PoolState]
-    nodes: list[NodeState]
-    holders: list[HolderState]
-    sizes: TreeSizes
-
-
-def _b(pages: np.ndarray | None) -> bytes | None:
-    return None if pages is None else np.asarray(pages, dtype="<i8").tobytes()
-
-
-def _a(data: bytes | None) -> np.ndarray:
-    return np.frombuffer(data or b"", dtype="<i8")
-
-
-def collect_state(cache: "TieredCache") -> OwnershipState:
-    """Read `cache`'s ledgers, free lists and reference holders."""
-    pools = [p for p in (cache.device_pool, cache.host_pool) if p is not None]
-    pool_states = [PoolState(p.name, p.num_pages, p.page_size, p.ledger, _b(p.ledger_codes()),  # type: ignore
-                             _b(p.free_list())) for p in pools]
-    tree = cache.tree
-    nodes = []
-    for ns_root in tree.namespace_roots():
-        nodes.append(NodeState(ns_root.id, 0, ns_root.namespace.id_hex, True, 0, None, None,  # type: ignore
-                               ns_root.lock_ref, ns_root.pins, ns_root.host_pins, ns_root.device_holds,
-                               ns_root.host_holds))
-    for n in tree.nodes():
-        nodes.append(NodeState(n.id, n.parent.id if n.parent is not None else -1,  # type: ignore[union-attr]
-                               n.namespace.id_hex, False, len(n), _b(n.device), _b(n.host),  # type: ignore
-                               n.lock_ref, n.pins, n.host_pins, n.device_holds, n.host_holds))
-    holders = []
-    for live in cache.live_requests():
-        holders.append(HolderState("request", live.handle, live.owner, cache.device_pool.name,
-                                   _b(live.fresh_pages), locks=[live.node.id], rid=live.request.rid))  # type: ignore
-    for op in cache.inflight_ops():
-        holders.append(HolderState(f"op:{op.kind.value}", op.id, op.owner, op.pool.name, _b(op.pages),  # type: ignore
-                                   pins=[t.node.id for t in op.targets]))
-    host = cache.host_pool.name if cache.host_pool is not None else "host"
-    for pf in cache.prefetch_ops():
-        holders.append(HolderState("op:prefetch", pf.id, pf.owner, host, _b(pf.pages), rid=pf.rid,  # type: ignore
-                                   **_holds(pf)))
-    for staged in cache.staged_records():
-        holders.append(HolderState("staged", staged.id, staged.owner, host, _b(staged.pages),  # type: ignore
-                                   rid=staged.rid, **_holds(staged)))
-    for write in cache.storage_writes():
-        if write.bounce:  # buffer mode: owns its bounce copy, reads no node
-            holders.append(HolderState("op:storage_write", write.id, write.owner, host,
-                                       _b(write.pages)))  # type: ignore[arg-type]
-        else:
-            holders.append(HolderState("op:storage_write", write.id, write.owner, host, b"",
-                                       host_pins=[n.id for n in write.nodes]))
-    sizes = TreeSizes(tree.device_evictable, tree.device_protected, tree.host_evictable, tree.host_protected,
-                      tree.device_held, tree.host_held)
-    return OwnershipState(STATE_VERSION, cache.page_size, pool_states, nodes, holders, sizes)
-
-
-def _holds(holder) -> dict[str, list[int]]:
-    """The hold of a prefetch or staged record, as HolderState fields."""
-    if holder.anchor is None:
-        return {}
-    return {f"{holder.hold.value}_holds": [holder.anchor.id]}
-
-
 def audit_cache(cache: "TieredCache") -> AuditReport:
     """Audit a live cache."""
     return check_state(collect_state(cache))
 
 
-def audit_snapshot(doc) -> AuditReport:
-    """Audit a snapshot (a `kvcache.snapshot.Snapshot`, or its encoded bytes) with the checks of a live audit."""
+def audit_snapshot(doc: Snapshot | bytes) -> AuditReport:
+    """Audit a snapshot (a `kvcache.diagnostics.snapshot.Snapshot`, or its encoded bytes) with the checks of a live audit."""
     if isinstance(doc, (bytes, bytearray, memoryview)):
-        from .snapshot import decode_snapshot  # snapshot builds on audit's state types
-
         doc = decode_snapshot(bytes(doc))
     return check_state(doc.state)
 
@@ -238,7 +112,7 @@ def audit_store(location: str, repair: bool = False) -> "VerifyReport":
     any other is opened here and verified."""
     import contextlib
 
-    from .storage.base import backend_class, open_store, scheme_of
+    from ..storage.base import backend_class, open_store, scheme_of
 
     isolated = getattr(backend_class(scheme_of(location)), "verify_location", None)
     if isolated is not None:
@@ -278,11 +152,11 @@ def _refs(pool: PoolState, state: OwnershipState) -> list[_Ref]:
     for n in state.nodes:
         pages = n.device if pool.name == "device" else n.host if pool.name == "host" else None
         if pages is not None and not n.namespace_root:
-            refs.append(_Ref(f"node#{n.id}", owner_code(OwnerKind.NODE, n.id), _a(pages), node=n.id))
+            refs.append(_Ref(f"node#{n.id}", owner_code(OwnerKind.NODE, n.id), pages_of(pages), node=n.id))
     for h in state.holders:
         if h.pool == pool.name:
             label = f"{h.kind}#{h.id}" + (f" ({h.rid})" if h.rid else "")
-            refs.append(_Ref(label, h.owner, _a(h.pages), rid=h.rid))
+            refs.append(_Ref(label, h.owner, pages_of(h.pages), rid=h.rid))
     return refs
 
 
@@ -292,8 +166,8 @@ def _listed(pages: np.ndarray) -> list[int]:
 
 def _check_pool(pool: PoolState, state: OwnershipState, out: list[Violation]) -> None:
     n = pool.num_pages
-    ledger = _a(pool.owners)
-    free = _a(pool.free_list)
+    ledger = pages_of(pool.owners)
+    free = pages_of(pool.free_list)
     refs = _refs(pool, state)
     arrays = []
     for r in refs:
@@ -381,9 +255,9 @@ def _check_structure(state: OwnershipState, by_id: dict[int, NodeState], out: li
             out.append(Violation(ViolationKind.EMPTY_NODE, f"node#{n.id} holds neither a device nor a host copy",
                                  node=n.id))
         for tier, pages in (("device", n.device), ("host", n.host)):
-            if pages is not None and len(_a(pages)) * ps != n.tokens:
+            if pages is not None and len(pages_of(pages)) * ps != n.tokens:
                 out.append(Violation(ViolationKind.PAGE_COUNT_MISMATCH, f"node#{n.id} has {n.tokens} tokens but "
-                                     f"{len(_a(pages))} {tier} pages of {ps}", tier, node=n.id))
+                                     f"{len(pages_of(pages))} {tier} pages of {ps}", tier, node=n.id))
         if not parent.namespace_root:
             if n.device is not None and parent.device is None:
                 out.append(Violation(ViolationKind.DEVICE_NOT_PREFIX, f"node#{n.id} has a device copy, its parent "
@@ -436,7 +310,7 @@ def _check_counts(state: OwnershipState, by_id: dict[int, NodeState], out: list[
     for n in state.nodes:  # a negative count is its own finding
         for tier, pages, tier_holds in (("device", n.device, n.device_holds), ("host", n.host, n.host_holds)):
             word = "protected" if n.lock_ref > 0 else "held" if tier_holds > 0 else "evictable"
-            sizes[f"{tier}_{word}"] += len(_a(pages))
+            sizes[f"{tier}_{word}"] += len(pages_of(pages))
     for name, value in sizes.items():
         recorded = getattr(state.sizes, name)
         if recorded != value:

@@ -22,8 +22,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import CollectorRegistry
 
 if TYPE_CHECKING:
-    from .admin_protocol import LiveStats, NamespaceList
-    from .storage.base import NamespaceRecord, StoreStats
+    from ..storage.base import NamespaceRecord, StoreStats
+    from .protocol import LiveStats, NamespaceList
 
 NS_LABELS = ["extra_key", "salt_fingerprint"]
 TIERS = ("device", "host", "storage")

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 import xxhash
 
-from .keys import PAGE_HASH_BYTES
-from .layout import KVLayout
+from ..keys import PAGE_HASH_BYTES
+from ..layout import KVLayout
 
 _ROW_MIX = np.uint64(0x9E3779B97F4A7C15)  # golden-ratio constant: consecutive rows get unrelated patterns
 _CHECK_CHUNK_BYTES = 1 << 20  # pages gathered per compare on a device: large enough to amortise the launches

@@ -3,8 +3,7 @@
 import pytest
 
 from factories import make_layout, make_store
-from kvcache import (CacheConfig, Namespace, Replayer, TieredCache, TraceRequest, WorkloadSpec, generate,
-                     replay)
+from kvcache import CacheConfig, Namespace, Replayer, TieredCache, TraceRequest, WorkloadSpec, generate, replay
 
 SPEC = WorkloadSpec(requests=150, tenants=3, system_prompt_tokens=40, document_tokens=64, documents=5,
                     user_tokens=12, output_tokens=8, seed=3)

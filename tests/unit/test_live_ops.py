@@ -4,11 +4,11 @@ import pytest
 
 from factories import l3_cache, make_layout, make_store
 from kvcache import Namespace, Request, SyntheticKV, replay
-from kvcache.admin import ReplayJob
-from kvcache.admin_ops import execute
 from kvcache.config import HostMode
 from kvcache.keys import page_hashes
-from kvcache.workload import TraceRequest
+from kvcache.live.ops import execute
+from kvcache.live.transport import ReplayJob
+from kvcache.workload.traces import TraceRequest
 
 SALT = "admin-ops-salt-qwerty"
 T1 = Namespace("t1", SALT)
@@ -52,8 +52,8 @@ def test_a_live_replay_whose_rids_collide_with_the_engines_holds_verifies_clean(
 
 
 def test_a_live_namespace_drop_empties_every_tier_and_writes_nothing_back(store):
-    from kvcache.admin_protocol import DropRequest
     from kvcache.config import WritePolicy
+    from kvcache.live.protocol import DropRequest
 
     c = l3_cache(store, write_policy=WritePolicy.WRITE_BACK)
     replay(c, [TraceRequest(f"d{i}", PROMPT + [i] * 8 + [7] * 8, "t1", SALT) for i in range(3)])

@@ -23,9 +23,9 @@ from typing import Annotated, BinaryIO
 import msgspec
 import numpy as np
 
-from .errors import InvalidInput, InvalidTrace
-from .namespace import Namespace
-from .request import Request
+from ..errors import InvalidInput, InvalidTrace
+from ..namespace import Namespace
+from ..request import Request
 
 Token = Annotated[int, msgspec.Meta(ge=0, le=0xFFFFFFFF)]
 

@@ -14,13 +14,13 @@ import time
 
 import msgspec
 
-from .cache import TieredCache
-from .config import HostMode, PrefetchPolicy
-from .errors import InvalidInput
-from .layout import KVLayout
-from .namespace import Namespace, NamespaceInfo
-from .request import Request
-from .storage.base import L3Store
+from ..cache import TieredCache
+from ..config import HostMode, PrefetchPolicy
+from ..errors import InvalidInput
+from ..layout import KVLayout
+from ..namespace import Namespace, NamespaceInfo
+from ..request import Request
+from ..storage.base import L3Store
 
 
 class WarmPrefix(msgspec.Struct, frozen=True):

@@ -5,7 +5,7 @@ import numpy as np
 from factories import l3_cache, make_layout, make_store
 from kvcache import Namespace, SyntheticKV, page_origins, warm_namespace
 from kvcache.keys import pack_tokens
-from kvcache.warm import hottest_prefixes
+from kvcache.workload.warm import hottest_prefixes
 
 PS = 4
 T1 = Namespace("t1", "s")

@@ -1,0 +1,143 @@
+"""The ownership state of a cache as plain data: every pool's ledger and free list and every reference holder
+(tree nodes, live requests, in-flight operations, prefetches, staged records, L3 writes).
+
+`collect_state(cache)` reads it off a live cache; the audit checks it (`audit.check_state`) and a snapshot
+serialises it (`snapshot`), so an offline audit of a dump runs exactly the checks of a live audit.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+import numpy as np
+
+if TYPE_CHECKING:
+    from ..cache import TieredCache
+
+STATE_VERSION = 1
+
+# --- the state an audit reads --------------------------------------------------------------------------------
+
+
+class PoolState(msgspec.Struct):
+    """One pool's ledger and free list."""
+
+    name: str
+    num_pages: int
+    page_size: int
+    ledger_enabled: bool
+    owners: bytes  # int64 little-endian owner code per page
+    free_list: bytes  # int64 little-endian pages on the free stack
+
+
+class NodeState(msgspec.Struct):
+    """One tree node (namespace roots included; the tree's root is implicit, id 0)."""
+
+    id: int
+    parent: int  # 0 for namespace roots
+    namespace: str  # namespace id, hex
+    namespace_root: bool
+    tokens: int
+    device: bytes | None  # int64 little-endian L1 pages, None without a device copy
+    host: bytes | None  # int64 little-endian L2 pages, None without a host copy
+    lock_ref: int
+    pins: int
+    host_pins: int = 0
+    device_holds: int = 0
+    host_holds: int = 0
+
+
+class HolderState(msgspec.Struct):
+    """A reference holder that is not a tree node: a live request, an in-flight op, a staged record."""
+
+    kind: str  # "request", "op:<kind>", "staged"
+    id: int
+    owner: int  # ledger code the holder's pages must carry
+    pool: str
+    pages: bytes  # int64 little-endian
+    locks: list[int] = []  # node ids this holder keeps locked (a request: the end of its cached prefix)
+    pins: list[int] = []  # node ids this holder keeps pinned (a copy: its targets)
+    host_pins: list[int] = []  # node ids whose host copy this holder reads (an L3 write)
+    rid: str | None = None
+    device_holds: list[int] = []  # node ids whose path's device copies this holder holds (buffer-mode prefetch)
+    host_holds: list[int] = []  # node ids whose path's host copies this holder holds (cache-mode prefetch)
+
+
+class TreeSizes(msgspec.Struct):
+    """The tree's own running totals, to compare with recomputed ones."""
+
+    device_evictable: int
+    device_protected: int
+    host_evictable: int
+    host_protected: int
+    device_held: int = 0
+    host_held: int = 0
+
+
+class OwnershipState(msgspec.Struct):
+    """Everything the audit checks, as plain data (what a snapshot serialises)."""
+
+    version: int
+    page_size: int
+    pools: list[PoolState]
+    nodes: list[NodeState]
+    holders: list[HolderState]
+    sizes: TreeSizes
+
+
+def _b(pages: np.ndarray | None) -> bytes | None:
+    return None if pages is None else np.asarray(pages, dtype="<i8").tobytes()
+
+
+def pages_of(data: bytes | None) -> np.ndarray:
+    """The pages stored in a state field (int64 little-endian bytes), as an array."""
+    return np.frombuffer(data or b"", dtype="<i8")
+
+
+def collect_state(cache: "TieredCache") -> OwnershipState:
+    """Read `cache`'s ledgers, free lists and reference holders."""
+    pools = [p for p in (cache.device_pool, cache.host_pool) if p is not None]
+    pool_states = [PoolState(p.name, p.num_pages, p.page_size, p.ledger, _b(p.ledger_codes()),  # type: ignore
+                             _b(p.free_list())) for p in pools]
+    tree = cache.tree
+    nodes = []
+    for ns_root in tree.namespace_roots():
+        nodes.append(NodeState(ns_root.id, 0, ns_root.namespace.id_hex, True, 0, None, None,  # type: ignore
+                               ns_root.lock_ref, ns_root.pins, ns_root.host_pins, ns_root.device_holds,
+                               ns_root.host_holds))
+    for n in tree.nodes():
+        nodes.append(NodeState(n.id, n.parent.id if n.parent is not None else -1,  # type: ignore[union-attr]
+                               n.namespace.id_hex, False, len(n), _b(n.device), _b(n.host),  # type: ignore
+                               n.lock_ref, n.pins, n.host_pins, n.device_holds, n.host_holds))
+    holders = []
+    for live in cache.live_requests():
+        holders.append(HolderState("request", live.handle, live.owner, cache.device_pool.name,
+                                   _b(live.fresh_pages), locks=[live.node.id], rid=live.request.rid))  # type: ignore
+    for op in cache.inflight_ops():
+        holders.append(HolderState(f"op:{op.kind.value}", op.id, op.owner, op.pool.name, _b(op.pages),  # type: ignore
+                                   pins=[t.node.id for t in op.targets]))
+    host = cache.host_pool.name if cache.host_pool is not None else "host"
+    for pf in cache.prefetch_ops():
+        holders.append(HolderState("op:prefetch", pf.id, pf.owner, host, _b(pf.pages), rid=pf.rid,  # type: ignore
+                                   **_holds(pf)))
+    for staged in cache.staged_records():
+        holders.append(HolderState("staged", staged.id, staged.owner, host, _b(staged.pages),  # type: ignore
+                                   rid=staged.rid, **_holds(staged)))
+    for write in cache.storage_writes():
+        if write.bounce:  # buffer mode: owns its bounce copy, reads no node
+            holders.append(HolderState("op:storage_write", write.id, write.owner, host,
+                                       _b(write.pages)))  # type: ignore[arg-type]
+        else:
+            holders.append(HolderState("op:storage_write", write.id, write.owner, host, b"",
+                                       host_pins=[n.id for n in write.nodes]))
+    sizes = TreeSizes(tree.device_evictable, tree.device_protected, tree.host_evictable, tree.host_protected,
+                      tree.device_held, tree.host_held)
+    return OwnershipState(STATE_VERSION, cache.page_size, pool_states, nodes, holders, sizes)
+
+
+def _holds(holder) -> dict[str, list[int]]:
+    """The hold of a prefetch or staged record, as HolderState fields."""
+    if holder.anchor is None:
+        return {}
+    return {f"{holder.hold.value}_holds": [holder.anchor.id]}

@@ -1,0 +1,11 @@
+"""Live mode (DESIGN §7): the admin socket of a running cache, above the cache and driving it.
+
+- `protocol`: the wire format — frames, requests, answers and their bounds;
+- `server`: `AdminServer(cache, path)`, which queues requests on its threads and runs them when the engine calls
+  `server.poll()` between scheduler steps (or on its own owner loop, for `kvc serve`);
+- `ops`: what each request does to the cache it is given;
+- `client`: `AdminClient`, the other end, which imports neither torch nor the cache;
+- `metrics`: Prometheus families of a live cache's figures and of a store's.
+
+Nothing here is imported by the cache: the engine (or `kvc serve`) hands a cache to a server.
+"""
