@@ -22,7 +22,8 @@ from kvcache.namespace import Namespace, use_fingerprint_key
 from kvcache.storage.base import L3Store, open_store
 from kvcache.storage.location import StoreLocation
 
-from .errors import STATE, Interrupted, UsageError
+from .errors import Interrupted, UsageError
+from .reporting import STATE
 from .output import Output, console, human_bytes
 from .secrets import salt_from, store_location
 
@@ -49,7 +50,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def command(fn: F) -> F:
-    """Mark a command body: it tells the error handler (kvc.errors) whether this invocation prints JSON and shows
+    """Mark a command body: it tells the error handler (kvc.reporting) whether this invocation prints JSON and shows
     tracebacks, and turns a SIGINT into `Interrupted` once the body's cleanups have run."""
 
     @functools.wraps(fn)

@@ -1,6 +1,6 @@
 """The `kvc` typer application: global options and the command groups.
 
-Every invocation runs under kvc.errors.KvcGroup (one error contract: one line, exit 2; Ctrl-C exit 130). The
+Every invocation runs under kvc.reporting.KvcGroup (one error contract: one line, exit 2; Ctrl-C exit 130). The
 command modules import only what reading a store needs; the cache and torch are imported by the commands that
 move KV, when they run, so `kvc --version`, `kvc ns ls`, `kvc stats` and `kvc audit` start in a fraction of a
 second (benchmarks/bench_startup.py).
@@ -14,7 +14,7 @@ from typing import Any
 import typer
 from typer.core import TyperCommand
 
-from .errors import STATE, KvcGroup
+from .reporting import STATE, KvcGroup
 
 # name -> (module, attribute, one line for `kvc --help`; `kvc NAME --help` shows the whole docstring). A command's
 # module is imported only when that command runs (or its own help is asked for): `kvc --version` and `kvc

@@ -13,6 +13,8 @@ import msgspec
 import typer
 
 from kvcache.keys import unpack_tokens
+from kvcache.live.protocol import DropRequest, EvictOutcome, EvictRequest, NamespacesRequest
+from kvcache.live.protocol import NamespaceList as LiveNamespaceList
 from kvcache.namespace import Namespace, NamespaceInfo, display_id
 from kvcache.storage.base import L3Store, NamespaceRecord
 
@@ -22,6 +24,7 @@ from .errors import UsageError
 from .output import (Column, JsonOpt, Kind, Listing, NoHeadersOpt, Output, OutputOpt, console, emit_json, emit_rows,
                      human_bytes, literal, ns_label, output_format, render, say, shown)
 from .secrets import SaltFileOpt, SaltOpt, salt_from
+from .views import render_live_namespaces, sort_namespaces
 
 app = typer.Typer(help="Namespaces in the store: list them, show one's prefix tree, drop one (offboarding).",
                   no_args_is_help=True)
@@ -99,14 +102,6 @@ def _shown_id(rec: NamespaceRecord) -> str:
     return display_id(bytes.fromhex(rec.ns_id_hex))
 
 
-def sort_rows(rows: list, sort: str) -> None:
-    """Order `ns ls` rows (offline or live) by one of SORT_KEYS."""
-    if sort == "extra_key":
-        rows.sort(key=lambda r: (r.extra_key or "", r.salt_fingerprint or ""))
-    else:
-        rows.sort(key=lambda r: getattr(r, sort), reverse=True)
-
-
 @app.command("ls", short_help="List the namespaces in the store (or a live cache), with their ids.")
 @command
 def ls(
@@ -125,7 +120,15 @@ def ls(
         raise UsageError(f"--sort {sort!r} is not one of {', '.join(SORT_KEYS)}")
     fmt = output_format(output, json)
     if (sock := live.socket_path(socket)) is not None:
-        return live.ns_ls(sock, sort, fmt, no_headers)
+        listing = live.call(sock, NamespacesRequest(), LiveNamespaceList)
+        sort_namespaces(listing.namespaces, sort)
+        if fmt is Output.JSON:
+            emit_json(listing)
+        elif fmt is Output.JSONL:
+            emit_rows(listing.namespaces)
+        else:
+            render_live_namespaces(listing, sock, fmt, no_headers)
+        return
     st = open_inspect(store)
     try:
         ps = _page_size(st)
@@ -133,7 +136,7 @@ def ls(
                              r.created, r.last_access) for r in st.namespaces()]
     finally:
         st.close()
-    sort_rows(rows, sort)
+    sort_namespaces(rows, sort)
     if fmt is Output.JSON:
         emit_json(NamespaceList(str(store), rows))
     elif fmt is Output.JSONL:
@@ -288,7 +291,7 @@ def drop(
         if by_digest:
             raise UsageError("a live drop names the namespace by EXTRA_KEY and its salt (the cache's tree knows "
                              "namespaces by their salt, not by --id or --fingerprint)")
-        return live.ns_drop(path, extra_key, salt_value, missing_ok, json)  # type: ignore[arg-type]
+        return _drop_live(path, extra_key, salt_value, missing_ok, json)  # type: ignore[arg-type]
     st = open_inspect(store, writable=True)
     try:
         found = _targets(st, extra_key, ns, ns_id, fingerprint)
@@ -315,4 +318,52 @@ def drop(
             f"{human_bytes(output.bytes)} ({output.transactions} transactions)")
 
 
-app.command("evict", short_help="Live cache only: drop a namespace's pages from L1 and/or L2.")(live.ns_evict)
+def _drop_live(path: str, extra_key: str, salt: str | None, missing_ok: bool, json: bool) -> None:
+    """`kvc --socket S ns drop EXTRA_KEY`: offboard a namespace from the live cache's L1 and L2 (nothing written
+    back) and from its store, in one request (`TieredCache.drop_namespace`)."""
+    from kvcache.cache import NamespaceDrop  # the result type only; the server runs the cache
+
+    Namespace(extra_key, salt)  # checked here, before the request goes out
+    outcome = live.call(path, DropRequest(extra_key, salt), NamespaceDrop)
+    held = outcome.device_pages + outcome.host_pages + outcome.store_pages
+    if not held and not outcome.live_requests and not missing_ok:
+        raise UsageError(f"namespace {ns_label(outcome.namespace)} holds nothing in the live cache or its store "
+                         f"(--missing-ok makes that a success)")
+    if json:
+        emit_json(outcome)
+        return
+    running = (f"; {outcome.live_requests} running request(s) keep their pages until they end"
+               if outcome.live_requests else "")
+    say(f"dropped namespace {ns_label(outcome.namespace)} from the live cache: {outcome.device_pages:,} L1 pages, "
+        f"{outcome.host_pages:,} L2 pages, {outcome.store_pages:,} L3 pages ({human_bytes(outcome.store_bytes)})"
+        f"{running}")
+
+
+@app.command("evict", short_help="Live cache only: drop a namespace's pages from L1 and/or L2.")
+@command
+def evict(
+    extra_key: Annotated[str, typer.Argument(help="The namespace's extra_key (\"\" for requests without one).",
+                                             metavar="EXTRA_KEY")],
+    salt: SaltOpt = None,
+    salt_file: SaltFileOpt = None,
+    socket: live.SocketOpt = None,
+    device: Annotated[bool, typer.Option("--device/--no-device", help="Evict from L1.")] = True,
+    host: Annotated[bool, typer.Option("--host/--no-host", help="Evict from L2.")] = True,
+    json: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Live cache only: evict a namespace's pages from L1 and/or L2 (what requests and copies use stays; its L3
+    pages stay). Under write-back, device pages are backed up before they go."""
+    path = live.socket_path(socket)
+    if path is None:
+        raise UsageError("kvc ns evict acts on a live cache: give --socket PATH (or KVC_SOCKET)")
+    salt_value = salt_from(salt, salt_file)
+    Namespace(extra_key, salt_value)  # checked here, before the request goes out
+    outcome = live.call(path, EvictRequest(extra_key, salt_value, device, host), EvictOutcome)
+    if json:
+        emit_json(outcome)
+        return
+    t = outcome.tiers
+    say(f"evicted namespace {ns_label(outcome.namespace)}: {outcome.device_pages:,} L1 pages, "
+        f"{outcome.host_pages:,} L2 pages; it now holds {t.device.tokens:,} tokens in L1, {t.host.tokens:,} in L2, "
+        f"{t.storage.tokens:,} in L3")

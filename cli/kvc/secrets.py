@@ -17,6 +17,8 @@ import typer
 
 from kvcache.storage.location import REDACTED, StoreLocation
 
+from .errors import UsageError
+
 SALT_ENV = "KVC_SALT"
 
 SaltOpt = Annotated[str | None, typer.Option(
@@ -67,8 +69,6 @@ def salt_from(salt: str | None, salt_file: Path | None) -> str | None:
     """The salt of the command line (see the module docstring); None for no salt."""
     import os
 
-    from .errors import UsageError
-
     if salt is not None and salt_file is not None:
         raise UsageError("give --salt or --salt-file, not both")
     if salt == "-":
@@ -89,8 +89,6 @@ def salt_from(salt: str | None, salt_file: Path | None) -> str | None:
 
 
 def _first_line(text: str, source: str) -> str:
-    from .errors import UsageError
-
     lines = text.splitlines()
     if not lines or not lines[0]:
         raise UsageError(f"{source}: no salt there (an empty first line); give --salt '' for no salt")

@@ -8,35 +8,15 @@ from typing import Annotated
 import msgspec
 import typer
 
-from kvcache.storage.base import StoreStats
+from kvcache.live.protocol import LiveStats, NamespaceList, NamespacesRequest, StatsRequest
 
 from . import live
 from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, open_inspect
-from .output import (Column, JsonOpt, Listing, NoHeadersOpt, Output, OutputOpt, emit_json, human_bytes, output_format,
-                     render)
+from .output import JsonOpt, NoHeadersOpt, OutputOpt, emit_json
+from .views import print_figures, print_prometheus, render_live_stats, store_rows
 
 PromOpt = Annotated[bool, typer.Option("--prom", help="Print the Prometheus text exposition instead (for a "
                                        "node_exporter textfile or a scrape; `kvc serve --metrics-port` serves it).")]
-
-
-def store_rows(figures: StoreStats, location: str) -> list[list[str]]:
-    """`kvc stats` rows (figure, value) of a store."""
-    c = figures.counters
-    return [["store", location],
-            ["backend", f"{figures.backend} (format {figures.format_version}, checksum {figures.checksum})"],
-            ["pages", f"{figures.pages:,}"],
-            ["payload", human_bytes(figures.bytes)],
-            ["footprint", human_bytes(figures.footprint_bytes)],
-            ["capacity", human_bytes(figures.capacity_bytes) if figures.capacity_bytes else "unlimited"],
-            ["namespaces", f"{figures.namespaces:,}"],
-            ["reads / misses", f"{c.pages_read:,} / {c.misses:,} (checksum failures {c.checksum_failures:,})"]]
-
-
-def print_figures(title: str, rows: list[list[str]], output: Output | None, no_headers: bool) -> None:
-    """Figure/value rows: a two-column table on a terminal, `figure<TAB>value` lines elsewhere (--json for
-    scripts)."""
-    render(Listing(title, [Column("figure"), Column("value")], rows, header=False), output_format(output),
-           no_headers)
 
 
 @command
@@ -52,7 +32,16 @@ def stats(
     """Store size, pages, namespaces and layouts; with --socket, also the live cache's pools, what is in flight,
     its hit tokens per tier and its counters."""
     if (sock := live.socket_path(socket)) is not None:
-        return live.stats(sock, prom, json, output, no_headers)
+        figures = live.call(sock, StatsRequest(), LiveStats)
+        if prom:
+            from kvcache.live.metrics import cache_families
+
+            print_prometheus(cache_families(figures, live.call(sock, NamespacesRequest(), NamespaceList)))
+        elif json:
+            emit_json(figures)
+        else:
+            render_live_stats(figures, sock, output, no_headers)
+        return
     st = open_inspect(store)
     try:
         figures = msgspec.structs.replace(st.stats(), location=str(store))
@@ -61,9 +50,9 @@ def stats(
     finally:
         st.close()
     if prom:
-        from kvcache.live.metrics import exposition, store_families
+        from kvcache.live.metrics import store_families
 
-        typer.echo(exposition(store_families(figures, str(store), namespaces)), nl=False)
+        print_prometheus(store_families(figures, str(store), namespaces))
         return
     if json:
         emit_json({**msgspec.structs.asdict(figures), "layout_list": layouts})

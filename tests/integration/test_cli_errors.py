@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvc.errors import collapsed_warnings
+from kvc.reporting import collapsed_warnings
 from kvc.main import app
 from kvcache import WorkloadSpec, generate, write_trace
 from redis_server import RedisServer, require_server

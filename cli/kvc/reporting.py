@@ -1,0 +1,218 @@
+"""How every kvc command ends: the one error contract (DESIGN §8), in one place.
+
+- Success: exit 0. "The check found problems" (audit violations, verify mismatches): exit 1, said by the command.
+- Any failure — bad usage, bad input, a store or socket that cannot be used, an error kvc did not expect — is one
+  line on stderr, ``kvc: error: …``, and exit 2; with --json (or -o json/jsonl) also ``{"error": {"kind",
+  "message"}}`` on stdout. ``--debug`` (or env KVC_DEBUG=1) prints the traceback first.
+- Ctrl-C (SIGINT) is one line, ``kvc: interrupted``, and exit 130. The first SIGINT unwinds the command through
+  its cleanups (store transactions are atomic, snapshots and traces are written to a temporary file and renamed);
+  further SIGINTs are ignored until that is done, so nothing is left half-written.
+- Warnings the core logs (an L3 write that failed, a prefetch that could not read) are collapsed: the first of a
+  kind is printed, the rest counted and summarised in one line when the command ends.
+
+`KvcGroup` is the typer group class of the app: its `main` wraps every invocation, the console script's and
+CliRunner's alike. Every message goes through `one_line`: flattened to one line, control characters escaped,
+and every secret this invocation has seen (store passwords, salts: `kvc.secrets`) replaced by ***.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import signal
+import sys
+import traceback
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import typer
+try:  # typer < 0.25 runs on click; later typers vendor it as typer._click
+    from click import exceptions as click_exc
+except ImportError:
+    from typer._click import exceptions as click_exc  # type: ignore[no-redef]
+from typer.core import TyperGroup
+
+from kvcache.errors import KVCacheError
+from kvcache.namespace import fingerprint_key_scope
+
+from . import secrets
+from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Interrupted, UsageError
+from .output import escape_controls
+
+class Invocation:
+    """What the error handler needs to know about the command line being run."""
+
+    json = False  # the command prints JSON (--json, -o json, -o jsonl): errors go to stdout as JSON too
+    debug = False  # --debug or KVC_DEBUG: show tracebacks
+
+    def start(self, args: Sequence[str]) -> None:
+        """Read what can be known before parsing (parsing itself may be what fails)."""
+        self.json = wants_json(args)
+        self.debug = "--debug" in args or os.environ.get("KVC_DEBUG", "") not in ("", "0")
+
+
+STATE = Invocation()
+
+
+def wants_json(args: Sequence[str]) -> bool:
+    """Whether a command line asks for JSON output (before, or without, parsing it)."""
+    args = list(args)
+    if "--" in args:
+        args = args[:args.index("--")]
+    for i, a in enumerate(args):
+        if a == "--json" or a in ("-ojson", "-ojsonl", "--output=json", "--output=jsonl"):
+            return True
+        if a in ("-o", "--output") and i + 1 < len(args) and args[i + 1] in ("json", "jsonl"):
+            return True
+    return False
+
+
+def one_line(text: str) -> str:
+    """`text` as one safe line: whitespace runs folded, control characters escaped, known secrets redacted."""
+    return escape_controls(" ".join(secrets.redact(str(text)).split()))
+
+
+def kind_of(exc: BaseException) -> str:
+    """The `kind` of an error in `{"error": {"kind", "message"}}`: `usage` for bad usage, the snake_case class
+    name for a kvcache error (`not_a_store`, `invalid_namespace`, `admin_unavailable`, ...), `os_error`,
+    `out_of_memory`, `interrupted`, or `internal` for an error kvc did not expect."""
+    if isinstance(exc, (click_exc.UsageError, UsageError)):
+        return "usage"
+    if isinstance(exc, (Interrupted, KeyboardInterrupt)):
+        return "interrupted"
+    if isinstance(exc, KVCacheError):
+        return re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__).lower()
+    if isinstance(exc, MemoryError):
+        return "out_of_memory"
+    if isinstance(exc, OSError):
+        return "os_error"
+    return "internal"
+
+
+def message_of(exc: BaseException) -> str:
+    """The one-line message of an error."""
+    if isinstance(exc, click_exc.UsageError):
+        text = exc.format_message()
+        if exc.ctx is not None:
+            text += f" (see `{exc.ctx.command_path} --help`)"
+        return one_line(text)
+    if isinstance(exc, (Interrupted, KeyboardInterrupt)):
+        return "interrupted"
+    if isinstance(exc, OSError) and exc.filename:
+        return one_line(f"{exc.filename}: {exc.strerror or exc}")
+    if isinstance(exc, MemoryError):
+        return one_line(f"out of memory{': ' + str(exc) if str(exc) else ''} (ask for smaller tiers or budgets)")
+    text = str(exc) or type(exc).__name__
+    if kind_of(exc) == "internal":
+        text = f"internal error: {type(exc).__name__}: {text} (run with --debug for the traceback)"
+    return one_line(text)
+
+
+def report(exc: BaseException) -> int:
+    """Print the error line (and the JSON object under --json); the exit code it means."""
+    if STATE.debug and not isinstance(exc, (click_exc.UsageError, Interrupted, KeyboardInterrupt)):
+        sys.stderr.write(secrets.redact("".join(traceback.format_exception(exc))))
+    code = EXIT_INTERRUPTED if kind_of(exc) == "interrupted" else EXIT_USAGE
+    message = message_of(exc)
+    if STATE.json:
+        import msgspec
+
+        sys.stdout.write(msgspec.json.encode({"error": {"kind": kind_of(exc), "message": message}}).decode() + "\n")
+        sys.stdout.flush()
+    prefix = "kvc: " if code == EXIT_INTERRUPTED else "kvc: error: "
+    sys.stderr.write(prefix + message + "\n")
+    sys.stderr.flush()
+    return code
+
+
+class KvcGroup(TyperGroup):
+    """The app's group: runs an invocation under the error contract (see the module docstring)."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,  # type: ignore[override]
+             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
+        args = list(sys.argv[1:] if args is None else args)
+        STATE.start(args)
+        secrets.forget()
+        code = EXIT_OK
+        with _sigint_unwinds(), collapsed_warnings(), fingerprint_key_scope():
+            try:
+                result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+                code = result if isinstance(result, int) and not isinstance(result, bool) else EXIT_OK
+                if code == EXIT_INTERRUPTED:  # a SIGINT typer caught before the command ran
+                    code = report(Interrupted())
+            except click_exc.NoArgsIsHelpError as exc:  # `kvc` or `kvc ns` alone: the help, as a usage error
+                sys.stderr.write(exc.format_message() + "\n")
+                code = EXIT_USAGE
+            except (typer.Abort, KeyboardInterrupt, Interrupted):
+                code = report(Interrupted())
+            except typer.Exit as exc:
+                code = exc.exit_code
+            except Exception as exc:  # noqa: BLE001 - the one place every failure becomes a line and exit 2
+                code = report(exc)
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+@contextlib.contextmanager
+def _sigint_unwinds() -> Iterator[None]:
+    """The first SIGINT raises KeyboardInterrupt; later ones are ignored while the command's cleanups run."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN or not _main_thread():
+        yield  # started with SIGINT ignored (nohup, a background job), or not ours to set: leave it
+        return
+
+    def first(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, first)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+class _Collapse(logging.Handler):
+    """Prints the first record of each kind (logger, level, message template); counts the repeats."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen: dict[tuple[str, int, str], list[Any]] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        key = (record.name, record.levelno, str(record.msg))
+        entry = self.seen.get(key)
+        if entry is not None:
+            entry[0] += 1
+            return
+        text = one_line(record.getMessage())
+        self.seen[key] = [1, text]
+        sys.stderr.write(f"kvc: {record.levelname.lower()}: {text}\n")
+
+    def summary(self) -> None:
+        for (_, level, _), (count, text) in self.seen.items():
+            if count > 1:
+                sys.stderr.write(f"kvc: {logging.getLevelName(level).lower()}: {count - 1} more like: {text}\n")
+
+
+@contextlib.contextmanager
+def collapsed_warnings() -> Iterator[None]:
+    """Route the core's warnings to stderr, collapsed (see `_Collapse`), for one invocation."""
+    log = logging.getLogger("kvcache")
+    handler = _Collapse()
+    log.addHandler(handler)
+    propagate, log.propagate = log.propagate, False
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.propagate = propagate
+        handler.summary()

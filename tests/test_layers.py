@@ -1,0 +1,184 @@
+"""The layer contract: imports run one way, cli -> live -> workload -> cache -> diagnostics -> tiers -> tree/pools
+-> storage -> values, and no module imports itself back through others (no cycle).
+
+Read with `ast` from the sources, so a function-level import counts like a top-level one; an import under
+`if TYPE_CHECKING:` is a type annotation only and does not. The layers are a table (`LAYERS`): a module belongs to
+the first layer with a prefix of its name, and may import its own layer and any layer below it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import msgspec
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Top to bottom. `kvcache` alone is the package facade (its public names load lazily from the layers below).
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("cli", ("kvc",)),
+    ("api", ("kvcache",)),
+    ("live", ("kvcache.live",)),
+    ("workload", ("kvcache.workload",)),
+    ("cache", ("kvcache.cache",)),
+    ("diagnostics", ("kvcache.diagnostics",)),
+    ("tiers", ("kvcache.prefetch", "kvcache.staging", "kvcache.transfer", "kvcache.io_worker")),
+    ("tree", ("kvcache.tree", "kvcache.pools")),
+    ("storage", ("kvcache.storage", "kvcache_redis")),
+    ("values", ("kvcache.errors", "kvcache.namespace", "kvcache.keys", "kvcache.layout", "kvcache.owners",
+                "kvcache.config", "kvcache.request", "kvcache.stats")),
+]
+SOURCES = {"kvcache": ROOT / "kvcache", "kvc": ROOT / "cli" / "kvc",
+           "kvcache_redis": ROOT / "plugins" / "kvcache_redis" / "kvcache_redis"}
+
+
+class Import(msgspec.Struct, frozen=True):
+    """One module importing another, where."""
+
+    importer: str
+    imported: str
+    line: int
+
+
+def modules(sources: dict[str, Path]) -> dict[str, Path]:
+    """Every module under each package's source folder, by dotted name."""
+    found = {}
+    for package, folder in sources.items():
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join((package, *parts))] = path
+    return found
+
+
+def _type_only(tree: ast.Module) -> set[int]:
+    """ids of the import nodes under `if TYPE_CHECKING:`."""
+    return {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.dump(block.test)
+            for n in ast.walk(block) if isinstance(n, (ast.Import, ast.ImportFrom))}
+
+
+def imports(known: dict[str, Path]) -> list[Import]:
+    """Every import between known modules."""
+    out = []
+    for name, path in known.items():
+        tree = ast.parse(path.read_text(), str(path))
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        skip = _type_only(tree)
+        for node in ast.walk(tree):
+            if id(node) in skip or not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                # `from a import b`: the module a.b where b is one, else a (for its attribute b)
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+            out += [Import(name, t, node.lineno) for t in targets if t in known and t != name]
+    return out
+
+
+def _within(module: str, prefix: str) -> bool:
+    # the facade `kvcache` is the package module alone; any other prefix covers its submodules too
+    return module == prefix or (prefix != "kvcache" and module.startswith(prefix + "."))
+
+
+def layer_of(module: str) -> int:
+    """Index in LAYERS of the module's layer (an unlisted module fails)."""
+    for i, (_, prefixes) in enumerate(LAYERS):
+        if any(_within(module, p) for p in prefixes):
+            return i
+    raise LookupError(f"{module} is in no layer of tests/test_layers.py: add it to LAYERS")
+
+
+def upward(edges: list[Import]) -> list[str]:
+    """Imports of a higher layer from a lower one."""
+    return [f"{e.importer} (layer {LAYERS[layer_of(e.importer)][0]}) imports {e.imported} (layer "
+            f"{LAYERS[layer_of(e.imported)][0]}) at line {e.line}"
+            for e in edges if layer_of(e.imported) < layer_of(e.importer)]
+
+
+def cycles(edges: list[Import]) -> list[list[str]]:
+    """The import cycles: strongly connected groups of more than one module (Tarjan)."""
+    graph: dict[str, set[str]] = {}
+    for e in edges:
+        graph.setdefault(e.importer, set()).add(e.imported)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_every_module_has_a_layer():
+    for name in modules(SOURCES):
+        layer_of(name)
+
+
+def test_no_import_runs_up_a_layer():
+    assert upward(imports(modules(SOURCES))) == []
+
+
+def test_no_import_cycle():
+    assert cycles(imports(modules(SOURCES))) == []
+
+
+def test_the_cache_and_the_tiers_never_import_live_mode_or_the_workload_tools():
+    below_cache = {e.imported for e in imports(modules(SOURCES))
+                   if layer_of(e.importer) >= layer_of("kvcache.cache")}
+    assert not {m for m in below_cache if m.startswith(("kvcache.live", "kvcache.workload", "kvc."))}
+
+
+def _package(tmp_path: Path, files: dict[str, str]) -> dict[str, Path]:
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    return modules({"kvcache": tmp_path})
+
+
+def test_the_checks_catch_an_upward_import_a_function_level_cycle_and_skip_type_only_imports(tmp_path):
+    known = _package(tmp_path, {
+        "__init__.py": "",
+        "tree.py": "def f():\n    from .cache import TieredCache\n",  # upward, inside a function
+        "cache.py": "from . import tree\n",
+        "storage/__init__.py": "",
+        "storage/base.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..tree import RadixTree\n",
+    })
+    edges = imports(known)
+    assert {(e.importer, e.imported) for e in edges} == {("kvcache.tree", "kvcache.cache"),
+                                                         ("kvcache.cache", "kvcache.tree")}
+    assert upward(edges) == ["kvcache.tree (layer tree) imports kvcache.cache (layer cache) at line 2"]
+    assert cycles(edges) == [["kvcache.cache", "kvcache.tree"]]
+
+
+def test_a_module_in_no_layer_is_named():
+    with pytest.raises(LookupError, match="kvcache.newthing is in no layer"):
+        layer_of("kvcache.newthing")
