@@ -135,6 +135,17 @@ def test_a_live_socket_is_refused_a_stale_one_taken_over_a_file_left_alone(cache
     assert regular.read_text() == "keep me"
 
 
+def test_the_server_wraps_a_cache_that_knows_nothing_of_it(cache, sock_path):
+    assert not any("admin" in name for name in dir(cache))  # no socket, method or attribute in the core
+    with AdminServer(cache, sock_path) as server:
+        assert server.path == sock_path and os.path.exists(sock_path)
+    assert not os.path.exists(sock_path)
+    req = Request("after", PROMPT + [9] * 8, T1)  # closing the server leaves the cache open and whole
+    forward(cache, req, cache.admit(req))
+    cache.commit(req.rid)
+    assert cache.audit().ok
+
+
 # --- the owner thread ----------------------------------------------------------------------------------------
 
 
