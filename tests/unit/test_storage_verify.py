@@ -21,7 +21,7 @@ from kvcache.errors import InvalidInput, StoreReadOnly
 from kvcache.keys import pack_tokens
 from kvcache.layout import KVLayout
 from kvcache.namespace import Namespace
-from kvcache.storage import lmdb_store
+from kvcache.storage import lmdb_store, lmdb_verify
 from kvcache.storage.base import (REPAIRS, VERIFY_KINDS, CapacityPolicy, NamespaceRecord,
                                   page_origins)
 from kvcache.storage.lmdb_store import LMDBStore, StoreTotals
@@ -277,7 +277,7 @@ def test_registry_counters_off_are_recounted(path, chains):
 
 
 def test_repair_removes_in_bounded_transactions(path, chains, monkeypatch):
-    monkeypatch.setattr(lmdb_store, "REPAIR_BATCH_PAGES", 3)
+    monkeypatch.setattr(lmdb_verify, "REPAIR_BATCH_PAGES", 3)
     with raw(path) as r:
         r.drop(chains.c[0])  # the whole of NS2's chain is orphaned
     with LMDBStore.open(path, LAYOUT) as s:
