@@ -72,7 +72,7 @@ from .lmdb_registry import (NsDelta, StoreTotals, adjust_totals, apply_deltas, d
                             read_totals, set_limits)
 from .lmdb_salvage import audit_location
 from .lmdb_verify import REPAIR_BATCH_PAGES, VERIFY_CHUNK_PAGES, LMDBIntegrity  # noqa: F401
-from .verify import verify
+from .verify import removed_pages, verify
 
 BACKEND = "lmdb"
 DELETE_BATCH_PAGES = 1024  # pages per write transaction when deleting a namespace
@@ -715,7 +715,7 @@ class LMDBStore:
         if repair:
             self._check_writable()
         report = verify(LMDBIntegrity(self._live(), self._write, self.progress), repair)
-        gone = {bytes.fromhex(r.page_hash) for r in report.removals if r.what not in ("index", "record")}
+        gone = removed_pages(report)
         if gone:
             with self._lock:
                 self._corrupt -= gone  # a writer may store them again

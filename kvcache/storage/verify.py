@@ -29,7 +29,7 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
-from ..keys import PAGE_HASH_BYTES, hash_root_of_id
+from ..keys import hash_root_of_id
 from ..layout import KVLayout
 from .base import LayoutRecord, NamespaceRecord, PageMeta, VerifyFinding, VerifyRemoval, VerifyReport
 from .codec import HEADER, Checksum, chains_to, stored_checksum
@@ -333,10 +333,11 @@ def subtree_size(top: bytes, kids: dict[bytes, list[bytes]], tree: dict[bytes, P
     return pages, nbytes
 
 
-def is_page_hash(key: bytes) -> bool:
-    """Whether a stored key can be a page hash (a key of any other length is a damaged index entry)."""
-    return len(key) == PAGE_HASH_BYTES
 
+def removed_pages(report: VerifyReport) -> set[bytes]:
+    """The page hashes a repair removed records of (index entries and namespace or layout records apart): what a
+    backend forgets from its quarantine, since a writer may store them again."""
+    return {bytes.fromhex(r.page_hash) for r in report.removals if r.what not in ("index", "record")}
 
 # --- repair ---------------------------------------------------------------------------------------------------
 
