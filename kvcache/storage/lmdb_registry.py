@@ -121,6 +121,17 @@ def drop_page(txn: lmdb.Transaction, dbs: Any, page_hash: bytes, meta: PageMeta,
     d.bytes -= meta.nbytes
 
 
+def drop_stored(txn: lmdb.Transaction, dbs: Any, page_hash: bytes, deltas: dict[bytes, NsDelta]) -> PageMeta | None:
+    """`drop_page` of the page under `page_hash` if it is stored (its metadata, which says what was freed), else
+    None."""
+    raw = txn.get(page_hash, db=dbs.meta)
+    if raw is None:
+        return None
+    meta = decode_meta(raw)
+    drop_page(txn, dbs, page_hash, meta, deltas)
+    return meta
+
+
 def evict(txn: lmdb.Transaction, dbs: Any, need: int, protect: set[bytes], deltas: dict[bytes, NsDelta],
           only_ns: bytes | None = None) -> tuple[int, int]:
     """Evict least recently used leaf pages (of namespace `only_ns`, or of any) until `need` payload bytes are
@@ -151,11 +162,9 @@ def evict(txn: lmdb.Transaction, dbs: Any, need: int, protect: set[bytes], delta
             i += 1
         if h in protect or children.set_key(h):
             continue
-        raw = txn.get(h, db=dbs.meta)
-        if raw is None:
+        meta = drop_stored(txn, dbs, h, deltas)
+        if meta is None:
             continue  # taken already
-        meta = decode_meta(raw)
-        drop_page(txn, dbs, h, meta, deltas)
         evicted += 1
         freed += meta.nbytes
         parent_raw = txn.get(meta.parent, db=dbs.meta)

@@ -46,7 +46,8 @@ from .base import VerifyFinding, VerifyRemoval, VerifyReport
 from .codec import (CHECKSUMS, DEFAULT_CHECKSUM, HEADER, Checksum, StoreFormat, chains_to,
                     decode_format, decode_meta, decode_or_none)
 from .isolated import Died, run_isolated
-from .lmdb_env import DB_NAMES, DEFAULT_DURABILITY, DEFAULT_MAP_SIZE, DUPFIXED, ENVS, MAX_DBS, SharedEnv, acquire, release
+from .lmdb_env import (DB_NAMES, DEFAULT_DURABILITY, DEFAULT_MAP_SIZE, DUPFIXED, ENVS, MAX_DBS, SharedEnv, acquire,
+                       release)
 from .lmdb_registry import recount
 from .lmdb_verify import LMDBIntegrity
 from .verify import verify

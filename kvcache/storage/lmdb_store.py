@@ -55,21 +55,22 @@ from typing import Any
 import lmdb
 import msgspec
 
-from ..errors import InvalidInput, LayoutMismatch, NotAStore, StoreError, StoreReadOnly
-from ..keys import TOKEN_BYTES, extend_chain, hash_root
+from ..errors import InvalidInput, NotAStore, StoreError, StoreReadOnly
+from ..keys import hash_root
 from ..layout import KVLayout
 from ..namespace import Namespace
 from .base import (AccessPolicy, CapacityPolicy, ChildInfo, DeleteResult, LayoutRecord, NamespaceRecord,
                    PageMeta, PageOrigin, PutResult, StoreCounters, StoreStats, VerifyReport, check_page_hashes,
-                   out_views_for, page_bytes)
+                   layout_to_register, namespace_root, out_views_for, put_views)
 # The names below are this backend's as much as their modules': re-exported for code and tests that know them here.
 from .codec import (CHECKSUM_FIELD, CHECKSUMS, DEFAULT_CHECKSUM, FORMAT_MAGIC, FORMAT_VERSION, HEADER,  # noqa: F401
                     Checksum, StoreFormat, decode_layout, decode_meta, decode_namespace, decode_or_none, encoder)
+from .handle import AccessLog, StoreHandle, count_read, new_counts
 from .keyfile import ensure_key, read_key
 from .lmdb_env import (DEFAULT_DURABILITY, DEFAULT_MAP_SIZE, DURABILITY, MAX_DBS, MAX_READERS,  # noqa: F401
                        SharedEnv, acquire, release, remove_failed_create)
-from .lmdb_registry import (NsDelta, StoreTotals, adjust_totals, apply_deltas, delta, drop_page, evict, limits,
-                            read_totals, set_limits)
+from .lmdb_registry import (NsDelta, StoreTotals, adjust_totals, apply_deltas, delta, drop_page, drop_stored, evict,
+                            limits, read_totals, set_limits)
 from .lmdb_salvage import audit_location
 from .lmdb_verify import REPAIR_BATCH_PAGES, VERIFY_CHUNK_PAGES, LMDBIntegrity  # noqa: F401
 from .verify import removed_pages, verify
@@ -78,7 +79,7 @@ BACKEND = "lmdb"
 DELETE_BATCH_PAGES = 1024  # pages per write transaction when deleting a namespace
 
 
-class LMDBStore:
+class LMDBStore(StoreHandle):
     """The default L3 backend (see the module docstring). Open with `LMDBStore.open` or `open_store`.
 
     A handle belongs to one process; after a fork, the child's first call reopens the environment. Handles on
@@ -86,6 +87,7 @@ class LMDBStore:
     """
 
     backend = BACKEND
+    _shown_as = "path"
 
     def __init__(self, shared: SharedEnv, location: str, layout: KVLayout | None, readonly: bool,
                  access: AccessPolicy, map_size: int, durability: str) -> None:
@@ -101,11 +103,9 @@ class LMDBStore:
         self._closed = False
         self._lock = threading.Lock()  # guards the pending access log and the corrupt set
         # Reads are logged as (unix seconds, deepest page hash, pages served) and folded into metadata by flush().
-        self._pending: list[tuple[float, bytes, int]] = []
-        self._pending_pages = 0
-        self._pending_since = 0.0
+        self._log = AccessLog(access)  # (unix seconds, deepest page hash, pages served)
         self._corrupt: set[bytes] = set()  # pages that failed their checksum here; misses until dropped
-        self._counts = {name: 0 for name in StoreCounters.__struct_fields__ if name != "pending_access"}
+        self._counts = new_counts()
         # (sub-database, records walked, last key): called as verify walks, by the isolated audit (lmdb_salvage)
         self.progress: Callable[[str, int, bytes | None], None] | None = None
 
@@ -166,11 +166,8 @@ class LMDBStore:
         return audit_location(location, repair)
 
     def _bind_layout(self, layout: KVLayout, register: bool) -> None:
-        held = self._layout_records()
-        if layout.layout_id in held:
+        if not layout_to_register(self.path, layout, self._layout_records(), register):
             return
-        if not register:
-            raise LayoutMismatch(self.path, layout.describe(), [r.layout.describe() for r in held.values()])
         self._check_writable()
         record = encoder.encode(LayoutRecord(layout, time.time()))
         dbs = self._live().dbs
@@ -184,7 +181,8 @@ class LMDBStore:
             # A forked child: the parent's Environment (and its pending reads) are not ours.
             self._shared = shared = acquire(self.path, False, self._map_size, self._durability)
             with self._lock:
-                self._pending, self._pending_pages, self._corrupt = [], 0, set()
+                self._log.clear()
+                self._corrupt = set()
         return shared
 
     def _write(self, body: Callable[[lmdb.Transaction], Any], wanted: int = 0) -> Any:
@@ -214,22 +212,16 @@ class LMDBStore:
                     found += 1
         except lmdb.Error:
             self._counts["read_errors"] += 1
-        if found < len(hashes):
-            self._counts["misses"] += 1
-        return found
+        return count_read(self._counts, found, len(hashes))
 
     def get_into(self, hashes: Sequence[bytes], out_views: Sequence[Any]) -> int:
-        """Copy pages into caller-provided writable byte views; return how many consecutive pages from the start
-        were copied and verified. A missing, corrupt or unreadable page ends the run (and is counted)."""
-        outs = out_views_for(hashes, out_views)
+        """Copy pages into caller-provided writable byte views, each inside the read transaction and verified on
+        the copy; return how many consecutive pages from the start were copied. A missing, corrupt or unreadable
+        page ends the run (and is counted)."""
+        outs = out_views_for(hashes, out_views, self.layout)
         n = len(outs)
         if n == 0:
             return 0
-        if self.layout is not None:
-            want = self.layout.bytes_per_page
-            if any(len(out) != want for out in outs):
-                raise InvalidInput(f"get_into needs out views of {want} bytes (a page of layout "
-                                   f"{self.layout.describe()}), got {sorted({len(o) for o in outs})}")
         shared = self._live()
         digest, seeds, stored = self._checksum.digest, self._checksum.seeds(hashes), CHECKSUM_FIELD.unpack_from
         corrupt = self._corrupt
@@ -255,9 +247,7 @@ class LMDBStore:
                     done += 1
         except lmdb.Error:
             self._counts["read_errors"] += 1
-        self._counts["pages_read"] += done
-        if done < n:
-            self._counts["misses"] += 1
+        count_read(self._counts, done, n, copied=True)
         if done and not self.readonly:
             self._record_access(hashes[done - 1], done)
         return done
@@ -272,15 +262,7 @@ class LMDBStore:
     def _record_access(self, deepest: bytes, pages: int) -> None:
         # One entry per read, not per page: the read is credited to the deepest page it reached (its ancestors
         # were read with it; see _apply_access).
-        now = time.time()
-        with self._lock:
-            if not self._pending:
-                self._pending_since = now
-            self._pending.append((now, deepest, pages))
-            self._pending_pages += pages
-            due = (len(self._pending) >= self.access_policy.flush_reads
-                   or now - self._pending_since >= self.access_policy.flush_interval_s)
-        if due:
+        if self._log.record(time.time(), deepest, pages):
             try:
                 self.flush()
             except StoreError:
@@ -334,10 +316,7 @@ class LMDBStore:
 
     def root(self, namespace: Namespace, layout: KVLayout | None = None) -> bytes:
         """The hash root of `namespace` under `layout` (default: this handle's layout)."""
-        layout = layout or self.layout
-        if layout is None:
-            raise InvalidInput("root() needs a layout: open the store with one or pass it")
-        return hash_root(layout.layout_id, namespace)
+        return namespace_root(namespace, layout or self.layout)
 
     def _layout_records(self) -> dict[bytes, LayoutRecord]:
         shared = self._live()
@@ -392,7 +371,7 @@ class LMDBStore:
     def counters(self) -> StoreCounters:
         """This handle's counters."""
         fields = {k: v for k, v in self._counts.items() if k in StoreCounters.__struct_fields__}
-        return StoreCounters(**fields, pending_access=self._pending_pages)
+        return StoreCounters(**fields, pending_access=self._log.pages)
 
     def map_size(self) -> int:
         """The current LMDB map size in bytes."""
@@ -410,32 +389,11 @@ class LMDBStore:
         stays a prefix.
         """
         self._check_writable()
-        layout = self.layout
-        if layout is None:
-            raise InvalidInput("put needs a layout: open the store with layout=...")
-        if not (len(hashes) == len(pages) == len(origins)):
-            raise InvalidInput(f"put needs as many pages and origins as hashes: {len(hashes)} hashes, "
-                               f"{len(pages)} pages, {len(origins)} origins")
-        check_page_hashes(hashes)
-        nbytes, step = layout.bytes_per_page, layout.page_size * TOKEN_BYTES
-        views = []
-        for h, page, origin in zip(hashes, pages, origins):
-            mv = page_bytes(page)
-            if len(mv) != nbytes:
-                raise InvalidInput(f"page {h.hex()} has {len(mv)} bytes, layout {layout.describe()} needs {nbytes}")
-            if len(origin.tokens) != step:
-                raise InvalidInput(f"page {h.hex()}: {len(origin.tokens)} token bytes, a page holds {step}")
-            if extend_chain(origin.parent, origin.tokens, layout.page_size)[0] != h:
-                raise InvalidInput(f"page {h.hex()} is not the hash of its parent and tokens in this origin")
-            views.append(mv)
+        views = put_views(self.layout, hashes, pages, origins)
         if not hashes:
             return PutResult(0, 0, 0, 0, 0)
-        batch_ns = {h: o.namespace.id for h, o in zip(hashes, origins)}
-        for h, origin in zip(hashes, origins):
-            up = batch_ns.get(origin.parent)
-            if up is not None and up != origin.namespace.id:
-                raise InvalidInput(f"page {h.hex()}: its parent in this batch is in another namespace than "
-                                   f"{origin.namespace.label}")
+        layout = self.layout
+        nbytes = layout.bytes_per_page
         shared = self._live()
         dbs, layout_id = shared.dbs, layout.layout_id
         roots = {ns.id: hash_root(layout_id, ns) for ns in {o.namespace for o in origins}}
@@ -560,14 +518,13 @@ class LMDBStore:
         return result
 
     def _take_pending(self) -> tuple[list[tuple[float, bytes, int]], set[bytes]]:
+        pending = self._log.take()
         with self._lock:
-            pending, self._pending, self._pending_pages = self._pending, [], 0
             return pending, set(self._corrupt)
 
     def _restore_pending(self, pending: list[tuple[float, bytes, int]], corrupt: set[bytes]) -> None:
+        self._log.restore(pending)
         with self._lock:
-            self._pending[:0] = pending
-            self._pending_pages += sum(n for _, _, n in pending)
             self._corrupt |= corrupt
 
     def _apply_access(self, txn: lmdb.Transaction, pending: list[tuple[float, bytes, int]],
@@ -594,7 +551,8 @@ class LMDBStore:
             h = bytes(key)
             meta = decode_meta(raw)
             when = max(meta.last_access, last[h])
-            updated.append((h, encoder.encode(msgspec.structs.replace(meta, hits=meta.hits + hits[h], last_access=when))))
+            touched = msgspec.structs.replace(meta, hits=meta.hits + hits[h], last_access=when)
+            updated.append((h, encoder.encode(touched)))
             d = delta(deltas, meta.ns_id)
             d.hits += pages[h]
             d.last_access = max(d.last_access, when)
@@ -666,13 +624,10 @@ class LMDBStore:
                 deltas: dict[bytes, NsDelta] = {}
                 dropped = freed = 0
                 for h in batch:
-                    raw = txn.get(h, db=dbs.meta)
-                    if raw is None:
-                        continue  # gone meanwhile
-                    meta = decode_meta(raw)
-                    drop_page(txn, dbs, h, meta, deltas)
-                    dropped += 1
-                    freed += meta.nbytes
+                    meta = drop_stored(txn, dbs, h, deltas)
+                    if meta is not None:  # else gone meanwhile
+                        dropped += 1
+                        freed += meta.nbytes
                 if dropped:
                     adjust_totals(txn, dbs, -dropped, -freed)
                 if last:
@@ -734,13 +689,3 @@ class LMDBStore:
             self._closed = True
             if self._shared.pid == os.getpid():
                 release(self._shared)
-
-    def __enter__(self) -> "LMDBStore":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        layout = self.layout.describe() if self.layout else "no layout"
-        return f"LMDBStore({self.path!r}, {layout}{', read-only' if self.readonly else ''})"

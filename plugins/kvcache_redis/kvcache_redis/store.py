@@ -52,14 +52,15 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from kvcache.storage.base import (PAGE_HASH_BYTES, TOKEN_BYTES, AccessPolicy, CapacityPolicy, ChildInfo,
-                                  DeleteResult, InvalidInput, KVLayout, LayoutMismatch, LayoutRecord,
+from kvcache.storage.base import (PAGE_HASH_BYTES, AccessPolicy, CapacityPolicy, ChildInfo,
+                                  DeleteResult, InvalidInput, KVLayout, LayoutRecord,
                                   Namespace, NamespaceInfo, NamespaceRecord, NotAStore, PageMeta, PageOrigin,
                                   PutResult, StoreCounters, StoreError, StoreReadOnly, StoreStats,
                                   StoreUnsupported, VerifyReport, new_fingerprint_key, check_page_hashes,
-                                  extend_chain, hash_root, out_views_for, page_bytes)
+                                  hash_root, layout_to_register, namespace_root, out_views_for, put_views)
 from kvcache.storage.codec import (CHECKSUMS, FORMAT_MAGIC, FORMAT_VERSION, HEADER, StoreFormat, decode_format,
                                    decode_layout, decode_meta, decode_or_none, encoder)
+from kvcache.storage.handle import AccessLog, StoreHandle, count_read, new_counts
 from kvcache.storage.verify import (Findings, Guard, PageRow, Removal, RepairOps, ScannedPage, Snapshot,
                                     removed_pages, verify)
 
@@ -97,6 +98,15 @@ class RedisOptions(msgspec.Struct, frozen=True):
 
 
 _dec_info = msgspec.msgpack.Decoder(NamespaceInfo)
+
+
+def _page_value(page_hash: bytes, payload: memoryview) -> bytes:
+    """A page record's `d` field: the checksum, then one copy of the caller's page, summed as copied (what is
+    summed is exactly what is sent)."""
+    value = bytearray(HEADER + len(payload))
+    value[HEADER:] = payload
+    value[:HEADER] = _XXH3.of(memoryview(value)[HEADER:], page_hash).to_bytes(HEADER, "little")
+    return bytes(value)
 
 
 def _glob_escape(text: str) -> str:
@@ -176,7 +186,7 @@ def _parse_url(location: str, overrides: dict[str, Any]) -> _Url:
     return _Url(client_url, cluster, RedisOptions(**fields), shown)
 
 
-class RedisStore:
+class RedisStore(StoreHandle):
     """An L3 store in Redis / Valkey (see the module docstring). Open with `RedisStore.open` or `open_store`.
 
     Safe to use from several threads (redis-py's connection pool) and from many processes and machines at once.
@@ -198,11 +208,11 @@ class RedisStore:
         self.fingerprint_key = bytes.fromhex(fmt.fingerprint_key) if fmt.fingerprint_key else None
         self._client = client
         self._lock = threading.Lock()  # guards the access log, the corrupt set, the counters and the backoff
-        self._pending: list[tuple[float, bytes, str, int]] = []  # (when, deepest page, its ns hex, pages)
-        self._pending_pages = 0
-        self._pending_since = 0.0
+        # (when, deepest page, its ns hex, pages). A server away (or full) for long must not grow the log without
+        # bound: access figures are approximate, the oldest reads are the ones to forget.
+        self._log = AccessLog(access, keep=MAX_PENDING_FACTOR * access.flush_reads)
         self._corrupt: dict[bytes, str] = {}  # page -> SHA-1 hex of the bytes that failed their checksum
-        self._counts = {name: 0 for name in StoreCounters.__struct_fields__ if name != "pending_access"}
+        self._counts = new_counts()
         self._down_until = 0.0  # monotonic time before which data calls do not try the server
         self._backoff = 0.0
         self._gone = False  # the last put found the format record gone (said once until a put succeeds)
@@ -279,11 +289,8 @@ class RedisStore:
         return fmt
 
     def _bind_layout(self, layout: KVLayout, register: bool) -> None:
-        held = self._layout_records()
-        if layout.layout_id in held:
+        if not layout_to_register(self.location, layout, self._layout_records(), register):
             return
-        if not register:
-            raise LayoutMismatch(self.location, layout.describe(), [r.layout.describe() for r in held.values()])
         self._check_writable()
         self._admin(lambda c: c.hsetnx(self._k_layouts, layout.layout_id.hex(),
                                        encoder.encode(LayoutRecord(layout, time.time()))))
@@ -367,20 +374,16 @@ class RedisStore:
                 self._fault("read_errors", exc)
         else:
             self._counts["read_errors"] += 1
-        if found < len(hashes):
-            self._counts["misses"] += 1
-        return found
+        return count_read(self._counts, found, len(hashes))
 
     def get_into(self, hashes: Sequence[bytes], out_views: Sequence[Any]) -> int:
-        """Copy pages into caller-provided writable byte views; return how many consecutive pages from the start
-        were copied and verified. A missing, corrupt or unreadable page ends the run (and is counted)."""
-        outs = out_views_for(hashes, out_views)
+        """Copy pages into caller-provided writable byte views (one pipelined round trip for the batch), each
+        verified on the copy; return how many consecutive pages from the start were copied. A missing or corrupt
+        page ends the run (and is counted); a fault is a miss."""
+        outs = out_views_for(hashes, out_views, self.layout)
         n = len(outs)
         if n == 0:
             return 0
-        if self.layout is not None and any(len(out) != self.layout.bytes_per_page for out in outs):
-            raise InvalidInput(f"get_into needs out views of {self.layout.bytes_per_page} bytes (a page of layout "
-                               f"{self.layout.describe()}), got {sorted({len(o) for o in outs})}")
         client = self._live()
         done = 0
         ns_hex = ""
@@ -415,24 +418,14 @@ class RedisStore:
                 break
             done += 1
             ns_hex = ns.decode()
-        self._counts["pages_read"] += done
-        if done < n:
-            self._counts["misses"] += 1
+        count_read(self._counts, done, n, copied=True)
         if done and not self.readonly:
             self._record_access(hashes[done - 1], ns_hex, done)
         return done
 
     def _record_access(self, deepest: bytes, ns_hex: str, pages: int) -> None:
         # One entry per read, credited to the deepest page it reached (see kvcache.storage.base).
-        now = time.time()
-        with self._lock:
-            if not self._pending:
-                self._pending_since = now
-            self._pending.append((now, deepest, ns_hex, pages))
-            self._pending_pages += pages
-            due = (len(self._pending) >= self.access_policy.flush_reads
-                   or now - self._pending_since >= self.access_policy.flush_interval_s)
-        if due:
+        if self._log.record(time.time(), deepest, ns_hex, pages):
             self.flush()
 
     def page_meta(self, page_hash: bytes) -> PageMeta | None:
@@ -503,10 +496,7 @@ class RedisStore:
 
     def root(self, namespace: Namespace, layout: KVLayout | None = None) -> bytes:
         """The hash root of `namespace` under `layout` (default: this handle's layout)."""
-        layout = layout or self.layout
-        if layout is None:
-            raise InvalidInput("root() needs a layout: open the store with one or pass it")
-        return hash_root(layout.layout_id, namespace)
+        return namespace_root(namespace, layout or self.layout)
 
     def _layout_records(self) -> dict[bytes, LayoutRecord]:
         raw = self._admin(lambda c: c.hgetall(self._k_layouts))
@@ -566,7 +556,7 @@ class RedisStore:
     def counters(self) -> StoreCounters:
         """This handle's counters."""
         with self._lock:
-            return StoreCounters(**self._counts, pending_access=self._pending_pages)
+            return StoreCounters(**self._counts, pending_access=self._log.pages)
 
     # -- writing --------------------------------------------------------------------------------------------
 
@@ -579,36 +569,11 @@ class RedisStore:
         raised (a lost reply may hide a batch that was stored: the next put of it finds it `existing`).
         """
         self._check_writable()
-        layout = self.layout
-        if layout is None:
-            raise InvalidInput("put needs a layout: open the store with layout=...")
-        if not (len(hashes) == len(pages) == len(origins)):
-            raise InvalidInput(f"put needs as many pages and origins as hashes: {len(hashes)} hashes, "
-                               f"{len(pages)} pages, {len(origins)} origins")
-        check_page_hashes(hashes)
-        nbytes, step = layout.bytes_per_page, layout.page_size * TOKEN_BYTES
-        values: list[bytes] = []
-        for h, page, origin in zip(hashes, pages, origins):
-            mv = page_bytes(page)
-            if len(mv) != nbytes:
-                raise InvalidInput(f"page {h.hex()} has {len(mv)} bytes, layout {layout.describe()} needs {nbytes}")
-            if len(origin.tokens) != step:
-                raise InvalidInput(f"page {h.hex()}: {len(origin.tokens)} token bytes, a page holds {step}")
-            if extend_chain(origin.parent, origin.tokens, layout.page_size)[0] != h:
-                raise InvalidInput(f"page {h.hex()} is not the hash of its parent and tokens in this origin")
-            # One copy of the caller's page, summed as copied: what is summed is exactly what is sent.
-            value = bytearray(HEADER + nbytes)
-            value[HEADER:] = mv
-            value[:HEADER] = _XXH3.of(memoryview(value)[HEADER:], h).to_bytes(HEADER, "little")
-            values.append(bytes(value))
+        values = [_page_value(h, mv) for h, mv in zip(hashes, put_views(self.layout, hashes, pages, origins))]
         if not hashes:
             return PutResult(0, 0, 0, 0, 0)
-        batch_ns = {h: o.namespace.id for h, o in zip(hashes, origins)}
-        for h, origin in zip(hashes, origins):
-            up = batch_ns.get(origin.parent)
-            if up is not None and up != origin.namespace.id:
-                raise InvalidInput(f"page {h.hex()}: its parent in this batch is in another namespace than "
-                                   f"{origin.namespace.label}")
+        layout = self.layout
+        nbytes = layout.bytes_per_page
         client = self._live()
         if not self._available():
             return self._failed_put(len(hashes))  # inside a backoff pause: the server was gone a moment ago
@@ -739,19 +704,9 @@ class RedisStore:
     # -- access records -------------------------------------------------------------------------------------
 
     def _take_pending(self) -> tuple[list[tuple[float, bytes, str, int]], dict[bytes, str]]:
+        pending = self._log.take()
         with self._lock:
-            pending, self._pending, self._pending_pages = self._pending, [], 0
             return pending, dict(self._corrupt)
-
-    def _restore_pending(self, pending: list[tuple[float, bytes, str, int]]) -> None:
-        with self._lock:
-            self._pending[:0] = pending
-            # A server away (or full) for long must not grow the log without bound: access figures are
-            # approximate, the oldest reads are the ones to forget.
-            cap = MAX_PENDING_FACTOR * self.access_policy.flush_reads
-            if len(self._pending) > cap:
-                del self._pending[:len(self._pending) - cap]
-            self._pending_pages = sum(n for _, _, _, n in self._pending)
 
     def flush(self) -> None:
         """Write logged reads (hit counts, access times) and drop pages seen corrupt (if still the same bytes).
@@ -762,7 +717,7 @@ class RedisStore:
         if not pending and not corrupt:
             return
         if not self._available():
-            self._restore_pending(pending)
+            self._log.restore(pending)
             with self._lock:
                 self._counts["flush_errors"] += 1
             return
@@ -772,7 +727,7 @@ class RedisStore:
                 self._remove([(h, None, None, "sha", sha) for h, sha in corrupt.items()])
             self._ok()
         except (*_FAULTS, StoreError) as exc:
-            self._restore_pending(pending)
+            self._log.restore(pending)
             self._fault("flush_errors", exc)
             return
         with self._lock:
@@ -781,7 +736,7 @@ class RedisStore:
             self._counts["flushes"] += 1
 
     def _flush_quietly(self) -> None:
-        if self._pending or self._corrupt:
+        if self._log or self._corrupt:
             self.flush()
 
     def _write_access(self, client: Any, pending: list[tuple[float, bytes, str, int]]) -> None:
@@ -998,16 +953,6 @@ class RedisStore:
                 self._client.close()
             except _FAULTS:  # closing is best effort: the connections are being dropped either way
                 pass
-
-    def __enter__(self) -> "RedisStore":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        layout = self.layout.describe() if self.layout else "no layout"
-        return f"RedisStore({self.location!r}, {layout}{', read-only' if self.readonly else ''})"
 
 
 class _RedisIntegrity:
