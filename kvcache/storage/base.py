@@ -326,9 +326,11 @@ def out_views_for(hashes: Sequence[bytes], out_views: Sequence[Any], layout: KVL
         raise InvalidInput(f"get_into needs one out view per page hash: {len(out_views)} views, {len(hashes)} hashes")
     check_page_hashes(hashes)
     outs = [byte_view(v) for v in out_views[:len(hashes)]]
-    if layout is not None and any(len(out) != layout.bytes_per_page for out in outs):
-        raise InvalidInput(f"get_into needs out views of {layout.bytes_per_page} bytes (a page of layout "
-                           f"{layout.describe()}), got {sorted({len(o) for o in outs})}")
+    if layout is not None:
+        want = layout.bytes_per_page  # a property: computed once, not per view
+        if any(len(out) != want for out in outs):
+            raise InvalidInput(f"get_into needs out views of {want} bytes (a page of layout {layout.describe()}), "
+                               f"got {sorted({len(o) for o in outs})}")
     return outs
 
 

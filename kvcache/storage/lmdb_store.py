@@ -101,12 +101,12 @@ class LMDBStore(StoreHandle):
         self._durability = durability
         self._checksum = CHECKSUMS[shared.format.checksum]
         self._closed = False
-        self._lock = threading.Lock()  # guards the pending access log and the corrupt set
+        self._lock = threading.Lock()  # guards the corrupt set
         # Reads are logged as (unix seconds, deepest page hash, pages served) and folded into metadata by flush().
-        self._log = AccessLog(access)  # (unix seconds, deepest page hash, pages served)
+        self._log = AccessLog(access)
         self._corrupt: set[bytes] = set()  # pages that failed their checksum here; misses until dropped
         self._counts = new_counts()
-        # (sub-database, records walked, last key): called as verify walks, by the isolated audit (lmdb_salvage)
+        # (sub-database, records walked, last key): called as verify and delete_namespace walk the store
         self.progress: Callable[[str, int, bytes | None], None] | None = None
 
     # -- opening --------------------------------------------------------------------------------------------
