@@ -71,7 +71,6 @@ from .lmdb_env import (DEFAULT_DURABILITY, DEFAULT_MAP_SIZE, DURABILITY, MAX_DBS
                        SharedEnv, acquire, release, remove_failed_create)
 from .lmdb_registry import (NsDelta, StoreTotals, adjust_totals, apply_deltas, delta, drop_page, drop_stored, evict,
                             limits, read_totals, set_limits)
-from .lmdb_salvage import audit_location
 from .lmdb_verify import REPAIR_BATCH_PAGES, VERIFY_CHUNK_PAGES, LMDBIntegrity  # noqa: F401
 from .verify import removed_pages, verify
 
@@ -163,6 +162,8 @@ class LMDBStore(StoreHandle):
         """`verify(repair)` of the store at `location`, safe against a damaged store: every pass runs in a child
         process, a walk that dies in a damaged B-tree is a `structure_corrupt` finding, and `repair` rebuilds
         such a store from what still reads back sound (see `lmdb_salvage`). Opens nothing in this process."""
+        from .lmdb_salvage import audit_location  # here: start-up of the commands that never audit skips it
+
         return audit_location(location, repair)
 
     def _bind_layout(self, layout: KVLayout, register: bool) -> None:
