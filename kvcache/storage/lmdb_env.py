@@ -194,15 +194,15 @@ def _damaged(path: str, exc: BaseException) -> StoreError:
 
 
 ENVS: dict[str, SharedEnv] = {}
-__ENVS_LOCK = threading.Lock()
+_ENVS_LOCK = threading.Lock()
 
 
 def after_fork_in_child() -> None:
     # The parent's environments must not be used here; closing one releases only this process's reader slots
     # and lets the child open the store afresh. One with a transaction in flight at fork (another thread) is
     # abandoned instead: closing it would reset a reader slot the parent still uses.
-    global __ENVS_LOCK
-    __ENVS_LOCK = threading.Lock()
+    global _ENVS_LOCK
+    _ENVS_LOCK = threading.Lock()
     for shared in ENVS.values():
         if shared._active == 0:
             try:
@@ -416,7 +416,7 @@ def _open_dbs(env: lmdb.Environment, path: str, writable: bool, create: bool,
 
 def acquire(path: str, create: bool, map_size: int, durability: str,
              checksum: str = DEFAULT_CHECKSUM) -> SharedEnv:
-    with __ENVS_LOCK:
+    with _ENVS_LOCK:
         shared = ENVS.get(path)
         if shared is None or shared.pid != os.getpid():
             shared = _open_env(path, create, map_size, durability, checksum)
@@ -426,7 +426,7 @@ def acquire(path: str, create: bool, map_size: int, durability: str,
 
 
 def release(shared: SharedEnv) -> None:
-    with __ENVS_LOCK:
+    with _ENVS_LOCK:
         shared.refs -= 1
         if shared.refs <= 0 and shared.pid == os.getpid():
             if ENVS.get(shared.path) is shared:

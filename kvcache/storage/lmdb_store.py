@@ -35,7 +35,7 @@ Known traps, measured on the machines this was built on:
 
 - A zero-copy value (``buffers=True``) is a view into the map that is valid only inside its transaction; used
   later it shows other data, and after a map resize it faults (SIGBUS). Pages are copied out inside the read
-  transaction, and no view ever leaves this module.
+  transaction, and no view ever leaves it.
 - A read transaction held open while writers churn pins every page it can see: one held across a churn grew a
   1 GiB store to 3.3 GiB. Read transactions here last one batch; `verify` walks the store in chunks.
 - ``torch.Tensor.copy_`` with 2 threads fell to ~0.3 GB/s at 256 KiB pages, where ``np.copyto`` into
