@@ -1,1 +1,2 @@
-"""L3: the persistent page store interface (`base`) and its default backend (`lmdb_store`)."""
+"""L3: the persistent page store interface (`base`), what every backend shares (`codec`, `handle`, `verify`),
+and the default backend (`lmdb_store`, over `lmdb_env`, `lmdb_registry`, `lmdb_verify`, `lmdb_salvage`)."""

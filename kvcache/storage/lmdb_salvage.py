@@ -43,9 +43,14 @@ import msgspec
 from ..errors import NotAStore, StoreError, StoreReadOnly, StoreUnsupported
 from ..keys import PAGE_HASH_BYTES
 from .base import VerifyFinding, VerifyRemoval, VerifyReport
+from .codec import (CHECKSUMS, DEFAULT_CHECKSUM, HEADER, Checksum, StoreFormat, chains_to,
+                    decode_format, decode_meta, decode_or_none)
 from .isolated import Died, run_isolated
-from .lmdb_store import (_DB_NAMES, _DUPFIXED, _ENVS, _HEADER, _U64, CHECKSUMS, DEFAULT_CHECKSUM, MAX_DBS,
-                         Checksum, LMDBStore, StoreFormat, _chains_to, _dec_format, _dec_meta, _decode_or_none)
+from .lmdb_env import (DB_NAMES, DEFAULT_DURABILITY, DEFAULT_MAP_SIZE, DUPFIXED, ENVS, MAX_DBS, SharedEnv, acquire,
+                       release)
+from .lmdb_registry import recount
+from .lmdb_verify import LMDBIntegrity
+from .verify import verify
 
 COPY_BATCH_PAGES = 256  # records per write transaction of the rebuild's first pass (a death loses one batch)
 _ERRORS = {"NotAStore": NotAStore, "StoreUnsupported": StoreUnsupported, "StoreReadOnly": StoreReadOnly}
@@ -93,12 +98,22 @@ def _structural(report: VerifyReport) -> bool:
 
 def _verify_in(path: str, report: Callable[[Any], None], repair: bool) -> VerifyReport:
     """In a child: open the store and verify it, reporting the walk's progress."""
-    store = LMDBStore.open(path, readonly=not repair)
-    store.progress = lambda db, n, key: report(Reached(db, n, key.hex() if key else ""))
+    with _env_of(path, durability=DEFAULT_DURABILITY) as shared:
+        if repair and not shared.writable:
+            raise StoreReadOnly(path, "cannot repair: the store is at a read-only location")
+        progress = lambda db, n, key: report(Reached(db, n, key.hex() if key else ""))  # noqa: E731
+        return verify(LMDBIntegrity(shared, progress=progress), repair)
+
+
+@contextlib.contextmanager
+def _env_of(path: str, create: bool = False, durability: str = "none") -> Iterator[SharedEnv]:
+    """The store at `path` opened in this process (durability "none" for the fresh store: its data file is
+    fsynced once, before the swap)."""
+    shared = acquire(path, create, DEFAULT_MAP_SIZE, durability)
     try:
-        return store.verify(repair=repair)
+        yield shared
     finally:
-        store.close()
+        release(shared)
 
 
 def _check(path: str) -> VerifyReport:
@@ -138,7 +153,7 @@ def _kvc_catalogue(path: str) -> bool:
             env.close()
 
     found, died = run_isolated(names, result_type=list[str])
-    return died is not None or len(set(found or ()) & set(_DB_NAMES)) >= 2
+    return died is not None or len(set(found or ()) & set(DB_NAMES)) >= 2
 
 
 # --- the rebuild ---------------------------------------------------------------------------------------------
@@ -150,7 +165,8 @@ def _rebuild(path: str, check: VerifyReport) -> VerifyReport:
         new = os.path.join(work, "store")
         try:
             store_records = _enumerate(path, "store")
-            LMDBStore.open(new, create=True, durability="none").close()
+            with _env_of(new, create=True):
+                pass
             known: dict[str, set[bytes]] = {}
             recorded: dict[str, int] = {}
             for db in ("layouts", "namespaces", "meta", "pages"):
@@ -206,7 +222,7 @@ def _rebuild(path: str, check: VerifyReport) -> VerifyReport:
 def _exclusive(path: str) -> Iterator[int]:
     """Hold byte 0 of LMDB's lock file for writing: every process with the environment open holds it for reading,
     so this succeeds only when none does, and openers wait until it is released."""
-    if path in _ENVS:
+    if path in ENVS:
         raise StoreError(path, "cannot rebuild: this process has the store open; close it first")
     fd = os.open(os.path.join(path, "lock.mdb"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
@@ -226,7 +242,7 @@ def _raw_env(path: str) -> lmdb.Environment:
 
 
 def _open_db(env: lmdb.Environment, txn: lmdb.Transaction, db: str) -> Any:
-    return env.open_db(db.encode(), txn=txn, create=False, dupsort=db in _DUPFIXED, dupfixed=db in _DUPFIXED)
+    return env.open_db(db.encode(), txn=txn, create=False, dupsort=db in DUPFIXED, dupfixed=db in DUPFIXED)
 
 
 def _enumerate(path: str, db: str) -> dict[bytes, bytes]:
@@ -284,16 +300,14 @@ def _copy_walking(path: str, new: str, db: str) -> tuple[set[bytes], int]:
 
 
 @contextlib.contextmanager
-def _old_to_new(path: str, new: str, db: str) -> Iterator[tuple[lmdb.Transaction, Any, LMDBStore, Any]]:
+def _old_to_new(path: str, new: str, db: str) -> Iterator[tuple[lmdb.Transaction, Any, SharedEnv, Any]]:
     """In a child: a read transaction on the old store with sub-database `db` opened in it, and the fresh store
     with its own `db`: (old txn, old db, fresh store, fresh db)."""
     env = _raw_env(path)
-    store = LMDBStore.open(new, durability="none")
     try:
-        with env.begin(buffers=True) as txn:
-            yield txn, _open_db(env, txn, db), store, getattr(store._live().dbs, db)
+        with _env_of(new) as store, env.begin(buffers=True) as txn:
+            yield txn, _open_db(env, txn, db), store, getattr(store.dbs, db)
     finally:
-        store.close()
         env.close()
 
 
@@ -322,9 +336,9 @@ def _walk_copy(path: str, new: str, db: str, how: _Walk, report: Callable[[Any],
         report(("committed", [k for k, _ in batch]))
 
 
-def _put_raw(store: LMDBStore, target: Any, records: list[tuple[bytes, bytes]]) -> None:
+def _put_raw(store: SharedEnv, target: Any, records: list[tuple[bytes, bytes]]) -> None:
     if records:
-        store._write(lambda txn: [txn.put(k, v, db=target) for k, v in records])
+        store.write(lambda txn: [txn.put(k, v, db=target) for k, v in records])
 
 
 def _copy_by_key(path: str, new: str, db: str, keys: list[bytes]) -> set[bytes]:
@@ -376,8 +390,6 @@ def _drop_unsound(new: str, store_records: dict[bytes, bytes]) -> dict[str, list
     """In a child, on the fresh store: remove copied page and metadata records that do not prove themselves (a
     walk of a damaged leaf can return garbage); returns the keys of those that do, per sub-database."""
     algos = _algorithms(store_records)
-    store = LMDBStore.open(new, durability="none")
-    dbs = store._live().dbs
     kept: dict[str, list[bytes]] = {"pages": [], "meta": []}
 
     def body(txn: lmdb.Transaction) -> None:
@@ -389,16 +401,15 @@ def _drop_unsound(new: str, store_records: dict[bytes, bytes]) -> dict[str, list
                 else:
                     txn.delete(bytes(key), db=target)
 
-    try:
-        store._write(body)
-    finally:
-        store.close()
+    with _env_of(new) as store:
+        dbs = store.dbs
+        store.write(body)
     return kept
 
 
 def _algorithms(store_records: dict[bytes, bytes]) -> list[Checksum]:
     """The checksum the store's format record names, or every one when that record is lost."""
-    fmt = _decode_or_none(_dec_format, store_records.get(b"format", b""))
+    fmt = decode_or_none(decode_format, store_records.get(b"format", b""))
     if isinstance(fmt, StoreFormat) and fmt.checksum in CHECKSUMS:
         return [CHECKSUMS[fmt.checksum]]
     return list(CHECKSUMS.values())
@@ -406,14 +417,13 @@ def _algorithms(store_records: dict[bytes, bytes]) -> list[Checksum]:
 
 def _page_proves(key: bytes, value: Any, algos: list[Checksum]) -> bool:
     """A page record whose checksum, seeded by its key, matches its payload."""
-    return (len(key) == PAGE_HASH_BYTES and len(value) >= _HEADER
-            and any(a.of(memoryview(value)[_HEADER:], key) == _U64.unpack_from(value)[0] for a in algos))
+    return len(key) == PAGE_HASH_BYTES and any(a.sound(value, key) for a in algos)
 
 
 def _meta_proves(key: bytes, value: Any) -> bool:
     """A metadata record that decodes and chains to its key."""
-    meta = _decode_or_none(_dec_meta, value)
-    return meta is not None and _chains_to(key, meta)
+    meta = decode_or_none(decode_meta, value)
+    return meta is not None and chains_to(key, meta)
 
 
 def _scan_file(path: str, new: str, want_pages: set[bytes], want_meta: set[bytes],
@@ -459,13 +469,9 @@ def _scan_file(path: str, new: str, want_pages: set[bytes], want_meta: set[bytes
                 pages[key] = value
             if key in want_meta and key not in metas and _meta_proves(key, value):
                 metas[key] = value
-    store = LMDBStore.open(new, durability="none")
-    try:
-        dbs = store._live().dbs
-        _put_raw(store, dbs.pages, list(pages.items()))
-        _put_raw(store, dbs.meta, list(metas.items()))
-    finally:
-        store.close()
+    with _env_of(new) as store:
+        _put_raw(store, store.dbs.pages, list(pages.items()))
+        _put_raw(store, store.dbs.meta, list(metas.items()))
     return {"pages": list(pages), "meta": list(metas)}
 
 
@@ -479,25 +485,25 @@ def _prepare(new: str, store_records: dict[bytes, bytes]) -> list[VerifyRemoval]
     """In a child, on the fresh store: its store records (the old format record when it survived, else one for
     the checksum the pages agree with; the limits), pages of a namespace or layout whose record was lost removed
     (listed), the children index built from the metadata, the counters recounted."""
-    store = LMDBStore.open(new, durability="none")
-    dbs = store._live().dbs
     removed: list[VerifyRemoval] = []
-    try:
+    with _env_of(new) as store:
+        dbs = store.dbs
+
         def body(txn: lmdb.Transaction) -> None:
-            fmt = _decode_or_none(_dec_format, store_records.get(b"format", b""))
+            fmt = decode_or_none(decode_format, store_records.get(b"format", b""))
             if not (isinstance(fmt, StoreFormat) and fmt.checksum in CHECKSUMS):
-                fmt = msgspec.structs.replace(_dec_format.decode(txn.get(b"format", db=dbs.store)),
+                fmt = msgspec.structs.replace(decode_format(txn.get(b"format", db=dbs.store)),
                                               checksum=_agreed_checksum(txn, dbs))
             txn.put(b"format", msgspec.msgpack.encode(fmt), db=dbs.store)
             for key in (b"capacity", b"ns_quota"):
-                if len(store_records.get(key, b"")) == _U64.size:
+                if len(store_records.get(key, b"")) == 8:  # a u64 limit
                     txn.put(key, store_records[key], db=dbs.store)
             layouts = {bytes(k) for k, v in txn.cursor(db=dbs.layouts)}
             namespaces = {bytes(k) for k, v in txn.cursor(db=dbs.namespaces)}
             txn.drop(dbs.children, delete=False)
             for key, raw in list(txn.cursor(db=dbs.meta)):
                 h = bytes(key)
-                meta = _decode_or_none(_dec_meta, raw)
+                meta = decode_or_none(decode_meta, raw)
                 if meta is None:
                     continue  # verify(repair=True) removes it next
                 lost = ("unknown_layout" if meta.layout_id not in layouts else
@@ -506,14 +512,12 @@ def _prepare(new: str, store_records: dict[bytes, bytes]) -> list[VerifyRemoval]
                     value = txn.get(h, db=dbs.pages)
                     txn.delete(h, db=dbs.meta)
                     txn.delete(h, db=dbs.pages)
-                    removed.append(VerifyRemoval(lost, h.hex(), "page", max(len(value or b"") - _HEADER, 0)))
+                    removed.append(VerifyRemoval(lost, h.hex(), "page", max(len(value or b"") - HEADER, 0)))
                 else:
                     txn.put(meta.parent, h, db=dbs.children, dupdata=True)
-            store._recount(txn)
+            recount(txn, dbs)
 
-        store._write(body)
-    finally:
-        store.close()
+        store.write(body)
     return removed
 
 
@@ -523,21 +527,15 @@ def _agreed_checksum(txn: lmdb.Transaction, dbs: Any) -> str:
     for n, (key, value) in enumerate(txn.cursor(db=dbs.pages)):
         if n >= 64:
             break
-        if len(value) >= _HEADER:
-            for name, algo in CHECKSUMS.items():
-                counts[name] += algo.of(memoryview(value)[_HEADER:], bytes(key)) == _U64.unpack_from(value)[0]
+        for name, algo in CHECKSUMS.items():
+            counts[name] += algo.sound(value, bytes(key))
     return max(counts, key=counts.__getitem__) if any(counts.values()) else DEFAULT_CHECKSUM
 
 
 def _keys_of(new: str) -> dict[str, list[bytes]]:
-    store = LMDBStore.open(new, readonly=True)
-    dbs = store._live().dbs
-    try:
-        with store._live().read() as txn:
-            return {db: [bytes(k) for k, _ in txn.cursor(db=getattr(dbs, db))]
-                    for db in ("pages", "namespaces", "layouts")}
-    finally:
-        store.close()
+    with _env_of(new) as store, store.read() as txn:
+        return {db: [bytes(k) for k, _ in txn.cursor(db=getattr(store.dbs, db))]
+                for db in ("pages", "namespaces", "layouts")}
 
 
 def _swap(path: str, new_path: str, lock_fd: int) -> None:

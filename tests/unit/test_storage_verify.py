@@ -21,11 +21,12 @@ from kvcache.errors import InvalidInput, StoreReadOnly
 from kvcache.keys import pack_tokens
 from kvcache.layout import KVLayout
 from kvcache.namespace import Namespace
-from kvcache.storage import lmdb_store
-from kvcache.storage.base import (REPAIRS, VERIFY_KINDS, CapacityPolicy, NamespaceRecord,
-                                  page_origins)
+from kvcache.storage import lmdb_store, lmdb_verify
+from kvcache.storage.base import (REPAIRS, VERIFY_KINDS, CapacityPolicy, NamespaceRecord, PageMeta,
+                                  open_store, page_origins)
 from kvcache.storage.lmdb_store import LMDBStore, StoreTotals
 from lmdb_surgery import raw
+from redis_server import redis_cluster, redis_server  # noqa: F401  (session fixtures of the redis backends)
 
 LAYOUT = KVLayout("verify-model@r1", layers=2, kv_heads=2, head_dim=16, dtype="float16", page_size=4)  # 1 KiB pages
 # Same geometry, another revision: pages of the same size, told apart only by the layout id.
@@ -277,7 +278,7 @@ def test_registry_counters_off_are_recounted(path, chains):
 
 
 def test_repair_removes_in_bounded_transactions(path, chains, monkeypatch):
-    monkeypatch.setattr(lmdb_store, "REPAIR_BATCH_PAGES", 3)
+    monkeypatch.setattr(lmdb_verify, "REPAIR_BATCH_PAGES", 3)
     with raw(path) as r:
         r.drop(chains.c[0])  # the whole of NS2's chain is orphaned
     with LMDBStore.open(path, LAYOUT) as s:
@@ -333,3 +334,140 @@ def test_a_healthy_store_under_concurrent_writes_and_eviction_verifies_clean(pat
         assert errors == []
         assert [(r.findings, r.removals) for r in reports] == [([], [])] * 20
         assert s.verify().ok and s.stats().pages <= 40
+
+
+# --- every backend, one verifier -------------------------------------------------------------------------------
+# The checks and repairs live once in kvcache.storage.verify; each backend only reads and removes records. The same
+# fault, injected by hand into LMDB and into Redis (standalone and cluster), must give the same findings and the
+# same removals. The conformance suite covers the one fault a backend-neutral API can inject (a flipped byte).
+
+
+class Surgeon:
+    """Damage to one store through its storage directly (the store closed), the registry counters kept at what
+    verify counts (whole pages), so the report names exactly the fault injected."""
+
+    def drop(self, h: bytes, *, page: bool = True, meta: bool = True, link: bool = True) -> None:
+        raise NotImplementedError
+
+    def link(self, parent: bytes, child: bytes) -> None:
+        raise NotImplementedError
+
+    def unlink(self, parent: bytes, child: bytes) -> None:
+        raise NotImplementedError
+
+
+class LMDBSurgeon(Surgeon):
+    def __init__(self, location: str) -> None:
+        self.path = location
+
+    def drop(self, h: bytes, *, page: bool = True, meta: bool = True, link: bool = True) -> None:
+        with raw(self.path) as r:
+            r.drop(h, page=page, meta=meta, link=link)
+
+    def link(self, parent: bytes, child: bytes) -> None:
+        with raw(self.path) as r:
+            r.txn.put(parent, child, db=r.db["children"])
+
+    def unlink(self, parent: bytes, child: bytes) -> None:
+        with raw(self.path) as r:
+            assert r.txn.delete(parent, child, db=r.db["children"])
+
+
+class RedisSurgeon(Surgeon):
+    def __init__(self, location: str) -> None:
+        import redis
+        from urllib.parse import parse_qs, urlsplit
+
+        parts = urlsplit(location)
+        self.prefix = parse_qs(parts.query)["prefix"][0].encode()
+        cls = redis.RedisCluster if parts.scheme.endswith("+cluster") else redis.Redis
+        self.client = cls(host=parts.hostname, port=parts.port)
+
+    def _pk(self, h: bytes) -> bytes:
+        return self.prefix + b"p:" + h.hex().encode()
+
+    def _ck(self, h: bytes) -> bytes:
+        return self.prefix + b"c:" + h.hex().encode()
+
+    def drop(self, h: bytes, *, page: bool = True, meta: bool = True, link: bool = True) -> None:
+        meta_rec = msgspec.msgpack.decode(self.client.hget(self._pk(h), "m"), type=PageMeta)
+        if link:
+            assert self.client.srem(self._ck(meta_rec.parent), h)
+        fields = [f for f, gone in (("d", page), ("m", meta)) if gone]
+        if len(fields) == 2:
+            fields = ["d", "m", "n", "p", "h", "a"]  # the whole record
+        assert self.client.hdel(self._pk(h), *fields)
+        ns = self.prefix + b"ns:" + meta_rec.ns_id.hex().encode()
+        self.client.hincrby(ns, "pages", -1)
+        self.client.hincrby(ns, "bytes", -meta_rec.nbytes)
+
+    def link(self, parent: bytes, child: bytes) -> None:
+        self.client.sadd(self._ck(parent), child)
+
+    def unlink(self, parent: bytes, child: bytes) -> None:
+        assert self.client.srem(self._ck(parent), child)
+
+
+BACKENDS = ["lmdb", "redis", "redis+cluster"]
+
+
+@pytest.fixture(params=BACKENDS)
+def any_store(request, tmp_path) -> tuple[str, Surgeon, Chains]:
+    """(location, surgeon) of a store holding the `Chains` pages, on each backend."""
+    if request.param == "lmdb":
+        location = str(tmp_path / "store")
+        surgeon: type[Surgeon] = LMDBSurgeon
+    else:
+        server = request.getfixturevalue("redis_cluster" if request.param.endswith("+cluster") else "redis_server")
+        location, surgeon = server.store_url(), RedisSurgeon
+    with open_store(location, LAYOUT, create=True, add_layout=True) as s:
+        built = Chains(write(s, range(40)), write(s, [*range(12), *[7] * 16]), write(s, range(40), NS2))
+        assert s.verify().ok
+    return location, surgeon(location), built
+
+
+FAULTS = {
+    # name: (damage, findings, page removals {hash: (what, below)}, index removals, chains readable, pages left)
+    "a middle page lost": (
+        lambda c, op: op.drop(c.a[5]),
+        lambda c: [("orphan", c.a[6])],
+        lambda c: {c.a[6]: ("page", None), **{h: ("page", c.a[6]) for h in c.a[7:]}}, [], {"a": 5}, 19),
+    "metadata without bytes": (
+        lambda c, op: op.drop(c.c[7], meta=False, link=False),
+        lambda c: [("missing_page", c.c[7])],
+        lambda c: {c.c[7]: ("meta", None), c.c[8]: ("page", c.c[7]), c.c[9]: ("page", c.c[7])}, [], {"c": 7}, 21),
+    "bytes without metadata": (
+        lambda c, op: op.drop(c.a[8], page=False, link=False),
+        lambda c: [("dangling_index", c.a[8]), ("missing_meta", c.a[8])],
+        lambda c: {c.a[8]: ("bytes", None), c.a[9]: ("page", c.a[8])}, ["a8"], {"a": 8}, 22),
+    "a children entry naming no page": (
+        lambda c, op: op.link(c.a[2], NOWHERE),
+        lambda c: [("dangling_index", NOWHERE)],
+        lambda c: {}, ["nowhere"], {}, 24),
+    "a children entry lost": (
+        lambda c, op: op.unlink(c.b[3], c.b[4]),
+        lambda c: [("missing_index", c.b[4])],
+        lambda c: {}, [], {}, 24),
+}
+NOWHERE = bytes(range(16))
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_every_backend_reports_and_repairs_a_fault_the_same_way(any_store, fault):
+    location, surgeon, c = any_store
+    damage, findings, removals, index_removals, cut, left = FAULTS[fault]
+    damage(c, surgeon)
+    with open_store(location, LAYOUT) as s:
+        report = s.verify()
+        assert kinds(report) == sorted((k, h.hex()) for k, h in findings(c))
+        repaired = s.verify(repair=True)
+        assert repaired.repaired == len(report.findings) and all(f.repaired for f in repaired.findings)
+        assert removed(repaired) == {h.hex(): (what, below and below.hex()) for h, (what, below) in removals(c).items()}
+        named = {"a8": c.a[8], "nowhere": NOWHERE}
+        assert sorted(r.page_hash for r in repaired.removals if r.what == "index") == sorted(
+            named[n].hex() for n in index_removals)
+        assert s.verify().ok
+        for name in ("a", "b", "c"):
+            hashes = getattr(c, name)
+            assert readable(s, hashes) == cut.get(name, len(hashes)), name
+        assert s.stats().pages == sum(r.pages for r in s.namespaces()) == left

@@ -43,32 +43,33 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import msgspec
-import numpy as np
 import redis
-import xxhash
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from kvcache.storage.base import (PAGE_HASH_BYTES, TOKEN_BYTES, AccessPolicy, CapacityPolicy, ChildInfo,
-                                  DeleteResult, InvalidInput, KVLayout, LayoutMismatch, LayoutRecord,
+from kvcache.storage.base import (PAGE_HASH_BYTES, AccessPolicy, CapacityPolicy, ChildInfo,
+                                  DeleteResult, InvalidInput, KVLayout, LayoutRecord,
                                   Namespace, NamespaceInfo, NamespaceRecord, NotAStore, PageMeta, PageOrigin,
                                   PutResult, StoreCounters, StoreError, StoreReadOnly, StoreStats,
-                                  StoreUnsupported, VerifyFinding, VerifyRemoval, VerifyReport, new_fingerprint_key,
-                                  check_page_hashes, extend_chain, hash_root, hash_root_of_id,
-                                  out_views_for, page_bytes)
+                                  StoreUnsupported, VerifyReport, new_fingerprint_key, check_page_hashes,
+                                  hash_root, layout_to_register, namespace_root, out_views_for, put_views)
+from kvcache.storage.codec import (CHECKSUMS, FORMAT_MAGIC, FORMAT_VERSION, HEADER, StoreFormat, decode_format,
+                                   decode_layout, decode_meta, decode_or_none, encoder)
+from kvcache.storage.handle import AccessLog, StoreHandle, count_read, new_counts
+from kvcache.storage.verify import (Findings, Guard, PageRow, Removal, RepairOps, ScannedPage, Snapshot,
+                                    removed_pages, verify)
 
 from . import scripts
 
 log = logging.getLogger("kvcache_redis")
+T = TypeVar("T")
 
-FORMAT_MAGIC = "kvc-store"
-FORMAT_VERSION = 1
-CHECKSUM = "xxh3_64"  # the algorithm name the LMDB backend records for the same checksum
+CHECKSUM = "xxh3_64"  # codec.CHECKSUMS: the same algorithm, under the same name, as the LMDB backend's default
 DEFAULT_PREFIX = "kvc:"
 DEFAULT_TIMEOUT_S = 2.0  # socket timeout of one command: how long a hung server can stall an L3 job
 DEFAULT_CONNECT_TIMEOUT_S = 1.0
@@ -79,24 +80,12 @@ DELETE_BATCH_PAGES = 512  # pages removed per script when deleting a namespace (
 REPAIR_BATCH_PAGES = 512
 MAX_PENDING_FACTOR = 16  # logged reads kept while flushes fail: this many times AccessPolicy.flush_reads
 _KVC_QUERY = ("prefix", "timeout", "connect_timeout", "backoff_max")
-_U64 = np.dtype("<u8")
-_HEADER = 8  # the checksum before the payload in a page's `d` field
+_XXH3 = CHECKSUMS[CHECKSUM]  # a page's `d` field is a codec page value: [u64 checksum][payload]
 
 # Faults of the connection or the server, as opposed to a bug in a request: these degrade to a miss or a
 # failed write. ResponseError covers OOM and a server that refuses writes (a replica, MISCONF on a failed save).
 _FAULTS = (redis.ConnectionError, redis.TimeoutError, redis.ResponseError, redis.exceptions.ClusterError,
            redis.exceptions.RedisClusterException, OSError)
-
-
-class StoreFormat(msgspec.Struct, frozen=True):
-    """The record that makes a key prefix a kvc store."""
-
-    magic: str  # FORMAT_MAGIC
-    version: int  # FORMAT_VERSION of the writer that created it
-    checksum: str  # CHECKSUM
-    created: float  # unix seconds
-    fingerprint_key: str = ""  # hex: the key of the salt fingerprints this store records (kvcache.namespace);
-    #                            "" in a store made before keys existed
 
 
 class RedisOptions(msgspec.Struct, frozen=True):
@@ -108,27 +97,16 @@ class RedisOptions(msgspec.Struct, frozen=True):
     backoff_max: float = DEFAULT_BACKOFF_MAX_S  # longest pause between reconnection attempts
 
 
-_enc = msgspec.msgpack.Encoder()
-_dec_meta = msgspec.msgpack.Decoder(PageMeta)
-_dec_format = msgspec.msgpack.Decoder(StoreFormat)
-_dec_layout = msgspec.msgpack.Decoder(LayoutRecord)
 _dec_info = msgspec.msgpack.Decoder(NamespaceInfo)
 
 
-def _seed(page_hash: bytes) -> int:
-    return int.from_bytes(page_hash[:8], "little")
-
-
-def _checksum(payload: Any, page_hash: bytes) -> int:
-    """xxh3-64 of a payload seeded by its page hash, as the LMDB backend computes it (a payload filed under
-    another hash fails)."""
-    return xxhash.xxh3_64_intdigest(payload, _seed(page_hash))
-
-
-def _chains_to(page_hash: bytes, meta: PageMeta) -> bool:
-    """Whether `page_hash` is H(parent || tokens) of its metadata."""
-    n = len(meta.tokens) // TOKEN_BYTES
-    return n > 0 and n * TOKEN_BYTES == len(meta.tokens) and extend_chain(meta.parent, meta.tokens, n) == [page_hash]
+def _page_value(page_hash: bytes, payload: memoryview) -> bytes:
+    """A page record's `d` field: the checksum, then one copy of the caller's page, summed as copied (what is
+    summed is exactly what is sent)."""
+    value = bytearray(HEADER + len(payload))
+    value[HEADER:] = payload
+    value[:HEADER] = _XXH3.of(memoryview(value)[HEADER:], page_hash).to_bytes(HEADER, "little")
+    return bytes(value)
 
 
 def _glob_escape(text: str) -> str:
@@ -208,41 +186,7 @@ def _parse_url(location: str, overrides: dict[str, Any]) -> _Url:
     return _Url(client_url, cluster, RedisOptions(**fields), shown)
 
 
-class _Findings:
-    """What one verify found, and what repair may do about each finding (indices into `items`)."""
-
-    __slots__ = ("items", "by_page", "remove", "relink", "unlink", "recount", "fixed")
-
-    def __init__(self) -> None:
-        self.items: list[VerifyFinding] = []
-        self.by_page: dict[bytes, list[int]] = {}
-        self.remove: dict[bytes, tuple[int, str]] = {}  # page -> (first finding making it removable, guard)
-        self.relink: dict[bytes, int] = {}  # page -> its missing_index finding
-        self.unlink: list[tuple[bytes, bytes, int]] = []  # (parent, child, finding) of dangling children entries
-        self.recount: list[int] = []
-        self.fixed: set[int] = set()
-
-    def add(self, kind: str, page_hash: bytes | None, detail: str, remove: str | None = None) -> None:
-        """Record a finding; `remove`: the guard under which the page may be removed (it is provably corrupt or
-        unreachable as read)."""
-        i = len(self.items)
-        self.items.append(VerifyFinding(kind, None if page_hash is None else page_hash.hex(), detail))
-        if page_hash is not None and (kind != "dangling_index" or remove):
-            self.by_page.setdefault(page_hash, []).append(i)
-        if remove and page_hash is not None:
-            self.remove.setdefault(page_hash, (i, remove))
-
-
-class _Page(msgspec.Struct, frozen=True):
-    """What verify keeps of one page record."""
-
-    parent: bytes
-    ns_id: bytes
-    layout_id: bytes
-    nbytes: int
-
-
-class RedisStore:
+class RedisStore(StoreHandle):
     """An L3 store in Redis / Valkey (see the module docstring). Open with `RedisStore.open` or `open_store`.
 
     Safe to use from several threads (redis-py's connection pool) and from many processes and machines at once.
@@ -264,11 +208,11 @@ class RedisStore:
         self.fingerprint_key = bytes.fromhex(fmt.fingerprint_key) if fmt.fingerprint_key else None
         self._client = client
         self._lock = threading.Lock()  # guards the access log, the corrupt set, the counters and the backoff
-        self._pending: list[tuple[float, bytes, str, int]] = []  # (when, deepest page, its ns hex, pages)
-        self._pending_pages = 0
-        self._pending_since = 0.0
+        # (when, deepest page, its ns hex, pages). A server away (or full) for long must not grow the log without
+        # bound: access figures are approximate, the oldest reads are the ones to forget.
+        self._log = AccessLog(access, keep=MAX_PENDING_FACTOR * access.flush_reads)
         self._corrupt: dict[bytes, str] = {}  # page -> SHA-1 hex of the bytes that failed their checksum
-        self._counts = {name: 0 for name in StoreCounters.__struct_fields__ if name != "pending_access"}
+        self._counts = new_counts()
         self._down_until = 0.0  # monotonic time before which data calls do not try the server
         self._backoff = 0.0
         self._gone = False  # the last put found the format record gone (said once until a put succeeds)
@@ -327,12 +271,12 @@ class RedisStore:
                     raise NotAStore(url.shown, f"no kvc store under prefix {url.options.prefix!r} (create=True "
                                                f"makes one)")
                 fmt = StoreFormat(FORMAT_MAGIC, FORMAT_VERSION, CHECKSUM, time.time(), new_fingerprint_key().hex())
-                client.set(key, _enc.encode(fmt), nx=True)  # two creators race: one record wins, both read it
+                client.set(key, encoder.encode(fmt), nx=True)  # two creators race: one record wins, both read it
                 raw = client.get(key)
         except _FAULTS as exc:
             raise StoreError(url.shown, f"cannot reach the server: {exc}") from None
         try:
-            fmt = _dec_format.decode(raw)
+            fmt = decode_format(raw)
         except msgspec.DecodeError:
             fmt = None
         if fmt is None or fmt.magic != FORMAT_MAGIC:
@@ -345,14 +289,11 @@ class RedisStore:
         return fmt
 
     def _bind_layout(self, layout: KVLayout, register: bool) -> None:
-        held = self._layout_records()
-        if layout.layout_id in held:
+        if not layout_to_register(self.location, layout, self._layout_records(), register):
             return
-        if not register:
-            raise LayoutMismatch(self.location, layout.describe(), [r.layout.describe() for r in held.values()])
         self._check_writable()
         self._admin(lambda c: c.hsetnx(self._k_layouts, layout.layout_id.hex(),
-                                       _enc.encode(LayoutRecord(layout, time.time()))))
+                                       encoder.encode(LayoutRecord(layout, time.time()))))
 
     # -- keys and plumbing ----------------------------------------------------------------------------------
 
@@ -433,20 +374,16 @@ class RedisStore:
                 self._fault("read_errors", exc)
         else:
             self._counts["read_errors"] += 1
-        if found < len(hashes):
-            self._counts["misses"] += 1
-        return found
+        return count_read(self._counts, found, len(hashes))
 
     def get_into(self, hashes: Sequence[bytes], out_views: Sequence[Any]) -> int:
-        """Copy pages into caller-provided writable byte views; return how many consecutive pages from the start
-        were copied and verified. A missing, corrupt or unreadable page ends the run (and is counted)."""
-        outs = out_views_for(hashes, out_views)
+        """Copy pages into caller-provided writable byte views (one pipelined round trip for the batch), each
+        verified on the copy; return how many consecutive pages from the start were copied. A missing or corrupt
+        page ends the run (and is counted); a fault is a miss."""
+        outs = out_views_for(hashes, out_views, self.layout)
         n = len(outs)
         if n == 0:
             return 0
-        if self.layout is not None and any(len(out) != self.layout.bytes_per_page for out in outs):
-            raise InvalidInput(f"get_into needs out views of {self.layout.bytes_per_page} bytes (a page of layout "
-                               f"{self.layout.describe()}), got {sorted({len(o) for o in outs})}")
         client = self._live()
         done = 0
         ns_hex = ""
@@ -470,10 +407,10 @@ class RedisStore:
             # A stored size other than a page's (the out views were checked above) is a damaged record: a miss,
             # quarantined like a checksum failure. Checked on the copy, still in cache: what the caller got is
             # what was verified.
-            bad = len(value) - _HEADER != len(out)
+            bad = len(value) - HEADER != len(out)
             if not bad:
-                out[:] = memoryview(value)[_HEADER:]
-                bad = _checksum(out, h) != int.from_bytes(value[:_HEADER], "little")
+                out[:] = memoryview(value)[HEADER:]
+                bad = _XXH3.of(out, h) != int.from_bytes(value[:HEADER], "little")
             if bad:
                 with self._lock:
                     corrupt[h] = hashlib.sha1(value).hexdigest()
@@ -481,24 +418,14 @@ class RedisStore:
                 break
             done += 1
             ns_hex = ns.decode()
-        self._counts["pages_read"] += done
-        if done < n:
-            self._counts["misses"] += 1
+        count_read(self._counts, done, n, copied=True)
         if done and not self.readonly:
             self._record_access(hashes[done - 1], ns_hex, done)
         return done
 
     def _record_access(self, deepest: bytes, ns_hex: str, pages: int) -> None:
         # One entry per read, credited to the deepest page it reached (see kvcache.storage.base).
-        now = time.time()
-        with self._lock:
-            if not self._pending:
-                self._pending_since = now
-            self._pending.append((now, deepest, ns_hex, pages))
-            self._pending_pages += pages
-            due = (len(self._pending) >= self.access_policy.flush_reads
-                   or now - self._pending_since >= self.access_policy.flush_interval_s)
-        if due:
+        if self._log.record(time.time(), deepest, ns_hex, pages):
             self.flush()
 
     def page_meta(self, page_hash: bytes) -> PageMeta | None:
@@ -506,7 +433,7 @@ class RedisStore:
         m, hits, last = self._admin(lambda c: c.hmget(self._pk(page_hash), "m", "h", "a"))
         if m is None:
             return None
-        meta = _dec_meta.decode(m)
+        meta = decode_meta(m)
         return msgspec.structs.replace(meta, hits=int(hits or 0), last_access=float(last or meta.last_access))
 
     def children(self, page_hash: bytes) -> list[ChildInfo]:
@@ -520,7 +447,7 @@ class RedisStore:
         heads: list[tuple[bytes, PageMeta, int, float]] = []
         for child, (m, hits, last) in zip(kids, metas):
             if m is not None:
-                meta = _dec_meta.decode(m)
+                meta = decode_meta(m)
                 heads.append((child, meta, int(hits or 0), float(last or meta.last_access)))
         # Walk every head's subtree level by level; `top` maps each page reached to the head it is under.
         heat = {child: [hits, last] for child, _, hits, last in heads}
@@ -558,21 +485,22 @@ class RedisStore:
         return pipe.execute()
 
     def _smembers_many(self, client: Any, hashes: Sequence[bytes]) -> list[set[bytes]]:
+        return self._smembers_keys(client, [self._ck(h) for h in hashes])
+
+    @staticmethod
+    def _smembers_keys(client: Any, keys: Sequence[bytes]) -> list[set[bytes]]:
         pipe = client.pipeline(transaction=False)
-        for h in hashes:
-            pipe.smembers(self._ck(h))
+        for k in keys:
+            pipe.smembers(k)
         return pipe.execute()
 
     def root(self, namespace: Namespace, layout: KVLayout | None = None) -> bytes:
         """The hash root of `namespace` under `layout` (default: this handle's layout)."""
-        layout = layout or self.layout
-        if layout is None:
-            raise InvalidInput("root() needs a layout: open the store with one or pass it")
-        return hash_root(layout.layout_id, namespace)
+        return namespace_root(namespace, layout or self.layout)
 
     def _layout_records(self) -> dict[bytes, LayoutRecord]:
         raw = self._admin(lambda c: c.hgetall(self._k_layouts))
-        return {bytes.fromhex(k.decode()): _dec_layout.decode(v) for k, v in raw.items()}
+        return {bytes.fromhex(k.decode()): decode_layout(v) for k, v in raw.items()}
 
     def layouts(self) -> list[KVLayout]:
         """Every layout the store holds, oldest first."""
@@ -628,7 +556,7 @@ class RedisStore:
     def counters(self) -> StoreCounters:
         """This handle's counters."""
         with self._lock:
-            return StoreCounters(**self._counts, pending_access=self._pending_pages)
+            return StoreCounters(**self._counts, pending_access=self._log.pages)
 
     # -- writing --------------------------------------------------------------------------------------------
 
@@ -641,44 +569,19 @@ class RedisStore:
         raised (a lost reply may hide a batch that was stored: the next put of it finds it `existing`).
         """
         self._check_writable()
-        layout = self.layout
-        if layout is None:
-            raise InvalidInput("put needs a layout: open the store with layout=...")
-        if not (len(hashes) == len(pages) == len(origins)):
-            raise InvalidInput(f"put needs as many pages and origins as hashes: {len(hashes)} hashes, "
-                               f"{len(pages)} pages, {len(origins)} origins")
-        check_page_hashes(hashes)
-        nbytes, step = layout.bytes_per_page, layout.page_size * TOKEN_BYTES
-        values: list[bytes] = []
-        for h, page, origin in zip(hashes, pages, origins):
-            mv = page_bytes(page)
-            if len(mv) != nbytes:
-                raise InvalidInput(f"page {h.hex()} has {len(mv)} bytes, layout {layout.describe()} needs {nbytes}")
-            if len(origin.tokens) != step:
-                raise InvalidInput(f"page {h.hex()}: {len(origin.tokens)} token bytes, a page holds {step}")
-            if extend_chain(origin.parent, origin.tokens, layout.page_size)[0] != h:
-                raise InvalidInput(f"page {h.hex()} is not the hash of its parent and tokens in this origin")
-            # One copy of the caller's page, summed as copied: what is summed is exactly what is sent.
-            value = bytearray(_HEADER + nbytes)
-            value[_HEADER:] = mv
-            value[:_HEADER] = _checksum(memoryview(value)[_HEADER:], h).to_bytes(_HEADER, "little")
-            values.append(bytes(value))
+        values = [_page_value(h, mv) for h, mv in zip(hashes, put_views(self.layout, hashes, pages, origins))]
         if not hashes:
             return PutResult(0, 0, 0, 0, 0)
-        batch_ns = {h: o.namespace.id for h, o in zip(hashes, origins)}
-        for h, origin in zip(hashes, origins):
-            up = batch_ns.get(origin.parent)
-            if up is not None and up != origin.namespace.id:
-                raise InvalidInput(f"page {h.hex()}: its parent in this batch is in another namespace than "
-                                   f"{origin.namespace.label}")
+        layout = self.layout
+        nbytes = layout.bytes_per_page
         client = self._live()
         if not self._available():
             return self._failed_put(len(hashes))  # inside a backoff pause: the server was gone a moment ago
         self._flush_quietly()  # logged reads ride with writes, as in the LMDB backend
         layout_id, now = layout.layout_id, time.time()
         roots = {ns.id: hash_root(layout_id, ns) for ns in {o.namespace for o in origins}}
-        metas = [_enc.encode(PageMeta(o.namespace.id, layout_id, o.parent, o.tokens, nbytes,
-                                      int.from_bytes(v[:_HEADER], "little"), now, now, 0))
+        metas = [encoder.encode(PageMeta(o.namespace.id, layout_id, o.parent, o.tokens, nbytes,
+                                      int.from_bytes(v[:HEADER], "little"), now, now, 0))
                  for o, v in zip(origins, values)]
         try:
             if self.cluster:
@@ -742,7 +645,7 @@ class RedisStore:
         keys: list[bytes] = [self._k_nsidx] + [self._nk(ns.id_hex) for ns in infos]
         args: list[Any] = [repr(now), len(infos)]
         for ns in infos:
-            args += [ns.id_hex, _enc.encode(ns.info(self.fingerprint_key))]
+            args += [ns.id_hex, encoder.encode(ns.info(self.fingerprint_key))]
         fresh: set[bytes] = set()
         for h, v, m, o in zip(hashes, values, metas, origins):
             is_root = o.parent == roots[o.namespace.id]
@@ -787,12 +690,12 @@ class RedisStore:
             pipe.sadd(self._ck(o.parent), hashes[i])
             acc = per_ns.setdefault(o.namespace.id, [o.namespace, 0, 0, ""])
             acc[1] += 1
-            acc[2] += len(values[i]) - _HEADER
+            acc[2] += len(values[i]) - HEADER
             if o.parent == roots[o.namespace.id]:
                 acc[3] = o.parent.hex()
         for ns, n, b, root in per_ns.values():
             self._call(self._s_ns_adjust, [self._nk(ns.id_hex)],
-                       [_enc.encode(ns.info(self.fingerprint_key)), repr(now), n, b, root], pipe)
+                       [encoder.encode(ns.info(self.fingerprint_key)), repr(now), n, b, root], pipe)
             pipe.sadd(self._k_nsidx, ns.id_hex)
         if written_idx:
             pipe.execute()
@@ -801,19 +704,9 @@ class RedisStore:
     # -- access records -------------------------------------------------------------------------------------
 
     def _take_pending(self) -> tuple[list[tuple[float, bytes, str, int]], dict[bytes, str]]:
+        pending = self._log.take()
         with self._lock:
-            pending, self._pending, self._pending_pages = self._pending, [], 0
             return pending, dict(self._corrupt)
-
-    def _restore_pending(self, pending: list[tuple[float, bytes, str, int]]) -> None:
-        with self._lock:
-            self._pending[:0] = pending
-            # A server away (or full) for long must not grow the log without bound: access figures are
-            # approximate, the oldest reads are the ones to forget.
-            cap = MAX_PENDING_FACTOR * self.access_policy.flush_reads
-            if len(self._pending) > cap:
-                del self._pending[:len(self._pending) - cap]
-            self._pending_pages = sum(n for _, _, _, n in self._pending)
 
     def flush(self) -> None:
         """Write logged reads (hit counts, access times) and drop pages seen corrupt (if still the same bytes).
@@ -824,7 +717,7 @@ class RedisStore:
         if not pending and not corrupt:
             return
         if not self._available():
-            self._restore_pending(pending)
+            self._log.restore(pending)
             with self._lock:
                 self._counts["flush_errors"] += 1
             return
@@ -834,7 +727,7 @@ class RedisStore:
                 self._remove([(h, None, None, "sha", sha) for h, sha in corrupt.items()])
             self._ok()
         except (*_FAULTS, StoreError) as exc:
-            self._restore_pending(pending)
+            self._log.restore(pending)
             self._fault("flush_errors", exc)
             return
         with self._lock:
@@ -843,7 +736,7 @@ class RedisStore:
             self._counts["flushes"] += 1
 
     def _flush_quietly(self) -> None:
-        if self._pending or self._corrupt:
+        if self._log or self._corrupt:
             self.flush()
 
     def _write_access(self, client: Any, pending: list[tuple[float, bytes, str, int]]) -> None:
@@ -991,233 +884,19 @@ class RedisStore:
 
     def verify(self, repair: bool = False) -> VerifyReport:
         """Scan every page record (checksum, size, hash, metadata, children index), the prefix trees and the
-        registry counters; with `repair`, remove what is provably corrupt or unreachable (base.REPAIRS), each
-        removal re-checked by its script against the record as it is then.
+        registry counters (`kvcache.storage.verify`); with `repair`, remove what is provably corrupt or
+        unreachable (base.REPAIRS), each removal re-checked by its script against the record as it is then.
 
         The scan is not one snapshot: a page written during it can show up as a `dangling_index` (rechecked
         before it is reported) and registry counters moved by concurrent writers as a `counter_mismatch`. Run
         the counter check (and its repair, a recount) when writers are quiet."""
         if repair:
             self._check_writable()
-        found = _Findings()
-        layouts = {k: r.layout for k, r in self._layout_records().items()}
-        registry = self._registry()
-        tree: dict[bytes, _Page] = {}
-        per_ns: dict[bytes, list[int]] = {}
-        checked = checked_bytes = 0
-        index_checks: list[tuple[bytes, bytes]] = []
-        for h, (d, m, n, p) in self._scan_pages(("d", "m", "n", "p")):
-            if isinstance(h, str):
-                found.add("dangling_index", None, f"a page record key whose tail {h!r} is not a page hash")
-                continue
-            if d is None or m is None or n is None or p is None:
-                missing = "metadata" if m is None else "payload" if d is None else "namespace or parent field"
-                found.add("missing_meta" if d is not None else "missing_page", h,
-                          f"a page record without its {missing}", remove="raw")
-                continue
-            checked += 1
-            checked_bytes += len(d) - _HEADER
-            meta = _dec_meta.decode(m)
-            stored_sum = int.from_bytes(d[:_HEADER], "little")
-            if _checksum(memoryview(d)[_HEADER:], h) != stored_sum:
-                found.add("checksum_mismatch", h, "payload does not match its checksum", remove="sha")
-            if meta.checksum != stored_sum:
-                found.add("checksum_mismatch", h, "metadata checksum differs from the page's", remove="sha")
-            size = len(d) - _HEADER
-            if meta.nbytes != size:
-                found.add("size_mismatch", h, f"{size} bytes stored, metadata says {meta.nbytes}", remove="sha")
-            if not _chains_to(h, meta):
-                found.add("hash_mismatch", h, f"not H(parent {meta.parent.hex()} || its {len(meta.tokens)} token "
-                                              f"bytes): a page filed under a wrong hash", remove="sha")
-            layout = layouts.get(meta.layout_id)
-            if layout is None:
-                found.add("unknown_layout", h, f"layout {meta.layout_id.hex()} is not recorded")
-            elif layout.bytes_per_page != size:
-                found.add("size_mismatch", h, f"{size} bytes stored, layout {layout.describe()} pages are "
-                                              f"{layout.bytes_per_page}", remove="sha")
-            if n.decode() != meta.ns_id.hex() or p.decode() != meta.parent.hex():
-                found.add("namespace_mismatch", h, "the record's namespace or parent field differs from its "
-                                                   "metadata", remove="sha")
-            if meta.ns_id.hex() not in registry:
-                found.add("unknown_namespace", h, f"namespace {meta.ns_id.hex()} not registered")
-            tree[h] = _Page(meta.parent, meta.ns_id, meta.layout_id, meta.nbytes)
-            acc = per_ns.setdefault(meta.ns_id, [0, 0])
-            acc[0] += 1
-            acc[1] += size
-            index_checks.append((meta.parent, h))
-        self._check_index(index_checks, found)
-        kids = self._check_tree(tree, layouts, registry, found)
-        self._check_children(tree, found)
-        for ns_hex, record in registry.items():
-            n_pages, n_bytes = per_ns.get(bytes.fromhex(ns_hex), [0, 0])
-            if (record.pages, record.bytes) != (n_pages, n_bytes):
-                found.add("counter_mismatch", None, f"namespace {ns_hex}: registry says {record.pages} pages / "
-                                                    f"{record.bytes} bytes, store holds {n_pages} / {n_bytes}")
-                found.recount.append(len(found.items) - 1)
-        if not repair:
-            return VerifyReport(not found.items, checked, checked_bytes, found.items)
-        removals = self._repair(found, kids, tree)
-        items = [msgspec.structs.replace(f, repaired=True) if i in found.fixed else f
-                 for i, f in enumerate(found.items)]
-        return VerifyReport(not items, checked, checked_bytes, items, len(found.fixed), removals)
-
-    def _check_index(self, links: list[tuple[bytes, bytes]], found: _Findings) -> None:
-        """missing_index: pages not listed in their parent's children set."""
-        client = self._live()
-        for start in range(0, len(links), SCAN_COUNT):
-            chunk = links[start:start + SCAN_COUNT]
-
-            def ask(c: Any, chunk=chunk) -> list[Any]:
-                pipe = c.pipeline(transaction=False)
-                for parent, h in chunk:
-                    pipe.sismember(self._ck(parent), h)
-                return pipe.execute()
-
-            for (parent, h), there in zip(chunk, self._admin(ask)):
-                if not there:
-                    found.add("missing_index", h, "not listed under its parent in children")
-                    found.relink.setdefault(h, len(found.items) - 1)
-        del client
-
-    def _check_tree(self, tree: dict[bytes, _Page], layouts: dict[bytes, KVLayout],
-                    registry: dict[str, NamespaceRecord], found: _Findings) -> dict[bytes, list[bytes]]:
-        """Orphans and namespace/layout tags against the chain; returns parent -> children by the metadata."""
-        pairs = {(pg.layout_id, pg.ns_id) for pg in tree.values()}
-        pairs |= {(lay, bytes.fromhex(ns)) for lay in layouts for ns in registry}
-        roots = {hash_root_of_id(lay, ns): (lay, ns) for lay, ns in pairs}
-        kids: dict[bytes, list[bytes]] = {}
-        for h, pg in tree.items():
-            kids.setdefault(pg.parent, []).append(h)
-        for h, pg in tree.items():
-            up = tree.get(pg.parent)
-            if up is not None:
-                if (up.ns_id, up.layout_id) != (pg.ns_id, pg.layout_id):
-                    found.add("namespace_mismatch", h, f"tagged namespace {pg.ns_id.hex()} / layout "
-                                                       f"{pg.layout_id.hex()}, its parent {pg.parent.hex()} is in "
-                                                       f"namespace {up.ns_id.hex()} / layout {up.layout_id.hex()}",
-                              remove="any")
-            elif pg.parent in roots:
-                if roots[pg.parent] != (pg.layout_id, pg.ns_id):
-                    lay, ns = roots[pg.parent]
-                    found.add("namespace_mismatch", h, f"tagged namespace {pg.ns_id.hex()} / layout "
-                                                       f"{pg.layout_id.hex()}, its parent is the root of namespace "
-                                                       f"{ns.hex()} / layout {lay.hex()}", remove="any")
-            else:
-                below, below_bytes = _subtree_size(h, kids, tree)
-                found.add("orphan", h, f"parent {pg.parent.hex()} is neither a stored page nor a namespace root: "
-                                       f"unreachable with the {below} page(s) ({below_bytes} bytes) below it",
-                          remove="below")
-        return kids
-
-    def _check_children(self, tree: dict[bytes, _Page], found: _Findings) -> None:
-        """dangling_index: children entries naming a page that is not stored, or not under that parent.
-        Entries whose page is missing from the scan are rechecked (a page written during the scan is fine)."""
-        client = self._live()
-        pattern = _glob_escape(self.prefix) + "c:*"
-        skip = len(self._p_children)
-        suspects: list[tuple[bytes, bytes]] = []
-        keys = sorted(set(self._admin(lambda c: list(c.scan_iter(match=pattern, count=SCAN_COUNT)))))
-        for start in range(0, len(keys), SCAN_COUNT):
-            chunk = keys[start:start + SCAN_COUNT]
-
-            def members(c: Any, chunk=chunk) -> list[set[bytes]]:
-                pipe = c.pipeline(transaction=False)
-                for k in chunk:
-                    pipe.smembers(k)
-                return pipe.execute()
-
-            for key, kids in zip(chunk, self._admin(members)):
-                try:
-                    parent = bytes.fromhex(key[skip:].decode())
-                except ValueError:
-                    continue
-                for child in kids:
-                    pg = tree.get(child)
-                    if pg is None or pg.parent != parent:
-                        suspects.append((parent, child))
-        if suspects:
-            recheck = self._admin(lambda c: self._hmget_many(c, [c2 for _, c2 in suspects], ("p",)))
-            for (parent, child), (p,) in zip(suspects, recheck):
-                if p is not None and p.decode() == parent.hex():
-                    continue  # written during the scan, under this parent: sound
-                pg = tree.get(child)
-                why = ("names a page that is not stored" if p is None else
-                       f"files it under {parent.hex()}, its metadata names parent "
-                       f"{(pg.parent.hex() if pg else p.decode())}")
-                found.add("dangling_index", child, f"children entry {why}")
-                found.unlink.append((parent, child, len(found.items) - 1))
-        del client
-
-    def _repair(self, found: _Findings, kids: dict[bytes, list[bytes]],
-                tree: dict[bytes, _Page]) -> list[VerifyRemoval]:
-        """Apply base.REPAIRS: remove each finding's page and its subtree (re-checked by the removal script),
-        unlink dangling entries, relink missing ones, recount the registry."""
-        removals: list[VerifyRemoval] = []
-        removed: set[bytes] = set()
-        # Level by level: a finding's own pages first (under their guard), then the pages below removed ones
-        # (guard "below": only while their parent stays gone).
-        level: list[tuple[bytes, int, bytes | None, str]] = [(h, i, None, guard)
-                                                             for h, (i, guard) in found.remove.items()]
-        seen: set[bytes] = set()
-        sha: dict[bytes, str] = {}
-        shas_needed = [h for h, _, _, g in level if g == "sha"]
-        if shas_needed:
-            raw = self._admin(lambda c: self._hmget_many(c, shas_needed, ("d",)))
-            sha = {h: hashlib.sha1(d).hexdigest() for h, (d,) in zip(shas_needed, raw) if d is not None}
-        while level:
-            level = [x for x in level if x[0] not in seen]
-            seen.update(h for h, _, _, _ in level)
-            if not level:
-                break
-            items = []
-            for h, _, _, guard in level:
-                pg = tree.get(h)
-                items.append((h, pg.ns_id.hex() if pg else None, pg.parent.hex() if pg else None, guard,
-                              sha.get(h, "")))
-            freed = self._admin(lambda c, items=items: self._remove(items))
-            nxt: list[tuple[bytes, int, bytes | None, str]] = []
-            for (h, i, via, guard), f in zip(level, freed):
-                if f < 0:
-                    continue  # sound now (rewritten, re-linked or gone meanwhile): left as it is
-                what = "bytes" if guard == "raw" else "page"
-                head = found.items[i].page_hash
-                removals.append(VerifyRemoval(found.items[i].kind, h.hex(), what, max(f, 0),
-                                              None if via is None else head))
-                removed.add(h)
-                below = set(kids.get(h, ()))
-                below |= self._admin(lambda c, h=h: c.smembers(self._ck(h)))
-                nxt += [(c, i, h, "below") for c in below]
-            level = nxt
-        for h in removed:
-            found.fixed.update(found.by_page.get(h, ()))
-        if found.unlink:
-            def unlink(c: Any) -> list[int]:
-                pipe = c.pipeline(transaction=False)
-                for parent, child, _ in found.unlink:
-                    pipe.srem(self._ck(parent), child)
-                return pipe.execute()
-
-            for (parent, child, i), gone in zip(found.unlink, self._admin(unlink)):
-                if gone:
-                    removals.append(VerifyRemoval(found.items[i].kind, child.hex(), "index", 0))
-                found.fixed.add(i)
-        relink = [(h, i) for h, i in found.relink.items() if h not in removed and h in tree]
-        if relink:
-            def add_links(c: Any) -> None:
-                pipe = c.pipeline(transaction=False)
-                for h, _ in relink:
-                    pipe.sadd(self._ck(tree[h].parent), h)
-                pipe.execute()
-
-            self._admin(add_links)
-            found.fixed.update(i for _, i in relink)
-        if found.recount:
-            self._recount()
-            found.fixed.update(found.recount)
+        report = verify(_RedisIntegrity(self), repair)
         with self._lock:
-            for h in removed:
+            for h in removed_pages(report):
                 self._corrupt.pop(h, None)  # gone: a writer may store them again
-        return removals
+        return report
 
     def _recount(self) -> None:
         """Set every registry counter from the page records stored now."""
@@ -1256,7 +935,7 @@ class RedisStore:
             for j, h in enumerate(batch):
                 n, size = got[2 * j], got[2 * j + 1]
                 if n is not None and size:
-                    yield h, (n.decode(), int(size) - _HEADER)
+                    yield h, (n.decode(), int(size) - HEADER)
         del client
 
     # -- lifetime -------------------------------------------------------------------------------------------
@@ -1275,31 +954,183 @@ class RedisStore:
             except _FAULTS:  # closing is best effort: the connections are being dropped either way
                 pass
 
-    def __enter__(self) -> "RedisStore":
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+class _RedisIntegrity:
+    """A Redis store as `kvcache.storage.verify.IntegritySource`. One per verify: Redis has no snapshot, so the
+    tree the checks judge is what the scan of the page records saw (kept here), and a children entry the scan
+    did not see is read again before it counts as dangling (a page written during the scan is sound)."""
 
-    def __repr__(self) -> str:
-        layout = self.layout.describe() if self.layout else "no layout"
-        return f"RedisStore({self.location!r}, {layout}{', read-only' if self.readonly else ''})"
+    checksum = _XXH3
+    recounts_after_removals = False  # the removal scripts keep the counters; a recount is a racy scan
+
+    def __init__(self, store: "RedisStore") -> None:
+        self.store = store
+        self.batch_pages = REPAIR_BATCH_PAGES
+        self.registry: dict[str, NamespaceRecord] = {}
+        self.rows: dict[bytes, PageRow] = {}
+        self.bodiless: set[bytes] = set()
+        self.damaged: set[bytes] = set()
+        self.headless: set[bytes] = set()
+
+    def layout_records(self) -> dict[bytes, LayoutRecord | None]:
+        """The layout records, by layout id (None: does not decode)."""
+        raw = self.store._admin(lambda c: c.hgetall(self.store._k_layouts))
+        return {bytes.fromhex(k.decode()): decode_or_none(decode_layout, v) for k, v in raw.items()}
+
+    def scan_pages(self, found: Findings) -> Iterator[ScannedPage]:
+        """Every page record, SCAN_COUNT per round trip, with one more round trip per chunk for its index
+        entries. Records this interface cannot express are reported here: a key whose tail is no page hash, a
+        record without its namespace or parent field, fields that disagree with the metadata."""
+        s = self.store
+        self.registry = s._registry()
+        chunk: list[tuple[bytes, Any, PageMeta | None, bool]] = []
+        for h, (d, m, n, p) in s._scan_pages(("d", "m", "n", "p")):
+            if isinstance(h, str):
+                found.add("dangling_index", None, f"a page record key whose tail {h!r} is not a page hash")
+                continue
+            if n is None or p is None:
+                found.add("missing_meta" if d is not None else "missing_page", h,
+                          "a page record without its namespace or parent field", remove=True)
+                continue
+            meta = None if m is None else decode_or_none(decode_meta, m)
+            if meta is not None:
+                self.rows[h] = PageRow(meta.parent, meta.ns_id, meta.layout_id, meta.nbytes)
+                if n.decode() != meta.ns_id.hex() or p.decode() != meta.parent.hex():
+                    found.add("namespace_mismatch", h, "the record's namespace or parent field differs from its "
+                                                       "metadata", remove=Guard.SAME_BYTES)
+            if m is not None and meta is None:
+                self.damaged.add(h)
+            if d is None:
+                self.bodiless.add(h)
+                continue
+            if meta is None:
+                self.headless.add(h)
+            chunk.append((h, d, meta, m is not None and meta is None))
+            if len(chunk) >= SCAN_COUNT:
+                yield from self._checked(chunk)
+                chunk = []
+        yield from self._checked(chunk)
+
+    def _checked(self, chunk: list[tuple[bytes, Any, PageMeta | None, bool]]) -> Iterator[ScannedPage]:
+        whole = [(h, meta) for h, _, meta, _ in chunk if meta is not None]
+
+        def ask(c: Any) -> list[Any]:
+            pipe = c.pipeline(transaction=False)
+            for h, meta in whole:
+                pipe.sismember(self.store._ck(meta.parent), h)
+            return pipe.execute()
+
+        listed = dict(zip((h for h, _ in whole), self.store._admin(ask) if whole else []))
+        for h, d, meta, damaged in chunk:
+            if meta is None:
+                yield ScannedPage(h, d, None, damaged)
+            else:
+                yield ScannedPage(h, d, meta, indexed=bool(listed[h]), registered=meta.ns_id.hex() in self.registry)
+
+    def snapshot(self, found: Findings) -> Snapshot:
+        """What the scan saw, the registry read before it, and the children index read after it."""
+        return Snapshot(self.rows, self.bodiless, self.damaged, self.headless,
+                        {bytes.fromhex(k): r for k, r in self.registry.items()}, self._links())
+
+    def _links(self) -> list[tuple[bytes, bytes]]:
+        s = self.store
+        pattern = _glob_escape(s.prefix) + "c:*"
+        skip = len(s._p_children)
+        keys = sorted(set(s._admin(lambda c: list(c.scan_iter(match=pattern, count=SCAN_COUNT)))))
+        links: list[tuple[bytes, bytes]] = []
+        for start in range(0, len(keys), SCAN_COUNT):
+            chunk = keys[start:start + SCAN_COUNT]
+            for key, kids in zip(chunk, s._admin(lambda c, chunk=chunk: s._smembers_keys(c, chunk))):
+                try:
+                    parent = bytes.fromhex(key[skip:].decode())
+                except ValueError:
+                    continue
+                links += [(parent, child) for child in kids]
+        suspects = [(parent, child) for parent, child in links
+                    if child not in self.rows or self.rows[child].parent != parent]
+        if not suspects:
+            return links
+        now = s._admin(lambda c: s._hmget_many(c, [child for _, child in suspects], ("p", "m")))
+        written = {link for link, (p, m) in zip(suspects, now)
+                   if p is not None and p.decode() == link[0].hex() and m is not None}
+        return [link for link in links if link not in written]  # stored under that parent during the scan: sound
+
+    def repair_batch(self, body: Callable[[RepairOps], T]) -> T:
+        """`body` with removals by script (Redis has no write transaction to bound: a batch is a round of
+        scripts and pipelines)."""
+        return body(_RedisRepairOps(self))
+
+    def recount(self) -> None:
+        """Every registry counter from the page records stored now."""
+        self.store._recount()
 
 
-def _subtree_size(top: bytes, kids: dict[bytes, list[bytes]], tree: dict[bytes, _Page]) -> tuple[int, int]:
-    """(pages, payload bytes) below `top` by the parents its descendants' metadata name."""
-    pages = nbytes = 0
-    seen = {top}
-    stack = list(kids.get(top, ()))
-    while stack:
-        h = stack.pop()
-        if h in seen:
-            continue
-        seen.add(h)
-        pages += 1
-        nbytes += tree[h].nbytes
-        stack.extend(kids.get(h, ()))
-    return pages, nbytes
+class _RedisRepairOps:
+    """`verify.RepairOps` by removal scripts, each rechecking its record on the server (scripts.REMOVE_BATCH)."""
+
+    def __init__(self, integrity: _RedisIntegrity) -> None:
+        self.seen = integrity
+        self.store = integrity.store
+
+    def remove(self, items: Sequence[Removal]) -> list[tuple[str, int] | None]:
+        """Each item under its guard, as the scripts take it (a page of a removed record: as judged)."""
+        s = self.store
+        sha_of = [it.page for it in items if it.guard is Guard.SAME_BYTES]
+        sha: dict[bytes, str] = {}
+        if sha_of:
+            raw = s._admin(lambda c: s._hmget_many(c, sha_of, ("d",)))
+            sha = {h: hashlib.sha1(d).hexdigest() for h, (d,) in zip(sha_of, raw) if d is not None}
+        args = [(it.page, it.row.ns_id.hex() if it.row else None, it.row.parent.hex() if it.row else None,
+                 "any" if it.guard is Guard.FILED_UNDER else str(it.guard), sha.get(it.page, "")) for it in items]
+        freed = s._admin(lambda c: s._remove(args))
+        # The "raw" scripts delete the record only: metadata without bytes leaves its entry under its parent.
+        listed = [it for it, f in zip(items, freed) if f >= 0 and it.guard is Guard.PARTIAL and it.row is not None]
+        if listed:
+            s._admin(lambda c: self._srem_all(c, [(it.row.parent, it.page) for it in listed]))
+        return [None if f < 0 else (self._what(it), max(f, 0)) for it, f in zip(items, freed)]
+
+    def _what(self, item: Removal) -> str:
+        if item.guard is not Guard.PARTIAL:
+            return "page"
+        if item.page in self.seen.bodiless:
+            return "meta"
+        return "page" if item.page in self.seen.damaged else "bytes"
+
+    def children(self, pages: Sequence[bytes]) -> list[set[bytes]]:
+        """The children sets of each page."""
+        return self.store._admin(lambda c: self.store._smembers_many(c, pages))
+
+    def unlink(self, links: Sequence[tuple[bytes, bytes]]) -> list[bool]:
+        """Remove children entries (SREM): per entry, whether it was there."""
+        return [bool(gone) for gone in self.store._admin(lambda c: self._srem_all(c, links))]
+
+    def _srem_all(self, client: Any, links: Sequence[tuple[bytes, bytes]]) -> list[int]:
+        pipe = client.pipeline(transaction=False)
+        for parent, child in links:
+            pipe.srem(self.store._ck(parent), child)
+        return pipe.execute()
+
+    def relink(self, pages: Sequence[tuple[bytes, PageRow]]) -> list[bool]:
+        """Add each page to its parent's children set."""
+        def run(c: Any) -> None:
+            pipe = c.pipeline(transaction=False)
+            for h, row in pages:
+                pipe.sadd(self.store._ck(row.parent), h)
+            pipe.execute()
+
+        self.store._admin(run)
+        return [True] * len(pages)
+
+    def drop_record(self, name: str, key: bytes) -> bool:
+        """Remove a layout record that still does not decode (a namespace record that does not decode is never
+        reported here: the registry read raises on it)."""
+        if name != "layouts":
+            return False
+        s = self.store
+        raw = s._admin(lambda c: c.hget(s._k_layouts, key.hex()))
+        if raw is None or decode_or_none(decode_layout, raw) is not None:
+            return False
+        return bool(s._admin(lambda c: c.hdel(s._k_layouts, key.hex())))
 
 
 def _connect(url: _Url, redis_options: dict[str, Any]) -> Any:

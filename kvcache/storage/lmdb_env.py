@@ -1,0 +1,436 @@
+"""One LMDB environment per store and process: opening it, sharing it between handles, the map size, fork.
+
+LMDB forbids opening one environment twice in a process. Handles share one `SharedEnv` per process and realpath
+(`acquire` / `release`); a forked child closes the parent's without using it and opens its own. A map resize
+needs no transaction of this process active, so every transaction passes a gate (`SharedEnv.read` / `write`).
+An open is retried as a whole on transient faults, a create that fails leaves nothing behind, and LMDB and OS
+faults become typed StoreErrors (`translate`: running out of disk surfaces from LMDB as EIO at commit; it is
+reported as StoreFull when the disk is full).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import lmdb
+import msgspec
+
+from ..errors import NotAStore, StoreError, StoreFull, StoreReadOnly, StoreUnsupported
+from .codec import CHECKSUMS, DEFAULT_CHECKSUM, FORMAT_MAGIC, FORMAT_VERSION, StoreFormat, decode_format, encoder
+from .keyfile import KEY_FILE
+from .lmdb_registry import init_store_records
+
+DEFAULT_MAP_SIZE = 256 << 20  # initial map; grows on demand (the file grows with the data, not the map)
+MAX_DBS = 16
+MAX_READERS = 512  # reader slots across every process; engines plus CLI inspectors with a few threads each
+# Durability name -> (sync, metasync) of the environment. A killed process loses no committed batch in any mode;
+# the modes differ on a system crash (power loss, kernel panic):
+#   full  every committed batch survives (two fsyncs per commit);
+#   data  the store stays intact, the last committed batch may be lost (one fsync per commit; LMDB's NOMETASYNC);
+#   none  no fsync: recent batches may be lost, and the store may be damaged (verify; delete and refill).
+DURABILITY: dict[str, tuple[bool, bool]] = {"full": (True, True), "data": (True, False), "none": (False, False)}
+DEFAULT_DURABILITY = "data"  # a cache: integrity across crashes, not the last batch
+DB_NAMES = ("pages", "meta", "children", "namespaces", "layouts", "store")
+DUPFIXED = ("children",)
+
+
+class Dbs(msgspec.Struct, frozen=True):
+    """Handles of the named sub-databases of one environment."""
+
+    pages: Any
+    meta: Any
+    children: Any
+    namespaces: Any
+    layouts: Any
+    store: Any
+
+
+class SharedEnv:
+    """The one Environment of a store in this process, shared by every handle on it.
+
+    A map resize needs no transaction of this process active, so transactions pass a gate: `active` counts them,
+    and a resize waits for zero while new ones wait for it to finish. Writers serialise on `write_lock` before
+    the gate (a writer blocked on LMDB's own lock while counted active would deadlock a resize).
+    """
+
+    def __init__(self, env: lmdb.Environment, path: str, writable: bool, dbs: Dbs, fmt: StoreFormat) -> None:
+        self.env = env
+        self.path = path
+        self.writable = writable  # opened read-write (False: a read-only location)
+        self.dbs = dbs
+        self.format = fmt
+        self.pid = os.getpid()
+        self.refs = 0  # open handles
+        self.write_lock = threading.RLock()
+        self._gate = threading.Condition()
+        self._active = 0  # transactions of this process in flight
+        self._resizing = False
+
+    def _enter(self) -> None:
+        with self._gate:
+            while self._resizing:
+                self._gate.wait()
+            self._active += 1
+
+    def _leave(self) -> None:
+        with self._gate:
+            self._active -= 1
+            if self._active == 0:
+                self._gate.notify_all()
+
+    def resize(self, map_size: int) -> None:
+        """Set the map size (0: adopt the size another process grew it to)."""
+        with self._gate:
+            self._resizing = True
+            try:
+                while self._active:
+                    self._gate.wait()
+                self.env.set_mapsize(map_size)
+            finally:
+                self._resizing = False
+                self._gate.notify_all()
+
+    def _begin(self, write: bool, buffers: bool) -> lmdb.Transaction:
+        while True:
+            self._enter()
+            try:
+                return self.env.begin(write=write, buffers=buffers)
+            except lmdb.MapResizedError:
+                self._leave()
+                self.resize(0)
+            except BaseException:
+                self._leave()
+                raise
+
+    @contextmanager
+    def read(self, buffers: bool = False) -> Iterator[lmdb.Transaction]:
+        """A short read transaction. A record that does not decode in it is a StoreError naming the cure."""
+        txn = self._begin(False, buffers)
+        try:
+            yield txn
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise _damaged(self.path, exc) from None
+        finally:
+            txn.abort()
+            self._leave()
+
+    def write(self, body: Callable[[lmdb.Transaction], Any], grow_hint: int = 0) -> Any:
+        """Run `body` in one write transaction and commit. On a full map, grow it and rerun the whole body:
+        `body` must keep its effects inside the transaction. `grow_hint`: about how many bytes it writes. An
+        LMDB or OS fault is a typed StoreError (`translate`)."""
+        try:
+            return self._write(body, grow_hint)
+        except StoreError:
+            raise
+        except (lmdb.Error, OSError) as exc:
+            raise translate(exc, self.path, "writing", grow_hint) from None
+
+    def _write(self, body: Callable[[lmdb.Transaction], Any], grow_hint: int) -> Any:
+        with self.write_lock:
+            while True:
+                txn = self._begin(True, False)
+                committed = False
+                try:
+                    result = body(txn)
+                    txn.commit()
+                    committed = True
+                except lmdb.MapFullError:
+                    txn.abort()
+                    full = True
+                except lmdb.MapResizedError:
+                    txn.abort()
+                    full = False
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    txn.abort()
+                    raise _damaged(self.path, exc) from None
+                except BaseException:
+                    txn.abort()
+                    raise
+                finally:
+                    self._leave()
+                if committed:
+                    return result
+                if full:
+                    size = self.env.info()["map_size"]
+                    self.resize(max(2 * size, size + 2 * grow_hint))
+                else:
+                    self.resize(0)
+
+    def scan(self, db: Any, chunk: int, progress: Callable[[str, int, bytes | None], None] | None = None,
+             label: str = "") -> Iterator[tuple[lmdb.Transaction, bytes, Any]]:
+        """Every (txn, key, value) of `db` in key order, `chunk` entries per short read transaction (a long one
+        pins old pages while writers go on). `value` is a zero-copy view: use it before the next item. `progress`
+        is called before each chunk with (`label`, records walked, last key)."""
+        after: bytes | None = None
+        walked = 0
+        while True:
+            if progress is not None:
+                progress(label, walked, after)
+            with self.read(buffers=True) as txn:
+                cur = txn.cursor(db=db)
+                positioned = cur.first() if after is None else cur.set_range(after)
+                if positioned and after is not None and bytes(cur.key()) == after:
+                    positioned = cur.next()
+                n = 0
+                while positioned and n < chunk:
+                    after = bytes(cur.key())
+                    yield txn, after, cur.value()
+                    n += 1
+                    positioned = cur.next()
+                walked += n
+            if not positioned:
+                return
+
+
+def _damaged(path: str, exc: BaseException) -> StoreError:
+    return StoreError(path, f"a damaged record in the store ({exc}); run `kvc audit` to see it and "
+                            f"`kvc audit --repair` to remove it")
+
+
+ENVS: dict[str, SharedEnv] = {}
+_ENVS_LOCK = threading.Lock()
+
+
+def after_fork_in_child() -> None:
+    # The parent's environments must not be used here; closing one releases only this process's reader slots
+    # and lets the child open the store afresh. One with a transaction in flight at fork (another thread) is
+    # abandoned instead: closing it would reset a reader slot the parent still uses.
+    global _ENVS_LOCK
+    _ENVS_LOCK = threading.Lock()
+    for shared in ENVS.values():
+        if shared._active == 0:
+            try:
+                shared.env.close()
+            except lmdb.Error:  # closing is best effort: the environment is being dropped either way
+                pass
+    ENVS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=after_fork_in_child)
+
+
+def _error_code(exc: BaseException) -> int | None:
+    code = getattr(exc, "errno", None) or getattr(exc, "code", None)
+    return code if isinstance(code, int) else None
+
+
+def _disk_full(path: str, wanted: int) -> bool:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < max(wanted, 1 << 20)
+
+
+def translate(exc: BaseException, path: str, doing: str, wanted: int = 0) -> StoreError:
+    """A typed StoreError for an LMDB or OS fault under `path`."""
+    code = _error_code(exc)
+    if code in (errno.ENOSPC, errno.EDQUOT) or (code == errno.EIO and _disk_full(path, wanted)):
+        need = f" (needed about {wanted} bytes)" if wanted else ""
+        return StoreFull(path, f"{doing}: no space left on the disk{need}")
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS) or isinstance(exc, lmdb.ReadonlyError):
+        return StoreReadOnly(path, f"{doing}: the location is read-only ({exc})")
+    return StoreError(path, f"{doing}: {exc}")
+
+
+def _open_env(path: str, create: bool, map_size: int, durability: str, checksum: str) -> SharedEnv:
+    """Open (or create) the environment at `path` and check that it is a kvc store.
+
+    The open is retried as a whole on a transient fault (OPEN_ATTEMPTS times): another process growing the map
+    between our `lmdb.open` and our first transaction (MDB_MAP_RESIZED), a full reader table, EAGAIN. A create
+    that fails leaves nothing behind: the files it made are removed, so a later `init` starts afresh.
+    """
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise NotAStore(path, "is a regular file, expected a kvc store directory")
+    data_file = os.path.join(path, "data.mdb")
+    creating = not os.path.exists(data_file)
+    made_dir = False
+    if creating:
+        if not create:
+            raise NotAStore(path, "no kvc store here (expected a directory holding data.mdb; create=True makes one)")
+        # A lone lock.mdb is what a create that died (a full disk) left: nothing of a store to protect.
+        if os.path.isdir(path) and set(os.listdir(path)) - {"lock.mdb"}:
+            raise NotAStore(path, "directory is not empty and holds no store; refusing to create one inside it")
+        made_dir = not os.path.isdir(path)
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            raise translate(exc, path, "creating the store directory") from None
+    try:
+        _reserve_lock_file(path)
+        last: BaseException | None = None
+        for attempt in range(OPEN_ATTEMPTS):
+            try:
+                return _open_env_once(path, create, map_size, durability, checksum)
+            except lmdb.Error as exc:
+                if not _transient(exc):
+                    raise translate(exc, path, "opening") from None
+                last = exc
+            time.sleep(min(0.0005 * 2 ** attempt, 0.05))
+        raise StoreError(path, f"opening: still failing after {OPEN_ATTEMPTS} attempts ({last})")
+    except BaseException:
+        if creating:
+            remove_failed_create(path, made_dir)
+        raise
+
+
+OPEN_ATTEMPTS = 100  # whole-open retries on transient faults (a writer may grow the map many times meanwhile)
+# LMDB's lock file for MAX_READERS reader slots (192-byte header + 64 bytes a slot), with room to spare: a larger
+# file only gives more slots.
+LOCK_FILE_BYTES = 64 << 10
+_TRANSIENT_ERRNOS = (errno.EAGAIN, errno.EINTR, errno.EBUSY)
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether an LMDB fault at open goes away by itself: retry the open."""
+    return (isinstance(exc, (lmdb.MapResizedError, lmdb.ReadersFullError))
+            or _error_code(exc) in _TRANSIENT_ERRNOS)
+
+
+def _reserve_lock_file(path: str) -> None:
+    """Give the lock file its blocks before LMDB maps it. LMDB sizes a new lock file with ftruncate (a sparse
+    file) and writes its reader table through the map: on a full disk that write is a SIGBUS, not an error. With
+    the blocks allocated here, a full disk is a StoreFull from this call instead."""
+    lock_file = os.path.join(path, "lock.mdb")
+    try:
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if _error_code(exc) in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return  # a read-only location: LMDB opens the store read-only (and cannot grow this file either)
+        raise translate(exc, path, "creating the lock file", LOCK_FILE_BYTES) from None
+    try:
+        size = os.fstat(fd).st_size
+        os.posix_fallocate(fd, 0, max(size, LOCK_FILE_BYTES))
+    except OSError as exc:
+        if _error_code(exc) in (errno.ENOSPC, errno.EDQUOT):
+            raise translate(exc, path, "reserving the lock file", LOCK_FILE_BYTES) from None
+        # EOPNOTSUPP/EINVAL: a filesystem without fallocate; LMDB sizes the file itself
+    finally:
+        os.close(fd)
+
+
+def remove_failed_create(path: str, made_dir: bool) -> None:
+    """Remove what a failed create left (the store files, and the directory when the create made it)."""
+    for name in ("data.mdb", "lock.mdb", KEY_FILE):
+        try:
+            os.unlink(os.path.join(path, name))
+        except OSError:
+            pass  # never made, or already gone
+    if made_dir:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass  # something else appeared in it: leave it
+
+
+def _open_env_once(path: str, create: bool, map_size: int, durability: str, checksum: str) -> SharedEnv:
+    data_file = os.path.join(path, "data.mdb")
+    existing = os.path.getsize(data_file) if os.path.exists(data_file) else 0
+    kwargs = dict(map_size=max(map_size, existing), subdir=True, max_dbs=MAX_DBS, max_readers=MAX_READERS,
+                  sync=DURABILITY[durability][0], metasync=DURABILITY[durability][1], meminit=True, lock=True)
+    writable = True
+    try:
+        env = lmdb.open(path, readonly=False, **kwargs)
+    except (lmdb.Error, OSError) as exc:
+        code = _error_code(exc)
+        if isinstance(exc, lmdb.InvalidError) or isinstance(exc, lmdb.VersionMismatchError):
+            raise NotAStore(path, f"not an LMDB environment ({exc})") from None
+        if isinstance(exc, lmdb.Error) and _transient(exc):
+            raise
+        if code in (errno.EACCES, errno.EPERM, errno.EROFS) and existing:
+            writable = False  # a read-only location: read the store, refuse writes
+            try:
+                env = lmdb.open(path, readonly=True, **kwargs)
+            except (lmdb.Error, OSError) as exc2:
+                if isinstance(exc2, lmdb.Error) and _transient(exc2):
+                    raise
+                raise translate(exc2, path, "opening read-only") from None
+        else:
+            raise translate(exc, path, "opening") from None
+    try:
+        env.reader_check()  # clear reader slots of dead processes before anything pins old pages
+        for _ in range(OPEN_ATTEMPTS):
+            try:
+                dbs, fmt = _open_dbs(env, path, writable, create, checksum)
+                break
+            except lmdb.MapResizedError:
+                env.set_mapsize(0)  # adopt the map size of the process that grew it, then read again
+        else:
+            raise StoreError(path, f"opening: the map kept growing under {OPEN_ATTEMPTS} attempts to read it")
+    except BaseException:
+        env.close()
+        raise
+    return SharedEnv(env, path, writable, dbs, fmt)
+
+
+def _open_dbs(env: lmdb.Environment, path: str, writable: bool, create: bool,
+              checksum: str) -> tuple[Dbs, StoreFormat]:
+    with env.begin() as txn:
+        names = {bytes(k) for k, _ in txn.cursor()}
+    if b"store" not in names:
+        if names:
+            raise NotAStore(path, "an LMDB environment without kvc's format record (a foreign LMDB)")
+        if not (create and writable):
+            raise NotAStore(path, "an empty LMDB environment, not a kvc store")
+        fmt = StoreFormat(FORMAT_MAGIC, FORMAT_VERSION, checksum, time.time())
+        try:
+            with env.begin(write=True) as txn:
+                handles = {n: env.open_db(n.encode(), txn=txn, create=True, dupsort=n in DUPFIXED,
+                                          dupfixed=n in DUPFIXED) for n in DB_NAMES}
+                txn.put(b"format", encoder.encode(fmt), db=handles["store"])
+                init_store_records(txn, handles["store"])
+        except lmdb.Error as exc:
+            if _transient(exc):
+                raise  # the whole open is retried
+            raise translate(exc, path, "creating the store") from None
+        return Dbs(**handles), fmt
+    try:
+        # Without a txn argument py-lmdb opens each handle in a transaction of its own, the one way a handle
+        # opened in a read-only environment stays valid afterwards.
+        handles = {n: env.open_db(n.encode(), create=False, dupsort=n in DUPFIXED, dupfixed=n in DUPFIXED)
+                   for n in DB_NAMES}
+        with env.begin() as txn:
+            raw = txn.get(b"format", db=handles["store"])
+    except (lmdb.NotFoundError, lmdb.IncompatibleError) as exc:
+        raise NotAStore(path, f"an LMDB environment without kvc's sub-databases ({exc})") from None
+    try:
+        fmt = decode_format(raw) if raw is not None else None
+    except msgspec.DecodeError:
+        fmt = None
+    if fmt is None or fmt.magic != FORMAT_MAGIC:
+        raise NotAStore(path, "an LMDB environment without kvc's format record (a foreign LMDB)")
+    if fmt.version > FORMAT_VERSION:
+        raise StoreUnsupported(path, f"store format {fmt.version} is newer than this kvc ({FORMAT_VERSION})")
+    if fmt.checksum not in CHECKSUMS:
+        raise StoreUnsupported(path, f"store checksums use {fmt.checksum!r}; this install has "
+                                     f"{', '.join(CHECKSUMS)} (install the 'xxhash' package)")
+    return Dbs(**handles), fmt
+
+
+def acquire(path: str, create: bool, map_size: int, durability: str,
+             checksum: str = DEFAULT_CHECKSUM) -> SharedEnv:
+    with _ENVS_LOCK:
+        shared = ENVS.get(path)
+        if shared is None or shared.pid != os.getpid():
+            shared = _open_env(path, create, map_size, durability, checksum)
+            ENVS[path] = shared
+        shared.refs += 1
+        return shared
+
+
+def release(shared: SharedEnv) -> None:
+    with _ENVS_LOCK:
+        shared.refs -= 1
+        if shared.refs <= 0 and shared.pid == os.getpid():
+            if ENVS.get(shared.path) is shared:
+                del ENVS[shared.path]
+            shared.env.close()
+
+

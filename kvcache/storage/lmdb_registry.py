@@ -1,0 +1,196 @@
+"""The bookkeeping of an LMDB store inside its write transactions: namespace registry counters, store totals,
+payload limits and LRU eviction.
+
+Every transaction that adds or removes pages gathers its registry changes per namespace (`NsDelta`) and applies
+them at its end (`apply_deltas`), with the store totals, so pages, indexes and counters commit together.
+
+Eviction finds the least recently used leaves by scanning `meta` (no access-order index is kept: each index is
+one more B-tree every put dirties, ~3 µs per 16 KiB page), and the caller asks for a little more than it needs
+(`CapacityPolicy.evict_headroom`) so that scan is paid once per many puts.
+"""
+
+from __future__ import annotations
+
+import heapq
+import struct
+from typing import Any
+
+import lmdb
+import msgspec
+import numpy as np
+
+from ..namespace import Namespace
+from .base import NamespaceRecord, PageMeta
+from .codec import decode_meta, decode_namespace, decode_or_none, encoder
+
+
+_U64 = struct.Struct("<Q")  # the payload limits in `store`
+
+
+class StoreTotals(msgspec.Struct, frozen=True, array_like=True):
+    """Store-wide counters, updated in every transaction that adds or removes pages."""
+
+    pages: int
+    bytes: int  # payload bytes
+
+
+decode_totals = msgspec.msgpack.Decoder(StoreTotals).decode
+
+
+def init_store_records(txn: lmdb.Transaction, store_db: Any) -> None:
+    """The bookkeeping records of a new store: empty totals, no capacity."""
+    txn.put(b"totals", encoder.encode(StoreTotals(0, 0)), db=store_db)
+    txn.put(b"capacity", _U64.pack(0), db=store_db)
+
+
+def read_totals(txn: lmdb.Transaction, dbs: Any) -> StoreTotals:
+    """The store totals (a record that does not decode raises msgspec's DecodeError: a damaged store)."""
+    return decode_totals(txn.get(b"totals", db=dbs.store))
+
+
+def adjust_totals(txn: lmdb.Transaction, dbs: Any, pages: int, nbytes: int, damaged_ok: bool = False) -> None:
+    """Add to the store totals. `damaged_ok`: leave a totals record that does not decode as it is (repair
+    recounts it at its end) instead of failing."""
+    raw = txn.get(b"totals", db=dbs.store)
+    totals = decode_or_none(decode_totals, raw) if damaged_ok else decode_totals(raw)
+    if totals is not None:
+        txn.put(b"totals", encoder.encode(StoreTotals(totals.pages + pages, totals.bytes + nbytes)), db=dbs.store)
+
+
+def limits(txn: lmdb.Transaction, dbs: Any) -> tuple[int, int]:
+    """(capacity, namespace quota) in payload bytes; 0 = none. Stores written before quotas lack the key."""
+    quota = txn.get(b"ns_quota", db=dbs.store)
+    capacity = _U64.unpack(txn.get(b"capacity", db=dbs.store))[0]
+    return capacity, (_U64.unpack(quota)[0] if quota else 0)
+
+
+def set_limits(txn: lmdb.Transaction, dbs: Any, capacity_bytes: int, namespace_quota_bytes: int | None) -> None:
+    """Record new payload limits (`namespace_quota_bytes` None: keep the current quota)."""
+    txn.put(b"capacity", _U64.pack(capacity_bytes), db=dbs.store)
+    if namespace_quota_bytes is not None:
+        txn.put(b"ns_quota", _U64.pack(namespace_quota_bytes), db=dbs.store)
+
+
+class NsDelta:
+    """Registry changes for one namespace, gathered during a transaction and applied at its end."""
+
+    __slots__ = ("pages", "bytes", "hits", "last_access", "roots", "info")
+
+    def __init__(self) -> None:
+        self.pages = 0
+        self.bytes = 0
+        self.hits = 0
+        self.last_access = 0.0
+        self.roots: set[str] = set()
+        self.info: Namespace | None = None  # set by writers, which know extra_key and salt fingerprint
+
+
+def delta(deltas: dict[bytes, NsDelta], ns_id: bytes) -> NsDelta:
+    """The delta of namespace `ns_id` in `deltas`, made on first use."""
+    return deltas.get(ns_id) or deltas.setdefault(ns_id, NsDelta())
+
+
+def apply_deltas(txn: lmdb.Transaction, dbs: Any, deltas: dict[bytes, NsDelta], now: float,
+                 fingerprint_key: bytes | None) -> None:
+    """Fold the gathered changes into the namespace records (a namespace new here is registered, with its salt
+    fingerprinted by `fingerprint_key`)."""
+    db = dbs.namespaces
+    for ns_id, d in deltas.items():
+        raw = txn.get(ns_id, db=db)
+        if raw is None:
+            if d.info is None:
+                continue  # a namespace deleted meanwhile
+            info = d.info.info(fingerprint_key)
+            record = NamespaceRecord(ns_id.hex(), info.extra_key, info.salt_fingerprint, 0, 0, now, now, 0)
+        else:
+            record = decode_namespace(raw)
+        roots = record.roots if not d.roots - set(record.roots) else sorted(set(record.roots) | d.roots)
+        record = msgspec.structs.replace(
+            record, pages=record.pages + d.pages, bytes=record.bytes + d.bytes, hits=record.hits + d.hits,
+            last_access=max(record.last_access, d.last_access), roots=roots)
+        txn.put(ns_id, encoder.encode(record), db=db)
+
+
+def drop_page(txn: lmdb.Transaction, dbs: Any, page_hash: bytes, meta: PageMeta, deltas: dict[bytes, NsDelta]) -> None:
+    """Remove one page and every index entry of it; its namespace's counters go into `deltas`."""
+    txn.delete(page_hash, db=dbs.pages)
+    txn.delete(page_hash, db=dbs.meta)
+    txn.delete(meta.parent, page_hash, db=dbs.children)
+    d = delta(deltas, meta.ns_id)
+    d.pages -= 1
+    d.bytes -= meta.nbytes
+
+
+def drop_stored(txn: lmdb.Transaction, dbs: Any, page_hash: bytes, deltas: dict[bytes, NsDelta]) -> PageMeta | None:
+    """`drop_page` of the page under `page_hash` if it is stored (its metadata, which says what was freed), else
+    None."""
+    raw = txn.get(page_hash, db=dbs.meta)
+    if raw is None:
+        return None
+    meta = decode_meta(raw)
+    drop_page(txn, dbs, page_hash, meta, deltas)
+    return meta
+
+
+def evict(txn: lmdb.Transaction, dbs: Any, need: int, protect: set[bytes], deltas: dict[bytes, NsDelta],
+          only_ns: bytes | None = None) -> tuple[int, int]:
+    """Evict least recently used leaf pages (of namespace `only_ns`, or of any) until `need` payload bytes are
+    free; (pages, bytes) evicted.
+
+    Only leaves (no stored children) are taken. Evicting a leaf can make its parent a leaf: the parent then
+    competes with the time of the child it lost (it was read whenever the child was), so a chain shrinks from
+    its tail and what stays of it is a prefix. LRU is approximate: access times are as of the last flush.
+    """
+    items = list(txn.cursor(db=dbs.meta))
+    if not items:
+        return 0, 0
+    metas = [decode_meta(v) for _, v in items]
+    keys = [bytes(k) for (k, _), m in zip(items, metas) if only_ns is None or m.ns_id == only_ns]
+    times = [m.last_access for m in metas if only_ns is None or m.ns_id == only_ns]
+    if not keys:
+        return 0, 0
+    order = np.argsort(np.array(times), kind="stable").tolist()
+    children = txn.cursor(db=dbs.children)
+    freed = evicted = 0
+    orphans: list[tuple[float, bytes]] = []  # (effective last access, page hash) of parents become leaves
+    i = 0
+    while freed < need and (i < len(order) or orphans):
+        if orphans and (i >= len(order) or orphans[0][0] <= times[order[i]]):
+            when, h = heapq.heappop(orphans)
+        else:
+            when, h = times[order[i]], keys[order[i]]
+            i += 1
+        if h in protect or children.set_key(h):
+            continue
+        meta = drop_stored(txn, dbs, h, deltas)
+        if meta is None:
+            continue  # taken already
+        evicted += 1
+        freed += meta.nbytes
+        parent_raw = txn.get(meta.parent, db=dbs.meta)
+        if parent_raw is not None and not children.set_key(meta.parent):
+            parent = decode_meta(parent_raw)
+            heapq.heappush(orphans, (max(when, parent.last_access), meta.parent))
+    return evicted, freed
+
+
+def recount(txn: lmdb.Transaction, dbs: Any) -> None:
+    """Set every registry counter and the store totals from the pages stored (metadata and bytes both)."""
+    pages = txn.cursor(db=dbs.pages)
+    per_ns: dict[bytes, list[int]] = {}
+    for key, raw in txn.cursor(db=dbs.meta):
+        meta = decode_or_none(decode_meta, raw)
+        if meta is not None and pages.set_key(bytes(key)):
+            acc = per_ns.setdefault(meta.ns_id, [0, 0])
+            acc[0] += 1
+            acc[1] += meta.nbytes
+    for key, raw in list(txn.cursor(db=dbs.namespaces)):
+        record = decode_or_none(decode_namespace, raw)
+        if record is None:
+            continue  # a damaged record: verify reports it, repair removes it with its pages
+        n_pages, n_bytes = per_ns.get(bytes(key), [0, 0])
+        if (record.pages, record.bytes) != (n_pages, n_bytes):
+            txn.put(bytes(key), encoder.encode(msgspec.structs.replace(record, pages=n_pages, bytes=n_bytes)),
+                    db=dbs.namespaces)
+    txn.put(b"totals", encoder.encode(StoreTotals(sum(p for p, _ in per_ns.values()),
+                                                  sum(b for _, b in per_ns.values()))), db=dbs.store)

@@ -1,0 +1,431 @@
+"""The L3 integrity audit and its repair, written once for every backend (`L3Store.verify`).
+
+A backend implements `IntegritySource`: it reads its records (pages with their metadata, the children index, the
+namespace registry, the layouts) the way its storage allows, and removes records under a recheck when asked
+(`RepairOps`). Everything else lives here: what counts as a finding of each VERIFY_KINDS kind, which findings make
+a page removable, which pages go with it, and what a repair does per kind (base.REPAIRS).
+
+The checks:
+
+- every stored page value: its checksum, its size against its metadata and its layout, its hash against its
+  metadata's parent and tokens, whether its layout and namespace are recorded and whether the children index
+  lists it under its parent (`check_page`, fed by `IntegritySource.scan_pages`);
+- the prefix trees, read as one snapshot where the backend has one (`Snapshot`): metadata without bytes, chains
+  whose head hangs from neither a stored page nor its namespace root (`orphan`), pages tagged with another
+  namespace or layout than their parent's, children entries that name no page filed under that parent, and
+  registry counters against the pages stored (`check_snapshot`).
+
+Repair removes each removable finding's page and, depth first, every page below it (a page below is removed only
+while the page above stays gone), in bounded batches (`IntegritySource.repair_batch`: one write transaction, one
+script...). Each removal is rechecked by the backend against the record as it is then (`Guard`), so a page that a
+writer stored again, or that is sound and reachable from its namespace root, is never removed.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol, TypeVar
+
+import msgspec
+
+from ..keys import hash_root_of_id
+from ..layout import KVLayout
+from .base import LayoutRecord, NamespaceRecord, PageMeta, VerifyFinding, VerifyRemoval, VerifyReport
+from .codec import HEADER, Checksum, chains_to, stored_checksum
+
+T = TypeVar("T")
+
+
+class Guard(enum.StrEnum):
+    """What a backend rechecks, against the record as it is at removal time, before it removes a page."""
+
+    SAME_RECORD = "any"  # the page is still the record verify judged (same namespace and parent)
+    SAME_BYTES = "sha"  # ... and it still holds the bytes verify found corrupt (not a rewrite)
+    PARTIAL = "raw"  # a record that is not a whole page (bytes or metadata alone, a key no page hash): delete it
+    PARENT_GONE = "below"  # a page below a removed one: only while the page above stays gone (unreachable)
+    FILED_UNDER = "filed"  # a page of a namespace or layout whose record was removed: whatever is stored under it
+
+
+# Finding kind -> the guard of its page's removal. Kinds absent here never remove a page (base.REPAIRS).
+REMOVAL_GUARDS: dict[str, Guard] = {
+    "checksum_mismatch": Guard.SAME_BYTES,
+    "size_mismatch": Guard.SAME_BYTES,
+    "hash_mismatch": Guard.SAME_BYTES,
+    "missing_meta": Guard.PARTIAL,
+    "missing_page": Guard.PARTIAL,
+    "dangling_index": Guard.PARTIAL,  # a pages key that is no page hash
+    "namespace_mismatch": Guard.SAME_RECORD,
+    "orphan": Guard.PARENT_GONE,
+}
+
+
+class PageRow(msgspec.Struct, frozen=True, gc=False):
+    """What the tree checks keep of one page whose metadata decodes."""
+
+    parent: bytes
+    ns_id: bytes
+    layout_id: bytes
+    nbytes: int  # by its metadata
+
+
+class ScannedPage(msgspec.Struct, frozen=True, gc=False):
+    """One stored page value as a backend's scan read it, with what the backend read about it in the same view."""
+
+    page_hash: bytes
+    value: Any  # as stored: checksum + payload (a zero-copy view is fine: used before the next page is asked for)
+    meta: PageMeta | None  # None: no metadata stored, or none that decodes (`damaged`)
+    damaged: bool = False  # metadata is stored but does not decode
+    indexed: bool = True  # the children index lists it under the parent its metadata names
+    registered: bool = True  # the namespace its metadata names is in the registry
+
+
+class Snapshot(msgspec.Struct):
+    """The metadata side of a store, for the tree, index and counter checks: one consistent view of it where the
+    backend has one (parents, children and counters agree only on one snapshot)."""
+
+    tree: dict[bytes, PageRow]  # every page whose metadata decodes, whether its bytes are stored or not
+    bodiless: set[bytes]  # pages with metadata (decoding or not) and no bytes
+    damaged: set[bytes]  # pages whose metadata does not decode
+    headless: set[bytes]  # page bytes stored without metadata that decodes
+    registry: dict[bytes, NamespaceRecord | None]  # namespace id -> record (None: it does not decode)
+    links: list[tuple[bytes, bytes]]  # (parent, child) entries of the children index
+    totals: tuple[int, int] | None = None  # (pages, payload bytes) by the store's totals record, (-1, -1) when it
+    #                                        does not decode; None: the backend keeps no totals
+
+
+class Removal(msgspec.Struct, frozen=True, gc=False):
+    """A page repair asks a backend to remove, and how it must recheck it first."""
+
+    page: bytes
+    finding: int  # index of the finding it goes for
+    via: bytes | None  # the removed page it hung from (None: the finding's own page)
+    guard: Guard
+    row: PageRow | None  # what verify read of it (None: its metadata did not decode)
+
+
+class RepairOps(Protocol):
+    """The removals of one bounded batch (one write transaction, one script round): each call rechecks what it
+    removes against the records as they are now."""
+
+    def remove(self, items: Sequence[Removal]) -> list[tuple[str, int] | None]:
+        """Remove each item's records if its guard still holds: per item (what, payload bytes freed), `what` as in
+        VerifyRemoval ("page", "bytes", "meta"); None where the guard kept it (or nothing is stored)."""
+
+    def children(self, pages: Sequence[bytes]) -> list[Iterable[bytes]]:
+        """The children index entries of each page (what may hang below it besides what its metadata said)."""
+
+    def unlink(self, links: Sequence[tuple[bytes, bytes]]) -> list[bool]:
+        """Remove (parent, child) index entries unless the child is now stored under that parent: per entry,
+        whether one was removed."""
+
+    def relink(self, pages: Sequence[tuple[bytes, PageRow]]) -> list[bool]:
+        """List each page under its parent in the children index: per page, whether it is still stored."""
+
+    def drop_record(self, name: str, key: bytes) -> bool:
+        """Remove the "namespaces" or "layouts" record under `key` if it still does not decode."""
+
+
+class IntegritySource(Protocol):
+    """What a backend implements so that `verify` can audit and repair it."""
+
+    checksum: Checksum  # the algorithm the store's page values were written with
+    batch_pages: int  # records removed per `repair_batch` at most
+    recounts_after_removals: bool  # recount after any removal (cheap and exact in one transaction), or only on a
+    #                                counter finding (a recount that is a racy scan of a shared store)
+
+    def layout_records(self) -> dict[bytes, LayoutRecord | None]:
+        """The layouts recorded, by layout id (None: the record does not decode)."""
+
+    def scan_pages(self, found: "Findings") -> Iterator[ScannedPage]:
+        """Every stored page value, read in short consistent views. A key or a record this interface cannot
+        express (a key that is no page hash, a record missing a field) the backend reports to `found` itself;
+        metadata without bytes is the snapshot's (`Snapshot.bodiless`)."""
+
+    def snapshot(self, found: "Findings") -> Snapshot:
+        """The metadata side, after the scan (faults of the backend's own structure go to `found`)."""
+
+    def repair_batch(self, body: Callable[[RepairOps], T]) -> T:
+        """Run `body` in one bounded unit of removals and return its result. `body` keeps its effects inside the
+        unit: a backend may run it again (an LMDB map that had to grow)."""
+
+    def recount(self) -> None:
+        """Set every registry counter (and the store totals, where kept) from the pages stored."""
+
+
+class Findings:
+    """What one verify found, and what repair may do about each finding (indices into `items`)."""
+
+    __slots__ = ("items", "by_page", "remove", "relink", "unlink", "recount", "damaged", "fixed")
+
+    def __init__(self) -> None:
+        self.items: list[VerifyFinding] = []
+        self.by_page: dict[bytes, list[int]] = {}  # page -> the findings about it (fixed when it is removed)
+        self.remove: dict[bytes, tuple[int, Guard]] = {}  # page -> its first finding making it removable, guard
+        self.relink: dict[bytes, int] = {}  # page -> its missing_index finding
+        self.unlink: list[tuple[bytes, bytes, int]] = []  # (parent, child, finding) of dangling children entries
+        self.recount: list[int] = []  # findings a recount fixes
+        self.damaged: list[tuple[str, bytes, int]] = []  # ("namespaces" | "layouts", key, finding): undecodable
+        self.fixed: set[int] = set()  # findings repaired
+
+    def add(self, kind: str, page_hash: bytes | None, detail: str, remove: bool | Guard = False) -> int:
+        """Record a finding; `remove`: the page under `page_hash` is provably corrupt or unreachable, removable
+        under its kind's guard (REMOVAL_GUARDS) or the one given. Returns the finding's index."""
+        i = len(self.items)
+        self.items.append(VerifyFinding(kind, None if page_hash is None else page_hash.hex(), detail))
+        if page_hash is not None and (kind != "dangling_index" or remove):
+            self.by_page.setdefault(page_hash, []).append(i)
+        if remove and page_hash is not None:
+            self.remove.setdefault(page_hash, (i, REMOVAL_GUARDS[kind] if remove is True else remove))
+        return i
+
+    def damaged_record(self, name: str, key: bytes) -> None:
+        """A namespace or layout record that does not decode (repair removes it and the pages filed under it)."""
+        what = "namespace" if name == "namespaces" else "layout"
+        self.damaged.append((name, key, self.add("damaged_record", None, f"{what} record {key.hex()} does not "
+                                                                          f"decode")))
+
+
+def verify(source: IntegritySource, repair: bool = False) -> VerifyReport:
+    """Audit the store behind `source` (and with `repair`, apply base.REPAIRS): the body of `L3Store.verify`.
+    The caller checks that the store is writable before a repair."""
+    found = Findings()
+    layouts: dict[bytes, KVLayout] = {}
+    for key, record in source.layout_records().items():
+        if record is None:
+            found.damaged_record("layouts", key)
+        else:
+            layouts[key] = record.layout
+    checked = checked_bytes = 0
+    for page in source.scan_pages(found):
+        checked += 1
+        checked_bytes += max(len(page.value) - HEADER, 0)
+        check_page(found, page, layouts, source.checksum)
+    snap = source.snapshot(found)
+    kids = check_snapshot(found, snap, layouts)
+    if not repair:
+        return VerifyReport(not found.items, checked, checked_bytes, found.items)
+    removals = _repair(source, found, kids, snap.tree)
+    items = [msgspec.structs.replace(f, repaired=True) if i in found.fixed else f for i, f in enumerate(found.items)]
+    return VerifyReport(not items, checked, checked_bytes, items, len(found.fixed), removals)
+
+
+def check_page(found: Findings, page: ScannedPage, layouts: dict[bytes, KVLayout], checksum: Checksum) -> None:
+    """The checks of one stored page value against its checksum, its metadata and its layout."""
+    h, value, meta = page.page_hash, page.value, page.meta
+    if len(value) < HEADER:
+        found.add("size_mismatch", h, f"{len(value)} bytes stored: not even a checksum", remove=True)
+        return
+    stored_sum = stored_checksum(value)
+    payload = memoryview(value)[HEADER:]
+    if checksum.of(payload, h) != stored_sum:
+        found.add("checksum_mismatch", h, "payload does not match its checksum", remove=True)
+    if meta is None:
+        found.add("missing_meta", h, "its metadata does not decode (a damaged record)" if page.damaged else
+                  "page without metadata", remove=True)
+        return
+    size = len(payload)
+    if meta.checksum != stored_sum:
+        found.add("checksum_mismatch", h, "metadata checksum differs from the page's", remove=True)
+    if meta.nbytes != size:
+        found.add("size_mismatch", h, f"{size} bytes stored, metadata says {meta.nbytes}", remove=True)
+    if not chains_to(h, meta):
+        found.add("hash_mismatch", h, f"not H(parent {meta.parent.hex()} || its {len(meta.tokens)} token "
+                                      f"bytes): a page filed under a wrong hash", remove=True)
+    layout = layouts.get(meta.layout_id)
+    if layout is None:
+        found.add("unknown_layout", h, f"layout {meta.layout_id.hex()} is not recorded")
+    elif layout.bytes_per_page != size:
+        found.add("size_mismatch", h, f"{size} bytes stored, layout {layout.describe()} pages are "
+                                      f"{layout.bytes_per_page}", remove=True)
+    if not page.registered:
+        found.add("unknown_namespace", h, f"namespace {meta.ns_id.hex()} not registered")
+    if not page.indexed:
+        found.relink.setdefault(h, found.add("missing_index", h, "not listed under its parent in children"))
+
+
+def check_snapshot(found: Findings, snap: Snapshot, layouts: dict[bytes, KVLayout]) -> dict[bytes, list[bytes]]:
+    """The tree, index and counter checks of one snapshot. Returns parent -> children as the metadata says (what
+    repair walks, besides the children index)."""
+    tree = snap.tree
+    for h in sorted(snap.bodiless):
+        why = "metadata that does not decode, without a page" if h in snap.damaged else "metadata without a page"
+        found.add("missing_page", h, why, remove=True)
+    registry: dict[bytes, NamespaceRecord] = {}
+    for ns_id, record in snap.registry.items():
+        if record is None:
+            found.damaged_record("namespaces", ns_id)
+        else:
+            registry[ns_id] = record
+    # Every root a page may hang from: each (layout, namespace) pair the pages or the records name.
+    pairs = {(row.layout_id, row.ns_id) for row in tree.values()} | {(lay, ns) for lay in layouts for ns in registry}
+    roots = {hash_root_of_id(lay, ns): (lay, ns) for lay, ns in pairs}
+    kids: dict[bytes, list[bytes]] = {}
+    for h, row in tree.items():
+        kids.setdefault(row.parent, []).append(h)
+    for h, row in tree.items():
+        up = tree.get(row.parent)
+        if up is not None:
+            if (up.ns_id, up.layout_id) != (row.ns_id, row.layout_id):
+                found.add("namespace_mismatch", h, f"tagged namespace {row.ns_id.hex()} / layout "
+                                                   f"{row.layout_id.hex()}, its parent {row.parent.hex()} namespace "
+                                                   f"{up.ns_id.hex()} / layout {up.layout_id.hex()}", remove=True)
+        elif row.parent in roots:
+            if roots[row.parent] != (row.layout_id, row.ns_id):
+                other_lay, other_ns = roots[row.parent]
+                found.add("namespace_mismatch", h, f"tagged namespace {row.ns_id.hex()} / layout "
+                                                   f"{row.layout_id.hex()}, its parent is the root of namespace "
+                                                   f"{other_ns.hex()} / layout {other_lay.hex()}", remove=True)
+        elif row.parent not in snap.headless:  # parent bytes without metadata: that page's finding covers it
+            below, below_bytes = subtree_size(h, kids, tree)
+            found.add("orphan", h, f"parent {row.parent.hex()} is neither a stored page nor a namespace root: "
+                                   f"unreachable with the {below} page(s) ({below_bytes} bytes) below it", remove=True)
+    for parent, child in snap.links:
+        if child in snap.damaged and child in found.by_page:
+            # the entry of a page whose metadata is damaged: it goes when repair removes that page
+            found.unlink.append((parent, child, found.by_page[child][0]))
+            continue
+        up = tree.get(child)
+        if up is None or up.parent != parent:
+            why = ("names a page that is not stored" if up is None else
+                   f"files it under {parent.hex()}, its metadata names parent {up.parent.hex()}")
+            found.unlink.append((parent, child, found.add("dangling_index", child, f"children entry {why}")))
+    _check_counters(found, snap, registry)
+    return kids
+
+
+def _check_counters(found: Findings, snap: Snapshot, registry: dict[bytes, NamespaceRecord]) -> None:
+    per_ns: dict[bytes, list[int]] = {}
+    for h, row in snap.tree.items():
+        if h not in snap.bodiless:
+            acc = per_ns.setdefault(row.ns_id, [0, 0])
+            acc[0] += 1
+            acc[1] += row.nbytes
+    for ns_id, record in registry.items():
+        n_pages, n_bytes = per_ns.get(ns_id, [0, 0])
+        if (record.pages, record.bytes) != (n_pages, n_bytes):
+            found.recount.append(found.add("counter_mismatch", None, f"namespace {record.ns_id_hex}: registry says "
+                                                                     f"{record.pages} pages / {record.bytes} bytes, "
+                                                                     f"store holds {n_pages} / {n_bytes}"))
+    if snap.totals is None:
+        return
+    stored = (sum(p for p, _ in per_ns.values()), sum(b for _, b in per_ns.values()))
+    if snap.totals != stored:
+        said = ("the store totals record does not decode" if snap.totals[0] < 0 else
+                f"store totals say {snap.totals[0]} pages / {snap.totals[1]} bytes")
+        found.recount.append(found.add("counter_mismatch", None, f"{said}, the store holds {stored[0]} / "
+                                                                 f"{stored[1]}"))
+
+
+def subtree_size(top: bytes, kids: dict[bytes, list[bytes]], tree: dict[bytes, PageRow]) -> tuple[int, int]:
+    """(pages, payload bytes) below `top` by the parents its descendants' metadata name."""
+    pages = nbytes = 0
+    seen = {top}
+    stack = list(kids.get(top, ()))
+    while stack:
+        h = stack.pop()
+        if h in seen:
+            continue  # only a corrupt parent link can cycle; hash_mismatch reports it
+        seen.add(h)
+        pages += 1
+        nbytes += tree[h].nbytes
+        stack.extend(kids.get(h, ()))
+    return pages, nbytes
+
+
+
+def removed_pages(report: VerifyReport) -> set[bytes]:
+    """The page hashes a repair removed records of (index entries and namespace or layout records apart): what a
+    backend forgets from its quarantine, since a writer may store them again."""
+    return {bytes.fromhex(r.page_hash) for r in report.removals if r.what not in ("index", "record")}
+
+# --- repair ---------------------------------------------------------------------------------------------------
+
+
+def _repair(source: IntegritySource, found: Findings, kids: dict[bytes, list[bytes]],
+            tree: dict[bytes, PageRow]) -> list[VerifyRemoval]:
+    """Apply base.REPAIRS to what verify found, in bounded batches, each removal rechecked by the backend."""
+    limit = max(source.batch_pages, 1)
+    removals: list[VerifyRemoval] = []
+    removed: set[bytes] = set()
+    for name, key, i in found.damaged:
+        for r, h in _drop_damaged(source, found, name, key, i, tree, limit):
+            removals.append(r)
+            if h is not None:
+                removed.add(h)
+        found.fixed.add(i)
+        found.recount.append(i)  # the totals are set from what is left at the end
+    work = [Removal(h, i, None, guard, tree.get(h)) for h, (i, guard) in reversed(found.remove.items())]
+    while work:
+        work, batch = source.repair_batch(lambda ops, work=work: _remove_some(ops, work, kids, tree, found, limit))
+        for r, h in batch:
+            removals.append(r)
+            removed.add(h)
+    for h in removed:
+        found.fixed.update(found.by_page.get(h, ()))
+    for start in range(0, len(found.unlink), limit):
+        chunk = found.unlink[start:start + limit]
+        gone = source.repair_batch(lambda ops, chunk=chunk: ops.unlink([(p, c) for p, c, _ in chunk]))
+        for (_, child, i), entry_removed in zip(chunk, gone):
+            if entry_removed:
+                removals.append(VerifyRemoval(found.items[i].kind, child.hex(), "index", 0))
+            found.fixed.add(i)
+    relink = [(h, i) for h, i in found.relink.items() if h not in removed and h in tree]
+    for start in range(0, len(relink), limit):
+        chunk = relink[start:start + limit]
+        done = source.repair_batch(lambda ops, chunk=chunk: ops.relink([(h, tree[h]) for h, _ in chunk]))
+        found.fixed.update(i for (_, i), ok in zip(chunk, done) if ok)
+    if found.recount or (removals and source.recounts_after_removals):
+        source.recount()
+        found.fixed.update(found.recount)
+    return removals
+
+
+def _remove_some(ops: RepairOps, work: list[Removal], kids: dict[bytes, list[bytes]], tree: dict[bytes, PageRow],
+                 found: Findings, limit: int) -> tuple[list[Removal], list[tuple[VerifyRemoval, bytes]]]:
+    """One batch: remove up to `limit` pages of `work`, depth first (a removed page's children join the work,
+    guarded by PARENT_GONE). Returns the work left and what it removed; `work` itself is left untouched, so a
+    rerun of the batch starts over."""
+    stack = list(work)
+    out: list[tuple[VerifyRemoval, bytes]] = []
+    seen: set[bytes] = set()
+    while stack and len(out) < limit:
+        take: list[Removal] = []
+        while stack and len(take) < limit - len(out):
+            item = stack.pop()
+            if item.page not in seen:
+                seen.add(item.page)
+                take.append(item)
+        gone = [(item, done) for item, done in zip(take, ops.remove(take)) if done is not None]
+        for item, (what, nbytes) in gone:
+            head = found.items[item.finding].page_hash
+            out.append((VerifyRemoval(found.items[item.finding].kind, item.page.hex(), what, nbytes,
+                                      None if item.via is None else head), item.page))
+        listed = ops.children([item.page for item, _ in gone]) if gone else []
+        for (item, _), entries in zip(gone, listed):
+            below = set(kids.get(item.page, ())) | set(entries)
+            stack.extend(Removal(c, item.finding, item.page, Guard.PARENT_GONE, tree.get(c)) for c in below)
+    return stack, out
+
+
+def _drop_damaged(source: IntegritySource, found: Findings, name: str, key: bytes, i: int,
+                  tree: dict[bytes, PageRow], limit: int) -> list[tuple[VerifyRemoval, bytes | None]]:
+    """Remove a namespace or layout record that does not decode, and every page filed under it (they cannot be
+    registered again without it), `limit` pages per batch."""
+    pages = [h for h, row in tree.items() if (row.ns_id if name == "namespaces" else row.layout_id) == key]
+    kind = found.items[i].kind
+    out: list[tuple[VerifyRemoval, bytes | None]] = []
+    for start in range(0, max(len(pages), 1), limit):
+        batch = [Removal(h, i, None, Guard.FILED_UNDER, tree[h]) for h in pages[start:start + limit]]
+
+        def body(ops: RepairOps, batch=batch, first=start == 0) -> list[tuple[VerifyRemoval, bytes | None]]:
+            done: list[tuple[VerifyRemoval, bytes | None]] = []
+            if first and ops.drop_record(name, key):
+                done.append((VerifyRemoval(kind, key.hex(), "record", 0), None))
+            for item, gone in zip(batch, ops.remove(batch) if batch else []):
+                if gone is not None:
+                    done.append((VerifyRemoval(kind, item.page.hex(), gone[0], gone[1], key.hex()), item.page))
+            return done
+
+        out += source.repair_batch(body)
+    return out
