@@ -1,5 +1,6 @@
 """The layer contract: imports run one way, cli -> live -> workload -> cache -> diagnostics -> tiers -> tree/pools
--> storage -> values, and no module imports itself back through others (no cycle).
+-> the cache's values -> storage -> keys, and no module imports itself back through others (no cycle). A plugin
+builds on the storage kit alone.
 
 Read with `ast` from the sources, so a function-level import counts like a top-level one; an import under
 `if TYPE_CHECKING:` is a type annotation only and does not. The layers are a table (`LAYERS`): a module belongs to
@@ -26,10 +27,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("diagnostics", ("kvcache.diagnostics",)),
     ("tiers", ("kvcache.prefetch", "kvcache.staging", "kvcache.transfer", "kvcache.io_worker")),
     ("tree", ("kvcache.tree", "kvcache.pools")),
+    ("values", ("kvcache.config", "kvcache.request", "kvcache.stats", "kvcache.owners")),
     ("storage", ("kvcache.storage", "kvcache_redis")),
-    ("values", ("kvcache.errors", "kvcache.namespace", "kvcache.keys", "kvcache.layout", "kvcache.owners",
-                "kvcache.config", "kvcache.request", "kvcache.stats")),
+    ("keys", ("kvcache.errors", "kvcache.namespace", "kvcache.keys", "kvcache.layout")),  # what names a page
 ]
+# What a backend outside the core builds on (plugins/README.md): the storage interface kit, which itself builds on
+# base and the keys layer alone.
+STORAGE_KIT = {"kvcache.storage.base", "kvcache.storage.codec", "kvcache.storage.handle", "kvcache.storage.verify"}
+PLUGINS = ("kvcache_redis",)
 SOURCES = {"kvcache": ROOT / "kvcache", "kvc": ROOT / "cli" / "kvc",
            "kvcache_redis": ROOT / "plugins" / "kvcache_redis" / "kvcache_redis"}
 
@@ -155,6 +160,16 @@ def test_the_cache_and_the_tiers_never_import_live_mode_or_the_workload_tools():
     below_cache = {e.imported for e in imports(modules(SOURCES))
                    if layer_of(e.importer) >= layer_of("kvcache.cache")}
     assert not {m for m in below_cache if m.startswith(("kvcache.live", "kvcache.workload", "kvc."))}
+
+
+def test_plugins_build_on_the_storage_kit_alone():
+    edges = imports(modules(SOURCES))
+    keys = set(LAYERS[-1][1])
+    plugin = {e.imported for e in edges if e.importer.startswith(PLUGINS) and not e.imported.startswith(PLUGINS)}
+    assert plugin and plugin <= STORAGE_KIT
+    kit = {(e.importer, e.imported) for e in edges if e.importer in STORAGE_KIT and e.imported not in STORAGE_KIT
+           and e.imported not in keys}
+    assert kit == set()
 
 
 def _package(tmp_path: Path, files: dict[str, str]) -> dict[str, Path]:
