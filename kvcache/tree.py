@@ -42,6 +42,8 @@ from .namespace import Namespace
 from .owners import OwnerKind, owner_code
 
 _EMPTY = np.empty(0, dtype=np.int64)
+_ID_BITS = 48  # node ids stay below 2**48 (they are ledger owner ids too)
+_ID_MASK = (1 << _ID_BITS) - 1
 
 
 class Tier(str, enum.Enum):
@@ -178,9 +180,11 @@ class RadixTree:
         # Called as on_split(child, new_parent, head_pages) after a split moved child's first pages to new_parent.
         self.on_split: SplitListener | None = None
         # Lazy LRU heaps of eviction candidates per tier (see _victims); nodes are offered when they may have
-        # become leaves of that tier.
-        self._device_lru: list[tuple[int, int, TreeNode]] = []
-        self._host_lru: list[tuple[int, int, TreeNode]] = []
+        # become leaves of that tier. Entries are plain ints, last_access << _ID_BITS | id: a heap of ints compares
+        # in C without a tuple per entry (several times faster at a million entries, and nothing for the GC).
+        self._device_lru: list[int] = []
+        self._host_lru: list[int] = []
+        self._by_id: dict[int, TreeNode] = {}  # nodes below the namespace roots, by id (what heap entries name)
         self.node_count = 0  # nodes below the namespace roots
 
     # --- lookup ----------------------------------------------------------------------------------------------
@@ -514,22 +518,24 @@ class RadixTree:
         node is offered again when it becomes one), and so is a locked or pinned one (offered again when free).
         """
         if len(heap) > 4 * self.node_count + 1024:  # stale entries pile up under churn: rebuild from the tree
-            heap[:] = [(n.last_access, n.id, n) for n in self.nodes()]
+            heap[:] = [n.last_access << _ID_BITS | n.id for n in self._by_id.values() if is_leaf(n)]
             heapq.heapify(heap)
         kept = []
+        by_id, pop = self._by_id, heapq.heappop
         try:
             while heap:
-                stamp, ident, node = heapq.heappop(heap)
-                if node.parent is None or not is_leaf(node):
+                entry = pop(heap)
+                node = by_id.get(entry & _ID_MASK)
+                if node is None or not is_leaf(node):
                     continue  # deleted, or not a leaf of this tier now: offered again when it becomes one
-                if stamp != node.last_access:
-                    heapq.heappush(heap, (node.last_access, ident, node))
+                if entry >> _ID_BITS != node.last_access:
+                    heapq.heappush(heap, node.last_access << _ID_BITS | node.id)
                     continue
                 if is_busy(node):
                     continue  # offered again when its last lock or pin goes (unlock, TieredCache._unpin)
                 yield node
                 if node.parent is not None and is_leaf(node):
-                    kept.append((node.last_access, ident, node))  # still there: not evicted after all
+                    kept.append(node.last_access << _ID_BITS | node.id)  # still there: not evicted after all
         finally:
             for entry in kept:
                 heapq.heappush(heap, entry)
@@ -543,10 +549,11 @@ class RadixTree:
         """`node` may have become an eviction candidate of a tier: give it an entry in that tier's LRU heap."""
         if node is None or node.parent is None or node.is_namespace_root:
             return
+        entry = node.last_access << _ID_BITS | node.id
         if device:
-            heapq.heappush(self._device_lru, (node.last_access, node.id, node))
+            heapq.heappush(self._device_lru, entry)
         if host:
-            heapq.heappush(self._host_lru, (node.last_access, node.id, node))
+            heapq.heappush(self._host_lru, entry)
 
     def _device_victim(self, node: TreeNode) -> bool:
         return _device_leaf(node) and not _device_busy(node)
@@ -585,8 +592,9 @@ class RadixTree:
             if node.parent is not None and not node.is_namespace_root:
                 count += 1
             stack.extend(kids)
-        if count != self.node_count:
-            raise InvariantViolation(f"tree records {self.node_count} nodes below its namespace roots, it has {count}")
+        if not count == self.node_count == len(self._by_id):
+            raise InvariantViolation(f"tree records {self.node_count} nodes below its namespace roots (indexed: "
+                                     f"{len(self._by_id)}), it has {count}")
 
     # --- internals -------------------------------------------------------------------------------------------
 
@@ -595,6 +603,7 @@ class RadixTree:
         self._next_id += 1
         if parent is not self.root:
             self.node_count += 1
+            self._by_id[node.id] = node
         return node
 
     def _descend(self, node: TreeNode, data: bytes, end: int) -> Iterator[TreeNode]:
@@ -654,6 +663,7 @@ class RadixTree:
         del parent.children[node.key[:self._page_bytes]]
         node.parent = None
         self.node_count -= 1
+        del self._by_id[node.id]
         # Callers take both copies away first (each offered the parent if it left it a leaf); a copy still here
         # leaves with the node.
         if node.device is not None:
