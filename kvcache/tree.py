@@ -616,7 +616,7 @@ class RadixTree:
             if child is None:
                 return
             klen = len(child.key)
-            if data[pos:pos + klen] != child.key:
+            if not data.startswith(child.key, pos):  # compared in place: no copy of the slice
                 head = self._common_pages(child.key, data, pos, end)
                 child = self._split(child, head)
                 klen = head * pb
@@ -642,9 +642,9 @@ class RadixTree:
         new.device_holds, new.host_holds = child.device_holds, child.host_holds
         new.last_access, new.hits, new.stored = child.last_access, child.hits, child.stored
         if child.device is not None:
-            new.device, child.device = child.device[:head_pages], child.device[head_pages:]
+            new.device, child.device = _exact(child.device[:head_pages]), _exact(child.device[head_pages:])
         if child.host is not None:
-            new.host, child.host = child.host[:head_pages], child.host[head_pages:]
+            new.host, child.host = _exact(child.host[:head_pages]), _exact(child.host[head_pages:])
         if child.page_hashes is not None:
             new.page_hashes, child.page_hashes = child.page_hashes[:head_pages], child.page_hashes[head_pages:]
         parent.children[child.key[:self._page_bytes]] = new  # in child's place: parent's counts stay
@@ -697,7 +697,7 @@ class RadixTree:
     def _set_device(self, node: TreeNode, pages: np.ndarray | None) -> None:
         had = node.device
         delta = (0 if pages is None else len(pages)) - (0 if had is None else len(had))
-        node.device = pages
+        node.device = pages = _exact(pages)
         if pages is None:
             if had is not None:
                 if node.parent is not None:
@@ -717,7 +717,7 @@ class RadixTree:
     def _set_host(self, node: TreeNode, pages: np.ndarray | None) -> None:
         had = node.host
         delta = (0 if pages is None else len(pages)) - (0 if had is None else len(had))
-        node.host = pages
+        node.host = pages = _exact(pages)
         if pages is None:
             if had is not None and node.parent is not None:
                 self._lost_child_copy(node.parent, False)
@@ -749,6 +749,17 @@ class RadixTree:
                 self.host_held -= h
             else:
                 self.host_evictable -= h
+
+
+def _exact(pages: np.ndarray | None) -> np.ndarray | None:
+    """`pages` as an array that holds only its own entries: a slice of a larger array is copied, so a node never
+    keeps the rest of a request's or an operation's pages alive (a few bytes per cached token at page size 1)."""
+    if pages is None:
+        return None
+    base = pages.base
+    if base is None or (isinstance(base, np.ndarray) and base.nbytes == pages.nbytes):
+        return pages
+    return pages.copy()
 
 
 def _concat(arrays: list[np.ndarray]) -> np.ndarray:
