@@ -150,16 +150,17 @@ class BackupTarget(enum.Enum):
 class LiveRequest:
     """A request between admit and commit/release, and what it holds."""
 
-    __slots__ = ("request", "handle", "owner", "node", "cached_pages", "fresh_pages")
+    __slots__ = ("request", "handle", "owner", "node", "cached_pages", "fresh_pages", "pages")
 
     def __init__(self, request: Request, handle: int, node: TreeNode, cached_pages: np.ndarray,
-                 fresh_pages: np.ndarray) -> None:
+                 fresh_pages: np.ndarray, pages: np.ndarray) -> None:
         self.request = request
         self.handle = handle  # unique per cache, never reused; the ledger owner is Request(handle)
         self.owner = owner_code(OwnerKind.REQUEST, handle)
         self.node = node  # locked: ends the request's cached prefix
         self.cached_pages = cached_pages  # device pages of the cached prefix; owned by tree nodes
         self.fresh_pages = fresh_pages  # device pages allocated for the rest; owned by this request
+        self.pages = pages  # cached_pages then fresh_pages: the request's device pages in order
 
 
 def _default_device() -> str:
@@ -285,7 +286,8 @@ class TieredCache:
             self.tree.unlock(node)
             self.counters.refused += 1
             return Admission(rid, AdmitStatus.POOL_FULL)
-        self._live[rid] = LiveRequest(request, handle, node, cached, fresh)
+        pages = np.concatenate([cached, fresh]) if len(cached) else fresh
+        self._live[rid] = LiveRequest(request, handle, node, cached, fresh, pages)
         self.counters.admitted += 1
         self.counters.loaded_back_tokens += loaded
         storage_tokens = min(from_storage * ps, cached_tokens - m.device_tokens)
@@ -294,7 +296,7 @@ class TieredCache:
         hits.device += m.device_tokens
         hits.host += host_tokens
         hits.storage += storage_tokens
-        slots = self.device_pool.slots(np.concatenate([cached, fresh]) if len(cached) else fresh)[:n_tokens]
+        slots = self.device_pool.slots(pages)[:n_tokens]
         return Admission(rid, AdmitStatus.ADMITTED, cached_tokens, loaded, new_tokens, slots, m.device_tokens,
                          host_tokens, storage_tokens)
 
@@ -308,8 +310,7 @@ class TieredCache:
         key = request.key.page_aligned(ps)
         n_pages = len(key) // ps
         n_cached = len(live.cached_pages)
-        pages = np.concatenate([live.cached_pages, live.fresh_pages]) if n_cached else live.fresh_pages
-        ins = self.tree.insert(key, pages[:n_pages])
+        ins = self.tree.insert(key, live.pages[:n_pages])
         # The request's fresh pages, in order: duplicates of pages the tree already held (a concurrent insert got
         # there first) -> FREE; the adopted nodes' slices -> those nodes; the partial tail page -> FREE.
         n_dup = max(0, ins.prefix_pages - n_cached)
@@ -502,8 +503,7 @@ class TieredCache:
         live = self._live.get(rid)
         if live is None:
             raise UnknownRequest(rid, "is not live")
-        pages = np.concatenate([live.cached_pages, live.fresh_pages])
-        return self.device_pool.slots(pages)[: len(live.request)]
+        return self.device_pool.slots(live.pages)[: len(live.request)]
 
     # --- L3: prefetch, staging, storage writes -------------------------------------------------------------
 
