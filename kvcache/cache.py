@@ -219,11 +219,11 @@ class TieredCache:
         if self._closed:
             raise CacheClosed("match")
         m = self.tree.match_prefix(request.key)
-        c = self.counters
+        c, ps = self.counters, self.page_size
         c.matches += 1
-        c.match_tokens += len(request)
-        c.device_hit_tokens += m.device_tokens
-        c.host_hit_tokens += m.host_tokens
+        c.match_tokens += len(request.key.data) >> 2  # len(request), without two __len__ calls (hot path)
+        c.device_hit_tokens += len(m.device_pages) * ps
+        c.host_hit_tokens += len(m.host_pages) * ps
         return m
 
     def admit(self, request: Request) -> Admission:
@@ -233,7 +233,7 @@ class TieredCache:
         `TOO_LARGE` (it could never fit). A request id that is already admitted is `RequestIdInUse`."""
         if self._closed:
             raise CacheClosed("admit")
-        rid, ps, n_tokens = request.rid, self.page_size, len(request)
+        rid, ps, n_tokens = request.rid, self.page_size, len(request.key.data) >> 2
         if rid in self._live:
             raise RequestIdInUse(rid, "is already admitted")
         if self._prefetches or self._staged:
@@ -290,14 +290,15 @@ class TieredCache:
         self._live[rid] = LiveRequest(request, handle, node, cached, fresh, pages)
         self.counters.admitted += 1
         self.counters.loaded_back_tokens += loaded
-        storage_tokens = min(from_storage * ps, cached_tokens - m.device_tokens)
-        host_tokens = cached_tokens - m.device_tokens - storage_tokens
-        hits = self._tier_hits(request.namespace)
-        hits.device += m.device_tokens
+        device_tokens = len(m.device_pages) * ps
+        storage_tokens = min(from_storage * ps, cached_tokens - device_tokens)
+        host_tokens = cached_tokens - device_tokens - storage_tokens
+        hits = self._tier_hits(request.key.namespace)
+        hits.device += device_tokens
         hits.host += host_tokens
         hits.storage += storage_tokens
         slots = self.device_pool.slots(pages)[:n_tokens]
-        return Admission(rid, AdmitStatus.ADMITTED, cached_tokens, loaded, new_tokens, slots, m.device_tokens,
+        return Admission(rid, AdmitStatus.ADMITTED, cached_tokens, loaded, new_tokens, slots, device_tokens,
                          host_tokens, storage_tokens)
 
     def commit(self, rid: str) -> CommitResult:

@@ -52,7 +52,8 @@ def pack_tokens(tokens: Iterable[int] | np.ndarray | array | bytes) -> bytes:
         if _SWAP:
             packed.byteswap()
         data = packed.tobytes()
-        if data:  # array() takes a bool as 0 or 1: look at those positions only, refuse a bool by name
+        # array() takes a bool as 0 or 1: where a 0 or 1 was packed, look at those positions and refuse a bool
+        if data and np.frombuffer(data, dtype=_LE_U32).min() <= 1:
             for i in np.flatnonzero(np.frombuffer(data, dtype=_LE_U32) <= 1).tolist():
                 if tokens[i] is True or tokens[i] is False:
                     raise InvalidTokens(f"token {tokens[i]!r} is not an integer")
