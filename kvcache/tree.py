@@ -651,8 +651,8 @@ class RadixTree:
         child.key = child.key[cut:]
         child.parent = new
         new.children[child.key[:self._page_bytes]] = child
-        new.children_on_device = child.device is not None
-        new.children_on_host = child.host is not None
+        new.children_on_device = int(child.device is not None)
+        new.children_on_host = int(child.host is not None)
         if self.on_split is not None:
             self.on_split(child, new, head_pages)
         return new
