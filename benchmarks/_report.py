@@ -43,6 +43,7 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 # figure a script publishes must match one (tests/unit/test_bench_report.py checks the names the scripts use).
 FIGURES: list[tuple[str, str, str]] = [
     (r"_per_s(\[|_|$)", "per second", "higher"),
+    (r"_cost_ratio$", "x (cost ratio)", "lower"),
     (r"gbps$", "GB/s", "higher"),
     (r"_seconds$", "seconds", "lower"),
     (r"^ledger_overhead|_over_no_|^verify_over_|_over_python$", "x (time ratio)", "lower"),

@@ -146,16 +146,17 @@ class BackupTarget(enum.Enum):
 class LiveRequest:
     """A request between admit and commit/release, and what it holds."""
 
-    __slots__ = ("request", "handle", "owner", "node", "cached_pages", "fresh_pages")
+    __slots__ = ("request", "handle", "owner", "node", "cached_pages", "fresh_pages", "pages")
 
     def __init__(self, request: Request, handle: int, node: TreeNode, cached_pages: np.ndarray,
-                 fresh_pages: np.ndarray) -> None:
+                 fresh_pages: np.ndarray, pages: np.ndarray) -> None:
         self.request = request
         self.handle = handle  # unique per cache, never reused; the ledger owner is Request(handle)
         self.owner = owner_code(OwnerKind.REQUEST, handle)
         self.node = node  # locked: ends the request's cached prefix
         self.cached_pages = cached_pages  # device pages of the cached prefix; owned by tree nodes
         self.fresh_pages = fresh_pages  # device pages allocated for the rest; owned by this request
+        self.pages = pages  # cached_pages then fresh_pages: the request's device pages in order
 
 
 def _default_device() -> str:
@@ -213,11 +214,11 @@ class TieredCache:
         if self._closed:
             raise CacheClosed("match")
         m = self.tree.match_prefix(request.key)
-        c = self.counters
+        c, ps = self.counters, self.page_size
         c.matches += 1
-        c.match_tokens += len(request)
-        c.device_hit_tokens += m.device_tokens
-        c.host_hit_tokens += m.host_tokens
+        c.match_tokens += len(request.key.data) >> 2  # len(request), without two __len__ calls (hot path)
+        c.device_hit_tokens += len(m.device_pages) * ps
+        c.host_hit_tokens += len(m.host_pages) * ps
         return m
 
     def admit(self, request: Request) -> Admission:
@@ -227,7 +228,7 @@ class TieredCache:
         `TOO_LARGE` (it could never fit). A request id that is already admitted is `RequestIdInUse`."""
         if self._closed:
             raise CacheClosed("admit")
-        rid, ps, n_tokens = request.rid, self.page_size, len(request)
+        rid, ps, n_tokens = request.rid, self.page_size, len(request.key.data) >> 2
         if rid in self._live:
             raise RequestIdInUse(rid, "is already admitted")
         if self._prefetches or self._staged:
@@ -280,17 +281,19 @@ class TieredCache:
             self.tree.unlock(node)
             self.counters.refused += 1
             return Admission(rid, AdmitStatus.POOL_FULL)
-        self._live[rid] = LiveRequest(request, handle, node, cached, fresh)
+        pages = np.concatenate([cached, fresh]) if len(cached) else fresh
+        self._live[rid] = LiveRequest(request, handle, node, cached, fresh, pages)
         self.counters.admitted += 1
         self.counters.loaded_back_tokens += loaded
-        storage_tokens = min(from_storage * ps, cached_tokens - m.device_tokens)
-        host_tokens = cached_tokens - m.device_tokens - storage_tokens
-        hits = self._tier_hits(request.namespace)
-        hits.device += m.device_tokens
+        device_tokens = len(m.device_pages) * ps
+        storage_tokens = min(from_storage * ps, cached_tokens - device_tokens)
+        host_tokens = cached_tokens - device_tokens - storage_tokens
+        hits = self._tier_hits(request.key.namespace)
+        hits.device += device_tokens
         hits.host += host_tokens
         hits.storage += storage_tokens
-        slots = self.device_pool.slots(np.concatenate([cached, fresh]) if len(cached) else fresh)[:n_tokens]
-        return Admission(rid, AdmitStatus.ADMITTED, cached_tokens, loaded, new_tokens, slots, m.device_tokens,
+        slots = self.device_pool.slots(pages)[:n_tokens]
+        return Admission(rid, AdmitStatus.ADMITTED, cached_tokens, loaded, new_tokens, slots, device_tokens,
                          host_tokens, storage_tokens)
 
     def commit(self, rid: str) -> CommitResult:
@@ -303,8 +306,7 @@ class TieredCache:
         key = request.key.page_aligned(ps)
         n_pages = len(key) // ps
         n_cached = len(live.cached_pages)
-        pages = np.concatenate([live.cached_pages, live.fresh_pages]) if n_cached else live.fresh_pages
-        ins = self.tree.insert(key, pages[:n_pages])
+        ins = self.tree.insert(key, live.pages[:n_pages])
         # The request's fresh pages, in order: duplicates of pages the tree already held (a concurrent insert got
         # there first) -> FREE; the adopted nodes' slices -> those nodes; the partial tail page -> FREE.
         n_dup = max(0, ins.prefix_pages - n_cached)
@@ -467,8 +469,7 @@ class TieredCache:
         live = self._live.get(rid)
         if live is None:
             raise UnknownRequest(rid, "is not live")
-        pages = np.concatenate([live.cached_pages, live.fresh_pages])
-        return self.device_pool.slots(pages)[: len(live.request)]
+        return self.device_pool.slots(live.pages)[: len(live.request)]
 
     # --- L3: prefetch, staging, storage writes -------------------------------------------------------------
 

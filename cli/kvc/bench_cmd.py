@@ -25,6 +25,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_l3": ["--store-mb", "32", "--redis-mb", "32", "--repeat", "1"],
     "bench_admin": ["--requests", "500", "--round-trips", "500", "--repeat", "1"],
     "bench_startup": ["--runs", "3"],
+    "bench_scale": ["--requests", "4000"],
 }
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "benchmarks"  # cli/kvc/ -> the checkout's benchmarks/
 

@@ -45,7 +45,7 @@ class TraceRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
 
     def request(self) -> Request:
         """The `Request` the cache schedules."""
-        return Request(self.rid, np.asarray(self.tokens, dtype=np.uint32), self.namespace(), self.output_len)
+        return Request(self.rid, self.tokens, self.namespace(), self.output_len)
 
 
 _DECODER = msgspec.json.Decoder(TraceRequest)

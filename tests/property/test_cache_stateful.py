@@ -417,6 +417,11 @@ class CacheMachine(RuleBasedStateMachine):
             assert report.ok, report.violations
 
     @invariant()
+    def tree_counts_match_a_recount(self):
+        if self.cache is not None:
+            self.cache.tree.check()  # children with a device / host copy per node, the node count
+
+    @invariant()
     def every_cached_page_holds_its_hash(self):
         if self.cache is None:
             return

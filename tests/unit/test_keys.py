@@ -1,3 +1,5 @@
+from array import array
+
 import numpy as np
 import pytest
 
@@ -48,3 +50,25 @@ def test_namespace_and_layout_are_in_the_root():
     a = set(page_hashes(LAYOUT_A, RadixKey.of(toks, Namespace("t1")), 1))
     b = set(page_hashes(LAYOUT_A, RadixKey.of(toks, Namespace("t2")), 1))
     assert not a & b
+
+
+@pytest.mark.parametrize("make", [
+    list, tuple, lambda t: iter(t), lambda t: array("I", t), lambda t: array("q", t), lambda t: array("L", t),
+    lambda t: np.array(t, dtype="<u4"), lambda t: np.array(t, dtype=np.int64), lambda t: np.array(t, dtype=">u4"),
+    lambda t: np.array(t, dtype=np.uint16), lambda t: np.array(t, dtype=np.int64)[::-1][::-1],
+])
+def test_every_accepted_container_packs_the_same_bytes(make):
+    toks = [0, 1, 7, 65535]
+    assert pack_tokens(make(toks)) == np.array(toks, dtype="<u4").tobytes()
+    assert pack_tokens(make([])) == b""
+
+
+@pytest.mark.parametrize("bad, fact", [
+    ([5, 0, True, 3], "token True is not an integer"), ([1, False], "token False is not an integer"),
+    ((4, 2**32), "token 4294967296 is outside"), (array("q", [3, -2]), "token -2 is outside"),
+    (np.array([1, 2**33], dtype=np.int64), "token 8589934592 is outside"), (array("d", [1.0]), "token 1.0 is not"),
+    (np.array([1, 2], dtype=np.float32), "token 1.0 is not an integer"), ([1, np.float64(2.0)], "not an integer"),
+])
+def test_bad_tokens_in_any_container_name_the_token(bad, fact):
+    with pytest.raises(InvalidTokens, match=fact):
+        pack_tokens(bad)

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from kvcache import LockUnderflow, Namespace, RadixKey
+from kvcache import InvariantViolation, LockUnderflow, Namespace, RadixKey
 from kvcache.keys import page_hashes
 from kvcache.tree import RadixTree
 
@@ -174,3 +174,44 @@ def test_an_insert_of_less_than_a_page_creates_no_namespace_root():
     t = RadixTree(4, LAYOUT_ID)
     ins = t.insert(key([1, 2]).page_aligned(4), pages(0, 0))
     assert ins.prefix_pages == 0 and ins.adopted == [] and t.namespace_roots() == []
+
+
+def test_children_copy_counts_match_a_recount_after_random_moves():
+    rng = np.random.default_rng(7)
+    t = RadixTree(2)
+    next_page = 0
+    for step in range(400):
+        ns = A if rng.random() < 0.7 else B
+        # a few shared stems, random tails: inserts split nodes, matches split them too
+        stem = [int(rng.integers(3))] * 4
+        tokens = stem + rng.integers(0, 3, int(rng.integers(0, 5)) * 2).tolist()
+        k = key(tokens, ns)
+        op = rng.integers(5)
+        if op == 0:
+            t.insert(k, pages(next_page, len(tokens) // 2))
+            next_page += len(tokens) // 2
+        elif op == 1:
+            t.match_prefix(k)
+        elif op == 2:
+            t.evict_device(int(rng.integers(1, 4)))
+        elif op == 3:
+            t.evict_host(int(rng.integers(1, 4)))
+        else:  # back up a device node's path to the host tier, root first (host copies stay a prefix)
+            nodes = [n for n in t.nodes() if n.device is not None and n.host is None]
+            if nodes:
+                for n in t.path(nodes[int(rng.integers(len(nodes)))]):
+                    if n.host is None:
+                        t.set_host(n, pages(next_page, len(n.device)))
+                        next_page += len(n.device)
+        t.check()
+    assert t.node_count > 0
+
+
+def test_check_names_a_node_whose_children_count_is_off():
+    t = RadixTree(1)
+    t.insert(key([1, 2, 3]), pages(0, 3))
+    t.insert(key([1, 2, 4]), pages(3, 3))
+    shared = t.match_prefix(key([1, 2])).device_node
+    shared.children_on_device += 1
+    with pytest.raises(InvariantViolation, match=f"node#{shared.id} records 3 children with a device copy, it has 2"):
+        t.check()

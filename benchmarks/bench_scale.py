@@ -1,0 +1,150 @@
+"""Cost per request over a long replay: does it stay flat as the tree grows?
+
+Workload (streamed, never held in memory): 4 namespaces x 5 shared prefixes of 64 tokens = 20 shared-prefix nodes;
+each request either opens a conversation (a shared prefix, then 24-72 new tokens) or continues one of its
+namespace's 64 open conversations (the conversation so far, 8 output tokens, 24-72 new tokens; at most 4 turns).
+KV is 32 B per token (1 layer, 1 KV head, head_dim 8, float16) so the copies stay CPU-cheap and the tree's own
+bookkeeping is what is measured. Page size 16. L1 holds about 1/8 and L2 about 1/2 of the run's tokens: devices
+evict all along (write-through keeps host copies), the host tier starts evicting half way; the tree grows to
+hundreds of thousands of nodes, the shared-prefix nodes to tens of thousands of children.
+
+The public replay driver (`kvcache.replay`) runs it: prefetch-less serve loop, admit, synthetic KV write, commit,
+backup. Cost per request is the process's CPU time (`time.process_time`: on a shared machine other processes
+inflate it far less than wall clock) per window of requests, the generator's own time subtracted, the cyclic GC's
+share shown beside it; the headline is the last window's cost over the second window's (the first includes
+warm-up): flat is 1.0.
+
+Run: ``python benchmarks/bench_scale.py [--requests N] [--window N] [--no-write]``; the acceptance run is
+``--requests 1000000 --window 100000``. The default (20,000) is the `make bench` size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+
+import numpy as np
+import torch
+
+from _report import machine, publish, table
+from kvcache import CacheConfig, KVLayout, TraceRequest, TieredCache, replay
+
+LAYOUT = KVLayout("scale@r1", layers=1, kv_heads=1, head_dim=8, dtype="float16", page_size=16)
+TENANTS, PREFIXES, PREFIX_TOKENS = 4, 5, 64
+OPEN, MAX_TURNS, OUTPUT_TOKENS = 64, 4, 8
+NEW_LO, NEW_HI = 24, 72
+MEAN_TOKENS_PER_REQUEST = 48 + 0.5 * OUTPUT_TOKENS  # new tokens a request adds, on average
+
+
+class Workload:
+    """The streamed trace; `gen_seconds` is the time spent generating requests (subtracted from the windows)."""
+
+    def __init__(self, requests: int, seed: int = 0) -> None:
+        self.requests = requests
+        self.rng = np.random.default_rng(seed)
+        self.gen_seconds = 0.0
+
+    def __iter__(self):
+        rng, clock = self.rng, time.process_time
+        t0 = clock()
+        prefixes = [[rng.integers(0, 32000, PREFIX_TOKENS).tolist() for _ in range(PREFIXES)]
+                    for _ in range(TENANTS)]
+        conversations: list[list[list]] = [[] for _ in range(TENANTS)]  # per tenant: [tokens, turns]
+        self.gen_seconds += clock() - t0
+        for r in range(self.requests):
+            t0 = clock()
+            t = int(rng.integers(TENANTS))
+            new = rng.integers(0, 32000, int(rng.integers(NEW_LO, NEW_HI + 1))).tolist()
+            open_ = conversations[t]
+            if open_ and rng.random() < 0.5:
+                conv = open_[int(rng.integers(len(open_)))]
+                conv[0] = conv[0] + rng.integers(0, 32000, OUTPUT_TOKENS).tolist() + new
+                conv[1] += 1
+                if conv[1] >= MAX_TURNS:
+                    open_.remove(conv)
+            else:
+                conv = [prefixes[t][int(rng.integers(PREFIXES))] + new, 1]
+                open_.append(conv)
+                if len(open_) > OPEN:
+                    open_.pop(0)
+            item = TraceRequest(f"r{r}", conv[0], f"tenant-{t}", None, OUTPUT_TOKENS)
+            self.gen_seconds += clock() - t0
+            yield item
+
+
+def run(requests: int, window: int) -> dict:
+    total_tokens = int(requests * MEAN_TOKENS_PER_REQUEST)
+    cache = TieredCache(CacheConfig(LAYOUT, device_tokens=max(total_tokens // 8, 1 << 14),
+                                    host_tokens=max(total_tokens // 2, 1 << 16), device="cpu"))
+    work = Workload(requests)
+    marks: list[tuple[int, float, float, float]] = []  # (requests, clock, generator s, GC s) at window ends
+    next_mark = window
+    gc_seconds, gc_start = 0.0, 0.0
+
+    def on_gc(phase: str, info: dict) -> None:
+        nonlocal gc_seconds, gc_start
+        if phase == "start":
+            gc_start = time.process_time()
+        else:
+            gc_seconds += time.process_time() - gc_start
+
+    def progress(done: int) -> None:
+        nonlocal next_mark
+        if done >= next_mark:
+            marks.append((done, time.process_time(), work.gen_seconds, gc_seconds))
+            next_mark += window
+
+    gc.collect()
+    gc.callbacks.append(on_gc)
+    start = time.process_time()
+    try:
+        report = replay(cache, work, progress=progress)
+    finally:
+        gc.callbacks.remove(on_gc)
+    assert report.audit.ok and report.requests == requests, report.audit
+    windows, prev = [], (0, start, 0.0, 0.0)
+    for mark in marks:
+        n = mark[0] - prev[0]
+        windows.append((mark[0], (mark[1] - prev[1] - (mark[2] - prev[2])) / n, (mark[3] - prev[3]) / n))
+        prev = mark
+    return {"windows": windows, "seconds": report.seconds, "nodes": cache.tree.node_count,
+            "evicted": (cache.counters.device_pages_evicted, cache.counters.host_pages_evicted)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--requests", type=int, default=20000, help="requests replayed (the acceptance run: 1000000)")
+    ap.add_argument("--window", type=int, default=None, help="requests per window (default: a tenth of the run)")
+    ap.add_argument("--no-write", action="store_true", help="print only, leave BENCHMARKS.md alone")
+    args = ap.parse_args()
+    window = args.window or max(args.requests // 10, 1)
+    if args.requests < 2 * window:
+        ap.error("--requests must cover at least two windows")
+    torch.set_num_threads(1)
+    result = run(args.requests, window)
+    windows = result["windows"]
+    ratio = windows[-1][1] / windows[1][1]
+    rows = [[f"{end - window:,}-{end:,}", f"{cost * 1e6:.1f}", f"{cost / windows[1][1]:.2f}", f"{gcs * 1e6:.1f}"]
+            for end, cost, gcs in windows]
+    body = "\n".join([
+        "## Cost per request over a long replay (`benchmarks/bench_scale.py`)",
+        "",
+        f"{args.requests:,} requests (4 namespaces, 20 shared prefixes, conversations of up to 4 turns), 32 B/token, "
+        f"page 16, L1 1/8 and L2 1/2 of the run's tokens, write-through; windows of {window:,} requests; cost = "
+        f"the process's CPU time per request; one torch thread; GC on. Machine: {machine()}.",
+        "",
+        table(["requests", "us/request", "x second window", "of which GC us/request"], rows),
+        "",
+        f"- last window / second window: **{ratio:.2f}x** (flat = 1.0); {result['nodes']:,} tree nodes at the end; "
+        f"pages evicted: device {result['evicted'][0]:,}, host {result['evicted'][1]:,}; "
+        f"{args.requests / result['seconds']:,.0f} requests/s over the run (wall clock)",
+    ])
+    publish("bench_scale", body, args.no_write, {"scale_cost_ratio": ratio,
+                                                  "replay_requests_per_s": args.requests / result["seconds"]})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
