@@ -132,7 +132,9 @@ class AdminTransport:
         # well past the limit, so such a burst is answered instead of refused (the kernel caps it at somaxconn).
         self.backlog = backlog if backlog is not None else min(max(1024, 16 * max_connections), socket.SOMAXCONN)
         self._execute = execute
-        self._queue: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        # queue.Queue, not SimpleQueue: on CPython 3.11 a signal that lands in SimpleQueue.get(timeout=...) after its
+        # deadline can leave it waiting forever (a negative timeout), and `kvc serve` then never sees its SIGTERM.
+        self._queue: queue.Queue[_Job] = queue.Queue()
         self._sock: socket.socket | None = None
         self._inode: tuple[int, int] | None = None  # (st_dev, st_ino) of our socket file: unlink only ours
         self._conns: dict[socket.socket, threading.Thread] = {}

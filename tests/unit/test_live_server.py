@@ -146,6 +146,37 @@ def test_the_server_wraps_a_cache_that_knows_nothing_of_it(cache, sock_path):
     assert cache.audit().ok
 
 
+def test_a_signal_during_polls_never_leaves_poll_waiting(sock_path):
+    """SIGTERM reaches `kvc serve` while its loop waits in poll(): a signal landing in that wait must not turn it
+    into a wait forever (CPython 3.11's SimpleQueue.get(timeout) does, within about a second of this)."""
+    import signal
+    import time
+
+    transport = AdminTransport(sock_path, lambda request: {"pong": True}).start()
+    done, rescued = threading.Event(), threading.Event()
+
+    def watchdog():  # the polls take 3 s: still polling after 10 s means one never returned; a request wakes it
+        if not done.wait(10):
+            rescued.set()
+            AdminClient(sock_path, timeout=5).call(PingRequest(), msgspec.Raw)
+
+    old = signal.signal(signal.SIGALRM, lambda *_: None)
+    signal.setitimer(signal.ITIMER_REAL, 0.0037, 0.0037)  # a signal every 3.7 ms
+    guard = threading.Thread(target=watchdog, daemon=True)
+    guard.start()
+    try:
+        end = time.monotonic() + 3
+        while time.monotonic() < end:
+            transport.poll(0.01)
+    finally:
+        done.set()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        transport.close()
+    guard.join(15)
+    assert not rescued.is_set(), "poll() waited past its timeout: a signal left it waiting forever"
+
+
 # --- the owner thread ----------------------------------------------------------------------------------------
 
 
