@@ -1,0 +1,727 @@
+"""Side by side with SGLang (the peer): the radix tree, the admission path and the L1+L2 serve loop, both sides
+interleaved on byte-identical workloads, so the ratios can be measured again by anyone who has SGLang.
+
+This script installs nothing and SGLang is never a dependency of kvc. The peer runs in its own interpreter (a
+virtual environment where `import sglang` works: --peer-python, default $KVC_PEER_PYTHON; extra import path for
+it, e.g. import-only stand-ins such as a torchvision stub: --peer-pythonpath, default $KVC_PEER_PYTHONPATH).
+Where no such interpreter is given, or it cannot import sglang, the script prints one line saying so and exits 0.
+
+The driver (this file, run with kvc's Python) writes one workload file — sequences of token ids (--sequences x
+--seq-len, the first half of each one of --groups shared prefixes, the rest random, from a seeded
+`random.Random`) and the serve loop's visiting orders — and then, --reps times, runs each side's worker (this
+same file with --worker, in that side's interpreter) on it, alternating which side goes first. Every side reads
+the same bytes and turns each sequence into a plain Python list before any timing; each builds its key from that
+list inside the timed loop, as an engine handing token lists would: kvc `RadixKey.of(tokens, ns)` /
+`Request(rid, tokens, ns)`, SGLang `RadixKey(array("q", tokens))` (its scheduler keeps token ids as
+array("q")). One torch thread each; gc.collect() before every timed phase; the cyclic GC stays on.
+
+Cases:
+  tree    insert of every sequence into an empty tree, then a full-hit match of every sequence (key built from the
+          list in the loop; and, for reference, with keys built before the loop). kvc: RadixTree alone (page
+          indices as values). SGLang: RadixCache (Python, simulated allocator) and UnifiedRadixCache's Rust tree
+          core (values allocated before the loop by its allocator; `free` stubbed out, so the tree's cost is
+          measured, not the allocator's free-list concatenation).
+  admit   the admission path: kvc's TieredCache admit + commit of every sequence (match, lock, allocate, insert,
+          free duplicates, every slot move checked by the ownership ledger), against the Rust core's plain insert
+          (free stubbed, as above) and, for reference, its insert with the real allocator freeing duplicates.
+  serve   the serve loop with L1 -> L2 churn, --serve-passes passes over all sequences in shuffled orders: the
+          device pool holds --dev-frac of the unique tokens, the host pool --host-ratio times that, write-through
+          (every commit backed up to the host), 32 bytes of KV per token (1 layer, 1 head, head_dim 4, float32).
+          kvc: TieredCache admit (match, load back host hits, evict, allocate) + commit (insert, backup), poll()
+          every 16 requests. SGLang: HiCache (UnifiedRadixCache + its cache controller, write_through,
+          threshold 1) driven the way its scheduler does — match, load_back of host hits, allocate (evicting on
+          shortage) under a lock of the matched prefix, insert — check_hicache_events() every 16 requests. HiCache
+          needs CUDA for its host buffer and copy kernels; on a CPU torch the worker swaps in plain torch
+          equivalents (host buffer from torch.empty, per-layer copies by index, a no-op stream synchronize, a
+          one-rank gloo group); its tree, controller and pools are its own.
+
+Figures: sequences (requests) per second, the median of the reps, and every ratio as the median of the
+per-rep ratios (kvc over the peer, same rep) with their min-max. The load average before and after is printed
+and published: on a shared machine wall-clock figures move with it.
+
+Run: ``KVC_PEER_PYTHON=/path/to/sglang-venv/bin/python python benchmarks/bench_vs_sglang.py [--reps 5]
+[--cases tree,admit,serve] [--kvc-python LABEL=PATH ...] [--no-write]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from array import array
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve()
+CASES = ("tree", "admit", "serve")
+KVC_LAYOUT = dict(layers=1, kv_heads=1, head_dim=4, dtype="float32")  # 32 B/token, as the peer's pool below
+
+
+# --- the workload: written once by the driver, read by every worker -------------------------------------------
+
+def write_workload(path: Path, args: argparse.Namespace) -> dict:
+    """Token ids and serve orders into `path` (a JSON header line, then the ids as native int64); the header."""
+    rng = random.Random(args.seed)
+    half = args.seq_len // 2
+    prefixes = [[rng.randrange(1, 150_000) for _ in range(half)] for _ in range(args.groups)]
+    ids = array("q")
+    for _ in range(args.sequences):
+        ids.extend(prefixes[rng.randrange(args.groups)])
+        ids.extend(rng.randrange(1, 150_000) for _ in range(args.seq_len - half))
+    unique = args.groups * half + args.sequences * (args.seq_len - half)
+    serve = {}
+    for ps in args.serve_page_sizes:
+        device = max(int(unique * args.dev_frac) // ps * ps, 4 * args.seq_len)
+        serve[str(ps)] = {"device_tokens": device, "host_ratio": args.host_ratio,
+                          "host_tokens": int(device * args.host_ratio) // ps * ps}
+    orders = []
+    for p in range(args.serve_passes):
+        order = list(range(args.sequences))
+        random.Random(args.seed + 1000 + p).shuffle(order)
+        orders.append(order)
+    header = {"sequences": args.sequences, "seq_len": args.seq_len, "groups": args.groups, "seed": args.seed,
+              "page_sizes": args.page_sizes, "serve": serve, "orders": orders, "cases": args.cases}
+    with open(path, "wb") as f:
+        f.write(json.dumps(header).encode() + b"\n")
+        ids.tofile(f)
+    return header
+
+
+def read_workload(path: str) -> tuple[dict, list[list[int]]]:
+    """The header and every sequence as a Python list of ints."""
+    with open(path, "rb") as f:
+        header = json.loads(f.readline())
+        ids = array("q")
+        ids.frombytes(f.read())
+    n, length = header["sequences"], header["seq_len"]
+    assert len(ids) == n * length, (len(ids), n, length)
+    return header, [ids[i * length:(i + 1) * length].tolist() for i in range(n)]
+
+
+def timed(loop) -> float:
+    """Seconds of one call of `loop`, after a full collection."""
+    gc.collect()
+    start = time.perf_counter()
+    loop()
+    return time.perf_counter() - start
+
+
+# --- kvc's worker ---------------------------------------------------------------------------------------------
+
+def kvc_worker(header: dict, seqs: list[list[int]]) -> dict:
+    import numpy as np
+    import torch
+
+    import kvcache
+    from kvcache import AdmitStatus, CacheConfig, KVLayout, Namespace, RadixKey, Request, TieredCache
+    from kvcache.tree import RadixTree  # the tree alone has no public name; kvcache.tree is a top-level module
+
+    torch.set_num_threads(1)
+    ns = Namespace("bench")
+    n, length = len(seqs), header["seq_len"]
+    out: dict = {"kvcache": str(Path(kvcache.__file__).resolve().parent), "torch": torch.__version__}
+
+    def layout(ps: int) -> KVLayout:
+        return KVLayout("bench-vs-sglang", page_size=ps, **KVC_LAYOUT)
+
+    if "tree" in header["cases"]:
+        for ps in header["page_sizes"]:
+            tree = RadixTree(ps)
+            n_pages = length // ps
+            values = [np.arange(i * n_pages, (i + 1) * n_pages, dtype=np.int64) for i in range(n)]
+            hits = [0, 0]
+
+            def insert() -> None:
+                for tokens, pages in zip(seqs, values):
+                    tree.insert(RadixKey.of(tokens, ns).page_aligned(ps), pages)
+
+            def match() -> None:
+                for tokens in seqs:
+                    hits[0] += tree.match_prefix(RadixKey.of(tokens, ns)).device_tokens
+
+            keys = [RadixKey.of(tokens, ns) for tokens in seqs]
+
+            def match_prebuilt() -> None:
+                for key in keys:
+                    hits[1] += tree.match_prefix(key).device_tokens
+
+            out[f"tree_p{ps}"] = {"insert": timed(insert), "match": timed(match),
+                                  "match_prebuilt": timed(match_prebuilt), "match_hits": hits[0],
+                                  "match_prebuilt_hits": hits[1]}
+    if "admit" in header["cases"]:
+        rids = [f"r{i}" for i in range(n)]
+        for ps in header["page_sizes"]:
+            cache = TieredCache(CacheConfig(layout(ps), device_tokens=n * length + 1024, device="cpu"))
+
+            def admit_commit() -> None:
+                for rid, tokens in zip(rids, seqs):
+                    request = Request(rid, tokens, ns)
+                    cache.admit(request)
+                    cache.commit(rid)
+
+            seconds = timed(admit_commit)
+            audit = cache.audit()
+            assert audit.ok, audit
+            out[f"admit_p{ps}"] = {"admit_commit": seconds}
+            cache.close()
+    if "serve" in header["cases"]:
+        orders = header["orders"]
+        rids = [f"s{i}" for i in range(sum(len(o) for o in orders))]
+        for ps_key, size in header["serve"].items():
+            ps = int(ps_key)
+            cache = TieredCache(CacheConfig(layout(ps), device_tokens=size["device_tokens"],
+                                            host_tokens=size["host_tokens"], write_policy="write_through",
+                                            device="cpu"))
+            counts = {"device_hit": 0, "host_hit": 0, "computed": 0, "load_backs": 0}
+
+            def serve() -> None:
+                n_done = 0
+                for order in orders:
+                    for i in order:
+                        rid = rids[n_done]
+                        admission = cache.admit(Request(rid, seqs[i], ns))
+                        assert admission.status is AdmitStatus.ADMITTED, admission.status
+                        counts["device_hit"] += admission.device_hit_tokens
+                        counts["host_hit"] += admission.host_hit_tokens
+                        counts["load_backs"] += admission.host_hit_tokens > 0
+                        counts["computed"] += admission.new_tokens
+                        cache.commit(rid)
+                        n_done += 1
+                        if n_done % 16 == 0:
+                            cache.poll()
+                cache.flush()
+
+            seconds = timed(serve)
+            audit = cache.audit()
+            assert audit.ok, audit
+            out[f"serve_p{ps}"] = {"seconds": seconds, "requests": len(rids), **counts,
+                                   "device_slots": size["device_tokens"], "host_slots": size["host_tokens"]}
+            cache.close()
+    return out
+
+
+# --- SGLang's worker (runs in the peer's interpreter; nothing here is imported by kvc) -------------------------
+
+def sglang_worker(header: dict, seqs: list[list[int]]) -> dict:
+    import torch
+
+    import sglang
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+
+    torch.set_num_threads(1)
+    n, length = len(seqs), header["seq_len"]
+    out: dict = {"sglang": sglang.__version__, "torch": torch.__version__}
+
+    class SimulatedAllocator:  # what RadixCache.create_simulated asks for: counts frees, holds nothing
+        device = "cpu"
+
+        def __init__(self) -> None:
+            self.freed = 0
+
+        def free(self, idx) -> None:
+            self.freed += idx.numel()
+
+        def free_segment(self, idx, start_pos: int = 0) -> None:
+            self.freed += idx.numel()
+
+    def key_of(tokens: list[int]) -> RadixKey:
+        return RadixKey(array("q", tokens))
+
+    def tree_loops(cache, values) -> dict:
+        hits = [0, 0]
+
+        def insert() -> None:
+            for tokens, value in zip(seqs, values):
+                cache.insert(InsertParams(key=key_of(tokens), value=value))
+
+        def match() -> None:
+            for tokens in seqs:
+                hits[0] += cache.match_prefix(MatchPrefixParams(key=key_of(tokens))).device_prefix_len
+
+        keys = [key_of(tokens) for tokens in seqs]
+
+        def match_prebuilt() -> None:
+            for key in keys:
+                hits[1] += cache.match_prefix(MatchPrefixParams(key=key)).device_prefix_len
+
+        return {"insert": timed(insert), "match": timed(match), "match_prebuilt": timed(match_prebuilt),
+                "match_hits": hits[0], "match_prebuilt_hits": hits[1]}
+
+    for ps in header["page_sizes"]:
+        if "tree" in header["cases"]:
+            cache = RadixCache.create_simulated(mock_allocator=SimulatedAllocator(), page_size=ps)
+            values = [torch.arange(i * length, (i + 1) * length, dtype=torch.int64) for i in range(n)]
+            out[f"radix_p{ps}"] = tree_loops(cache, values)
+            del cache, values
+        if "tree" in header["cases"] or "admit" in header["cases"]:
+            cache, alloc, core = unified_cache(ps, n * length + 4096)
+            values = [alloc.alloc(length) for _ in range(n)]
+            assert all(v is not None for v in values)
+            stub_free(alloc)
+            out[f"rust_p{ps}"] = {**tree_loops(cache, values), "core": core}
+            del cache, alloc, values
+        if "admit" in header["cases"]:
+            cache, alloc, core = unified_cache(ps, n * length + 4096)
+            values = [alloc.alloc(length) for _ in range(n)]
+
+            def insert_real() -> None:
+                for tokens, value in zip(seqs, values):
+                    cache.insert(InsertParams(key=key_of(tokens), value=value))
+
+            out[f"rust_real_p{ps}"] = {"insert": timed(insert_real), "core": core}
+            del cache, alloc, values
+    if "serve" in header["cases"]:
+        for ps_key, size in header["serve"].items():
+            out[f"serve_p{ps_key}"] = hicache_serve(int(ps_key), size, header["orders"], seqs)
+    return out
+
+
+def unified_cache(page_size: int, kv_size: int):
+    """SGLang's UnifiedRadixCache (full-attention component only) over a CPU KV pool and its allocator; the
+    tree core it chose (Rust by default) by class name."""
+    import torch
+    from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=page_size))
+    requests = ReqToTokenPool(size=4, max_context_len=4096, device="cpu", enable_memory_saver=False)
+    pool = MHATokenToKVPool(size=kv_size, page_size=page_size, dtype=torch.bfloat16, head_num=1, head_dim=8,
+                            layer_num=1, device="cpu", enable_memory_saver=False)
+    alloc_type = TokenToKVPoolAllocator if page_size == 1 else PagedTokenToKVPoolAllocator
+    extra = {} if page_size == 1 else {"page_size": page_size}
+    alloc = alloc_type(size=kv_size, dtype=torch.bfloat16, device="cpu", kvcache=pool, need_sort=False, **extra)
+    params = CacheInitParams(req_to_token_pool=requests, token_to_kv_pool_allocator=alloc, page_size=page_size,
+                             disable=False, tree_components=(ComponentType.FULL,))
+    cache = UnifiedRadixCache(params=params)
+    return cache, alloc, type(cache.tree_core).__name__
+
+
+def stub_free(alloc) -> None:
+    """Frees become counters: the allocator's free path (a torch.cat onto its free list per call) is not the
+    tree's cost."""
+    def free(idx, *args, **kwargs) -> None:
+        pass
+
+    alloc.free = alloc.free_segment = alloc.free_page_ids = alloc.free_full_segment = free
+
+
+def hicache_on_cpu() -> None:
+    """Plain-torch stand-ins for the pieces of HiCache that need CUDA (host buffer allocation, the per-layer
+    device <-> host copy kernels, stream synchronize) and a one-rank gloo group for its collectives."""
+    import torch
+    import torch.distributed as dist
+    from sglang.srt.mem_cache.pool_host import common as host_common
+    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+
+    if not dist.is_initialized():
+        rendezvous = tempfile.NamedTemporaryFile(prefix="kvc-bench-gloo-", delete=False)
+        rendezvous.close()
+        os.unlink(rendezvous.name)
+        dist.init_process_group(backend="gloo", init_method=f"file://{rendezvous.name}", rank=0, world_size=1)
+    host_common.ALLOC_MEMORY_FUNCS["cpu"] = (
+        lambda dims, dtype, device, *a, **k: torch.empty(dims, dtype=dtype, device="cpu"))
+
+    def backup_from_device_all_layer(self, device_pool, host_indices, device_indices, io_backend) -> None:
+        for layer in range(self.layer_num):
+            self.kv_buffer[0, layer, host_indices] = device_pool.k_buffer[layer][device_indices]
+            self.kv_buffer[1, layer, host_indices] = device_pool.v_buffer[layer][device_indices]
+
+    def load_to_device_per_layer(self, device_pool, host_indices, device_indices, layer_id, io_backend, *,
+                                 is_draft=False) -> None:
+        device_pool.k_buffer[layer_id][device_indices] = self.kv_buffer[0, layer_id, host_indices]
+        device_pool.v_buffer[layer_id][device_indices] = self.kv_buffer[1, layer_id, host_indices]
+
+    MHATokenToKVPoolHost.backup_from_device_all_layer = backup_from_device_all_layer
+    MHATokenToKVPoolHost.load_to_device_per_layer = load_to_device_per_layer
+    MHATokenToKVPoolHost.get_dummy_flat_data_page = lambda self: torch.zeros(
+        (2, self.layer_num, self.page_size, self.head_num, self.head_dim), dtype=self.dtype).flatten()
+    if not hasattr(torch.cpu.Stream, "synchronize"):
+        torch.cpu.Stream.synchronize = lambda self: None
+
+
+def hicache(page_size: int, kv_size: int, host_ratio: float):
+    """HiCache (L1 + L2, write_through) over a CPU pool of 32 B per token; (cache, allocator)."""
+    import torch
+    from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    hicache_on_cpu()
+    server_args = ServerArgs(model_path="dummy", page_size=page_size, enable_hierarchical_cache=True,
+                             hicache_io_backend="direct", hicache_mem_layout="layer_first",
+                             hicache_write_policy="write_through", hicache_ratio=host_ratio)
+    set_global_server_args_for_scheduler(server_args)
+    parallel = get_parallel()
+    for name, value in dict(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+                            attn_tp_rank=0, attn_tp_size=1, attn_dp_rank=0, dp_rank=0).items():
+        try:
+            parallel.override_permanently(**{name: value})
+        except Exception:  # a rank this version does not keep
+            pass
+    requests = ReqToTokenPool(size=4, max_context_len=4096, device="cpu", enable_memory_saver=False)
+    pool = MHATokenToKVPool(size=kv_size, page_size=page_size, dtype=torch.float32, head_num=1, head_dim=4,
+                            layer_num=1, device="cpu", enable_memory_saver=False)
+    alloc_type = TokenToKVPoolAllocator if page_size == 1 else PagedTokenToKVPoolAllocator
+    extra = {} if page_size == 1 else {"page_size": page_size}
+    alloc = alloc_type(size=kv_size, dtype=torch.float32, device="cpu", kvcache=pool, need_sort=False, **extra)
+    params = CacheInitParams(req_to_token_pool=requests, token_to_kv_pool_allocator=alloc, page_size=page_size,
+                             disable=False, tree_components=(ComponentType.FULL,),
+                             tp_cache_group=torch.distributed.group.WORLD)
+    cache = UnifiedRadixCache(params=params)
+    cache.init_hicache(server_args, params)
+    cache.write_through_threshold = 1
+    return cache, alloc
+
+
+def hicache_serve(page_size: int, size: dict, orders: list[list[int]], seqs: list[list[int]]) -> dict:
+    import torch
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    cache, alloc = hicache(page_size, size["device_tokens"], size["host_ratio"])
+    counts = {"device_hit": 0, "host_hit": 0, "computed": 0, "load_backs": 0}
+
+    def serve() -> None:
+        n_done = 0
+        for order in orders:
+            for i in order:
+                key = RadixKey(array("q", seqs[i]))
+                m = cache.match_prefix(MatchPrefixParams(key=key))
+                counts["device_hit"] += m.device_prefix_len  # before load-back, as kvc's device_hit_tokens
+                if m.host_hit_length > 0 and cache.load_back(m.best_match_node):
+                    cache.ready_to_load_host_cache()
+                    cache.check_hicache_events()
+                    counts["load_backs"] += 1
+                    counts["host_hit"] += m.host_hit_length
+                    m = cache.match_prefix(MatchPrefixParams(key=key))
+                prefix = cache.path_device_indices(m.last_device_node)
+                need = len(key) - len(prefix)
+                counts["computed"] += need
+                lock = cache.inc_lock_ref(m.last_device_node).to_dec_params()  # the prefix stays while evicting
+                new = alloc.alloc(need)
+                if new is None:
+                    cache.evict(EvictParams(num_tokens=need - alloc.available_size()))
+                    new = alloc.alloc(need)
+                cache.dec_lock_ref(m.last_device_node, lock)
+                assert new is not None, (need, alloc.available_size(), cache.evictable_size())
+                cache.insert(InsertParams(key=key, value=torch.cat([prefix, new]), prev_prefix_len=len(prefix)))
+                n_done += 1
+                if n_done % 16 == 0:
+                    cache.check_hicache_events()
+        cache.check_hicache_events()
+
+    seconds = timed(serve)
+    cache.sanity_check()
+    return {"seconds": seconds, "requests": sum(len(o) for o in orders), **counts,
+            "core": type(cache.tree_core).__name__, "device_slots": size["device_tokens"],
+            "host_slots": int(cache.cache_controller.mem_pool_host.size)}
+
+
+def worker_main(side: str, workload: str, out: str) -> int:
+    header, seqs = read_workload(workload)
+    result = kvc_worker(header, seqs) if side == "kvc" else sglang_worker(header, seqs)
+    Path(out).write_text(json.dumps(result))
+    return 0
+
+
+# --- the driver -----------------------------------------------------------------------------------------------
+
+class Side:
+    """One interpreter the driver runs a worker in."""
+
+    def __init__(self, label: str, kind: str, python: str, pythonpath: str | None = None) -> None:
+        self.label, self.kind, self.python, self.pythonpath = label, kind, python, pythonpath
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("KVC_BENCH_JSON", None)
+        if self.pythonpath is not None:
+            env["PYTHONPATH"] = self.pythonpath
+        return env
+
+    def run(self, workload: Path, out: Path, timeout: float) -> dict:
+        proc = subprocess.run([self.python, str(SCRIPT), "--worker", self.kind, "--workload", str(workload),
+                               "--out", str(out)], env=self.env(), capture_output=True, text=True,
+                              timeout=timeout)
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+            raise SystemExit(f"bench_vs_sglang: the {self.label} worker ({self.python}) failed with exit code "
+                             f"{proc.returncode}:\n{tail}")
+        return json.loads(out.read_text())
+
+
+def peer_problem(peer: Side | None) -> str | None:
+    """Why the peer cannot run here (None: it can)."""
+    if peer is None or not peer.python:
+        return "no peer interpreter (give --peer-python or set KVC_PEER_PYTHON to a Python that can import sglang)"
+    try:
+        proc = subprocess.run([peer.python, "-c", "import sglang; print(sglang.__version__)"], env=peer.env(),
+                              capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"the peer interpreter {peer.python} does not run ({exc})"
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        return f"{peer.python} cannot import sglang ({last})"
+    return None
+
+
+def kvc_sides(specs: list[str]) -> list[Side]:
+    sides = []
+    for i, spec in enumerate(specs):
+        label, _, python = spec.rpartition("=")
+        sides.append(Side(label or ("kvc" if len(specs) == 1 else f"kvc{i + 1}"), "kvc", python))
+    return sides
+
+
+def spread(values: list[float], digits: int = 2) -> str:
+    """`median x (min-max)`."""
+    med = statistics.median(values)
+    if len(values) == 1:
+        return f"{med:.{digits}f}x"
+    return f"{med:.{digits}f}x ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
+def rate(values: list[float]) -> str:
+    return f"{statistics.median(values):,.0f}"
+
+
+def git_head(kvcache_dir: str) -> str:
+    try:
+        out = subprocess.run(["git", "-C", kvcache_dir, "log", "-1", "--format=%h"], capture_output=True,
+                             text=True, timeout=30)
+        return out.stdout.strip() or "?"
+    except OSError:
+        return "?"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peer-python", default=os.environ.get("KVC_PEER_PYTHON"),
+                        help="the interpreter that can import sglang (default: $KVC_PEER_PYTHON)")
+    parser.add_argument("--peer-pythonpath", default=os.environ.get("KVC_PEER_PYTHONPATH"),
+                        help="PYTHONPATH for the peer only, e.g. a directory of import-only stand-ins "
+                             "(default: $KVC_PEER_PYTHONPATH)")
+    parser.add_argument("--kvc-python", action="append", default=None, metavar="[LABEL=]PATH",
+                        help="an interpreter whose installed kvcache is measured (repeatable, to measure two trees "
+                             "interleaved; default: this interpreter)")
+    parser.add_argument("--reps", type=int, default=5, help="interleaved repetitions; medians are of these "
+                                                            "(default 5)")
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated, of: tree, admit, serve")
+    parser.add_argument("--sequences", type=int, default=2000, help="sequences in the workload (default 2000)")
+    parser.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence (default 1024)")
+    parser.add_argument("--groups", type=int, default=20, help="shared prefixes, half a sequence each (default 20)")
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    parser.add_argument("--page-sizes", default="1,16", help="page sizes of the tree and admit cases (default 1,16)")
+    parser.add_argument("--serve-page-sizes", default="16", help="page sizes of the serve loop (default 16)")
+    parser.add_argument("--serve-passes", type=int, default=2, help="passes over the sequences (default 2)")
+    parser.add_argument("--dev-frac", type=float, default=0.25, help="device pool / unique tokens (default 0.25)")
+    parser.add_argument("--host-ratio", type=float, default=4.0, help="host pool / device pool (default 4)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds one worker may take (default 1800)")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
+    parser.add_argument("--worker", choices=("kvc", "sglang"), help=argparse.SUPPRESS)
+    parser.add_argument("--workload", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker_main(args.worker, args.workload, args.out)
+
+    args.cases = [c for c in args.cases.split(",") if c]
+    try:
+        args.page_sizes = [int(p) for p in args.page_sizes.split(",") if p]
+        args.serve_page_sizes = [int(p) for p in args.serve_page_sizes.split(",") if p] if "serve" in args.cases \
+            else []
+    except ValueError:
+        parser.error("page sizes are comma-separated integers")
+    bad = sorted(set(args.cases) - set(CASES))
+    if bad or not args.cases:
+        parser.error(f"--cases: unknown {', '.join(bad) or '(none given)'}; choose from {', '.join(CASES)}")
+    if args.reps < 1 or args.sequences < 1 or args.groups < 1 or args.serve_passes < 1:
+        parser.error("--reps, --sequences, --groups and --serve-passes must be >= 1")
+    if any(p < 1 or args.seq_len % p for p in args.page_sizes + args.serve_page_sizes) or args.seq_len < 2:
+        parser.error(f"every page size must be >= 1 and divide --seq-len ({args.seq_len})")
+    if not 0 < args.dev_frac <= 1 or args.host_ratio < 1:
+        parser.error("--dev-frac must be in (0, 1] and --host-ratio >= 1")
+
+    peer = Side("SGLang", "sglang", args.peer_python, args.peer_pythonpath) if args.peer_python else None
+    problem = peer_problem(peer)
+    if problem:
+        print(f"bench_vs_sglang: skipped: {problem}")
+        return 0
+    sides = kvc_sides(args.kvc_python or [sys.executable]) + [peer]
+    return drive(args, sides)
+
+
+def drive(args: argparse.Namespace, sides: list[Side]) -> int:
+    from _report import machine, publish, table
+
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="kvc-bench-vs-sglang-") as tmp:
+        workload = Path(tmp) / "workload.bin"
+        write_workload(workload, args)
+        runs: dict[str, list[dict]] = {side.label: [] for side in sides}
+        for rep in range(args.reps):
+            order = sides[rep % len(sides):] + sides[:rep % len(sides)]  # who goes first rotates rep by rep
+            for side in order:
+                start = time.perf_counter()
+                runs[side.label].append(side.run(workload, Path(tmp) / f"{side.label}-{rep}.json", args.timeout))
+                print(f"rep {rep + 1}/{args.reps}: {side.label} done in {time.perf_counter() - start:.1f} s",
+                      flush=True)
+    load_after = os.getloadavg()
+    peer_label = sides[-1].label
+    peer_runs = runs.pop(peer_label)
+    peer0 = peer_runs[0]
+    n, reqs = args.sequences, None
+    problems = []
+
+    def per_rep(kvc_runs: list[dict], kvc_key: str, kvc_field: str, peer_key: str, peer_field: str,
+                kvc_work: float = 1.0, peer_work: float = 1.0) -> list[float]:
+        """kvc's speed over the peer's, rep by rep (work per second, each side's own work count)."""
+        return [(kvc_work / k[kvc_key][kvc_field]) / (peer_work / p[peer_key][peer_field])
+                for k, p in zip(kvc_runs, peer_runs)]
+
+    def seq_rates(results: list[dict], key: str, field: str, work: float = n) -> list[float]:
+        return [work / r[key][field] for r in results]
+
+    def labelled(header: list[str], rows: list[list[str]], at: int) -> str:
+        """The table, without its kvc-label column (index `at`) when one kvc tree is measured."""
+        if len(kvc_labels) > 1:
+            return table(header, rows)
+        return table(header[:at] + header[at + 1:], [r[:at] + r[at + 1:] for r in rows])
+
+    body = ["## Side by side with SGLang (`benchmarks/bench_vs_sglang.py`)", ""]
+    ratios: dict[str, float] = {}
+    kvc_labels = list(runs)
+    body.append(
+        f"SGLang {peer0['sglang']} (torch {peer0['torch']}) in its own interpreter, against kvc "
+        + ", ".join(f"`{label}` ({runs[label][0]['kvcache']}, commit {git_head(runs[label][0]['kvcache'])}, "
+                    f"torch {runs[label][0]['torch']})" for label in kvc_labels)
+        + f". Workload: {args.sequences:,} sequences x {args.seq_len:,} tokens, the first half one of {args.groups} "
+          f"shared prefixes (seed {args.seed}); each side builds its keys from Python lists inside the timed loop. "
+          f"{args.reps} interleaved reps (a fresh process per side per rep, the side going first rotating); "
+          f"throughputs are medians of the reps, ratios the median of the per-rep ratios with their min-max. "
+          f"One torch thread per side. Machine: {machine()}; load average {load_before[0]:.2f} / "
+          f"{load_before[1]:.2f} before, {load_after[0]:.2f} / {load_after[1]:.2f} after (1 / 5 min). Command: "
+          f"`{command_line(args)}`.")
+    if "tree" in args.cases:
+        rows = []
+        for ps in args.page_sizes:
+            for label in kvc_labels:
+                kr = runs[label]
+                for field, what in (("insert", "insert, key from list"), ("match", "full-hit match, key from list"),
+                                    ("match_prebuilt", "full-hit match, key built before the loop")):
+                    vs_radix = per_rep(kr, f"tree_p{ps}", field, f"radix_p{ps}", field)
+                    vs_rust = per_rep(kr, f"tree_p{ps}", field, f"rust_p{ps}", field)
+                    rows.append([str(ps), what, label, rate(seq_rates(kr, f"tree_p{ps}", field)),
+                                 rate(seq_rates(peer_runs, f"radix_p{ps}", field)),
+                                 rate(seq_rates(peer_runs, f"rust_p{ps}", field)),
+                                 f"**{spread(vs_radix)}**", f"**{spread(vs_rust)}**"])
+                    if label == kvc_labels[0] and field in ("insert", "match"):
+                        ratios[f"tree_{field}_over_sglang_radix_p{ps}"] = statistics.median(vs_radix)
+                        ratios[f"tree_{field}_over_sglang_rust_p{ps}"] = statistics.median(vs_rust)
+                for field in ("match_hits", "match_prebuilt_hits"):
+                    want = n * args.seq_len
+                    got = {r[f"tree_p{ps}"][field] for r in kr} | {r[f"radix_p{ps}"][field] for r in peer_runs} | \
+                          {r[f"rust_p{ps}"][field] for r in peer_runs}
+                    if got != {want}:
+                        problems.append(f"tree page {ps}: full-hit match tokens {sorted(got)}, expected {want}")
+        body += ["", "### Radix tree: insert and full-hit match", "",
+                 f"kvc: `RadixTree` alone (values: page indices). SGLang: `RadixCache` (Python, simulated allocator) "
+                 f"and `UnifiedRadixCache` with its {peer0[f'rust_p{args.page_sizes[0]}']['core']} (values from its "
+                 f"allocator, allocated before the loop; `free` stubbed so the allocator's free-list concatenation "
+                 f"is not counted). Every full-hit match returns all {args.seq_len:,} tokens on every side "
+                 f"(checked).", "",
+                 labelled(["page", "operation", "kvc", "kvc seq/s", "RadixCache seq/s", "Rust core seq/s",
+                           "kvc / RadixCache", "kvc / Rust core"], rows, 2)]
+    if "admit" in args.cases:
+        rows = []
+        for ps in args.page_sizes:
+            for label in kvc_labels:
+                kr = runs[label]
+                vs_stub = per_rep(kr, f"admit_p{ps}", "admit_commit", f"rust_p{ps}", "insert")
+                vs_real = per_rep(kr, f"admit_p{ps}", "admit_commit", f"rust_real_p{ps}", "insert")
+                rows.append([str(ps), label, rate(seq_rates(kr, f"admit_p{ps}", "admit_commit")),
+                             rate(seq_rates(peer_runs, f"rust_p{ps}", "insert")),
+                             rate(seq_rates(peer_runs, f"rust_real_p{ps}", "insert")),
+                             f"**{spread(vs_stub)}**", spread(vs_real)])
+                if label == kvc_labels[0]:
+                    ratios[f"admit_commit_over_sglang_rust_insert_p{ps}"] = statistics.median(vs_stub)
+        body += ["", "### Admission path: ledgered admit + commit against the Rust core's insert", "",
+                 "kvc: `TieredCache` (device pool large enough for every sequence, ownership ledger on) "
+                 "`admit(Request(rid, tokens, ns))` + `commit(rid)` per sequence: match, lock, allocate, insert, "
+                 "free duplicates, every slot move checked; the audit passes after the loop. SGLang: "
+                 "`UnifiedRadixCache.insert` of values allocated before the loop, `free` stubbed (the plain "
+                 "insert), and with the real allocator freeing the duplicates.", "",
+                 labelled(["page", "kvc", "kvc admit+commit seq/s", "Rust core insert seq/s (free stubbed)",
+                           "Rust core insert seq/s (real allocator)", "kvc / Rust core insert",
+                           "kvc / Rust core, real allocator"], rows, 1)]
+    if "serve" in args.cases:
+        rows = []
+        for ps in args.serve_page_sizes:
+            pr = [r[f"serve_p{ps}"] for r in peer_runs]
+            reqs = pr[0]["requests"]
+            for label in kvc_labels:
+                kr = runs[label]
+                vs = per_rep(kr, f"serve_p{ps}", "seconds", f"serve_p{ps}", "seconds")
+                k0 = kr[0][f"serve_p{ps}"]
+                rows.append([str(ps), f"{k0['device_slots']:,} / {k0['host_slots']:,}",
+                             f"{pr[0]['device_slots']:,} / {pr[0]['host_slots']:,}", label,
+                             rate(seq_rates(kr, f"serve_p{ps}", "seconds", reqs)),
+                             rate(seq_rates(peer_runs, f"serve_p{ps}", "seconds", reqs)), f"**{spread(vs)}**",
+                             f"{k0['device_hit']:,} / {k0['host_hit']:,} / {k0['computed']:,}",
+                             f"{pr[0]['device_hit']:,} / {pr[0]['host_hit']:,} / {pr[0]['computed']:,}"])
+                if label == kvc_labels[0]:
+                    ratios[f"serve_over_hicache_p{ps}"] = statistics.median(vs)
+        body += ["", "### Serve loop: L1 + L2 with churn, write-through", "",
+                 f"{args.serve_passes} passes over the {args.sequences:,} sequences in shuffled orders "
+                 f"({reqs:,} requests); device pool {args.dev_frac:g} of the unique tokens, host pool "
+                 f"{args.host_ratio:g}x the device pool, 32 B of KV per token. kvc: `TieredCache` admit + commit, "
+                 f"`poll()` every 16 requests, `flush()` at the end; audit passes after. SGLang: HiCache "
+                 f"(`UnifiedRadixCache` with its {pr[0]['core']} + cache controller, write_through, "
+                 f"threshold 1) driven as its scheduler does, `check_hicache_events()` every 16 requests; CUDA-only "
+                 f"pieces replaced by plain torch on CPU (see the script's docstring). Tokens of the first rep: a "
+                 f"device hit was on the device at the match, a host hit was loaded back from the host tier; each "
+                 f"side's own eviction policy decides the split.", "",
+                 labelled(["page", "kvc device / host slots", "HiCache device / host slots", "kvc", "kvc req/s",
+                           "HiCache req/s", "kvc / HiCache", "kvc tokens: device hit / host hit / computed",
+                           "HiCache tokens: device hit / host hit / computed"], rows, 3)]
+    if problems:
+        body += ["", "**The sides did not do the same work:** " + "; ".join(problems)]
+    publish("bench_vs_sglang", "\n".join(body), args.no_write, ratios)
+    return 1 if problems else 0
+
+
+def command_line(args: argparse.Namespace) -> str:
+    parts = ["KVC_PEER_PYTHON=... python benchmarks/bench_vs_sglang.py", f"--reps {args.reps}"]
+    defaults = {"cases": list(CASES), "sequences": 2000, "seq_len": 1024, "groups": 20, "seed": 0,
+                "page_sizes": [1, 16], "serve_passes": 2, "dev_frac": 0.25, "host_ratio": 4.0}
+    for name, default in defaults.items():
+        value = getattr(args, name)
+        if value != default:
+            shown = ",".join(map(str, value)) if isinstance(value, list) else value
+            parts.append(f"--{name.replace('_', '-')} {shown}")
+    if "serve" in args.cases and args.serve_page_sizes != [16]:
+        parts.append(f"--serve-page-sizes {','.join(map(str, args.serve_page_sizes))}")
+    if args.kvc_python:
+        parts += [f"--kvc-python {spec}" for spec in args.kvc_python]
+    return " ".join(parts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
