@@ -8,12 +8,14 @@ Where no such interpreter is given, or it cannot import sglang, the script print
 
 The driver (this file, run with kvc's Python) writes one workload file — sequences of token ids (--sequences x
 --seq-len, the first half of each one of --groups shared prefixes, the rest random, from a seeded
-`random.Random`) and the serve loop's visiting orders — and then, --reps times, runs each side's worker (this
-same file with --worker, in that side's interpreter) on it, alternating which side goes first. Every side reads
-the same bytes and turns each sequence into a plain Python list before any timing; each builds its key from that
-list inside the timed loop, as an engine handing token lists would: kvc `RadixKey.of(tokens, ns)` /
-`Request(rid, tokens, ns)`, SGLang `RadixKey(array("q", tokens))` (its scheduler keeps token ids as
-array("q")). One torch thread each; gc.collect() before every timed phase; the cyclic GC stays on.
+`random.Random`) and the serve loop's visiting orders — and starts each side's worker on it (this same file with
+--worker, in that side's interpreter, once per run). It then drives them phase by phase, --reps times: a phase (one
+case at one page size, on a fresh structure) runs on every side back to back, the side going first rotating, so
+the two figures of a pair are taken seconds apart under the same load. Every side reads the same bytes and
+turns each sequence into a plain Python list before any timing; each builds its key from that list inside the
+timed loop, as an engine handing token lists would: kvc `RadixKey.of(tokens, ns)` / `Request(rid, tokens, ns)`,
+SGLang `RadixKey(array("q", tokens))` (its scheduler keeps token ids as array("q")). One torch thread each;
+gc.collect() before every timed phase; the cyclic GC stays on.
 
 Cases:
   tree    insert of every sequence into an empty tree, then a full-hit match of every sequence (key built from the
@@ -36,8 +38,9 @@ Cases:
           one-rank gloo group); its tree, controller and pools are its own.
 
 Figures: sequences (requests) per second, the median of the reps, and every ratio as the median of the
-per-rep ratios (kvc over the peer, same rep) with their min-max. The load average before and after is printed
-and published: on a shared machine wall-clock figures move with it.
+per-rep ratios (kvc over the peer, same phase of the same rep) with their min-max, on wall-clock time; beside
+it the median of the same ratios on each process's CPU time, which leaves out time spent waiting for a core.
+The load average before and after is printed and published: on a shared machine wall-clock figures move with it.
 
 Run: ``KVC_PEER_PYTHON=/path/to/sglang-venv/bin/python python benchmarks/bench_vs_sglang.py [--reps 5]
 [--cases tree,admit,serve] [--kvc-python LABEL=PATH ...] [--no-write]``.
@@ -54,6 +57,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from array import array
 from pathlib import Path
@@ -104,183 +108,201 @@ def read_workload(path: str) -> tuple[dict, list[list[int]]]:
     return header, [ids[i * length:(i + 1) * length].tolist() for i in range(n)]
 
 
-def timed(loop) -> float:
-    """Seconds of one call of `loop`, after a full collection."""
+def timed(loop) -> list[float]:
+    """[wall-clock seconds, this process's CPU seconds] of one call of `loop`, after a full collection. CPU time
+    leaves out the time the process waited for a core, which on a shared machine is most of the noise."""
     gc.collect()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     loop()
-    return time.perf_counter() - start
+    return [time.perf_counter() - start, time.process_time() - cpu]
 
 
 # --- kvc's worker ---------------------------------------------------------------------------------------------
 
-def kvc_worker(header: dict, seqs: list[list[int]]) -> dict:
-    import numpy as np
-    import torch
+class KvcWorker:
+    """kvc's side: one method per case, each on a fresh structure, each returning seconds and what was done."""
 
-    import kvcache
-    from kvcache import AdmitStatus, CacheConfig, KVLayout, Namespace, RadixKey, Request, TieredCache
-    from kvcache.tree import RadixTree  # the tree alone has no public name; kvcache.tree is a top-level module
+    def __init__(self, header: dict, seqs: list[list[int]]) -> None:
+        import torch
 
-    torch.set_num_threads(1)
-    ns = Namespace("bench")
-    n, length = len(seqs), header["seq_len"]
-    out: dict = {"kvcache": str(Path(kvcache.__file__).resolve().parent), "torch": torch.__version__}
+        import kvcache
+        from kvcache import Namespace
 
-    def layout(ps: int) -> KVLayout:
+        torch.set_num_threads(1)
+        self.header, self.seqs, self.ns = header, seqs, Namespace("bench")
+        self.info = {"kvcache": str(Path(kvcache.__file__).resolve().parent), "torch": torch.__version__}
+
+    def layout(self, ps: int):
+        from kvcache import KVLayout
+
         return KVLayout("bench-vs-sglang", page_size=ps, **KVC_LAYOUT)
 
-    if "tree" in header["cases"]:
-        for ps in header["page_sizes"]:
-            tree = RadixTree(ps)
-            n_pages = length // ps
-            values = [np.arange(i * n_pages, (i + 1) * n_pages, dtype=np.int64) for i in range(n)]
-            hits = [0, 0]
+    def tree(self, ps: int) -> dict:
+        import numpy as np
 
-            def insert() -> None:
-                for tokens, pages in zip(seqs, values):
-                    tree.insert(RadixKey.of(tokens, ns).page_aligned(ps), pages)
+        from kvcache import RadixKey
+        from kvcache.tree import RadixTree  # the tree alone has no public name; kvcache.tree is a top-level module
 
-            def match() -> None:
-                for tokens in seqs:
-                    hits[0] += tree.match_prefix(RadixKey.of(tokens, ns)).device_tokens
+        seqs, ns, tree = self.seqs, self.ns, RadixTree(ps)
+        n_pages = self.header["seq_len"] // ps
+        values = [np.arange(i * n_pages, (i + 1) * n_pages, dtype=np.int64) for i in range(len(seqs))]
+        hits = [0, 0]
 
-            keys = [RadixKey.of(tokens, ns) for tokens in seqs]
+        def insert() -> None:
+            for tokens, pages in zip(seqs, values):
+                tree.insert(RadixKey.of(tokens, ns).page_aligned(ps), pages)
 
-            def match_prebuilt() -> None:
-                for key in keys:
-                    hits[1] += tree.match_prefix(key).device_tokens
+        def match() -> None:
+            for tokens in seqs:
+                hits[0] += tree.match_prefix(RadixKey.of(tokens, ns)).device_tokens
 
-            out[f"tree_p{ps}"] = {"insert": timed(insert), "match": timed(match),
-                                  "match_prebuilt": timed(match_prebuilt), "match_hits": hits[0],
-                                  "match_prebuilt_hits": hits[1]}
-    if "admit" in header["cases"]:
-        rids = [f"r{i}" for i in range(n)]
-        for ps in header["page_sizes"]:
-            cache = TieredCache(CacheConfig(layout(ps), device_tokens=n * length + 1024, device="cpu"))
+        keys = [RadixKey.of(tokens, ns) for tokens in seqs]
 
-            def admit_commit() -> None:
-                for rid, tokens in zip(rids, seqs):
-                    request = Request(rid, tokens, ns)
-                    cache.admit(request)
-                    cache.commit(rid)
+        def match_prebuilt() -> None:
+            for key in keys:
+                hits[1] += tree.match_prefix(key).device_tokens
 
-            seconds = timed(admit_commit)
-            audit = cache.audit()
-            assert audit.ok, audit
-            out[f"admit_p{ps}"] = {"admit_commit": seconds}
-            cache.close()
-    if "serve" in header["cases"]:
-        orders = header["orders"]
+        return {"insert": timed(insert), "match": timed(match), "match_prebuilt": timed(match_prebuilt),
+                "match_hits": hits[0], "match_prebuilt_hits": hits[1]}
+
+    def admit(self, ps: int) -> dict:
+        from kvcache import CacheConfig, Request, TieredCache
+
+        seqs, ns = self.seqs, self.ns
+        rids = [f"r{i}" for i in range(len(seqs))]
+        cache = TieredCache(CacheConfig(self.layout(ps), device_tokens=len(seqs) * self.header["seq_len"] + 1024,
+                                        device="cpu"))
+
+        def admit_commit() -> None:
+            for rid, tokens in zip(rids, seqs):
+                cache.admit(Request(rid, tokens, ns))
+                cache.commit(rid)
+
+        seconds = timed(admit_commit)
+        audit = cache.audit()
+        assert audit.ok, audit
+        cache.close()
+        return {"admit_commit": seconds}
+
+    def serve(self, ps: int) -> dict:
+        from kvcache import AdmitStatus, CacheConfig, Request, TieredCache
+
+        seqs, ns, orders, size = self.seqs, self.ns, self.header["orders"], self.header["serve"][str(ps)]
         rids = [f"s{i}" for i in range(sum(len(o) for o in orders))]
-        for ps_key, size in header["serve"].items():
-            ps = int(ps_key)
-            cache = TieredCache(CacheConfig(layout(ps), device_tokens=size["device_tokens"],
-                                            host_tokens=size["host_tokens"], write_policy="write_through",
-                                            device="cpu"))
-            counts = {"device_hit": 0, "host_hit": 0, "computed": 0, "load_backs": 0}
+        cache = TieredCache(CacheConfig(self.layout(ps), device_tokens=size["device_tokens"],
+                                        host_tokens=size["host_tokens"], write_policy="write_through", device="cpu"))
+        counts = {"device_hit": 0, "host_hit": 0, "computed": 0, "load_backs": 0}
 
-            def serve() -> None:
-                n_done = 0
-                for order in orders:
-                    for i in order:
-                        rid = rids[n_done]
-                        admission = cache.admit(Request(rid, seqs[i], ns))
-                        assert admission.status is AdmitStatus.ADMITTED, admission.status
-                        counts["device_hit"] += admission.device_hit_tokens
-                        counts["host_hit"] += admission.host_hit_tokens
-                        counts["load_backs"] += admission.host_hit_tokens > 0
-                        counts["computed"] += admission.new_tokens
-                        cache.commit(rid)
-                        n_done += 1
-                        if n_done % 16 == 0:
-                            cache.poll()
-                cache.flush()
+        def serve() -> None:
+            n_done = 0
+            for order in orders:
+                for i in order:
+                    rid = rids[n_done]
+                    admission = cache.admit(Request(rid, seqs[i], ns))
+                    assert admission.status is AdmitStatus.ADMITTED, admission.status
+                    counts["device_hit"] += admission.device_hit_tokens
+                    counts["host_hit"] += admission.host_hit_tokens
+                    counts["load_backs"] += admission.host_hit_tokens > 0
+                    counts["computed"] += admission.new_tokens
+                    cache.commit(rid)
+                    n_done += 1
+                    if n_done % 16 == 0:
+                        cache.poll()
+            cache.flush()
 
-            seconds = timed(serve)
-            audit = cache.audit()
-            assert audit.ok, audit
-            out[f"serve_p{ps}"] = {"seconds": seconds, "requests": len(rids), **counts,
-                                   "device_slots": size["device_tokens"], "host_slots": size["host_tokens"]}
-            cache.close()
-    return out
+        seconds = timed(serve)
+        audit = cache.audit()
+        assert audit.ok, audit
+        cache.close()
+        return {"seconds": seconds, "requests": len(rids), **counts, "device_slots": size["device_tokens"],
+                "host_slots": size["host_tokens"]}
 
 
 # --- SGLang's worker (runs in the peer's interpreter; nothing here is imported by kvc) -------------------------
 
-def sglang_worker(header: dict, seqs: list[list[int]]) -> dict:
-    import torch
+class SglangWorker:
+    """SGLang's side, case by case as KvcWorker."""
 
-    import sglang
-    from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
-    from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+    def __init__(self, header: dict, seqs: list[list[int]]) -> None:
+        import torch
 
-    torch.set_num_threads(1)
-    n, length = len(seqs), header["seq_len"]
-    out: dict = {"sglang": sglang.__version__, "torch": torch.__version__}
+        import sglang
 
-    class SimulatedAllocator:  # what RadixCache.create_simulated asks for: counts frees, holds nothing
-        device = "cpu"
+        torch.set_num_threads(1)
+        self.header, self.seqs = header, seqs
+        self.info = {"sglang": sglang.__version__, "torch": torch.__version__}
 
-        def __init__(self) -> None:
-            self.freed = 0
+    def key_of(self, tokens: list[int]):
+        from sglang.srt.mem_cache.radix_cache import RadixKey
 
-        def free(self, idx) -> None:
-            self.freed += idx.numel()
-
-        def free_segment(self, idx, start_pos: int = 0) -> None:
-            self.freed += idx.numel()
-
-    def key_of(tokens: list[int]) -> RadixKey:
         return RadixKey(array("q", tokens))
 
-    def tree_loops(cache, values) -> dict:
-        hits = [0, 0]
+    def loops(self, cache, values, match: bool = True) -> dict:
+        """Insert every sequence (key from its list), then full-hit matches (key from the list; key prebuilt)."""
+        from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        seqs, hits = self.seqs, [0, 0]
 
         def insert() -> None:
             for tokens, value in zip(seqs, values):
-                cache.insert(InsertParams(key=key_of(tokens), value=value))
+                cache.insert(InsertParams(key=RadixKey(array("q", tokens)), value=value))
 
-        def match() -> None:
+        def match_list() -> None:
             for tokens in seqs:
-                hits[0] += cache.match_prefix(MatchPrefixParams(key=key_of(tokens))).device_prefix_len
+                hits[0] += cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens)))).device_prefix_len
 
-        keys = [key_of(tokens) for tokens in seqs]
+        keys = [RadixKey(array("q", tokens)) for tokens in seqs]
 
         def match_prebuilt() -> None:
             for key in keys:
                 hits[1] += cache.match_prefix(MatchPrefixParams(key=key)).device_prefix_len
 
-        return {"insert": timed(insert), "match": timed(match), "match_prebuilt": timed(match_prebuilt),
-                "match_hits": hits[0], "match_prebuilt_hits": hits[1]}
+        out = {"insert": timed(insert)}
+        if match:
+            out.update(match=timed(match_list), match_prebuilt=timed(match_prebuilt), match_hits=hits[0],
+                       match_prebuilt_hits=hits[1])
+        return out
 
-    for ps in header["page_sizes"]:
-        if "tree" in header["cases"]:
-            cache = RadixCache.create_simulated(mock_allocator=SimulatedAllocator(), page_size=ps)
-            values = [torch.arange(i * length, (i + 1) * length, dtype=torch.int64) for i in range(n)]
-            out[f"radix_p{ps}"] = tree_loops(cache, values)
-            del cache, values
-        if "tree" in header["cases"] or "admit" in header["cases"]:
-            cache, alloc, core = unified_cache(ps, n * length + 4096)
-            values = [alloc.alloc(length) for _ in range(n)]
-            assert all(v is not None for v in values)
+    def tree(self, ps: int) -> dict:
+        import torch
+        from sglang.srt.mem_cache.radix_cache import RadixCache
+
+        class SimulatedAllocator:  # what RadixCache.create_simulated asks for: counts frees, holds nothing
+            device = "cpu"
+
+            def __init__(self) -> None:
+                self.freed = 0
+
+            def free(self, idx) -> None:
+                self.freed += idx.numel()
+
+            def free_segment(self, idx, start_pos: int = 0) -> None:
+                self.freed += idx.numel()
+
+        length, n = self.header["seq_len"], len(self.seqs)
+        cache = RadixCache.create_simulated(mock_allocator=SimulatedAllocator(), page_size=ps)
+        values = [torch.arange(i * length, (i + 1) * length, dtype=torch.int64) for i in range(n)]
+        radix = self.loops(cache, values)
+        del cache, values
+        gc.collect()
+        return {"radix": radix, "rust": self.rust(ps, stubbed=True, match=True)}
+
+    def admit(self, ps: int) -> dict:
+        return {"rust": self.rust(ps, stubbed=True, match=False), "rust_real": self.rust(ps, stubbed=False,
+                                                                                           match=False)}
+
+    def rust(self, ps: int, stubbed: bool, match: bool) -> dict:
+        """UnifiedRadixCache (its default tree core, Rust) with values allocated before the loop."""
+        cache, alloc, core = unified_cache(ps, len(self.seqs) * self.header["seq_len"] + 4096)
+        values = [alloc.alloc(self.header["seq_len"]) for _ in self.seqs]
+        assert all(v is not None for v in values)
+        if stubbed:
             stub_free(alloc)
-            out[f"rust_p{ps}"] = {**tree_loops(cache, values), "core": core}
-            del cache, alloc, values
-        if "admit" in header["cases"]:
-            cache, alloc, core = unified_cache(ps, n * length + 4096)
-            values = [alloc.alloc(length) for _ in range(n)]
+        return {**self.loops(cache, values, match), "core": core}
 
-            def insert_real() -> None:
-                for tokens, value in zip(seqs, values):
-                    cache.insert(InsertParams(key=key_of(tokens), value=value))
-
-            out[f"rust_real_p{ps}"] = {"insert": timed(insert_real), "core": core}
-            del cache, alloc, values
-    if "serve" in header["cases"]:
-        for ps_key, size in header["serve"].items():
-            out[f"serve_p{ps_key}"] = hicache_serve(int(ps_key), size, header["orders"], seqs)
-    return out
+    def serve(self, ps: int) -> dict:
+        return hicache_serve(ps, self.header["serve"][str(ps)], self.header["orders"], self.seqs)
 
 
 def unified_cache(page_size: int, kv_size: int):
@@ -434,10 +456,19 @@ def hicache_serve(page_size: int, size: dict, orders: list[list[int]], seqs: lis
             "host_slots": int(cache.cache_controller.mem_pool_host.size)}
 
 
-def worker_main(side: str, workload: str, out: str) -> int:
+RESULT = "@@bench_vs_sglang "  # marks the worker's answer lines on its stdout (the peer logs there too)
+
+
+def worker_main(side: str, workload: str) -> int:
+    """Serve the driver: after a ready line with versions, one JSON line per phase asked on stdin."""
     header, seqs = read_workload(workload)
-    result = kvc_worker(header, seqs) if side == "kvc" else sglang_worker(header, seqs)
-    Path(out).write_text(json.dumps(result))
+    worker = KvcWorker(header, seqs) if side == "kvc" else SglangWorker(header, seqs)
+    print(RESULT + json.dumps(worker.info), flush=True)
+    for line in sys.stdin:
+        ask = json.loads(line)
+        result = getattr(worker, ask["case"])(ask["page_size"])
+        gc.collect()
+        print(RESULT + json.dumps(result), flush=True)
     return 0
 
 
@@ -456,15 +487,46 @@ class Side:
             env["PYTHONPATH"] = self.pythonpath
         return env
 
-    def run(self, workload: Path, out: Path, timeout: float) -> dict:
-        proc = subprocess.run([self.python, str(SCRIPT), "--worker", self.kind, "--workload", str(workload),
-                               "--out", str(out)], env=self.env(), capture_output=True, text=True,
-                              timeout=timeout)
-        if proc.returncode != 0:
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-            raise SystemExit(f"bench_vs_sglang: the {self.label} worker ({self.python}) failed with exit code "
-                             f"{proc.returncode}:\n{tail}")
-        return json.loads(out.read_text())
+    def start(self, workload: Path, logs: Path) -> dict:
+        """Start this side's worker on `workload`; its ready answer (versions, where kvcache lives)."""
+        self.log = open(logs / f"{self.label}.stderr", "w+")
+        self.chatter: list[str] = []
+        self.proc = subprocess.Popen([self.python, str(SCRIPT), "--worker", self.kind, "--workload", str(workload)],
+                                     env=self.env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, text=True, bufsize=1)
+        return self.answer("start", timeout=600)
+
+    def ask(self, case: str, page_size: int, timeout: float) -> dict:
+        """Run one phase in the worker and wait for its figures."""
+        self.proc.stdin.write(json.dumps({"case": case, "page_size": page_size}) + "\n")
+        self.proc.stdin.flush()
+        return self.answer(f"{case} at page {page_size}", timeout)
+
+    def answer(self, what: str, timeout: float) -> dict:
+        watchdog = threading.Timer(timeout, self.proc.kill)  # a hung worker ends the run, with its logs
+        watchdog.start()
+        try:
+            for line in self.proc.stdout:
+                if line.startswith(RESULT):
+                    return json.loads(line[len(RESULT):])
+                self.chatter = (self.chatter + [line.rstrip()])[-10:]
+        finally:
+            watchdog.cancel()
+        self.log.seek(0)
+        tail = "\n".join((self.chatter + self.log.read().strip().splitlines())[-20:])
+        raise SystemExit(f"bench_vs_sglang: the {self.label} worker ({self.python}) died during {what} (exit code "
+                         f"{self.proc.wait()}):\n{tail}")
+
+    def stop(self) -> None:
+        if getattr(self, "proc", None) is not None:
+            if self.proc.stdin and not self.proc.stdin.closed:
+                self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.log.close()
 
 
 def peer_problem(peer: Side | None) -> str | None:
@@ -533,14 +595,14 @@ def main() -> int:
     parser.add_argument("--serve-passes", type=int, default=2, help="passes over the sequences (default 2)")
     parser.add_argument("--dev-frac", type=float, default=0.25, help="device pool / unique tokens (default 0.25)")
     parser.add_argument("--host-ratio", type=float, default=4.0, help="host pool / device pool (default 4)")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds one worker may take (default 1800)")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds one phase of one side may take "
+                                                                   "(default 900)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     parser.add_argument("--worker", choices=("kvc", "sglang"), help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        return worker_main(args.worker, args.workload, args.out)
+        return worker_main(args.worker, args.workload)
 
     args.cases = [c for c in args.cases.split(",") if c]
     try:
@@ -571,33 +633,60 @@ def main() -> int:
 def drive(args: argparse.Namespace, sides: list[Side]) -> int:
     from _report import machine, publish, table
 
+    phases = [(case, ps) for case in args.cases
+              for ps in (args.serve_page_sizes if case == "serve" else args.page_sizes)]
     load_before = os.getloadavg()
+    infos: dict[str, dict] = {}
+    runs: dict[str, list[dict]] = {side.label: [{} for _ in range(args.reps)] for side in sides}
     with tempfile.TemporaryDirectory(prefix="kvc-bench-vs-sglang-") as tmp:
         workload = Path(tmp) / "workload.bin"
         write_workload(workload, args)
-        runs: dict[str, list[dict]] = {side.label: [] for side in sides}
-        for rep in range(args.reps):
-            order = sides[rep % len(sides):] + sides[:rep % len(sides)]  # who goes first rotates rep by rep
-            for side in order:
+        try:
+            for side in sides:
+                infos[side.label] = side.start(workload, Path(tmp))
+            for rep in range(args.reps):
                 start = time.perf_counter()
-                runs[side.label].append(side.run(workload, Path(tmp) / f"{side.label}-{rep}.json", args.timeout))
-                print(f"rep {rep + 1}/{args.reps}: {side.label} done in {time.perf_counter() - start:.1f} s",
-                      flush=True)
+                for k, (case, ps) in enumerate(phases):
+                    turn = (rep + k) % len(sides)  # who goes first rotates phase by phase and rep by rep
+                    for side in sides[turn:] + sides[:turn]:
+                        result = side.ask(case, ps, args.timeout)
+                        if side.kind == "kvc":
+                            runs[side.label][rep][f"{case}_p{ps}"] = result
+                        elif case == "tree":
+                            runs[side.label][rep].update({f"radix_p{ps}": result["radix"],
+                                                          f"rust_p{ps}": result["rust"]})
+                        elif case == "admit":
+                            runs[side.label][rep].update({f"admit_rust_p{ps}": result["rust"],
+                                                          f"rust_real_p{ps}": result["rust_real"]})
+                        else:
+                            runs[side.label][rep][f"serve_p{ps}"] = result
+                print(f"rep {rep + 1}/{args.reps} done in {time.perf_counter() - start:.1f} s "
+                      f"(load average {os.getloadavg()[0]:.2f})", flush=True)
+        finally:
+            for side in sides:
+                side.stop()
     load_after = os.getloadavg()
     peer_label = sides[-1].label
     peer_runs = runs.pop(peer_label)
-    peer0 = peer_runs[0]
+    peer0 = {**infos[peer_label], **peer_runs[0]}
     n, reqs = args.sequences, None
     problems = []
 
     def per_rep(kvc_runs: list[dict], kvc_key: str, kvc_field: str, peer_key: str, peer_field: str,
-                kvc_work: float = 1.0, peer_work: float = 1.0) -> list[float]:
-        """kvc's speed over the peer's, rep by rep (work per second, each side's own work count)."""
-        return [(kvc_work / k[kvc_key][kvc_field]) / (peer_work / p[peer_key][peer_field])
-                for k, p in zip(kvc_runs, peer_runs)]
+                clock: int = 0) -> list[float]:
+        """kvc's speed over the peer's on the same work, rep by rep; clock 0: wall-clock, 1: CPU time."""
+        return [p[peer_key][peer_field][clock] / k[kvc_key][kvc_field][clock] for k, p in zip(kvc_runs, peer_runs)]
+
+    def both(kvc_runs: list[dict], kvc_key: str, kvc_field: str, peer_key: str, peer_field: str,
+             bold: bool = True) -> tuple[str, float]:
+        """The ratio's cell (wall-clock median (min-max); CPU-time median) and its wall-clock median."""
+        wall = per_rep(kvc_runs, kvc_key, kvc_field, peer_key, peer_field)
+        cpu = per_rep(kvc_runs, kvc_key, kvc_field, peer_key, peer_field, clock=1)
+        mark = "**" if bold else ""
+        return f"{mark}{spread(wall)}{mark}; cpu {statistics.median(cpu):.2f}x", statistics.median(wall)
 
     def seq_rates(results: list[dict], key: str, field: str, work: float = n) -> list[float]:
-        return [work / r[key][field] for r in results]
+        return [work / r[key][field][0] for r in results]
 
     def labelled(header: list[str], rows: list[list[str]], at: int) -> str:
         """The table, without its kvc-label column (index `at`) when one kvc tree is measured."""
@@ -610,12 +699,16 @@ def drive(args: argparse.Namespace, sides: list[Side]) -> int:
     kvc_labels = list(runs)
     body.append(
         f"SGLang {peer0['sglang']} (torch {peer0['torch']}) in its own interpreter, against kvc "
-        + ", ".join(f"`{label}` ({runs[label][0]['kvcache']}, commit {git_head(runs[label][0]['kvcache'])}, "
-                    f"torch {runs[label][0]['torch']})" for label in kvc_labels)
+        + ", ".join(f"`{label}` ({infos[label]['kvcache']}, commit {git_head(infos[label]['kvcache'])}, "
+                    f"torch {infos[label]['torch']})" for label in kvc_labels)
         + f". Workload: {args.sequences:,} sequences x {args.seq_len:,} tokens, the first half one of {args.groups} "
           f"shared prefixes (seed {args.seed}); each side builds its keys from Python lists inside the timed loop. "
-          f"{args.reps} interleaved reps (a fresh process per side per rep, the side going first rotating); "
-          f"throughputs are medians of the reps, ratios the median of the per-rep ratios with their min-max. "
+          f"One worker process per side for the whole run, driven phase by phase (a case at a page size): each "
+          f"phase runs on every side back to back, the side going first rotating, on a fresh structure; "
+          f"{args.reps} reps of every phase. Throughputs are medians of the reps, ratios the median of the "
+          f"per-rep ratios (kvc over the peer, same phase of the same rep) with their min-max, on wall-clock "
+          f"time; beside it, the median ratio on each process's CPU time (time spent waiting for a core left out; "
+          f"the peer's helper threads, if any, counted). "
           f"One torch thread per side. Machine: {machine()}; load average {load_before[0]:.2f} / "
           f"{load_before[1]:.2f} before, {load_after[0]:.2f} / {load_after[1]:.2f} after (1 / 5 min). Command: "
           f"`{command_line(args)}`.")
@@ -626,15 +719,14 @@ def drive(args: argparse.Namespace, sides: list[Side]) -> int:
                 kr = runs[label]
                 for field, what in (("insert", "insert, key from list"), ("match", "full-hit match, key from list"),
                                     ("match_prebuilt", "full-hit match, key built before the loop")):
-                    vs_radix = per_rep(kr, f"tree_p{ps}", field, f"radix_p{ps}", field)
-                    vs_rust = per_rep(kr, f"tree_p{ps}", field, f"rust_p{ps}", field)
+                    radix_cell, vs_radix = both(kr, f"tree_p{ps}", field, f"radix_p{ps}", field)
+                    rust_cell, vs_rust = both(kr, f"tree_p{ps}", field, f"rust_p{ps}", field)
                     rows.append([str(ps), what, label, rate(seq_rates(kr, f"tree_p{ps}", field)),
                                  rate(seq_rates(peer_runs, f"radix_p{ps}", field)),
-                                 rate(seq_rates(peer_runs, f"rust_p{ps}", field)),
-                                 f"**{spread(vs_radix)}**", f"**{spread(vs_rust)}**"])
+                                 rate(seq_rates(peer_runs, f"rust_p{ps}", field)), radix_cell, rust_cell])
                     if label == kvc_labels[0] and field in ("insert", "match"):
-                        ratios[f"tree_{field}_over_sglang_radix_p{ps}"] = statistics.median(vs_radix)
-                        ratios[f"tree_{field}_over_sglang_rust_p{ps}"] = statistics.median(vs_rust)
+                        ratios[f"tree_{field}_over_sglang_radix_p{ps}"] = vs_radix
+                        ratios[f"tree_{field}_over_sglang_rust_p{ps}"] = vs_rust
                 for field in ("match_hits", "match_prebuilt_hits"):
                     want = n * args.seq_len
                     got = {r[f"tree_p{ps}"][field] for r in kr} | {r[f"radix_p{ps}"][field] for r in peer_runs} | \
@@ -654,14 +746,14 @@ def drive(args: argparse.Namespace, sides: list[Side]) -> int:
         for ps in args.page_sizes:
             for label in kvc_labels:
                 kr = runs[label]
-                vs_stub = per_rep(kr, f"admit_p{ps}", "admit_commit", f"rust_p{ps}", "insert")
-                vs_real = per_rep(kr, f"admit_p{ps}", "admit_commit", f"rust_real_p{ps}", "insert")
+                stub_cell, vs_stub = both(kr, f"admit_p{ps}", "admit_commit", f"admit_rust_p{ps}", "insert")
+                real_cell, _ = both(kr, f"admit_p{ps}", "admit_commit", f"rust_real_p{ps}", "insert", bold=False)
                 rows.append([str(ps), label, rate(seq_rates(kr, f"admit_p{ps}", "admit_commit")),
-                             rate(seq_rates(peer_runs, f"rust_p{ps}", "insert")),
+                             rate(seq_rates(peer_runs, f"admit_rust_p{ps}", "insert")),
                              rate(seq_rates(peer_runs, f"rust_real_p{ps}", "insert")),
-                             f"**{spread(vs_stub)}**", spread(vs_real)])
+                             stub_cell, real_cell])
                 if label == kvc_labels[0]:
-                    ratios[f"admit_commit_over_sglang_rust_insert_p{ps}"] = statistics.median(vs_stub)
+                    ratios[f"admit_commit_over_sglang_rust_insert_p{ps}"] = vs_stub
         body += ["", "### Admission path: ledgered admit + commit against the Rust core's insert", "",
                  "kvc: `TieredCache` (device pool large enough for every sequence, ownership ledger on) "
                  "`admit(Request(rid, tokens, ns))` + `commit(rid)` per sequence: match, lock, allocate, insert, "
@@ -678,16 +770,16 @@ def drive(args: argparse.Namespace, sides: list[Side]) -> int:
             reqs = pr[0]["requests"]
             for label in kvc_labels:
                 kr = runs[label]
-                vs = per_rep(kr, f"serve_p{ps}", "seconds", f"serve_p{ps}", "seconds")
+                serve_cell, vs = both(kr, f"serve_p{ps}", "seconds", f"serve_p{ps}", "seconds")
                 k0 = kr[0][f"serve_p{ps}"]
                 rows.append([str(ps), f"{k0['device_slots']:,} / {k0['host_slots']:,}",
                              f"{pr[0]['device_slots']:,} / {pr[0]['host_slots']:,}", label,
                              rate(seq_rates(kr, f"serve_p{ps}", "seconds", reqs)),
-                             rate(seq_rates(peer_runs, f"serve_p{ps}", "seconds", reqs)), f"**{spread(vs)}**",
+                             rate(seq_rates(peer_runs, f"serve_p{ps}", "seconds", reqs)), serve_cell,
                              f"{k0['device_hit']:,} / {k0['host_hit']:,} / {k0['computed']:,}",
                              f"{pr[0]['device_hit']:,} / {pr[0]['host_hit']:,} / {pr[0]['computed']:,}"])
                 if label == kvc_labels[0]:
-                    ratios[f"serve_over_hicache_p{ps}"] = statistics.median(vs)
+                    ratios[f"serve_over_hicache_p{ps}"] = vs
         body += ["", "### Serve loop: L1 + L2 with churn, write-through", "",
                  f"{args.serve_passes} passes over the {args.sequences:,} sequences in shuffled orders "
                  f"({reqs:,} requests); device pool {args.dev_frac:g} of the unique tokens, host pool "

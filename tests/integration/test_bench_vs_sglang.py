@@ -15,10 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "bench_vs_sglang.py"
 
 
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run(*args: str, env: dict[str, str] | None = None, stdin: str = "") -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k not in ("KVC_PEER_PYTHON", "KVC_PEER_PYTHONPATH")}
     return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=SCRIPT.parent, capture_output=True, text=True,
-                          env={**base, **(env or {})}, timeout=300)
+                          env={**base, **(env or {})}, input=stdin, timeout=300)
 
 
 def test_without_a_peer_it_skips_in_one_line_and_writes_nothing():
@@ -58,14 +58,19 @@ def test_the_kvc_worker_does_the_workload_s_work(tmp_path):
     assert len({tuple(s[:32]) for s in seqs}) <= 3  # the first half is one of the shared prefixes
     assert all(sorted(order) == list(range(24)) for order in header["orders"])
 
-    out = tmp_path / "kvc.json"
-    result = run("--worker", "kvc", "--workload", str(workload), "--out", str(out))
+    asks = [{"case": case, "page_size": ps} for case in ("tree", "admit") for ps in (1, 16)]
+    asks.append({"case": "serve", "page_size": 16})
+    result = run("--worker", "kvc", "--workload", str(workload), stdin="".join(json.dumps(a) + "\n" for a in asks))
     assert result.returncode == 0, result.stderr
-    doc = json.loads(out.read_text())
+    answers = [json.loads(line[len(bench.RESULT):]) for line in result.stdout.splitlines()
+               if line.startswith(bench.RESULT)]
+    assert len(answers) == 1 + len(asks) and answers[0]["kvcache"] == str(ROOT / "kvcache")  # ready, then one each
+    doc = {f"{a['case']}_p{a['page_size']}": answer for a, answer in zip(asks, answers[1:])}
     for ps in (1, 16):
         tree = doc[f"tree_p{ps}"]
         assert tree["match_hits"] == tree["match_prebuilt_hits"] == 24 * 64
-        assert min(tree["insert"], tree["match"], tree["match_prebuilt"], doc[f"admit_p{ps}"]["admit_commit"]) > 0
+        for wall, cpu in (tree["insert"], tree["match"], tree["match_prebuilt"], doc[f"admit_p{ps}"]["admit_commit"]):
+            assert wall > 0 and cpu > 0  # [wall-clock, CPU] seconds
     serve = doc["serve_p16"]
     assert serve["requests"] == 48 and serve["device_slots"] == header["serve"]["16"]["device_tokens"]
     assert serve["device_hit"] + serve["host_hit"] + serve["computed"] == 48 * 64
