@@ -441,6 +441,10 @@ def hicache_serve(page_size: int, size: dict, orders: list[list[int]], seqs: lis
                 if new is None:
                     cache.evict(EvictParams(num_tokens=need - alloc.available_size()))
                     new = alloc.alloc(need)
+                if new is None:  # the evictable nodes were still being backed up: finish those, as a step would
+                    cache.check_hicache_events()
+                    cache.evict(EvictParams(num_tokens=need - alloc.available_size()))
+                    new = alloc.alloc(need)
                 cache.dec_lock_ref(m.last_device_node, lock)
                 assert new is not None, (need, alloc.available_size(), cache.evictable_size())
                 cache.insert(InsertParams(key=key, value=torch.cat([prefix, new]), prev_prefix_len=len(prefix)))
@@ -793,10 +797,34 @@ def drive(args: argparse.Namespace, sides: list[Side]) -> int:
                  labelled(["page", "kvc device / host slots", "HiCache device / host slots", "kvc", "kvc req/s",
                            "HiCache req/s", "kvc / HiCache", "kvc tokens: device hit / host hit / computed",
                            "HiCache tokens: device hit / host hit / computed"], rows, 3)]
+    if len(kvc_labels) > 1:
+        body += ["", f"### kvc trees against each other (over `{kvc_labels[0]}`, same phase of the same rep)", "",
+                 table(["figure", *[f"{label} / {kvc_labels[0]}" for label in kvc_labels[1:]]],
+                       kvc_versus(runs, kvc_labels, args))]
     if problems:
         body += ["", "**The sides did not do the same work:** " + "; ".join(problems)]
     publish("bench_vs_sglang", "\n".join(body), args.no_write, ratios)
     return 1 if problems else 0
+
+
+def kvc_versus(runs: dict[str, list[dict]], labels: list[str], args: argparse.Namespace) -> list[list[str]]:
+    """Rows of speed ratios of every measured kvc tree over the first, per figure (wall-clock; CPU-time median)."""
+    figures = [(f"tree insert, page {ps}", f"tree_p{ps}", "insert") for ps in args.page_sizes if "tree" in args.cases]
+    figures += [(f"tree full-hit match (key from list), page {ps}", f"tree_p{ps}", "match")
+                for ps in args.page_sizes if "tree" in args.cases]
+    figures += [(f"admit+commit, page {ps}", f"admit_p{ps}", "admit_commit")
+                for ps in args.page_sizes if "admit" in args.cases]
+    figures += [(f"serve loop, page {ps}", f"serve_p{ps}", "seconds") for ps in args.serve_page_sizes]
+    rows = []
+    for name, key, field in figures:
+        row = [name]
+        for label in labels[1:]:
+            pairs = list(zip(runs[labels[0]], runs[label]))
+            wall = [a[key][field][0] / b[key][field][0] for a, b in pairs]
+            cpu = [a[key][field][1] / b[key][field][1] for a, b in pairs]
+            row.append(f"**{spread(wall)}**; cpu {statistics.median(cpu):.2f}x")
+        rows.append(row)
+    return rows
 
 
 def command_line(args: argparse.Namespace) -> str:
