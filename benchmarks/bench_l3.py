@@ -6,8 +6,9 @@ For each page size (16, 64 and 256 KiB) the same pages (random bytes, ~--store-m
   memcpy   the baseline of both the read and the write ratios: the same pages, in the same order, written once to a
            file of the same size and mapped (mmap, warm in the page cache: what LMDB reads from), copied page by
            page into the same destination rows the stores read into, one memoryview slice assignment per page
-           (the copy LMDB's get_into makes); --memcpy-passes passes per round, best kept, after a warm-up pass
-           that maps every page. The one-call bulk copy of the whole mapping is shown beside it;
+           (the copy LMDB's get_into makes), after a warm-up pass that maps every page. Each of --repeat rounds
+           runs --read-passes memcpy passes back to back, then as many kvc read passes: both sides get the same
+           number of tries, best kept. The one-call bulk copy of the whole mapping is shown beside it;
   kvc      written with LMDBStore.put into a fresh store per pass, batches of ~4 MiB (one transaction each), with
            durability "none" (no fsync) and the default "data" (one fsync per batch); then read back with get_into
            into the rows of a preallocated host torch tensor (numpy views), batches of ~4 MiB, the checksum
@@ -24,11 +25,11 @@ For each page size (16, 64 and 256 KiB) the same pages (random bytes, ~--store-m
 Write passes of kvc (durability "none") and of the file store alternate round by round, so drift in the write
 path's speed over the run reaches both alike; the fsync'd kvc passes run after them. Before each write pass
 twice its bytes of memory are touched and freed (`settle`): on a VM that takes freed memory back, a pass would
-otherwise pay for refaulting whatever free memory it gets. Memcpy passes alternate with kvc's read passes. A
-run's figures are the best of --repeat passes after one warm-up pass; all data is in the page cache (this
-measures the store's own cost, not the disk). The whole measurement is repeated --runs times, sizes in turn,
-and every ratio is published as the median of the runs with their min and max (each run's ratio is against
-that run's own baseline). Scratch data lives in a temporary directory removed at exit.
+otherwise pay for refaulting whatever free memory it gets. A run's figures are the best of its passes after one
+warm-up pass; all data is in the page cache (this measures the store's own cost, not the disk). The whole
+measurement is repeated --runs times, sizes in turn, and every ratio is published as the median of the runs with
+their min and max (each run's ratio is against that run's own baseline). Scratch data lives in a temporary
+directory removed at exit.
 
 Run: ``python benchmarks/bench_l3.py [--store-mb 256] [--runs 3] [--redis-mb 64] [--quick] [--no-write]
 [--no-redis]``.
@@ -178,7 +179,7 @@ class MappedPages:
 
 
 def run_size(page_kib: int, store_mb: int, repeat: int, scratch: str, server: RedisServer | None = None,
-             redis_mb: int = 256, memcpy_passes: int = 3) -> dict[str, float]:
+             redis_mb: int = 256, read_passes: int = 3) -> dict[str, float]:
     layout = layout_for(page_kib)
     size = layout.bytes_per_page
     assert size == page_kib << 10
@@ -192,7 +193,7 @@ def run_size(page_kib: int, store_mb: int, repeat: int, scratch: str, server: Re
     mb = n * size / 1e6
 
     # memcpy baseline: the same bytes, from a warm mapping of a file, into the same rows, page by page in the
-    # same order. Its passes alternate with kvc's read passes (below).
+    # same order. Its passes alternate with kvc's read passes, round by round (below).
     mapped = MappedPages(src, scratch)
     dst_views = [memoryview(row) for row in dst_np]
 
@@ -200,13 +201,13 @@ def run_size(page_kib: int, store_mb: int, repeat: int, scratch: str, server: Re
         for out, page in zip(dst_views, mapped.pages):
             out[:] = page
 
-    def memcpy_best() -> float:
-        """The fastest of `memcpy_passes` back-to-back passes."""
+    def fastest(fn) -> float:
+        """Seconds of the fastest of `read_passes` back-to-back passes."""
         settle()
         times = []
-        for _ in range(memcpy_passes):
+        for _ in range(read_passes):
             start = time.perf_counter()
-            memcpy()
+            fn()
             times.append(time.perf_counter() - start)
         return min(times)
 
@@ -289,11 +290,8 @@ def run_size(page_kib: int, store_mb: int, repeat: int, scratch: str, server: Re
     kvc_read()
     memcpy_times, read_times = [], []
     for _ in range(repeat):
-        memcpy_times.append(memcpy_best())
-        settle()
-        start = time.perf_counter()
-        kvc_read()
-        read_times.append(time.perf_counter() - start)
+        memcpy_times.append(fastest(memcpy))
+        read_times.append(fastest(kvc_read))
     t_memcpy, t_kvc_read = min(memcpy_times), min(read_times)
     memcpy()
     assert np.array_equal(dst_np, src)
@@ -385,8 +383,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="timed passes per figure in one run (best is kept)")
     parser.add_argument("--runs", type=int, default=3, help="whole measurements; every ratio is published as the "
                                                             "median of the runs with min and max (default 3)")
-    parser.add_argument("--memcpy-passes", type=int, default=3, help="memcpy baseline passes per round, best kept "
-                                                                     "(default 3)")
+    parser.add_argument("--read-passes", type=int, default=3, help="back-to-back passes per round of the memcpy "
+                                                                   "baseline and of kvc's read, the same for both "
+                                                                   "(default 3)")
     parser.add_argument("--quick", action="store_true", help="64 MB per page size, one timed pass, one run")
     parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     parser.add_argument("--scratch", default=None, help="parent of the temporary scratch directory")
@@ -397,7 +396,7 @@ def main() -> int:
     if args.quick:
         args.store_mb, args.repeat, args.runs = 64, 1, 1
         args.redis_mb = min(args.redis_mb, 64)
-    for name in ("store_mb", "repeat", "runs", "memcpy_passes", "redis_mb"):
+    for name in ("store_mb", "repeat", "runs", "read_passes", "redis_mb"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -412,7 +411,7 @@ def main() -> int:
     try:
         for run in range(args.runs):  # sizes in turn within each run, so drift over the runs reaches every size
             for kib in SIZES_KIB:
-                r = run_size(kib, args.store_mb, args.repeat, scratch, server, args.redis_mb, args.memcpy_passes)
+                r = run_size(kib, args.store_mb, args.repeat, scratch, server, args.redis_mb, args.read_passes)
                 results[kib].append(r)
                 print(f"run {run + 1}/{args.runs} {kib:>4} KiB: memcpy {r['memcpy']:6.0f} (bulk {r['bulk']:6.0f})  "
                       f"kvc read {r['kvc_read']:6.0f} ({r['kvc_read'] / r['memcpy']:.2f}x)  files read "
@@ -504,8 +503,9 @@ def main() -> int:
         f"their min-max, each run's against its own baseline. **memcpy** (the baseline of the read and the write "
         f"ratios): the same pages, written once to a file of the same size and mapped (mmap, warm in the page "
         f"cache, as LMDB's data file), copied page by page in the same order into the same destination rows, "
-        f"one memoryview slice assignment per page (the copy `get_into` makes), best of {args.memcpy_passes} "
-        f"passes per round, rounds alternating with kvc's read passes; the one-call bulk copy beside it. "
+        f"one memoryview slice assignment per page (the copy `get_into` makes); the one-call bulk copy beside "
+        f"it. Reads (memcpy and kvc) run {args.read_passes} passes back to back per round, {args.repeat} rounds, "
+        f"memcpy and kvc alternating round by round: both get the same number of tries, best kept. "
         f"**Read**: `get_into` in batches of ~4 MiB into the rows of a preallocated host torch "
         f"tensor (numpy views of it), checksum (`{DEFAULT_CHECKSUM}`) verified on every page, access bookkeeping "
         f"included; and one file per page read with `readinto` into the same rows. **Write**: a fresh store per "
