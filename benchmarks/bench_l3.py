@@ -52,7 +52,7 @@ import time
 import numpy as np
 import torch
 
-from _report import machine, publish, table
+from _report import machine, publish, spread, table
 from kvcache import KVLayout, Namespace, open_store, page_origins
 from kvcache.keys import pack_tokens
 
@@ -363,14 +363,6 @@ def run_redis(server: RedisServer, layout: KVLayout, src: np.ndarray, dst_np: np
     server.client.flushdb()
     return {"redis_pages": n, "redis_mb": mb, "redis_read": mb / t_read, "redis_write": mb / t_write,
             "redis_footprint": used / 1e6}
-
-
-def spread(values: list[float], digits: int = 2, unit: str = "x") -> str:
-    """`median (min-max)` of per-run figures; the median alone for one run."""
-    med = statistics.median(values)
-    if len(values) == 1:
-        return f"{med:.{digits}f}{unit}"
-    return f"{med:.{digits}f}{unit} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
 def median_of(runs: list[dict[str, float]], key: str) -> float:

@@ -232,11 +232,6 @@ class SglangWorker:
         self.header, self.seqs = header, seqs
         self.info = {"sglang": sglang.__version__, "torch": torch.__version__}
 
-    def key_of(self, tokens: list[int]):
-        from sglang.srt.mem_cache.radix_cache import RadixKey
-
-        return RadixKey(array("q", tokens))
-
     def loops(self, cache, values, match: bool = True) -> dict:
         """Insert every sequence (key from its list), then full-hit matches (key from the list; key prebuilt)."""
         from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
@@ -305,29 +300,35 @@ class SglangWorker:
         return hicache_serve(ps, self.header["serve"][str(ps)], self.header["orders"], self.seqs)
 
 
-def unified_cache(page_size: int, kv_size: int):
-    """SGLang's UnifiedRadixCache (full-attention component only) over a CPU KV pool and its allocator; the
-    tree core it chose (Rust by default) by class name."""
+def cpu_pool(page_size: int, kv_size: int, dtype_name: str, head_dim: int):
+    """SGLang's KV pool on CPU (one layer, one head) and its token or paged allocator, as CacheInitParams fields."""
     import torch
     from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
     from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
-    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+
+    dtype = getattr(torch, dtype_name)
+    requests = ReqToTokenPool(size=4, max_context_len=4096, device="cpu", enable_memory_saver=False)
+    pool = MHATokenToKVPool(size=kv_size, page_size=page_size, dtype=dtype, head_num=1, head_dim=head_dim,
+                            layer_num=1, device="cpu", enable_memory_saver=False)
+    alloc_type = TokenToKVPoolAllocator if page_size == 1 else PagedTokenToKVPoolAllocator
+    extra = {} if page_size == 1 else {"page_size": page_size}
+    alloc = alloc_type(size=kv_size, dtype=dtype, device="cpu", kvcache=pool, need_sort=False, **extra)
+    return {"req_to_token_pool": requests, "token_to_kv_pool_allocator": alloc, "page_size": page_size}
+
+
+def unified_cache(page_size: int, kv_size: int):
+    """SGLang's UnifiedRadixCache (full-attention component only) over a CPU KV pool; (cache, allocator, the
+    class name of the tree core it chose: Rust by default)."""
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=page_size))
-    requests = ReqToTokenPool(size=4, max_context_len=4096, device="cpu", enable_memory_saver=False)
-    pool = MHATokenToKVPool(size=kv_size, page_size=page_size, dtype=torch.bfloat16, head_num=1, head_dim=8,
-                            layer_num=1, device="cpu", enable_memory_saver=False)
-    alloc_type = TokenToKVPoolAllocator if page_size == 1 else PagedTokenToKVPoolAllocator
-    extra = {} if page_size == 1 else {"page_size": page_size}
-    alloc = alloc_type(size=kv_size, dtype=torch.bfloat16, device="cpu", kvcache=pool, need_sort=False, **extra)
-    params = CacheInitParams(req_to_token_pool=requests, token_to_kv_pool_allocator=alloc, page_size=page_size,
-                             disable=False, tree_components=(ComponentType.FULL,))
-    cache = UnifiedRadixCache(params=params)
-    return cache, alloc, type(cache.tree_core).__name__
+    fields = cpu_pool(page_size, kv_size, "bfloat16", head_dim=8)
+    cache = UnifiedRadixCache(params=CacheInitParams(**fields, disable=False, tree_components=(ComponentType.FULL,)))
+    return cache, fields["token_to_kv_pool_allocator"], type(cache.tree_core).__name__
 
 
 def stub_free(alloc) -> None:
@@ -376,10 +377,7 @@ def hicache_on_cpu() -> None:
 def hicache(page_size: int, kv_size: int, host_ratio: float):
     """HiCache (L1 + L2, write_through) over a CPU pool of 32 B per token; (cache, allocator)."""
     import torch
-    from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
     from sglang.srt.runtime_context import get_parallel
@@ -397,19 +395,13 @@ def hicache(page_size: int, kv_size: int, host_ratio: float):
             parallel.override_permanently(**{name: value})
         except Exception:  # a rank this version does not keep
             pass
-    requests = ReqToTokenPool(size=4, max_context_len=4096, device="cpu", enable_memory_saver=False)
-    pool = MHATokenToKVPool(size=kv_size, page_size=page_size, dtype=torch.float32, head_num=1, head_dim=4,
-                            layer_num=1, device="cpu", enable_memory_saver=False)
-    alloc_type = TokenToKVPoolAllocator if page_size == 1 else PagedTokenToKVPoolAllocator
-    extra = {} if page_size == 1 else {"page_size": page_size}
-    alloc = alloc_type(size=kv_size, dtype=torch.float32, device="cpu", kvcache=pool, need_sort=False, **extra)
-    params = CacheInitParams(req_to_token_pool=requests, token_to_kv_pool_allocator=alloc, page_size=page_size,
-                             disable=False, tree_components=(ComponentType.FULL,),
+    fields = cpu_pool(page_size, kv_size, "float32", head_dim=4)  # 32 B per token (K + V), as kvc's layout
+    params = CacheInitParams(**fields, disable=False, tree_components=(ComponentType.FULL,),
                              tp_cache_group=torch.distributed.group.WORLD)
     cache = UnifiedRadixCache(params=params)
     cache.init_hicache(server_args, params)
     cache.write_through_threshold = 1
-    return cache, alloc
+    return cache, fields["token_to_kv_pool_allocator"]
 
 
 def hicache_serve(page_size: int, size: dict, orders: list[list[int]], seqs: list[list[int]]) -> dict:
@@ -556,14 +548,6 @@ def kvc_sides(specs: list[str]) -> list[Side]:
     return sides
 
 
-def spread(values: list[float], digits: int = 2) -> str:
-    """`median x (min-max)`."""
-    med = statistics.median(values)
-    if len(values) == 1:
-        return f"{med:.{digits}f}x"
-    return f"{med:.{digits}f}x ({min(values):.{digits}f}-{max(values):.{digits}f})"
-
-
 def rate(values: list[float]) -> str:
     return f"{statistics.median(values):,.0f}"
 
@@ -635,7 +619,7 @@ def main() -> int:
 
 
 def drive(args: argparse.Namespace, sides: list[Side]) -> int:
-    from _report import machine, publish, table
+    from _report import machine, publish, spread, table
 
     phases = [(case, ps) for case in args.cases
               for ps in (args.serve_page_sizes if case == "serve" else args.page_sizes)]
@@ -809,6 +793,8 @@ def drive(args: argparse.Namespace, sides: list[Side]) -> int:
 
 def kvc_versus(runs: dict[str, list[dict]], labels: list[str], args: argparse.Namespace) -> list[list[str]]:
     """Rows of speed ratios of every measured kvc tree over the first, per figure (wall-clock; CPU-time median)."""
+    from _report import spread
+
     figures = [(f"tree insert, page {ps}", f"tree_p{ps}", "insert") for ps in args.page_sizes if "tree" in args.cases]
     figures += [(f"tree full-hit match (key from list), page {ps}", f"tree_p{ps}", "match")
                 for ps in args.page_sizes if "tree" in args.cases]
