@@ -35,7 +35,9 @@ Cases:
           shortage) under a lock of the matched prefix, insert — check_hicache_events() every 16 requests. HiCache
           needs CUDA for its host buffer and copy kernels; on a CPU torch the worker swaps in plain torch
           equivalents (host buffer from torch.empty, per-layer copies by index, a no-op stream synchronize, a
-          one-rank gloo group); its tree, controller and pools are its own.
+          one-rank gloo group); its tree, controller and pools are its own. Run twice: each request's tokens
+          handed over as the Python list (keys built in the loop), and prebuilt in each side's own form (kvc:
+          packed bytes, SGLang: array("q"), what its scheduler keeps).
 
 Figures: sequences (requests) per second, the median of the reps, and every ratio as the median of the
 per-rep ratios (kvc over the peer, same phase of the same rep) with their min-max, on wall-clock time; beside
@@ -184,10 +186,13 @@ class KvcWorker:
         cache.close()
         return {"admit_commit": seconds}
 
-    def serve(self, ps: int) -> dict:
-        from kvcache import AdmitStatus, CacheConfig, Request, TieredCache
+    def serve(self, ps: int, tokens: str = "list") -> dict:
+        """tokens "list": each request's tokens handed over as the Python list; "native": as packed bytes built
+        before the loop (what kvc keeps; SGLang's side gets its own array("q") the same way)."""
+        from kvcache import AdmitStatus, CacheConfig, RadixKey, Request, TieredCache
 
-        seqs, ns, orders, size = self.seqs, self.ns, self.header["orders"], self.header["serve"][str(ps)]
+        ns, orders, size = self.ns, self.header["orders"], self.header["serve"][str(ps)]
+        seqs = self.seqs if tokens == "list" else [RadixKey.of(t, ns).data for t in self.seqs]
         rids = [f"s{i}" for i in range(sum(len(o) for o in orders))]
         cache = TieredCache(CacheConfig(self.layout(ps), device_tokens=size["device_tokens"],
                                         host_tokens=size["host_tokens"], write_policy="write_through", device="cpu"))
@@ -296,8 +301,10 @@ class SglangWorker:
             stub_free(alloc)
         return {**self.loops(cache, values, match), "core": core}
 
-    def serve(self, ps: int) -> dict:
-        return hicache_serve(ps, self.header["serve"][str(ps)], self.header["orders"], self.seqs)
+    def serve(self, ps: int, tokens: str = "list") -> dict:
+        """As KvcWorker.serve; "native": each sequence's array("q") (what SGLang's scheduler keeps) built before
+        the loop."""
+        return hicache_serve(ps, self.header["serve"][str(ps)], self.header["orders"], self.seqs, tokens)
 
 
 def cpu_pool(page_size: int, kv_size: int, dtype_name: str, head_dim: int):
@@ -404,19 +411,21 @@ def hicache(page_size: int, kv_size: int, host_ratio: float):
     return cache, fields["token_to_kv_pool_allocator"]
 
 
-def hicache_serve(page_size: int, size: dict, orders: list[list[int]], seqs: list[list[int]]) -> dict:
+def hicache_serve(page_size: int, size: dict, orders: list[list[int]], seqs: list[list[int]],
+                  tokens: str) -> dict:
     import torch
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
     cache, alloc = hicache(page_size, size["device_tokens"], size["host_ratio"])
     counts = {"device_hit": 0, "host_hit": 0, "computed": 0, "load_backs": 0}
+    arrays = None if tokens == "list" else [array("q", t) for t in seqs]
 
     def serve() -> None:
         n_done = 0
         for order in orders:
             for i in order:
-                key = RadixKey(array("q", seqs[i]))
+                key = RadixKey(array("q", seqs[i]) if arrays is None else arrays[i])
                 m = cache.match_prefix(MatchPrefixParams(key=key))
                 counts["device_hit"] += m.device_prefix_len  # before load-back, as kvc's device_hit_tokens
                 if m.host_hit_length > 0 and cache.load_back(m.best_match_node):
@@ -462,7 +471,7 @@ def worker_main(side: str, workload: str) -> int:
     print(RESULT + json.dumps(worker.info), flush=True)
     for line in sys.stdin:
         ask = json.loads(line)
-        result = getattr(worker, ask["case"])(ask["page_size"])
+        result = getattr(worker, ask["case"])(ask["page_size"], **ask.get("options", {}))
         gc.collect()
         print(RESULT + json.dumps(result), flush=True)
     return 0
@@ -492,9 +501,9 @@ class Side:
                                      stderr=self.log, text=True, bufsize=1)
         return self.answer("start", timeout=600)
 
-    def ask(self, case: str, page_size: int, timeout: float) -> dict:
+    def ask(self, case: str, page_size: int, timeout: float, options: dict | None = None) -> dict:
         """Run one phase in the worker and wait for its figures."""
-        self.proc.stdin.write(json.dumps({"case": case, "page_size": page_size}) + "\n")
+        self.proc.stdin.write(json.dumps({"case": case, "page_size": page_size, "options": options or {}}) + "\n")
         self.proc.stdin.flush()
         return self.answer(f"{case} at page {page_size}", timeout)
 
@@ -621,8 +630,8 @@ def main() -> int:
 def drive(args: argparse.Namespace, sides: list[Side]) -> int:
     from _report import machine, publish, spread, table
 
-    phases = [(case, ps) for case in args.cases
-              for ps in (args.serve_page_sizes if case == "serve" else args.page_sizes)]
+    phases = [(case, ps, {}) for case in args.cases if case != "serve" for ps in args.page_sizes]
+    phases += [("serve", ps, {"tokens": tokens}) for ps in args.serve_page_sizes for tokens in ("list", "native")]
     load_before = os.getloadavg()
     infos: dict[str, dict] = {}
     runs: dict[str, list[dict]] = {side.label: [{} for _ in range(args.reps)] for side in sides}
@@ -634,12 +643,16 @@ def drive(args: argparse.Namespace, sides: list[Side]) -> int:
                 infos[side.label] = side.start(workload, Path(tmp))
             for rep in range(args.reps):
                 start = time.perf_counter()
-                for k, (case, ps) in enumerate(phases):
+                for k, (case, ps, options) in enumerate(phases):
                     turn = (rep + k) % len(sides)  # who goes first rotates phase by phase and rep by rep
                     for side in sides[turn:] + sides[:turn]:
-                        result = side.ask(case, ps, args.timeout)
+                        result = side.ask(case, ps, args.timeout, options)
+                        if options.get("tokens") == "native":
+                            case_key = "serve_native"
+                        else:
+                            case_key = case
                         if side.kind == "kvc":
-                            runs[side.label][rep][f"{case}_p{ps}"] = result
+                            runs[side.label][rep][f"{case_key}_p{ps}"] = result
                         elif case == "tree":
                             runs[side.label][rep].update({f"radix_p{ps}": result["radix"],
                                                           f"rust_p{ps}": result["rust"]})
@@ -647,7 +660,7 @@ def drive(args: argparse.Namespace, sides: list[Side]) -> int:
                             runs[side.label][rep].update({f"admit_rust_p{ps}": result["rust"],
                                                           f"rust_real_p{ps}": result["rust_real"]})
                         else:
-                            runs[side.label][rep][f"serve_p{ps}"] = result
+                            runs[side.label][rep][f"{case_key}_p{ps}"] = result
                 print(f"rep {rep + 1}/{args.reps} done in {time.perf_counter() - start:.1f} s "
                       f"(load average {os.getloadavg()[0]:.2f})", flush=True)
         finally:
@@ -752,35 +765,43 @@ def drive(args: argparse.Namespace, sides: list[Side]) -> int:
                            "Rust core insert seq/s (real allocator)", "kvc / Rust core insert",
                            "kvc / Rust core, real allocator"], rows, 1)]
     if "serve" in args.cases:
-        rows = []
+        rows, slots = [], []
         for ps in args.serve_page_sizes:
-            pr = [r[f"serve_p{ps}"] for r in peer_runs]
-            reqs = pr[0]["requests"]
-            for label in kvc_labels:
-                kr = runs[label]
-                serve_cell, vs = both(kr, f"serve_p{ps}", "seconds", f"serve_p{ps}", "seconds")
-                k0 = kr[0][f"serve_p{ps}"]
-                rows.append([str(ps), f"{k0['device_slots']:,} / {k0['host_slots']:,}",
-                             f"{pr[0]['device_slots']:,} / {pr[0]['host_slots']:,}", label,
-                             rate(seq_rates(kr, f"serve_p{ps}", "seconds", reqs)),
-                             rate(seq_rates(peer_runs, f"serve_p{ps}", "seconds", reqs)), serve_cell,
-                             f"{k0['device_hit']:,} / {k0['host_hit']:,} / {k0['computed']:,}",
-                             f"{pr[0]['device_hit']:,} / {pr[0]['host_hit']:,} / {pr[0]['computed']:,}"])
-                if label == kvc_labels[0]:
-                    ratios[f"serve_over_hicache_p{ps}"] = vs
+            for variant, what in (("serve", "Python list"), ("serve_native", "prebuilt")):
+                key = f"{variant}_p{ps}"
+                pr = [r[key] for r in peer_runs]
+                reqs = pr[0]["requests"]
+                for label in kvc_labels:
+                    kr = runs[label]
+                    cell, vs = both(kr, key, "seconds", key, "seconds")
+                    k0 = kr[0][key]
+                    rows.append([str(ps), what, label, rate(seq_rates(kr, key, "seconds", reqs)),
+                                 rate(seq_rates(peer_runs, key, "seconds", reqs)), cell,
+                                 f"{k0['device_hit']:,} / {k0['host_hit']:,} / {k0['computed']:,}",
+                                 f"{pr[0]['device_hit']:,} / {pr[0]['host_hit']:,} / {pr[0]['computed']:,}"])
+                    if label == kvc_labels[0] and variant == "serve":
+                        ratios[f"serve_over_hicache_p{ps}"] = vs
+                    elif label == kvc_labels[0]:
+                        ratios[f"serve_native_over_hicache_p{ps}"] = vs
+            k0 = runs[kvc_labels[0]][0][f"serve_p{ps}"]
+            slots.append(f"page {ps}: kvc {k0['device_slots']:,} / {k0['host_slots']:,}, HiCache "
+                         f"{pr[0]['device_slots']:,} / {pr[0]['host_slots']:,}")
         body += ["", "### Serve loop: L1 + L2 with churn, write-through", "",
                  f"{args.serve_passes} passes over the {args.sequences:,} sequences in shuffled orders "
                  f"({reqs:,} requests); device pool {args.dev_frac:g} of the unique tokens, host pool "
-                 f"{args.host_ratio:g}x the device pool, 32 B of KV per token. kvc: `TieredCache` admit + commit, "
+                 f"{args.host_ratio:g}x the device pool (device / host slots: {'; '.join(slots)}), 32 B of KV per "
+                 f"token. kvc: `TieredCache` admit + commit, "
                  f"`poll()` every 16 requests, `flush()` at the end; audit passes after. SGLang: HiCache "
                  f"(`UnifiedRadixCache` with its {pr[0]['core']} + cache controller, write_through, "
                  f"threshold 1) driven as its scheduler does, `check_hicache_events()` every 16 requests; CUDA-only "
-                 f"pieces replaced by plain torch on CPU (see the script's docstring). Tokens of the first rep: a "
-                 f"device hit was on the device at the match, a host hit was loaded back from the host tier; each "
-                 f"side's own eviction policy decides the split.", "",
-                 labelled(["page", "kvc device / host slots", "HiCache device / host slots", "kvc", "kvc req/s",
-                           "HiCache req/s", "kvc / HiCache", "kvc tokens: device hit / host hit / computed",
-                           "HiCache tokens: device hit / host hit / computed"], rows, 3)]
+                 f"pieces replaced by plain torch on CPU (see the script's docstring). Tokens: each request's tokens "
+                 f"arrive as the Python list (each side builds its key from it in the loop), or prebuilt in each "
+                 f"side's own form before the loop (kvc: packed bytes, SGLang: `array('q')`, which its scheduler "
+                 f"keeps). Token counts of the first rep: a device hit was on the device at the match, a host hit "
+                 f"was loaded back from the host tier; each side's own eviction policy decides the split.", "",
+                 labelled(["page", "tokens", "kvc", "kvc req/s", "HiCache req/s", "kvc / HiCache",
+                           "kvc tokens: device hit / host hit / computed",
+                           "HiCache tokens: device hit / host hit / computed"], rows, 2)]
     if len(kvc_labels) > 1:
         body += ["", f"### kvc trees against each other (over `{kvc_labels[0]}`, same phase of the same rep)", "",
                  table(["figure", *[f"{label} / {kvc_labels[0]}" for label in kvc_labels[1:]]],
@@ -800,7 +821,9 @@ def kvc_versus(runs: dict[str, list[dict]], labels: list[str], args: argparse.Na
                 for ps in args.page_sizes if "tree" in args.cases]
     figures += [(f"admit+commit, page {ps}", f"admit_p{ps}", "admit_commit")
                 for ps in args.page_sizes if "admit" in args.cases]
-    figures += [(f"serve loop, page {ps}", f"serve_p{ps}", "seconds") for ps in args.serve_page_sizes]
+    figures += [(f"serve loop, tokens as lists, page {ps}", f"serve_p{ps}", "seconds") for ps in args.serve_page_sizes]
+    figures += [(f"serve loop, tokens prebuilt, page {ps}", f"serve_native_p{ps}", "seconds")
+                for ps in args.serve_page_sizes]
     rows = []
     for name, key, field in figures:
         row = [name]

@@ -59,13 +59,14 @@ def test_the_kvc_worker_does_the_workload_s_work(tmp_path):
     assert all(sorted(order) == list(range(24)) for order in header["orders"])
 
     asks = [{"case": case, "page_size": ps} for case in ("tree", "admit") for ps in (1, 16)]
-    asks.append({"case": "serve", "page_size": 16})
+    asks += [{"case": "serve", "page_size": 16}, {"case": "serve", "page_size": 16, "options": {"tokens": "native"}}]
     result = run("--worker", "kvc", "--workload", str(workload), stdin="".join(json.dumps(a) + "\n" for a in asks))
     assert result.returncode == 0, result.stderr
     answers = [json.loads(line[len(bench.RESULT):]) for line in result.stdout.splitlines()
                if line.startswith(bench.RESULT)]
     assert len(answers) == 1 + len(asks) and answers[0]["kvcache"] == str(ROOT / "kvcache")  # ready, then one each
-    doc = {f"{a['case']}_p{a['page_size']}": answer for a, answer in zip(asks, answers[1:])}
+    doc = {f"{a['case']}{'_native' if a.get('options') else ''}_p{a['page_size']}": answer
+           for a, answer in zip(asks, answers[1:])}
     for ps in (1, 16):
         tree = doc[f"tree_p{ps}"]
         assert tree["match_hits"] == tree["match_prebuilt_hits"] == 24 * 64
@@ -73,5 +74,8 @@ def test_the_kvc_worker_does_the_workload_s_work(tmp_path):
             assert wall > 0 and cpu > 0  # [wall-clock, CPU] seconds
     serve = doc["serve_p16"]
     assert serve["requests"] == 48 and serve["device_slots"] == header["serve"]["16"]["device_tokens"]
+    native = doc["serve_native_p16"]  # the same requests from packed bytes: the same hits, token for token
+    assert [native[k] for k in ("device_hit", "host_hit", "computed")] == \
+        [serve[k] for k in ("device_hit", "host_hit", "computed")]
     assert serve["device_hit"] + serve["host_hit"] + serve["computed"] == 48 * 64
     assert serve["computed"] >= 24 * 32  # every unique tail is computed at least once
