@@ -562,12 +562,16 @@ def rate(values: list[float]) -> str:
 
 
 def git_head(kvcache_dir: str) -> str:
+    """The commit of the checkout holding `kvcache_dir`, and whether its kvcache/ differs from it ("?" outside
+    git): read when the worker has imported it, so it names the code measured."""
     try:
-        out = subprocess.run(["git", "-C", kvcache_dir, "log", "-1", "--format=%h"], capture_output=True,
-                             text=True, timeout=30)
-        return out.stdout.strip() or "?"
+        head = subprocess.run(["git", "-C", kvcache_dir, "log", "-1", "--format=%h"], capture_output=True,
+                              text=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "-C", kvcache_dir, "status", "--porcelain", "--", "."], capture_output=True,
+                               text=True, timeout=30).stdout.strip()
     except OSError:
         return "?"
+    return f"{head or '?'}{' + uncommitted changes' if dirty else ''}"
 
 
 def main() -> int:
@@ -641,6 +645,8 @@ def drive(args: argparse.Namespace, sides: list[Side]) -> int:
         try:
             for side in sides:
                 infos[side.label] = side.start(workload, Path(tmp))
+                if side.kind == "kvc":
+                    infos[side.label]["commit"] = git_head(infos[side.label]["kvcache"])
             for rep in range(args.reps):
                 start = time.perf_counter()
                 for k, (case, ps, options) in enumerate(phases):
@@ -700,7 +706,7 @@ def drive(args: argparse.Namespace, sides: list[Side]) -> int:
     kvc_labels = list(runs)
     body.append(
         f"SGLang {peer0['sglang']} (torch {peer0['torch']}) in its own interpreter, against kvc "
-        + ", ".join(f"`{label}` ({infos[label]['kvcache']}, commit {git_head(infos[label]['kvcache'])}, "
+        + ", ".join(f"`{label}` ({infos[label]['kvcache']}, commit {infos[label]['commit']}, "
                     f"torch {infos[label]['torch']})" for label in kvc_labels)
         + f". Workload: {args.sequences:,} sequences x {args.seq_len:,} tokens, the first half one of {args.groups} "
           f"shared prefixes (seed {args.seed}); each side builds its keys from Python lists inside the timed loop. "
