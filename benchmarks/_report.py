@@ -32,6 +32,16 @@ def write_section(name: str, body: str, path: Path = BENCHMARKS_MD) -> None:
     path.write_text(text)
 
 
+def spread(values: list[float], digits: int = 2, unit: str = "x") -> str:
+    """`median (min-max)` of the figures of repeated runs; the median alone for one run."""
+    import statistics
+
+    med = statistics.median(values)
+    if len(values) == 1:
+        return f"{med:.{digits}f}{unit}"
+    return f"{med:.{digits}f}{unit} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
 def table(header: list[str], rows: list[list[str]]) -> str:
     """A Markdown table."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

@@ -22,7 +22,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_tree": ["--sequences", "400", "--repeat", "1"],
     "bench_prefetch": ["--pages", "256", "--sequences", "400", "--repeat", "1"],
     "bench_replay": ["--pages", "512", "--requests", "1000", "--repeat", "1"],
-    "bench_l3": ["--store-mb", "32", "--redis-mb", "32", "--repeat", "1"],
+    "bench_l3": ["--store-mb", "32", "--redis-mb", "32", "--repeat", "1", "--runs", "1"],
     "bench_admin": ["--requests", "500", "--round-trips", "500", "--repeat", "1"],
     "bench_startup": ["--runs", "3"],
     "bench_scale": ["--requests", "4000"],
