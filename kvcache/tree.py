@@ -541,19 +541,23 @@ class RadixTree:
                 heapq.heappush(heap, entry)
 
     def offer(self, node: TreeNode) -> None:
-        """`node` lost its last lock, hold or pin: it may be evictable again."""
-        if not (node.lock_ref or node.pins or node.host_pins):
-            self._offer(node, not node.device_holds, not node.host_holds)
+        """`node` lost a lock, hold or pin: it may be evictable again in either tier. Each tier has its own test: a
+        host pin (an L3 write reading the host copy) keeps the device copy evictable, so it must not keep the node
+        out of the device heap until the write lands."""
+        self._offer(node, not _device_busy(node), not _host_busy(node))
 
     def _offer(self, node: TreeNode | None, device: bool, host: bool) -> None:
         """`node` may have become an eviction candidate of a tier: give it an entry in that tier's LRU heap."""
-        if node is None or node.parent is None or node.is_namespace_root:
+        # Only a node that is a leaf of the tier now gets an entry: one that is not becomes one later only through a
+        # change that offers it again (a copy set, a child's copy lost, the last lock or pin gone), so skipping it
+        # loses nothing, and the heaps stay near the number of leaves instead of filling with entries that a pop
+        # would drop (a write-through node is offered to the host heap while it still has its device copy).
+        if node is None:
             return
-        entry = node.last_access << _ID_BITS | node.id
-        if device:
-            heapq.heappush(self._device_lru, entry)
-        if host:
-            heapq.heappush(self._host_lru, entry)
+        if device and _device_leaf(node):
+            heapq.heappush(self._device_lru, node.last_access << _ID_BITS | node.id)
+        if host and _host_leaf(node):
+            heapq.heappush(self._host_lru, node.last_access << _ID_BITS | node.id)
 
     def _device_victim(self, node: TreeNode) -> bool:
         return _device_leaf(node) and not _device_busy(node)
@@ -578,7 +582,8 @@ class RadixTree:
 
     def check(self) -> None:
         """Recount what the tree keeps incrementally — each node's children holding a device / host copy, the
-        node count — and raise `InvariantViolation` naming the first node whose record differs."""
+        node count, an LRU entry for every evictable leaf — and raise `InvariantViolation` naming the first node
+        whose record differs."""
         count, stack = 0, [self.root]
         while stack:
             node = stack.pop()
@@ -595,6 +600,14 @@ class RadixTree:
         if not count == self.node_count == len(self._by_id):
             raise InvariantViolation(f"tree records {self.node_count} nodes below its namespace roots (indexed: "
                                      f"{len(self._by_id)}), it has {count}")
+        # Eviction finds a tier's victims only through its heap: every leaf nobody locks, holds or pins needs an entry.
+        for tier, heap, is_leaf, is_busy in (("device", self._device_lru, _device_leaf, _device_busy),
+                                             ("host", self._host_lru, _host_leaf, _host_busy)):
+            offered = {entry & _ID_MASK for entry in heap}
+            for node in self._by_id.values():
+                if is_leaf(node) and not is_busy(node) and node.id not in offered:
+                    raise InvariantViolation(f"tree node#{node.id} is an evictable {tier} leaf with no entry in the "
+                                             f"{tier} LRU heap: eviction would never find it")
 
     # --- internals -------------------------------------------------------------------------------------------
 

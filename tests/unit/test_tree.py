@@ -207,6 +207,49 @@ def test_children_copy_counts_match_a_recount_after_random_moves():
     assert t.node_count > 0
 
 
+def test_the_lru_heaps_hold_leaves_only_and_eviction_still_finds_every_one():
+    t = RadixTree(1)
+    a = t.insert(key([1, 2]), pages(0, 2)).node
+    b = t.insert(key([1, 2, 3, 4]), pages(10, 4)).node
+    t.set_host(a, pages(20, 2))  # write-through: host copies of device-resident nodes are no host victims yet
+    t.set_host(b, pages(22, 2))
+    assert t._host_lru == [] and len(t._device_lru) == 2  # b, and a's entry from before b became its child
+    t.lock(b)
+    t.check()
+    assert t.evict_device(10) == []  # b is locked and a is not a device leaf
+    t.unlock(b)
+    t.check()
+    assert [e.owner for e in t.evict_device(10)] == [b.owner, a.owner]  # b's unlock offered it again
+    t.check()  # both became host leaves as their device copies went: b has its entry, a gets one when b goes
+    assert [e.owner for e in t.evict_host(10)] == [b.owner, a.owner] and t.node_count == 0
+
+
+def test_a_host_pin_never_hides_a_device_copy_from_eviction():
+    # Found by the stateful test once check() looked for heap entries: an unlock while an L3 write still read the
+    # host copy offered the node to neither heap, so its device copy stayed out of reach until the write landed.
+    t = RadixTree(1)
+    a = t.insert(key([1, 2]), pages(0, 2)).node
+    t.set_host(a, pages(20, 2))
+    a.host_pins += 1  # an L3 write reads the host copy (TieredCache pins it so)
+    t.lock(a)
+    assert t.evict_device(10) == []  # locked: its entry is dropped, and it is offered again at unlock
+    t.unlock(a)
+    t.check()
+    assert [e.owner for e in t.evict_device(10)] == [a.owner]  # the host pin protects the host copy only
+    assert t.evict_host(10) == []  # ... which stays until the write lands
+    a.host_pins -= 1
+    t.offer(a)
+    assert [e.owner for e in t.evict_host(10)] == [a.owner]
+
+
+def test_check_finds_an_evictable_leaf_the_heap_lost():
+    t = RadixTree(1)
+    t.insert(key([1, 2]), pages(0, 2))
+    t._device_lru.clear()
+    with pytest.raises(InvariantViolation, match="no entry in the device LRU heap"):
+        t.check()
+
+
 def test_check_names_a_node_whose_children_count_is_off():
     t = RadixTree(1)
     t.insert(key([1, 2, 3]), pages(0, 3))
