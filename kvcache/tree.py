@@ -162,10 +162,12 @@ class ShareState:
     namespace's eviction candidates (entries as in the tree's heaps), so taking a namespace's pages over its share
     pops from those and never scans the tree's heap."""
 
-    __slots__ = ("namespace", "device_limit", "host_limit", "device_used", "host_used", "device_lru", "host_lru")
+    __slots__ = ("ns_id", "label", "device_limit", "host_limit", "device_used", "host_used", "device_lru",
+                 "host_lru")
 
-    def __init__(self, namespace: Namespace, device_limit: int | None, host_limit: int | None) -> None:
-        self.namespace = namespace
+    def __init__(self, ns_id: bytes, label: str, device_limit: int | None, host_limit: int | None) -> None:
+        self.ns_id = ns_id  # Namespace.id (a share may come from a store, which knows no salt)
+        self.label = label  # for messages: extra_key/salt fingerprint
         self.device_limit = device_limit  # pages; None = no share on L1
         self.host_limit = host_limit  # pages; None = no share on L2
         self.device_used = 0  # pages of device copies the namespace's nodes hold
@@ -618,14 +620,14 @@ class RadixTree:
 
     # --- shares ----------------------------------------------------------------------------------------------
 
-    def set_share(self, namespace: Namespace, device_pages: int | None, host_pages: int | None) -> None:
-        """Give `namespace` a share of each tier in pages (None: no share there; both None clears it). Its nodes
-        are counted now (one walk of its subtree); from then on every copy move keeps the count."""
-        self._shares.pop(namespace.id, None)
+    def set_share(self, ns_id: bytes, device_pages: int | None, host_pages: int | None, label: str = "") -> None:
+        """Give namespace `ns_id` a share of each tier in pages (None: no share there; both None clears it). Its
+        nodes are counted now (one walk of its subtree); from then on every copy move keeps the count."""
+        self._shares.pop(ns_id, None)
         state = None
         if device_pages is not None or host_pages is not None:
-            state = self._shares[namespace.id] = ShareState(namespace, device_pages, host_pages)
-        ns_root = self.root.children.get(namespace.id)
+            state = self._shares[ns_id] = ShareState(ns_id, label or ns_id.hex()[:12], device_pages, host_pages)
+        ns_root = self.root.children.get(ns_id)
         if ns_root is None:
             return
         ns_root.share = state
@@ -637,9 +639,9 @@ class RadixTree:
         if state is not None:
             self._rebuild_share_heaps(state)
 
-    def share_of(self, namespace: Namespace) -> ShareState | None:
-        """`namespace`'s share state (its shares in pages and its use of each tier), None when it has none."""
-        return self._shares.get(namespace.id)
+    def share_of(self, ns_id: bytes) -> ShareState | None:
+        """The share state of namespace `ns_id` (its shares in pages, its use of each tier); None without one."""
+        return self._shares.get(ns_id)
 
     def shares(self) -> list[ShareState]:
         """The share state of every namespace with a share."""
@@ -681,7 +683,7 @@ class RadixTree:
 
     def _rebuild_share_heaps(self, state: ShareState) -> None:
         """The share's heaps, fresh: one entry per eviction candidate of each tier with a share."""
-        ns_root = self.root.children.get(state.namespace.id)
+        ns_root = self.root.children.get(state.ns_id)
         nodes = list(self._subtree(ns_root)) if ns_root is not None else []
         for limit, heap, is_leaf in ((state.device_limit, state.device_lru, _device_leaf),
                                      (state.host_limit, state.host_lru, _host_leaf)):
@@ -741,7 +743,7 @@ class RadixTree:
         for ns_id, (device, host) in used.items():
             st = self._shares[ns_id]
             if (st.device_used, st.host_used) != (device, host):
-                raise InvariantViolation(f"namespace {st.namespace.label} records {st.device_used}/{st.host_used} "
+                raise InvariantViolation(f"namespace {st.label} records {st.device_used}/{st.host_used} "
                                          f"device/host pages against its share, it holds {device}/{host}")
         if not count == self.node_count == len(self._by_id):
             raise InvariantViolation(f"tree records {self.node_count} nodes below its namespace roots (indexed: "
