@@ -204,7 +204,7 @@ class TieredCache:
         self._shares: dict[bytes, Shares] = {}  # namespace id -> its shares, as applied to the tree
         self._shares_due = math.inf  # time.monotonic() of the next refresh from the store
         if store is not None:
-            self.refresh_shares()
+            self._refresh_shares_quietly()
         if self.host_pool is None:
             self._backup_target = BackupTarget.NONE
         elif config.host_mode is HostMode.CACHE:
@@ -437,6 +437,13 @@ class TieredCache:
                 changed += 1
         return changed
 
+    def _refresh_shares_quietly(self) -> None:
+        try:
+            self.refresh_shares()
+        except StoreError as exc:  # a store away now: the shares applied stay, the next refresh tries again
+            self.counters.share_refresh_errors += 1
+            log.warning("refreshing namespace shares from the store failed: %s", exc)
+
     def _apply_shares(self, ns_id: bytes, shares: Shares, label: str = "") -> None:
         if shares.empty:
             self._shares.pop(ns_id, None)
@@ -462,11 +469,7 @@ class TieredCache:
             done += self._take_io_jobs()
             self._rearm_prefetches()
             if time.monotonic() >= self._shares_due:
-                try:
-                    self.refresh_shares()
-                except StoreError as exc:  # a store away now: the shares applied stay, the next poll tries again
-                    self.counters.share_refresh_errors += 1
-                    log.warning("refreshing namespace shares from the store failed: %s", exc)
+                self._refresh_shares_quietly()
         return done
 
     def flush(self) -> int:
