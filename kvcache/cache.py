@@ -46,7 +46,7 @@ from .pools import SlotPool
 from .prefetch import (CancelReason, CheckJob, DeclineReason, DropReason, FetchJob, PrefetchOp, PrefetchOutcome,
                        PrefetchState, SettledPrefetch)
 from .request import Request
-from .shares import Shares
+from .shares import NamespaceShares, Shares
 from .staging import StagedPrefetch
 from .stats import BackupStats, CacheCounters, CacheStats, PrefetchStats, TierHits, bump
 from .storage.base import L3Store, PageOrigin
@@ -201,7 +201,7 @@ class TieredCache:
         self.prefetch_stats = PrefetchStats()
         self.backup_stats = BackupStats()
         self._closed = False
-        self._shares: dict[bytes, Shares] = {}  # namespace id -> its shares, as applied to the tree
+        self._shares: dict[bytes, NamespaceShares] = {}  # namespace id -> its shares, as applied to the tree
         self._shares_due = math.inf  # time.monotonic() of the next refresh from the store
         if store is not None:
             self._refresh_shares_quietly()
@@ -412,11 +412,13 @@ class TieredCache:
         self._check_open("set_shares")
         if self.store is not None:
             self.store.set_shares(namespace, shares)
-        self._apply_shares(namespace.id, shares, namespace.label)
+        info = namespace.info(getattr(self.store, "fingerprint_key", None))  # as the store's registry shows it
+        self._apply_shares(NamespaceShares(namespace.id_hex, info.extra_key, info.salt_fingerprint, shares,
+                                           time.time()))
 
-    def shares(self) -> dict[bytes, Shares]:
-        """The shares this cache applies, by namespace id (a copy)."""
-        return dict(self._shares)
+    def shares(self) -> list[NamespaceShares]:
+        """The shares this cache applies, one record per namespace that has any."""
+        return list(self._shares.values())
 
     def refresh_shares(self) -> int:
         """Read every namespace's shares from the store and apply what changed (shares cleared there are cleared
@@ -426,14 +428,16 @@ class TieredCache:
             return 0
         self._shares_due = (time.monotonic() + self.config.shares_refresh_s if self.config.shares_refresh_s > 0
                             else math.inf)
-        stored = {bytes.fromhex(r.ns_id_hex): r for r in self.store.shares()}
+        stored = {r.ns_id_hex: r for r in self.store.shares()}
         changed = 0
-        for ns_id in [i for i in self._shares if i not in stored]:
-            self._apply_shares(ns_id, Shares())
-            changed += 1
-        for ns_id, rec in stored.items():
-            if self._shares.get(ns_id) != rec.shares:
-                self._apply_shares(ns_id, rec.shares, f"{rec.extra_key or '-'}/{rec.salt_fingerprint or '-'}")
+        for ns_id, rec in list(self._shares.items()):
+            if ns_id.hex() not in stored:
+                self._apply_shares(msgspec.structs.replace(rec, shares=Shares()))
+                changed += 1
+        for rec in stored.values():
+            now = self._shares.get(bytes.fromhex(rec.ns_id_hex))
+            if now is None or now.shares != rec.shares:
+                self._apply_shares(rec)
                 changed += 1
         return changed
 
@@ -444,13 +448,15 @@ class TieredCache:
             self.counters.share_refresh_errors += 1
             log.warning("refreshing namespace shares from the store failed: %s", exc)
 
-    def _apply_shares(self, ns_id: bytes, shares: Shares, label: str = "") -> None:
-        if shares.empty:
+    def _apply_shares(self, record: NamespaceShares) -> None:
+        ns_id = bytes.fromhex(record.ns_id_hex)
+        if record.shares.empty:
             self._shares.pop(ns_id, None)
             self.tree.set_share(ns_id, None, None)
         else:
-            self._shares[ns_id] = shares
-            self.tree.set_share(ns_id, *shares.pages(self.page_size), label)
+            self._shares[ns_id] = record
+            label = f"{record.extra_key or '-'}/{record.salt_fingerprint or '-'}"
+            self.tree.set_share(ns_id, *record.shares.pages(self.page_size), label)
 
     def poll(self) -> int:
         """Complete what has finished — copies, in issue order, and L3 jobs — and re-arm due prefetch retries.
