@@ -26,7 +26,7 @@ from .errors import UsageError
 from .output import (Column, JsonOpt, Kind, Listing, NoHeadersOpt, Output, OutputOpt, console, emit_json, emit_rows,
                      human_bytes, literal, ns_label, output_format, render, say, shown)
 from .secrets import SaltFileOpt, SaltOpt, salt_from
-from .views import render_live_namespaces, render_shares, share_summary, sort_namespaces
+from .views import render_live_namespaces, render_shares, share_summary, sort_namespaces, with_shares
 
 app = typer.Typer(help="Namespaces in the store: list them, show one's prefix tree, drop one (offboarding).",
                   no_args_is_help=True)
@@ -93,7 +93,7 @@ class DropOutput(msgspec.Struct):
 
 LS_COLUMNS = [Column("id"), Column("extra_key", Kind.USER), Column("salt fingerprint"), Column("pages", Kind.INT),
               Column("tokens", Kind.INT), Column("bytes", Kind.BYTES), Column("hits", Kind.INT),
-              Column("last access", Kind.TIME), Column("shares L1 / L2 / L3")]
+              Column("last access", Kind.TIME)]
 
 
 def _page_size(store: L3Store) -> int:
@@ -146,10 +146,9 @@ def ls(
     elif fmt is Output.JSONL:
         emit_rows(rows)
     else:
-        render(Listing(f"namespaces in {store}", LS_COLUMNS,
-                       [[r.id, r.extra_key, r.salt_fingerprint, r.pages, r.tokens if ps else None, r.bytes, r.hits,
-                         r.last_access, share_summary(r.shares, fmt is Output.TABLE) if r.shares is not None else None]
-                        for r in rows]),
+        table = [[r.id, r.extra_key, r.salt_fingerprint, r.pages, r.tokens if ps else None, r.bytes, r.hits,
+                  r.last_access] for r in rows]
+        render(with_shares(Listing(f"namespaces in {store}", LS_COLUMNS, table), [r.shares for r in rows], fmt),
                fmt, no_headers)
 
 

@@ -191,14 +191,11 @@ def render_live_namespaces(listing: NamespaceList, socket: str, fmt: Output, no_
     """`kvc ns ls` of a live cache as a table: the store's rows plus what each namespace holds in L1, L2 and L3."""
     columns = [Column("id"), Column("extra_key", Kind.USER), Column("salt fingerprint"),
                Column("L1 tokens", Kind.INT), Column("L2 tokens", Kind.INT), Column("L3 tokens", Kind.INT),
-               Column("L3 bytes", Kind.BYTES), Column("hits", Kind.INT), Column("last access", Kind.TIME),
-               Column("shares L1 / L2 / L3")]
+               Column("L3 bytes", Kind.BYTES), Column("hits", Kind.INT), Column("last access", Kind.TIME)]
     rows = [[r.id, r.extra_key, r.salt_fingerprint, r.device.tokens, r.host.tokens, r.storage.tokens,
-             r.storage.bytes, r.hits, r.last_access,
-             share_summary(r.shares, fmt is Output.TABLE) if r.shares is not None else None]
-            for r in listing.namespaces]
-    render(Listing(f"namespaces of the live cache at {socket} (store {listing.store or '-'})", columns, rows),
-           fmt, no_headers)
+             r.storage.bytes, r.hits, r.last_access] for r in listing.namespaces]
+    title = f"namespaces of the live cache at {socket} (store {listing.store or '-'})"
+    render(with_shares(Listing(title, columns, rows), [r.shares for r in listing.namespaces], fmt), fmt, no_headers)
 
 
 def share_summary(shares: Shares, human: bool = True) -> str:
@@ -209,6 +206,16 @@ def share_summary(shares: Shares, human: bool = True) -> str:
     return " / ".join([f"{shares.device_tokens:,}" if shares.device_tokens else "-",
                        f"{shares.host_tokens:,}" if shares.host_tokens else "-",
                        human_bytes(shares.store_bytes) if shares.store_bytes else "-"])
+
+
+def with_shares(listing: Listing, shares: list[Shares | None], fmt: Output) -> Listing:
+    """An `ns ls` listing with a `shares L1 / L2 / L3` column added when any namespace has shares (`shares`: one
+    per row); unchanged otherwise, so tables without shares stay as narrow as before."""
+    if all(s is None for s in shares):
+        return listing
+    human = fmt is Output.TABLE
+    rows = [row + [share_summary(s, human) if s is not None else None] for row, s in zip(listing.rows, shares)]
+    return Listing(listing.title, [*listing.columns, Column("shares L1 / L2 / L3")], rows)
 
 
 def render_shares(result: Any, socket: str | None, fmt: Output, no_headers: bool) -> None:
