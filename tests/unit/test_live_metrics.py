@@ -56,3 +56,23 @@ def test_cache_families_count_hits_per_namespace_and_tier(tmp_path):
     assert ("kvc_store_pages_read_total", (("backend", "lmdb"), ("store", store.location))) in values
     cache.close()
     store.close()
+
+
+def test_cache_families_show_each_namespace_share_beside_its_use(tmp_path):
+    from kvcache.shares import Shares
+
+    store = make_store(tmp_path / "s", make_layout(4))
+    cache = l3_cache(store)
+    t1 = Namespace("t1", "a")
+    req = Request("r", list(range(32)), t1)
+    forward(cache, req, cache.admit(req))
+    cache.commit("r")
+    cache.set_shares(t1, Shares(device_tokens=64, store_bytes=4096))
+    values = _samples(exposition(cache_families(execute(cache, StatsRequest()), execute(cache, NamespacesRequest()))))
+    labels = (("extra_key", "t1"), ("salt_fingerprint", t1.salt_fingerprint))
+    assert values[("kvc_cache_namespace_share_tokens", (*labels, ("tier", "device")))] == 64
+    assert values[("kvc_cache_namespace_share_tokens", (*labels, ("tier", "host")))] == 0
+    assert values[("kvc_cache_namespace_share_bytes", labels)] == 4096
+    assert values[("kvc_cache_namespace_tokens", (*labels, ("tier", "device")))] == 32
+    cache.close()
+    store.close()
