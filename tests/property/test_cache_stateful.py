@@ -427,7 +427,7 @@ class CacheMachine(RuleBasedStateMachine):
     @invariant()
     def tree_counts_match_a_recount(self):
         if self.cache is not None:
-            self.cache.tree.check()  # children with a device / host copy per node, the node count
+            self.cache.tree.check()  # children with a device / host copy per node, the node count, share use
 
     @invariant()
     def every_cached_page_holds_its_hash(self):
