@@ -59,6 +59,7 @@ FIGURES: list[tuple[str, str, str]] = [
     (r"^ledger_overhead|_over_no_|^verify_over_|_over_python$", "x (time ratio)", "lower"),
     (r"^replay_ratio_with", "x (throughput ratio to no client)", "higher"),
     (r"_over_", "x (speed ratio)", "higher"),
+    (r"_hit_rate_", "fraction of tokens found cached", "higher"),
 ]
 
 

@@ -27,6 +27,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "owners": ("Owner", "OwnerKind"),
     "prefetch": ("CancelReason", "DeclineReason", "DropReason", "PrefetchOutcome", "SettledPrefetch"),
     "request": ("Request",),
+    "shares": ("NamespaceShares", "Shares"),
     "staging": ("StagedView",),
     "stats": ("BackupStats", "CacheCounters", "CacheStats", "PrefetchStats", "TierHits"),
     "storage.base": ("L3Store", "open_store", "page_origins"),
@@ -61,7 +62,7 @@ __all__ = [
     "Namespace", "NamespaceDrop", "TierRoom", "NamespaceInfo", "Owner", "OwnerKind", "PrefetchOutcome",
     "PrefetchPolicy", "PrefetchStats", "RadixKey",
     "Request", "StagedView", "TierHits", "TieredCache", "TreeMatch", "Violation", "ViolationKind", "WritePolicy",
-    "page_hashes", "L3Store", "open_store", "page_origins",
+    "page_hashes", "L3Store", "open_store", "page_origins", "NamespaceShares", "Shares",
     "SettledPrefetch", "SyntheticKV", "WarmResult", "warm_namespace",
     # workloads and the replay driver
     "TraceRequest", "WorkloadSpec", "generate", "read_trace", "write_trace",

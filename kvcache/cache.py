@@ -37,7 +37,7 @@ from .config import CacheConfig, HostMode, PrefetchPolicy
 from .diagnostics.audit import AuditReport, audit_cache
 from .diagnostics.snapshot import Snapshot, take_snapshot, write_snapshot
 from .errors import (CacheClosed, InvalidInput, InvariantViolation, LayoutMismatch, NamespaceMismatch, RequestIdInUse,
-                     UnknownRequest)
+                     StoreError, UnknownRequest)
 from .io_worker import IOWorker
 from .keys import TOKEN_BYTES, RadixKey, page_hashes
 from .namespace import Namespace, NamespaceInfo
@@ -46,6 +46,7 @@ from .pools import SlotPool
 from .prefetch import (CancelReason, CheckJob, DeclineReason, DropReason, FetchJob, PrefetchOp, PrefetchOutcome,
                        PrefetchState, SettledPrefetch)
 from .request import Request
+from .shares import NamespaceShares, Shares
 from .staging import StagedPrefetch
 from .stats import BackupStats, CacheCounters, CacheStats, PrefetchStats, TierHits, bump
 from .storage.base import L3Store, PageOrigin
@@ -200,6 +201,10 @@ class TieredCache:
         self.prefetch_stats = PrefetchStats()
         self.backup_stats = BackupStats()
         self._closed = False
+        self._shares: dict[bytes, NamespaceShares] = {}  # namespace id -> its shares, as applied to the tree
+        self._shares_due = math.inf  # time.monotonic() of the next refresh from the store
+        if store is not None:
+            self._refresh_shares_quietly()
         if self.host_pool is None:
             self._backup_target = BackupTarget.NONE
         elif config.host_mode is HostMode.CACHE:
@@ -243,7 +248,7 @@ class TieredCache:
                 self._drop_holds(rid, DropReason.TOO_LARGE)
                 self.counters.too_large += 1
                 return Admission(rid, AdmitStatus.TOO_LARGE)
-            if not self._room_for(m, total_pages, rid):
+            if not self._room_for(m, total_pages, rid, request.key.namespace):
                 self.tree.unlock(node)
                 self.counters.refused += 1
                 return Admission(rid, AdmitStatus.POOL_FULL)
@@ -276,7 +281,7 @@ class TieredCache:
         self._next_handle += 1
         owner = owner_code(OwnerKind.REQUEST, handle)
         new_tokens = n_tokens - cached_tokens
-        fresh = self._alloc(self.device_pool, -(-new_tokens // ps), owner)
+        fresh = self._alloc(self.device_pool, -(-new_tokens // ps), owner, request.key.namespace)
         if fresh is None:  # the room was made above; only a copy still pinning its pages can take it back
             self.tree.unlock(node)
             self.counters.refused += 1
@@ -399,6 +404,60 @@ class TieredCache:
         return NamespaceDrop(namespace.info(), namespace.id_hex, d, h, deleted.pages if deleted else 0,
                              deleted.bytes if deleted else 0, live)
 
+    # --- shares (kvcache.shares) -----------------------------------------------------------------------------
+
+    def set_shares(self, namespace: Namespace, shares: Shares) -> None:
+        """Set `namespace`'s shares (`Shares()` clears them): written to the store when there is one (other
+        processes on it pick them up at their next refresh) and applied to this cache's tiers now."""
+        self._check_open("set_shares")
+        if self.store is not None:
+            self.store.set_shares(namespace, shares)
+        info = namespace.info(getattr(self.store, "fingerprint_key", None))  # as the store's registry shows it
+        self._apply_shares(NamespaceShares(namespace.id_hex, info.extra_key, info.salt_fingerprint, shares,
+                                           time.time()))
+
+    def shares(self) -> list[NamespaceShares]:
+        """The shares this cache applies, one record per namespace that has any."""
+        return list(self._shares.values())
+
+    def refresh_shares(self) -> int:
+        """Read every namespace's shares from the store and apply what changed (shares cleared there are cleared
+        here). Returns how many namespaces changed. Done at open and, with `CacheConfig.shares_refresh_s`, from
+        `poll`; a store that cannot answer then keeps the shares applied and is counted (`share_refresh_errors`)."""
+        if self.store is None:
+            return 0
+        self._shares_due = (time.monotonic() + self.config.shares_refresh_s if self.config.shares_refresh_s > 0
+                            else math.inf)
+        stored = {r.ns_id_hex: r for r in self.store.shares()}
+        changed = 0
+        for ns_id, rec in list(self._shares.items()):
+            if ns_id.hex() not in stored:
+                self._apply_shares(msgspec.structs.replace(rec, shares=Shares()))
+                changed += 1
+        for rec in stored.values():
+            now = self._shares.get(bytes.fromhex(rec.ns_id_hex))
+            if now is None or now.shares != rec.shares:
+                self._apply_shares(rec)
+                changed += 1
+        return changed
+
+    def _refresh_shares_quietly(self) -> None:
+        try:
+            self.refresh_shares()
+        except StoreError as exc:  # a store away now: the shares applied stay, the next refresh tries again
+            self.counters.share_refresh_errors += 1
+            log.warning("refreshing namespace shares from the store failed: %s", exc)
+
+    def _apply_shares(self, record: NamespaceShares) -> None:
+        ns_id = bytes.fromhex(record.ns_id_hex)
+        if record.shares.empty:
+            self._shares.pop(ns_id, None)
+            self.tree.set_share(ns_id, None, None)
+        else:
+            self._shares[ns_id] = record
+            label = f"{record.extra_key or '-'}/{record.salt_fingerprint or '-'}"
+            self.tree.set_share(ns_id, *record.shares.pages(self.page_size), label)
+
     def poll(self) -> int:
         """Complete what has finished — copies, in issue order, and L3 jobs — and re-arm due prefetch retries.
         Call between scheduler steps. Returns how many copies and jobs completed."""
@@ -415,6 +474,8 @@ class TieredCache:
                 self._io.run_pending()
             done += self._take_io_jobs()
             self._rearm_prefetches()
+            if time.monotonic() >= self._shares_due:
+                self._refresh_shares_quietly()
         return done
 
     def flush(self) -> int:
@@ -675,7 +736,8 @@ class TieredCache:
             op.hit = max(op.hit, op.fetched + job.hit)
             room = self.config.prefetch_max_host_pages - self._prefetch_pages
             n = min(job.hit, room)
-            pages = self._alloc(self.host_pool, n, op.owner) if n > 0 else None  # type: ignore[arg-type]
+            pages = (self._alloc(self.host_pool, n, op.owner, op.namespace)  # type: ignore[arg-type]
+                     if n > 0 else None)
             if pages is not None:
                 op.pages = np.concatenate([op.pages, pages])
                 self._prefetch_pages += n
@@ -842,7 +904,7 @@ class TieredCache:
         op_id = self._next_op
         self._next_op += 1
         owner = owner_code(OwnerKind.OP_LOAD_BACK, op_id)
-        dev = self._alloc(self.device_pool, len(use), owner) if len(use) else None
+        dev = self._alloc(self.device_pool, len(use), owner, staged.key.namespace) if len(use) else None
         if dev is None:
             self._drop_staged(staged, DropReason.DUPLICATE if not len(use) else DropReason.UNATTACHED)
             return node, cached, 0
@@ -971,43 +1033,45 @@ class TieredCache:
 
     # --- internals: room, allocation and eviction ------------------------------------------------------------
 
-    def _room_for(self, m: TreeMatch, total_pages: int, keep: str) -> bool:
+    def _room_for(self, m: TreeMatch, total_pages: int, keep: str, charge: Namespace | None = None) -> bool:
         """Make room for an admission of `total_pages` pages whose device prefix is `m`'s (locked by the caller),
         in the documented order: evict; wait for in-flight copies and evict again; then, only when that makes the
         room, cancel prefetch holds youngest first. False, with nothing cancelled, when the room is not there."""
         host_nodes = self._host_only_path(m)
         _pin(host_nodes, +1)  # the request's host extension survives write-back's host evictions
         try:
-            return self._make_device_room(total_pages - len(m.device_pages), keep)
+            return self._make_device_room(total_pages - len(m.device_pages), keep, charge)
         finally:
             _pin(host_nodes, -1)
             for n in host_nodes:
                 self.tree.offer(n)
 
-    def _make_device_room(self, need: int, keep: str) -> bool:
+    def _make_device_room(self, need: int, keep: str, charge: Namespace | None = None) -> bool:
         pool = self.device_pool
-        self._evict_device(need - pool.free_pages)
+        self._evict_device(need - pool.free_pages, charge=charge)
         if pool.free_pages < need and self._ops:
             self._complete_copies()  # their pins keep pages from eviction
-            self._evict_device(need - pool.free_pages)
+            self._evict_device(need - pool.free_pages, charge=charge)
         if pool.free_pages >= need:
             return True
         if pool.free_pages + self.tree.device_evictable + self.tree.device_held < need:
             return False
         return self._cancel_youngest_holds(need, keep)
 
-    def _alloc(self, pool: SlotPool, n: int, owner: int) -> np.ndarray | None:
+    def _alloc(self, pool: SlotPool, n: int, owner: int, charge: Namespace | None = None) -> np.ndarray | None:
+        """`n` pages of `pool` for `owner`, evicting when short; the room is made for namespace `charge` (its
+        pages over its share go first)."""
         pages = pool.alloc(n, owner)
         if pages is None:
             short = n - pool.free_pages
             if pool is self.device_pool:
-                self._evict_device(short)
+                self._evict_device(short, charge=charge)
             else:
-                self._evict_host(short)
+                self._evict_host(short, charge=charge)
             pages = pool.alloc(n, owner)
         return pages
 
-    def _evict_device(self, n_pages: int, where=None, write_back: bool = True) -> int:
+    def _evict_device(self, n_pages: int, where=None, write_back: bool = True, charge: Namespace | None = None) -> int:
         if n_pages <= 0:
             return 0
         backup = None
@@ -1015,20 +1079,20 @@ class TieredCache:
             backup = {BackupTarget.TREE: self._backup_now, BackupTarget.BOUNCE: self._bounce_now}.get(
                 self._backup_target)
         freed = 0
-        for ev in self.tree.evict_device(n_pages, backup, where):
+        for ev in self.tree.evict_device(n_pages, backup, where, charge):
             self.device_pool.free(ev.pages, ev.owner)
             freed += len(ev.pages)
         self.counters.device_pages_evicted += freed
         return freed
 
-    def _evict_host(self, n_pages: int, where=None, write_back: bool = True) -> int:
+    def _evict_host(self, n_pages: int, where=None, write_back: bool = True, charge: Namespace | None = None) -> int:
         assert self.host_pool is not None
         if n_pages <= 0:
             return 0
         rule = self.config.backup_rule
         backup = self._store_now if write_back and rule.on_evict and self.store is not None else None
         freed = 0
-        for ev in self.tree.evict_host(n_pages, backup, where):
+        for ev in self.tree.evict_host(n_pages, backup, where, charge):
             self.host_pool.free(ev.pages, ev.owner)
             freed += len(ev.pages)
         self.counters.host_pages_evicted += freed
@@ -1062,7 +1126,7 @@ class TieredCache:
         sizes = [len(n.device) for n in nodes]  # type: ignore[arg-type]
         total = sum(sizes)
         if total > host.free_pages:
-            self._evict_host(total - host.free_pages)
+            self._evict_host(total - host.free_pages, charge=nodes[0].namespace)
         fit, room = 0, host.free_pages
         while fit < len(nodes) and sizes[fit] <= room:
             room -= sizes[fit]
@@ -1129,7 +1193,7 @@ class TieredCache:
         op_id = self._next_op
         self._next_op += 1
         owner = owner_code(OwnerKind.OP_LOAD_BACK, op_id)
-        pages = self._alloc(self.device_pool, n_pages, owner)
+        pages = self._alloc(self.device_pool, n_pages, owner, nodes[0].namespace)
         if pages is None:
             _pin(nodes, -1)
             for n in nodes:

@@ -75,6 +75,7 @@ class CacheConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     prefetch_retry_interval_ms: float = 50.0  # pacing between attempts
     io_batch_pages: int = 64  # pages per L3 read or write batch; a prefetch can be terminated between batches
     io_thread: bool = True  # run L3 I/O on a background thread; False: run it in poll() (tests, replays)
+    shares_refresh_s: float = 10.0  # re-read namespace shares from the store this often (poll); 0 = only at open
 
     def __post_init__(self) -> None:
         # Policies may be given by value ("write_back"); stored as the enum so every comparison is by identity.
@@ -100,7 +101,7 @@ class CacheConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if self.write_policy is WritePolicy.WRITE_BACK and self.host_tokens == 0:
             raise InvalidConfig("write_back needs a host tier (host_tokens > 0)")
         for name in ("prefetch_threshold_tokens", "prefetch_retries", "prefetch_timeout_ms",
-                     "prefetch_timeout_per_page_ms", "prefetch_retry_interval_ms"):
+                     "prefetch_timeout_per_page_ms", "prefetch_retry_interval_ms", "shares_refresh_s"):
             if not 0 <= getattr(self, name) < math.inf:  # nan and inf too: a wait needs a finite budget
                 raise InvalidConfig(f"{name}={getattr(self, name)} must be >= 0 and finite")
         for name in ("prefetch_max_host_tokens", "prefetch_max_device_tokens"):

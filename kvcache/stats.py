@@ -29,6 +29,7 @@ class CacheCounters(msgspec.Struct):
     backups_skipped: int = 0  # nodes not backed up for lack of host room
     device_pages_evicted: int = 0
     host_pages_evicted: int = 0
+    share_refresh_errors: int = 0  # refreshes of namespace shares from the store that failed (shares kept)
 
 
 class TierHits(msgspec.Struct):

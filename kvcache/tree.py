@@ -58,7 +58,7 @@ class TreeNode:
 
     __slots__ = ("id", "owner", "key", "namespace", "parent", "children", "device", "host", "page_hashes",
                  "stored", "lock_ref", "device_holds", "host_holds", "pins", "host_pins", "last_access", "hits",
-                 "children_on_device", "children_on_host")
+                 "children_on_device", "children_on_host", "share")
 
     def __init__(self, ident: int, key: bytes, namespace: Namespace | None, parent: "TreeNode | None") -> None:
         self.id = ident  # unique in the tree, never reused; the ledger owner is Node(id)
@@ -82,6 +82,9 @@ class TreeNode:
         # _delete): whether a node is an eviction candidate of a tier is then O(1), never a scan of its children.
         self.children_on_device = 0
         self.children_on_host = 0
+        # The share state of the node's namespace (RadixTree.set_share), None when it has none: the one test the
+        # copy moves pay for shares.
+        self.share: ShareState | None = parent.share if parent is not None else None
 
     @property
     def is_namespace_root(self) -> bool:
@@ -153,6 +156,34 @@ class Evicted(msgspec.Struct, gc=False):
     pages: np.ndarray
 
 
+class ShareState:
+    """One namespace's shares in the tree (`RadixTree.set_share`), in pages, and its use of each tier, kept exact
+    by every copy move (`_set_device` / `_set_host`). Each tier with a share has its own lazy LRU heap of the
+    namespace's eviction candidates (entries as in the tree's heaps), so taking a namespace's pages over its share
+    pops from those and never scans the tree's heap."""
+
+    __slots__ = ("ns_id", "label", "device_limit", "host_limit", "device_used", "host_used", "device_lru",
+                 "host_lru")
+
+    def __init__(self, ns_id: bytes, label: str, device_limit: int | None, host_limit: int | None) -> None:
+        self.ns_id = ns_id  # Namespace.id (a share may come from a store, which knows no salt)
+        self.label = label  # for messages: extra_key/salt fingerprint
+        self.device_limit = device_limit  # pages; None = no share on L1
+        self.host_limit = host_limit  # pages; None = no share on L2
+        self.device_used = 0  # pages of device copies the namespace's nodes hold
+        self.host_used = 0  # pages of host copies likewise
+        self.device_lru: list[int] = []
+        self.host_lru: list[int] = []
+
+    def over(self, device: bool, incoming: int = 0) -> int:
+        """Pages the namespace holds over its share of a tier, counting `incoming` pages about to be its own
+        (0 without a share there)."""
+        limit = self.device_limit if device else self.host_limit
+        if limit is None:
+            return 0
+        return max(0, (self.device_used if device else self.host_used) + incoming - limit)
+
+
 SplitListener = Callable[[TreeNode, TreeNode, int], None]
 
 
@@ -186,6 +217,7 @@ class RadixTree:
         self._host_lru: list[int] = []
         self._by_id: dict[int, TreeNode] = {}  # nodes below the namespace roots, by id (what heap entries name)
         self.node_count = 0  # nodes below the namespace roots
+        self._shares: dict[bytes, ShareState] = {}  # namespace id -> its share state (namespaces with a share)
 
     # --- lookup ----------------------------------------------------------------------------------------------
 
@@ -195,6 +227,7 @@ class RadixTree:
         if node is None and create:
             node = self._new_node(b"", namespace, self.root)
             node.device = node.host = _EMPTY
+            node.share = self._shares.get(namespace.id)
             self.root.children[namespace.id] = node
             self.root.children_on_device += 1
             self.root.children_on_host += 1
@@ -449,17 +482,30 @@ class RadixTree:
     # --- eviction --------------------------------------------------------------------------------------------
 
     def evict_device(self, n_pages: int, backup: Callable[[TreeNode], None] | None = None,
-                     where: Callable[[TreeNode], bool] | None = None) -> list[Evicted]:
+                     where: Callable[[TreeNode], bool] | None = None,
+                     charge: Namespace | None = None) -> list[Evicted]:
         """Detach device copies of at least `n_pages` pages (when that many are evictable), least recently used
         leaves first. Never touches locked or pinned nodes.
 
         `backup(node)` is called on a victim without a host copy before its device copy goes (write-back); a node
         that has a host copy afterwards is kept host-only, any other victim is deleted. `where(node)` false keeps
         a node (evicting one namespace).
+
+        With shares set (and no `where`), namespaces over their device share give their own LRU pages first:
+        `charge`, the namespace the room is made for, while it holds or with `n_pages` more would hold more than
+        its share, then the others, most over first; plain LRU takes the rest.
         """
         out: list[Evicted] = []
+        freed = self._evict_over_shares(True, n_pages, backup, charge, out) if self._shares and where is None else 0
+        if freed < n_pages:
+            self._drain_device(self._victims(self._device_lru, _device_leaf, _device_busy), n_pages - freed, backup,
+                               where, out)
+        return out
+
+    def _drain_device(self, victims: Iterator[TreeNode], n_pages: int, backup: Callable[[TreeNode], None] | None,
+                      where: Callable[[TreeNode], bool] | None, out: list[Evicted]) -> int:
+        """`evict_device`'s loop over one stream of victims: pages freed (appended to `out`)."""
         freed = 0
-        victims = self._victims(self._device_lru, _device_leaf, _device_busy)
         try:
             for node in victims:
                 if where is not None and not where(node):
@@ -478,18 +524,27 @@ class RadixTree:
                     break
         finally:
             victims.close()
-        return out
+        return freed
 
     def evict_host(self, n_pages: int, backup: Callable[[TreeNode], None] | None = None,
-                   where: Callable[[TreeNode], bool] | None = None) -> list[Evicted]:
+                   where: Callable[[TreeNode], bool] | None = None,
+                   charge: Namespace | None = None) -> list[Evicted]:
         """Detach host copies of at least `n_pages` pages (when that many are evictable) from unlocked, unpinned
         host-only leaves, least recently used first; the nodes are deleted (their KV remains only in L3).
 
         `backup(node)` is called on a victim not yet in L3 before its host copy goes (write-back). `where(node)`
-        false keeps a node."""
+        false keeps a node. Shares and `charge` as in `evict_device`, on the host shares."""
         out: list[Evicted] = []
+        freed = self._evict_over_shares(False, n_pages, backup, charge, out) if self._shares and where is None else 0
+        if freed < n_pages:
+            self._drain_host(self._victims(self._host_lru, _host_leaf, _host_busy), n_pages - freed, backup, where,
+                             out)
+        return out
+
+    def _drain_host(self, victims: Iterator[TreeNode], n_pages: int, backup: Callable[[TreeNode], None] | None,
+                    where: Callable[[TreeNode], bool] | None, out: list[Evicted]) -> int:
+        """`evict_host`'s loop over one stream of victims: pages freed (appended to `out`)."""
         freed = 0
-        victims = self._victims(self._host_lru, _host_leaf, _host_busy)
         try:
             for node in victims:
                 if where is not None and not where(node):
@@ -507,7 +562,7 @@ class RadixTree:
                     break
         finally:
             victims.close()
-        return out
+        return freed
 
     def _victims(self, heap: list, is_leaf: Callable[[TreeNode], bool],
                  is_busy: Callable[[TreeNode], bool]) -> Iterator[TreeNode]:
@@ -554,16 +609,105 @@ class RadixTree:
         # would drop (a write-through node is offered to the host heap while it still has its device copy).
         if node is None:
             return
-        if device and _device_leaf(node):
-            heapq.heappush(self._device_lru, node.last_access << _ID_BITS | node.id)
-        if host and _host_leaf(node):
-            heapq.heappush(self._host_lru, node.last_access << _ID_BITS | node.id)
+        device = device and _device_leaf(node)
+        host = host and _host_leaf(node)
+        if not (device or host):
+            return
+        entry = node.last_access << _ID_BITS | node.id
+        if device:
+            heapq.heappush(self._device_lru, entry)
+        if host:
+            heapq.heappush(self._host_lru, entry)
+        if node.share is not None:
+            self._offer_share(node.share, entry, device, host)
 
     def _device_victim(self, node: TreeNode) -> bool:
         return _device_leaf(node) and not _device_busy(node)
 
     def _host_victim(self, node: TreeNode) -> bool:
         return _host_leaf(node) and not _host_busy(node)
+
+    # --- shares ----------------------------------------------------------------------------------------------
+
+    def set_share(self, ns_id: bytes, device_pages: int | None, host_pages: int | None, label: str = "") -> None:
+        """Give namespace `ns_id` a share of each tier in pages (None: no share there; both None clears it). Its
+        nodes are counted now (one walk of its subtree); from then on every copy move keeps the count."""
+        self._shares.pop(ns_id, None)
+        state = None
+        if device_pages is not None or host_pages is not None:
+            state = self._shares[ns_id] = ShareState(ns_id, label or ns_id.hex()[:12], device_pages, host_pages)
+        ns_root = self.root.children.get(ns_id)
+        if ns_root is None:
+            return
+        ns_root.share = state
+        for node in self._subtree(ns_root):
+            node.share = state
+            if state is not None:
+                state.device_used += len(node.device) if node.device is not None else 0
+                state.host_used += len(node.host) if node.host is not None else 0
+        if state is not None:
+            self._rebuild_share_heaps(state)
+
+    def share_of(self, ns_id: bytes) -> ShareState | None:
+        """The share state of namespace `ns_id` (its shares in pages, its use of each tier); None without one."""
+        return self._shares.get(ns_id)
+
+    def shares(self) -> list[ShareState]:
+        """The share state of every namespace with a share."""
+        return list(self._shares.values())
+
+    def _evict_over_shares(self, device: bool, n_pages: int, backup: Callable[[TreeNode], None] | None,
+                           charge: Namespace | None, out: list[Evicted]) -> int:
+        """The first part of an eviction with shares set: pages of namespaces over their share of the tier, from
+        their own LRU heaps — `charge`'s first (counting the `n_pages` the room is for), then the others, most
+        over first. Pages freed (appended to `out`)."""
+        own = self._shares.get(charge.id) if charge is not None else None
+        over = sorted(((st.over(device), st) for st in self._shares.values() if st is not own and st.over(device)),
+                      key=lambda x: -x[0])
+        if own is not None and own.over(device, n_pages):
+            over.insert(0, (min(own.over(device, n_pages), n_pages), own))
+        freed = 0
+        for excess, st in over:
+            if device:
+                victims = self._victims(st.device_lru, lambda n, st=st: n.share is st and _device_leaf(n),
+                                        _device_busy)
+                freed += self._drain_device(victims, min(excess, n_pages - freed), backup, None, out)
+            else:
+                victims = self._victims(st.host_lru, lambda n, st=st: n.share is st and _host_leaf(n), _host_busy)
+                freed += self._drain_host(victims, min(excess, n_pages - freed), backup, None, out)
+            if freed >= n_pages:
+                break
+        return freed
+
+    def _offer_share(self, state: ShareState, entry: int, device: bool, host: bool) -> None:
+        """`_offer` for a node of a namespace with a share: its entry goes to the share's heaps too. Heaps that
+        nothing pops (a namespace within its share) are rebuilt from the namespace's subtree when stale entries
+        outgrow its pages, so they stay bounded by what it caches."""
+        if device and state.device_limit is not None:
+            heapq.heappush(state.device_lru, entry)
+        if host and state.host_limit is not None:
+            heapq.heappush(state.host_lru, entry)
+        if len(state.device_lru) + len(state.host_lru) > 4 * (state.device_used + state.host_used) + 1024:
+            self._rebuild_share_heaps(state)
+
+    def _rebuild_share_heaps(self, state: ShareState) -> None:
+        """The share's heaps, fresh: one entry per eviction candidate of each tier with a share."""
+        ns_root = self.root.children.get(state.ns_id)
+        nodes = list(self._subtree(ns_root)) if ns_root is not None else []
+        for limit, heap, is_leaf in ((state.device_limit, state.device_lru, _device_leaf),
+                                     (state.host_limit, state.host_lru, _host_leaf)):
+            heap[:] = ([n.last_access << _ID_BITS | n.id for n in nodes if is_leaf(n)] if limit is not None
+                       else [])
+            heapq.heapify(heap)
+
+    @staticmethod
+    def _subtree(top: TreeNode) -> Iterator[TreeNode]:
+        """The nodes below `top` (not `top` itself)."""
+        stack = list(top.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
 
     # --- walking ---------------------------------------------------------------------------------------------
 
@@ -582,9 +726,10 @@ class RadixTree:
 
     def check(self) -> None:
         """Recount what the tree keeps incrementally — each node's children holding a device / host copy, the
-        node count, an LRU entry for every evictable leaf — and raise `InvariantViolation` naming the first node
-        whose record differs."""
+        node count, an LRU entry for every evictable leaf, each share's use of each tier — and raise
+        `InvariantViolation` naming the first node or namespace whose record differs."""
         count, stack = 0, [self.root]
+        used = {ns_id: [0, 0] for ns_id in self._shares}
         while stack:
             node = stack.pop()
             kids = node.children.values()
@@ -594,9 +739,21 @@ class RadixTree:
                 if recorded != actual:
                     raise InvariantViolation(f"tree node#{node.id} records {recorded} children with a {tier} copy, "
                                              f"it has {actual}")
-            if node.parent is not None and not node.is_namespace_root:
-                count += 1
+            if node.parent is not None:
+                if node.share is not self._shares.get(node.namespace.id):  # type: ignore[union-attr]
+                    raise InvariantViolation(f"tree node#{node.id} does not carry its namespace's share state")
+                if not node.is_namespace_root:
+                    count += 1
+                    if node.share is not None:
+                        row = used[node.namespace.id]  # type: ignore[union-attr]
+                        row[0] += len(node.device) if node.device is not None else 0
+                        row[1] += len(node.host) if node.host is not None else 0
             stack.extend(kids)
+        for ns_id, (device, host) in used.items():
+            st = self._shares[ns_id]
+            if (st.device_used, st.host_used) != (device, host):
+                raise InvariantViolation(f"namespace {st.label} records {st.device_used}/{st.host_used} "
+                                         f"device/host pages against its share, it holds {device}/{host}")
         if not count == self.node_count == len(self._by_id):
             raise InvariantViolation(f"tree records {self.node_count} nodes below its namespace roots (indexed: "
                                      f"{len(self._by_id)}), it has {count}")
@@ -711,6 +868,8 @@ class RadixTree:
         had = node.device
         delta = (0 if pages is None else len(pages)) - (0 if had is None else len(had))
         node.device = pages = _exact(pages)
+        if node.share is not None:
+            node.share.device_used += delta
         if pages is None:
             if had is not None:
                 if node.parent is not None:
@@ -731,6 +890,8 @@ class RadixTree:
         had = node.host
         delta = (0 if pages is None else len(pages)) - (0 if had is None else len(had))
         node.host = pages = _exact(pages)
+        if node.share is not None:
+            node.share.host_used += delta
         if pages is None:
             if had is not None and node.parent is not None:
                 self._lost_child_copy(node.parent, False)

@@ -29,7 +29,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("tree", ("kvcache.tree", "kvcache.pools")),
     ("values", ("kvcache.config", "kvcache.request", "kvcache.stats", "kvcache.owners")),
     ("storage", ("kvcache.storage", "kvcache_redis")),
-    ("keys", ("kvcache.errors", "kvcache.namespace", "kvcache.keys", "kvcache.layout")),  # what names a page
+    # what names a page, and a namespace's shares per tier (the tree, the cache and every store read them)
+    ("keys", ("kvcache.errors", "kvcache.namespace", "kvcache.keys", "kvcache.layout", "kvcache.shares")),
 ]
 # What a backend outside the core builds on (plugins/README.md): the storage interface kit, which itself builds on
 # base and the keys layer alone.

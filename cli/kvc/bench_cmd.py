@@ -26,6 +26,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_admin": ["--requests", "500", "--round-trips", "500", "--repeat", "1"],
     "bench_startup": ["--runs", "3"],
     "bench_scale": ["--requests", "4000"],
+    "bench_shares": ["--b-requests", "40"],
 }
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "benchmarks"  # cli/kvc/ -> the checkout's benchmarks/
 

@@ -128,6 +128,21 @@ def cache_families(live: "LiveStats", namespaces: "NamespaceList | None" = None)
             for tier in TIERS:
                 tokens.add_metric([tier, *_ns(row.extra_key, row.salt_fingerprint)], getattr(row, tier).tokens)
         yield tokens
+        shared = [row for row in namespaces.namespaces if row.shares is not None]
+        if shared:  # namespaces with shares (kvcache.shares): each share beside the use above
+            share_tokens = GaugeMetricFamily("kvc_cache_namespace_share_tokens",
+                                             "A namespace's share of a tier in tokens (0: none).",
+                                             labels=["tier", *NS_LABELS])
+            share_bytes = GaugeMetricFamily("kvc_cache_namespace_share_bytes",
+                                            "A namespace's share of the store in payload bytes (0: none).",
+                                            labels=NS_LABELS)
+            for row in shared:
+                labels = _ns(row.extra_key, row.salt_fingerprint)
+                share_tokens.add_metric(["device", *labels], row.shares.device_tokens)  # type: ignore[union-attr]
+                share_tokens.add_metric(["host", *labels], row.shares.host_tokens)  # type: ignore[union-attr]
+                share_bytes.add_metric(labels, row.shares.store_bytes)  # type: ignore[union-attr]
+            yield share_tokens
+            yield share_bytes
     if live.store is not None:
         yield from store_families(live.store, live.store.location, handle_counters=True)
 

@@ -32,8 +32,8 @@ from ..workload.replay import Replayer
 from ..workload.warm import warm_namespace
 from .protocol import (AuditRequest, DropRequest, EvictOutcome, EvictRequest, LiveNamespace, LiveStats, LoadBackRequest,
                        NamespaceList, NamespacesRequest, NamespaceTiers, PingRequest, PoolUse, PrefetchRequest,
-                       ReplayOutcome, RequestResult, ServerInfo, SnapshotData, SnapshotRequest, StageRequest,
-                       StatsRequest, TierUse)
+                       ReplayOutcome, RequestResult, ServerInfo, SharesOutcome, SharesRequest, SnapshotData,
+                       SnapshotRequest, StageRequest, StatsRequest, TierUse)
 from .transport import ReplayJob
 
 if TYPE_CHECKING:
@@ -100,11 +100,13 @@ def _namespaces(cache: "TieredCache", _: NamespacesRequest) -> NamespaceList:
     rows: dict[str, LiveNamespace] = {}
     tree = {ns_id.hex(): row for ns_id, row in _tree_pages(cache).items()}
     stored = _stored(cache)
+    shares = {r.ns_id_hex: r for r in cache.shares()}
     ps = cache.page_size
-    for ns_hex in sorted(set(tree) | set(stored)):
+    for ns_hex in sorted(set(tree) | set(stored) | set(shares)):
         rec = stored.get(ns_hex)
         ns, device, host = tree.get(ns_hex, (None, 0, 0))
-        info = ns.info() if ns is not None else None
+        share = shares.get(ns_hex)
+        info = ns.info() if ns is not None else share
         extra_key = rec.extra_key if rec is not None else info.extra_key  # type: ignore[union-attr]
         fingerprint = rec.salt_fingerprint if rec is not None else info.salt_fingerprint  # type: ignore[union-attr]
         l3 = TierUse(rec.pages, rec.pages * ps, rec.bytes) if rec is not None else TierUse()  # type: ignore
@@ -113,7 +115,8 @@ def _namespaces(cache: "TieredCache", _: NamespacesRequest) -> NamespaceList:
                                      rec.hits if rec is not None else 0,  # type: ignore[union-attr]
                                      rec.created if rec is not None else 0.0,  # type: ignore[union-attr]
                                      rec.last_access if rec is not None else 0.0,  # type: ignore[union-attr]
-                                     _use(cache, device), _use(cache, host), l3)
+                                     _use(cache, device), _use(cache, host), l3,
+                                     share.shares if share is not None else None)
     location = cache.store.location if cache.store is not None else ""
     return NamespaceList(location, list(rows.values()))
 
@@ -265,6 +268,13 @@ def _drop(cache: "TieredCache", req: DropRequest) -> "NamespaceDrop":
     return cache.drop_namespace(_namespace(req))
 
 
+def _set_shares(cache: "TieredCache", req: SharesRequest) -> SharesOutcome:
+    ns = _namespace(req)
+    cache.set_shares(ns, req.shares)
+    return SharesOutcome(ns.info(getattr(cache.store, "fingerprint_key", None)), ns.display_id, req.shares,
+                         namespace_tiers(cache, ns))
+
+
 def _ping(cache: "TieredCache", _: PingRequest) -> ServerInfo:
     from .protocol import PROTOCOL_VERSION
 
@@ -314,4 +324,5 @@ _HANDLERS = {
     StatsRequest: _stats,
     EvictRequest: _evict,
     DropRequest: _drop,
+    SharesRequest: _set_shares,
 }

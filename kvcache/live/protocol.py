@@ -34,6 +34,7 @@ from ..config import PrefetchPolicy
 from ..errors import AdminBadFrame
 from ..layout import KVLayout
 from ..namespace import NamespaceInfo
+from ..shares import Shares
 from ..staging import StagedView
 from ..stats import CacheStats
 from ..storage.base import StoreStats
@@ -132,6 +133,15 @@ class DropRequest(msgspec.Struct, frozen=True, tag="ns_drop", forbid_unknown_fie
     cache_salt: str | None = None
 
 
+class SharesRequest(msgspec.Struct, frozen=True, tag="ns_quota", forbid_unknown_fields=True):
+    """Set a namespace's shares per tier (`TieredCache.set_shares`: applied now, written to the cache's store);
+    `Shares()` clears them. Answered with `SharesOutcome`."""
+
+    shares: Shares
+    extra_key: str | None = None
+    cache_salt: str | None = None
+
+
 class ReplayRequest(msgspec.Struct, frozen=True, tag="replay", forbid_unknown_fields=True):
     """A chunk of a JSONL trace for the live cache to replay. Chunks split the trace's bytes anywhere; all but
     the last carry `more=True` and are answered with `ReplayAck`; the last is answered with
@@ -146,7 +156,7 @@ class ReplayRequest(msgspec.Struct, frozen=True, tag="replay", forbid_unknown_fi
 
 
 AdminRequest = Union[PingRequest, PrefetchRequest, StageRequest, LoadBackRequest, NamespacesRequest, AuditRequest,
-                     SnapshotRequest, StatsRequest, EvictRequest, DropRequest, ReplayRequest]
+                     SnapshotRequest, StatsRequest, EvictRequest, DropRequest, SharesRequest, ReplayRequest]
 
 
 class Envelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -212,6 +222,17 @@ class LiveNamespace(msgspec.Struct):
     device: TierUse
     host: TierUse
     storage: TierUse
+    shares: Shares | None = None  # the namespace's shares per tier (kvcache.shares); None: it has none
+
+
+class SharesOutcome(msgspec.Struct, frozen=True):
+    """The shares a live cache applies to a namespace now (`kvc ns quota set|clear --socket`), and what the
+    namespace holds in each tier."""
+
+    namespace: NamespaceInfo
+    id: str  # display_id
+    shares: Shares  # all zero: cleared
+    tiers: NamespaceTiers
 
 
 class NamespaceList(msgspec.Struct):

@@ -14,6 +14,10 @@ Rules every backend keeps (tests/conformance checks them for each registered bac
   the `PutResult`. Exceptions are for unusable input and for faults the caller must see (`kvcache.errors`).
 - A read fault (an I/O error under a read) degrades to a miss and is counted.
 - The salt of a namespace is never stored: the registry keeps `extra_key` and the salt fingerprint only.
+- Namespace shares (`kvcache.shares`) are kept with the registry and outlive the namespace's pages
+  (`delete_namespace` leaves them). A namespace's `store_bytes` share replaces the uniform
+  `namespace_quota_bytes` for it: a put never leaves it holding more (the backend evicts its own least recently
+  used pages, or rejects the pages over it).
 - Access times and hit counts are recorded in memory and written in batches (`flush()`), never one write per read.
   A read of a run of pages counts once, at the deepest page it reached; a page's heat is its subtree's.
 
@@ -41,6 +45,7 @@ from ..namespace import Namespace
 from ..errors import LayoutMismatch, NotAStore, StoreError, StoreReadOnly, StoreUnsupported  # noqa: E402,F401
 from ..keys import hash_root_of_id  # noqa: E402,F401
 from ..namespace import NamespaceInfo, new_fingerprint_key  # noqa: E402,F401
+from ..shares import NamespaceShares, Shares, decode_shares_record  # noqa: E402,F401
 
 ENTRY_POINT_GROUP = "kvcache.storage"
 DEFAULT_SCHEME = "lmdb"  # the backend a plain filesystem path opens
@@ -269,6 +274,12 @@ class L3Store(Protocol):
 
     def namespaces(self) -> list[NamespaceRecord]:
         """The namespace registry."""
+
+    def set_shares(self, namespace: Namespace, shares: Shares) -> None:
+        """Record `namespace`'s shares with the registry (`Shares()` clears them); every process sees them."""
+
+    def shares(self) -> list[NamespaceShares]:
+        """Every namespace's recorded shares."""
 
     def layouts(self) -> list[KVLayout]:
         """Every layout the store holds."""

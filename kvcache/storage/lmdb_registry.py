@@ -20,6 +20,7 @@ import msgspec
 import numpy as np
 
 from ..namespace import Namespace
+from ..shares import NamespaceShares, decode_shares_record
 from .base import NamespaceRecord, PageMeta
 from .codec import decode_meta, decode_namespace, decode_or_none, encoder
 
@@ -69,6 +70,38 @@ def set_limits(txn: lmdb.Transaction, dbs: Any, capacity_bytes: int, namespace_q
     txn.put(b"capacity", _U64.pack(capacity_bytes), db=dbs.store)
     if namespace_quota_bytes is not None:
         txn.put(b"ns_quota", _U64.pack(namespace_quota_bytes), db=dbs.store)
+
+
+SHARES_PREFIX = b"shares/"  # `store` keys b"shares/" + namespace id -> NamespaceShares (msgpack)
+
+
+def read_shares(txn: lmdb.Transaction, dbs: Any) -> list[NamespaceShares]:
+    """Every namespace's shares (a record that does not decode is skipped: it limits nothing)."""
+    cur = txn.cursor(db=dbs.store)
+    out = []
+    if cur.set_range(SHARES_PREFIX):
+        for key, raw in cur:
+            if not bytes(key).startswith(SHARES_PREFIX):
+                break
+            record = decode_or_none(decode_shares_record, raw)
+            if record is not None:
+                out.append(record)
+    return out
+
+
+def write_shares(txn: lmdb.Transaction, dbs: Any, ns_id: bytes, record: NamespaceShares | None) -> None:
+    """Record one namespace's shares (None: clear them)."""
+    if record is None:
+        txn.delete(SHARES_PREFIX + ns_id, db=dbs.store)
+    else:
+        txn.put(SHARES_PREFIX + ns_id, encoder.encode(record), db=dbs.store)
+
+
+def store_share(txn: lmdb.Transaction, dbs: Any, ns_id: bytes) -> int:
+    """Namespace `ns_id`'s store share in payload bytes (0: none; the uniform quota applies)."""
+    raw = txn.get(SHARES_PREFIX + ns_id, db=dbs.store)
+    record = decode_or_none(decode_shares_record, raw) if raw is not None else None
+    return record.shares.store_bytes if record is not None else 0
 
 
 class NsDelta:

@@ -48,7 +48,8 @@ from .codec import (CHECKSUMS, DEFAULT_CHECKSUM, HEADER, Checksum, StoreFormat, 
 from .isolated import Died, run_isolated
 from .lmdb_env import (DB_NAMES, DEFAULT_DURABILITY, DEFAULT_MAP_SIZE, DUPFIXED, ENVS, MAX_DBS, SharedEnv, acquire,
                        release)
-from .lmdb_registry import recount
+from ..shares import decode_shares_record
+from .lmdb_registry import SHARES_PREFIX, recount
 from .lmdb_verify import LMDBIntegrity
 from .verify import verify
 
@@ -498,6 +499,9 @@ def _prepare(new: str, store_records: dict[bytes, bytes]) -> list[VerifyRemoval]
             for key in (b"capacity", b"ns_quota"):
                 if len(store_records.get(key, b"")) == 8:  # a u64 limit
                     txn.put(key, store_records[key], db=dbs.store)
+            for key, raw in store_records.items():  # namespace shares (policy: they outlive the pages)
+                if key.startswith(SHARES_PREFIX) and decode_or_none(decode_shares_record, raw) is not None:
+                    txn.put(key, raw, db=dbs.store)
             layouts = {bytes(k) for k, v in txn.cursor(db=dbs.layouts)}
             namespaces = {bytes(k) for k, v in txn.cursor(db=dbs.namespaces)}
             txn.drop(dbs.children, delete=False)

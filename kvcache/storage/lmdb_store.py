@@ -8,7 +8,9 @@ Named sub-databases (all keys are 16-byte page hashes unless said otherwise)::
     namespaces  namespace id -> NamespaceRecord (msgpack)               never the salt
     layouts     layout id -> LayoutRecord (msgpack)                     every KVLayout the store holds
     store       b"format" -> StoreFormat, b"totals" -> StoreTotals, b"capacity" -> u64 payload limit,
-                b"ns_quota" -> u64 payload limit of each namespace
+                b"ns_quota" -> u64 payload limit of each namespace,
+                b"shares/" + namespace id -> NamespaceShares (msgpack): one tenant's shares (kvcache.shares);
+                stores written before shares have none, and an older kvc ignores these keys
 
 The parts, one module each: `lmdb_env` (the environment shared per process, map growth, fork, error
 translation), `codec` (the page value, checksums, the format record; shared with other backends),
@@ -59,6 +61,7 @@ from ..errors import InvalidInput, NotAStore, StoreError, StoreReadOnly
 from ..keys import hash_root
 from ..layout import KVLayout
 from ..namespace import Namespace
+from ..shares import NamespaceShares, Shares
 from .base import (AccessPolicy, CapacityPolicy, ChildInfo, DeleteResult, LayoutRecord, NamespaceRecord,
                    PageMeta, PageOrigin, PutResult, StoreCounters, StoreStats, VerifyReport, check_page_hashes,
                    layout_to_register, namespace_root, out_views_for, put_views)
@@ -70,7 +73,7 @@ from .keyfile import ensure_key, read_key
 from .lmdb_env import (DEFAULT_DURABILITY, DEFAULT_MAP_SIZE, DURABILITY, MAX_DBS, MAX_READERS,  # noqa: F401
                        SharedEnv, acquire, release, remove_failed_create)
 from .lmdb_registry import (NsDelta, StoreTotals, adjust_totals, apply_deltas, delta, drop_page, drop_stored, evict,
-                            limits, read_totals, set_limits)
+                            limits, read_shares, read_totals, set_limits, store_share, write_shares)
 from .lmdb_verify import REPAIR_BATCH_PAGES, VERIFY_CHUNK_PAGES, LMDBIntegrity  # noqa: F401
 from .verify import removed_pages, verify
 
@@ -357,6 +360,22 @@ class LMDBStore(StoreHandle):
         dbs = self._live().dbs
         self._write(lambda txn: set_limits(txn, dbs, capacity_bytes, namespace_quota_bytes))
 
+    def set_shares(self, namespace: Namespace, shares: Shares) -> None:
+        """Record `namespace`'s shares (`Shares()` clears them). Its `store_bytes` takes effect at its next put,
+        which evicts its own pages down to it."""
+        self._check_writable()
+        info = namespace.info(self.fingerprint_key)
+        record = (None if shares.empty else
+                  NamespaceShares(namespace.id_hex, info.extra_key, info.salt_fingerprint, shares, time.time()))
+        dbs = self._live().dbs
+        self._write(lambda txn: write_shares(txn, dbs, namespace.id, record))
+
+    def shares(self) -> list[NamespaceShares]:
+        """Every namespace's shares."""
+        shared = self._live()
+        with shared.read() as txn:
+            return read_shares(txn, shared.dbs)
+
     def stats(self) -> StoreStats:
         """Totals from the store and this handle's counters."""
         shared = self._live()
@@ -438,20 +457,22 @@ class LMDBStore(StoreHandle):
             evicted = 0
             protect = set(hashes) | {o.parent for o in origins}
             # Evictions take a little past the need so the scan behind one is paid once per many puts.
-            ns_room: dict[bytes, int] = {}
-            if quota:
-                ns_need: Counter[bytes] = Counter(origins[i].namespace.id for i in new)
-                for ns_id, n_new in ns_need.items():
-                    raw = txn.get(ns_id, db=dbs.namespaces)
-                    held = decode_namespace(raw).bytes if raw is not None else 0
-                    held += deltas[ns_id].bytes if ns_id in deltas else 0  # corrupt pages dropped above
-                    if held + n_new * nbytes > quota:
-                        target = held + n_new * nbytes - quota + int(self._evict_headroom * quota)
-                        n, freed = evict(txn, dbs, target, protect, deltas, only_ns=ns_id)
-                        evicted += n
-                        held -= freed
-                        stored_bytes -= freed
-                    ns_room[ns_id] = quota - held
+            ns_room: dict[bytes, int] = {}  # payload room of each namespace with a limit: its share, or the quota
+            ns_need: Counter[bytes] = Counter(origins[i].namespace.id for i in new)
+            for ns_id, n_new in ns_need.items():
+                limit = store_share(txn, dbs, ns_id) or quota
+                if not limit:
+                    continue
+                raw = txn.get(ns_id, db=dbs.namespaces)
+                held = decode_namespace(raw).bytes if raw is not None else 0
+                held += deltas[ns_id].bytes if ns_id in deltas else 0  # corrupt pages dropped above
+                if held + n_new * nbytes > limit:
+                    target = held + n_new * nbytes - limit + int(self._evict_headroom * limit)
+                    n, freed = evict(txn, dbs, target, protect, deltas, only_ns=ns_id)
+                    evicted += n
+                    held -= freed
+                    stored_bytes -= freed
+                ns_room[ns_id] = limit - held
             need = len(new) * nbytes
             if capacity and stored_bytes + need > capacity:
                 target = stored_bytes + need - capacity + int(self._evict_headroom * capacity)
@@ -465,12 +486,12 @@ class LMDBStore(StoreHandle):
                 ns_id = origins[i].namespace.id
                 if room < nbytes:
                     break
-                if ns_id in full or (quota and ns_room[ns_id] < nbytes):
+                if ns_id in full or ns_room.get(ns_id, nbytes) < nbytes:
                     full.add(ns_id)
                     continue
                 accepted.append(i)
                 room -= nbytes
-                if quota:
+                if ns_id in ns_room:
                     ns_room[ns_id] -= nbytes
             metas: list[tuple[bytes, bytes]] = []
             links: list[tuple[bytes, bytes]] = []

@@ -298,3 +298,49 @@ def test_put_refuses_a_page_whose_parent_is_another_namespaces_root(store):
             store.put([h], [page_payload(h, LAYOUT.bytes_per_page)], [PageOrigin(NS_B, foreign_root, tokens)])
         assert store.exists_prefix([h]) == 0
     assert NS_B.id_hex not in {r.ns_id_hex for r in store.namespaces()}
+
+
+# --- shares (kvcache.shares) -------------------------------------------------------------------------------
+
+
+def test_shares_are_kept_with_the_registry_never_the_salt_and_outlive_the_pages(factory, location, store):
+    from kvcache.shares import Shares
+
+    assert store.shares() == []
+    write(store, range(8), NS_A)
+    store.set_shares(NS_A, Shares(device_tokens=64, host_tokens=128, store_bytes=4096))
+    store.set_shares(NS_B, Shares(device_tokens=8))  # before the namespace has any page
+    other = factory.open(location, LAYOUT)  # another handle (another process would see the same)
+    try:
+        got = {r.ns_id_hex: r for r in other.shares()}
+    finally:
+        other.close()
+    assert set(got) == {NS_A.id_hex, NS_B.id_hex}
+    a = got[NS_A.id_hex]
+    assert (a.shares, a.extra_key, a.salt_fingerprint) == (
+        Shares(64, 128, 4096), "tenant-a", NS_A.fingerprint(store.fingerprint_key))
+    assert SALT not in repr(got)
+    store.delete_namespace(NS_A.id)  # policy, not data: the share stays
+    assert {r.ns_id_hex for r in store.shares()} == {NS_A.id_hex, NS_B.id_hex}
+    store.set_shares(NS_A, Shares())  # all zero clears
+    assert [r.ns_id_hex for r in store.shares()] == [NS_B.id_hex]
+    assert store.verify().ok
+
+
+def test_a_store_share_bounds_its_namespace_and_no_other(store):
+    from kvcache.shares import Shares
+
+    nbytes = LAYOUT.bytes_per_page
+    store.set_shares(NS_A, Shares(store_bytes=3 * nbytes))
+    hashes, origins = page_origins(LAYOUT, pack_tokens(range(40)), NS_A)
+    result = store.put(hashes, [page_payload(h, nbytes) for h in hashes], origins)
+    assert result.written + result.existing + result.rejected == 10
+    assert result.written <= 3
+    write(store, range(40), NS_B)  # no share, no quota: all of it
+    records = {r.ns_id_hex: r for r in store.namespaces()}
+    assert records[NS_A.id_hex].bytes <= 3 * nbytes and records[NS_B.id_hex].pages == 10
+    assert store.exists_prefix(hashes) == records[NS_A.id_hex].pages  # what is stored of the chain is a prefix
+    store.set_shares(NS_A, Shares())
+    write(store, range(40), NS_A)  # cleared: the namespace takes the rest
+    assert store.exists_prefix(hashes) == 10
+    assert store.verify().ok

@@ -368,6 +368,14 @@ class CacheMachine(RuleBasedStateMachine):
         _tally(self.cache)
         self.cache = TieredCache(self.config, self.flaky)
 
+    @rule(ns=st.sampled_from(NAMESPACES), device=st.integers(0, 12), host=st.integers(0, 12))
+    def set_shares(self, ns, device, host):
+        """Shares (0 pages: none on that tier) only reorder eviction: every invariant holds with any of them."""
+        from kvcache.shares import Shares
+
+        self.cache.set_shares(ns, Shares(device_tokens=device * self.ps, host_tokens=host * self.ps))
+        self.cache.tree.check()
+
     @precondition(lambda self: self.has_store)
     @rule(ns=st.sampled_from(NAMESPACES))
     def drop_namespace(self, ns):
@@ -419,7 +427,7 @@ class CacheMachine(RuleBasedStateMachine):
     @invariant()
     def tree_counts_match_a_recount(self):
         if self.cache is not None:
-            self.cache.tree.check()  # children with a device / host copy per node, the node count
+            self.cache.tree.check()  # children with a device / host copy per node, the node count, share use
 
     @invariant()
     def every_cached_page_holds_its_hash(self):

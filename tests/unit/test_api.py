@@ -10,7 +10,7 @@ PUBLIC = {
     "CommitResult", "DeclineReason", "DropReason", "EvictResult", "HostMode", "KVLayout", "Namespace",
     "NamespaceInfo", "Owner", "OwnerKind", "PrefetchOutcome", "PrefetchPolicy", "PrefetchStats", "RadixKey",
     "Request", "StagedView", "TierHits", "TieredCache", "TreeMatch", "Violation", "ViolationKind", "WritePolicy",
-    "page_hashes", "L3Store", "open_store", "page_origins",
+    "page_hashes", "L3Store", "open_store", "page_origins", "NamespaceShares", "Shares",
     "SettledPrefetch", "SyntheticKV", "WarmResult", "warm_namespace",
     "TraceRequest", "WorkloadSpec", "generate", "read_trace", "write_trace",
     "NamespaceReplay", "Replayer", "ReplayReport", "TierTokens", "VerifyMismatch", "replay",

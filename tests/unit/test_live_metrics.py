@@ -14,13 +14,19 @@ def _samples(text):
             for f in text_string_to_metric_families(text) for s in f.samples}
 
 
-def test_store_families_are_exact_and_label_namespaces(tmp_path):
+def _served(tmp_path, ns, n_tokens):
+    """A cache over a fresh LMDB store that served one request of `n_tokens` tokens in `ns`: (store, cache)."""
     store = make_store(tmp_path / "s", make_layout(4))
     cache = l3_cache(store)
-    ns = Namespace('quote"back\\slash\nnewline', "salt")
-    req = Request("r", list(range(40)), ns)
+    req = Request("r", list(range(n_tokens)), ns)
     forward(cache, req, cache.admit(req))
     cache.commit("r")
+    return store, cache
+
+
+def test_store_families_are_exact_and_label_namespaces(tmp_path):
+    ns = Namespace('quote"back\\slash\nnewline', "salt")
+    store, cache = _served(tmp_path, ns, 40)
     cache.close()
     stats = store.stats()
     text = exposition(store_families(stats, "/srv/kvc", store.namespaces()))
@@ -54,5 +60,21 @@ def test_cache_families_count_hits_per_namespace_and_tier(tmp_path):
     assert values[("kvc_cache_requests_total", (("outcome", "committed"),))] == 4
     assert values[("kvc_cache_pool_tokens", (("tier", "device"),))] == live.device.tokens
     assert ("kvc_store_pages_read_total", (("backend", "lmdb"), ("store", store.location))) in values
+    cache.close()
+    store.close()
+
+
+def test_cache_families_show_each_namespace_share_beside_its_use(tmp_path):
+    from kvcache.shares import Shares
+
+    t1 = Namespace("t1", "a")
+    store, cache = _served(tmp_path, t1, 32)
+    cache.set_shares(t1, Shares(device_tokens=64, store_bytes=4096))
+    values = _samples(exposition(cache_families(execute(cache, StatsRequest()), execute(cache, NamespacesRequest()))))
+    labels = (("extra_key", "t1"), ("salt_fingerprint", t1.salt_fingerprint))
+    assert values[("kvc_cache_namespace_share_tokens", (*labels, ("tier", "device")))] == 64
+    assert values[("kvc_cache_namespace_share_tokens", (*labels, ("tier", "host")))] == 0
+    assert values[("kvc_cache_namespace_share_bytes", labels)] == 4096
+    assert values[("kvc_cache_namespace_tokens", (*labels, ("tier", "device")))] == 32
     cache.close()
     store.close()

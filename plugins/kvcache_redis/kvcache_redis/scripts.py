@@ -17,11 +17,13 @@ and one ``r:<root hex>`` field per layout root the namespace's pages hang from.
 """
 
 # KEYS: [1] namespace index, [2 .. 1+nns] namespace records, then per page: page record, children set of its
-# parent, parent page record; last, the store's format record.
+# parent, parent page record; then the shares hash; last, the store's format record.
 # ARGV: [1] now, [2] nns, per namespace (2): id hex, NamespaceInfo msgpack; per page (7): child member (the raw
 # page hash), d, m, namespace number (1-based), parent hex, "1" when the parent is the namespace root, "1" when
 # the parent's namespace must be checked (a stored parent that is not new in this batch).
-# Returns {written, existing}; an error KVCNOSTORE when the format record is gone (the server lost its data:
+# A namespace with a store share (field ``b:<id hex>`` of the shares hash) takes new pages while its bytes stay
+# within it; its later new pages in the batch are rejected (what is stored of a chain stays a prefix).
+# Returns {written, existing, rejected}; an error KVCNOSTORE when the format record is gone (the server lost its data:
 # nothing is written under a prefix that is no store), or KVCNS naming the first page whose parent is no stored page
 # of its namespace.
 PUT_BATCH = """#!lua
@@ -32,9 +34,16 @@ local now = ARGV[1]
 local nns = tonumber(ARGV[2])
 local kb = 1 + nns
 local ab = 2 + 2 * nns
-local np = (#KEYS - kb - 1) / 3
+local np = (#KEYS - kb - 2) / 3
 local nshex = {}
 for j = 1, nns do nshex[j] = ARGV[1 + 2 * j] end
+local room, limited, full = {}, {}, {}
+for j = 1, nns do
+  local share = tonumber(redis.call('HGET', KEYS[#KEYS - 1], 'b:' .. nshex[j]) or '0')
+  limited[j] = share > 0
+  room[j] = share - tonumber(redis.call('HGET', KEYS[1 + j], 'bytes') or '0')
+  full[j] = false
+end
 for i = 0, np - 1 do
   local o = ab + 7 * i
   if ARGV[o + 7] == '1' then
@@ -44,20 +53,25 @@ for i = 0, np - 1 do
     end
   end
 end
-local written, existing = 0, 0
+local written, existing, rejected = 0, 0, 0
 local pages, bytes = {}, {}
 for j = 1, nns do pages[j] = 0; bytes[j] = 0 end
 for i = 0, np - 1 do
   local o = ab + 7 * i
   local pk = KEYS[kb + 3 * i + 1]
+  local j = tonumber(ARGV[o + 4])
+  local size = string.len(ARGV[o + 2]) - 8
   if redis.call('EXISTS', pk) == 1 then
     existing = existing + 1
+  elseif full[j] or (limited[j] and room[j] < size) then
+    full[j] = true
+    rejected = rejected + 1
   else
-    local j = tonumber(ARGV[o + 4])
+    room[j] = room[j] - size
     redis.call('HSET', pk, 'd', ARGV[o + 2], 'm', ARGV[o + 3], 'n', nshex[j], 'p', ARGV[o + 5], 'h', 0, 'a', now)
     redis.call('SADD', KEYS[kb + 3 * i + 2], ARGV[o + 1])
     pages[j] = pages[j] + 1
-    bytes[j] = bytes[j] + string.len(ARGV[o + 2]) - 8
+    bytes[j] = bytes[j] + size
     if ARGV[o + 6] == '1' then redis.call('HSET', KEYS[1 + j], 'r:' .. ARGV[o + 5], 1) end
     written = written + 1
   end
@@ -74,7 +88,7 @@ for j = 1, nns do
     redis.call('SADD', KEYS[1], nshex[j])
   end
 end
-return {written, existing}
+return {written, existing, rejected}
 """
 
 # KEYS: [1] page record. ARGV: d, m, namespace id hex, parent hex, now. Returns 1 when written, 0 when stored.

@@ -10,6 +10,8 @@ Key schema (P is the key prefix, default ``kvc:``; several deployments share one
                                  fingerprint key (hex)
     P layouts            hash    layout id hex -> LayoutRecord (msgpack)
     P nsidx              set     namespace id hex of every registered namespace
+    P shares             hash    <ns id hex> -> NamespaceShares (msgpack); b:<ns id hex> -> its store share in
+                                 bytes (only when > 0: what the put script reads). Outlives the namespace's pages
     P ns:<ns id hex>     hash    the namespace record (identity, never the salt; counters; roots)
     P p:<page hash hex>  hash    one page: checksum + payload, PageMeta, namespace, parent, hits, last access
     P c:<hash hex>       set     raw 16-byte hashes of the stored children of a page or of a namespace root
@@ -54,10 +56,11 @@ from redis.retry import Retry
 
 from kvcache.storage.base import (PAGE_HASH_BYTES, AccessPolicy, CapacityPolicy, ChildInfo,
                                   DeleteResult, InvalidInput, KVLayout, LayoutRecord,
-                                  Namespace, NamespaceInfo, NamespaceRecord, NotAStore, PageMeta, PageOrigin,
-                                  PutResult, StoreCounters, StoreError, StoreReadOnly, StoreStats,
+                                  Namespace, NamespaceInfo, NamespaceRecord, NamespaceShares, NotAStore, PageMeta,
+                                  PageOrigin, PutResult, Shares, StoreCounters, StoreError, StoreReadOnly, StoreStats,
                                   StoreUnsupported, VerifyReport, new_fingerprint_key, check_page_hashes,
                                   hash_root, layout_to_register, namespace_root, out_views_for, put_views)
+from kvcache.storage.base import decode_shares_record
 from kvcache.storage.codec import (CHECKSUMS, FORMAT_MAGIC, FORMAT_VERSION, HEADER, StoreFormat, decode_format,
                                    decode_layout, decode_meta, decode_or_none, encoder)
 from kvcache.storage.handle import AccessLog, StoreHandle, count_read, new_counts
@@ -219,6 +222,7 @@ class RedisStore(StoreHandle):
         self._closed = False
         p = self.prefix.encode()
         self._k_format, self._k_layouts, self._k_nsidx = p + b"format", p + b"layouts", p + b"nsidx"
+        self._k_shares = p + b"shares"
         self._p_page, self._p_children, self._p_ns = p + b"p:", p + b"c:", p + b"ns:"
         self._s_put_batch = client.register_script(scripts.PUT_BATCH)
         self._s_put_page = client.register_script(scripts.PUT_PAGE)
@@ -530,6 +534,32 @@ class RedisStore(StoreHandle):
         """The namespace registry, most pages first."""
         return sorted(self._registry().values(), key=lambda r: (-r.pages, r.ns_id_hex))
 
+    def set_shares(self, namespace: Namespace, shares: Shares) -> None:
+        """Record `namespace`'s shares (`Shares()` clears them). A `store_bytes` share is kept by rejecting the
+        namespace's new pages over it (this backend evicts nothing itself)."""
+        self._check_writable()
+        ns_hex = namespace.id_hex
+        info = namespace.info(self.fingerprint_key)
+
+        def write(c: Any) -> None:
+            if shares.empty:
+                c.hdel(self._k_shares, ns_hex, "b:" + ns_hex)
+                return
+            record = NamespaceShares(ns_hex, info.extra_key, info.salt_fingerprint, shares, time.time())
+            c.hset(self._k_shares, ns_hex, encoder.encode(record))
+            if shares.store_bytes:
+                c.hset(self._k_shares, "b:" + ns_hex, shares.store_bytes)
+            else:
+                c.hdel(self._k_shares, "b:" + ns_hex)
+
+        self._admin(write)
+
+    def shares(self) -> list[NamespaceShares]:
+        """Every namespace's shares."""
+        raw = self._admin(lambda c: c.hgetall(self._k_shares))
+        records = (decode_or_none(decode_shares_record, v) for k, v in raw.items() if not k.startswith(b"b:"))
+        return sorted((r for r in records if r is not None), key=lambda r: r.ns_id_hex)
+
     def capacity_bytes(self) -> int:
         """0: kvc keeps no payload limit here; the server's maxmemory bounds the store."""
         return 0
@@ -585,9 +615,9 @@ class RedisStore(StoreHandle):
                  for o, v in zip(origins, values)]
         try:
             if self.cluster:
-                written, existing = self._put_cluster(client, hashes, values, metas, origins, roots, now)
+                written, existing, rejected = self._put_cluster(client, hashes, values, metas, origins, roots, now)
             else:
-                written, existing = self._put_batch(client, hashes, values, metas, origins, roots, now)
+                written, existing, rejected = self._put_batch(client, hashes, values, metas, origins, roots, now)
             self._ok()
         except redis.ResponseError as exc:
             if str(exc).startswith("KVCNOSTORE"):
@@ -605,10 +635,11 @@ class RedisStore(StoreHandle):
             c = self._counts
             c["pages_written"] += written
             c["pages_existing"] += existing
+            c["pages_rejected"] += rejected
             back, self._gone = self._gone, False
         if back:
             log.warning("%s: the store's format record is back; writing again", self.location)
-        return PutResult(written, existing, 0, 0, written * nbytes)
+        return PutResult(written, existing, rejected, 0, written * nbytes)
 
     def _store_gone(self, n: int) -> PutResult:
         """The format record is gone (the server lost its data, or the store was deleted): the batch is refused
@@ -635,7 +666,7 @@ class RedisStore(StoreHandle):
         return PutResult(0, 0, n, 0, 0)
 
     def _put_batch(self, client: Any, hashes: Sequence[bytes], values: list[bytes], metas: list[bytes],
-                   origins: Sequence[PageOrigin], roots: dict[bytes, bytes], now: float) -> tuple[int, int]:
+                   origins: Sequence[PageOrigin], roots: dict[bytes, bytes], now: float) -> tuple[int, int, int]:
         ns_order: dict[bytes, int] = {}
         infos: list[Any] = []
         for o in origins:
@@ -653,12 +684,12 @@ class RedisStore(StoreHandle):
             fresh.add(h)
             keys += [self._pk(h), self._ck(o.parent), self._pk(o.parent)]
             args += [h, v, m, ns_order[o.namespace.id], o.parent.hex(), "1" if is_root else "0", "1" if check else "0"]
-        keys.append(self._k_format)
-        written, existing = self._call(self._s_put_batch, keys, args, client)
-        return int(written), int(existing)
+        keys += [self._k_shares, self._k_format]
+        written, existing, rejected = self._call(self._s_put_batch, keys, args, client)
+        return int(written), int(existing), int(rejected)
 
     def _put_cluster(self, client: Any, hashes: Sequence[bytes], values: list[bytes], metas: list[bytes],
-                     origins: Sequence[PageOrigin], roots: dict[bytes, bytes], now: float) -> tuple[int, int]:
+                     origins: Sequence[PageOrigin], roots: dict[bytes, bytes], now: float) -> tuple[int, int, int]:
         # The parent check reads first (another slot than the page): a race with a concurrent writer of the
         # parent can only make it miss a wrong parent that a content-addressed hash already rules out.
         # The format record lives in another slot than the pages: checked first, not atomically with the writes
@@ -675,12 +706,17 @@ class RedisStore(StoreHandle):
             for (i, _), up in zip(to_check, pipe.execute()):
                 if up is None or up.decode() != origins[i].namespace.id_hex:
                     raise _foreign_parent(hashes[i], origins[i], stored=up is not None)
+        over = self._over_share(client, origins, len(values[0]) - HEADER if values else 0)
         pipe = client.pipeline(transaction=False)
-        for h, v, m, o in zip(hashes, values, metas, origins):
-            self._call(self._s_put_page, [self._pk(h)], [v, m, o.namespace.id_hex, o.parent.hex(), repr(now)],
-                             client=pipe)
+        for i, (h, v, m, o) in enumerate(zip(hashes, values, metas, origins)):
+            if i in over:  # past its namespace's store share: only asked whether it is stored already
+                pipe.exists(self._pk(h))
+            else:
+                self._call(self._s_put_page, [self._pk(h)], [v, m, o.namespace.id_hex, o.parent.hex(), repr(now)],
+                           client=pipe)
         flags = pipe.execute()
-        written_idx = [i for i, f in enumerate(flags) if int(f) == 1]
+        written_idx = [i for i, f in enumerate(flags) if int(f) == 1 and i not in over]
+        rejected = sum(1 for i in over if not int(flags[i]))
         # Indexes and counters after the pages: a reader never finds a children entry without its page; a writer
         # that dies here leaves a missing_index / counter_mismatch that verify reports and repair fixes.
         per_ns: dict[bytes, list[Any]] = {}
@@ -699,7 +735,30 @@ class RedisStore(StoreHandle):
             pipe.sadd(self._k_nsidx, ns.id_hex)
         if written_idx:
             pipe.execute()
-        return len(written_idx), len(hashes) - len(written_idx)
+        return len(written_idx), len(hashes) - len(written_idx) - rejected, rejected
+
+    def _over_share(self, client: Any, origins: Sequence[PageOrigin], nbytes: int) -> set[int]:
+        """Cluster mode: indexes of the batch's pages past their namespace's store share, counting every page of
+        the batch as new (the shares hash and the counters live in other slots than the pages, so this is read
+        before the writes, not atomically with them: concurrent writers of one namespace can overshoot it by a
+        batch each)."""
+        ns_hexes = sorted({o.namespace.id_hex for o in origins})
+        pipe = client.pipeline(transaction=False)
+        pipe.hmget(self._k_shares, ["b:" + h for h in ns_hexes])
+        for h in ns_hexes:
+            pipe.hget(self._nk(h), "bytes")
+        limits, *held = pipe.execute()
+        room = {h: int(lim) - int(b or 0) for h, lim, b in zip(ns_hexes, limits, held) if lim is not None}
+        over: set[int] = set()
+        for i, o in enumerate(origins):
+            h = o.namespace.id_hex
+            if h in room:
+                if room[h] < nbytes:
+                    room[h] = -1  # the rest of the namespace's pages in the batch go too: a stored chain is a prefix
+                    over.add(i)
+                else:
+                    room[h] -= nbytes
+        return over
 
     # -- access records -------------------------------------------------------------------------------------
 
