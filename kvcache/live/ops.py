@@ -30,7 +30,7 @@ from ..pools import SlotPool
 from ..request import Request
 from ..workload.replay import Replayer
 from ..workload.warm import warm_namespace
-from .protocol import (AuditRequest, DropRequest, EvictOutcome, EvictRequest, LiveNamespace, LiveStats, LoadBackRequest,
+from .protocol import (AuditRequest, DropRequest, EvictOutcome, ExpireRequest, EvictRequest, LiveNamespace, LiveStats, LoadBackRequest,
                        NamespaceList, NamespacesRequest, NamespaceTiers, PingRequest, PoolUse, PrefetchRequest,
                        ReplayOutcome, RequestResult, ServerInfo, SnapshotData, SnapshotRequest, StageRequest,
                        StatsRequest, TierUse)
@@ -38,6 +38,7 @@ from .transport import ReplayJob
 
 if TYPE_CHECKING:
     from ..cache import NamespaceDrop, TieredCache
+    from ..ttl import NamespaceExpiry
 
 _RIDS = itertools.count(1)
 
@@ -101,6 +102,7 @@ def _namespaces(cache: "TieredCache", _: NamespacesRequest) -> NamespaceList:
     tree = {ns_id.hex(): row for ns_id, row in _tree_pages(cache).items()}
     stored = _stored(cache)
     ps = cache.page_size
+    ttls = {view.id: view for view in cache.namespace_ttls()}  # by display_id
     for ns_hex in sorted(set(tree) | set(stored)):
         rec = stored.get(ns_hex)
         ns, device, host = tree.get(ns_hex, (None, 0, 0))
@@ -114,8 +116,20 @@ def _namespaces(cache: "TieredCache", _: NamespacesRequest) -> NamespaceList:
                                      rec.created if rec is not None else 0.0,  # type: ignore[union-attr]
                                      rec.last_access if rec is not None else 0.0,  # type: ignore[union-attr]
                                      _use(cache, device), _use(cache, host), l3)
+    out = list(rows.values())
+    # tracked by the TTL policy and holding nothing now (say, a prefetch that found nothing): listed for its deadline
+    shown = {row.id for row in out}
+    empty = TierUse()
+    out += [LiveNamespace(v.namespace.extra_key, v.namespace.salt_fingerprint, v.id, 0, 0, 0, 0, 0.0, 0.0, empty,
+                          empty, empty) for v in ttls.values() if v.id not in shown]
+    wall = time.time()  # deadlines run on the cache's monotonic clock; shown in epoch seconds, like last_access
+    for row in out:
+        view = ttls.get(row.id)
+        if view is not None:
+            row.deadline = wall + view.seconds_left
+            row.expiry_deferred = view.deferred is not None
     location = cache.store.location if cache.store is not None else ""
-    return NamespaceList(location, list(rows.values()))
+    return NamespaceList(location, out)
 
 
 # --- the L3 path: prefetch, stage, load-back ---------------------------------------------------------------------
@@ -265,6 +279,10 @@ def _drop(cache: "TieredCache", req: DropRequest) -> "NamespaceDrop":
     return cache.drop_namespace(_namespace(req))
 
 
+def _expire(cache: "TieredCache", req: ExpireRequest) -> "NamespaceExpiry":
+    return cache.expire_namespace(_namespace(req))
+
+
 def _ping(cache: "TieredCache", _: PingRequest) -> ServerInfo:
     from .protocol import PROTOCOL_VERSION
 
@@ -314,4 +332,5 @@ _HANDLERS = {
     StatsRequest: _stats,
     EvictRequest: _evict,
     DropRequest: _drop,
+    ExpireRequest: _expire,
 }
