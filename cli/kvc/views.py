@@ -187,14 +187,24 @@ def sort_namespaces(rows: list, sort: str) -> None:
 
 
 def render_live_namespaces(listing: NamespaceList, socket: str, fmt: Output, no_headers: bool) -> None:
-    """`kvc ns ls` of a live cache as a table: the store's rows plus what each namespace holds in L1, L2 and L3."""
+    """`kvc ns ls` of a live cache as a table: the store's rows plus what each namespace holds in L1, L2 and L3,
+    and when it expires under the cache's TTL policy."""
     columns = [Column("id"), Column("extra_key", Kind.USER), Column("salt fingerprint"),
                Column("L1 tokens", Kind.INT), Column("L2 tokens", Kind.INT), Column("L3 tokens", Kind.INT),
-               Column("L3 bytes", Kind.BYTES), Column("hits", Kind.INT), Column("last access", Kind.TIME)]
+               Column("L3 bytes", Kind.BYTES), Column("hits", Kind.INT), Column("last access", Kind.TIME),
+               Column("expires", Kind.TIME), Column("expiry")]
     rows = [[r.id, r.extra_key, r.salt_fingerprint, r.device.tokens, r.host.tokens, r.storage.tokens,
-             r.storage.bytes, r.hits, r.last_access] for r in listing.namespaces]
+             r.storage.bytes, r.hits, r.last_access, r.deadline, _expiry(r)] for r in listing.namespaces]
     render(Listing(f"namespaces of the live cache at {socket} (store {listing.store or '-'})", columns, rows),
            fmt, no_headers)
+
+
+def _expiry(row) -> str:
+    """A live namespace's TTL state: not tracked ("-": no policy, or unused since the cache started), waiting for
+    its deadline, or past it and deferred until its running requests end."""
+    if row.deadline is None:
+        return "-"
+    return "deferred: requests running" if row.expiry_deferred else "scheduled"
 
 
 # --- Prometheus ----------------------------------------------------------------------------------------------
