@@ -170,6 +170,12 @@ def render_live_stats(figures: LiveStats, socket: str, output: Output | None, no
     hits = figures.cache.hits
     rows.append(["hit tokens", f"L1 {sum(h.device for h in hits):,} · L2 {sum(h.host for h in hits):,} · "
                                f"L3 {sum(h.storage for h in hits):,}"])
+    ttl = figures.cache.ttl
+    if ttl is not None:
+        expired = ", ".join(f"{cause} {n:,}" for cause, n in sorted(ttl.expired.items())) or "none"
+        rows.append(["namespace TTL", f"{ttl.tracked:,} tracked; expired: {expired}; {ttl.deferred:,} deferred, "
+                                      f"{ttl.cancelled:,} cancelled by reuse; freed L1 {ttl.device_pages:,} · "
+                                      f"L2 {ttl.host_pages:,} · L3 {ttl.store_pages:,} pages"])
     if figures.store is not None:
         rows += store_rows(figures.store, figures.store.location)
     print_figures(f"kvc stats — live cache at {socket}", rows, output, no_headers)

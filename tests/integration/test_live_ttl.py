@@ -71,6 +71,10 @@ def test_ns_expire_drops_the_namespace_from_every_tier_at_once(served):
     assert fetched["hit_tokens"] == 0  # nothing of it is fetchable
     audit = as_json(invoke("--socket", sock, "audit", "--json"))
     assert audit["ok"] is True
+    ttl = as_json(invoke("--socket", sock, "stats", "--json"))["cache"]["ttl"]
+    assert ttl["expired"] == {"on_demand": 1} and ttl["store_pages"] == 21 and ttl["tracked"] == 0
+    stats = invoke("--socket", sock, "stats", "-o", "tsv").stdout
+    assert "namespace TTL\t0 tracked; expired: on_demand 1; 0 deferred" in stats
     said = invoke("--socket", sock, "ns", "expire", "t2", "--yes")
     assert said.exit_code == 0 and said.stdout.startswith("expired namespace t2") and "21 L3 pages" not in said.stdout
 
