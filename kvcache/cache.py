@@ -483,8 +483,9 @@ class TieredCache:
         those past their deadline."""
         ttl = self._ttl
         assert ttl is not None
-        for entry in ttl.take_ready():
-            self._expire(entry.namespace, entry.deferred or ExpiryCause.DEADLINE)
+        if ttl.ready:
+            for entry in ttl.take_ready():
+                self._expire(entry.namespace, entry.deferred or ExpiryCause.DEADLINE)
         now = ttl.clock()
         if ttl.sweep_due(now):
             for entry in ttl.due(now):
