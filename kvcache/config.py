@@ -58,6 +58,11 @@ class TTLPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         except ValueError:
             raise InvalidConfig(f"ttl mode={self.mode!r} is not one of "
                                 f"{', '.join(m.value for m in TTLMode)}") from None
+        for name in ("default_ttl_s", "max_ttl_s", "sweep_interval_s"):  # seconds as floats, whatever was given
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InvalidConfig(f"ttl {name}={value!r} is not a number of seconds")
+            msgspec.structs.force_setattr(self, name, float(value))
         if not 0 < self.default_ttl_s < math.inf:
             raise InvalidConfig(f"ttl default_ttl_s={self.default_ttl_s} must be > 0 and finite")
         if not self.default_ttl_s <= self.max_ttl_s < math.inf:
@@ -70,7 +75,7 @@ class TTLPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def clamp(self, ttl_s: float | None) -> float:
         """The time to live a request asking for `ttl_s` (None: the default) gets."""
-        return self.default_ttl_s if ttl_s is None else min(ttl_s, self.max_ttl_s)
+        return self.default_ttl_s if ttl_s is None else min(float(ttl_s), self.max_ttl_s)
 
 
 class BackupRule(msgspec.Struct, frozen=True):

@@ -3,7 +3,8 @@ scheduler steps (`AdminServer.poll`): every handler sees the cache at rest and m
 
 The commands mirror the offline CLI's, on the cache that is running instead of one built for the command:
 prefetch a request or a whole namespace into L2, stage (buffer mode), load back L3 -> L2 -> L1, list namespaces
-with what each holds in L1, L2 and L3, audit, snapshot, stats, evict a namespace from L1/L2, replay a trace.
+with what each holds in L1, L2 and L3 (and its TTL deadline), audit, snapshot, stats, evict a namespace from L1/L2,
+drop or expire one, replay a trace.
 Requests the handlers make for themselves carry ids `kvc-admin:<n>`, and a replay's requests `kvc-admin:<n>:<rid>`
 (an operator's trace never meets the engine's own request ids); what they leave behind is what an operator
 asked for (pages warmed into L2, a prefix loaded onto the device), never a live request or a parked record.

@@ -95,7 +95,8 @@ def assert_held(cache, store, ns, tokens=TOKENS):
 
 
 @pytest.mark.parametrize("kw, fact", [
-    ({"default_ttl_s": 0}, "default_ttl_s=0 must be > 0"),
+    ({"default_ttl_s": 0}, "default_ttl_s=0.0 must be > 0"),
+    ({"max_ttl_s": "1h"}, "max_ttl_s='1h' is not a number of seconds"),
     ({"default_ttl_s": math.nan}, "default_ttl_s=nan"),
     ({"default_ttl_s": 30.0, "max_ttl_s": 20.0}, "max_ttl_s=20.0 must be finite and >= default_ttl_s=30.0"),
     ({"max_ttl_s": math.inf}, "max_ttl_s=inf"),
