@@ -33,6 +33,12 @@ class Clock:
         return self
 
 
+def poll_at(cache, clock, offset: float) -> None:
+    """Time moves to `offset` seconds after the start and the engine polls (a sweep when one is due)."""
+    clock.at(offset)
+    cache.poll()
+
+
 @pytest.fixture
 def store(tmp_path):
     s = make_store(tmp_path / "store", make_layout(4))
@@ -145,15 +151,12 @@ def test_sliding_deadline_runs_from_the_last_use(store):
     serve(c, "b1", B)
     clock.at(8)
     serve(c, "a2", A)  # a use: A's deadline moves to 18, B's stays at 10
-    clock.at(10)
-    c.poll()
+    poll_at(c, clock, 10)
     assert_held(c, store, A)
     assert_gone(c, store, B)
-    clock.at(17.9)
-    c.poll()
+    poll_at(c, clock, 17.9)
     assert_held(c, store, A)
-    clock.at(18)
-    c.poll()
+    poll_at(c, clock, 18)
     assert_gone(c, store, A)
     st = c.stats().ttl
     assert st.expired == {"deadline": 2} and st.tracked == 0
@@ -169,11 +172,9 @@ def test_absolute_deadline_runs_from_the_first_use(store):
     assert serve(c, "a2", A).cached_tokens == 32  # a use, a hit: the deadline stays at 10
     [view] = c.namespace_ttls()
     assert (view.first_use, view.last_use, view.deadline, view.seconds_left) == (1000, 1008, 1010, 2)
-    clock.at(9.9)
-    c.poll()
+    poll_at(c, clock, 9.9)
     assert_held(c, store, A)
-    clock.at(10)
-    c.poll()
+    poll_at(c, clock, 10)
     assert_gone(c, store, A)
     c.close()
 
@@ -199,11 +200,9 @@ def test_a_prefetch_is_a_use(store):
     clock.at(9)
     c.prefetch(Request("p", TOKENS + [1, 2, 3, 4], A))  # refreshes A (sliding) while its pages are fetched
     c.release("p")
-    clock.at(12)
-    c.poll()
+    poll_at(c, clock, 12)
     assert_held(c, store, A)
-    clock.at(19)
-    c.poll()
+    poll_at(c, clock, 19)
     assert_gone(c, store, A)
     c.close()
 
@@ -217,19 +216,15 @@ def test_a_request_ttl_is_clamped_to_the_maximum_and_replaces_the_namespaces(sto
     serve(c, "a1", A, ttl_s=1e9)  # asks for ~30 years: gets 20 s
     serve(c, "b1", B, ttl_s=3)  # asks for less than the default: gets it
     assert {v.namespace.extra_key: v.ttl_s for v in c.namespace_ttls()} == {"ta": 20.0, "tb": 3.0}
-    clock.at(3)
-    c.poll()
+    poll_at(c, clock, 3)
     assert_gone(c, store, B)
-    clock.at(19.9)
-    c.poll()
+    poll_at(c, clock, 19.9)
     assert_held(c, store, A)
     serve(c, "a2", A, ttl_s=2)  # a shorter TTL replaces it: the deadline comes closer (21.9)
     serve(c, "a3", A)  # no ttl_s: A keeps 2 s; deadline 21.9
-    clock.at(21.8)
-    c.poll()
+    poll_at(c, clock, 21.8)
     assert_held(c, store, A)
-    clock.at(21.9)
-    c.poll()
+    poll_at(c, clock, 21.9)
     assert_gone(c, store, A)
     c.close()
 
@@ -284,8 +279,7 @@ def test_expiry_of_a_locked_prefix_waits_for_its_last_running_request(store):
     r2 = Request("a2", TOKENS + [2] * 4, A)
     for r in (r1, r2):
         forward(c, r, c.admit(r))
-    clock.at(10)
-    c.poll()
+    poll_at(c, clock, 10)
     st = c.stats().ttl
     assert st.deferred == 1 and st.expired == {}
     [view] = c.namespace_ttls()
@@ -311,8 +305,7 @@ def test_a_new_use_cancels_a_deferred_expiry_and_rearms_the_deadline(store, mode
     serve(c, "a0", A)
     running = Request("a1", TOKENS + [1] * 4, A)
     forward(c, running, c.admit(running))
-    clock.at(10)
-    c.poll()
+    poll_at(c, clock, 10)
     assert c.stats().ttl.deferred == 1
     clock.at(12)
     serve(c, "a2", A)  # a use while deferred: cancelled, re-armed from now (absolute too: a new life)
@@ -322,11 +315,9 @@ def test_a_new_use_cancels_a_deferred_expiry_and_rearms_the_deadline(store, mode
     assert st.cancelled == 1 and st.expired == {}
     [view] = c.namespace_ttls()
     assert view.deferred is None and view.deadline == 1022 and view.first_use == 1012
-    clock.at(21.9)
-    c.poll()
+    poll_at(c, clock, 21.9)
     assert_held(c, store, A)
-    clock.at(22)
-    c.poll()
+    poll_at(c, clock, 22)
     assert_gone(c, store, A, running.tokens)
     c.close()
 
@@ -382,8 +373,7 @@ def test_expiry_gives_back_prefetches_in_flight(store):
     c = ttl_cache(store, clock)
     assert c.prefetch(Request("p", TOKENS, A)).issued  # first use: tracked from now
     assert c.prefetch_ops()
-    clock.at(10)
-    c.poll()
+    poll_at(c, clock, 10)
     assert not c.prefetch_ops() and c.host_pool.used_pages == 0
     assert_gone(c, store, A)
     c.close()
@@ -398,8 +388,7 @@ def test_expiry_in_buffer_mode_gives_back_staged_records(store):
     assert c.prefetch(Request("s", TOKENS, A)).issued
     c.flush()
     assert [s.rid for s in c.staged_records()] == ["s"]
-    clock.at(10)
-    c.poll()
+    poll_at(c, clock, 10)
     assert not c.staged_records() and c.host_pool.used_pages == 0
     assert_gone(c, store, A)
     c.close()
@@ -414,8 +403,7 @@ def test_other_namespaces_stay_and_the_live_listing_shows_deadlines(store):
     listing = {r.extra_key: r for r in execute(c, NamespacesRequest()).namespaces}
     assert listing["tb"].deadline - listing["ta"].deadline == pytest.approx(5, abs=0.01)
     assert not listing["ta"].expiry_deferred
-    clock.at(10)
-    c.poll()
+    poll_at(c, clock, 10)
     assert_gone(c, store, A)
     assert_held(c, store, B)
     c.close()
