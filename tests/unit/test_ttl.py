@@ -407,3 +407,47 @@ def test_other_namespaces_stay_and_the_live_listing_shows_deadlines(store):
     assert_gone(c, store, A)
     assert_held(c, store, B)
     c.close()
+
+
+# --- the tracker's lazy heap against a plain model --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", list(TTLMode))
+def test_the_lazy_heap_says_what_a_plain_model_says(mode):
+    """Random uses (with and without a ttl_s, shorter and longer), sweeps and overflows on 12 namespaces: `due`
+    and `overflow` name exactly the namespaces a scan of every deadline names, and the heap stays bounded."""
+    import random
+
+    from kvcache.ttl import TTLTracker
+
+    rng = random.Random(17)
+    policy = TTLPolicy(mode, 5.0, 30.0, 8, 0.0)
+    tracker = TTLTracker(policy, clock=lambda: now)
+    spaces = [Namespace(f"n{i}", "s") for i in range(12)]
+    model: dict[bytes, list] = {}  # ns id -> [first use, ttl, deadline]
+    now = 0.0
+    for _ in range(1500):
+        now += rng.choice([0.0, 0.1, 0.5, 2.0])
+        ns = rng.choice(spaces)
+        if rng.random() < 0.7:
+            ttl_s = rng.choice([None, None, 1.0, 3.0, 50.0])
+            over = tracker.use(ns, ttl_s, now)
+            row = model.setdefault(ns.id, [now, policy.default_ttl_s, 0.0])
+            if ttl_s is not None:
+                row[1] = min(ttl_s, policy.max_ttl_s)
+            row[2] = (now if mode is TTLMode.SLIDING else row[0]) + row[1]
+            assert over == (len(model) > policy.max_namespaces)
+            if over:
+                victims = tracker.overflow(ns)
+                closest = sorted((r[2], i) for i, r in model.items() if i != ns.id)[:len(model) - 8]
+                assert sorted(v.deadline for v in victims) == [d for d, _ in closest]
+                for v in victims:
+                    tracker.expired(v.namespace, ExpiryCause.OVERFLOW, 0, 0, 0, 0)
+                    del model[v.namespace.id]
+        else:
+            due = tracker.due(now)
+            assert sorted(e.namespace.id for e in due) == sorted(i for i, r in model.items() if r[2] <= now)
+            for e in due:
+                tracker.expired(e.namespace, ExpiryCause.DEADLINE, 0, 0, 0, 0)
+                del model[e.namespace.id]
+        assert len(tracker) == len(model) and len(tracker._heap) <= 2 * len(model) + 65
