@@ -541,9 +541,10 @@ class RadixTree:
                 heapq.heappush(heap, entry)
 
     def offer(self, node: TreeNode) -> None:
-        """`node` lost its last lock, hold or pin: it may be evictable again."""
-        if not (node.lock_ref or node.pins or node.host_pins):
-            self._offer(node, not node.device_holds, not node.host_holds)
+        """`node` lost its last lock, hold or pin: it may be evictable again. An L3 write reading its host copy
+        (`host_pins`) keeps it from the host tier only: its device copy may go meanwhile."""
+        if not (node.lock_ref or node.pins):
+            self._offer(node, not node.device_holds, not (node.host_holds or node.host_pins))
 
     def _offer(self, node: TreeNode | None, device: bool, host: bool) -> None:
         """`node` may have become an eviction candidate of a tier: give it an entry in that tier's LRU heap."""
