@@ -177,8 +177,7 @@ class TieredCache:
                  clock: Callable[[], float] = time.monotonic) -> None:
         """`clock`: what namespace deadlines (`config.ttl`) run on, in seconds; tests inject a fake one."""
         if store is not None and store.layout is not None and store.layout.layout_id != config.layout.layout_id:
-            raise LayoutMismatch(store.location, f"the store handle writes {store.layout.describe()}, the cache "
-                                 f"holds {config.layout.describe()}")
+            raise LayoutMismatch(store.location, config.layout.describe(), [store.layout.describe()])
         self.config = config
         self.store = store
         self.layout = config.layout
