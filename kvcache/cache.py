@@ -582,8 +582,6 @@ class TieredCache:
         `prefetch_max_device_tokens`; nothing when the span starts at the first page.
         """
         self._check_open("prefetch")
-        if self._ttl is not None:
-            self._ttl_use(request)
         st = self.prefetch_stats
         st.attempts += 1
         rid, ns = request.rid, request.namespace
@@ -592,6 +590,9 @@ class TieredCache:
             raise RequestIdInUse(rid, f"already holds a prefetch, staged record or admission for another request "
                                       f"(namespace {held.namespace.label}, {len(held)} tokens); reuse an id only "
                                       f"once nothing is held for it")
+        if self._ttl is not None:  # after the refusal above: a refused prefetch moves nothing, expires nothing
+            self._ttl_use(request)
+            held = self._held_key(rid)  # an expiry of the request's own namespace gave back what it held
         stale = False
         if match is None:
             match = self.tree.match_prefix(request.key)

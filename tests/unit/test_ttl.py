@@ -340,6 +340,26 @@ def test_a_use_past_the_deadline_with_running_requests_is_a_deferral_cancelled(s
 # --- on demand, prefetches, buffer mode -------------------------------------------------------------------------
 
 
+def test_a_refused_prefetch_expires_nothing_and_tracks_nothing(store):
+    """A prefetch refused with RequestIdInUse moves nothing: it is no use of its namespace, and the overflow a use
+    would cause (expiring the namespace the held request belongs to, giving its hold back) does not happen."""
+    from kvcache import RequestIdInUse
+
+    clock = Clock()
+    w = l3_cache(store)
+    serve(w, "w", A)
+    w.close()
+    c = ttl_cache(store, clock, namespaces=1)
+    assert c.prefetch(Request("p", TOKENS, A)).issued
+    with pytest.raises(RequestIdInUse):
+        c.prefetch(Request("p", TOKENS, B))  # the same id for another namespace
+    assert c.holds("p") and B not in c.ttl_tracker and len(c.ttl_tracker) == 1
+    assert c.stats().ttl.expired == {}
+    c.release("p")
+    c.close()
+
+
+
 def test_expire_now_drops_at_once_or_defers_for_running_requests(store):
     clock = Clock()
     c = ttl_cache(store, clock)
