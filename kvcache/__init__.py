@@ -20,7 +20,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "diagnostics.audit": ("AuditReport", "Violation", "ViolationKind"),
     "cache": ("Admission", "AdmitStatus", "CommitResult", "EvictResult", "Headroom", "NamespaceDrop", "TieredCache",
               "TierRoom"),
-    "config": ("CacheConfig", "HostMode", "PrefetchPolicy", "WritePolicy"),
+    "config": ("CacheConfig", "HostMode", "PrefetchPolicy", "TTLMode", "TTLPolicy", "WritePolicy"),
     "keys": ("RadixKey", "page_hashes"),
     "layout": ("KVLayout",),
     "namespace": ("Namespace", "NamespaceInfo"),
@@ -29,9 +29,10 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "request": ("Request",),
     "shares": ("NamespaceShares", "Shares"),
     "staging": ("StagedView",),
-    "stats": ("BackupStats", "CacheCounters", "CacheStats", "PrefetchStats", "TierHits"),
+    "stats": ("BackupStats", "CacheCounters", "CacheStats", "PrefetchStats", "TierHits", "TTLStats"),
     "storage.base": ("L3Store", "open_store", "page_origins"),
     "tree": ("TreeMatch",),
+    "ttl": ("ExpiryCause", "NamespaceExpiry", "NamespaceTTL"),
     # the layers above the cache: workload tools and live mode
     "workload.kvdata": ("SyntheticKV",),
     "workload.replay": ("NamespaceReplay", "Replayer", "ReplayReport", "TierTokens", "VerifyMismatch", "replay"),
@@ -64,6 +65,8 @@ __all__ = [
     "Request", "StagedView", "TierHits", "TieredCache", "TreeMatch", "Violation", "ViolationKind", "WritePolicy",
     "page_hashes", "L3Store", "open_store", "page_origins", "NamespaceShares", "Shares",
     "SettledPrefetch", "SyntheticKV", "WarmResult", "warm_namespace",
+    # namespace time to live
+    "ExpiryCause", "NamespaceExpiry", "NamespaceTTL", "TTLMode", "TTLPolicy", "TTLStats",
     # workloads and the replay driver
     "TraceRequest", "WorkloadSpec", "generate", "read_trace", "write_trace",
     "NamespaceReplay", "Replayer", "ReplayReport", "TierTokens", "VerifyMismatch", "replay",

@@ -17,6 +17,11 @@ copies and evict again, then cancel prefetch holds youngest first, and only when
 that fits the device pool is refused only while other live requests hold the room (`POOL_FULL`); one larger than
 the pool is `TOO_LARGE`.
 
+Namespaces may expire (`CacheConfig.ttl`, rules in `kvcache.ttl`): an admit or prefetch is a use of its namespace,
+``poll`` sweeps for the namespaces past their deadline and drops them from every tier, deferring those whose
+running requests lock their prefix until the last of them ends. Without a policy this costs one attribute test in
+admit, prefetch, commit, release and poll.
+
 Single-threaded by design: the engine's scheduler thread owns the cache and calls ``poll`` between steps. Backups
 are in flight between ``commit`` and the ``poll`` that sees their copy complete; L3 reads and writes run on the
 I/O worker, which touches only the store and the bytes of pages its job owns.
@@ -28,6 +33,7 @@ import enum
 import logging
 import math
 import time
+from collections.abc import Callable
 
 import msgspec
 import numpy as np
@@ -52,6 +58,7 @@ from .stats import BackupStats, CacheCounters, CacheStats, PrefetchStats, TierHi
 from .storage.base import L3Store, PageOrigin
 from .transfer import OpKind, OpTarget, StorageWriteJob, TransferOp, copy_pages
 from .tree import HostInsert, RadixTree, Tier, TreeMatch, TreeNode
+from .ttl import ExpiryCause, NamespaceExpiry, NamespaceTTL, TTLTracker
 
 log = logging.getLogger("kvcache")
 
@@ -167,10 +174,11 @@ def _default_device() -> str:
 class TieredCache:
     """The tiered KV cache of one engine: L1 (device) and L2 (host) pools under one namespaced radix tree."""
 
-    def __init__(self, config: CacheConfig, store: L3Store | None = None) -> None:
+    def __init__(self, config: CacheConfig, store: L3Store | None = None, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`clock`: what namespace deadlines (`config.ttl`) run on, in seconds; tests inject a fake one."""
         if store is not None and store.layout is not None and store.layout.layout_id != config.layout.layout_id:
-            raise LayoutMismatch(store.location, f"the store handle writes {store.layout.describe()}, the cache "
-                                 f"holds {config.layout.describe()}")
+            raise LayoutMismatch(store.location, config.layout.describe(), [store.layout.describe()])
         self.config = config
         self.store = store
         self.layout = config.layout
@@ -205,6 +213,7 @@ class TieredCache:
         self._shares_due = math.inf  # time.monotonic() of the next refresh from the store
         if store is not None:
             self._refresh_shares_quietly()
+        self._ttl = TTLTracker(config.ttl, clock) if config.ttl is not None else None
         if self.host_pool is None:
             self._backup_target = BackupTarget.NONE
         elif config.host_mode is HostMode.CACHE:
@@ -236,6 +245,8 @@ class TieredCache:
         rid, ps, n_tokens = request.rid, self.page_size, len(request.key.data) >> 2
         if rid in self._live:
             raise RequestIdInUse(rid, "is already admitted")
+        if self._ttl is not None:
+            self._ttl_use(request)
         if self._prefetches or self._staged:
             self._drop_foreign_holds(request)  # what was fetched for another request never serves this one
         m = self.match(request)
@@ -333,6 +344,8 @@ class TieredCache:
             backed = len(op.pages) if op is not None else 0
             if self._backup_target is BackupTarget.TREE:
                 self._start_storage_write(self._unstored_path(ins.node, min_hits))
+        if self._ttl is not None and self._ttl.deferred:
+            self._ttl_ended(request.namespace)
         return CommitResult(rid, n_pages * ps, n_dup, n_tail, backed)
 
     def release(self, rid: str) -> None:
@@ -346,6 +359,8 @@ class TieredCache:
             self.tree.unlock(live.node)
             self.counters.released += 1
             found = True
+            if self._ttl is not None and self._ttl.deferred:
+                self._ttl_ended(live.request.namespace)
         if not found:
             raise UnknownRequest(rid, "cannot release: no prefetch, staged record or admission is held for it")
 
@@ -476,7 +491,84 @@ class TieredCache:
             self._rearm_prefetches()
             if time.monotonic() >= self._shares_due:
                 self._refresh_shares_quietly()
+        if self._ttl is not None:
+            self._ttl_sweep()
         return done
+
+    # --- namespace TTL (kvcache.ttl) ------------------------------------------------------------------------------
+
+    def expire_namespace(self, namespace: Namespace) -> NamespaceExpiry:
+        """Expire `namespace` now, by the TTL rules: dropped from every tier (`drop_namespace`), or, while running
+        requests lock its prefix, deferred until the last of them ends (a use before that cancels it). Needs a TTL
+        policy (`InvalidInput` without one: `drop_namespace` offboards a namespace at once)."""
+        self._check_open("expire_namespace")
+        if self._ttl is None:
+            raise InvalidInput("this cache has no TTL policy (CacheConfig.ttl), so nothing expires; "
+                               "drop_namespace offboards a namespace now")
+        return self._expire(namespace, ExpiryCause.ON_DEMAND)
+
+    @property
+    def ttl_tracker(self) -> TTLTracker | None:
+        """The deadlines of the namespaces this cache has used (None without a TTL policy). Read it; the cache
+        tells it what happens."""
+        return self._ttl
+
+    def namespace_ttls(self) -> list[NamespaceTTL]:
+        """Every namespace the TTL policy tracks, with its deadline, soonest first ([] without a policy)."""
+        return self._ttl.views(self._ttl.clock()) if self._ttl is not None else []
+
+    def _ttl_use(self, request: Request) -> None:
+        """An admit or prefetch of `request` uses its namespace: one past its deadline that no sweep has seen yet
+        expires first (the use then starts from nothing); then its deadline moves, and a namespace newly tracked
+        beyond the policy's bound expires the others closest to their deadline."""
+        ttl, ns = self._ttl, request.key.namespace
+        assert ttl is not None
+        now = ttl.clock()
+        if ttl.overdue(ns, now):
+            self._expire(ns, ExpiryCause.DEADLINE)
+        if ttl.use(ns, request.ttl_s, now):
+            for entry in ttl.overflow(ns):
+                self._expire(entry.namespace, ExpiryCause.OVERFLOW)
+
+    def _ttl_ended(self, ns: Namespace) -> None:
+        """A running request of `ns` ended: when `ns`'s expiry was deferred and it was the last, the next poll
+        expires it."""
+        ttl = self._ttl
+        assert ttl is not None
+        if ns.id in ttl.deferred and not self._running(ns):
+            ttl.ended(ns)
+
+    def _ttl_sweep(self) -> None:
+        """poll: expire the deferred namespaces whose running requests ended, and, at most every sweep interval,
+        those past their deadline."""
+        ttl = self._ttl
+        assert ttl is not None
+        if ttl.ready:
+            for entry in ttl.take_ready():
+                self._expire(entry.namespace, entry.deferred or ExpiryCause.DEADLINE)
+        now = ttl.clock()
+        if ttl.sweep_due(now):
+            for entry in ttl.due(now):
+                self._expire(entry.namespace, ExpiryCause.DEADLINE)
+
+    def _running(self, ns: Namespace) -> int:
+        """Running requests (admitted, not committed or released) of `ns`."""
+        ns_id = ns.id
+        return sum(1 for r in self._live.values() if r.request.key.namespace.id == ns_id)
+
+    def _expire(self, ns: Namespace, cause: ExpiryCause) -> NamespaceExpiry:
+        """Drop `ns` from every tier, or defer that while its running requests lock its prefix."""
+        ttl = self._ttl
+        assert ttl is not None
+        running = self._running(ns)
+        if running:
+            ttl.defer(ns, cause)
+            return NamespaceExpiry(ns.info(), ns.display_id, cause, False, True, running)
+        drop = self.drop_namespace(ns)
+        ttl.expired(ns, cause, drop.device_pages, drop.host_pages, drop.store_pages,
+                    drop.store_bytes)
+        return NamespaceExpiry(ns.info(), ns.display_id, cause, True, False, 0, drop.device_pages, drop.host_pages,
+                               drop.store_pages, drop.store_bytes)
 
     def flush(self) -> int:
         """Wait for every in-flight copy and L3 write (and the prefetch batches queued now) and complete them.
@@ -501,8 +593,9 @@ class TieredCache:
 
     def stats(self) -> CacheStats:
         """Hits per namespace and tier, prefetch and backup figures, counters (copies: safe to keep)."""
+        ttl = self._ttl.snapshot_stats() if self._ttl is not None else None
         return msgspec.convert(msgspec.to_builtins(CacheStats(list(self._hits.values()), self.prefetch_stats,
-                                                              self.backup_stats, self.counters)), CacheStats)
+                                                              self.backup_stats, self.counters, ttl)), CacheStats)
 
     def audit(self) -> AuditReport:
         """Check the ownership partition and the tree's structure now."""
@@ -558,6 +651,9 @@ class TieredCache:
             raise RequestIdInUse(rid, f"already holds a prefetch, staged record or admission for another request "
                                       f"(namespace {held.namespace.label}, {len(held)} tokens); reuse an id only "
                                       f"once nothing is held for it")
+        if self._ttl is not None:  # after the refusal above: a refused prefetch moves nothing, expires nothing
+            self._ttl_use(request)
+            held = self._held_key(rid)  # an expiry of the request's own namespace gave back what it held
         stale = False
         if match is None:
             match = self.tree.match_prefix(request.key)

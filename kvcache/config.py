@@ -1,4 +1,4 @@
-"""CacheConfig and the write policies, as data."""
+"""CacheConfig, the write policies and the namespace TTL policy, as data."""
 
 from __future__ import annotations
 
@@ -32,6 +32,50 @@ class PrefetchPolicy(str, enum.Enum):
     BEST_EFFORT = "best_effort"  # terminate it and take the pages that have arrived
     WAIT_COMPLETE = "wait_complete"  # wait until every hit page has arrived
     TIMEOUT = "timeout"  # wait up to base + per-page budget, then take what arrived
+
+
+class TTLMode(str, enum.Enum):
+    """From when a namespace's time to live runs (`TTLPolicy`)."""
+
+    SLIDING = "sliding"  # from its last use: every admit or prefetch of the namespace pushes the deadline out
+    ABSOLUTE = "absolute"  # from its first use: later uses leave the deadline where it is
+
+
+class TTLPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """When namespaces expire (DESIGN §7b; the rules are `kvcache.ttl`'s). A namespace is tracked from its first use
+    (admit or prefetch); at its deadline it is dropped from L1, L2 and L3 (`TieredCache.drop_namespace`)."""
+
+    mode: TTLMode = TTLMode.SLIDING
+    default_ttl_s: float = 3600.0  # a namespace's time to live when its requests ask for none, > 0
+    max_ttl_s: float = 86400.0  # a request's `ttl_s` is clamped to this, >= default_ttl_s
+    max_namespaces: int = 100_000  # namespaces tracked at once; a new one beyond this expires those closest to
+    # their deadline first
+    sweep_interval_s: float = 1.0  # `poll` looks for expired namespaces at most this often (0: at every poll)
+
+    def __post_init__(self) -> None:
+        try:
+            msgspec.structs.force_setattr(self, "mode", TTLMode(self.mode))
+        except ValueError:
+            raise InvalidConfig(f"ttl mode={self.mode!r} is not one of "
+                                f"{', '.join(m.value for m in TTLMode)}") from None
+        for name in ("default_ttl_s", "max_ttl_s", "sweep_interval_s"):  # seconds as floats, whatever was given
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InvalidConfig(f"ttl {name}={value!r} is not a number of seconds")
+            msgspec.structs.force_setattr(self, name, float(value))
+        if not 0 < self.default_ttl_s < math.inf:
+            raise InvalidConfig(f"ttl default_ttl_s={self.default_ttl_s} must be > 0 and finite")
+        if not self.default_ttl_s <= self.max_ttl_s < math.inf:
+            raise InvalidConfig(f"ttl max_ttl_s={self.max_ttl_s} must be finite and >= default_ttl_s="
+                                f"{self.default_ttl_s}")
+        if self.max_namespaces < 1:
+            raise InvalidConfig(f"ttl max_namespaces={self.max_namespaces} must be >= 1")
+        if not 0 <= self.sweep_interval_s < math.inf:
+            raise InvalidConfig(f"ttl sweep_interval_s={self.sweep_interval_s} must be >= 0 and finite")
+
+    def clamp(self, ttl_s: float | None) -> float:
+        """The time to live a request asking for `ttl_s` (None: the default) gets."""
+        return self.default_ttl_s if ttl_s is None else min(float(ttl_s), self.max_ttl_s)
 
 
 class BackupRule(msgspec.Struct, frozen=True):
@@ -76,6 +120,7 @@ class CacheConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     io_batch_pages: int = 64  # pages per L3 read or write batch; a prefetch can be terminated between batches
     io_thread: bool = True  # run L3 I/O on a background thread; False: run it in poll() (tests, replays)
     shares_refresh_s: float = 10.0  # re-read namespace shares from the store this often (poll); 0 = only at open
+    ttl: TTLPolicy | None = None  # namespace expiry; None: namespaces never expire (only pressure evicts)
 
     def __post_init__(self) -> None:
         # Policies may be given by value ("write_back"); stored as the enum so every comparison is by identity.
@@ -109,6 +154,8 @@ class CacheConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 raise InvalidConfig(f"{name}={getattr(self, name)} must be >= 0")
         if self.io_batch_pages < 1:
             raise InvalidConfig(f"io_batch_pages={self.io_batch_pages} must be >= 1")
+        if self.ttl is not None and not isinstance(self.ttl, TTLPolicy):
+            raise InvalidConfig(f"ttl must be a TTLPolicy or None, got {type(self.ttl).__name__}")
 
     @property
     def device_pages(self) -> int:

@@ -71,13 +71,28 @@ class BackupStats(msgspec.Struct):
     storage_rewrites: int = 0  # paths written again because L3 had evicted a page above them
 
 
+class TTLStats(msgspec.Struct):
+    """Namespace expiry since the cache was built (`kvcache.ttl`)."""
+
+    tracked: int = 0  # namespaces tracked now (a deadline or a deferred expiry each)
+    expired: dict[str, int] = {}  # ExpiryCause value -> namespaces dropped for it
+    deferred: int = 0  # expiries put off because running requests of the namespace lock its prefix
+    cancelled: int = 0  # deferred expiries a new use of the namespace cancelled (its deadline re-armed)
+    device_pages: int = 0  # L1 pages freed by expiries
+    host_pages: int = 0  # L2 pages freed by expiries
+    store_pages: int = 0  # L3 pages deleted by expiries
+    store_bytes: int = 0
+
+
 class CacheStats(msgspec.Struct):
-    """`TieredCache.stats()`: hits per namespace and tier, prefetch and backup figures, running counters."""
+    """`TieredCache.stats()`: hits per namespace and tier, prefetch and backup figures, running counters, and
+    namespace expiry (`ttl`, None without a TTL policy)."""
 
     hits: list[TierHits]
     prefetch: PrefetchStats
     backup: BackupStats
     counters: CacheCounters
+    ttl: TTLStats | None = None
 
 
 def bump(counts: dict[str, int], key: str, n: int = 1) -> None:

@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("workload", ("kvcache.workload",)),
     ("cache", ("kvcache.cache",)),
     ("diagnostics", ("kvcache.diagnostics",)),
-    ("tiers", ("kvcache.prefetch", "kvcache.staging", "kvcache.transfer", "kvcache.io_worker")),
+    ("tiers", ("kvcache.prefetch", "kvcache.staging", "kvcache.transfer", "kvcache.io_worker", "kvcache.ttl")),
     ("tree", ("kvcache.tree", "kvcache.pools")),
     ("values", ("kvcache.config", "kvcache.request", "kvcache.stats", "kvcache.owners")),
     ("storage", ("kvcache.storage", "kvcache_redis")),

@@ -14,7 +14,8 @@ import msgspec
 import typer
 
 from kvcache.keys import unpack_tokens
-from kvcache.live.protocol import DropRequest, EvictOutcome, EvictRequest, NamespacesRequest, SharesOutcome, SharesRequest
+from kvcache.live.protocol import (DropRequest, EvictOutcome, EvictRequest, ExpireRequest, NamespacesRequest,
+                                   SharesOutcome, SharesRequest)
 from kvcache.live.protocol import NamespaceList as LiveNamespaceList
 from kvcache.namespace import Namespace, NamespaceInfo, display_id
 from kvcache.shares import MAX_SHARE, Shares
@@ -28,7 +29,8 @@ from .output import (Column, JsonOpt, Kind, Listing, NoHeadersOpt, Output, Outpu
 from .secrets import SaltFileOpt, SaltOpt, salt_from
 from .views import render_live_namespaces, render_shares, share_summary, sort_namespaces, with_shares
 
-app = typer.Typer(help="Namespaces in the store: list them, show one's prefix tree, drop one (offboarding).",
+app = typer.Typer(help="Namespaces in the store: list them, show one's prefix tree, drop one (offboarding); "
+                  "with a live cache, evict or expire one.",
                   no_args_is_help=True)
 
 SORT_KEYS = ("bytes", "pages", "hits", "last_access", "extra_key")
@@ -118,7 +120,9 @@ def ls(
     debug: DebugOpt = False,
 ) -> None:
     """List the namespaces in the store: id, extra_key, salt fingerprint, pages, tokens, bytes, hits, last
-    access. With --socket, the live cache's namespaces, with what each holds in L1, L2 and L3."""
+    access. With --socket, the live cache's namespaces, with what each holds in L1, L2 and L3 and, under a TTL
+    policy (`kvc serve --ttl-default-s`), when each expires (`deadline`, epoch seconds; `expiry_deferred` while
+    running requests hold off a due expiry)."""
     if sort not in SORT_KEYS:
         raise UsageError(f"--sort {sort!r} is not one of {', '.join(SORT_KEYS)}")
     fmt = output_format(output, json)
@@ -372,6 +376,45 @@ def evict(
     say(f"evicted namespace {ns_label(outcome.namespace)}: {outcome.device_pages:,} L1 pages, "
         f"{outcome.host_pages:,} L2 pages; it now holds {t.device.tokens:,} tokens in L1, {t.host.tokens:,} in L2, "
         f"{t.storage.tokens:,} in L3")
+
+
+@app.command("expire", short_help="Live cache only: expire a namespace now, by the cache's TTL rules.")
+@command
+def expire(
+    extra_key: KeyArg,
+    salt: SaltOpt = None,
+    salt_file: SaltFileOpt = None,
+    socket: live.SocketOpt = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Confirm: the namespace leaves L1, L2 and the store.")] = False,
+    json: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Live cache only: expire a namespace now, as if its time to live ran out (the cache needs a TTL policy:
+    `kvc serve --ttl-default-s`). It is dropped from L1, L2 and the store without writing anything back; while
+    requests of it are running its expiry is deferred until the last one ends, and a new request of it before
+    then cancels the expiry. Needs --yes. Offline there is no deadline to run out: `kvc ns drop` removes a
+    namespace from the store."""
+    path = live.socket_path(socket)
+    if path is None:
+        raise UsageError("kvc ns expire acts on a live cache's TTL policy: give --socket PATH (or KVC_SOCKET); "
+                         "offline, `kvc ns drop EXTRA_KEY --yes` removes a namespace from the store")
+    salt_value = salt_from(salt, salt_file)
+    ns = Namespace(extra_key, salt_value)  # checked here, before the request goes out
+    if not yes:
+        raise UsageError(f"refusing to expire namespace {shown(ns.extra_key)}/{ns.salt_fingerprint or '-'} "
+                         f"without --yes")
+    from kvcache.ttl import NamespaceExpiry  # the result type only; the server runs the cache
+
+    outcome = live.call(path, ExpireRequest(extra_key, salt_value), NamespaceExpiry)
+    if json:
+        emit_json(outcome)
+    elif outcome.deferred:
+        say(f"namespace {ns_label(outcome.namespace)} expires when its {outcome.live_requests} running request(s) "
+            f"end (a new request of it before then cancels the expiry)")
+    else:
+        say(f"expired namespace {ns_label(outcome.namespace)} (id {outcome.id}): {outcome.device_pages:,} L1 "
+            f"pages, {outcome.host_pages:,} L2 pages, {outcome.store_pages:,} L3 pages "
+            f"({human_bytes(outcome.store_bytes)})")
 
 
 # --- kvc ns quota: shares per tier ------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ from typing import Annotated
 
 import typer
 
-from kvcache.config import HostMode, PrefetchPolicy, WritePolicy
+from kvcache.config import HostMode, PrefetchPolicy, TTLMode, TTLPolicy, WritePolicy
+from kvcache.errors import InvalidConfig
 
 from . import live
 from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, offline_cache, open_for_cache
@@ -37,6 +38,23 @@ MaxConnections = Annotated[int, typer.Option(
 IdleTimeout = Annotated[float, typer.Option(
     "--idle-timeout", help="Seconds a connection may stay silent, or take to send one request, before the server "
                            "closes it.")]
+TTLDefaultOpt = Annotated[float | None, typer.Option(
+    "--ttl-default-s", show_default=False, metavar="SECONDS",
+    help="Turn namespace expiry on: a namespace's time to live, in seconds, when its requests ask for none. At "
+    "its deadline it is dropped from L1, L2 and the store (nothing written back); while requests of it run, "
+    "the expiry waits for the last one, and a new request of it cancels the wait. Off by default.")]
+TTLModeOpt = Annotated[TTLMode, typer.Option(
+    "--ttl-mode", case_sensitive=False,
+    help="sliding: the deadline runs from the namespace's last use (admit or prefetch); absolute: from its first.")]
+TTLMaxOpt = Annotated[float | None, typer.Option(
+    "--ttl-max-s", show_default=False, metavar="SECONDS",
+    help="The longest time to live a request may ask for (its ttl_s is clamped to this). Default: --ttl-default-s.")]
+TTLNamespacesOpt = Annotated[int, typer.Option(
+    "--ttl-max-namespaces", min=1, max=10_000_000,
+    help="Namespaces tracked at once; a new one beyond this expires those closest to their deadline first.")]
+TTLSweepOpt = Annotated[float, typer.Option(
+    "--ttl-sweep-s", metavar="SECONDS",
+    help="How often the owner loop looks for expired namespaces (a use past the deadline expires it at once).")]
 
 
 @command
@@ -60,6 +78,11 @@ def serve(
     allow_uid: AllowUids = None,
     max_connections: MaxConnections = 64,
     idle_timeout: IdleTimeout = 10.0,
+    ttl_default_s: TTLDefaultOpt = None,
+    ttl_mode: TTLModeOpt = TTLMode.SLIDING,
+    ttl_max_s: TTLMaxOpt = None,
+    ttl_max_namespaces: TTLNamespacesOpt = 100_000,
+    ttl_sweep_s: TTLSweepOpt = 1.0,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -80,10 +103,11 @@ def serve(
     if any(uid < 0 for uid in allow_uid or ()):
         raise UsageError("--allow-uid: a uid is a number >= 0")
     allowed = {os.geteuid(), *allow_uid} if allow_uid else None
+    ttl = _ttl_policy(ttl_default_s, ttl_mode, ttl_max_s, ttl_max_namespaces, ttl_sweep_s)
     stop = threading.Event()
     with contextlib.closing(open_for_cache(store)) as handle:
         cache = offline_cache(handle, handle.layout, device_tokens, host_tokens, prefetch_policy=prefetch_policy,
-                              write_policy=write_policy, host_mode=mode)
+                              write_policy=write_policy, host_mode=mode, ttl=ttl)
         from kvcache.live.server import AdminServer  # imports the cache's ops (and torch): only where one runs
 
         # the server closes first (socket file removed, queued requests answered), then the cache flushes L3
@@ -94,12 +118,15 @@ def serve(
                 signal.signal(sig, lambda *_: stop.set())
             metrics = _serve_metrics(server.path, metrics_addr, metrics_port) if metrics_port is not None else None
             where = f", metrics on {metrics[0]}" if metrics is not None else ""
+            if ttl is not None:
+                where += (f", TTL {ttl.mode.value} {ttl.default_ttl_s:g} s (max {ttl.max_ttl_s:g} s, "
+                          f"{ttl.max_namespaces} namespaces)")
             log = console(stderr=True)
             log.print(f"kvc serve: serving on {server.path} (store {store}, L1 {device_tokens} tokens, "
                       f"L2 {host_tokens} tokens, {mode.value} mode, pid {os.getpid()}{where})", markup=False)
             if json:
                 emit_json({"event": "ready", "socket": server.path, "pid": os.getpid(), "store": str(store),
-                           "metrics": metrics[0] if metrics is not None else None})
+                           "metrics": metrics[0] if metrics is not None else None, "ttl": ttl})
             try:
                 server.serve_forever(stop)
             finally:
@@ -108,6 +135,23 @@ def serve(
             served = server.served
     console(stderr=True).print(f"kvc serve: stopped after {served} requests; socket removed, L3 writes flushed",
                                markup=False)
+
+
+def _ttl_policy(default_s: float | None, mode: TTLMode, max_s: float | None, namespaces: int,
+                sweep_s: float) -> TTLPolicy | None:
+    """The TTL policy the --ttl-* options describe; None (no expiry) without --ttl-default-s."""
+    if default_s is None:
+        if max_s is not None:
+            raise UsageError("--ttl-max-s needs --ttl-default-s (which turns namespace expiry on)")
+        return None
+    try:
+        return TTLPolicy(mode, default_s, default_s if max_s is None else max_s, namespaces, sweep_s)
+    except InvalidConfig as exc:  # the policy's own checks, named by their options
+        for field, option in (("default_ttl_s", "--ttl-default-s"), ("max_ttl_s", "--ttl-max-s"),
+                              ("sweep_interval_s", "--ttl-sweep-s")):
+            if str(exc).startswith(f"ttl {field}="):
+                raise UsageError(f"{option}: {exc}") from None
+        raise UsageError(str(exc)) from None
 
 
 def _serve_metrics(socket: str, addr: str, port: int):

@@ -171,6 +171,12 @@ def render_live_stats(figures: LiveStats, socket: str, output: Output | None, no
     hits = figures.cache.hits
     rows.append(["hit tokens", f"L1 {sum(h.device for h in hits):,} · L2 {sum(h.host for h in hits):,} · "
                                f"L3 {sum(h.storage for h in hits):,}"])
+    ttl = figures.cache.ttl
+    if ttl is not None:
+        expired = ", ".join(f"{cause} {n:,}" for cause, n in sorted(ttl.expired.items())) or "none"
+        rows.append(["namespace TTL", f"{ttl.tracked:,} tracked; expired: {expired}; {ttl.deferred:,} deferred, "
+                                      f"{ttl.cancelled:,} cancelled by reuse; freed L1 {ttl.device_pages:,} · "
+                                      f"L2 {ttl.host_pages:,} · L3 {ttl.store_pages:,} pages"])
     if figures.store is not None:
         rows += store_rows(figures.store, figures.store.location)
     print_figures(f"kvc stats — live cache at {socket}", rows, output, no_headers)
@@ -188,14 +194,17 @@ def sort_namespaces(rows: list, sort: str) -> None:
 
 
 def render_live_namespaces(listing: NamespaceList, socket: str, fmt: Output, no_headers: bool) -> None:
-    """`kvc ns ls` of a live cache as a table: the store's rows plus what each namespace holds in L1, L2 and L3."""
+    """`kvc ns ls` of a live cache as a table: the store's rows plus what each namespace holds in L1, L2 and L3,
+    and when it expires under the cache's TTL policy."""
     columns = [Column("id"), Column("extra_key", Kind.USER), Column("salt fingerprint"),
                Column("L1 tokens", Kind.INT), Column("L2 tokens", Kind.INT), Column("L3 tokens", Kind.INT),
-               Column("L3 bytes", Kind.BYTES), Column("hits", Kind.INT), Column("last access", Kind.TIME)]
+               Column("L3 bytes", Kind.BYTES), Column("hits", Kind.INT), Column("last access", Kind.TIME),
+               Column("expires", Kind.TIME), Column("expiry")]
     rows = [[r.id, r.extra_key, r.salt_fingerprint, r.device.tokens, r.host.tokens, r.storage.tokens,
-             r.storage.bytes, r.hits, r.last_access] for r in listing.namespaces]
+             r.storage.bytes, r.hits, r.last_access, r.deadline, _expiry(r)] for r in listing.namespaces]
     title = f"namespaces of the live cache at {socket} (store {listing.store or '-'})"
     render(with_shares(Listing(title, columns, rows), [r.shares for r in listing.namespaces], fmt), fmt, no_headers)
+
 
 
 def share_summary(shares: Shares, human: bool = True) -> str:
@@ -228,6 +237,14 @@ def render_shares(result: Any, socket: str | None, fmt: Output, no_headers: bool
             for r in result.namespaces]
     where = f"the live cache at {socket}" if socket is not None else (result.store or "-")
     render(Listing(f"namespace shares in {where}", columns, rows), fmt, no_headers)
+
+
+def _expiry(row) -> str:
+    """A live namespace's TTL state: not tracked ("-": no policy, or unused since the cache started), waiting for
+    its deadline, or past it and deferred until its running requests end."""
+    if row.deadline is None:
+        return "-"
+    return "deferred: requests running" if row.expiry_deferred else "scheduled"
 
 
 # --- Prometheus ----------------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@ scheduler steps (`AdminServer.poll`): every handler sees the cache at rest and m
 
 The commands mirror the offline CLI's, on the cache that is running instead of one built for the command:
 prefetch a request or a whole namespace into L2, stage (buffer mode), load back L3 -> L2 -> L1, list namespaces
-with what each holds in L1, L2 and L3, audit, snapshot, stats, evict a namespace from L1/L2, replay a trace.
+with what each holds in L1, L2 and L3 (and its TTL deadline), audit, snapshot, stats, evict a namespace from L1/L2,
+drop or expire one, replay a trace.
 Requests the handlers make for themselves carry ids `kvc-admin:<n>`, and a replay's requests `kvc-admin:<n>:<rid>`
 (an operator's trace never meets the engine's own request ids); what they leave behind is what an operator
 asked for (pages warmed into L2, a prefix loaded onto the device), never a live request or a parked record.
@@ -30,7 +31,7 @@ from ..pools import SlotPool
 from ..request import Request
 from ..workload.replay import Replayer
 from ..workload.warm import warm_namespace
-from .protocol import (AuditRequest, DropRequest, EvictOutcome, EvictRequest, LiveNamespace, LiveStats, LoadBackRequest,
+from .protocol import (AuditRequest, DropRequest, EvictOutcome, ExpireRequest, EvictRequest, LiveNamespace, LiveStats, LoadBackRequest,
                        NamespaceList, NamespacesRequest, NamespaceTiers, PingRequest, PoolUse, PrefetchRequest,
                        ReplayOutcome, RequestResult, ServerInfo, SharesOutcome, SharesRequest, SnapshotData,
                        SnapshotRequest, StageRequest, StatsRequest, TierUse)
@@ -38,6 +39,7 @@ from .transport import ReplayJob
 
 if TYPE_CHECKING:
     from ..cache import NamespaceDrop, TieredCache
+    from ..ttl import NamespaceExpiry
 
 _RIDS = itertools.count(1)
 
@@ -102,6 +104,7 @@ def _namespaces(cache: "TieredCache", _: NamespacesRequest) -> NamespaceList:
     stored = _stored(cache)
     shares = {r.ns_id_hex: r for r in cache.shares()}
     ps = cache.page_size
+    ttls = {view.id: view for view in cache.namespace_ttls()}  # by display_id
     for ns_hex in sorted(set(tree) | set(stored) | set(shares)):
         rec = stored.get(ns_hex)
         ns, device, host = tree.get(ns_hex, (None, 0, 0))
@@ -117,8 +120,20 @@ def _namespaces(cache: "TieredCache", _: NamespacesRequest) -> NamespaceList:
                                      rec.last_access if rec is not None else 0.0,  # type: ignore[union-attr]
                                      _use(cache, device), _use(cache, host), l3,
                                      share.shares if share is not None else None)
+    out = list(rows.values())
+    # tracked by the TTL policy and holding nothing now (say, a prefetch that found nothing): listed for its deadline
+    shown = {row.id for row in out}
+    empty = TierUse()
+    out += [LiveNamespace(v.namespace.extra_key, v.namespace.salt_fingerprint, v.id, 0, 0, 0, 0, 0.0, 0.0, empty,
+                          empty, empty) for v in ttls.values() if v.id not in shown]
+    wall = time.time()  # deadlines run on the cache's monotonic clock; shown in epoch seconds, like last_access
+    for row in out:
+        view = ttls.get(row.id)
+        if view is not None:
+            row.deadline = wall + view.seconds_left
+            row.expiry_deferred = view.deferred is not None
     location = cache.store.location if cache.store is not None else ""
-    return NamespaceList(location, list(rows.values()))
+    return NamespaceList(location, out)
 
 
 # --- the L3 path: prefetch, stage, load-back ---------------------------------------------------------------------
@@ -275,6 +290,10 @@ def _set_shares(cache: "TieredCache", req: SharesRequest) -> SharesOutcome:
                          namespace_tiers(cache, ns))
 
 
+def _expire(cache: "TieredCache", req: ExpireRequest) -> "NamespaceExpiry":
+    return cache.expire_namespace(_namespace(req))
+
+
 def _ping(cache: "TieredCache", _: PingRequest) -> ServerInfo:
     from .protocol import PROTOCOL_VERSION
 
@@ -325,4 +344,5 @@ _HANDLERS = {
     EvictRequest: _evict,
     DropRequest: _drop,
     SharesRequest: _set_shares,
+    ExpireRequest: _expire,
 }

@@ -142,6 +142,15 @@ class SharesRequest(msgspec.Struct, frozen=True, tag="ns_quota", forbid_unknown_
     cache_salt: str | None = None
 
 
+class ExpireRequest(msgspec.Struct, frozen=True, tag="ns_expire", forbid_unknown_fields=True):
+    """Expire a namespace now by the cache's TTL rules (`TieredCache.expire_namespace`): dropped from every tier,
+    or deferred until its running requests end. Answered with `kvcache.ttl.NamespaceExpiry`; a cache without a
+    TTL policy answers `InvalidInput`."""
+
+    extra_key: str | None = None
+    cache_salt: str | None = None
+
+
 class ReplayRequest(msgspec.Struct, frozen=True, tag="replay", forbid_unknown_fields=True):
     """A chunk of a JSONL trace for the live cache to replay. Chunks split the trace's bytes anywhere; all but
     the last carry `more=True` and are answered with `ReplayAck`; the last is answered with
@@ -156,7 +165,8 @@ class ReplayRequest(msgspec.Struct, frozen=True, tag="replay", forbid_unknown_fi
 
 
 AdminRequest = Union[PingRequest, PrefetchRequest, StageRequest, LoadBackRequest, NamespacesRequest, AuditRequest,
-                     SnapshotRequest, StatsRequest, EvictRequest, DropRequest, SharesRequest, ReplayRequest]
+                     SnapshotRequest, StatsRequest, EvictRequest, DropRequest, SharesRequest, ExpireRequest,
+                     ReplayRequest]
 
 
 class Envelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -223,6 +233,10 @@ class LiveNamespace(msgspec.Struct):
     host: TierUse
     storage: TierUse
     shares: Shares | None = None  # the namespace's shares per tier (kvcache.shares); None: it has none
+    # the cache's TTL policy (kvcache.ttl): when the namespace expires, in epoch seconds like `last_access`; None
+    # when it is not tracked (no policy, or not used by this cache since it started)
+    deadline: float | None = None
+    expiry_deferred: bool = False  # past its deadline, waiting for its running requests to end
 
 
 class SharesOutcome(msgspec.Struct, frozen=True):

@@ -2,11 +2,14 @@
 
 One request per line::
 
-    {"rid": "r1", "tokens": [1, 2, 3], "extra_key": "t1" | null, "cache_salt": "s" | null, "output_len": 16}
+    {"rid": "r1", "tokens": [1, 2, 3], "extra_key": "t1" | null, "cache_salt": "s" | null, "output_len": 16,
+     "ttl_s": 600}
 
 Unknown fields, missing fields, tokens that are not integers in 0 <= t < 2**32, an empty token list, a rid seen
 on an earlier line, or a line that is not JSON are errors naming the line (`InvalidTrace`). Blank lines are
-skipped. `output_len` is optional.
+skipped. `output_len` and `ttl_s` are optional; `ttl_s` (seconds, > 0: the namespace's time to live the request
+asks for, clamped by a cache's TTL policy and ignored by a cache without one) was added after DESIGN §8 pinned the
+format, so every older trace stays valid; a trace that uses it is refused by a kvc that predates it.
 
 The generator models what hierarchical prefix caches are for: tenants (each a namespace: extra_key + salt) with
 their own system prompt and documents, a prefix whose token ids are the same in every tenant (it must still never
@@ -38,6 +41,7 @@ class TraceRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
     extra_key: str | None = None
     cache_salt: str | None = None  # never printed; only its fingerprint leaves the Namespace
     output_len: Annotated[int, msgspec.Meta(ge=0)] | None = None  # tokens the request generates (informative)
+    ttl_s: Annotated[float, msgspec.Meta(gt=0)] | None = None  # the namespace's time to live it asks for
 
     def namespace(self) -> Namespace:
         """The request's namespace (the one canonical constructor)."""
@@ -45,7 +49,7 @@ class TraceRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
 
     def request(self) -> Request:
         """The `Request` the cache schedules."""
-        return Request(self.rid, self.tokens, self.namespace(), self.output_len)
+        return Request(self.rid, self.tokens, self.namespace(), self.output_len, self.ttl_s)
 
 
 _DECODER = msgspec.json.Decoder(TraceRequest)

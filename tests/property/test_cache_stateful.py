@@ -1,5 +1,6 @@
 """Random interleavings of the request lifecycle, eviction, backup, load-back — and, over a real LMDB L3 behind a
-wrapper that fails and reads short, prefetch, termination, staging, namespace drops and storage writes — over four
+wrapper that fails and reads short, prefetch, termination, staging, namespace drops, namespace expiry (a TTL
+policy, sliding or absolute, on a fake clock: deadlines, overflow, deferral, reuse) and storage writes — over four
 namespaces, with several requests in flight, request ids reused with other tokens or a shorter prompt, releases at
 any point, and device pools from a few pages up (down to less than one request).
 
@@ -27,7 +28,8 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  run_state_machine_as_test)
 
 from factories import make_cache, make_layout, make_store
-from kvcache import AdmitStatus, CacheConfig, Namespace, NamespaceMismatch, Request, TieredCache, WritePolicy
+from kvcache import (AdmitStatus, CacheConfig, Namespace, NamespaceMismatch, Request, TieredCache, TTLMode, TTLPolicy,
+                     WritePolicy)
 from kvcache.config import HostMode, PrefetchPolicy
 from kvcache.errors import RequestIdInUse
 from kvcache.keys import page_hashes
@@ -98,13 +100,16 @@ class CacheMachine(RuleBasedStateMachine):
         self.pending: dict[str, Request] = {}  # prefetched, not yet admitted
         self.committed: list[Request] = []  # what may be in L3 by now: prefetched again after restarts, evictions
         self.counter = 0
+        self.now = 0.0  # the fake clock namespace deadlines run on (advanced by `advance_clock`)
 
     @initialize(page_size=st.sampled_from([1, 2, 4]), policy=st.sampled_from(list(WritePolicy)),
                 device_requests=st.sampled_from([0.5, 1, 1, 1.5, 2, 4]), host_pages=st.integers(4, 32),
                 l3=st.sampled_from([True, True, False]), mode=st.sampled_from(list(HostMode)),
                 prefetch_policy=st.sampled_from(list(PrefetchPolicy)), seed=st.integers(0, 2**32 - 1),
-                fault_rate=st.sampled_from([0.0, 0.0, 0.05, 0.2]))
-    def build(self, page_size, policy, device_requests, host_pages, l3, mode, prefetch_policy, seed, fault_rate):
+                fault_rate=st.sampled_from([0.0, 0.0, 0.05, 0.2]),
+                ttl=st.sampled_from([None, None, TTLMode.SLIDING, TTLMode.ABSOLUTE]))
+    def build(self, page_size, policy, device_requests, host_pages, l3, mode, prefetch_policy, seed, fault_rate,
+              ttl):
         # the device pool in requests of the longest kind (20 tokens): half of one (it is refused) up to four
         device_pages = max(1, int(device_requests * -(-MAX_TOKENS // page_size)))
         if l3:
@@ -115,9 +120,10 @@ class CacheMachine(RuleBasedStateMachine):
                 make_layout(page_size), device_tokens=device_pages * page_size, host_tokens=host_pages * page_size,
                 device="cpu", write_policy=policy, write_through_threshold=2, host_mode=mode,
                 prefetch_policy=prefetch_policy, prefetch_timeout_ms=0, prefetch_retry_interval_ms=0,
-                io_batch_pages=2, io_thread=False)
+                io_batch_pages=2, io_thread=False,
+                ttl=TTLPolicy(ttl, 5.0, 8.0, 3, 1.0) if ttl is not None else None)  # 3 of the 4 namespaces
             self._seed_store(page_size)
-            self.cache = TieredCache(self.config, self.flaky)
+            self.cache = TieredCache(self.config, self.flaky, clock=self.clock)
         else:
             self.cache = make_cache(page_size=page_size, device_tokens=device_pages * page_size,
                                     host_tokens=host_pages * page_size, write_policy=policy,
@@ -142,6 +148,9 @@ class CacheMachine(RuleBasedStateMachine):
                 writer.commit(req.rid)
                 self.committed.append(req)
         writer.close()
+
+    def clock(self) -> float:
+        return self.now
 
     @staticmethod
     def _expected_for(cache, req: Request) -> list[bytes]:
@@ -171,8 +180,11 @@ class CacheMachine(RuleBasedStateMachine):
     @property
     def has_pending(self) -> bool:
         # An admission may have cancelled a pending request's prefetch (its device hold, youngest first).
+        # So may an expiry of its namespace (it gives back the namespace's prefetches).
         for rid in [r for r in self.pending if not self.cache.holds(r)]:
-            assert self.cache.stats().prefetch.cancelled, f"{rid}'s prefetch is gone and none was cancelled"
+            st_ = self.cache.stats()
+            assert st_.prefetch.cancelled or (st_.ttl is not None and st_.ttl.expired), \
+                f"{rid}'s prefetch is gone and none was cancelled or expired"
             del self.pending[rid]
         return bool(self.pending)
 
@@ -366,7 +378,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.live.clear()
         self.pending.clear()
         _tally(self.cache)
-        self.cache = TieredCache(self.config, self.flaky)
+        self.cache = TieredCache(self.config, self.flaky, clock=self.clock)
 
     @rule(ns=st.sampled_from(NAMESPACES), device=st.integers(0, 12), host=st.integers(0, 12))
     def set_shares(self, ns, device, host):
@@ -389,6 +401,21 @@ class CacheMachine(RuleBasedStateMachine):
             probe = Request("probe", PREFIXES[1], ns)
             m = self.cache.match(probe)
             assert m.device_tokens == m.host_tokens == 0
+
+    @precondition(lambda self: self.has_store)
+    @rule(seconds=st.sampled_from([0.5, 2.0, 4.0, 6.0]))
+    def advance_clock(self, seconds):
+        """Time passes and the engine polls: namespaces past their deadline expire (or wait for their requests)."""
+        self.now += seconds
+        self.cache.poll()
+        tracker = self.cache.ttl_tracker
+        if tracker is None:
+            return
+        for ns in NAMESPACES:
+            if ns not in tracker:  # expired (or never used): nothing of it is cached
+                assert self.cache.tree.namespace_root(ns) is None, f"{ns.label} expired but is still cached"
+            if not any(req.namespace == ns for req in self.live.values()):
+                assert ns.id not in tracker.deferred or ns.id in tracker.ready, f"{ns.label} waits for nothing"
 
     @precondition(lambda self: self.has_store)
     @rule(data=st.data())
@@ -464,6 +491,11 @@ def _tally(cache) -> None:
     SEEN["admitted"] += st_.counters.admitted
     SEEN["pool_full"] += st_.counters.refused
     SEEN["too_large"] += st_.counters.too_large
+    if st_.ttl is not None:
+        for cause, n in st_.ttl.expired.items():
+            SEEN[f"namespaces expired: {cause}"] += n
+        SEEN["expiries deferred"] += st_.ttl.deferred
+        SEEN["deferrals cancelled"] += st_.ttl.cancelled
 
 
 def test_random_interleavings_keep_the_ledger_and_the_bytes_right():

@@ -248,3 +248,14 @@ def test_every_call_after_close_raises_cache_closed():
     # the final state can still be looked at: nothing is held after close
     assert c.audit().ok and c.headroom().device.busy == 0 and c.stats().counters.committed == 1
     c.close()  # closing twice is fine
+
+
+def test_a_store_handle_of_another_layout_is_a_layout_mismatch(tmp_path):
+    """It used to raise TypeError (the error was built with the wrong arguments)."""
+    from factories import make_layout, make_store
+    from kvcache import CacheConfig, LayoutMismatch, TieredCache
+
+    store = make_store(tmp_path / "store", make_layout(4))
+    with pytest.raises(LayoutMismatch, match=r"page_size=1 is not in this store \(it holds: .*page_size=4\)"):
+        TieredCache(CacheConfig(make_layout(1), device_tokens=8, device="cpu"), store)
+    store.close()

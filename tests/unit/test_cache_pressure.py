@@ -233,3 +233,28 @@ def test_headroom_counts_what_admission_could_use(store):
     assert room.device.available == 5
     c.release("l")
     c.close()
+
+
+def test_a_node_unlocked_while_its_l3_write_is_in_flight_stays_evictable_from_the_device(tmp_path):
+    """An eviction that meets a locked node drops its LRU entry (it is offered again at unlock). The unlock came
+    while an L3 write still read the node's host copy, and `offer` skipped the device tier for that host pin: the
+    node stayed counted evictable but no eviction could find it, and an admission that needed its page was refused
+    with nothing running (found by the stateful test)."""
+    store = make_store(tmp_path / "store1", make_layout(1))
+    c = l3_cache(store, page_size=1, device_tokens=10, host_tokens=4)
+    a, b = TENANTS[0], TENANTS[1]
+    c.admit(Request("a", [1], a))
+    c.commit("a")  # node N (1 page); its device -> host backup is in flight
+    assert c.admit(Request("b", [1, 2], a)).status is AdmitStatus.ADMITTED  # locks N
+    # c needs N's page: the eviction pops N while b locks it, the backup completes meanwhile and N's L3 write is
+    # queued (it runs at the next poll); c is refused (b holds the room)
+    assert c.admit(Request("c", list(range(100, 109)), b)).status is AdmitStatus.POOL_FULL
+    c.release("b")  # unlocks N while its write is in flight
+    assert not c.live_requests() and c.storage_writes()
+    adm = c.admit(Request("d", list(range(200, 210)), b))  # the whole pool: N's device copy must go
+    assert adm.status is AdmitStatus.ADMITTED, c.headroom()
+    c.release("d")
+    c.flush()
+    assert c.audit().ok
+    c.close()
+    store.close()

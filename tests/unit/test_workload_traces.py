@@ -1,5 +1,6 @@
 """kvcache/workload.py: the trace format (DESIGN §8) and the synthetic multi-tenant generator."""
 
+import msgspec
 import pytest
 
 from kvcache import InvalidTrace, Namespace, TraceRequest, WorkloadSpec, generate, read_trace, write_trace
@@ -12,6 +13,13 @@ def test_round_trip_keeps_every_field(tmp_path):
     assert write_trace(path, reqs) == 2
     assert read_trace(path) == reqs
     assert path.read_text().splitlines()[1] == '{"rid":"b","tokens":[0,4294967295]}'
+
+
+def test_ttl_s_is_optional_and_reaches_the_request():
+    """Added after the format was pinned: older lines (without it) stay valid and write back unchanged."""
+    old, new = parse_trace(['{"rid": "a", "tokens": [1]}', '{"rid": "b", "tokens": [1], "ttl_s": 600}'])
+    assert old.request().ttl_s is None and new.request().ttl_s == 600
+    assert msgspec.json.encode(old) == b'{"rid":"a","tokens":[1]}'
 
 
 def test_request_carries_the_lines_namespace():
@@ -31,6 +39,8 @@ def test_request_carries_the_lines_namespace():
     ('{"tokens": [1]}', "missing required field `rid`"),
     ('{"rid": "", "tokens": [1]}', "rid is empty"),
     ('{"rid": "x", "tokens": [1], "output_len": -1}', ">= 0"),
+    ('{"rid": "x", "tokens": [1], "ttl_s": 0}', "> 0"),
+    ('{"rid": "x", "tokens": [1], "ttl_s": "1h"}', "Expected `float | null`"),
     ('{"rid": "x", "tokens": [1]', "not a JSON object"),
     ('[1, 2]', "Expected `object`"),
 ])
