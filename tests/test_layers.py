@@ -26,8 +26,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("cache", ("kvcache.cache",)),
     ("diagnostics", ("kvcache.diagnostics",)),
     ("tiers", ("kvcache.prefetch", "kvcache.staging", "kvcache.transfer", "kvcache.io_worker")),
-    ("tree", ("kvcache.tree", "kvcache.pools")),
-    ("values", ("kvcache.config", "kvcache.request", "kvcache.stats", "kvcache.owners")),
+    ("tree", ("kvcache.tree", "kvcache.pools", "kvcache.event_log")),
+    ("values", ("kvcache.config", "kvcache.request", "kvcache.stats", "kvcache.owners", "kvcache.events")),
     ("storage", ("kvcache.storage", "kvcache_redis")),
     ("keys", ("kvcache.errors", "kvcache.namespace", "kvcache.keys", "kvcache.layout")),  # what names a page
 ]
