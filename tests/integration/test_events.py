@@ -1,0 +1,191 @@
+"""The KV-event feed as a router reads it: a plain pyzmq SUB socket and a msgspec schema written here from the
+published format (an array batch ``[ts, events, data_parallel_rank]``, events as maps tagged by ``type``), nothing
+of kvc's own decoding. A trace is replayed through L1 + L2 + L3 (LMDB) under pressure; the (namespace, page hash,
+tier) set rebuilt from the events alone must be exactly what the cache's snapshot and its store hold at the end,
+and no frame may carry a salt.
+"""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+import pytest
+import zmq
+
+from factories import l3_cache, make_layout, make_store
+from kvcache import KVEventPublisher, RadixKey, WorkloadSpec, generate, replay
+from kvcache.keys import page_hashes
+from kvcache.namespace import fingerprint_key_scope, use_fingerprint_key
+
+SPEC = WorkloadSpec(requests=60, tenants=3, shared_prefix_tokens=16, system_prompt_tokens=64, documents=4,
+                    document_tokens=48, user_tokens=12, output_tokens=8, seed=17)
+SALTS = [SPEC.tenant(i)[1].encode() for i in range(SPEC.tenants)]
+
+
+# --- the schema, from the published format -------------------------------------------------------------------
+
+class Event(msgspec.Struct, tag=True):  # a map whose "type" names the event
+    pass
+
+
+class BlockStored(Event):
+    block_hashes: list[bytes]
+    parent_block_hash: bytes | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    extra_key: str | None = None
+    salt_fingerprint: str | None = None
+
+
+class BlockRemoved(Event):
+    block_hashes: list[bytes]
+    medium: str | None
+    extra_key: str | None = None
+    salt_fingerprint: str | None = None
+
+
+class AllBlocksCleared(Event):
+    pass
+
+
+class Batch(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+    data_parallel_rank: int | None
+
+
+DECODE = msgspec.msgpack.Decoder(Batch)
+
+
+def rebuild(batches: dict[int, Batch]) -> set[tuple]:
+    held: set[tuple] = set()
+    for seq in sorted(batches):
+        for ev in batches[seq].events:
+            if isinstance(ev, AllBlocksCleared):
+                held.clear()
+                continue
+            keys = {((ev.extra_key, ev.salt_fingerprint), h, ev.medium) for h in ev.block_hashes}
+            if isinstance(ev, BlockStored):
+                held |= keys
+            else:
+                held -= keys
+    return held
+
+
+def expected(cache, snapshot) -> set[tuple]:
+    """What the snapshot says the tiers hold (node by node, hashes recomputed from the node's path tokens), plus
+    every page of the store walked from each namespace's root."""
+    names = {ns.id: (ns.info.extra_key, ns.info.salt_fingerprint) for ns in snapshot.namespaces}
+    by_id = {n.id: n for n in cache.tree.nodes()}
+    out = set()
+    ps = cache.page_size
+    for rec in snapshot.state.nodes:
+        if rec.namespace_root or (rec.device is None and rec.host is None):
+            continue
+        node = by_id[rec.id]
+        chain = page_hashes(cache.layout.layout_id, RadixKey.of(cache.tree.path_key(node), node.namespace), ps)
+        mine = chain[len(chain) - rec.tokens // ps:]
+        for tier, copy in (("device", rec.device), ("host", rec.host)):
+            if copy is not None:
+                out |= {(names[rec.namespace], h, tier) for h in mine}
+    for rec in cache.store.namespaces():
+        for root_hex in rec.roots:
+            stack = [bytes.fromhex(root_hex)]
+            while stack:
+                for child in cache.store.children(stack.pop()):
+                    out.add(((rec.extra_key, rec.salt_fingerprint), child.page_hash, "storage"))
+                    stack.append(child.page_hash)
+    return out
+
+
+def test_a_router_rebuilds_exactly_what_the_cache_holds_from_the_feed_alone(tmp_path):
+    store = make_store(tmp_path / "store", make_layout(4))
+    ctx = zmq.Context()
+    with fingerprint_key_scope():
+        use_fingerprint_key(store.fingerprint_key)  # as kvc serve does: the feed's fingerprints are the store's
+        cache = l3_cache(store, page_size=4, device_tokens=256, host_tokens=512)
+        publisher = KVEventPublisher(cache, "tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*")
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.RCVHWM, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(publisher.endpoint)
+        time.sleep(0.2)  # the subscription reaches the publisher (what it misses meanwhile is replayed below)
+
+        frames_seen: list[bytes] = []
+        batches: dict[int, Batch] = {}
+
+        def take(frames: list[bytes], live: bool) -> None:
+            frames_seen.extend(frames)
+            seq = int.from_bytes(frames[-2], "big")
+            batches[seq] = DECODE.decode(frames[-1])
+            if live:
+                live_seqs.append(seq)
+
+        live_seqs: list[int] = []
+
+        def drain() -> None:
+            while sub.poll(0):
+                take(sub.recv_multipart(), True)
+
+        report = replay(cache, generate(SPEC), on_admit=lambda *_: drain())
+        assert report.audit.ok and report.refused == 0
+        assert cache.counters.device_pages_evicted > 0 and cache.counters.host_pages_evicted > 0  # pressure
+        assert report.backup.storage_pages > 0
+        last = publisher.stats().next_seq - 1
+        deadline = time.monotonic() + 5
+        while (not batches or max(batches) < last) and time.monotonic() < deadline:
+            if sub.poll(100):
+                take(sub.recv_multipart(), True)
+        # what the subscription missed (at least the first batches, sent before it reached the publisher): asked
+        # of the replay socket, as a router does on a gap
+        missing = sorted(set(range(last + 1)) - set(batches))
+        if missing:
+            dealer = ctx.socket(zmq.DEALER)
+            dealer.connect(publisher.replay_endpoint)
+            dealer.send_multipart([b"", missing[0].to_bytes(8, "big")])
+            while dealer.poll(5000):
+                frames = dealer.recv_multipart()
+                if int.from_bytes(frames[1], "big", signed=True) == -1:
+                    break
+                seq = int.from_bytes(frames[1], "big")
+                if seq not in batches:
+                    take(frames, False)
+            dealer.close(0)
+        assert sorted(batches) == list(range(last + 1)), "every batch, live or replayed"
+        assert len(live_seqs) > len(batches) // 2  # most came live
+        assert all(batch.data_parallel_rank == 0 for batch in batches.values())
+
+        snap = cache.snapshot()
+        held = expected(cache, snap)
+        assert {tier for _, _, tier in held} == {"device", "host", "storage"}
+        assert rebuild(batches) == held
+        for frame in frames_seen:
+            assert not any(salt in frame for salt in SALTS), "a salt on the wire"
+
+        publisher_stats = publisher.stats()
+        cache.close()  # the last batch: everything is gone
+        deadline = time.monotonic() + 5
+        while max(batches) < publisher.stats().next_seq - 1 and time.monotonic() < deadline:
+            if sub.poll(100):
+                take(sub.recv_multipart(), True)
+        assert rebuild(batches) == set()
+        publisher.close()
+    sub.close(0)
+    ctx.term()
+    store.close()
+    assert publisher_stats.events > 100 and publisher_stats.send_failures == 0
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1:notaport", "nonsense", "ipc:///no/such/dir/feed"])
+def test_a_bad_endpoint_is_a_clear_error_naming_it(endpoint):
+    from factories import make_cache
+    from kvcache import EventEndpointError
+
+    cache = make_cache()
+    with pytest.raises(EventEndpointError, match="cannot bind") as info:
+        KVEventPublisher(cache, endpoint)
+    assert endpoint in str(info.value)
+    assert cache.tree.on_copy is None  # nothing half-attached
