@@ -37,6 +37,20 @@ MaxConnections = Annotated[int, typer.Option(
 IdleTimeout = Annotated[float, typer.Option(
     "--idle-timeout", help="Seconds a connection may stay silent, or take to send one request, before the server "
                            "closes it.")]
+EventsOpt = Annotated[str | None, typer.Option(
+    "--events", show_default=False, metavar="ENDPOINT",
+    help="Publish KV events (BlockStored / BlockRemoved / AllBlocksCleared, the batches vLLM and SGLang publish) "
+    "on a ZeroMQ PUB socket bound here, e.g. tcp://*:5557, tcp://127.0.0.1:* (any free port: the ready line "
+    "names it) or ipc:///run/kvc/events. One batch per step that changed the cache; salts never, only their "
+    "fingerprints. Follow it with `kvc events --follow`.")]
+EventsReplayOpt = Annotated[str | None, typer.Option(
+    "--events-replay", show_default=False, metavar="ENDPOINT",
+    help="Also bind a ROUTER socket here that re-sends the batches a subscriber missed, from the sequence number "
+    "it asks for (the last --events-buffer batches are kept).")]
+EventsTopicOpt = Annotated[str, typer.Option(
+    "--events-topic", help="The topic frame of every KV-event message (subscribers filter on its prefix).")]
+EventsBufferOpt = Annotated[int, typer.Option(
+    "--events-buffer", min=1, max=10_000_000, help="Batches kept for --events-replay.")]
 
 
 @command
@@ -60,6 +74,10 @@ def serve(
     allow_uid: AllowUids = None,
     max_connections: MaxConnections = 64,
     idle_timeout: IdleTimeout = 10.0,
+    events: EventsOpt = None,
+    events_replay: EventsReplayOpt = None,
+    events_topic: EventsTopicOpt = "",
+    events_buffer: EventsBufferOpt = 10_000,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -86,20 +104,31 @@ def serve(
                               write_policy=write_policy, host_mode=mode)
         from kvcache.live.server import AdminServer  # imports the cache's ops (and torch): only where one runs
 
-        # the server closes first (socket file removed, queued requests answered), then the cache flushes L3
-        with contextlib.closing(cache), AdminServer(cache, path, mode=bits, allow_uids=allowed,
-                                                    max_connections=max_connections,
-                                                    idle_timeout=idle_timeout) as server:
+        if events_replay is not None and events is None:
+            cache.close()
+            raise UsageError("--events-replay needs --events (the feed whose batches it re-sends)")
+        publisher = _events_publisher(cache, events, events_replay, events_topic, events_buffer)
+        # the server closes first (socket file removed, queued requests answered), then the cache flushes L3 (and
+        # publishes AllBlocksCleared), then the event feed closes
+        with _closing(publisher), contextlib.closing(cache), AdminServer(
+                cache, path, mode=bits, allow_uids=allowed, max_connections=max_connections,
+                idle_timeout=idle_timeout) as server:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: stop.set())
             metrics = _serve_metrics(server.path, metrics_addr, metrics_port) if metrics_port is not None else None
             where = f", metrics on {metrics[0]}" if metrics is not None else ""
+            if publisher is not None:
+                where += f", KV events on {publisher.endpoint}"
+                if publisher.replay_endpoint is not None:
+                    where += f" (replay {publisher.replay_endpoint})"
             log = console(stderr=True)
             log.print(f"kvc serve: serving on {server.path} (store {store}, L1 {device_tokens} tokens, "
                       f"L2 {host_tokens} tokens, {mode.value} mode, pid {os.getpid()}{where})", markup=False)
             if json:
                 emit_json({"event": "ready", "socket": server.path, "pid": os.getpid(), "store": str(store),
-                           "metrics": metrics[0] if metrics is not None else None})
+                           "metrics": metrics[0] if metrics is not None else None,
+                           "events": publisher.endpoint if publisher is not None else None,
+                           "events_replay": publisher.replay_endpoint if publisher is not None else None})
             try:
                 server.serve_forever(stop)
             finally:
@@ -108,6 +137,23 @@ def serve(
             served = server.served
     console(stderr=True).print(f"kvc serve: stopped after {served} requests; socket removed, L3 writes flushed",
                                markup=False)
+
+
+def _events_publisher(cache, endpoint: str | None, replay: str | None, topic: str, buffer: int):
+    """The KV-event feed of `cache` (None without --events); the cache is closed when it cannot be bound."""
+    if endpoint is None:
+        return None
+    from kvcache.live.events import KVEventPublisher
+
+    try:
+        return KVEventPublisher(cache, endpoint, replay_endpoint=replay, topic=topic, buffer_batches=buffer)
+    except BaseException:
+        cache.close()
+        raise
+
+
+def _closing(thing):
+    return contextlib.closing(thing) if thing is not None else contextlib.nullcontext()
 
 
 def _serve_metrics(socket: str, addr: str, port: int):

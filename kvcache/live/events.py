@@ -257,6 +257,7 @@ class KVEventSubscriber:
         self.replay_endpoint = replay_endpoint
         self.replay_timeout = replay_timeout
         self.next_seq = start  # the sequence number expected next; None until the first batch (no start)
+        self._catch_up = start is not None and replay_endpoint is not None  # fetch from `start` at once
         self.missed = 0  # batches known missing that no replay could give back
         self.replayed = 0
 
@@ -272,7 +273,16 @@ class KVEventSubscriber:
 
     def receive(self, timeout: float | None = None) -> list[ReceivedBatch]:
         """Wait up to `timeout` seconds (None: for ever) for the next batch; return it, preceded by the batches
-        missed before it that the replay buffer still had. [] when nothing came in time."""
+        missed before it that the replay buffer still had (the first call with a `start` returns what the buffer
+        holds from there on at once). [] when nothing came in time."""
+        if self._catch_up:
+            self._catch_up = False
+            start = self.next_seq
+            caught = self.fetch(start)  # type: ignore[arg-type]
+            if caught:
+                self.missed += caught[0].seq - start  # type: ignore[operator]
+                self.next_seq = caught[-1].seq + 1
+                return caught
         if not self._sub.poll(None if timeout is None else max(0, int(timeout * 1000))):
             return []
         frames = self._sub.recv_multipart()

@@ -189,3 +189,102 @@ def test_a_bad_endpoint_is_a_clear_error_naming_it(endpoint):
         KVEventPublisher(cache, endpoint)
     assert endpoint in str(info.value)
     assert cache.tree.on_copy is None  # nothing half-attached
+
+
+# --- kvc serve --events and kvc events ------------------------------------------------------------------------
+
+CLI_SALT = "events-salt-zq81"
+
+
+def _kvc(*args, timeout=120):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.run([str(Path(sys.executable).with_name("kvc")), *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout)
+    assert CLI_SALT not in proc.stdout + proc.stderr
+    return proc
+
+
+def _invoke(*args):
+    """kvc in this process (what needs no process of its own: no torch start-up per call)."""
+    from typer.testing import CliRunner
+
+    from kvc.main import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    assert CLI_SALT not in result.stdout + result.stderr
+    return result
+
+
+def test_kvc_events_prints_what_kvc_serve_published(tmp_path):
+    import json
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from kvcache import Namespace
+    from kvcache.storage.keyfile import read_key
+
+    kvc = str(Path(sys.executable).with_name("kvc"))
+    store, sock = tmp_path / "store", tmp_path / "s.sock"
+    assert _invoke("init", "--store", store, "--page-size", 4).exit_code == 0
+    for key, salt in (("t1", CLI_SALT), ("t2", None)):
+        assert _invoke("put", "--store", store, "--extra-key", key, *(("--salt", salt) if salt else ()),
+                       "--tokens", ",".join(map(str, range(32)))).exit_code == 0
+    with open(tmp_path / "serve.err", "w") as err:
+        server = subprocess.Popen([kvc, "serve", "--store", str(store), "--socket", str(sock), "--json",
+                                   "--device-tokens", "1024", "--host-tokens", "2048",
+                                   "--events", "tcp://127.0.0.1:*", "--events-replay", "tcp://127.0.0.1:*"],
+                                  stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        ready = json.loads(server.stdout.readline() or "{}")
+        assert ready.get("events", "").startswith("tcp://127.0.0.1:"), (tmp_path / "serve.err").read_text()
+        feed = ["--endpoint", ready["events"], "--replay", ready["events_replay"]]
+        assert _invoke("--socket", sock, "prefetch", "--extra-key", "t1", "--salt", CLI_SALT).exit_code == 0
+        # a late follower: what it missed comes from the replay buffer at once, then the feed goes on live
+        follower = subprocess.Popen([kvc, "events", *feed, "--follow", "--from", "0", "--json", "--count", "3",
+                                     "--idle-timeout", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        lines = [json.loads(follower.stdout.readline())]  # it is up and subscribed
+        time.sleep(0.3)
+        assert _invoke("--socket", sock, "prefetch", "--extra-key", "t2").exit_code == 0  # L3 -> L2 again
+        out, errs = follower.communicate(timeout=60)
+        assert follower.returncode == 0, errs
+        assert CLI_SALT not in out + errs
+        lines += [json.loads(x) for x in out.splitlines()]
+        assert lines[0]["type"] == "AllBlocksCleared" and lines[0]["seq"] == 0 and lines[0]["replayed"]
+        stored = [x for x in lines if x["type"] == "BlockStored"]
+        fingerprint = Namespace("t1", CLI_SALT).fingerprint(read_key(str(store)))
+        assert [(x["extra_key"], x.get("salt_fingerprint"), x["medium"], len(x["block_hashes"])) for x in stored] \
+            == [("t1", fingerprint, "host", 8), ("t2", None, "host", 8)]
+        assert stored[-1]["seq"] == 2 and not stored[-1].get("replayed")  # the last one came live
+        assert stored[0]["token_ids"] == list(range(32)) and stored[0]["block_size"] == 4
+        # without --follow: the replay buffer, as a table
+        table = _invoke("events", *feed)
+        assert table.exit_code == 0 and table.stderr == ""
+        rows = table.stdout.splitlines()
+        assert rows[0].split()[:3] == ["seq", "time", "event"] and len(rows) == 4
+        assert "BlockStored *" in rows[2] and "host" in rows[2] and f"t1/{fingerprint}" in rows[2]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) == 0
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--endpoint", "nonsense", "--follow"], "'nonsense'"),
+    (["--follow"], "needs --endpoint"),
+    (["--endpoint", "tcp://127.0.0.1:5557"], "give --replay"),
+])
+def test_kvc_events_refuses_bad_input_in_one_line(args, says):
+    result = _invoke("events", *args)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and says in result.stderr
+
+
+def test_kvc_serve_refuses_an_events_endpoint_it_cannot_bind(tmp_path):
+    assert _invoke("init", "--store", tmp_path / "store", "--page-size", 4).exit_code == 0
+    result = _invoke("serve", "--store", tmp_path / "store", "--socket", tmp_path / "s.sock", "--events", "tcp://nope")
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1 and "'tcp://nope'" in result.stderr
+    assert not (tmp_path / "s.sock").exists()

@@ -61,11 +61,13 @@ def test_a_late_subscriber_gets_what_it_missed_and_then_the_live_feed():
     with KVEventPublisher(cache, "tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", topic="kv") as pub:
         _step(cache, 0)
         with KVEventSubscriber(pub.endpoint, replay_endpoint=pub.replay_endpoint, topic="kv", start=0) as sub:
+            got = sub.receive(timeout=5)  # what it missed, from the buffer, at once
             time.sleep(0.2)
             _step(cache, 1)
-            got = sub.receive(timeout=5)
+            got += sub.receive(timeout=5)
             _step(cache, 2)
             got += sub.receive(timeout=5)
+            assert sub.missed == 0 and sub.replayed == 2
         assert [(b.seq, b.replayed) for b in got] == [(0, True), (1, True), (2, False), (3, False)]
         assert isinstance(got[0].batch.events[0], AllBlocksCleared)
         recs = [r for b in got for r in records(b)]
