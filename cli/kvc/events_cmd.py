@@ -30,8 +30,8 @@ ReplayOpt = Annotated[str | None, typer.Option(
     help="The feed's replay address (`kvc serve --events-replay`): missed batches are fetched from it. "
     "Env: KVC_EVENTS_REPLAY.")]
 
-HEADER = f"{'seq':>6}  {'time':<12}  {'event':<16}  {'medium':<8}  {'namespace':<24}  {'pages':>5}  " \
-         f"{'first page':<12}  {'parent':<12}"
+HEADER = f"{'seq':>6}  {'time':<12}  {'event':<18}  {'medium':<8}  {'namespace':<24}  {'pages':>5}  " \
+         f"{'first page':<12}  parent"
 
 
 def line(rec: EventRecord) -> str:
@@ -39,12 +39,12 @@ def line(rec: EventRecord) -> str:
     at = time.strftime("%H:%M:%S", time.localtime(rec.ts)) + f".{int(rec.ts * 1000) % 1000:03d}"
     kind = rec.type + (" *" if rec.replayed else "")
     if rec.type == "AllBlocksCleared":
-        return f"{rec.seq:>6}  {at:<12}  {kind:<16}  {'all':<8}"
+        return f"{rec.seq:>6}  {at:<12}  {kind:<18}  all"
     ns = f"{shown(rec.extra_key)}/{rec.salt_fingerprint or '-'}"
     first = rec.block_hashes[0][:12] if rec.block_hashes else "-"
     parent = (rec.parent_block_hash or "-")[:12] if rec.type == "BlockStored" else ""
-    return (f"{rec.seq:>6}  {at:<12}  {kind:<16}  {rec.medium or '-':<8}  {ns:<24}  {len(rec.block_hashes):>5}  "
-            f"{first:<12}  {parent:<12}")
+    return (f"{rec.seq:>6}  {at:<12}  {kind:<18}  {rec.medium or '-':<8}  {ns:<24}  {len(rec.block_hashes):>5}  "
+            f"{first:<12}  {parent}").rstrip()
 
 
 @command
