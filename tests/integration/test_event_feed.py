@@ -13,7 +13,7 @@ import msgspec
 import pytest
 import zmq
 
-from factories import l3_cache, make_layout, make_store
+from factories import l3_cache, make_layout, make_store, store_holdings
 from kvcache import KVEventPublisher, RadixKey, WorkloadSpec, generate, replay
 from kvcache.keys import page_hashes
 from kvcache.namespace import fingerprint_key_scope, use_fingerprint_key
@@ -91,14 +91,7 @@ def expected(cache, snapshot) -> set[tuple]:
         for tier, copy in (("device", rec.device), ("host", rec.host)):
             if copy is not None:
                 out |= {(names[rec.namespace], h, tier) for h in mine}
-    for rec in cache.store.namespaces():
-        for root_hex in rec.roots:
-            stack = [bytes.fromhex(root_hex)]
-            while stack:
-                for child in cache.store.children(stack.pop()):
-                    out.add(((rec.extra_key, rec.salt_fingerprint), child.page_hash, "storage"))
-                    stack.append(child.page_hash)
-    return out
+    return out | store_holdings(cache.store)
 
 
 def test_a_router_rebuilds_exactly_what_the_cache_holds_from_the_feed_alone(tmp_path):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from factories import l3_cache, make_cache, make_layout, make_store
+from factories import l3_cache, make_cache, make_layout, make_store, store_holdings
 from kvcache import InvalidInput, Namespace, RadixKey, Request, WorkloadSpec, generate, replay
 from kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, MediumNames, encode_batch
 from kvcache.keys import page_hashes
@@ -57,15 +57,7 @@ def holdings(cache) -> set[tuple]:
         for tier, present in (("device", node.device is not None), ("host", node.host is not None)):
             if present:
                 out |= {(name, h, tier) for h in mine}
-    if cache.store is not None:
-        for rec in cache.store.namespaces():
-            for root_hex in rec.roots:
-                stack = [bytes.fromhex(root_hex)]
-                while stack:
-                    for child in cache.store.children(stack.pop()):
-                        out.add(((rec.extra_key, rec.salt_fingerprint), child.page_hash, "storage"))
-                        stack.append(child.page_hash)
-    return out
+    return out | store_holdings(cache.store) if cache.store is not None else out
 
 
 def _tiers(held: set[tuple]) -> set[str]:
