@@ -30,7 +30,7 @@ ReplayOpt = Annotated[str | None, typer.Option(
     help="The feed's replay address (`kvc serve --events-replay`): missed batches are fetched from it. "
     "Env: KVC_EVENTS_REPLAY.")]
 
-HEADER = f"{'seq':>6}  {'time':<12}  {'event':<18}  {'medium':<8}  {'namespace':<24}  {'pages':>5}  " \
+HEADER = f"{'seq':>6}  {'time':<12}  {'event':<18}  {'medium':<10}  {'namespace':<24}  {'pages':>5}  " \
          f"{'first page':<12}  parent"
 
 
@@ -43,7 +43,7 @@ def line(rec: EventRecord) -> str:
     ns = f"{shown(rec.extra_key)}/{rec.salt_fingerprint or '-'}"
     first = rec.block_hashes[0][:12] if rec.block_hashes else "-"
     parent = (rec.parent_block_hash or "-")[:12] if rec.type == "BlockStored" else ""
-    return (f"{rec.seq:>6}  {at:<12}  {kind:<18}  {rec.medium or '-':<8}  {ns:<24}  {len(rec.block_hashes):>5}  "
+    return (f"{rec.seq:>6}  {at:<12}  {kind:<18}  {rec.medium or '-':<10}  {ns:<24}  {len(rec.block_hashes):>5}  "
             f"{first:<12}  {parent}").rstrip()
 
 

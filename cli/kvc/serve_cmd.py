@@ -19,6 +19,7 @@ from typing import Annotated
 import typer
 
 from kvcache.config import HostMode, PrefetchPolicy, WritePolicy
+from kvcache.events import MediumNames
 
 from . import live
 from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, offline_cache, open_for_cache
@@ -51,6 +52,10 @@ EventsTopicOpt = Annotated[str, typer.Option(
     "--events-topic", help="The topic frame of every KV-event message (subscribers filter on its prefix).")]
 EventsBufferOpt = Annotated[int, typer.Option(
     "--events-buffer", min=1, max=10_000_000, help="Batches kept for --events-replay.")]
+EventsMediaOpt = Annotated[MediumNames, typer.Option(
+    "--events-medium-names", case_sensitive=False,
+    help="The words of the events' `medium` field: kvc (device / host / storage) or sglang (GPU / CPU_PINNED / "
+    "DISK, what routers that read SGLang's events map to tiers).")]
 
 
 @command
@@ -78,6 +83,7 @@ def serve(
     events_replay: EventsReplayOpt = None,
     events_topic: EventsTopicOpt = "",
     events_buffer: EventsBufferOpt = 10_000,
+    events_medium_names: EventsMediaOpt = MediumNames.KVC,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -107,7 +113,7 @@ def serve(
         if events_replay is not None and events is None:
             cache.close()
             raise UsageError("--events-replay needs --events (the feed whose batches it re-sends)")
-        publisher = _events_publisher(cache, events, events_replay, events_topic, events_buffer)
+        publisher = _events_publisher(cache, events, events_replay, events_topic, events_buffer, events_medium_names)
         # the server closes first (socket file removed, queued requests answered), then the cache flushes L3 (and
         # publishes AllBlocksCleared), then the event feed closes
         with _closing(publisher), contextlib.closing(cache), AdminServer(
@@ -139,14 +145,16 @@ def serve(
                                markup=False)
 
 
-def _events_publisher(cache, endpoint: str | None, replay: str | None, topic: str, buffer: int):
+def _events_publisher(cache, endpoint: str | None, replay: str | None, topic: str, buffer: int,
+                      medium_names: MediumNames):
     """The KV-event feed of `cache` (None without --events); the cache is closed when it cannot be bound."""
     if endpoint is None:
         return None
     from kvcache.live.events import KVEventPublisher
 
     try:
-        return KVEventPublisher(cache, endpoint, replay_endpoint=replay, topic=topic, buffer_batches=buffer)
+        return KVEventPublisher(cache, endpoint, replay_endpoint=replay, topic=topic, buffer_batches=buffer,
+                                medium_names=medium_names)
     except BaseException:
         cache.close()
         raise

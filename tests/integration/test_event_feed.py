@@ -230,7 +230,8 @@ def test_kvc_events_prints_what_kvc_serve_published(tmp_path):
     with open(tmp_path / "serve.err", "w") as err:
         server = subprocess.Popen([kvc, "serve", "--store", str(store), "--socket", str(sock), "--json",
                                    "--device-tokens", "1024", "--host-tokens", "2048",
-                                   "--events", "tcp://127.0.0.1:*", "--events-replay", "tcp://127.0.0.1:*"],
+                                   "--events", "tcp://127.0.0.1:*", "--events-replay", "tcp://127.0.0.1:*",
+                                   "--events-medium-names", "sglang"],
                                   stdout=subprocess.PIPE, stderr=err, text=True)
     try:
         ready = json.loads(server.stdout.readline() or "{}")
@@ -243,15 +244,16 @@ def test_kvc_events_prints_what_kvc_serve_published(tmp_path):
         lines = [json.loads(follower.stdout.readline())]  # it is up and subscribed
         time.sleep(0.3)
         assert _invoke("--socket", sock, "prefetch", "--extra-key", "t2").exit_code == 0  # L3 -> L2 again
-        out, errs = follower.communicate(timeout=60)
-        assert follower.returncode == 0, errs
+        out = follower.stdout.read()  # through the same buffer as readline (communicate would bypass it)
+        errs = follower.stderr.read()
+        assert follower.wait(timeout=60) == 0, errs
         assert CLI_SALT not in out + errs
         lines += [json.loads(x) for x in out.splitlines()]
         assert lines[0]["type"] == "AllBlocksCleared" and lines[0]["seq"] == 0 and lines[0]["replayed"]
         stored = [x for x in lines if x["type"] == "BlockStored"]
         fingerprint = Namespace("t1", CLI_SALT).fingerprint(read_key(str(store)))
         assert [(x["extra_key"], x.get("salt_fingerprint"), x["medium"], len(x["block_hashes"])) for x in stored] \
-            == [("t1", fingerprint, "host", 8), ("t2", None, "host", 8)]
+            == [("t1", fingerprint, "CPU_PINNED", 8), ("t2", None, "CPU_PINNED", 8)]
         assert stored[-1]["seq"] == 2 and not stored[-1].get("replayed")  # the last one came live
         assert stored[0]["token_ids"] == list(range(32)) and stored[0]["block_size"] == 4
         # without --follow: the replay buffer, as a table
@@ -259,7 +261,7 @@ def test_kvc_events_prints_what_kvc_serve_published(tmp_path):
         assert table.exit_code == 0 and table.stderr == ""
         rows = table.stdout.splitlines()
         assert rows[0].split()[:3] == ["seq", "time", "event"] and len(rows) == 4
-        assert "BlockStored *" in rows[2] and "host" in rows[2] and f"t1/{fingerprint}" in rows[2]
+        assert "BlockStored *" in rows[2] and "CPU_PINNED" in rows[2] and f"t1/{fingerprint}" in rows[2]
     finally:
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=60) == 0
