@@ -104,9 +104,9 @@ class EventLog:
         parent = node.parent
         chained = parent is not None and parent.parent is not None and not parent.is_namespace_root
         extra_key, fingerprint = self._name(node.namespace)  # type: ignore[arg-type]
-        return BlockStored(list(tree.page_hashes(node)), tree.page_hashes(parent)[-1] if chained else None,  # type: ignore[arg-type]
-                           np.frombuffer(node.key, dtype="<u4").tolist(), tree.page_size, None, medium, None,
-                           extra_key, fingerprint)
+        parent_hash = tree.page_hashes(parent)[-1] if chained else None  # type: ignore[arg-type]
+        return BlockStored(list(tree.page_hashes(node)), parent_hash, np.frombuffer(node.key, dtype="<u4").tolist(),
+                           tree.page_size, None, medium, None, extra_key, fingerprint)
 
     def _removed(self, node: TreeNode, medium: str) -> BlockRemoved:
         extra_key, fingerprint = self._name(node.namespace)  # type: ignore[arg-type]

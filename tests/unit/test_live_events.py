@@ -49,7 +49,8 @@ def test_missed_batches_are_sent_again_from_the_replay_buffer_and_the_buffer_is_
         got = _ask(pub.replay_endpoint, 2)
         assert [seq for seq, _ in got] == [3, 4, 5, 6]  # 2 left the 4-batch buffer
         first = decode_batch(got[0][1])
-        assert [type(ev) for ev in first.events] == [BlockStored] and first.events[0].token_ids == list(range(2000, 2008))
+        assert [type(ev) for ev in first.events] == [BlockStored]
+        assert first.events[0].token_ids == list(range(2000, 2008))
         assert _ask(pub.replay_endpoint, 7) == []  # nothing from the future; the end marker still comes
         st = pub.stats()
         assert (st.replay_requests, st.replayed_batches, st.buffered) == (2, 4, 4)
