@@ -29,5 +29,6 @@ def test_a_toy_run_publishes_the_event_rate_and_the_slowdown(tmp_path):
     assert {f["name"]: (f["unit"], f["better"]) for f in doc["figures"]} == {
         "replay_time_events_over_no_events": ("x (time ratio)", "lower"),
         "replay_cpu_events_over_no_events": ("x (time ratio)", "lower"),
-        "kv_events_published_per_s": ("per second", "higher")}
+        "kv_events_published_per_s": ("per second", "higher"),
+        "replay_time_feed_alone_over_no_events": ("x (time ratio)", "lower")}
     assert doc["ratios"]["kv_events_published_per_s"] > 0
