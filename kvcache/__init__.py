@@ -9,7 +9,7 @@ import importlib
 
 from .errors import (AdminBadFrame, AdminError, AdminProtocolMismatch, AdminRemoteError, AdminShuttingDown,
                      AdminSocketInUse, AdminTimeout, AdminUnavailable, AdminUntrusted, CacheClosed, DoubleFree,
-                     InvalidConfig, InvalidInput, InvalidLayout, InvalidNamespace, InvalidTokens, InvalidTrace,
+                     EventEndpointError, InvalidConfig, InvalidInput, InvalidLayout, InvalidNamespace, InvalidTokens, InvalidTrace,
                      InvariantViolation, KVCacheError, LayoutMismatch, LockUnderflow, NamespaceMismatch, NotAStore,
                      OwnershipError, RequestIdInUse, StoreError, StoreFull, StoreReadOnly, StoreUnsupported,
                      UnknownBackend, UnknownRequest)
@@ -18,6 +18,7 @@ from .errors import (AdminBadFrame, AdminError, AdminProtocolMismatch, AdminRemo
 # or a kvc command that only reads a store, does not pay for torch (seconds) and the cache behind it.
 _LAZY: dict[str, tuple[str, ...]] = {
     "diagnostics.audit": ("AuditReport", "Violation", "ViolationKind"),
+    "events": ("AllBlocksCleared", "BlockRemoved", "BlockStored", "EventBatch", "MediumNames"),
     "cache": ("Admission", "AdmitStatus", "CommitResult", "EvictResult", "Headroom", "NamespaceDrop", "TieredCache",
               "TierRoom"),
     "config": ("CacheConfig", "HostMode", "PrefetchPolicy", "TTLMode", "TTLPolicy", "WritePolicy"),
@@ -40,6 +41,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "workload.warm": ("WarmResult", "warm_namespace"),
     "live.client": ("AdminClient",),
     "live.server": ("AdminServer",),
+    "live.events": ("KVEventPublisher", "KVEventSubscriber"),
 }
 _HOME = {name: module for module, names in _LAZY.items() for name in names}
 
@@ -70,14 +72,16 @@ __all__ = [
     # workloads and the replay driver
     "TraceRequest", "WorkloadSpec", "generate", "read_trace", "write_trace",
     "NamespaceReplay", "Replayer", "ReplayReport", "TierTokens", "VerifyMismatch", "replay",
-    # live mode: the admin socket
-    "AdminClient", "AdminServer",
+    # live mode: the admin socket, the KV-event feed
+    "AdminClient", "AdminServer", "KVEventPublisher", "KVEventSubscriber",
+    # KV events: the wire format
+    "AllBlocksCleared", "BlockRemoved", "BlockStored", "EventBatch", "MediumNames",
     # errors
     "CacheClosed", "DoubleFree", "InvalidConfig", "InvalidInput", "InvalidLayout", "InvalidNamespace",
     "InvalidTokens",
     "InvalidTrace", "InvariantViolation", "KVCacheError", "LayoutMismatch", "LockUnderflow", "NamespaceMismatch",
     "NotAStore", "OwnershipError", "StoreError", "StoreFull", "StoreReadOnly", "StoreUnsupported", "UnknownBackend",
-    "RequestIdInUse", "UnknownRequest",
+    "RequestIdInUse", "UnknownRequest", "EventEndpointError",
     "AdminBadFrame", "AdminError", "AdminProtocolMismatch", "AdminRemoteError", "AdminSocketInUse", "AdminTimeout",
     "AdminUnavailable", "AdminUntrusted", "AdminShuttingDown",
 ]

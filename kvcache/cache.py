@@ -42,6 +42,8 @@ import torch
 from .config import CacheConfig, HostMode, PrefetchPolicy
 from .diagnostics.audit import AuditReport, audit_cache
 from .diagnostics.snapshot import Snapshot, take_snapshot, write_snapshot
+from .event_log import EventLog, EventSink, store_pages
+from .events import MediumNames
 from .errors import (CacheClosed, InvalidInput, InvariantViolation, LayoutMismatch, NamespaceMismatch, RequestIdInUse,
                      StoreError, UnknownRequest)
 from .io_worker import IOWorker
@@ -214,6 +216,7 @@ class TieredCache:
         if store is not None:
             self._refresh_shares_quietly()
         self._ttl = TTLTracker(config.ttl, clock) if config.ttl is not None else None
+        self._events: EventLog | None = None  # the KV-event feed, when one is attached (attach_events)
         if self.host_pool is None:
             self._backup_target = BackupTarget.NONE
         elif config.host_mode is HostMode.CACHE:
@@ -414,7 +417,10 @@ class TieredCache:
         d = self._evict_device(self.device_pool.num_pages, mine, write_back=False)
         h = (self._evict_host(self.host_pool.num_pages, mine, write_back=False)
              if self.host_pool is not None else 0)
+        gone = store_pages(self.store, namespace) if self._events is not None and self.store is not None else None
         deleted = self.store.delete_namespace(ns_id) if self.store is not None else None
+        if gone:
+            self._events.dropped_from_store(namespace, gone)  # type: ignore[union-attr]
         live = sum(1 for r in self._live.values() if r.request.namespace.id == ns_id)
         return NamespaceDrop(namespace.info(), namespace.id_hex, d, h, deleted.pages if deleted else 0,
                              deleted.bytes if deleted else 0, live)
@@ -493,6 +499,8 @@ class TieredCache:
                 self._refresh_shares_quietly()
         if self._ttl is not None:
             self._ttl_sweep()
+        if self._events is not None:
+            self._events.flush()  # one batch per scheduler step
         return done
 
     # --- namespace TTL (kvcache.ttl) ------------------------------------------------------------------------------
@@ -574,7 +582,10 @@ class TieredCache:
         """Wait for every in-flight copy and L3 write (and the prefetch batches queued now) and complete them.
         Returns how many completed."""
         self._check_open("flush")
-        return self._flush()
+        done = self._flush()
+        if self._events is not None:
+            self._events.flush()
+        return done
 
     def close(self) -> None:
         """Flush, stop the I/O worker and flush the store's access records. The store itself stays open (the
@@ -589,7 +600,34 @@ class TieredCache:
         if self._io is not None:
             self._io.close()
             self.store.flush()  # type: ignore[union-attr]
+        if self._events is not None:
+            self._events.cleared()  # nothing of this cache can be served any more
+            self._events.flush()
         self._closed = True
+
+    def attach_events(self, sink: EventSink, data_parallel_rank: int = 0,
+                      medium_names: MediumNames = MediumNames.KVC) -> EventLog:
+        """Report every change of the pages this cache holds as KV events (`kvcache.events`): `sink` gets one
+        `EventBatch` per `poll` (and per `flush`) that saw changes — a device or host copy attached or detached,
+        pages acknowledged by or deleted from the store, `AllBlocksCleared` at `close`. The first batch, handed
+        over before this returns, clears and announces what the cache holds now. One feed at a time
+        (`kvcache.live.events.KVEventPublisher` is the ZeroMQ one); `detach_events` ends it."""
+        self._check_open("attach_events")
+        if self._events is not None:
+            raise InvalidInput("this cache already has a KV-event feed attached: detach_events() first")
+        log = EventLog(self.tree, sink, data_parallel_rank, medium_names)
+        log.announce()
+        log.flush()
+        self._events = log
+        self.tree.on_copy = log.copy_changed
+        return log
+
+    def detach_events(self) -> None:
+        """Hand the events still pending to the feed's sink and end the feed. Does nothing without one."""
+        log, self._events = self._events, None
+        self.tree.on_copy = None
+        if log is not None:
+            log.flush()
 
     def stats(self) -> CacheStats:
         """Hits per namespace and tier, prefetch and backup figures, counters (copies: safe to keep)."""
@@ -1101,6 +1139,8 @@ class TieredCache:
         if job.error is None:
             bs.storage_bytes += (job.at - job.rejected) * self.host_pool.page_bytes  # type: ignore[union-attr]
         for node in job.nodes:
+            if self._events is not None and ok and not job.parent_missing and not node.stored:
+                self._events.stored(node)
             node.stored = node.stored or (ok and not job.parent_missing)
             self._unpin(node, job)
         if job.bounce:

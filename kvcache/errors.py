@@ -13,7 +13,8 @@ either bad input from the caller, a broken invariant, or a storage fault the cal
     │   │   └── RequestIdInUse        ... that already holds a prefetch, staged record or admission for another
     │   │                             request (other tokens or namespace): refused before anything moves
     │   ├── CacheClosed               a call on a TieredCache after its close()
-    │   └── InvalidTrace              a workload trace line that is not a valid request (names the line)
+    │   ├── InvalidTrace              a workload trace line that is not a valid request (names the line)
+    │   └── EventEndpointError        a KV-event endpoint that cannot be bound or connected to (names it)
     ├── InvariantViolation            kvcache's own bookkeeping is broken: fail loudly, never continue silently
     │   ├── OwnershipError            a ledger move whose source owner is not the slot's current owner
     │   │   └── DoubleFree            ... because the slot is already FREE
@@ -93,6 +94,15 @@ class InvalidTrace(InvalidInput):
         self.source = source
         self.line = line
         super().__init__(f"{source}:{line}: {why}")
+
+
+class EventEndpointError(InvalidInput):
+    """A ZeroMQ endpoint of the KV-event feed that cannot be bound (publisher) or connected to (subscriber): a
+    malformed address, a port in use, a missing directory. Names the endpoint."""
+
+    def __init__(self, endpoint: str, why: str) -> None:
+        self.endpoint = endpoint
+        super().__init__(f"KV-event endpoint {endpoint!r}: {why}")
 
 
 class InvariantViolation(KVCacheError):

@@ -185,6 +185,9 @@ class ShareState:
 
 
 SplitListener = Callable[[TreeNode, TreeNode, int], None]
+# Called as on_copy(node, tier, had, pages) each time a node's copy in a tier is set (None: taken away), `had`
+# being the copy before: the KV-event log (kvcache.event_log) reports a copy that came or went.
+CopyListener = Callable[[TreeNode, "Tier", "np.ndarray | None", "np.ndarray | None"], None]
 
 
 class RadixTree:
@@ -210,6 +213,7 @@ class RadixTree:
         self.host_protected = 0
         # Called as on_split(child, new_parent, head_pages) after a split moved child's first pages to new_parent.
         self.on_split: SplitListener | None = None
+        self.on_copy: CopyListener | None = None  # see CopyListener; None (no event feed) costs one test per change
         # Lazy LRU heaps of eviction candidates per tier (see _victims); nodes are offered when they may have
         # become leaves of that tier. Entries are plain ints, last_access << _ID_BITS | id: a heap of ints compares
         # in C without a tuple per entry (several times faster at a million entries, and nothing for the GC).
@@ -885,6 +889,8 @@ class RadixTree:
             self.device_held += delta
         else:
             self.device_evictable += delta
+        if self.on_copy is not None:
+            self.on_copy(node, Tier.DEVICE, had, pages)
 
     def _set_host(self, node: TreeNode, pages: np.ndarray | None) -> None:
         had = node.host
@@ -905,6 +911,8 @@ class RadixTree:
             self.host_held += delta
         else:
             self.host_evictable += delta
+        if self.on_copy is not None:
+            self.on_copy(node, Tier.HOST, had, pages)
 
     def _protect(self, node: TreeNode, locked: bool) -> None:
         """Move `node`'s pages between the locked class and the one it has without the lock."""

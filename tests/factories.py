@@ -69,3 +69,17 @@ def device_bytes_ok(cache: TieredCache, request, slots, n_tokens: int) -> bool:
         if not torch.equal(got, page_content(hashes[p], cache.device_pool.page_bytes)):
             return False
     return True
+
+
+def store_holdings(store) -> set[tuple]:
+    """((extra_key, salt fingerprint), page hash, "storage") of every page in `store`, walked from each namespace's
+    roots (what a KV-event feed's storage tier must rebuild to)."""
+    out = set()
+    for rec in store.namespaces():
+        for root_hex in rec.roots:
+            stack = [bytes.fromhex(root_hex)]
+            while stack:
+                for child in store.children(stack.pop()):
+                    out.add(((rec.extra_key, rec.salt_fingerprint), child.page_hash, "storage"))
+                    stack.append(child.page_hash)
+    return out

@@ -26,8 +26,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("cache", ("kvcache.cache",)),
     ("diagnostics", ("kvcache.diagnostics",)),
     ("tiers", ("kvcache.prefetch", "kvcache.staging", "kvcache.transfer", "kvcache.io_worker", "kvcache.ttl")),
-    ("tree", ("kvcache.tree", "kvcache.pools")),
-    ("values", ("kvcache.config", "kvcache.request", "kvcache.stats", "kvcache.owners")),
+    ("tree", ("kvcache.tree", "kvcache.pools", "kvcache.event_log")),
+    ("values", ("kvcache.config", "kvcache.request", "kvcache.stats", "kvcache.owners", "kvcache.events")),
     ("storage", ("kvcache.storage", "kvcache_redis")),
     # what names a page, and a namespace's shares per tier (the tree, the cache and every store read them)
     ("keys", ("kvcache.errors", "kvcache.namespace", "kvcache.keys", "kvcache.layout", "kvcache.shares")),

@@ -24,6 +24,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_replay": ["--pages", "512", "--requests", "1000", "--repeat", "1"],
     "bench_l3": ["--store-mb", "32", "--redis-mb", "32", "--repeat", "1", "--runs", "1"],
     "bench_admin": ["--requests", "500", "--round-trips", "500", "--repeat", "1"],
+    "bench_events": ["--requests", "300", "--repeat", "2"],
     "bench_startup": ["--runs", "3"],
     "bench_scale": ["--requests", "4000"],
     "bench_shares": ["--b-requests", "40"],

@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "top": ("top_cmd", "top", "A live cache's tiers, hits and copies, refreshed in place."),
     "serve": ("serve_cmd", "serve", "Run a live cache with an admin socket (and --metrics-port)."),
     "snapshot": ("snapshot_cmd", "snapshot", "Write a live cache's ownership snapshot."),
+    "events": ("events_cmd", "events", "Follow a live cache's KV-event feed (kvc serve --events)."),
     "bench": ("bench_cmd", "bench", "Run the benchmark scripts and print their ratios."),
     "ns": ("ns_cmd", "app", "Namespaces in the store: list, show a prefix tree, drop (offboarding)."),
 }

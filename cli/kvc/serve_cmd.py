@@ -20,6 +20,7 @@ import typer
 
 from kvcache.config import HostMode, PrefetchPolicy, TTLMode, TTLPolicy, WritePolicy
 from kvcache.errors import InvalidConfig
+from kvcache.events import MediumNames
 
 from . import live
 from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, offline_cache, open_for_cache
@@ -55,6 +56,24 @@ TTLNamespacesOpt = Annotated[int, typer.Option(
 TTLSweepOpt = Annotated[float, typer.Option(
     "--ttl-sweep-s", metavar="SECONDS",
     help="How often the owner loop looks for expired namespaces (a use past the deadline expires it at once).")]
+EventsOpt = Annotated[str | None, typer.Option(
+    "--events", show_default=False, metavar="ENDPOINT",
+    help="Publish KV events (BlockStored / BlockRemoved / AllBlocksCleared, the batches vLLM and SGLang publish) "
+    "on a ZeroMQ PUB socket bound here, e.g. tcp://*:5557, tcp://127.0.0.1:* (any free port: the ready line "
+    "names it) or ipc:///run/kvc/events. One batch per step that changed the cache; salts never, only their "
+    "fingerprints. Follow it with `kvc events --follow`.")]
+EventsReplayOpt = Annotated[str | None, typer.Option(
+    "--events-replay", show_default=False, metavar="ENDPOINT",
+    help="Also bind a ROUTER socket here that re-sends the batches a subscriber missed, from the sequence number "
+    "it asks for (the last --events-buffer batches are kept).")]
+EventsTopicOpt = Annotated[str, typer.Option(
+    "--events-topic", help="The topic frame of every KV-event message (subscribers filter on its prefix).")]
+EventsBufferOpt = Annotated[int, typer.Option(
+    "--events-buffer", min=1, max=10_000_000, help="Batches kept for --events-replay.")]
+EventsMediaOpt = Annotated[MediumNames, typer.Option(
+    "--events-medium-names", case_sensitive=False,
+    help="The words of the events' `medium` field: kvc (device / host / storage) or sglang (GPU / CPU_PINNED / "
+    "DISK, what routers that read SGLang's events map to tiers).")]
 
 
 @command
@@ -83,6 +102,11 @@ def serve(
     ttl_max_s: TTLMaxOpt = None,
     ttl_max_namespaces: TTLNamespacesOpt = 100_000,
     ttl_sweep_s: TTLSweepOpt = 1.0,
+    events: EventsOpt = None,
+    events_replay: EventsReplayOpt = None,
+    events_topic: EventsTopicOpt = "",
+    events_buffer: EventsBufferOpt = 10_000,
+    events_medium_names: EventsMediaOpt = MediumNames.KVC,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -110,10 +134,15 @@ def serve(
                               write_policy=write_policy, host_mode=mode, ttl=ttl)
         from kvcache.live.server import AdminServer  # imports the cache's ops (and torch): only where one runs
 
-        # the server closes first (socket file removed, queued requests answered), then the cache flushes L3
-        with contextlib.closing(cache), AdminServer(cache, path, mode=bits, allow_uids=allowed,
-                                                    max_connections=max_connections,
-                                                    idle_timeout=idle_timeout) as server:
+        if events_replay is not None and events is None:
+            cache.close()
+            raise UsageError("--events-replay needs --events (the feed whose batches it re-sends)")
+        publisher = _events_publisher(cache, events, events_replay, events_topic, events_buffer, events_medium_names)
+        # the server closes first (socket file removed, queued requests answered), then the cache flushes L3 (and
+        # publishes AllBlocksCleared), then the event feed closes
+        with _closing(publisher), contextlib.closing(cache), AdminServer(
+                cache, path, mode=bits, allow_uids=allowed, max_connections=max_connections,
+                idle_timeout=idle_timeout) as server:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: stop.set())
             metrics = _serve_metrics(server.path, metrics_addr, metrics_port) if metrics_port is not None else None
@@ -121,12 +150,18 @@ def serve(
             if ttl is not None:
                 where += (f", TTL {ttl.mode.value} {ttl.default_ttl_s:g} s (max {ttl.max_ttl_s:g} s, "
                           f"{ttl.max_namespaces} namespaces)")
+            if publisher is not None:
+                where += f", KV events on {publisher.endpoint}"
+                if publisher.replay_endpoint is not None:
+                    where += f" (replay {publisher.replay_endpoint})"
             log = console(stderr=True)
             log.print(f"kvc serve: serving on {server.path} (store {store}, L1 {device_tokens} tokens, "
                       f"L2 {host_tokens} tokens, {mode.value} mode, pid {os.getpid()}{where})", markup=False)
             if json:
                 emit_json({"event": "ready", "socket": server.path, "pid": os.getpid(), "store": str(store),
-                           "metrics": metrics[0] if metrics is not None else None, "ttl": ttl})
+                           "metrics": metrics[0] if metrics is not None else None, "ttl": ttl,
+                           "events": publisher.endpoint if publisher is not None else None,
+                           "events_replay": publisher.replay_endpoint if publisher is not None else None})
             try:
                 server.serve_forever(stop)
             finally:
@@ -152,6 +187,25 @@ def _ttl_policy(default_s: float | None, mode: TTLMode, max_s: float | None, nam
             if str(exc).startswith(f"ttl {field}="):
                 raise UsageError(f"{option}: {exc}") from None
         raise UsageError(str(exc)) from None
+
+
+def _events_publisher(cache, endpoint: str | None, replay: str | None, topic: str, buffer: int,
+                      medium_names: MediumNames):
+    """The KV-event feed of `cache` (None without --events); the cache is closed when it cannot be bound."""
+    if endpoint is None:
+        return None
+    from kvcache.live.events import KVEventPublisher
+
+    try:
+        return KVEventPublisher(cache, endpoint, replay_endpoint=replay, topic=topic, buffer_batches=buffer,
+                                medium_names=medium_names)
+    except BaseException:
+        cache.close()
+        raise
+
+
+def _closing(thing):
+    return contextlib.closing(thing) if thing is not None else contextlib.nullcontext()
 
 
 def _serve_metrics(socket: str, addr: str, port: int):

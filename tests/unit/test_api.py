@@ -20,7 +20,8 @@ PUBLIC = {
     "NotAStore", "OwnershipError", "StoreError", "StoreFull", "StoreReadOnly", "StoreUnsupported", "UnknownBackend",
     "UnknownRequest",
     "CancelReason", "Headroom", "NamespaceDrop", "TierRoom", "CacheClosed", "RequestIdInUse",
-    "AdminClient", "AdminServer",
+    "AdminClient", "AdminServer", "KVEventPublisher", "KVEventSubscriber",
+    "AllBlocksCleared", "BlockRemoved", "BlockStored", "EventBatch", "MediumNames", "EventEndpointError",
     "AdminBadFrame", "AdminError", "AdminProtocolMismatch", "AdminRemoteError", "AdminSocketInUse", "AdminTimeout",
     "AdminUnavailable", "AdminUntrusted", "AdminShuttingDown",
 }

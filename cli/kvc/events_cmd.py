@@ -1,0 +1,109 @@
+"""`kvc events`: read a live cache's KV-event feed (`kvc serve --events`), as a router would.
+
+With --follow it subscribes to the feed and prints each event as it comes — one line per event, or one JSON
+object per line with --json — until Ctrl-C, --count batches or --idle-timeout seconds without one. A gap in the
+sequence numbers (the subscriber fell behind, or joined late with --from) is filled from the publisher's replay
+socket when --replay names it; events fetched that way are marked. Without --follow it prints what the replay
+buffer holds from --from on, and exits. Nothing here ever sees a salt: the feed carries fingerprints.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import msgspec
+import typer
+
+from kvcache.live.events import EventRecord, KVEventSubscriber, ReceivedBatch, records
+
+from .common import DebugOpt, command
+from .errors import UsageError
+from .output import shown
+
+EndpointOpt = Annotated[str | None, typer.Option(
+    "--endpoint", envvar="KVC_EVENTS", show_default=False, metavar="ENDPOINT",
+    help="The feed's PUB address, as `kvc serve --events` bound it but with a host to connect to (e.g. "
+    "tcp://127.0.0.1:5557, ipc:///run/kvc/events). Env: KVC_EVENTS.")]
+ReplayOpt = Annotated[str | None, typer.Option(
+    "--replay", envvar="KVC_EVENTS_REPLAY", show_default=False, metavar="ENDPOINT",
+    help="The feed's replay address (`kvc serve --events-replay`): missed batches are fetched from it. "
+    "Env: KVC_EVENTS_REPLAY.")]
+
+HEADER = f"{'seq':>6}  {'time':<12}  {'event':<18}  {'medium':<10}  {'namespace':<24}  {'pages':>5}  " \
+         f"{'first page':<12}  parent"
+
+
+def line(rec: EventRecord) -> str:
+    """An event as one plain line (hashes shortened to 12 hex digits)."""
+    at = time.strftime("%H:%M:%S", time.localtime(rec.ts)) + f".{int(rec.ts * 1000) % 1000:03d}"
+    kind = rec.type + (" *" if rec.replayed else "")
+    if rec.type == "AllBlocksCleared":
+        return f"{rec.seq:>6}  {at:<12}  {kind:<18}  all"
+    ns = f"{shown(rec.extra_key)}/{rec.salt_fingerprint or '-'}"
+    first = rec.block_hashes[0][:12] if rec.block_hashes else "-"
+    parent = (rec.parent_block_hash or "-")[:12] if rec.type == "BlockStored" else ""
+    return (f"{rec.seq:>6}  {at:<12}  {kind:<18}  {rec.medium or '-':<10}  {ns:<24}  {len(rec.block_hashes):>5}  "
+            f"{first:<12}  {parent}").rstrip()
+
+
+@command
+def events(
+    endpoint: EndpointOpt = None,
+    replay: ReplayOpt = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Subscribe and print events as they come.")] = False,
+    start: Annotated[int | None, typer.Option(
+        "--from", min=0, show_default=False, metavar="SEQ",
+        help="Begin at this sequence number: the batches before the first one received are fetched from --replay "
+        "(0: all the publisher still buffers, so the view starts from the cache's full state).")] = None,
+    topic: Annotated[str, typer.Option("--topic", help="Only messages whose topic starts with this.")] = "",
+    count: Annotated[int, typer.Option("--count", min=0, max=1_000_000_000,
+                                       help="Stop after this many batches (0: no limit).")] = 0,
+    idle_timeout: Annotated[float, typer.Option(
+        "--idle-timeout", min=0.0, max=86400.0,
+        help="Stop once no batch came for this many seconds (0: wait for ever).")] = 0.0,
+    json: Annotated[bool, typer.Option("--json", help="One JSON object per event per line (hashes in hex) on "
+                                                      "stdout, nothing else.")] = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Print a live cache's KV events (BlockStored / BlockRemoved / AllBlocksCleared per tier) from its feed: with
+    --follow as they come, else what the replay buffer holds. Events fetched by replay are marked '*' (JSON:
+    "replayed"). Batches missed and no longer buffered are reported on stderr at the end."""
+    if endpoint is None:
+        raise UsageError("kvc events needs --endpoint ENDPOINT (the address `kvc serve --events` publishes on; "
+                         "env KVC_EVENTS)")
+    if not follow and replay is None:
+        raise UsageError("kvc events without --follow prints the replay buffer: give --replay ENDPOINT, or "
+                         "--follow to subscribe")
+    shown_batches = 0
+
+    def show(batches: list[ReceivedBatch]) -> None:
+        nonlocal shown_batches
+        for b in batches:
+            if count and shown_batches >= count:
+                return
+            shown_batches += 1
+            for rec in records(b):
+                print(msgspec.json.encode(rec).decode() if json else line(rec), flush=True)
+
+    sub = KVEventSubscriber(endpoint, replay_endpoint=replay, topic=topic, start=start)
+    if not json:
+        print(HEADER, flush=True)
+    try:
+        if not follow:
+            show(sub.fetch(start or 0))
+            return
+        last = time.monotonic()
+        while not count or shown_batches < count:
+            got = sub.receive(timeout=0.25)
+            if got:
+                show(got)
+                last = time.monotonic()
+            elif idle_timeout and time.monotonic() - last >= idle_timeout:
+                break
+    except KeyboardInterrupt:
+        return  # Ctrl-C is how a follow ends: not an error
+    finally:
+        sub.close()
+        if sub.missed:
+            typer.echo(f"kvc events: {sub.missed} batches missed and no longer in the replay buffer", err=True)

@@ -1,0 +1,337 @@
+"""The KV-event feed over ZeroMQ: a publisher wrapped around a cache, and a subscriber (DESIGN §7b).
+
+`KVEventPublisher(cache, endpoint)` attaches to a cache (`TieredCache.attach_events`) and publishes each batch the
+cache hands it — one per scheduler step that changed something (`kvcache.event_log`) — the way vLLM's and SGLang's
+publishers do, so KV-aware routers read it unchanged:
+
+- a PUB socket bound to `endpoint`; each batch is one message of three frames: the topic, an 8-byte big-endian
+  sequence number (from 0, one per batch), the msgpack `EventBatch` (`kvcache.events`);
+- optionally a ROUTER socket bound to `replay_endpoint`: a client sends ``[b"", start]`` (start: 8 bytes, big
+  endian) and gets back ``[b"", seq, payload]`` for every batch still in the bounded replay buffer from `start` on,
+  then ``[b"", -1 as 8 signed bytes, b""]``. A subscriber that sees a gap in the sequence fetches what it missed.
+
+The engine never waits for a subscriber. Sends are non-blocking; a PUB socket drops a message for a subscriber
+whose queue is at the high-water mark (ZeroMQ does not tell the publisher: the subscriber sees the gap and
+replays). The replay socket is served by a helper thread, which only reads the buffer; a client that stops reading
+loses the rest of its answer (counted), nobody else does. Batches are encoded and sent on the cache's owner thread,
+at the end of its `poll`, so their order is the cache's.
+
+`KVEventSubscriber` is the other end (what `kvc events` uses): a SUB socket, gap detection by sequence number, and
+replay of the missed batches when the publisher has a replay socket.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+import msgspec
+import zmq
+
+from ..errors import EventEndpointError, InvalidInput
+from ..events import AllBlocksCleared, BlockStored, EventBatch, MediumNames, decode_batch, encode_batch
+
+if TYPE_CHECKING:
+    from ..cache import TieredCache
+
+END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)  # the sequence frame that ends a replay answer
+_LINGER_MS = 500  # on close, queued messages get this long to leave (the last batch is AllBlocksCleared)
+
+
+class PublisherStats(msgspec.Struct):
+    """What a publisher did since it started."""
+
+    endpoint: str  # where the PUB socket is bound (the port chosen when the endpoint asked for any)
+    replay_endpoint: str | None
+    batches: int = 0  # published
+    events: int = 0
+    bytes: int = 0  # payload bytes published
+    send_failures: int = 0  # batches ZeroMQ refused to queue (kept in the replay buffer all the same)
+    replay_requests: int = 0  # answered
+    replayed_batches: int = 0
+    replay_malformed: int = 0  # requests that were not [empty frame, 8-byte sequence]: ignored
+    replay_cut_short: int = 0  # answers stopped because the client did not read (its queue was full) or left
+    buffered: int = 0  # batches in the replay buffer now
+    next_seq: int = 0  # the sequence number of the next batch
+
+
+class KVEventPublisher:
+    """Publish `cache`'s KV events on a ZeroMQ PUB socket bound to `endpoint` (``tcp://host:port``, ``tcp://*:port``,
+    ``tcp://127.0.0.1:*`` for any free port, ``ipc:///path``), with a replay ROUTER socket on `replay_endpoint` when
+    given. `buffer_batches` bounds the replay buffer; `hwm` is each socket's send high-water mark (messages queued
+    per peer). Creating it attaches to the cache, whose first batch (clear, then what it holds) goes out at once;
+    `close()` detaches. Create and close it on the cache's owner thread (between steps), like `AdminServer`. A
+    context manager."""
+
+    def __init__(self, cache: "TieredCache", endpoint: str, *, replay_endpoint: str | None = None,
+                 topic: str = "", buffer_batches: int = 10_000, hwm: int = 100_000, data_parallel_rank: int = 0,
+                 medium_names: MediumNames = MediumNames.KVC) -> None:
+        if buffer_batches < 1:
+            raise InvalidInput(f"buffer_batches={buffer_batches} must be >= 1")
+        if hwm < 0:
+            raise InvalidInput(f"hwm={hwm} must be >= 0 (0: no limit)")
+        self.cache = cache
+        self._topic = topic.encode("utf-8")
+        self._ctx = zmq.Context()
+        self._router: zmq.Socket | None = None
+        try:
+            self._pub, bound = _bind(self._ctx, zmq.PUB, endpoint, hwm)
+            replay_bound = None
+            if replay_endpoint is not None:
+                self._router, replay_bound = _bind(self._ctx, zmq.ROUTER, replay_endpoint, hwm)
+                self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full or gone client raises: we stop its answer
+        except BaseException:
+            self._ctx.destroy(linger=0)
+            raise
+        self._stats = PublisherStats(bound, replay_bound)
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_batches)
+        self._lock = threading.Lock()  # the buffer: appended by the owner thread, read by the replay thread
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if self._router is not None:
+            self._thread = threading.Thread(target=self._serve_replay, name="kvc-events-replay", daemon=True)
+            self._thread.start()
+        self._closed = False
+        try:
+            cache.attach_events(self._publish, data_parallel_rank, medium_names)
+        except BaseException:
+            self._shutdown()
+            raise
+
+    @property
+    def endpoint(self) -> str:
+        """The PUB socket's bound address (with the port chosen when `endpoint` asked for any)."""
+        return self._stats.endpoint
+
+    @property
+    def replay_endpoint(self) -> str | None:
+        """The replay socket's bound address, or None without one."""
+        return self._stats.replay_endpoint
+
+    def stats(self) -> PublisherStats:
+        """A copy of the publisher's counters."""
+        with self._lock:
+            buffered = len(self._buffer)
+        return msgspec.structs.replace(self._stats, buffered=buffered)
+
+    def _publish(self, batch: EventBatch) -> None:
+        """The cache's sink: runs on its owner thread at the end of a poll."""
+        st = self._stats
+        payload = encode_batch(batch)
+        seq = st.next_seq
+        st.next_seq += 1
+        with self._lock:
+            self._buffer.append((seq, payload))
+        try:
+            self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload), zmq.NOBLOCK)
+        except zmq.ZMQError:  # the batch stays in the replay buffer: a subscriber fetches it from there
+            st.send_failures += 1
+        st.batches += 1
+        st.events += len(batch.events)
+        st.bytes += len(payload)
+
+    def _serve_replay(self) -> None:
+        router, st = self._router, self._stats
+        assert router is not None
+        while not self._stop.is_set():
+            try:
+                if not router.poll(100):
+                    continue
+                frames = router.recv_multipart(zmq.NOBLOCK)
+            except zmq.ZMQError:
+                if self._stop.is_set():
+                    return
+                continue
+            if len(frames) != 3 or frames[1] != b"" or len(frames[2]) != 8:
+                st.replay_malformed += 1
+                continue
+            client, start = frames[0], int.from_bytes(frames[2], "big")
+            with self._lock:
+                found = [item for item in self._buffer if item[0] >= start]
+            st.replay_requests += 1
+            try:
+                for seq, payload in found:
+                    router.send_multipart((client, b"", seq.to_bytes(8, "big"), payload), zmq.NOBLOCK)
+                    st.replayed_batches += 1
+                router.send_multipart((client, b"", END_OF_REPLAY, b""), zmq.NOBLOCK)
+            except zmq.ZMQError:  # the client's queue is full or it left: the rest of its answer is dropped
+                st.replay_cut_short += 1
+
+    def close(self) -> None:
+        """Hand the cache's pending events out, detach from it, stop the replay thread and close the sockets
+        (queued messages get a moment to leave). The cache stays open. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.cache.detach_events()
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._router is not None:
+            self._router.close(linger=0)
+        self._pub.close(linger=_LINGER_MS)
+        self._ctx.term()
+
+    def __enter__(self) -> "KVEventPublisher":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _bind(ctx: zmq.Context, kind: int, endpoint: str, hwm: int) -> tuple[zmq.Socket, str]:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:
+        sock.close(linger=0)
+        raise EventEndpointError(endpoint, f"cannot bind: {exc.strerror}") from None
+    return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+# --- the subscriber ------------------------------------------------------------------------------------------
+
+
+class ReceivedBatch(msgspec.Struct, gc=False):
+    """A batch as a subscriber got it."""
+
+    seq: int
+    batch: EventBatch
+    replayed: bool  # fetched from the replay socket (missed on the feed), not received live
+
+
+class EventRecord(msgspec.Struct, omit_defaults=True):
+    """One event, flat and printable (`kvc events --json` prints one per line): hashes as hex."""
+
+    seq: int  # of its batch
+    ts: float  # of its batch
+    type: str  # BlockStored, BlockRemoved, AllBlocksCleared
+    medium: str | None = None
+    extra_key: str | None = None
+    salt_fingerprint: str | None = None
+    block_hashes: list[str] = []
+    parent_block_hash: str | None = None
+    token_ids: list[int] = []
+    block_size: int | None = None
+    data_parallel_rank: int | None = None
+    replayed: bool = False
+
+
+def records(received: ReceivedBatch) -> list[EventRecord]:
+    """The events of a received batch as records."""
+    out = []
+    b = received.batch
+    for ev in b.events:
+        rec = EventRecord(received.seq, b.ts, type(ev).__name__, data_parallel_rank=b.data_parallel_rank,
+                          replayed=received.replayed)
+        if not isinstance(ev, AllBlocksCleared):
+            rec.medium, rec.extra_key, rec.salt_fingerprint = ev.medium, ev.extra_key, ev.salt_fingerprint
+            rec.block_hashes = [h.hex() for h in ev.block_hashes]
+        if isinstance(ev, BlockStored):
+            rec.parent_block_hash = ev.parent_block_hash.hex() if ev.parent_block_hash is not None else None
+            rec.token_ids, rec.block_size = ev.token_ids, ev.block_size
+        out.append(rec)
+    return out
+
+
+class KVEventSubscriber:
+    """Subscribe to a KV-event feed at `endpoint` (the publisher's PUB address), `topic` being a prefix of the
+    topics wanted (default: all). With `replay_endpoint`, a gap in the sequence is filled from the publisher's
+    replay buffer; `start` (a sequence number) also fetches the batches before the first one received, from that
+    one on — `start=0` gives a late subscriber the whole feed still buffered. A context manager."""
+
+    def __init__(self, endpoint: str, *, replay_endpoint: str | None = None, topic: str = "",
+                 start: int | None = None, replay_timeout: float = 5.0) -> None:
+        self._ctx = zmq.Context()
+        self._sub = self._connect(zmq.SUB, endpoint)
+        self._sub.setsockopt(zmq.RCVHWM, 0)  # a reader that falls behind queues, it does not drop
+        self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode("utf-8"))
+        self._replay = self._connect(zmq.DEALER, replay_endpoint) if replay_endpoint is not None else None
+        self.replay_endpoint = replay_endpoint
+        self.replay_timeout = replay_timeout
+        self.next_seq = start  # the sequence number expected next; None until the first batch (no start)
+        self._catch_up = start is not None and replay_endpoint is not None  # fetch from `start` at once
+        self.missed = 0  # batches known missing that no replay could give back
+        self.replayed = 0
+
+    def _connect(self, kind: int, endpoint: str) -> zmq.Socket:
+        sock = self._ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.connect(endpoint)
+        except zmq.ZMQError as exc:
+            self._ctx.destroy(linger=0)
+            raise EventEndpointError(endpoint, f"cannot connect: {exc.strerror}") from None
+        return sock
+
+    def receive(self, timeout: float | None = None) -> list[ReceivedBatch]:
+        """Wait up to `timeout` seconds (None: for ever) for the next batch; return it, preceded by the batches
+        missed before it that the replay buffer still had (the first call with a `start` returns what the buffer
+        holds from there on at once). [] when nothing came in time."""
+        if self._catch_up:
+            self._catch_up = False
+            start = self.next_seq
+            caught = self.fetch(start)  # type: ignore[arg-type]
+            if caught:
+                self.missed += caught[0].seq - start  # type: ignore[operator]
+                self.next_seq = caught[-1].seq + 1
+                return caught
+        if not self._sub.poll(None if timeout is None else max(0, int(timeout * 1000))):
+            return []
+        frames = self._sub.recv_multipart()
+        if len(frames) != 3 or len(frames[1]) != 8:
+            raise InvalidInput(f"a message of {len(frames)} frames on the KV-event feed: not a KV-event publisher")
+        seq = int.from_bytes(frames[1], "big")
+        out: list[ReceivedBatch] = []
+        if self.next_seq is not None and seq > self.next_seq:
+            out = self.fetch(self.next_seq, seq)
+            self.missed += seq - self.next_seq - len(out)
+        if self.next_seq is None or seq >= self.next_seq:
+            out.append(ReceivedBatch(seq, _decode(frames[2]), False))
+            self.next_seq = seq + 1
+        return out
+
+    def fetch(self, start: int, stop: int | None = None) -> list[ReceivedBatch]:
+        """The batches [start, stop) (stop None: all) still in the publisher's replay buffer, in order. [] without
+        a replay socket, or when none answers within `replay_timeout`."""
+        if self._replay is None:
+            return []
+        self._replay.send_multipart((b"", start.to_bytes(8, "big")))
+        out = []
+        deadline = time.monotonic() + self.replay_timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._replay.poll(int(left * 1000)):
+                break
+            frames = self._replay.recv_multipart()
+            if len(frames) != 3 or frames[1] == END_OF_REPLAY:
+                break
+            seq = int.from_bytes(frames[1], "big")
+            if seq >= start and (stop is None or seq < stop):
+                out.append(ReceivedBatch(seq, _decode(frames[2]), True))
+        self.replayed += len(out)
+        return out
+
+    def close(self) -> None:
+        """Close the sockets. Idempotent."""
+        self._ctx.destroy(linger=0)
+
+    def __enter__(self) -> "KVEventSubscriber":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _decode(payload: bytes) -> EventBatch:
+    try:
+        return decode_batch(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise InvalidInput(f"a payload on the KV-event feed is not a KV event batch: {exc}") from None

@@ -1,0 +1,54 @@
+"""The KV-event wire format: what vLLM's and SGLang's current decoders read (an array batch, events as maps tagged
+by `type`, required fields present even when nil), kvc's namespace in extra fields, never a salt."""
+
+from __future__ import annotations
+
+import msgspec
+
+from kvcache import Namespace
+from kvcache.events import (MEDIUMS, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, MediumNames,
+                            decode_batch, encode_batch)
+
+
+def test_the_batch_is_an_array_and_the_events_tagged_maps_with_the_namespace_as_extra_fields():
+    ns = Namespace("t1", "a-secret-salt")
+    batch = EventBatch(1.5, [BlockStored([b"h" * 16], None, [1, 2], 2, None, "device", None, ns.extra_key,
+                                         ns.salt_fingerprint), BlockRemoved([b"h" * 16], "device"),
+                             AllBlocksCleared()], 0)
+    wire = msgspec.msgpack.decode(encode_batch(batch))
+    assert wire[0] == 1.5 and wire[2] == 0 and len(wire) == 3
+    stored, removed, cleared = wire[1]
+    assert stored == {"type": "BlockStored", "block_hashes": [b"h" * 16], "parent_block_hash": None,
+                      "token_ids": [1, 2], "block_size": 2, "lora_id": None, "medium": "device", "lora_name": None,
+                      "extra_key": "t1", "salt_fingerprint": ns.salt_fingerprint}
+    assert removed == {"type": "BlockRemoved", "block_hashes": [b"h" * 16], "medium": "device"}
+    assert cleared == {"type": "AllBlocksCleared"}
+    assert b"a-secret-salt" not in encode_batch(batch)
+
+
+class Event(msgspec.Struct, tag=True):  # vLLM's current schema: no extra_key, no salt_fingerprint
+    pass
+
+
+class Stored(Event, tag="BlockStored"):
+    block_hashes: list[bytes | int]
+    parent_block_hash: bytes | int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+
+
+class Batch(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[Stored]
+    data_parallel_rank: int | None = None
+
+
+def test_a_decoder_written_for_the_engines_reads_kvc_batches_and_ignores_the_namespace_fields():
+    ours = EventBatch(2.0, [BlockStored([b"x" * 16], b"p" * 16, [1, 2, 3, 4], 4, None, "host", None, "t", "fp")], 1)
+    theirs = msgspec.msgpack.decode(encode_batch(ours), type=Batch)
+    assert theirs.events[0].block_hashes == [b"x" * 16] and theirs.events[0].medium == "host"
+    assert decode_batch(encode_batch(ours)) == ours
+    assert MEDIUMS[MediumNames.SGLANG].host == "CPU_PINNED" and MEDIUMS[MediumNames.KVC].storage == "storage"
