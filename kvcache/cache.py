@@ -689,19 +689,20 @@ class TieredCache:
             raise RequestIdInUse(rid, f"already holds a prefetch, staged record or admission for another request "
                                       f"(namespace {held.namespace.label}, {len(held)} tokens); reuse an id only "
                                       f"once nothing is held for it")
-        if self._ttl is not None:  # after the refusal above: a refused prefetch moves nothing, expires nothing
-            self._ttl_use(request)
-            held = self._held_key(rid)  # an expiry of the request's own namespace gave back what it held
-        stale = False
-        if match is None:
-            match = self.tree.match_prefix(request.key)
-        else:
+        if match is not None:
             for node, where in ((match.anchor, "prefetch anchor"), (match.host_node, "prefetch attach node")):
                 if node.namespace is not None and node.namespace != ns:
                     st.namespace_mismatches += 1
                     log.error("request %s: %s is in namespace %s, the request is in %s: not prefetching", rid,
                               where, node.namespace.label, ns.label)
                     raise NamespaceMismatch(rid, ns.label, node.namespace.label, where)
+        if self._ttl is not None:  # after the refusals above: a refused prefetch moves nothing, expires nothing
+            self._ttl_use(request)
+            held = self._held_key(rid)  # an expiry of the request's own namespace gave back what it held
+        stale = False
+        if match is None:
+            match = self.tree.match_prefix(request.key)
+        else:  # checked after the TTL use: an expiry it caused may have left the caller's match behind
             stale = not self._describes(match, request.key)
         buffer = self.config.host_mode is HostMode.BUFFER
         end_node = match.device_node if buffer else match.host_node

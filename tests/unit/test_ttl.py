@@ -359,6 +359,26 @@ def test_a_refused_prefetch_expires_nothing_and_tracks_nothing(store):
     c.close()
 
 
+def test_a_prefetch_refused_for_a_foreign_anchor_expires_nothing(store):
+    """A prefetch handed another namespace's match raises NamespaceMismatch before any use is counted: with one
+    tracked namespace, the use would otherwise expire A (overflow) and free its pages on the way to the refusal
+    (found by the stateful test once TTL and shares rules ran together)."""
+    from kvcache import NamespaceMismatch
+
+    clock = Clock()
+    c = ttl_cache(store, clock, namespaces=1)
+    serve(c, "a", A)
+    before = (c.device_pool.used_pages, c.host_pool.used_pages)
+    m = c.tree.match_prefix(Request("m", TOKENS, A).key)
+    with pytest.raises(NamespaceMismatch):
+        c.prefetch(Request("foreign", TOKENS + [7], B), m)
+    assert (c.device_pool.used_pages, c.host_pool.used_pages) == before
+    assert B not in c.ttl_tracker and A in c.ttl_tracker and c.stats().ttl.expired == {}
+    assert_held(c, store, A)
+    assert c.audit().ok
+    c.close()
+
+
 
 def test_expire_now_drops_at_once_or_defers_for_running_requests(store):
     clock = Clock()
