@@ -119,7 +119,8 @@ class CacheMachine(RuleBasedStateMachine):
             self.config = CacheConfig(
                 make_layout(page_size), device_tokens=device_pages * page_size, host_tokens=host_pages * page_size,
                 device="cpu", write_policy=policy, write_through_threshold=2, host_mode=mode,
-                prefetch_policy=prefetch_policy, prefetch_timeout_ms=0, prefetch_retry_interval_ms=0,
+                prefetch_policy=prefetch_policy, prefetch_timeout_ms=0, prefetch_timeout_per_page_ms=0,
+                prefetch_retry_interval_ms=0,
                 io_batch_pages=2, io_thread=False,
                 ttl=TTLPolicy(ttl, 5.0, 8.0, 3, 1.0) if ttl is not None else None)  # 3 of the 4 namespaces
             self._seed_store(page_size)
