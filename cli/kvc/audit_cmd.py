@@ -18,7 +18,7 @@ from kvcache.storage.base import REPAIRS
 from . import live
 from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, require_store
 from .errors import EXIT_FOUND, EXIT_OK, UsageError
-from .output import JsonOpt, NoHeadersOpt, Output, OutputOpt, emit_json, emit_rows, output_format
+from .output import JsonOpt, NoHeadersOpt, Output, OutputOpt, emit_listing, output_format
 from .views import AuditOutput, Finding, PlannedRepair, findings_of, render_audit
 
 @command
@@ -56,12 +56,7 @@ def audit(
     else:
         result = _store_audit(store, repair, dry_run)
     fmt = output_format(output, json)
-    if fmt is Output.JSON:
-        emit_json(result)
-    elif fmt is Output.JSONL:
-        emit_rows(result.violations)
-    else:
-        render_audit(result, fmt, output is Output.TSV, no_headers)
+    emit_listing(fmt, result, result.violations, lambda: render_audit(result, fmt, output is Output.TSV, no_headers))
     raise typer.Exit(EXIT_OK if result.ok else EXIT_FOUND)
 
 

@@ -24,7 +24,7 @@ from kvcache.storage.base import L3Store, NamespaceRecord
 from . import live
 from .common import DEFAULT_STORE, DebugOpt, ExtraKeyOpt, StoreOpt, command, namespace_arg, open_inspect
 from .errors import UsageError
-from .output import (Column, JsonOpt, Kind, Listing, NoHeadersOpt, Output, OutputOpt, console, emit_json, emit_rows,
+from .output import (Column, JsonOpt, Kind, Listing, NoHeadersOpt, Output, OutputOpt, console, emit_json, emit_listing,
                      human_bytes, literal, ns_label, output_format, render, say, shown)
 from .secrets import SaltFileOpt, SaltOpt, salt_from
 from .views import render_live_namespaces, render_shares, share_summary, sort_namespaces, with_shares
@@ -129,12 +129,8 @@ def ls(
     if (sock := live.socket_path(socket)) is not None:
         listing = live.call(sock, NamespacesRequest(), LiveNamespaceList)
         sort_namespaces(listing.namespaces, sort)
-        if fmt is Output.JSON:
-            emit_json(listing)
-        elif fmt is Output.JSONL:
-            emit_rows(listing.namespaces)
-        else:
-            render_live_namespaces(listing, sock, fmt, no_headers)
+        emit_listing(fmt, listing, listing.namespaces,
+                     lambda: render_live_namespaces(listing, sock, fmt, no_headers))
         return
     st = open_inspect(store)
     try:
@@ -145,15 +141,14 @@ def ls(
     finally:
         st.close()
     sort_namespaces(rows, sort)
-    if fmt is Output.JSON:
-        emit_json(NamespaceList(str(store), rows))
-    elif fmt is Output.JSONL:
-        emit_rows(rows)
-    else:
-        table = [[r.id, r.extra_key, r.salt_fingerprint, r.pages, r.tokens if ps else None, r.bytes, r.hits,
+
+    def table() -> None:
+        cells = [[r.id, r.extra_key, r.salt_fingerprint, r.pages, r.tokens if ps else None, r.bytes, r.hits,
                   r.last_access] for r in rows]
-        render(with_shares(Listing(f"namespaces in {store}", LS_COLUMNS, table), [r.shares for r in rows], fmt),
+        render(with_shares(Listing(f"namespaces in {store}", LS_COLUMNS, cells), [r.shares for r in rows], fmt),
                fmt, no_headers)
+
+    emit_listing(fmt, NamespaceList(str(store), rows), rows, table)
 
 
 def _record(store: L3Store, ns: Namespace) -> NamespaceRecord | None:
@@ -547,9 +542,4 @@ def quota_show(
                          None, used.get(r.ns_id_hex, 0)) for r in st.shares()])
         finally:
             st.close()
-    if fmt is Output.JSON:
-        emit_json(result)
-    elif fmt is Output.JSONL:
-        emit_rows(result.namespaces)
-    else:
-        render_shares(result, path, fmt, no_headers)
+    emit_listing(fmt, result, result.namespaces, lambda: render_shares(result, path, fmt, no_headers))

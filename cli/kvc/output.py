@@ -17,7 +17,7 @@ import enum
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
@@ -205,6 +205,17 @@ def emit_rows(rows: Sequence[Any]) -> None:
     """jsonl: one JSON object per row."""
     sys.stdout.write("".join(msgspec.json.encode(r).decode() + "\n" for r in rows))
     sys.stdout.flush()
+
+
+def emit_listing(fmt: Output, result: Any, rows: Sequence[Any], table: Callable[[], None]) -> None:
+    """Print a listing command's result in its format: the whole struct for --json, its rows as JSON lines for
+    `-o jsonl`, otherwise what `table()` renders (table or tsv)."""
+    if fmt is Output.JSON:
+        emit_json(result)
+    elif fmt is Output.JSONL:
+        emit_rows(rows)
+    else:
+        table()
 
 
 def say(text: str) -> None:
