@@ -717,12 +717,7 @@ class RadixTree:
 
     def nodes(self) -> Iterator[TreeNode]:
         """Every node below the namespace roots, parents before children."""
-        stack = list(self.root.children.values())
-        while stack:
-            node = stack.pop()
-            if not node.is_namespace_root:
-                yield node
-            stack.extend(node.children.values())
+        return (node for node in self._subtree(self.root) if not node.is_namespace_root)
 
     def namespace_roots(self) -> list[TreeNode]:
         """The per-namespace subtree roots."""
