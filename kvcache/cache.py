@@ -79,6 +79,12 @@ class AdmitStatus(str, enum.Enum):
     TOO_LARGE = "too_large"
 
 
+# Enum members looked up once: on Python 3.11 each `Enum.MEMBER` lookup in a hot path goes through the enum type's
+# __getattr__ hook (~0.1 us).
+_ADMITTED = AdmitStatus.ADMITTED
+_REQUEST = OwnerKind.REQUEST
+
+
 class Admission(msgspec.Struct):
     """The result of `admit`: where the request's KV lives on the device."""
 
@@ -158,11 +164,11 @@ class LiveRequest:
 
     __slots__ = ("request", "handle", "owner", "node", "cached_pages", "fresh_pages", "pages")
 
-    def __init__(self, request: Request, handle: int, node: TreeNode, cached_pages: np.ndarray,
+    def __init__(self, request: Request, handle: int, owner: int, node: TreeNode, cached_pages: np.ndarray,
                  fresh_pages: np.ndarray, pages: np.ndarray) -> None:
         self.request = request
-        self.handle = handle  # unique per cache, never reused; the ledger owner is Request(handle)
-        self.owner = owner_code(OwnerKind.REQUEST, handle)
+        self.handle = handle  # unique per cache, never reused
+        self.owner = owner  # the ledger code of Request(handle)
         self.node = node  # locked: ends the request's cached prefix
         self.cached_pages = cached_pages  # device pages of the cached prefix; owned by tree nodes
         self.fresh_pages = fresh_pages  # device pages allocated for the rest; owned by this request
@@ -223,6 +229,7 @@ class TieredCache:
             self._backup_target = BackupTarget.TREE
         else:
             self._backup_target = BackupTarget.BOUNCE if store is not None else BackupTarget.NONE
+        self._backup_on_commit = config.backup_rule.on_commit and self._backup_target is not BackupTarget.NONE
 
     # --- the request lifecycle -------------------------------------------------------------------------------
 
@@ -293,7 +300,7 @@ class TieredCache:
                                      f"{n_tokens} tokens; nothing was allocated for it")
         handle = self._next_handle
         self._next_handle += 1
-        owner = owner_code(OwnerKind.REQUEST, handle)
+        owner = owner_code(_REQUEST, handle)
         new_tokens = n_tokens - cached_tokens
         fresh = self._alloc(self.device_pool, -(-new_tokens // ps), owner, request.key.namespace)
         if fresh is None:  # the room was made above; only a copy still pinning its pages can take it back
@@ -301,7 +308,7 @@ class TieredCache:
             self.counters.refused += 1
             return Admission(rid, AdmitStatus.POOL_FULL)
         pages = np.concatenate([cached, fresh]) if len(cached) else fresh
-        self._live[rid] = LiveRequest(request, handle, node, cached, fresh, pages)
+        self._live[rid] = LiveRequest(request, handle, owner, node, cached, fresh, pages)
         self.counters.admitted += 1
         self.counters.loaded_back_tokens += loaded
         device_tokens = len(m.device_pages) * ps
@@ -311,8 +318,10 @@ class TieredCache:
         hits.device += device_tokens
         hits.host += host_tokens
         hits.storage += storage_tokens
-        slots = self.device_pool.slots(pages)[:n_tokens]
-        return Admission(rid, AdmitStatus.ADMITTED, cached_tokens, loaded, new_tokens, slots, device_tokens,
+        slots = self.device_pool.slots(pages)
+        if len(slots) != n_tokens:  # the partial tail page's unused slots
+            slots = slots[:n_tokens]
+        return Admission(rid, _ADMITTED, cached_tokens, loaded, new_tokens, slots, device_tokens,
                          host_tokens, storage_tokens)
 
     def commit(self, rid: str) -> CommitResult:
@@ -323,9 +332,9 @@ class TieredCache:
         live = self._pop_live(rid, "commit")
         request, ps = live.request, self.page_size
         key = request.key.page_aligned(ps)
-        n_pages = len(key) // ps
+        n_pages = (len(key.data) >> 2) // ps
         n_cached = len(live.cached_pages)
-        ins = self.tree.insert(key, live.pages[:n_pages])
+        ins = self.tree.insert(key, live.pages if len(live.pages) == n_pages else live.pages[:n_pages])
         # The request's fresh pages, in order: duplicates of pages the tree already held (a concurrent insert got
         # there first) -> FREE; the adopted nodes' slices -> those nodes; the partial tail page -> FREE.
         n_dup = max(0, ins.prefix_pages - n_cached)
@@ -340,9 +349,8 @@ class TieredCache:
         self.counters.committed += 1
         self.counters.duplicate_pages_freed += n_dup
         backed = 0
-        rule = self.config.backup_rule
-        if rule.on_commit and self._backup_target is not BackupTarget.NONE:
-            min_hits = self.config.write_through_threshold if rule.needs_hits else 0
+        if self._backup_on_commit:
+            min_hits = self.config.write_through_threshold if self.config.backup_rule.needs_hits else 0
             op = self._start_backup(self._backup_candidates(ins.node, min_hits))
             backed = len(op.pages) if op is not None else 0
             if self._backup_target is BackupTarget.TREE:

@@ -135,8 +135,9 @@ class RadixKey(msgspec.Struct, frozen=True, gc=False):
 
     def page_aligned(self, page_size: int) -> "RadixKey":
         """This key without its partial tail page."""
-        n = len(self) // page_size * page_size
-        return self if n == len(self) else RadixKey(self.data[: n * TOKEN_BYTES], self.namespace)
+        size = len(self.data)  # bytes: len(self) would cost a Python call
+        end = size - size % (page_size * TOKEN_BYTES)
+        return self if end == size else RadixKey(self.data[:end], self.namespace)
 
     def prefix(self, n_tokens: int) -> "RadixKey":
         """The first `n_tokens` tokens of this key, same namespace."""

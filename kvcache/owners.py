@@ -67,9 +67,12 @@ FREE = Owner(OwnerKind.FREE, 0)
 FREE_CODE = 0
 
 
+_KIND_BASE = tuple(int(kind) << _KIND_SHIFT for kind in OwnerKind)  # indexed by kind: int(kind) costs a call
+
+
 def owner_code(kind: OwnerKind, ident: int) -> int:
     """The ledger code of (kind, id) without building an Owner (hot paths)."""
-    return (int(kind) << _KIND_SHIFT) | ident
+    return _KIND_BASE[kind] | ident
 
 
 def describe_code(code: int) -> str:

@@ -48,6 +48,11 @@ class SlotPool:
         self._mark = np.full(num_pages, -1, dtype=_INDEX)  # scratch for the duplicate check in free()
         self._arange = np.arange(num_pages, dtype=_INDEX)
         self._slot_offsets = np.arange(page_size, dtype=_INDEX)
+        # owner -> (the array its last alloc returned, that array's bytes then): a proof that those pages are still
+        # the owner's, taken back by the owner's next move (below). A move of exactly that array, unchanged, skips
+        # the per-page check: a request's fresh pages come back whole at commit, and gathering 500 owners from a
+        # ledger of millions costs more than the rest of the move.
+        self._proofs: dict[int, tuple[np.ndarray, bytes]] = {}
 
     # --- queries ---------------------------------------------------------------------------------------------
 
@@ -81,7 +86,7 @@ class SlotPool:
     def slots(self, pages: np.ndarray) -> np.ndarray:
         """Token slot indices of `pages`, in order (page p holds slots p*page_size .. p*page_size+page_size-1)."""
         if self.page_size == 1:
-            return np.asarray(pages, dtype=_INDEX)
+            return pages if type(pages) is np.ndarray and pages.dtype is _INT64 else np.asarray(pages, dtype=_INDEX)
         return (np.asarray(pages, dtype=_INDEX)[:, None] * self.page_size + self._slot_offsets).reshape(-1)
 
     # --- ledger moves ----------------------------------------------------------------------------------------
@@ -101,6 +106,7 @@ class SlotPool:
         if self.ledger:
             # Pages on the stack are FREE: free() admits only owned, distinct pages, so no check is needed here.
             self._owner[pages] = owner
+            self._proofs[owner] = (pages, pages.tobytes())
         return pages
 
     def transfer(self, pages: np.ndarray, src: int, dst: int) -> None:
@@ -125,10 +131,10 @@ class SlotPool:
             for end, dst in parts:
                 if end < start:
                     raise ValueError
+                if end == start:
+                    continue
                 part = pages[start:end]
                 start = end
-                if not len(part):
-                    continue
                 if dst == FREE_CODE:
                     if self.ledger:
                         self._owner[part] = FREE_CODE
@@ -193,7 +199,16 @@ class SlotPool:
                                f"0..{self.num_pages - 1}, got {_describe(pages)}")
 
     def _check(self, pages: np.ndarray, owner: int, op: str) -> int:
-        """Check `pages` (as `_check_pages`) and that `owner` owns each of them; returns how many there are."""
+        """Check `pages` (as `_check_pages`) and that `owner` owns each of them; returns how many there are.
+
+        Every check precedes a move from `owner`, so it takes back the owner's proof: pages of `owner` moved by a
+        call that may still fail leave a proof that could be stale, and a conservative miss only costs the full
+        check. The proof holds when `pages` is the very array the owner's last alloc returned, with the same
+        bytes: no page of the owner has moved since (that move would have taken the proof), and a move of others'
+        pages that names the owner's pages fails its own check and moves nothing."""
+        proof = self._proofs.pop(owner, None)
+        if proof is not None and proof[0] is pages and proof[1] == pages.tobytes():
+            return len(pages)
         self._check_pages(pages, op)
         n = len(pages)
         if n:

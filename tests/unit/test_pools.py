@@ -81,6 +81,35 @@ def test_disperse_partitions_one_holding():
         p.disperse(a[2:4], NODE, [(1, FREE_CODE)])  # parts must cover the holding
 
 
+def test_the_array_an_alloc_returned_moves_without_a_per_page_check_only_while_it_proves_ownership():
+    # A move of exactly the array alloc returned skips the gather of owners; every way the proof could be stale
+    # must fall back to the full check.
+    p = pool(pages=16)
+    a = p.alloc(3, REQ)
+    p.disperse(a, REQ, [(3, NODE)])  # the proven path
+    assert (p.owners(a) == NODE).all()
+    with pytest.raises(OwnershipError):  # the proof went with the move: the same array is checked again
+        p.disperse(a, REQ, [(3, FREE_CODE)])
+
+    b = p.alloc(2, REQ)
+    b[0] = a[0]  # changed in place (through a view the engine was handed): node-owned now
+    with pytest.raises(OwnershipError):
+        p.free(b, REQ)
+    assert (p.owners(a) == NODE).all() and p.free_pages == 11
+
+    c = p.alloc(2, NODE2)
+    p.transfer(c[:1], NODE2, REQ)  # one page of the holding moved away: the holding no longer proves anything
+    with pytest.raises(OwnershipError):
+        p.free(c, NODE2)
+    assert p.owners(c).tolist() == [REQ, NODE2]
+
+    d = p.alloc(1, REQ)
+    e = p.alloc(1, REQ)  # a second alloc of the same owner: only the latest array is a proof, both move
+    p.free(d, REQ)
+    p.free(e, REQ)
+    assert p.free_pages == 9 and (p.owners(np.concatenate([d, e])) == FREE_CODE).all()
+
+
 def test_free_is_not_linear_in_pool_size():
     # Free and alloc move only the pages involved: a pool of a million pages frees 1 page as cheaply as a small one.
     big = SlotPool("host", 1_000_000, 1, 1)
