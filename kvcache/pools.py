@@ -39,9 +39,10 @@ class SlotPool:
                                    pin_memory=pin_memory and torch.device(device).type == "cpu")
         # [num_pages, page_bytes] view: row p is page p, the unit every copy moves.
         self.pages = self.storage.view(num_pages, self.page_bytes)
-        # Free pages are _stack[:_top]. Pop and push are slices: O(pages moved), never O(pool).
+        # Free pages are _stack[:free_pages]. Pop and push are slices: O(pages moved), never O(pool).
         self._stack = np.arange(num_pages, dtype=_INDEX)
-        self._top = num_pages
+        self.free_pages = num_pages  # pages owned by FREE (read-only outside the pool; an attribute, not a property,
+        # because admission reads it every time)
         # np.full writes every entry now: zero-filled (calloc) memory would fault in page by page on first use,
         # a cost that belongs to start-up, not to the first allocations.
         self._owner = np.full(num_pages, FREE_CODE, dtype=_INDEX)  # ledger: owner code per page
@@ -57,14 +58,9 @@ class SlotPool:
     # --- queries ---------------------------------------------------------------------------------------------
 
     @property
-    def free_pages(self) -> int:
-        """Pages owned by FREE."""
-        return self._top
-
-    @property
     def used_pages(self) -> int:
         """Pages owned by anyone but FREE."""
-        return self.num_pages - self._top
+        return self.num_pages - self.free_pages
 
     @property
     def device(self) -> torch.device:
@@ -81,7 +77,7 @@ class SlotPool:
 
     def free_list(self) -> np.ndarray:
         """The pages on the free stack (a copy)."""
-        return self._stack[: self._top].copy()
+        return self._stack[: self.free_pages].copy()
 
     def slots(self, pages: np.ndarray) -> np.ndarray:
         """Token slot indices of `pages`, in order (page p holds slots p*page_size .. p*page_size+page_size-1)."""
@@ -96,13 +92,13 @@ class SlotPool:
         expected outcome, not an error."""
         if type(n) is not int or n < 0:
             n = self._count(n)
-        top = self._top
+        top = self.free_pages
         if n > top:
             if n > self.num_pages:
                 self._count(n)  # raises: more than the pool could ever give
             return None
         pages = self._stack[top - n: top].copy()
-        self._top = top - n
+        self.free_pages = top - n
         if self.ledger:
             # Pages on the stack are FREE: free() admits only owned, distinct pages, so no check is needed here.
             self._owner[pages] = owner
@@ -126,7 +122,7 @@ class SlotPool:
             self._check(pages, owner, "disperse")
         else:
             self._check_pages(pages, "disperse")
-        start, top0 = 0, self._top
+        start, top0 = 0, self.free_pages
         try:
             for end, dst in parts:
                 if end < start:
@@ -138,9 +134,9 @@ class SlotPool:
                 if dst == FREE_CODE:
                     if self.ledger:
                         self._owner[part] = FREE_CODE
-                    top = self._top
+                    top = self.free_pages
                     self._stack[top: top + len(part)] = part
-                    self._top = top + len(part)
+                    self.free_pages = top + len(part)
                 elif self.ledger:
                     self._owner[part] = dst
             if start != len(pages):
@@ -149,7 +145,7 @@ class SlotPool:
             # undo what the loop did: every page was owner's (checked above); the stack above top0 is free space
             if self.ledger:
                 self._owner[pages] = owner
-            self._top = top0
+            self.free_pages = top0
             raise InvalidInput(f"{self.name} pool: disperse parts {[p[0] for p in parts]} do not partition a "
                                f"holding of {len(pages)} pages") from None
 
@@ -170,9 +166,9 @@ class SlotPool:
         else:
             self._check_pages(pages, "free")
             k = len(pages)
-        top = self._top
+        top = self.free_pages
         self._stack[top: top + k] = pages
-        self._top = top + k
+        self.free_pages = top + k
 
     # --- helpers ---------------------------------------------------------------------------------------------
 

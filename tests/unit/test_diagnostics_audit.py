@@ -140,5 +140,5 @@ def test_partition_checked_with_or_without_ledger(ledger):
     c = make_cache(ledger=ledger)
     c.admit(Request("a", range(5), T1))
     assert c.audit().ok
-    c.device_pool._top -= 1  # one free page drops off the free list
+    c.device_pool.free_pages -= 1  # one free page drops off the free list
     assert "leak" in kinds(c)
