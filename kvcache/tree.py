@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import enum
 import heapq
+import weakref
 from collections.abc import Callable, Iterator
 
 import msgspec
@@ -54,38 +55,38 @@ class Tier(str, enum.Enum):
     HOST = "host"  # L2
 
 
-class TreeNode:
-    """One node: a run of whole pages of one namespace's tokens and where their KV is."""
+class TreeNode(msgspec.Struct, gc=False, eq=False):
+    """One node: a run of whole pages of one namespace's tokens and where their KV is.
 
-    __slots__ = ("id", "owner", "key", "namespace", "parent", "children", "device", "host", "page_hashes",
-                 "stored", "lock_ref", "device_holds", "host_holds", "pins", "host_pins", "last_access", "hits",
-                 "children_on_device", "children_on_host", "share")
+    Invisible to Python's cyclic garbage collector (`gc=False`): a tree of a million nodes would otherwise be
+    walked by every full collection, a pause that grows with the cache. Nodes form cycles (parent <-> children),
+    so the tree unlinks them itself when it is dropped (`RadixTree.__init__`, `_unlink`).
+    """
 
-    def __init__(self, ident: int, key: bytes, namespace: Namespace | None, parent: "TreeNode | None") -> None:
-        self.id = ident  # unique in the tree, never reused; the ledger owner is Node(id)
-        self.owner = owner_code(_NODE, ident)  # ledger code of this node (hot paths)
-        self.key = key  # packed tokens, whole pages; b"" for the root and namespace roots
-        self.namespace = namespace  # None only for the root
-        self.parent = parent
-        self.children: dict[bytes, TreeNode] = {}  # first page of the child's key (root: namespace id) -> child
-        self.device: np.ndarray | None = None  # L1 page indices, one per page of key; None = no device copy
-        self.host: np.ndarray | None = None  # L2 page indices, one per page of key; None = no host copy
-        self.page_hashes: list[bytes] | None = None  # chain hashes of key's pages, computed on demand
-        self.stored = False  # every page of key is acknowledged by the L3 store
-        self.lock_ref = 0  # running requests using this node (>= 0); a locked node is never evicted
-        self.device_holds = 0  # prefetch holds on this path's device copies (>= 0); they are not evicted
-        self.host_holds = 0  # prefetch holds on this path's host copies (>= 0); they are not evicted
-        self.pins = 0  # in-flight copies reading or writing this node (>= 0); a pinned node is never evicted
-        self.host_pins = 0  # in-flight L3 writes reading the host copy (>= 0); it is not evicted from L2 meanwhile
-        self.last_access = 0  # logical clock of the last match/insert through this node (LRU order)
-        self.hits = 0  # matches that went through this node (write_through_selective)
-        # Children holding a device / host copy, kept by every move (RadixTree._set_device, _set_host, _split,
-        # _delete): whether a node is an eviction candidate of a tier is then O(1), never a scan of its children.
-        self.children_on_device = 0
-        self.children_on_host = 0
-        # The share state of the node's namespace (RadixTree.set_share), None when it has none: the one test the
-        # copy moves pay for shares.
-        self.share: ShareState | None = parent.share if parent is not None else None
+    id: int  # unique in the tree, never reused; the ledger owner is Node(id)
+    owner: int  # ledger code of this node (hot paths)
+    key: bytes  # packed tokens, whole pages; b"" for the root and namespace roots
+    namespace: Namespace | None  # None only for the root
+    parent: TreeNode | None
+    # The share state of the node's namespace (RadixTree.set_share), None when it has none: the one test the copy
+    # moves pay for shares.
+    share: ShareState | None = None
+    children: dict[bytes, TreeNode] = {}  # first page of the child's key (root: namespace id) -> child; own dict
+    device: np.ndarray | None = None  # L1 page indices, one per page of key; None = no device copy
+    host: np.ndarray | None = None  # L2 page indices, one per page of key; None = no host copy
+    page_hashes: list[bytes] | None = None  # chain hashes of key's pages, computed on demand
+    stored: bool = False  # every page of key is acknowledged by the L3 store
+    lock_ref: int = 0  # running requests using this node (>= 0); a locked node is never evicted
+    device_holds: int = 0  # prefetch holds on this path's device copies (>= 0); they are not evicted
+    host_holds: int = 0  # prefetch holds on this path's host copies (>= 0); they are not evicted
+    pins: int = 0  # in-flight copies reading or writing this node (>= 0); a pinned node is never evicted
+    host_pins: int = 0  # in-flight L3 writes reading the host copy (>= 0); it is not evicted from L2 meanwhile
+    last_access: int = 0  # logical clock of the last match/insert through this node (LRU order)
+    hits: int = 0  # matches that went through this node (write_through_selective)
+    # Children holding a device / host copy, kept by every move (RadixTree._set_device, _set_host, _split,
+    # _delete): whether a node is an eviction candidate of a tier is then O(1), never a scan of its children.
+    children_on_device: int = 0
+    children_on_host: int = 0
 
     @property
     def is_namespace_root(self) -> bool:
@@ -95,9 +96,6 @@ class TreeNode:
     def __len__(self) -> int:
         """Tokens in this node's key."""
         return len(self.key) // TOKEN_BYTES
-
-    def __lt__(self, other: "TreeNode") -> bool:  # heap order for LRU eviction: oldest first, then id
-        return (self.last_access, self.id) < (other.last_access, other.id)
 
     def __repr__(self) -> str:
         ns = self.namespace.label if self.namespace is not None else "root"
@@ -200,8 +198,10 @@ class RadixTree:
         self.page_size = page_size
         self.layout_id = layout_id  # seeds the page hash chains of every namespace root
         self._page_bytes = page_size * TOKEN_BYTES
-        self.root = TreeNode(0, b"", None, None)
+        self.root = TreeNode(0, owner_code(_NODE, 0), b"", None, None)
         self.root.device = self.root.host = _EMPTY
+        # Nodes are invisible to the cyclic GC; when the tree goes, its parent <-> children cycles are unlinked here.
+        weakref.finalize(self, _unlink, self.root).atexit = False
         self._next_id = 1
         self._clock = 0
         # Pages per tier in three classes, kept exact on every change: locked by a running request (protected),
@@ -769,7 +769,7 @@ class RadixTree:
     # --- internals -------------------------------------------------------------------------------------------
 
     def _new_node(self, key: bytes, namespace: Namespace, parent: TreeNode) -> TreeNode:
-        node = TreeNode(self._next_id, key, namespace, parent)
+        node = TreeNode(self._next_id, owner_code(_NODE, self._next_id), key, namespace, parent, parent.share)
         self._next_id += 1
         if parent is not self.root:
             self.node_count += 1
@@ -927,6 +927,17 @@ class RadixTree:
                 self.host_held -= h
             else:
                 self.host_evictable -= h
+
+
+def _unlink(root: TreeNode) -> None:
+    """Break the parent <-> children links below `root`: the nodes of a dropped tree are then freed by reference
+    counting (the cyclic GC does not see them)."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        node.children = {}
+        node.parent = None
 
 
 def _exact(pages: np.ndarray | None) -> np.ndarray | None:

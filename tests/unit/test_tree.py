@@ -1,3 +1,5 @@
+import gc
+
 import numpy as np
 import pytest
 
@@ -361,3 +363,15 @@ def test_a_namespace_root_made_after_the_share_carries_it():
     t.insert(key([4], B), pages(0, 1))
     assert t.share_of(B.id).device_used == 1
     t.check()
+
+
+def test_nodes_are_invisible_to_the_cyclic_gc_and_a_dropped_tree_unlinks_them():
+    # A full collection would otherwise walk every node of a big cache; the tree breaks its own cycles instead.
+    tree = RadixTree(2)
+    tree.insert(key([1, 2, 3, 4]), np.arange(2))
+    tree.insert(key([1, 2, 5, 6]), np.arange(2, 4))
+    leaf = tree.match_prefix(key([1, 2, 5, 6])).device_node
+    assert leaf.parent is not None and not any(gc.is_tracked(n) for n in [tree.root, *tree.nodes()])
+    del tree
+    gc.collect()
+    assert leaf.parent is None and leaf.children == {}  # unlinked: freed by reference counting
