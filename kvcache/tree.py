@@ -261,12 +261,11 @@ class RadixTree:
 
     def _match_of(self, ns_root: TreeNode, path: list[TreeNode]) -> TreeMatch:
         # Device copies form a prefix of the path; the rest of the path is host-only.
-        split = len(path)
-        for i, node in enumerate(path):
-            if node.device is None:
-                split = i
-                break
-        device_nodes, host_nodes = path[:split], path[split:]
+        if not path or path[-1].device is not None:  # all on the device: no search for the split
+            device_nodes, host_nodes = path, path[:0]
+        else:
+            split = next(i for i, node in enumerate(path) if node.device is None)
+            device_nodes, host_nodes = path[:split], path[split:]
         device_node = device_nodes[-1] if device_nodes else ns_root
         host_node = host_nodes[-1] if host_nodes else device_node
         anchor = self.root
