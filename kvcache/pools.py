@@ -7,7 +7,9 @@ owner per page; a slot's owner is its page's owner.
 Ledger moves (`alloc`, `transfer`, `free`, `disperse`) validate their arguments (`InvalidInput`: a count that is
 negative, not an int or more than the pool; pages that are not a 1-D integer array inside the pool; parts that do
 not partition the holding), then check the current owner of every page, vectorised, and raise `OwnershipError` /
-`DoubleFree`; a move that raises leaves the pool as it was. With ``ledger=False`` the owner checks and records are
+`DoubleFree`; a move that raises leaves the pool as it was. The one shortcut is a proof, not a skipped check: the
+very array an owner's last alloc returned, bytes unchanged, with no move from that owner since, is still the
+owner's page by page (see `_check`). With ``ledger=False`` the owner checks and records are
 skipped (benchmarks measure the ledger's cost against that); the argument checks and the allocator are the same.
 """
 
