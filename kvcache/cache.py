@@ -1052,7 +1052,7 @@ class TieredCache:
             self._drop_staged(staged, DropReason.DUPLICATE if not len(use) else DropReason.UNATTACHED)
             return node, cached, 0
         copy_pages(self.host_pool, use, self.device_pool, dev)  # type: ignore[arg-type]
-        if self.device_pool.device.type == "cuda":
+        if self.device_pool.device_type == "cuda":
             torch.cuda.current_stream().synchronize()
         # The splice key is rebuilt from the record's own namespace (checked equal to the request's above).
         end = staged.start_page + len(staged.pages)

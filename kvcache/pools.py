@@ -41,6 +41,10 @@ class SlotPool:
                                    pin_memory=pin_memory and torch.device(device).type == "cpu")
         # [num_pages, page_bytes] view: row p is page p, the unit every copy moves.
         self.pages = self.storage.view(num_pages, self.page_bytes)
+        self.device_type = self.storage.device.type  # "cpu" or "cuda": copies branch on it (a torch call to ask)
+        # CPU pools: the pages as a numpy array of opaque page-sized elements (`page_rows`), made once: the host
+        # side of every copy indexes it (None on a device pool).
+        self.page_rows = page_rows(self.pages.numpy()) if self.device_type == "cpu" else None
         # Free pages are _stack[:free_pages]. Pop and push are slices: O(pages moved), never O(pool).
         self._stack = np.arange(num_pages, dtype=_INDEX)
         self.free_pages = num_pages  # pages owned by FREE (read-only outside the pool; an attribute, not a property,
@@ -238,6 +242,13 @@ _INT64 = np.dtype(np.int64)  # what alloc returns, and every holding made from i
 # The unsigned view of each integer dtype (same width, no copy): a negative page reads as out of range.
 _UNSIGNED = {np.dtype(t): np.dtype(t).str.replace("i", "u") for t in (np.int8, np.int16, np.int32, np.int64,
                                                                       np.uint8, np.uint16, np.uint32, np.uint64)}
+
+
+def page_rows(pages: np.ndarray) -> np.ndarray:
+    """A 2-D ``[pages, page_bytes]`` uint8 array (no copy) as a 1-D array of its rows, each one opaque element
+    (numpy void): indexing rows is then one memcpy per row instead of numpy's byte-wise subspace loop (64 rows of
+    512 B: 2.0 against 4.4 us)."""
+    return pages.view(np.dtype((np.void, pages.shape[1]))).reshape(-1)
 
 
 def _describe(pages: object) -> str:

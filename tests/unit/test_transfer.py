@@ -45,6 +45,7 @@ def test_split_target_follows_a_tree_split():
 
 @pytest.mark.parametrize("row_bytes", [64, 8192])
 def test_copy_rows_matches_fancy_indexing(row_bytes):
+    from kvcache.pools import page_rows
     from kvcache.transfer import copy_rows
 
     rng = np.random.default_rng(row_bytes)
@@ -55,5 +56,5 @@ def test_copy_rows_matches_fancy_indexing(row_bytes):
         want = np.zeros((40, row_bytes), dtype=np.uint8)
         want[dst_rows] = src[src_rows]
         got = np.zeros_like(want)
-        copy_rows(got, dst_rows, src, src_rows)
+        copy_rows(page_rows(got), dst_rows, page_rows(src), src_rows)
         assert np.array_equal(got, want)
