@@ -178,7 +178,7 @@ def main() -> int:
         f"{args.requests / result['seconds']:,.0f} requests/s over the run (wall clock)",
     ])
     publish("bench_scale", body, args.no_write, {"scale_cost_ratio": ratio, "scale_median_cost_ratio": ratio_median,
-                                                  "scale_cost_ratio_vs_control": ratio / control,
+                                                  "scale_controlled_cost_ratio": ratio / control,
                                                   "replay_requests_per_s": args.requests / result["seconds"]})
     return 0
 

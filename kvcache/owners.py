@@ -67,7 +67,9 @@ FREE = Owner(OwnerKind.FREE, 0)
 FREE_CODE = 0
 
 
-_KIND_BASE = tuple(int(kind) << _KIND_SHIFT for kind in OwnerKind)  # indexed by kind: int(kind) costs a call
+# Indexed by kind (int(kind) costs a call on the hot path); the kinds are numbered 0, 1, 2, ... for this.
+_KIND_BASE = tuple(int(kind) << _KIND_SHIFT for kind in OwnerKind)
+assert all(int(kind) == i for i, kind in enumerate(OwnerKind)), "OwnerKind values must be 0..n-1 (see _KIND_BASE)"
 
 
 def owner_code(kind: OwnerKind, ident: int) -> int:

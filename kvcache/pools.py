@@ -203,9 +203,8 @@ class SlotPool:
     def _check(self, pages: np.ndarray, owner: int, op: str) -> int:
         """Check `pages` (as `_check_pages`) and that `owner` owns each of them; returns how many there are.
 
-        Every check precedes a move from `owner`, so it takes back the owner's proof: pages of `owner` moved by a
-        call that may still fail leave a proof that could be stale, and a conservative miss only costs the full
-        check. The proof holds when `pages` is the very array the owner's last alloc returned, with the same
+        Every check precedes a move from `owner`, so it takes the owner's proof back, whatever the outcome (a move
+        that then fails only costs the owner's next move the full check). The proof holds when `pages` is the very array the owner's last alloc returned, with the same
         bytes: no page of the owner has moved since (that move would have taken the proof), and a move of others'
         pages that names the owner's pages fails its own check and moves nothing."""
         proof = self._proofs.pop(owner, None)
