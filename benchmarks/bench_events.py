@@ -39,7 +39,7 @@ DEVICE_TOKENS, HOST_TOKENS = 8192, 16384
 # The subscriber, in its own process: a plain SUB socket and kvc's decoder; ends at the closing AllBlocksCleared.
 SUBSCRIBER = textwrap.dedent("""
     import json, sys, zmq
-    from kvcache.events import AllBlocksCleared, decode_batch
+    from kvcache.types.events import AllBlocksCleared, decode_batch
     ctx = zmq.Context(); sub = ctx.socket(zmq.SUB); sub.setsockopt(zmq.RCVHWM, 0)
     sub.setsockopt(zmq.SUBSCRIBE, b""); sub.connect(sys.argv[1])
     print("ready", flush=True)

@@ -54,7 +54,7 @@ import torch
 
 from _report import machine, publish, spread, table
 from kvcache import KVLayout, Namespace, open_store, page_origins
-from kvcache.keys import pack_tokens
+from kvcache.types.keys import pack_tokens
 
 SIZES_KIB = (16, 64, 256)
 BATCH_BYTES = 4 << 20  # pages per put/get_into batch: about this many bytes
@@ -392,7 +392,7 @@ def main() -> int:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    from kvcache.storage.lmdb_store import DEFAULT_CHECKSUM
+    from kvcache.storage.lmdb.store import DEFAULT_CHECKSUM
 
     scratch = tempfile.mkdtemp(prefix="kvc-bench-l3-", dir=args.scratch)
     scratch_fs = filesystem_of(scratch)

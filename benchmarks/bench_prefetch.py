@@ -27,7 +27,7 @@ import torch
 from _report import machine, publish, table
 from bench_tree import workload
 from kvcache import CacheConfig, KVLayout, Namespace, Request, TieredCache
-from kvcache.config import PrefetchPolicy
+from kvcache.types.config import PrefetchPolicy
 from kvcache.storage.base import open_store, page_origins
 
 LOOP_TARGET = 8000  # requests/s, issue 4

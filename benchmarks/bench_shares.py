@@ -1,4 +1,4 @@
-"""Shares per tier (kvcache.shares): does a quiet tenant keep its system prompt cached next to a busy one?
+"""Shares per tier (kvcache.types.shares): does a quiet tenant keep its system prompt cached next to a busy one?
 
 Two tenants replayed through one cache (L1 and L2, no L3, write-through, requests one at a time):
 
@@ -31,7 +31,7 @@ import time
 
 from _report import machine, publish, table
 from kvcache import CacheConfig, KVLayout, Namespace, Replayer, TieredCache, TraceRequest
-from kvcache.shares import Shares
+from kvcache.types.shares import Shares
 
 LAYOUT = KVLayout("bench-shares@r1", layers=1, kv_heads=1, head_dim=8, dtype="float16", page_size=16)
 A_KEY, B_KEY = "tenant-a", "tenant-b"

@@ -38,9 +38,9 @@ import msgspec
 import numpy as np
 
 from .errors import InvalidInput, InvariantViolation, LockUnderflow
-from .keys import TOKEN_BYTES, RadixKey, extend_chain, hash_root
-from .namespace import Namespace
-from .owners import OwnerKind, owner_code
+from .types.keys import TOKEN_BYTES, RadixKey, extend_chain, hash_root
+from .types.namespace import Namespace
+from .types.owners import OwnerKind, owner_code
 
 _EMPTY = np.empty(0, dtype=np.int64)
 _ID_BITS = 48  # node ids stay below 2**48 (they are ledger owner ids too)
@@ -185,7 +185,7 @@ class ShareState:
 
 SplitListener = Callable[[TreeNode, TreeNode, int], None]
 # Called as on_copy(node, tier, had, pages) each time a node's copy in a tier is set (None: taken away), `had`
-# being the copy before: the KV-event log (kvcache.event_log) reports a copy that came or went.
+# being the copy before: the KV-event log (kvcache.engine.event_log) reports a copy that came or went.
 CopyListener = Callable[[TreeNode, "Tier", "np.ndarray | None", "np.ndarray | None"], None]
 
 

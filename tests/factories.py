@@ -43,7 +43,7 @@ def forward(cache: TieredCache, request, admission) -> None:
     """Write the synthetic KV of the request's new tokens: whole pages from their page hash, the tail as noise."""
     import torch
 
-    from kvcache.keys import page_hashes
+    from kvcache.types.keys import page_hashes
 
     ps = cache.page_size
     hashes = page_hashes(cache.layout.layout_id, request.key, ps)
@@ -60,7 +60,7 @@ def device_bytes_ok(cache: TieredCache, request, slots, n_tokens: int) -> bool:
     """Do the first `n_tokens` (whole pages) at `slots` hold the request's synthetic KV?"""
     import torch
 
-    from kvcache.keys import page_hashes
+    from kvcache.types.keys import page_hashes
 
     ps = cache.page_size
     hashes = page_hashes(cache.layout.layout_id, request.key, ps)

@@ -9,9 +9,9 @@ from contextlib import contextmanager
 import lmdb
 import msgspec
 
-from kvcache.storage import lmdb_store
+from kvcache.storage.lmdb import store as lmdb_store
 from kvcache.storage.base import NamespaceRecord, PageMeta
-from kvcache.storage.lmdb_store import StoreTotals
+from kvcache.storage.lmdb.store import StoreTotals
 
 
 class Raw(msgspec.Struct):

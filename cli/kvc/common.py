@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import msgspec
 import typer
 
-from kvcache.namespace import Namespace, use_fingerprint_key
+from kvcache.types.namespace import Namespace, use_fingerprint_key
 from kvcache.storage.base import L3Store, open_store
 from kvcache.storage.location import StoreLocation
 

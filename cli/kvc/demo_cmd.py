@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Annotated
 import msgspec
 import typer
 
-from kvcache.layout import KVLayout
-from kvcache.namespace import NamespaceInfo
+from kvcache.types.layout import KVLayout
+from kvcache.types.namespace import NamespaceInfo
 from kvcache.storage.base import open_store
 from kvcache.workload.traces import WorkloadSpec, generate
 

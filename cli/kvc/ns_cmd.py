@@ -13,12 +13,12 @@ from typing import Annotated
 import msgspec
 import typer
 
-from kvcache.keys import unpack_tokens
+from kvcache.types.keys import unpack_tokens
 from kvcache.live.protocol import (DropRequest, EvictOutcome, EvictRequest, ExpireRequest, NamespacesRequest,
                                    SharesOutcome, SharesRequest)
 from kvcache.live.protocol import NamespaceList as LiveNamespaceList
-from kvcache.namespace import Namespace, NamespaceInfo, display_id
-from kvcache.shares import MAX_SHARE, Shares
+from kvcache.types.namespace import Namespace, NamespaceInfo, display_id
+from kvcache.types.shares import MAX_SHARE, Shares
 from kvcache.storage.base import L3Store, NamespaceRecord
 
 from . import live
@@ -325,7 +325,7 @@ def drop(
 def _drop_live(path: str, extra_key: str, salt: str | None, missing_ok: bool, json: bool) -> None:
     """`kvc --socket S ns drop EXTRA_KEY`: offboard a namespace from the live cache's L1 and L2 (nothing written
     back) and from its store, in one request (`TieredCache.drop_namespace`)."""
-    from kvcache.cache import NamespaceDrop  # the result type only; the server runs the cache
+    from kvcache.engine.cache import NamespaceDrop  # the result type only; the server runs the cache
 
     Namespace(extra_key, salt)  # checked here, before the request goes out
     outcome = live.call(path, DropRequest(extra_key, salt), NamespaceDrop)
@@ -398,7 +398,7 @@ def expire(
     if not yes:
         raise UsageError(f"refusing to expire namespace {shown(ns.extra_key)}/{ns.salt_fingerprint or '-'} "
                          f"without --yes")
-    from kvcache.ttl import NamespaceExpiry  # the result type only; the server runs the cache
+    from kvcache.engine.ttl import NamespaceExpiry  # the result type only; the server runs the cache
 
     outcome = live.call(path, ExpireRequest(extra_key, salt_value), NamespaceExpiry)
     if json:
@@ -414,7 +414,7 @@ def expire(
 
 # --- kvc ns quota: shares per tier ------------------------------------------------------------------------------
 
-quota_app = typer.Typer(help="A namespace's shares of L1, L2 and L3 (kvcache.shares): set, show, clear.",
+quota_app = typer.Typer(help="A namespace's shares of L1, L2 and L3 (kvcache.types.shares): set, show, clear.",
                         no_args_is_help=True)
 app.add_typer(quota_app, name="quota", short_help="A namespace's shares of L1, L2 and L3: set, show, clear.")
 

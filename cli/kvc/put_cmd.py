@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Annotated
 import msgspec
 import typer
 
-from kvcache.keys import pack_tokens
-from kvcache.layout import KVLayout
-from kvcache.namespace import NamespaceInfo
+from kvcache.types.keys import pack_tokens
+from kvcache.types.layout import KVLayout
+from kvcache.types.namespace import NamespaceInfo
 from kvcache.storage.base import page_origins
 
 from .common import (DEFAULT_STORE, DebugOpt, ExtraKeyOpt, StoreOpt, TokensFileOpt, TokensOpt, command, namespace_arg,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import msgspec
 import typer
 
-from kvcache.config import HostMode, PrefetchPolicy, WritePolicy
+from kvcache.types.config import HostMode, PrefetchPolicy, WritePolicy
 from kvcache.workload.traces import TraceRequest, WorkloadSpec, read_trace
 
 from . import live

@@ -35,7 +35,7 @@ except ImportError:
 from typer.core import TyperGroup
 
 from kvcache.errors import KVCacheError
-from kvcache.namespace import fingerprint_key_scope
+from kvcache.types.namespace import fingerprint_key_scope
 
 from . import secrets
 from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Interrupted, UsageError

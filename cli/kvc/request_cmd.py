@@ -13,9 +13,9 @@ from typing import Annotated
 
 import typer
 
-from kvcache.config import PrefetchPolicy
+from kvcache.types.config import PrefetchPolicy
 from kvcache.live.protocol import LoadBackRequest, PrefetchRequest, RequestResult, StageRequest
-from kvcache.namespace import Namespace
+from kvcache.types.namespace import Namespace
 
 from . import live
 from .common import (DEFAULT_STORE, DebugOpt, ExtraKeyOpt, StoreOpt, TokensFileOpt, TokensOpt, command, offline_cache,

@@ -18,9 +18,9 @@ from typing import Annotated
 
 import typer
 
-from kvcache.config import HostMode, PrefetchPolicy, TTLMode, TTLPolicy, WritePolicy
+from kvcache.types.config import HostMode, PrefetchPolicy, TTLMode, TTLPolicy, WritePolicy
 from kvcache.errors import InvalidConfig
-from kvcache.events import MediumNames
+from kvcache.types.events import MediumNames
 
 from . import live
 from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, offline_cache, open_for_cache

@@ -13,7 +13,7 @@ import msgspec
 import typer
 
 from kvcache.live.protocol import LiveStats, NamespaceList
-from kvcache.shares import Shares
+from kvcache.types.shares import Shares
 from kvcache.storage.base import VERIFY_KINDS, StoreStats, VerifyRemoval
 
 from .output import Column, Kind, Listing, Output, human_bytes, output_format, render

@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
-from ..owners import FREE_CODE, OwnerKind, describe_code, owner_code
+from ..types.owners import FREE_CODE, OwnerKind, describe_code, owner_code
 from .ownership import NodeState, OwnershipState, PoolState, collect_state, pages_of
 from .snapshot import Snapshot, decode_snapshot
 
 if TYPE_CHECKING:
-    from ..cache import TieredCache
+    from ..engine.cache import TieredCache
     from ..storage.base import VerifyReport
 
 _MAX_LISTED = 32  # pages listed per violation; `count` has the full number

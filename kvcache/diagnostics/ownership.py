@@ -13,7 +13,7 @@ import msgspec
 import numpy as np
 
 if TYPE_CHECKING:
-    from ..cache import TieredCache
+    from ..engine.cache import TieredCache
 
 STATE_VERSION = 1
 

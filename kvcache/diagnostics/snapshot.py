@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from ..errors import InvalidInput
-from ..layout import KVLayout
-from ..namespace import NamespaceInfo
-from ..stats import CacheCounters
+from ..types.layout import KVLayout
+from ..types.namespace import NamespaceInfo
+from ..types.stats import CacheCounters
 from .ownership import OwnershipState, collect_state
 
 if TYPE_CHECKING:
-    from ..cache import TieredCache
+    from ..engine.cache import TieredCache
 
 SNAPSHOT_KIND = "kvc.ownership-snapshot"
 SNAPSHOT_VERSION = 1

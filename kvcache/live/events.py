@@ -1,11 +1,11 @@
 """The KV-event feed over ZeroMQ: a publisher wrapped around a cache, and a subscriber (DESIGN §7b).
 
 `KVEventPublisher(cache, endpoint)` attaches to a cache (`TieredCache.attach_events`) and publishes each batch the
-cache hands it — one per scheduler step that changed something (`kvcache.event_log`) — the way vLLM's and SGLang's
+cache hands it — one per scheduler step that changed something (`kvcache.engine.event_log`) — the way vLLM's and SGLang's
 publishers do, so KV-aware routers read it unchanged:
 
 - a PUB socket bound to `endpoint`; each batch is one message of three frames: the topic, an 8-byte big-endian
-  sequence number (from 0, one per batch), the msgpack `EventBatch` (`kvcache.events`);
+  sequence number (from 0, one per batch), the msgpack `EventBatch` (`kvcache.types.events`);
 - optionally a ROUTER socket bound to `replay_endpoint`: a client sends ``[b"", start]`` (start: 8 bytes, big
   endian) and gets back ``[b"", seq, payload]`` for every batch still in the bounded replay buffer from `start` on,
   then ``[b"", -1 as 8 signed bytes, b""]``. A subscriber that sees a gap in the sequence fetches what it missed.
@@ -31,10 +31,10 @@ import msgspec
 import zmq
 
 from ..errors import EventEndpointError, InvalidInput
-from ..events import AllBlocksCleared, BlockStored, EventBatch, MediumNames, decode_batch, encode_batch
+from ..types.events import AllBlocksCleared, BlockStored, EventBatch, MediumNames, decode_batch, encode_batch
 
 if TYPE_CHECKING:
-    from ..cache import TieredCache
+    from ..engine.cache import TieredCache
 
 END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)  # the sequence frame that ends a replay answer
 _LINGER_MS = 500  # on close, queued messages get this long to leave (the last batch is AllBlocksCleared)

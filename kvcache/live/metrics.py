@@ -129,7 +129,7 @@ def cache_families(live: "LiveStats", namespaces: "NamespaceList | None" = None)
                 tokens.add_metric([tier, *_ns(row.extra_key, row.salt_fingerprint)], getattr(row, tier).tokens)
         yield tokens
         shared = [row for row in namespaces.namespaces if row.shares is not None]
-        if shared:  # namespaces with shares (kvcache.shares): each share beside the use above
+        if shared:  # namespaces with shares (kvcache.types.shares): each share beside the use above
             share_tokens = GaugeMetricFamily("kvc_cache_namespace_share_tokens",
                                              "A namespace's share of a tier in tokens (0: none).",
                                              labels=["tier", *NS_LABELS])

@@ -22,15 +22,15 @@ import msgspec
 import numpy as np
 import torch
 
-from ..config import HostMode
+from ..types.config import HostMode
 from ..diagnostics.snapshot import encode_snapshot
 from ..errors import InvalidInput, UnknownRequest
-from ..keys import page_hashes
-from ..namespace import Namespace, display_id
-from ..pools import SlotPool
-from ..request import Request
+from ..types.keys import page_hashes
+from ..types.namespace import Namespace, display_id
+from ..ledger.pools import SlotPool
+from ..types.request import Request
 from ..workload.replay import Replayer
-from ..workload.warm import warm_namespace
+from ..ops.warm import warm_namespace
 from .protocol import (AuditRequest, DropRequest, EvictOutcome, ExpireRequest, EvictRequest, LiveNamespace, LiveStats, LoadBackRequest,
                        NamespaceList, NamespacesRequest, NamespaceTiers, PingRequest, PoolUse, PrefetchRequest,
                        ReplayOutcome, RequestResult, ServerInfo, SharesOutcome, SharesRequest, SnapshotData,
@@ -38,8 +38,8 @@ from .protocol import (AuditRequest, DropRequest, EvictOutcome, ExpireRequest, E
 from .transport import ReplayJob
 
 if TYPE_CHECKING:
-    from ..cache import NamespaceDrop, TieredCache
-    from ..ttl import NamespaceExpiry
+    from ..engine.cache import NamespaceDrop, TieredCache
+    from ..engine.ttl import NamespaceExpiry
 
 _RIDS = itertools.count(1)
 

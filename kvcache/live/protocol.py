@@ -30,13 +30,13 @@ from typing import Annotated, Union
 
 import msgspec
 
-from ..config import PrefetchPolicy
+from ..types.config import PrefetchPolicy
 from ..errors import AdminBadFrame
-from ..layout import KVLayout
-from ..namespace import NamespaceInfo
-from ..shares import Shares
-from ..staging import StagedView
-from ..stats import CacheStats
+from ..types.layout import KVLayout
+from ..types.namespace import NamespaceInfo
+from ..types.shares import Shares
+from ..engine.staging import StagedView
+from ..types.stats import CacheStats
 from ..storage.base import StoreStats
 
 PROTOCOL_VERSION = 2  # 2: snapshots come back as bytes (no server-side path); bounded numbers
@@ -127,7 +127,7 @@ class EvictRequest(msgspec.Struct, frozen=True, tag="evict", forbid_unknown_fiel
 
 class DropRequest(msgspec.Struct, frozen=True, tag="ns_drop", forbid_unknown_fields=True):
     """Offboard a namespace from every tier without writing any of it back (`TieredCache.drop_namespace`).
-    Answered with `kvcache.cache.NamespaceDrop`."""
+    Answered with `kvcache.engine.cache.NamespaceDrop`."""
 
     extra_key: str | None = None
     cache_salt: str | None = None
@@ -144,7 +144,7 @@ class SharesRequest(msgspec.Struct, frozen=True, tag="ns_quota", forbid_unknown_
 
 class ExpireRequest(msgspec.Struct, frozen=True, tag="ns_expire", forbid_unknown_fields=True):
     """Expire a namespace now by the cache's TTL rules (`TieredCache.expire_namespace`): dropped from every tier,
-    or deferred until its running requests end. Answered with `kvcache.ttl.NamespaceExpiry`; a cache without a
+    or deferred until its running requests end. Answered with `kvcache.engine.ttl.NamespaceExpiry`; a cache without a
     TTL policy answers `InvalidInput`."""
 
     extra_key: str | None = None
@@ -232,8 +232,8 @@ class LiveNamespace(msgspec.Struct):
     device: TierUse
     host: TierUse
     storage: TierUse
-    shares: Shares | None = None  # the namespace's shares per tier (kvcache.shares); None: it has none
-    # the cache's TTL policy (kvcache.ttl): when the namespace expires, in epoch seconds like `last_access`; None
+    shares: Shares | None = None  # the namespace's shares per tier (kvcache.types.shares); None: it has none
+    # the cache's TTL policy (kvcache.engine.ttl): when the namespace expires, in epoch seconds like `last_access`; None
     # when it is not tracked (no policy, or not used by this cache since it started)
     deadline: float | None = None
     expiry_deferred: bool = False  # past its deadline, waiting for its running requests to end

@@ -27,7 +27,7 @@ from .ops import execute
 from .transport import AdminTransport
 
 if TYPE_CHECKING:
-    from ..cache import TieredCache
+    from ..engine.cache import TieredCache
 
 
 class AdminServer:

@@ -1,7 +1,7 @@
 """The L3 store interface: the `L3Store` protocol, the values it trades in, and the backend registry.
 
 An L3 store maps page hashes to page bytes. A page hash names its whole prefix, its namespace and its layout
-(see `kvcache.keys`), so a store needs no other key and two namespaces or two layouts can never read each other's
+(see `kvcache.types.keys`), so a store needs no other key and two namespaces or two layouts can never read each other's
 pages. Everything is batched and everything is by page hash.
 
 Rules every backend keeps (tests/conformance checks them for each registered backend):
@@ -14,7 +14,7 @@ Rules every backend keeps (tests/conformance checks them for each registered bac
   the `PutResult`. Exceptions are for unusable input and for faults the caller must see (`kvcache.errors`).
 - A read fault (an I/O error under a read) degrades to a miss and is counted.
 - The salt of a namespace is never stored: the registry keeps `extra_key` and the salt fingerprint only.
-- Namespace shares (`kvcache.shares`) are kept with the registry and outlive the namespace's pages
+- Namespace shares (`kvcache.types.shares`) are kept with the registry and outlive the namespace's pages
   (`delete_namespace` leaves them). A namespace's `store_bytes` share replaces the uniform
   `namespace_quota_bytes` for it: a put never leaves it holding more (the backend evicts its own least recently
   used pages, or rejects the pages over it).
@@ -36,16 +36,16 @@ import msgspec
 import numpy as np
 
 from ..errors import InvalidInput, UnknownBackend
-from ..keys import PAGE_HASH_BYTES, TOKEN_BYTES, extend_chain, hash_root
-from ..layout import KVLayout
-from ..namespace import Namespace
+from ..types.keys import PAGE_HASH_BYTES, TOKEN_BYTES, extend_chain, hash_root
+from ..types.layout import KVLayout
+from ..types.namespace import Namespace
 
 # What a backend needs besides the names above, re-exported so that a plugin imports kvcache.storage.base only
 # (DESIGN §2: plugins -> kvcache.storage.base, never the rest of the core).
 from ..errors import LayoutMismatch, NotAStore, StoreError, StoreReadOnly, StoreUnsupported  # noqa: E402,F401
-from ..keys import hash_root_of_id  # noqa: E402,F401
-from ..namespace import NamespaceInfo, new_fingerprint_key  # noqa: E402,F401
-from ..shares import NamespaceShares, Shares, decode_shares_record  # noqa: E402,F401
+from ..types.keys import hash_root_of_id  # noqa: E402,F401
+from ..types.namespace import NamespaceInfo, new_fingerprint_key  # noqa: E402,F401
+from ..types.shares import NamespaceShares, Shares, decode_shares_record  # noqa: E402,F401
 
 ENTRY_POINT_GROUP = "kvcache.storage"
 DEFAULT_SCHEME = "lmdb"  # the backend a plain filesystem path opens

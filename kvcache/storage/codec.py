@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from ..keys import PAGE_HASH_BYTES, TOKEN_BYTES, extend_chain
+from ..types.keys import PAGE_HASH_BYTES, TOKEN_BYTES, extend_chain
 from .base import LayoutRecord, NamespaceRecord, PageMeta
 
 try:  # xxh3 runs ~8x faster than zlib's crc32 here: it is what keeps the checked read path near memcpy speed
@@ -75,7 +75,7 @@ class StoreFormat(msgspec.Struct, frozen=True, omit_defaults=True):
     version: int  # FORMAT_VERSION of the writer that created it
     checksum: str  # a key of CHECKSUMS
     created: float  # unix seconds
-    fingerprint_key: str = ""  # hex: the key of the salt fingerprints the store records (kvcache.namespace), where
+    fingerprint_key: str = ""  # hex: the key of the salt fingerprints the store records (kvcache.types.namespace), where
     #                            the store keeps it in this record (Redis); "" where it does not (LMDB: a key file)
 
 
@@ -95,6 +95,6 @@ def decode_or_none(decode: Callable[[Any], Any], raw: Any) -> Any:
 
 
 def chains_to(page_hash: bytes, meta: PageMeta) -> bool:
-    """Whether `page_hash` is H(parent || tokens) of its metadata: the chain step of kvcache.keys."""
+    """Whether `page_hash` is H(parent || tokens) of its metadata: the chain step of kvcache.types.keys."""
     n = len(meta.tokens) // TOKEN_BYTES
     return n > 0 and n * TOKEN_BYTES == len(meta.tokens) and extend_chain(meta.parent, meta.tokens, n) == [page_hash]

@@ -1,5 +1,5 @@
 """The fingerprint key file of a store directory: the per-deployment secret behind salt fingerprints and the
-namespace ids outputs show (`kvcache.namespace`).
+namespace ids outputs show (`kvcache.types.namespace`).
 
 The key lives beside the store it keys (``fingerprint.key`` in an LMDB store's directory: hex, one line, mode
 0600), so every process that opens the store shows the same fingerprints and nobody without read access to the
@@ -14,7 +14,7 @@ import os
 import tempfile
 
 from ..errors import StoreError
-from ..namespace import new_fingerprint_key, parse_fingerprint_key
+from ..types.namespace import new_fingerprint_key, parse_fingerprint_key
 
 KEY_FILE = "fingerprint.key"
 
@@ -30,7 +30,7 @@ def read_key(directory: str) -> bytes | None:
         return None
     except PermissionError:
         # Another user's store, readable but not its key (a monitoring account): the registry's fingerprints
-        # still read as recorded; what this process derives itself is keyed by its own key (kvcache.namespace).
+        # still read as recorded; what this process derives itself is keyed by its own key (kvcache.types.namespace).
         return None
     except (OSError, UnicodeDecodeError) as exc:
         raise StoreError(path, f"cannot read the fingerprint key: {exc}") from None

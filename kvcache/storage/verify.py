@@ -29,8 +29,8 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
-from ..keys import hash_root_of_id
-from ..layout import KVLayout
+from ..types.keys import hash_root_of_id
+from ..types.layout import KVLayout
 from .base import LayoutRecord, NamespaceRecord, PageMeta, VerifyFinding, VerifyRemoval, VerifyReport
 from .codec import HEADER, Checksum, chains_to, stored_checksum
 

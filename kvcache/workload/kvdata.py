@@ -1,6 +1,6 @@
 """Synthetic KV: page bytes that are a function of the page hash, so every reused page can be checked.
 
-A page hash folds in the layout, the namespace and the whole prefix (`kvcache.keys`). Writing each page's KV as
+A page hash folds in the layout, the namespace and the whole prefix (`kvcache.types.keys`). Writing each page's KV as
 a function of its hash makes any page served to the wrong namespace, from a stale layout, out of order, or from a
 slot reused while still owned differ from what recomputing gives: replays (`kvc replay --verify`) compare every
 reused byte.
@@ -23,8 +23,8 @@ import numpy as np
 import torch
 import xxhash
 
-from ..keys import PAGE_HASH_BYTES
-from ..layout import KVLayout
+from ..types.keys import PAGE_HASH_BYTES
+from ..types.layout import KVLayout
 
 _ROW_MIX = np.uint64(0x9E3779B97F4A7C15)  # golden-ratio constant: consecutive rows get unrelated patterns
 _CHECK_CHUNK_BYTES = 1 << 20  # pages gathered per compare on a device: large enough to amortise the launches

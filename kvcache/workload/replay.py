@@ -22,14 +22,14 @@ from collections.abc import Callable, Iterable
 
 import msgspec
 
-from ..cache import Admission, AdmitStatus, TieredCache
+from ..engine.cache import Admission, AdmitStatus, TieredCache
 from ..diagnostics.audit import AuditReport
 from ..errors import InvariantViolation, NamespaceMismatch
-from ..keys import page_hashes
-from ..namespace import NamespaceInfo
-from ..prefetch import DeclineReason
-from ..request import Request
-from ..stats import BackupStats, PrefetchStats
+from ..types.keys import page_hashes
+from ..types.namespace import NamespaceInfo
+from ..engine.prefetch import DeclineReason
+from ..types.request import Request
+from ..types.stats import BackupStats, PrefetchStats
 from .kvdata import SyntheticKV
 from .traces import TraceRequest
 

@@ -27,8 +27,8 @@ import msgspec
 import numpy as np
 
 from ..errors import InvalidInput, InvalidTrace
-from ..namespace import Namespace
-from ..request import Request
+from ..types.namespace import Namespace
+from ..types.request import Request
 
 Token = Annotated[int, msgspec.Meta(ge=0, le=0xFFFFFFFF)]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from kvcache.layout import KVLayout
+from kvcache.types.layout import KVLayout
 from kvcache.storage.base import L3Store, backends, open_store
 from redis_server import redis_cluster, redis_server  # noqa: F401  (session fixtures of the redis factories)
 

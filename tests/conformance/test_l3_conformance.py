@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from kvcache.errors import LayoutMismatch
-from kvcache.keys import pack_tokens
-from kvcache.namespace import Namespace
-from kvcache.layout import KVLayout
+from kvcache.types.keys import pack_tokens
+from kvcache.types.namespace import Namespace
+from kvcache.types.layout import KVLayout
 from kvcache.storage.base import L3Store, open_store, page_origins
 
 LAYOUT = KVLayout("conformance-model@r1", layers=2, kv_heads=2, head_dim=16, dtype="float16", page_size=4)
@@ -178,7 +178,7 @@ def test_namespace_registry_keeps_identity_and_counters_never_the_salt(store):
     store.flush()
     records = {r.ns_id_hex: r for r in store.namespaces()}
     a, b = records[NS_A.id_hex], records[NS_B.id_hex]
-    # the registry's fingerprint is keyed by the store's own fingerprint key (kvcache.namespace)
+    # the registry's fingerprint is keyed by the store's own fingerprint key (kvcache.types.namespace)
     assert (a.extra_key, a.salt_fingerprint, a.pages, a.bytes) == (
         "tenant-a", NS_A.fingerprint(store.fingerprint_key), 10, 10 * LAYOUT.bytes_per_page)
     assert (b.pages, b.hits) == (2, 2)
@@ -286,7 +286,7 @@ def test_put_refuses_a_page_whose_parent_is_another_namespaces_root(store):
     """The chain check cannot see the namespace when the parent is a namespace root: a page tagged B whose parent
     is A's root would be read by A (its hash is in A's chain) and survive delete_namespace(A)."""
     from kvcache.errors import InvalidInput
-    from kvcache.keys import extend_chain, hash_root
+    from kvcache.types.keys import extend_chain, hash_root
     from kvcache.storage.base import PageOrigin
 
     write(store, range(8), NS_A)
@@ -300,11 +300,11 @@ def test_put_refuses_a_page_whose_parent_is_another_namespaces_root(store):
     assert NS_B.id_hex not in {r.ns_id_hex for r in store.namespaces()}
 
 
-# --- shares (kvcache.shares) -------------------------------------------------------------------------------
+# --- shares (kvcache.types.shares) -------------------------------------------------------------------------------
 
 
 def test_shares_are_kept_with_the_registry_never_the_salt_and_outlive_the_pages(factory, location, store):
-    from kvcache.shares import Shares
+    from kvcache.types.shares import Shares
 
     assert store.shares() == []
     write(store, range(8), NS_A)
@@ -328,7 +328,7 @@ def test_shares_are_kept_with_the_registry_never_the_salt_and_outlive_the_pages(
 
 
 def test_a_store_share_bounds_its_namespace_and_no_other(store):
-    from kvcache.shares import Shares
+    from kvcache.types.shares import Shares
 
     nbytes = LAYOUT.bytes_per_page
     store.set_shares(NS_A, Shares(store_bytes=3 * nbytes))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvcache.layout import KVLayout
-from kvcache.namespace import Namespace
+from kvcache.types.layout import KVLayout
+from kvcache.types.namespace import Namespace
 from kvcache.storage.base import open_store
 from kvcache.workload.kvdata import SyntheticKV
 

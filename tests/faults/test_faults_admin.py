@@ -25,15 +25,15 @@ import pytest
 from kvcache import WorkloadSpec, generate, write_trace
 from kvcache.diagnostics.audit import AuditReport
 from kvcache.errors import AdminRemoteError, AdminUntrusted
-from kvcache.keys import pack_tokens
-from kvcache.layout import KVLayout
+from kvcache.types.keys import pack_tokens
+from kvcache.types.layout import KVLayout
 from kvcache.live.client import AdminClient
 from kvcache.live.protocol import (PROTOCOL_VERSION, TRACE_CHUNK_BYTES, AuditRequest, LiveStats, LoadBackRequest,
                                    PingRequest, PrefetchRequest, ReplayAck, ReplayOutcome, ReplayRequest, Response,
                                    ServerInfo, SnapshotData, SnapshotRequest, StageRequest, StatsRequest,
                                    decode_response, read_frame)
 from kvcache.live.transport import AdminTransport
-from kvcache.namespace import Namespace
+from kvcache.types.namespace import Namespace
 from kvcache.storage.base import open_store, page_origins
 from kvcache.workload.kvdata import SyntheticKV
 

@@ -27,9 +27,9 @@ import numpy as np
 import pytest
 
 from kvcache.diagnostics.audit import audit_store
-from kvcache.keys import pack_tokens
-from kvcache.layout import KVLayout
-from kvcache.namespace import Namespace
+from kvcache.types.keys import pack_tokens
+from kvcache.types.layout import KVLayout
+from kvcache.types.namespace import Namespace
 from kvcache.storage.base import open_store, page_origins
 from kvcache.storage.isolated import run_isolated
 from kvcache.workload.kvdata import SyntheticKV

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import faultkit
 from kvc.main import app
-from kvcache.layout import KVLayout
+from kvcache.types.layout import KVLayout
 from kvcache.storage.base import open_store
 
 runner = CliRunner()

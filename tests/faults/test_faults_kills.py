@@ -18,10 +18,10 @@ import faultkit
 import storecheck
 
 from kvcache import WorkloadSpec, generate, write_trace
-from kvcache.layout import KVLayout
+from kvcache.types.layout import KVLayout
 from kvcache.live.client import AdminClient
 from kvcache.live.protocol import PingRequest, ReplayOutcome, ServerInfo
-from kvcache.namespace import Namespace
+from kvcache.types.namespace import Namespace
 from kvcache.storage.base import open_store
 
 LAYOUT = KVLayout("kill-model@r1", layers=2, kv_heads=2, head_dim=32, dtype="float16", page_size=4)  # 1 KiB pages

@@ -15,9 +15,9 @@ import time
 import numpy as np
 
 import faultkit
-from kvcache.keys import pack_tokens
-from kvcache.layout import KVLayout
-from kvcache.namespace import Namespace
+from kvcache.types.keys import pack_tokens
+from kvcache.types.layout import KVLayout
+from kvcache.types.namespace import Namespace
 from kvcache.storage.base import open_store, page_origins
 
 LAYOUT = KVLayout("grow-model@r1", layers=2, kv_heads=2, head_dim=64, dtype="float16", page_size=4)  # 2 KiB pages

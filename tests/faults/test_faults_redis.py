@@ -15,8 +15,8 @@ import pytest
 import faultkit
 from factories import l3_cache, make_layout
 from kvcache.errors import InvalidInput
-from kvcache.keys import pack_tokens
-from kvcache.namespace import Namespace
+from kvcache.types.keys import pack_tokens
+from kvcache.types.namespace import Namespace
 from kvcache.storage.base import open_store, page_origins
 from redis_node import PAGE_SIZE, requests, serve
 from redis_server import RedisServer, require_server

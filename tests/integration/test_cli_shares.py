@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from factories import l3_cache, make_layout, make_store
 from kvc.main import app
 from kvcache import AdminServer, Namespace, Request
-from kvcache.shares import Shares
+from kvcache.types.shares import Shares
 
 SALT = "quota-salt-plokij-42"
 T1 = Namespace("t1", SALT)

@@ -30,4 +30,4 @@ def test_store_only_commands_never_import_torch(store, args):
     modules = re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$", proc.stderr, re.M)
     assert "kvc.main" in modules  # the listing is real
     assert not [m for m in modules if m == "torch" or m.startswith("torch.")]
-    assert "kvcache.cache" not in modules and "pydantic" not in modules
+    assert "kvcache.engine.cache" not in modules and "pydantic" not in modules

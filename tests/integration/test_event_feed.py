@@ -15,8 +15,8 @@ import zmq
 
 from factories import l3_cache, make_layout, make_store, store_holdings
 from kvcache import KVEventPublisher, RadixKey, WorkloadSpec, generate, replay
-from kvcache.keys import page_hashes
-from kvcache.namespace import fingerprint_key_scope, use_fingerprint_key
+from kvcache.types.keys import page_hashes
+from kvcache.types.namespace import fingerprint_key_scope, use_fingerprint_key
 
 SPEC = WorkloadSpec(requests=60, tenants=3, shared_prefix_tokens=16, system_prompt_tokens=64, documents=4,
                     document_tokens=48, user_tokens=12, output_tokens=8, seed=17)

@@ -16,9 +16,9 @@ import traceback
 import numpy as np
 import pytest
 
-from kvcache.keys import pack_tokens
-from kvcache.layout import KVLayout
-from kvcache.namespace import Namespace
+from kvcache.types.keys import pack_tokens
+from kvcache.types.layout import KVLayout
+from kvcache.types.namespace import Namespace
 from kvcache.storage.base import open_store, page_origins
 
 LAYOUT = KVLayout("crash-model@r1", layers=4, kv_heads=4, head_dim=64, dtype="float16", page_size=4)  # 16 KiB

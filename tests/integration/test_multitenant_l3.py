@@ -6,7 +6,7 @@ import pytest
 
 from factories import device_bytes_ok, forward, l3_cache, make_layout, make_store
 from kvcache import AdmitStatus, Namespace, Request
-from kvcache.config import HostMode
+from kvcache.types.config import HostMode
 
 TENANTS = [Namespace("t1", "s1"), Namespace("t2", "s2"), Namespace()]
 SYSTEM = list(range(1000, 1064))  # the same tokens in every namespace: only the namespace keeps them apart

@@ -14,8 +14,8 @@ import numpy as np
 import redis
 
 from factories import l3_cache, make_layout
-from kvcache.keys import pack_tokens
-from kvcache.namespace import Namespace
+from kvcache.types.keys import pack_tokens
+from kvcache.types.namespace import Namespace
 from kvcache.storage.base import open_store, page_origins
 from redis_node import PAGE_SIZE, requests, serve
 from redis_server import own_redis, redis_server  # noqa: F401  (fixtures)
@@ -60,7 +60,7 @@ def test_server_killed_during_a_replay_then_restarted(own_redis):  # noqa: F811
     assert stats.backup.storage_failed + stats.backup.storage_rejected > 0
 
     own_redis.restart()  # the AOF brings back every acknowledged write
-    from kvcache.keys import page_hashes
+    from kvcache.types.keys import page_hashes
 
     wait_until_back(store, page_hashes(LAYOUT.layout_id, probe.key, PAGE_SIZE)[:24])
     # A fresh node on the same store handle: its first documents come from L3 again, bytes checked.
@@ -161,8 +161,8 @@ import sys
 import numpy as np
 sys.path.insert(0, {tests!r})
 from factories import make_layout
-from kvcache.keys import pack_tokens
-from kvcache.namespace import Namespace
+from kvcache.types.keys import pack_tokens
+from kvcache.types.namespace import Namespace
 from kvcache.storage.base import open_store, page_origins
 layout = make_layout(4)
 store = open_store({url!r}, layout, create=True, add_layout=True)

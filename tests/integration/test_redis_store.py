@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from kvcache.errors import InvalidInput, NotAStore, StoreError, StoreReadOnly, StoreUnsupported
-from kvcache.keys import pack_tokens
-from kvcache.namespace import Namespace
+from kvcache.types.keys import pack_tokens
+from kvcache.types.namespace import Namespace
 from kvcache.storage.base import CapacityPolicy, L3Store, open_store, page_origins
 from kvcache_redis.store import RedisStore, _parse_url
 from factories import make_layout

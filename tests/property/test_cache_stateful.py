@@ -30,9 +30,9 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 from factories import make_cache, make_layout, make_store
 from kvcache import (AdmitStatus, CacheConfig, Namespace, NamespaceMismatch, Request, TieredCache, TTLMode, TTLPolicy,
                      WritePolicy)
-from kvcache.config import HostMode, PrefetchPolicy
+from kvcache.types.config import HostMode, PrefetchPolicy
 from kvcache.errors import RequestIdInUse
-from kvcache.keys import page_hashes
+from kvcache.types.keys import page_hashes
 
 NAMESPACES = [Namespace("t1", "salt-1"), Namespace("t2", "salt-2"), Namespace("t3"), Namespace()]
 # Shared prefixes use the same token ids in every namespace: isolation must come from the namespace alone.
@@ -384,7 +384,7 @@ class CacheMachine(RuleBasedStateMachine):
     @rule(ns=st.sampled_from(NAMESPACES), device=st.integers(0, 12), host=st.integers(0, 12))
     def set_shares(self, ns, device, host):
         """Shares (0 pages: none on that tier) only reorder eviction: every invariant holds with any of them."""
-        from kvcache.shares import Shares
+        from kvcache.types.shares import Shares
 
         self.cache.set_shares(ns, Shares(device_tokens=device * self.ps, host_tokens=host * self.ps))
         self.cache.tree.check()

@@ -4,7 +4,7 @@ import torch
 
 from factories import make_cache
 from kvcache import AdmitStatus, DoubleFree, Namespace, Request, UnknownRequest, WritePolicy
-from kvcache.owners import FREE_CODE
+from kvcache.types.owners import FREE_CODE
 
 T1, T2 = Namespace("t1", "salt-1"), Namespace("t2", "salt-2")
 

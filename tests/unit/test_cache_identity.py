@@ -6,9 +6,9 @@ import pytest
 
 from factories import device_bytes_ok, forward, l3_cache, make_layout, make_store
 from kvcache import AdmitStatus, InvariantViolation, Namespace, Request
-from kvcache.config import HostMode
+from kvcache.types.config import HostMode
 from kvcache.errors import RequestIdInUse
-from kvcache.prefetch import DeclineReason
+from kvcache.engine.prefetch import DeclineReason
 
 PS = 4
 T1 = Namespace("t1", "salt-one")

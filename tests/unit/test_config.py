@@ -2,7 +2,7 @@ import pytest
 
 from factories import make_layout
 from kvcache import CacheConfig, InvalidConfig, WritePolicy
-from kvcache.config import BACKUP_RULES
+from kvcache.types.config import BACKUP_RULES
 
 
 def test_every_policy_has_a_rule():
@@ -26,7 +26,7 @@ def test_invalid(kw):
 
 
 def test_policies_given_by_value_become_enums():
-    from kvcache.config import HostMode, PrefetchPolicy
+    from kvcache.types.config import HostMode, PrefetchPolicy
 
     cfg = CacheConfig(make_layout(), device_tokens=16, host_tokens=16, write_policy="write_back",
                       host_mode="buffer", prefetch_policy="timeout")

@@ -7,7 +7,7 @@ from factories import make_cache
 from kvcache import Namespace, Request
 from kvcache.diagnostics.audit import check_state
 from kvcache.diagnostics.ownership import OwnershipState, collect_state
-from kvcache.owners import OwnerKind, owner_code
+from kvcache.types.owners import OwnerKind, owner_code
 
 T1 = Namespace("t1")
 

@@ -12,8 +12,8 @@ import pytest
 
 from factories import l3_cache, make_cache, make_layout, make_store, store_holdings
 from kvcache import InvalidInput, Namespace, RadixKey, Request, WorkloadSpec, generate, replay
-from kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, MediumNames, encode_batch
-from kvcache.keys import page_hashes
+from kvcache.types.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, MediumNames, encode_batch
+from kvcache.types.keys import page_hashes
 
 SPEC = WorkloadSpec(requests=40, tenants=3, shared_prefix_tokens=16, system_prompt_tokens=48, documents=3,
                     document_tokens=32, user_tokens=12, output_tokens=8, seed=5)
@@ -68,7 +68,7 @@ def _tiers(held: set[tuple]) -> set[str]:
 def store(tmp_path):
     """An LMDB store whose fingerprint key is the process's meanwhile (the registry's fingerprints are the feed's,
     as under `kvc serve`)."""
-    from kvcache.namespace import fingerprint_key_scope, use_fingerprint_key
+    from kvcache.types.namespace import fingerprint_key_scope, use_fingerprint_key
 
     handle = make_store(tmp_path / "store", make_layout(4))
     with fingerprint_key_scope():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from kvcache import Namespace
-from kvcache.events import (MEDIUMS, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, MediumNames,
+from kvcache.types.events import (MEDIUMS, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, MediumNames,
                             decode_batch, encode_batch)
 
 

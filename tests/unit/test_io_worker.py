@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvcache.io_worker import IOWorker
+from kvcache.engine.io_worker import IOWorker
 
 
 class Job:

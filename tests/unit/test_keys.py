@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from kvcache import InvalidTokens, Namespace, RadixKey, page_hashes
-from kvcache.keys import extend_chain, hash_root, pack_tokens, unpack_tokens
+from kvcache.types.keys import extend_chain, hash_root, pack_tokens, unpack_tokens
 
 LAYOUT_A, LAYOUT_B = b"a" * 16, b"b" * 16
 

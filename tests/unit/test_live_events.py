@@ -10,7 +10,7 @@ import zmq
 
 from factories import make_cache
 from kvcache import InvalidInput, KVEventPublisher, KVEventSubscriber, Namespace, Request
-from kvcache.events import AllBlocksCleared, BlockStored, decode_batch
+from kvcache.types.events import AllBlocksCleared, BlockStored, decode_batch
 from kvcache.live.events import END_OF_REPLAY, records
 
 

@@ -65,7 +65,7 @@ def test_cache_families_count_hits_per_namespace_and_tier(tmp_path):
 
 
 def test_cache_families_show_each_namespace_share_beside_its_use(tmp_path):
-    from kvcache.shares import Shares
+    from kvcache.types.shares import Shares
 
     t1 = Namespace("t1", "a")
     store, cache = _served(tmp_path, t1, 32)

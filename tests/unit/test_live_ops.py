@@ -4,8 +4,8 @@ import pytest
 
 from factories import l3_cache, make_layout, make_store
 from kvcache import Namespace, Request, SyntheticKV, replay
-from kvcache.config import HostMode
-from kvcache.keys import page_hashes
+from kvcache.types.config import HostMode
+from kvcache.types.keys import page_hashes
 from kvcache.live.ops import execute
 from kvcache.live.transport import ReplayJob
 from kvcache.workload.traces import TraceRequest
@@ -52,7 +52,7 @@ def test_a_live_replay_whose_rids_collide_with_the_engines_holds_verifies_clean(
 
 
 def test_a_live_namespace_drop_empties_every_tier_and_writes_nothing_back(store):
-    from kvcache.config import WritePolicy
+    from kvcache.types.config import WritePolicy
     from kvcache.live.protocol import DropRequest
 
     c = l3_cache(store, write_policy=WritePolicy.WRITE_BACK)

@@ -1,5 +1,5 @@
 from kvcache import Owner, OwnerKind
-from kvcache.owners import FREE, FREE_CODE, describe_code, owner_code
+from kvcache.types.owners import FREE, FREE_CODE, describe_code, owner_code
 
 
 def test_codes_round_trip():

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from kvcache import DoubleFree, OwnershipError
-from kvcache.owners import FREE_CODE, OwnerKind, owner_code
-from kvcache.pools import SlotPool
+from kvcache.types.owners import FREE_CODE, OwnerKind, owner_code
+from kvcache.ledger.pools import SlotPool
 
 REQ, NODE, NODE2 = owner_code(OwnerKind.REQUEST, 1), owner_code(OwnerKind.NODE, 5), owner_code(OwnerKind.NODE, 6)
 

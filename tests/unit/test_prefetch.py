@@ -4,8 +4,8 @@ import pytest
 
 from factories import device_bytes_ok, forward, l3_cache, make_layout, make_store
 from kvcache import AdmitStatus, Namespace, NamespaceMismatch, Request, WritePolicy
-from kvcache.config import HostMode, PrefetchPolicy
-from kvcache.prefetch import DeclineReason, PrefetchState
+from kvcache.types.config import HostMode, PrefetchPolicy
+from kvcache.engine.prefetch import DeclineReason, PrefetchState
 
 T1, T2 = Namespace("t1", "salt-one"), Namespace("t2", "salt-two")
 TOKENS = list(range(100, 164))  # 16 pages of 4
@@ -300,7 +300,7 @@ def test_a_namespace_drop_never_writes_back(store, store_first):
     """Under write_back, dropping a namespace (offboarding) frees its L1/L2 pages without writing them to L3,
     whichever order the cache and the store are dropped in (evict_namespace after store.delete_namespace wrote
     the deleted tenant back)."""
-    from kvcache.keys import page_hashes
+    from kvcache.types.keys import page_hashes
 
     c = l3_cache(store, write_policy=WritePolicy.WRITE_BACK, device_tokens=128, host_tokens=256)
     serve(c, Request("a", TOKENS[:32], T1))

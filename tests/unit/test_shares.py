@@ -1,4 +1,4 @@
-"""kvcache.shares and what the cache does with shares: the value's rules, admission charged to its namespace,
+"""kvcache.types.shares and what the cache does with shares: the value's rules, admission charged to its namespace,
 shares read from and written through to a real LMDB store, refreshed by poll, and the store share in LMDB."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from factories import l3_cache, make_cache, make_layout, make_store
 from kvcache import AdmitStatus, InvalidInput, Namespace, Request
-from kvcache.keys import pack_tokens
-from kvcache.shares import NamespaceShares, Shares, decode_shares_record
+from kvcache.types.keys import pack_tokens
+from kvcache.types.shares import NamespaceShares, Shares, decode_shares_record
 from kvcache.storage.base import CapacityPolicy, page_origins
 
 A, B = Namespace("tenant-a", "salt-a"), Namespace("tenant-b", "salt-b")
@@ -113,8 +113,8 @@ def test_lmdb_keeps_a_store_share_by_evicting_the_namespaces_own_oldest_pages(tm
 
 
 def test_a_salvage_rebuild_carries_the_share_records_into_the_fresh_store(tmp_path):
-    from kvcache.storage.lmdb_registry import SHARES_PREFIX
-    from kvcache.storage.lmdb_salvage import _prepare
+    from kvcache.storage.lmdb.registry import SHARES_PREFIX
+    from kvcache.storage.lmdb.salvage import _prepare
 
     record = msgspec.msgpack.encode(NamespaceShares(A.id_hex, "tenant-a", None, Shares(store_bytes=64), 0.0))
     fresh = make_store(tmp_path / "fresh", make_layout(4))

@@ -6,8 +6,8 @@ import pytest
 
 from factories import device_bytes_ok, forward, l3_cache, make_layout, make_store
 from kvcache import AdmitStatus, Namespace, Request
-from kvcache.config import HostMode
-from kvcache.owners import OwnerKind
+from kvcache.types.config import HostMode
+from kvcache.types.owners import OwnerKind
 
 T1, T2 = Namespace("t1", "salt-one"), Namespace("t2", "salt-two")
 TOKENS = list(range(100, 164))
@@ -89,7 +89,7 @@ def test_staged_pages_the_device_already_holds_are_not_spliced_twice(warm_store)
 def test_fetch_parked_while_admission_waits_is_spliced_once(warm_store):
     # wait_complete: the admission itself drives the fetch to completion, which parks it; the record must be
     # spliced once, not parked a second time over itself (that leaked the first record's pages).
-    from kvcache.config import PrefetchPolicy
+    from kvcache.types.config import PrefetchPolicy
 
     c = l3_cache(warm_store, host_mode=HostMode.BUFFER, prefetch_policy=PrefetchPolicy.WAIT_COMPLETE)
     req = Request("r", TOKENS, T1)

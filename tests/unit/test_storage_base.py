@@ -6,13 +6,13 @@ import msgspec
 import pytest
 
 from kvcache.errors import InvalidInput, NotAStore, StoreError, UnknownBackend
-from kvcache.keys import RadixKey, hash_root, page_hashes
-from kvcache.layout import KVLayout
-from kvcache.namespace import Namespace
+from kvcache.types.keys import RadixKey, hash_root, page_hashes
+from kvcache.types.layout import KVLayout
+from kvcache.types.namespace import Namespace
 from kvcache.storage import base
 from kvcache.storage.base import (VERIFY_KINDS, L3Store, NamespaceRecord, PageMeta, VerifyFinding, VerifyReport,
                                   backend_class, backends, check_page_hashes, open_store, page_origins, scheme_of)
-from kvcache.storage.lmdb_store import LMDBStore
+from kvcache.storage.lmdb.store import LMDBStore
 
 LAYOUT = KVLayout("unit-model@r1", layers=1, kv_heads=1, head_dim=8, dtype="float16", page_size=4)
 

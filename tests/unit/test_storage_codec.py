@@ -5,9 +5,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from kvcache.keys import pack_tokens
-from kvcache.layout import KVLayout
-from kvcache.namespace import Namespace
+from kvcache.types.keys import pack_tokens
+from kvcache.types.layout import KVLayout
+from kvcache.types.namespace import Namespace
 from kvcache.storage.base import PageMeta, page_origins
 from kvcache.storage.codec import (CHECKSUMS, HEADER, StoreFormat, chains_to, decode_format, decode_or_none,
                                    stored_checksum)

@@ -7,7 +7,7 @@ import numpy as np
 
 from factories import make_layout
 from kvcache import Namespace, open_store, page_origins
-from kvcache.keys import pack_tokens
+from kvcache.types.keys import pack_tokens
 from kvcache.storage.keyfile import KEY_FILE, ensure_key, read_key
 
 SALT = "keyfile-salt-1"

@@ -9,7 +9,7 @@ PLANT = r"""
 import sys
 import numpy as np
 from kvcache import KVLayout, Namespace, open_store, page_origins
-from kvcache.keys import pack_tokens
+from kvcache.types.keys import pack_tokens
 
 marker = sys.argv[2].encode()
 # Blocks of LMDB's page size full of the marker, each pinned below a small live block so the heap cannot give

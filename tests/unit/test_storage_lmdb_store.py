@@ -1,4 +1,4 @@
-"""kvcache.storage.lmdb_store: opening errors, map growth, capacity eviction, checksums, access batching.
+"""kvcache.storage.lmdb.store: opening errors, map growth, capacity eviction, checksums, access batching.
 
 Real LMDB environments in tmp dirs. The read-only-location and full-disk cases mount a small tmpfs (root only;
 skipped where mounting is not allowed).
@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 
 from kvcache.errors import (InvalidInput, LayoutMismatch, NotAStore, StoreFull, StoreReadOnly, StoreUnsupported)
-from kvcache.keys import pack_tokens
-from kvcache.layout import KVLayout
-from kvcache.namespace import Namespace
-from kvcache.storage import lmdb_store
+from kvcache.types.keys import pack_tokens
+from kvcache.types.layout import KVLayout
+from kvcache.types.namespace import Namespace
+from kvcache.storage.lmdb import store as lmdb_store
 from kvcache.storage.base import (AccessPolicy, CapacityPolicy, DeleteResult, PageOrigin, open_store,
                                   page_origins)
-from kvcache.storage.lmdb_store import LMDBStore
+from kvcache.storage.lmdb.store import LMDBStore
 
 LAYOUT = KVLayout("unit-model@r1", layers=2, kv_heads=2, head_dim=16, dtype="float16", page_size=4)  # 1 KiB pages
 PAGE = LAYOUT.bytes_per_page

@@ -18,13 +18,14 @@ import numpy as np
 import pytest
 
 from kvcache.errors import InvalidInput, StoreReadOnly
-from kvcache.keys import pack_tokens
-from kvcache.layout import KVLayout
-from kvcache.namespace import Namespace
-from kvcache.storage import lmdb_store, lmdb_verify
+from kvcache.types.keys import pack_tokens
+from kvcache.types.layout import KVLayout
+from kvcache.types.namespace import Namespace
+from kvcache.storage.lmdb import store as lmdb_store
+from kvcache.storage.lmdb import verify as lmdb_verify
 from kvcache.storage.base import (REPAIRS, VERIFY_KINDS, CapacityPolicy, NamespaceRecord, PageMeta,
                                   open_store, page_origins)
-from kvcache.storage.lmdb_store import LMDBStore, StoreTotals
+from kvcache.storage.lmdb.store import LMDBStore, StoreTotals
 from lmdb_surgery import raw
 from redis_server import redis_cluster, redis_server  # noqa: F401  (session fixtures of the redis backends)
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from kvcache import InvariantViolation, LockUnderflow, Namespace, RadixKey
-from kvcache.keys import page_hashes
+from kvcache.types.keys import page_hashes
 from kvcache.tree import RadixTree
 
 A, B = Namespace("tenant-a", "salt-a"), Namespace("tenant-b")

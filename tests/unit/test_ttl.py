@@ -10,8 +10,8 @@ import pytest
 from factories import forward, l3_cache, make_layout, make_store
 from kvcache import (AdmitStatus, CacheConfig, ExpiryCause, InvalidConfig, InvalidInput, Namespace, Request,
                      TieredCache, TTLMode, TTLPolicy)
-from kvcache.config import HostMode
-from kvcache.keys import page_hashes
+from kvcache.types.config import HostMode
+from kvcache.types.keys import page_hashes
 from kvcache.live.ops import execute
 from kvcache.live.protocol import NamespacesRequest
 
@@ -458,7 +458,7 @@ def test_the_lazy_heap_says_what_a_plain_model_says(mode):
     and `overflow` name exactly the namespaces a scan of every deadline names, and the heap stays bounded."""
     import random
 
-    from kvcache.ttl import TTLTracker
+    from kvcache.engine.ttl import TTLTracker
 
     rng = random.Random(17)
     policy = TTLPolicy(mode, 5.0, 30.0, 8, 0.0)

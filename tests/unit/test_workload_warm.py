@@ -4,8 +4,8 @@ import numpy as np
 
 from factories import l3_cache, make_layout, make_store
 from kvcache import Namespace, SyntheticKV, page_origins, warm_namespace
-from kvcache.keys import pack_tokens
-from kvcache.workload.warm import hottest_prefixes
+from kvcache.types.keys import pack_tokens
+from kvcache.ops.warm import hottest_prefixes
 
 PS = 4
 T1 = Namespace("t1", "s")
@@ -73,7 +73,7 @@ def test_warming_a_buffer_mode_cache_is_refused_before_anything_moves(tmp_path):
     import pytest
 
     from kvcache import InvalidInput
-    from kvcache.config import HostMode
+    from kvcache.types.config import HostMode
 
     store, _ = _seeded_store(tmp_path)
     c = l3_cache(store, host_mode=HostMode.BUFFER)

@@ -17,7 +17,7 @@ copies and evict again, then cancel prefetch holds youngest first, and only when
 that fits the device pool is refused only while other live requests hold the room (`POOL_FULL`); one larger than
 the pool is `TOO_LARGE`.
 
-Namespaces may expire (`CacheConfig.ttl`, rules in `kvcache.ttl`): an admit or prefetch is a use of its namespace,
+Namespaces may expire (`CacheConfig.ttl`, rules in `kvcache.engine.ttl`): an admit or prefetch is a use of its namespace,
 ``poll`` sweeps for the namespaces past their deadline and drops them from every tier, deferring those whose
 running requests lock their prefix until the last of them ends. Without a policy this costs one attribute test in
 admit, prefetch, commit, release and poll.
@@ -39,27 +39,27 @@ import msgspec
 import numpy as np
 import torch
 
-from .config import CacheConfig, HostMode, PrefetchPolicy
-from .diagnostics.audit import AuditReport, audit_cache
-from .diagnostics.snapshot import Snapshot, take_snapshot, write_snapshot
+from ..types.config import CacheConfig, HostMode, PrefetchPolicy
+from ..diagnostics.audit import AuditReport, audit_cache
+from ..diagnostics.snapshot import Snapshot, take_snapshot, write_snapshot
 from .event_log import EventLog, EventSink, store_pages
-from .events import MediumNames
-from .errors import (CacheClosed, InvalidInput, InvariantViolation, LayoutMismatch, NamespaceMismatch, RequestIdInUse,
+from ..types.events import MediumNames
+from ..errors import (CacheClosed, InvalidInput, InvariantViolation, LayoutMismatch, NamespaceMismatch, RequestIdInUse,
                      StoreError, UnknownRequest)
 from .io_worker import IOWorker
-from .keys import TOKEN_BYTES, RadixKey, page_hashes
-from .namespace import Namespace, NamespaceInfo
-from .owners import FREE_CODE, OwnerKind, owner_code
-from .pools import SlotPool
+from ..types.keys import TOKEN_BYTES, RadixKey, page_hashes
+from ..types.namespace import Namespace, NamespaceInfo
+from ..types.owners import FREE_CODE, OwnerKind, owner_code
+from ..ledger.pools import SlotPool
 from .prefetch import (CancelReason, CheckJob, DeclineReason, DropReason, FetchJob, PrefetchOp, PrefetchOutcome,
                        PrefetchState, SettledPrefetch)
-from .request import Request
-from .shares import NamespaceShares, Shares
+from ..types.request import Request
+from ..types.shares import NamespaceShares, Shares
 from .staging import StagedPrefetch
-from .stats import BackupStats, CacheCounters, CacheStats, PrefetchStats, TierHits, bump
-from .storage.base import L3Store, PageOrigin
+from ..types.stats import BackupStats, CacheCounters, CacheStats, PrefetchStats, TierHits, bump
+from ..storage.base import L3Store, PageOrigin
 from .transfer import OpKind, OpTarget, StorageWriteJob, TransferOp, copy_pages
-from .tree import HostInsert, RadixTree, Tier, TreeMatch, TreeNode
+from ..tree import HostInsert, RadixTree, Tier, TreeMatch, TreeNode
 from .ttl import ExpiryCause, NamespaceExpiry, NamespaceTTL, TTLTracker
 
 log = logging.getLogger("kvcache")
@@ -433,7 +433,7 @@ class TieredCache:
         return NamespaceDrop(namespace.info(), namespace.id_hex, d, h, deleted.pages if deleted else 0,
                              deleted.bytes if deleted else 0, live)
 
-    # --- shares (kvcache.shares) -----------------------------------------------------------------------------
+    # --- shares (kvcache.types.shares) -----------------------------------------------------------------------------
 
     def set_shares(self, namespace: Namespace, shares: Shares) -> None:
         """Set `namespace`'s shares (`Shares()` clears them): written to the store when there is one (other
@@ -511,7 +511,7 @@ class TieredCache:
             self._events.flush()  # one batch per scheduler step
         return done
 
-    # --- namespace TTL (kvcache.ttl) ------------------------------------------------------------------------------
+    # --- namespace TTL (kvcache.engine.ttl) ------------------------------------------------------------------------------
 
     def expire_namespace(self, namespace: Namespace) -> NamespaceExpiry:
         """Expire `namespace` now, by the TTL rules: dropped from every tier (`drop_namespace`), or, while running
@@ -615,7 +615,7 @@ class TieredCache:
 
     def attach_events(self, sink: EventSink, data_parallel_rank: int = 0,
                       medium_names: MediumNames = MediumNames.KVC) -> EventLog:
-        """Report every change of the pages this cache holds as KV events (`kvcache.events`): `sink` gets one
+        """Report every change of the pages this cache holds as KV events (`kvcache.types.events`): `sink` gets one
         `EventBatch` per `poll` (and per `flush`) that saw changes — a device or host copy attached or detached,
         pages acknowledged by or deleted from the store, `AllBlocksCleared` at `close`. The first batch, handed
         over before this returns, clears and announces what the cache holds now. One feed at a time

@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .errors import DoubleFree, InvalidConfig, InvalidInput, OwnershipError
-from .owners import FREE_CODE, describe_code
+from ..errors import DoubleFree, InvalidConfig, InvalidInput, OwnershipError
+from ..types.owners import FREE_CODE, describe_code
 
 _INDEX = np.int64
 

@@ -1,4 +1,4 @@
-"""The cache's changes as KV events (`kvcache.events`), collected between scheduler steps.
+"""The cache's changes as KV events (`kvcache.types.events`), collected between scheduler steps.
 
 `EventLog` turns what happens to the tree and the store into events: a node's device or host copy attached or
 detached (the tree calls `copy_changed` from the two functions that set a copy — one `if` when no log is
@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .events import (MEDIUMS, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEvent, Medium,
+from ..types.events import (MEDIUMS, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEvent, Medium,
                      MediumNames)
-from .namespace import Namespace
-from .tree import RadixTree, Tier, TreeNode
+from ..types.namespace import Namespace
+from ..tree import RadixTree, Tier, TreeNode
 
 if TYPE_CHECKING:
-    from .storage.base import L3Store
+    from ..storage.base import L3Store
 
 EventSink = Callable[[EventBatch], None]
 

@@ -9,7 +9,7 @@ Named sub-databases (all keys are 16-byte page hashes unless said otherwise)::
     layouts     layout id -> LayoutRecord (msgpack)                     every KVLayout the store holds
     store       b"format" -> StoreFormat, b"totals" -> StoreTotals, b"capacity" -> u64 payload limit,
                 b"ns_quota" -> u64 payload limit of each namespace,
-                b"shares/" + namespace id -> NamespaceShares (msgpack): one tenant's shares (kvcache.shares);
+                b"shares/" + namespace id -> NamespaceShares (msgpack): one tenant's shares (kvcache.types.shares);
                 stores written before shares have none, and an older kvc ignores these keys
 
 The parts, one module each: `lmdb_env` (the environment shared per process, map growth, fork, error
@@ -57,25 +57,25 @@ from typing import Any
 import lmdb
 import msgspec
 
-from ..errors import InvalidInput, NotAStore, StoreError, StoreReadOnly
-from ..keys import hash_root
-from ..layout import KVLayout
-from ..namespace import Namespace
-from ..shares import NamespaceShares, Shares
-from .base import (AccessPolicy, CapacityPolicy, ChildInfo, DeleteResult, LayoutRecord, NamespaceRecord,
+from ...errors import InvalidInput, NotAStore, StoreError, StoreReadOnly
+from ...types.keys import hash_root
+from ...types.layout import KVLayout
+from ...types.namespace import Namespace
+from ...types.shares import NamespaceShares, Shares
+from ..base import (AccessPolicy, CapacityPolicy, ChildInfo, DeleteResult, LayoutRecord, NamespaceRecord,
                    PageMeta, PageOrigin, PutResult, StoreCounters, StoreStats, VerifyReport, check_page_hashes,
                    layout_to_register, namespace_root, out_views_for, put_views)
 # The names below are this backend's as much as their modules': re-exported for code and tests that know them here.
-from .codec import (CHECKSUM_FIELD, CHECKSUMS, DEFAULT_CHECKSUM, FORMAT_MAGIC, FORMAT_VERSION, HEADER,  # noqa: F401
+from ..codec import (CHECKSUM_FIELD, CHECKSUMS, DEFAULT_CHECKSUM, FORMAT_MAGIC, FORMAT_VERSION, HEADER,  # noqa: F401
                     Checksum, StoreFormat, decode_layout, decode_meta, decode_namespace, decode_or_none, encoder)
-from .handle import AccessLog, StoreHandle, count_read, new_counts
-from .keyfile import ensure_key, read_key
-from .lmdb_env import (DEFAULT_DURABILITY, DEFAULT_MAP_SIZE, DURABILITY, MAX_DBS, MAX_READERS,  # noqa: F401
+from ..handle import AccessLog, StoreHandle, count_read, new_counts
+from ..keyfile import ensure_key, read_key
+from .env import (DEFAULT_DURABILITY, DEFAULT_MAP_SIZE, DURABILITY, MAX_DBS, MAX_READERS,  # noqa: F401
                        SharedEnv, acquire, release, remove_failed_create)
-from .lmdb_registry import (NsDelta, StoreTotals, adjust_totals, apply_deltas, delta, drop_page, drop_stored, evict,
+from .registry import (NsDelta, StoreTotals, adjust_totals, apply_deltas, delta, drop_page, drop_stored, evict,
                             limits, read_shares, read_totals, set_limits, store_share, write_shares)
-from .lmdb_verify import REPAIR_BATCH_PAGES, VERIFY_CHUNK_PAGES, LMDBIntegrity  # noqa: F401
-from .verify import removed_pages, verify
+from .verify import REPAIR_BATCH_PAGES, VERIFY_CHUNK_PAGES, LMDBIntegrity  # noqa: F401
+from ..verify import removed_pages, verify
 
 BACKEND = "lmdb"
 DELETE_BATCH_PAGES = 1024  # pages per write transaction when deleting a namespace
@@ -143,7 +143,7 @@ class LMDBStore(StoreHandle):
         store = cls(shared, location, layout, readonly or not shared.writable, access or AccessPolicy(), map_size,
                     durability)
         try:
-            # the salt fingerprints this store records and shows are keyed by its key file (kvcache.namespace)
+            # the salt fingerprints this store records and shows are keyed by its key file (kvcache.types.namespace)
             store.fingerprint_key = read_key(path) if store.readonly else ensure_key(path)
             if layout is not None:
                 store._bind_layout(layout, register=(create and not existed) or add_layout)
@@ -165,7 +165,7 @@ class LMDBStore(StoreHandle):
         """`verify(repair)` of the store at `location`, safe against a damaged store: every pass runs in a child
         process, a walk that dies in a damaged B-tree is a `structure_corrupt` finding, and `repair` rebuilds
         such a store from what still reads back sound (see `lmdb_salvage`). Opens nothing in this process."""
-        from .lmdb_salvage import audit_location  # here: start-up of the commands that never audit skips it
+        from .salvage import audit_location  # here: start-up of the commands that never audit skips it
 
         return audit_location(location, repair)
 

@@ -43,9 +43,9 @@ from collections.abc import Callable
 
 import msgspec
 
-from .config import TTLMode, TTLPolicy
-from .namespace import Namespace, NamespaceInfo
-from .stats import TTLStats, bump
+from ..types.config import TTLMode, TTLPolicy
+from ..types.namespace import Namespace, NamespaceInfo
+from ..types.stats import TTLStats, bump
 
 
 class ExpiryCause(str, enum.Enum):

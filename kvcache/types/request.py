@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .errors import InvalidInput
+from ..errors import InvalidInput
 from .keys import RadixKey
 from .namespace import DEFAULT_NAMESPACE, Namespace
 

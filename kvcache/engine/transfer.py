@@ -16,9 +16,9 @@ import enum
 import numpy as np
 import torch
 
-from .owners import OwnerKind, owner_code
-from .pools import SlotPool, page_rows
-from .tree import TreeNode
+from ..types.owners import OwnerKind, owner_code
+from ..ledger.pools import SlotPool, page_rows
+from ..tree import TreeNode
 
 
 class OpKind(str, enum.Enum):

@@ -19,10 +19,10 @@ import lmdb
 import msgspec
 import numpy as np
 
-from ..namespace import Namespace
-from ..shares import NamespaceShares, decode_shares_record
-from .base import NamespaceRecord, PageMeta
-from .codec import decode_meta, decode_namespace, decode_or_none, encoder
+from ...types.namespace import Namespace
+from ...types.shares import NamespaceShares, decode_shares_record
+from ..base import NamespaceRecord, PageMeta
+from ..codec import decode_meta, decode_namespace, decode_or_none, encoder
 
 
 _U64 = struct.Struct("<Q")  # the payload limits in `store`

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import msgspec
 
-from .errors import InvalidInput
+from ..errors import InvalidInput
 
 MAX_SHARE = 1 << 62  # the largest limit a share may name (tokens or bytes): any real pool or store is smaller
 

@@ -21,10 +21,10 @@ from typing import Any
 import lmdb
 import msgspec
 
-from ..errors import NotAStore, StoreError, StoreFull, StoreReadOnly, StoreUnsupported
-from .codec import CHECKSUMS, DEFAULT_CHECKSUM, FORMAT_MAGIC, FORMAT_VERSION, StoreFormat, decode_format, encoder
-from .keyfile import KEY_FILE
-from .lmdb_registry import init_store_records
+from ...errors import NotAStore, StoreError, StoreFull, StoreReadOnly, StoreUnsupported
+from ..codec import CHECKSUMS, DEFAULT_CHECKSUM, FORMAT_MAGIC, FORMAT_VERSION, StoreFormat, decode_format, encoder
+from ..keyfile import KEY_FILE
+from .registry import init_store_records
 
 DEFAULT_MAP_SIZE = 256 << 20  # initial map; grows on demand (the file grows with the data, not the map)
 MAX_DBS = 16

@@ -7,7 +7,7 @@ import math
 
 import msgspec
 
-from .errors import InvalidConfig
+from ..errors import InvalidConfig
 from .layout import KVLayout
 
 
@@ -42,7 +42,7 @@ class TTLMode(str, enum.Enum):
 
 
 class TTLPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """When namespaces expire (DESIGN §7b; the rules are `kvcache.ttl`'s). A namespace is tracked from its first use
+    """When namespaces expire (DESIGN §7b; the rules are `kvcache.engine.ttl`'s). A namespace is tracked from its first use
     (admit or prefetch); at its deadline it is dropped from L1, L2 and L3 (`TieredCache.drop_namespace`)."""
 
     mode: TTLMode = TTLMode.SLIDING

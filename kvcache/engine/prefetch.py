@@ -27,11 +27,11 @@ import time
 import msgspec
 import numpy as np
 
-from .keys import RadixKey
-from .namespace import Namespace, NamespaceInfo
-from .owners import OwnerKind, owner_code
-from .storage.base import L3Store
-from .tree import Tier, TreeNode
+from ..types.keys import RadixKey
+from ..types.namespace import Namespace, NamespaceInfo
+from ..types.owners import OwnerKind, owner_code
+from ..storage.base import L3Store
+from ..tree import Tier, TreeNode
 
 
 class DeclineReason(str, enum.Enum):

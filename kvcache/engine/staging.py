@@ -13,10 +13,10 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
-from .keys import RadixKey
-from .namespace import NamespaceInfo
-from .owners import OwnerKind, owner_code
-from .tree import Tier, TreeNode
+from ..types.keys import RadixKey
+from ..types.namespace import NamespaceInfo
+from ..types.owners import OwnerKind, owner_code
+from ..tree import Tier, TreeNode
 
 
 class StagedView(msgspec.Struct):

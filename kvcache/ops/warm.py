@@ -14,12 +14,12 @@ import time
 
 import msgspec
 
-from ..cache import TieredCache
-from ..config import HostMode, PrefetchPolicy
+from ..engine.cache import TieredCache
+from ..types.config import HostMode, PrefetchPolicy
 from ..errors import InvalidInput
-from ..layout import KVLayout
-from ..namespace import Namespace, NamespaceInfo
-from ..request import Request
+from ..types.layout import KVLayout
+from ..types.namespace import Namespace, NamespaceInfo
+from ..types.request import Request
 from ..storage.base import L3Store
 
 

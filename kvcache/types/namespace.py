@@ -10,7 +10,7 @@ never leaves this object: not in repr/str, not in msgspec encoding (a Namespace 
 
 Two digests, two keys:
 
-- `id` seeds the page-hash chain of the namespace in L3 (`kvcache.keys.hash_root`), so every process and every
+- `id` seeds the page-hash chain of the namespace in L3 (`kvcache.types.keys.hash_root`), so every process and every
   machine sharing a store must derive the same id from the same (extra_key, salt). Its key is fixed (`_ID_KEY`).
   Because an id and its extra_key would let anyone brute-force a short salt offline, an id is never shown as is:
   outputs show `display_id`, a digest of the id under the fingerprint key.
@@ -35,7 +35,7 @@ from collections.abc import Iterator
 
 import msgspec
 
-from .errors import InvalidInput, InvalidNamespace
+from ..errors import InvalidInput, InvalidNamespace
 
 # The key of `id`: fixed, so ids agree across processes and machines (they seed the L3 page hashes). Not a
 # secret: ids are never printed (see `display_id`).

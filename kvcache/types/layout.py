@@ -11,7 +11,7 @@ import hashlib
 
 import msgspec
 
-from .errors import InvalidLayout
+from ..errors import InvalidLayout
 
 # dtype name -> bytes per element. The table is the list of dtypes kvcache accepts.
 DTYPE_BYTES: dict[str, int] = {

@@ -12,7 +12,7 @@ holds its prefix. The format is the engines' own, so a router that reads them re
   (`kvcache.live.events`).
 
 What kvc puts in the fields: a block is one page; `block_hashes` are kvc's 16-byte page hashes, from the
-namespace-keyed chain (`kvcache.keys`), so a hash names its whole prefix and its namespace, and
+namespace-keyed chain (`kvcache.types.keys`), so a hash names its whole prefix and its namespace, and
 `parent_block_hash` is the hash of the page before the first one (nil for a namespace's first page). `medium`
 names the tier: ``device`` (L1), ``host`` (L2), ``storage`` (L3) by default (`MediumNames`). One event reports one
 tree node's pages entering or leaving one tier. The namespace rides in two extra fields a standard decoder ignores

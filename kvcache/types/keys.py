@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 import msgspec
 import numpy as np
 
-from .errors import InvalidTokens
+from ..errors import InvalidTokens
 from .namespace import Namespace
 
 TOKEN_BYTES = 4  # one token id packed as uint32

@@ -20,14 +20,14 @@ from typing import Any, TypeVar
 
 import lmdb
 
-from ..keys import PAGE_HASH_BYTES, hash_root_of_id
-from ..layout import KVLayout
-from .base import LayoutRecord
-from .codec import (CHECKSUMS, HEADER, chains_to, decode_layout, decode_meta, decode_namespace, decode_or_none,
+from ...types.keys import PAGE_HASH_BYTES, hash_root_of_id
+from ...types.layout import KVLayout
+from ..base import LayoutRecord
+from ..codec import (CHECKSUMS, HEADER, chains_to, decode_layout, decode_meta, decode_namespace, decode_or_none,
                     stored_checksum)
-from .lmdb_env import SharedEnv
-from .lmdb_registry import NsDelta, adjust_totals, apply_deltas, decode_totals, drop_page, recount
-from .verify import Findings, Guard, PageRow, Removal, RepairOps, ScannedPage, Snapshot
+from .env import SharedEnv
+from .registry import NsDelta, adjust_totals, apply_deltas, decode_totals, drop_page, recount
+from ..verify import Findings, Guard, PageRow, Removal, RepairOps, ScannedPage, Snapshot
 
 T = TypeVar("T")
 

@@ -72,7 +72,7 @@ class BackupStats(msgspec.Struct):
 
 
 class TTLStats(msgspec.Struct):
-    """Namespace expiry since the cache was built (`kvcache.ttl`)."""
+    """Namespace expiry since the cache was built (`kvcache.engine.ttl`)."""
 
     tracked: int = 0  # namespaces tracked now (a deadline or a deferred expiry each)
     expired: dict[str, int] = {}  # ExpiryCause value -> namespaces dropped for it

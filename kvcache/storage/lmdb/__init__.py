@@ -1,0 +1,1 @@
+"""kvcache.storage.lmdb."""
