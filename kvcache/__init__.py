@@ -14,31 +14,19 @@ from .errors import (AdminBadFrame, AdminError, AdminProtocolMismatch, AdminRemo
                      OwnershipError, RequestIdInUse, StoreError, StoreFull, StoreReadOnly, StoreUnsupported,
                      UnknownBackend, UnknownRequest)
 
-# Where each public name lives. They are imported on first use (PEP 562), so that `import kvcache.types.namespace`,
-# or a kvc command that only reads a store, does not pay for torch (seconds) and the cache behind it.
+from .types import *  # noqa: F403  (the values: cheap, no torch; their names are in kvcache.types.__all__)
+from .types import __all__ as _VALUES
+
+# What needs torch, a store or a socket, imported on first use (PEP 562), so that `import kvcache`, or a kvc
+# command that only reads a store, does not pay for torch (seconds) and the cache behind it.
 _LAZY: dict[str, tuple[str, ...]] = {
-    "diagnostics.audit": ("AuditReport", "Violation", "ViolationKind"),
-    "types.events": ("AllBlocksCleared", "BlockRemoved", "BlockStored", "EventBatch", "MediumNames"),
-    "engine.cache": ("Admission", "AdmitStatus", "CommitResult", "EvictResult", "Headroom", "NamespaceDrop", "TieredCache",
-              "TierRoom"),
-    "types.config": ("CacheConfig", "HostMode", "PrefetchPolicy", "TTLMode", "TTLPolicy", "WritePolicy"),
-    "types.keys": ("RadixKey", "page_hashes"),
-    "types.layout": ("KVLayout",),
-    "types.namespace": ("Namespace", "NamespaceInfo"),
-    "types.owners": ("Owner", "OwnerKind"),
-    "engine.prefetch": ("CancelReason", "DeclineReason", "DropReason", "PrefetchOutcome", "SettledPrefetch"),
-    "types.request": ("Request",),
-    "types.shares": ("NamespaceShares", "Shares"),
-    "engine.staging": ("StagedView",),
-    "types.stats": ("BackupStats", "CacheCounters", "CacheStats", "PrefetchStats", "TierHits", "TTLStats"),
+    "engine.cache": ("TieredCache",),
     "storage.base": ("L3Store", "open_store", "page_origins"),
     "tree": ("TreeMatch",),
-    "engine.ttl": ("ExpiryCause", "NamespaceExpiry", "NamespaceTTL"),
-    # the layers above the cache: workload tools and live mode
     "workload.kvdata": ("SyntheticKV",),
-    "workload.replay": ("NamespaceReplay", "Replayer", "ReplayReport", "TierTokens", "VerifyMismatch", "replay"),
+    "workload.replay": ("Replayer", "replay"),
     "workload.traces": ("TraceRequest", "WorkloadSpec", "generate", "read_trace", "write_trace"),
-    "ops.warm": ("WarmResult", "warm_namespace"),
+    "ops.warm": ("warm_namespace",),
     "live.client": ("AdminClient",),
     "live.server": ("AdminServer",),
     "live.events": ("KVEventPublisher", "KVEventSubscriber"),

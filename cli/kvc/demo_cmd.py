@@ -22,7 +22,7 @@ from .output import Column, JsonOpt, Kind, Listing, emit_json, esc, human_bytes,
 from .replay_cmd import MAX_TOKENS, hit_listing, trace_counts
 
 if TYPE_CHECKING:
-    from kvcache.workload.replay import ReplayReport  # imports torch: only where the demo runs
+    from kvcache.types.reports import ReplayReport
 
 DEMO_LAYOUT = KVLayout("kvc-demo@r1", layers=2, kv_heads=2, head_dim=16, dtype="float16", page_size=16)
 

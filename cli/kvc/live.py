@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 import msgspec
 import typer
 
-from kvcache.diagnostics.audit import AuditReport
+from kvcache.types.reports import AuditReport
 from kvcache.diagnostics.snapshot import decode_snapshot, write_snapshot
 from kvcache.live.client import AdminClient
 from kvcache.live.protocol import AuditRequest, ReplayOutcome, SnapshotData, SnapshotRequest, SnapshotResult
@@ -27,7 +27,7 @@ from .errors import UsageError
 from .views import AuditOutput, findings_of
 
 if TYPE_CHECKING:
-    from kvcache.workload.replay import ReplayReport  # imports torch: only where a replay runs
+    from kvcache.types.reports import ReplayReport
 
 DEFAULT_TIMEOUT = 30.0
 

@@ -325,7 +325,7 @@ def drop(
 def _drop_live(path: str, extra_key: str, salt: str | None, missing_ok: bool, json: bool) -> None:
     """`kvc --socket S ns drop EXTRA_KEY`: offboard a namespace from the live cache's L1 and L2 (nothing written
     back) and from its store, in one request (`TieredCache.drop_namespace`)."""
-    from kvcache.engine.cache import NamespaceDrop  # the result type only; the server runs the cache
+    from kvcache.types.results import NamespaceDrop
 
     Namespace(extra_key, salt)  # checked here, before the request goes out
     outcome = live.call(path, DropRequest(extra_key, salt), NamespaceDrop)
@@ -398,7 +398,7 @@ def expire(
     if not yes:
         raise UsageError(f"refusing to expire namespace {shown(ns.extra_key)}/{ns.salt_fingerprint or '-'} "
                          f"without --yes")
-    from kvcache.engine.ttl import NamespaceExpiry  # the result type only; the server runs the cache
+    from kvcache.types.results import NamespaceExpiry
 
     outcome = live.call(path, ExpireRequest(extra_key, salt_value), NamespaceExpiry)
     if json:

@@ -22,7 +22,7 @@ from .errors import EXIT_FOUND, UsageError
 from .output import Column, JsonOpt, Kind, Listing, emit_json, esc, human_bytes, ns_label, output_format, render, say
 
 if TYPE_CHECKING:
-    from kvcache.workload.replay import ReplayReport
+    from kvcache.types.reports import ReplayReport
 
 MAX_TOKENS = 2**40  # per tier: far beyond any machine; what the machine holds is checked before allocating
 

@@ -33,64 +33,13 @@ import numpy as np
 from ..types.owners import FREE_CODE, OwnerKind, describe_code, owner_code
 from .ownership import NodeState, OwnershipState, PoolState, collect_state, pages_of
 from .snapshot import Snapshot, decode_snapshot
+from ..types.reports import AuditChecked, AuditReport, Violation, ViolationKind
 
 if TYPE_CHECKING:
     from ..engine.cache import TieredCache
     from ..storage.base import VerifyReport
 
 _MAX_LISTED = 32  # pages listed per violation; `count` has the full number
-
-
-class ViolationKind(str, enum.Enum):
-    """What an audit can find."""
-
-    LEAK = "leak"
-    DOUBLE_OWNER = "double_owner"
-    DANGLING_REF = "dangling_ref"
-    FREE_BUT_REFERENCED = "free_but_referenced"
-    FREE_LIST_MISMATCH = "free_list_mismatch"
-    LOCK_UNDERFLOW = "lock_underflow"
-    LOCK_MISMATCH = "lock_mismatch"
-    HOLD_MISMATCH = "hold_mismatch"
-    PIN_MISMATCH = "pin_mismatch"
-    DEVICE_NOT_PREFIX = "device_not_prefix"
-    HOST_NOT_PREFIX = "host_not_prefix"
-    EMPTY_NODE = "empty_node"
-    PAGE_COUNT_MISMATCH = "page_count_mismatch"
-    NAMESPACE_MIX = "namespace_mix"
-    DETACHED_REF = "detached_ref"
-    SIZE_MISMATCH = "size_mismatch"
-
-
-class Violation(msgspec.Struct, omit_defaults=True):
-    """One finding, with the facts needed to act on it."""
-
-    kind: ViolationKind
-    detail: str  # one readable line
-    pool: str | None = None  # "device" / "host" for page findings
-    pages: list[int] = []  # the pages involved (first 32)
-    count: int = 0  # how many pages are involved in all
-    owners: list[str] = []  # owners involved, as the ledger or the holders name them
-    node: int | None = None  # the tree node involved
-    rid: str | None = None  # the request involved
-
-
-class AuditChecked(msgspec.Struct):
-    """What the audit looked at."""
-
-    pages: int
-    nodes: int
-    requests: int
-    ops: int
-    staged: int
-
-
-class AuditReport(msgspec.Struct):
-    """The audit's verdict: `ok` when there are no violations."""
-
-    ok: bool
-    violations: list[Violation]
-    checked: AuditChecked
 
 
 def audit_cache(cache: "TieredCache") -> AuditReport:

@@ -40,7 +40,8 @@ import numpy as np
 import torch
 
 from ..types.config import CacheConfig, HostMode, PrefetchPolicy
-from ..diagnostics.audit import AuditReport, audit_cache
+from ..diagnostics.audit import audit_cache
+from ..types.reports import AuditReport
 from ..diagnostics.snapshot import Snapshot, take_snapshot, write_snapshot
 from .event_log import EventLog, EventSink, store_pages
 from ..types.events import MediumNames
@@ -51,8 +52,8 @@ from ..types.keys import TOKEN_BYTES, RadixKey, page_hashes
 from ..types.namespace import Namespace, NamespaceInfo
 from ..types.owners import FREE_CODE, OwnerKind, owner_code
 from ..ledger.pools import SlotPool
-from .prefetch import (CancelReason, CheckJob, DeclineReason, DropReason, FetchJob, PrefetchOp, PrefetchOutcome,
-                       PrefetchState, SettledPrefetch)
+from .prefetch import CheckJob, FetchJob, PrefetchOp, PrefetchState
+from ..types.results import CancelReason, DeclineReason, DropReason, PrefetchOutcome, SettledPrefetch
 from ..types.request import Request
 from ..types.shares import NamespaceShares, Shares
 from .staging import StagedPrefetch
@@ -60,95 +61,19 @@ from ..types.stats import BackupStats, CacheCounters, CacheStats, PrefetchStats,
 from ..storage.base import L3Store, PageOrigin
 from .transfer import OpKind, OpTarget, StorageWriteJob, TransferOp, copy_pages
 from ..tree import HostInsert, RadixTree, Tier, TreeMatch, TreeNode
-from .ttl import ExpiryCause, NamespaceExpiry, NamespaceTTL, TTLTracker
+from .ttl import TTLTracker
+from ..types.results import ExpiryCause, NamespaceExpiry, NamespaceTTL
+from ..types.results import Admission, AdmitStatus, CommitResult, EvictResult, Headroom, NamespaceDrop, TierRoom
 
 log = logging.getLogger("kvcache")
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
-class AdmitStatus(str, enum.Enum):
-    """How an admit ended. All are expected outcomes."""
-
-    ADMITTED = "admitted"
-    # No room now: other live requests (or copies still in flight) hold it. Nothing new is held for the request;
-    # its prefetch or staged record stays for the next try.
-    POOL_FULL = "pool_full"
-    # The request needs more pages than the device pool has: it can never be admitted. What was held for it (its
-    # prefetch, its staged record) is given back.
-    TOO_LARGE = "too_large"
-
-
 # Enum members looked up once: on Python 3.11 each `Enum.MEMBER` lookup in a hot path goes through the enum type's
 # __getattr__ hook (~0.1 us).
 _ADMITTED = AdmitStatus.ADMITTED
 _REQUEST = OwnerKind.REQUEST
-
-
-class Admission(msgspec.Struct):
-    """The result of `admit`: where the request's KV lives on the device."""
-
-    rid: str
-    status: AdmitStatus
-    cached_tokens: int = 0  # tokens whose KV was already on the device (after load-back), page-aligned
-    loaded_back_tokens: int = 0  # of those, tokens loaded back from the host tier by this admit
-    new_tokens: int = 0  # tokens the forward must compute
-    slots: np.ndarray = _EMPTY  # device slot index of every token of the request, in order
-    # cached_tokens by the tier they came from (sum = cached_tokens); the same split as CacheStats.hits
-    device_hit_tokens: int = 0  # on the device before this admit
-    host_hit_tokens: int = 0  # loaded back from host copies that predate the request's prefetch
-    storage_hit_tokens: int = 0  # fetched from L3 by the request's prefetch (then loaded back or spliced)
-
-
-class CommitResult(msgspec.Struct):
-    """The result of `commit`."""
-
-    rid: str
-    inserted_tokens: int  # page-aligned tokens now in the tree (new and already present)
-    duplicate_pages: int  # request pages freed because the tree already held them
-    tail_pages: int  # partial tail page(s) freed (not cacheable)
-    backup_pages: int  # host pages of the backup started by this commit
-
-
-class EvictResult(msgspec.Struct):
-    """Pages an `evict` call freed, per tier."""
-
-    device_pages: int
-    host_pages: int
-
-
-class TierRoom(msgspec.Struct):
-    """One tier's pages as an admission sees them. `free + evictable + held + busy = pages`."""
-
-    pages: int  # the pool's size
-    free: int  # on the free list
-    evictable: int  # tree copies nobody locks or holds: eviction frees them (pinned ones once their copy is done)
-    held: int  # tree copies only prefetch holds keep: admission cancels those holds as a last resort
-    busy: int  # the rest: pages locked by or allocated to live requests, in-flight copies, prefetched/staged pages
-
-    @property
-    def available(self) -> int:
-        """Pages an admission can have without cancelling anything."""
-        return self.free + self.evictable
-
-
-class Headroom(msgspec.Struct):
-    """`TieredCache.headroom()`: where each tier's pages are, so a scheduler can tell what an admission could get."""
-
-    device: TierRoom
-    host: TierRoom | None  # None without a host tier
-
-
-class NamespaceDrop(msgspec.Struct):
-    """What `TieredCache.drop_namespace` freed, per tier."""
-
-    namespace: NamespaceInfo
-    namespace_id: str  # hex
-    device_pages: int
-    host_pages: int
-    store_pages: int  # L3 pages deleted (0 without a store)
-    store_bytes: int
-    live_requests: int  # running requests of the namespace: the pages they lock stay until they commit or release
 
 
 class BackupTarget(enum.Enum):

@@ -34,39 +34,6 @@ from ..storage.base import L3Store
 from ..tree import Tier, TreeNode
 
 
-class DeclineReason(str, enum.Enum):
-    """Why `prefetch` started nothing. All are expected outcomes."""
-
-    NO_STORE = "no_store"  # the cache has no L3 store
-    NO_HOST_TIER = "no_host_tier"  # prefetched pages land in L2, and there is none
-    IN_FLIGHT = "in_flight"  # the request already has a prefetch, a staged record or an admission
-    NOTHING_TO_FETCH = "nothing_to_fetch"  # the tree already holds every whole page of the request
-    BELOW_THRESHOLD = "below_threshold"  # the miss is shorter than prefetch_threshold_tokens
-    HOST_LIMIT = "host_limit"  # prefetches and staged records already hold prefetch_max_host_tokens of L2
-    DEVICE_LIMIT = "device_limit"  # buffer mode: holding this prefix would pass prefetch_max_device_tokens
-    UNBACKED_PREFIX = "unbacked_prefix"  # cache mode: the match ends in a node without a host copy to attach to
-    STALE_MATCH = "stale_match"  # the match handed in no longer describes the tree (evicted since) or the request
-
-
-class DropReason(str, enum.Enum):
-    """Why fetched pages were given back instead of used."""
-
-    ABORTED = "aborted"  # the request was released before it used them
-    DUPLICATE = "duplicate"  # the tree already held those pages when they arrived
-    UNATTACHED = "unattached"  # their prefix had left the tree, or ends in a node without host copy
-    NAMESPACE_MISMATCH = "namespace_mismatch"  # a prefetch or staged record met by a request of another namespace
-    KEY_MISMATCH = "key_mismatch"  # ... by a request whose tokens do not start with its key (a reused request id)
-    PREFIX_GAP = "prefix_gap"  # a staged record whose prefix the request no longer has on the device
-    CANCELLED = "cancelled"  # released so that an admission fits (see CancelReason)
-    TOO_LARGE = "too_large"  # the request can never fit the device pool
-
-
-class CancelReason(str, enum.Enum):
-    """Why a prefetch (or a staged record) was cancelled before its request's admission."""
-
-    DEVICE_PRESSURE = "device_pressure"  # its device hold kept a request that fits the pool from being admitted
-
-
 class PrefetchState(str, enum.Enum):
     """Where a prefetch operation is."""
 
@@ -75,31 +42,6 @@ class PrefetchState(str, enum.Enum):
     WAITING = "waiting"  # an attempt ended short; re-armed for a later attempt
     DONE = "done"  # no more attempts; what arrived stays owned by the operation until admission
     FINISHED = "finished"  # handed over (admission) or given back (abort); the operation holds nothing
-
-
-class PrefetchOutcome(msgspec.Struct):
-    """What `TieredCache.prefetch` did."""
-
-    rid: str
-    issued: bool
-    reason: DeclineReason | None = None  # set when not issued
-    op_id: int = 0
-    start_tokens: int = 0  # tokens the tree already held (the span starts here)
-    requested_tokens: int = 0  # tokens of the span asked from L3
-    namespace: NamespaceInfo | None = None  # the request's namespace, as printable fields
-
-
-class SettledPrefetch(msgspec.Struct):
-    """What `TieredCache.settle_prefetch` did with a request's prefetch, before any admission."""
-
-    rid: str
-    op_id: int
-    hit_pages: int  # pages of the span the store reported present
-    fetched_pages: int  # pages that arrived in L2
-    inserted_pages: int  # cache mode: pages now in the tree as host-only nodes (fetched minus duplicates)
-    staged: bool  # buffer mode: the pages are parked as the request's staged record
-    seconds: float  # issue to settle
-    namespace: NamespaceInfo  # the request's
 
 
 class PrefetchOp:

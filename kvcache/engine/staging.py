@@ -17,20 +17,7 @@ from ..types.keys import RadixKey
 from ..types.namespace import NamespaceInfo
 from ..types.owners import OwnerKind, owner_code
 from ..tree import Tier, TreeNode
-
-
-class StagedView(msgspec.Struct):
-    """The printable face of a staged record (CLI, snapshots)."""
-
-    id: int
-    rid: str
-    namespace: NamespaceInfo
-    namespace_id: str  # the namespace's display_id (keyed: a raw id would let a short salt be brute-forced)
-    key_tokens: int
-    start_tokens: int  # tokens the tree held when the fetch started; the staged pages follow them
-    staged_tokens: int
-    op_id: int
-    page_hashes: list[str]  # hex
+from ..types.results import StagedView
 
 
 class StagedPrefetch:

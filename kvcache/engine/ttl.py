@@ -46,44 +46,7 @@ import msgspec
 from ..types.config import TTLMode, TTLPolicy
 from ..types.namespace import Namespace, NamespaceInfo
 from ..types.stats import TTLStats, bump
-
-
-class ExpiryCause(str, enum.Enum):
-    """Why a namespace expired (or is waiting to)."""
-
-    DEADLINE = "deadline"  # its time to live ran out
-    OVERFLOW = "overflow"  # more namespaces than max_namespaces were tracked: it was closest to its deadline
-    ON_DEMAND = "on_demand"  # `TieredCache.expire_namespace` (`kvc ns expire`)
-
-
-class NamespaceTTL(msgspec.Struct, frozen=True):
-    """One tracked namespace's time to live, as `TieredCache.namespace_ttls` shows it. Times are in the tracker's
-    clock (monotonic seconds); `seconds_left` is what scripts compare."""
-
-    namespace: NamespaceInfo
-    id: str  # display_id, as `kvc ns ls` prints it
-    ttl_s: float
-    first_use: float
-    last_use: float
-    deadline: float
-    seconds_left: float  # deadline - now; <= 0 once due (a deferred expiry waits for running requests)
-    deferred: ExpiryCause | None  # why it is waiting to expire, while it waits for its running requests
-
-
-class NamespaceExpiry(msgspec.Struct, frozen=True):
-    """What expiring a namespace did: dropped it from every tier (`expired`), or deferred it until its running
-    requests end (`deferred`)."""
-
-    namespace: NamespaceInfo
-    id: str  # display_id
-    cause: ExpiryCause
-    expired: bool
-    deferred: bool
-    live_requests: int  # running requests of the namespace (a deferral waits for them)
-    device_pages: int = 0  # L1 pages freed
-    host_pages: int = 0  # L2 pages freed
-    store_pages: int = 0  # L3 pages deleted
-    store_bytes: int = 0
+from ..types.results import ExpiryCause, NamespaceTTL
 
 
 class TTLEntry:

@@ -38,8 +38,9 @@ from .protocol import (AuditRequest, DropRequest, EvictOutcome, ExpireRequest, E
 from .transport import ReplayJob
 
 if TYPE_CHECKING:
-    from ..engine.cache import NamespaceDrop, TieredCache
-    from ..engine.ttl import NamespaceExpiry
+    from ..engine.cache import TieredCache
+    from ..types.results import NamespaceDrop
+    from ..types.results import NamespaceExpiry
 
 _RIDS = itertools.count(1)
 

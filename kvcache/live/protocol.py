@@ -35,7 +35,7 @@ from ..errors import AdminBadFrame
 from ..types.layout import KVLayout
 from ..types.namespace import NamespaceInfo
 from ..types.shares import Shares
-from ..engine.staging import StagedView
+from ..types.results import StagedView
 from ..types.stats import CacheStats
 from ..storage.base import StoreStats
 
@@ -327,7 +327,7 @@ class ReplayOutcome(msgspec.Struct):
 
     def replay_report(self):
         """The report, decoded (`kvcache.workload.replay.ReplayReport`; imports the replay driver)."""
-        from ..workload.replay import ReplayReport
+        from ..types.reports import ReplayReport
 
         return msgspec.msgpack.decode(self.report, type=ReplayReport)
 

@@ -21,6 +21,7 @@ from ..types.layout import KVLayout
 from ..types.namespace import Namespace, NamespaceInfo
 from ..types.request import Request
 from ..storage.base import L3Store
+from ..types.reports import WarmResult
 
 
 class WarmPrefix(msgspec.Struct, frozen=True):
@@ -79,19 +80,6 @@ def hottest_prefixes(store: L3Store, layout: KVLayout, namespace: Namespace, max
         out.append(WarmPrefix(b"".join(reversed(parts)), hits, last))
     out.sort(key=lambda p: (-p.hits, -p.last_access))
     return WarmPlan(out, len(chosen), spent)
-
-
-class WarmResult(msgspec.Struct):
-    """What warming a namespace did. Token and page figures count pages that landed in L2."""
-
-    namespace: NamespaceInfo
-    prefixes: int  # prefixes chosen from the store
-    requested_tokens: int  # tokens of the chosen prefixes, counting shared parts once
-    hit_tokens: int  # tokens now in L2 as host-only nodes of the namespace (fetched, minus duplicates)
-    pages: int
-    bytes: int
-    declined: dict[str, int]  # DeclineReason value -> prefixes not prefetched
-    seconds: float
 
 
 def warm_namespace(cache: TieredCache, namespace: Namespace, max_pages: int, max_bytes: int | None = None,

@@ -22,80 +22,22 @@ from collections.abc import Callable, Iterable
 
 import msgspec
 
-from ..engine.cache import Admission, AdmitStatus, TieredCache
-from ..diagnostics.audit import AuditReport
+from ..engine.cache import TieredCache
+from ..types.results import Admission, AdmitStatus
+from ..types.reports import AuditReport
 from ..errors import InvariantViolation, NamespaceMismatch
 from ..types.keys import page_hashes
 from ..types.namespace import NamespaceInfo
-from ..engine.prefetch import DeclineReason
+from ..types.results import DeclineReason
 from ..types.request import Request
 from ..types.stats import BackupStats, PrefetchStats
 from .kvdata import SyntheticKV
 from .traces import TraceRequest
+from ..types.reports import NamespaceReplay, ReplayReport, TierTokens, VerifyMismatch
 
 _TAIL_FILL = 0xAB  # bytes of a partial tail page: never cached, never verified
 # Declines that a later step may not meet: the bound that declined the prefetch loosens as requests are admitted.
 _RETRY_DECLINES = frozenset({DeclineReason.HOST_LIMIT, DeclineReason.DEVICE_LIMIT})
-
-
-class TierTokens(msgspec.Struct):
-    """Tokens found in each tier at admission."""
-
-    device: int = 0
-    host: int = 0
-    storage: int = 0
-
-    @property
-    def total(self) -> int:
-        """Tokens found in any tier."""
-        return self.device + self.host + self.storage
-
-
-class NamespaceReplay(msgspec.Struct):
-    """One namespace's share of a replay."""
-
-    namespace: NamespaceInfo
-    requests: int = 0
-    tokens: int = 0
-    hit_tokens: TierTokens = msgspec.field(default_factory=TierTokens)
-
-
-class VerifyMismatch(msgspec.Struct, frozen=True):
-    """A cached page whose bytes are not those of its page hash."""
-
-    rid: str
-    page: int  # index of the page in the request
-    namespace: NamespaceInfo
-
-
-class ReplayReport(msgspec.Struct):
-    """What a replay did. `requests`, `tokens`, `hit_tokens`, `verify_mismatches` and `audit` are pinned
-    (DESIGN §8)."""
-
-    requests: int  # admitted and committed
-    refused: int  # requests larger than the device pool (TOO_LARGE: skipped)
-    tokens: int  # tokens of the committed requests
-    hit_tokens: TierTokens  # of those, found cached, by tier
-    namespaces: list[NamespaceReplay]
-    verify: bool
-    verified_tokens: int  # cached tokens compared byte for byte (0 without verify)
-    verify_mismatches: int  # pages whose bytes differed from their page hash's
-    mismatches: list[VerifyMismatch]  # the first few
-    namespace_mismatches: int  # prefetches refused for an anchor of another namespace
-    prefetches_cancelled: int  # waiting requests' prefetch holds an admission cancelled (prefetch.cancelled)
-    prefetch: PrefetchStats  # during this replay
-    backup: BackupStats  # during this replay
-    audit: AuditReport  # of the whole cache after the final flush
-    seconds: float  # the loop and the final flush
-    requests_per_s: float
-    tokens_per_s: float
-    prefetches_reissued: int = 0  # prefetches issued again after a bound declined them or an admission cancelled
-    blocked: int = 0  # live mode: requests skipped because requests outside this replay held the device pool
-
-    @property
-    def ok(self) -> bool:
-        """No verify mismatch and a clean audit."""
-        return self.verify_mismatches == 0 and self.audit.ok
 
 
 MAX_MISMATCH_EXAMPLES = 20

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from kvcache import WorkloadSpec, generate, write_trace
-from kvcache.diagnostics.audit import AuditReport
+from kvcache.types.reports import AuditReport
 from kvcache.errors import AdminRemoteError, AdminUntrusted
 from kvcache.types.keys import pack_tokens
 from kvcache.types.layout import KVLayout

@@ -8,7 +8,7 @@ from factories import device_bytes_ok, forward, l3_cache, make_layout, make_stor
 from kvcache import AdmitStatus, InvariantViolation, Namespace, Request
 from kvcache.types.config import HostMode
 from kvcache.errors import RequestIdInUse
-from kvcache.engine.prefetch import DeclineReason
+from kvcache.types.results import DeclineReason
 
 PS = 4
 T1 = Namespace("t1", "salt-one")

@@ -6,7 +6,7 @@ import pytest
 from factories import device_bytes_ok, forward, l3_cache, make_layout, make_store
 from kvcache import AdmitStatus, Namespace, Request, WritePolicy
 from kvcache.types.config import HostMode, PrefetchPolicy
-from kvcache.engine.prefetch import DeclineReason
+from kvcache.types.results import DeclineReason
 
 PS = 4
 TENANTS = [Namespace(f"t{i}", f"salt-{i}") for i in range(4)]

@@ -14,7 +14,8 @@ import pytest
 from factories import forward, l3_cache, make_layout, make_store
 from kvcache import (AdminBadFrame, AdminClient, AdminProtocolMismatch, AdminRemoteError, AdminServer, AdminSocketInUse,
                      AdminTimeout, AdminUnavailable, Namespace, Request)
-from kvcache.diagnostics.audit import AuditReport, audit_snapshot
+from kvcache.diagnostics.audit import audit_snapshot
+from kvcache.types.reports import AuditReport
 from kvcache.diagnostics.snapshot import decode_snapshot
 from kvcache.errors import AdminError
 from kvcache.live import client as client_module
