@@ -197,3 +197,83 @@ def test_the_checks_catch_an_upward_import_a_function_level_cycle_and_skip_type_
 def test_a_module_in_no_layer_is_named():
     with pytest.raises(LookupError, match="kvcache.newthing is in no layer"):
         layer_of("kvcache.newthing")
+
+
+# --- the tree keeps its own invariants -----------------------------------------------------------------------
+
+# What a tree node counts and holds: written by kvcache/tree/ alone (a caller that bumps `pins` and forgets to
+# re-offer the node leaves it silently unevictable). Callers use the tree's methods (pin/unpin, lock, hold, ...).
+NODE_STATE = {"lock_ref", "device_holds", "host_holds", "pins", "host_pins", "stored", "hits", "last_access",
+              "children_on_device", "children_on_host", "device", "host", "page_hashes", "share"}
+
+
+def node_state_writes(known: dict[str, Path]) -> list[str]:
+    """Assignments to a node-state attribute of another object, in modules outside kvcache.tree that can see tree
+    nodes (they import kvcache.tree, for types too)."""
+    out = []
+    for name, path in known.items():
+        if _within(name, "kvcache.tree"):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        sees_nodes = any(isinstance(n, ast.ImportFrom) and n.module is not None
+                         and (n.module == "tree" or n.module.startswith("tree.") or n.module.endswith(".tree")
+                              or ".tree." in n.module or n.module == "kvcache.tree")
+                         for n in ast.walk(tree))
+        if not sees_nodes:
+            continue
+        for node in ast.walk(tree):
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            for t in targets:
+                for a in ast.walk(t):
+                    if (isinstance(a, ast.Attribute) and a.attr in NODE_STATE
+                            and not (isinstance(a.value, ast.Name) and a.value.id == "self")):
+                        out.append(f"{name}:{node.lineno} writes .{a.attr}")
+    return out
+
+
+def test_no_code_outside_the_tree_writes_a_nodes_counters():
+    assert node_state_writes(modules(SOURCES)) == []
+
+
+def test_the_node_state_rule_catches_a_pin_written_from_outside(tmp_path):
+    known = _package(tmp_path, {
+        "__init__.py": "",
+        "tree.py": "class TreeNode:\n    pins = 0\n",
+        "engine.py": "from .tree import TreeNode\ndef f(n):\n    n.pins += 1\n    n.other = 2\n",
+        "storage.py": "def g(d):\n    d.hits += 1\n",  # sees no tree node: another object's hits
+    })
+    assert node_state_writes(known) == ["kvcache.engine:3 writes .pins"]
+
+
+# --- no raw namespace id in what users see ---------------------------------------------------------------------
+
+# The modules whose structs reach users: results and reports, the admin protocol, the request handlers, the CLI.
+USER_FACING = ("kvcache.types.results", "kvcache.types.reports", "kvcache.types.stats", "kvcache.types.events",
+               "kvcache.live", "kvcache.ops", "kvc")
+
+
+def raw_namespace_ids() -> list[str]:
+    """Fields of user-facing structs typed as a raw `NamespaceId`, or named namespace_id and not a `DisplayId`.
+    Read from the annotations as written (many name types imported for type checking only)."""
+    import importlib
+    out = []
+    for name in sorted(modules(SOURCES)):
+        if not any(_within(name, p) for p in USER_FACING) or name.endswith("__main__"):
+            continue
+        module = importlib.import_module(name)
+        for obj in vars(module).values():
+            if not (isinstance(obj, type) and issubclass(obj, msgspec.Struct) and obj.__module__ == name):
+                continue
+            hints: dict[str, object] = {}
+            for klass in reversed(obj.__mro__):
+                hints.update(getattr(klass, "__annotations__", {}))
+            for field, hint in hints.items():
+                text = hint if isinstance(hint, str) else repr(hint)
+                if "NamespaceId" in text or (field == "namespace_id" and "DisplayId" not in text):
+                    out.append(f"{name}.{obj.__name__}.{field}: {text}")
+    return out
+
+
+def test_no_user_facing_struct_carries_a_raw_namespace_id():
+    assert raw_namespace_ids() == []

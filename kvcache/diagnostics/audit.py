@@ -31,18 +31,17 @@ import msgspec
 import numpy as np
 
 from ..types.owners import FREE_CODE, OwnerKind, describe_code, owner_code
-from .ownership import NodeState, OwnershipState, PoolState, collect_state, pages_of
+from .ownership import NodeState, OwnershipSource, OwnershipState, PoolState, collect_state, pages_of
 from .snapshot import Snapshot, decode_snapshot
 from ..types.reports import AuditChecked, AuditReport, Violation, ViolationKind
 
 if TYPE_CHECKING:
-    from ..engine.cache import TieredCache
     from ..storage.base import VerifyReport
 
 _MAX_LISTED = 32  # pages listed per violation; `count` has the full number
 
 
-def audit_cache(cache: "TieredCache") -> AuditReport:
+def audit_cache(cache: OwnershipSource) -> AuditReport:
     """Audit a live cache."""
     return check_state(collect_state(cache))
 

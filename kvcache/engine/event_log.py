@@ -44,6 +44,15 @@ class EventLog:
         self.batches = 0
         self._names: dict[bytes, tuple[str | None, str | None]] = {}  # namespace id -> (extra_key, fingerprint)
 
+    @classmethod
+    def start(cls, tree: RadixTree, sink: EventSink, data_parallel_rank: int = 0,
+              medium_names: MediumNames = MediumNames.KVC) -> EventLog:
+        """A feed that has handed `sink` its first batch: cleared, then what `tree` holds now announced."""
+        log = cls(tree, sink, data_parallel_rank, medium_names)
+        log.announce()
+        log.flush()
+        return log
+
     # --- what the cache reports ------------------------------------------------------------------------------
 
     def copy_changed(self, node: TreeNode, tier: Tier, had: object, pages: object) -> None:

@@ -129,13 +129,13 @@ def test_admit_raises_when_its_own_bookkeeping_would_hand_out_more_than_the_requ
     """The last line of defence: cached pages past the request's end are an invariant violation, raised before
     any page is allocated, with the cache left consistent."""
     c = staged_cache(store)
-    real = c._consume_staged
+    real = c._staging.consume
 
     def overreach(staged, request, node, cached):
         node, cached, n = real(staged, request, node, cached)
         return node, np.concatenate([cached, cached]), n
 
-    monkeypatch.setattr(c, "_consume_staged", overreach)
+    monkeypatch.setattr(c._staging, "consume", overreach)
     with pytest.raises(InvariantViolation, match="past the end"):
         c.admit(Request("r", TOKENS, T1))
     assert not c.holds("r") and c.audit().ok

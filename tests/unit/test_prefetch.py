@@ -134,8 +134,7 @@ def test_policies_at_admission(store, policy, expect):
     c = l3_cache(store, prefetch_policy=policy, io_batch_pages=2, prefetch_timeout_ms=10_000)
     req = Request("r", TOKENS, T1)
     c.prefetch(req)
-    c._io.run_pending(max_steps=2)  # the check and one batch of two pages have run
-    c._take_io_jobs()
+    c.run_io(max_steps=2)  # the check and one batch of two pages have run
     c._io.run_pending(max_steps=1)
     adm, ok = serve(c, req)
     assert adm.cached_tokens == expect and ok and c.audit().ok
@@ -159,8 +158,7 @@ def test_abort_at_every_stage_frees_each_slot_once(store, mode, stage):
     req = Request("r", TOKENS, T1)
     c.prefetch(req)
     if stage == "fetching":
-        c._io.run_pending(max_steps=1)
-        c._take_io_jobs()
+        c.run_io(max_steps=1)
         c._io.run_pending(max_steps=1)
         assert c.prefetch_ops()[0].state is PrefetchState.FETCHING
     elif stage in ("done", "admitted"):
@@ -186,7 +184,7 @@ def test_second_load_back_on_a_pinned_node_is_refused(store):
     c.evict(device_tokens=1000)
     m = c.match(Request("x", TOKENS, T1))
     assert m.host_tokens == 64
-    assert c._load_back(m, wait=False) is not None  # held open: in flight
+    assert c._copies.load_back(m, wait=False) is not None  # held open: in flight
     adm = c.admit(Request("b", TOKENS, T1))
     assert adm.loaded_back_tokens == 0 and adm.new_tokens == 64  # recomputes instead
     assert c.counters.load_backs_refused == 1

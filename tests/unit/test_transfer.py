@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from kvcache.ledger.pools import SlotPool
-from kvcache.engine.transfer import OP_OWNER_KIND, OpKind, OpTarget, TransferOp, copy_pages
+from kvcache.engine.copies import OP_OWNER_KIND, OpKind, OpTarget, TransferOp
+from kvcache.ledger.copy import copy_pages
 from kvcache.tree import RadixTree
 from kvcache import Namespace, RadixKey
 
@@ -46,7 +47,7 @@ def test_split_target_follows_a_tree_split():
 @pytest.mark.parametrize("row_bytes", [64, 8192])
 def test_copy_rows_matches_fancy_indexing(row_bytes):
     from kvcache.ledger.pools import page_rows
-    from kvcache.engine.transfer import copy_rows
+    from kvcache.ledger.copy import copy_rows
 
     rng = np.random.default_rng(row_bytes)
     src = rng.integers(0, 256, (40, row_bytes), dtype=np.uint8)
