@@ -1,12 +1,11 @@
+"""kvcache.ledger.copy: whole pages copied between pools, byte for byte."""
+
 import numpy as np
 import pytest
 import torch
 
-from kvcache.ledger.pools import SlotPool
-from kvcache.engine.copies import OP_OWNER_KIND, OpKind, OpTarget, TransferOp
-from kvcache.ledger.copy import copy_pages
-from kvcache.tree import RadixTree
-from kvcache import Namespace, RadixKey
+from kvcache.ledger.copy import copy_pages, copy_rows
+from kvcache.ledger.pools import SlotPool, page_rows
 
 
 def test_copy_pages_moves_exact_bytes():
@@ -26,29 +25,8 @@ def test_copy_pages_length_mismatch():
         copy_pages(p, np.array([0, 1]), p, np.array([2]))
 
 
-def test_every_op_kind_is_an_owner_kind():
-    assert set(OP_OWNER_KIND) == set(OpKind)
-    assert len(set(OP_OWNER_KIND.values())) == len(OpKind)
-
-
-def test_split_target_follows_a_tree_split():
-    tree = RadixTree(1)
-    ins = tree.insert(RadixKey.of(range(5), Namespace()), np.arange(5))
-    pool = SlotPool("host", 8, 1, 8)
-    pages = pool.alloc(5, 1)
-    op = TransferOp(1, OpKind.BACKUP, pool, pages, [OpTarget(ins.node, pages)])
-    tree.on_split = op.split_target
-    tree.match_prefix(RadixKey.of([0, 1, 7], Namespace()))
-    head, tail = op.targets
-    assert head.node is ins.node.parent and list(head.pages) == list(pages[:2])
-    assert tail.node is ins.node and list(tail.pages) == list(pages[2:])
-
-
 @pytest.mark.parametrize("row_bytes", [64, 8192])
 def test_copy_rows_matches_fancy_indexing(row_bytes):
-    from kvcache.ledger.pools import page_rows
-    from kvcache.ledger.copy import copy_rows
-
     rng = np.random.default_rng(row_bytes)
     src = rng.integers(0, 256, (40, row_bytes), dtype=np.uint8)
     for src_rows, dst_rows in ((np.arange(10, 30), np.arange(0, 20)),  # one run
