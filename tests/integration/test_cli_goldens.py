@@ -263,8 +263,8 @@ def test_cli_golden(ran, case: Case) -> None:
 def _fixed_fingerprint_key() -> Iterator[None]:
     """This process's fingerprint key is FINGERPRINT_KEY inside (a snapshot records namespaces' salt fingerprints
     under the process's key, and an earlier test in this process may have drawn a random one); restored after.
-    The one import of an internal module in this file: when kvcache.namespace moves, change this line."""
-    from kvcache.namespace import fingerprint_key_scope, use_fingerprint_key
+    The one import of an internal module in this file."""
+    from kvcache.types.namespace import fingerprint_key_scope, use_fingerprint_key
 
     with fingerprint_key_scope():
         use_fingerprint_key(bytes.fromhex(FINGERPRINT_KEY))
