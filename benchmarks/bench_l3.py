@@ -134,7 +134,7 @@ class RedisServer:
     @classmethod
     def start(cls, workdir: str) -> "RedisServer | None":
         """A started server, or None when redis-server or the plugin is not installed."""
-        from kvcache.storage.base import backends
+        from kvcache.storage.registry import backends
 
         if shutil.which("redis-server") is None or "redis" not in backends():
             return None

@@ -37,7 +37,7 @@ from ..types.reports import AuditChecked, AuditReport, Violation, ViolationKind
 
 if TYPE_CHECKING:
     from ..engine.cache import TieredCache
-    from ..storage.base import VerifyReport
+    from ..storage.api import VerifyReport
 
 _MAX_LISTED = 32  # pages listed per violation; `count` has the full number
 
@@ -61,7 +61,7 @@ def audit_store(location: str, repair: bool = False) -> "VerifyReport":
     any other is opened here and verified."""
     import contextlib
 
-    from ..storage.base import backend_class, open_store, scheme_of
+    from ..storage.registry import backend_class, open_store, scheme_of
 
     isolated = getattr(backend_class(scheme_of(location)), "verify_location", None)
     if isolated is not None:

@@ -58,7 +58,7 @@ from ..types.request import Request
 from ..types.shares import NamespaceShares, Shares
 from .staging import StagedPrefetch
 from ..types.stats import BackupStats, CacheCounters, CacheStats, PrefetchStats, TierHits, bump
-from ..storage.base import L3Store, PageOrigin
+from ..storage.api import L3Store, PageOrigin
 from .transfer import OpKind, OpTarget, StorageWriteJob, TransferOp, copy_pages
 from ..tree import HostInsert, RadixTree, Tier, TreeMatch, TreeNode
 from .ttl import TTLTracker

@@ -30,7 +30,7 @@ import numpy as np
 from ..types.keys import RadixKey
 from ..types.namespace import Namespace, NamespaceInfo
 from ..types.owners import OwnerKind, owner_code
-from ..storage.base import L3Store
+from ..storage.api import L3Store
 from ..tree import Tier, TreeNode
 
 

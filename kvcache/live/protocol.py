@@ -37,7 +37,7 @@ from ..types.namespace import NamespaceInfo
 from ..types.shares import Shares
 from ..types.results import StagedView
 from ..types.stats import CacheStats
-from ..storage.base import StoreStats
+from ..storage.api import StoreStats
 
 PROTOCOL_VERSION = 2  # 2: snapshots come back as bytes (no server-side path); bounded numbers
 MAX_REQUEST_BYTES = 1 << 20  # a request frame's body: 1 MiB (a 200k-token request fits)

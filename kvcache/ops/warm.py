@@ -20,7 +20,7 @@ from ..errors import InvalidInput
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace, NamespaceInfo
 from ..types.request import Request
-from ..storage.base import L3Store
+from ..storage.api import L3Store
 from ..types.reports import WarmResult
 
 
