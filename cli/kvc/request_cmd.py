@@ -66,7 +66,7 @@ def _run(store, socket: str | None, request, mode: str, device_tokens: int, host
                               host_mode=mode, prefetch_retries=0)
         with contextlib.closing(cache):
             from kvcache.errors import InvariantViolation
-            from kvcache.live.ops import execute
+            from kvcache.ops.handlers import execute
 
             result = execute(cache, request)
             audit = cache.audit()
