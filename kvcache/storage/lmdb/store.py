@@ -164,7 +164,7 @@ class LMDBStore(StoreHandle):
     def verify_location(cls, location: str, repair: bool = False) -> VerifyReport:
         """`verify(repair)` of the store at `location`, safe against a damaged store: every pass runs in a child
         process, a walk that dies in a damaged B-tree is a `structure_corrupt` finding, and `repair` rebuilds
-        such a store from what still reads back sound (see `kvcache.storage.lmdb.salvage`). Opens nothing in this process."""
+        such a store from what still reads back sound (see `salvage`). Opens nothing in this process."""
         from .salvage import audit_location  # here: start-up of the commands that never audit skips it
 
         return audit_location(location, repair)
@@ -681,8 +681,8 @@ class LMDBStore(StoreHandle):
 
     def verify(self, repair: bool = False) -> VerifyReport:
         """Scan every page (checksum, size, hash, metadata, indexes), the prefix trees and the registry counters
-        (`kvcache.storage.verify`, read as `kvcache.storage.lmdb.verify` describes: payloads in short read transactions, the tree,
-        index and counter checks on one snapshot of the metadata).
+        (`kvcache.storage.verify`, read as this backend's `verify` module describes: payloads in short read
+        transactions, the tree, index and counter checks on one snapshot of the metadata).
 
         `repair` removes what is provably corrupt or unreachable (api.REPAIRS): each finding's page with every
         page below it, dangling index entries, and recounts the registry. Every removal is rechecked inside its
