@@ -36,7 +36,7 @@ from .snapshot import Snapshot, decode_snapshot
 from ..types.reports import AuditChecked, AuditReport, Violation, ViolationKind
 
 if TYPE_CHECKING:
-    from ..storage.base import VerifyReport
+    from ..storage.api import VerifyReport
 
 _MAX_LISTED = 32  # pages listed per violation; `count` has the full number
 
@@ -60,7 +60,7 @@ def audit_store(location: str, repair: bool = False) -> "VerifyReport":
     any other is opened here and verified."""
     import contextlib
 
-    from ..storage.base import backend_class, open_store, scheme_of
+    from ..storage.registry import backend_class, open_store, scheme_of
 
     isolated = getattr(backend_class(scheme_of(location)), "verify_location", None)
     if isolated is not None:

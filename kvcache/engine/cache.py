@@ -30,7 +30,7 @@ from ..diagnostics.ownership import HolderState
 from ..diagnostics.snapshot import Snapshot, take_snapshot, write_snapshot
 from ..errors import CacheClosed, InvalidInput, InvariantViolation, LayoutMismatch, RequestIdInUse, UnknownRequest
 from ..ledger.pools import SlotPool
-from ..storage.base import L3Store
+from ..storage.api import L3Store
 from ..tree import RadixTree, TreeMatch
 from ..types.config import CacheConfig, PrefetchPolicy
 from ..types.events import MediumNames

@@ -24,7 +24,7 @@ from ..types.namespace import Namespace
 from ..tree import RadixTree, Tier, TreeNode
 
 if TYPE_CHECKING:
-    from ..storage.base import L3Store
+    from ..storage.api import L3Store
 
 EventSink = Callable[[EventBatch], None]
 

@@ -16,7 +16,7 @@ from .event_log import store_pages
 from .room import of_namespace
 
 if TYPE_CHECKING:
-    from ..storage.base import L3Store
+    from ..storage.api import L3Store
     from .completion import Completion
     from .event_log import EventLog
     from .holders import Holders

@@ -30,7 +30,7 @@ from .writes import Writes
 
 if TYPE_CHECKING:
     from ..ledger.pools import SlotPool
-    from ..storage.base import L3Store
+    from ..storage.api import L3Store
     from ..tree import RadixTree
     from ..types.config import CacheConfig
     from ..types.stats import BackupStats, CacheCounters, PrefetchStats

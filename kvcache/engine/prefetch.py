@@ -50,7 +50,7 @@ from .holders import release_anchor
 
 if TYPE_CHECKING:
     from ..ledger.pools import SlotPool
-    from ..storage.base import L3Store
+    from ..storage.api import L3Store
     from ..tree import RadixTree, TreeMatch, TreeNode
     from ..types.config import CacheConfig
     from ..types.stats import PrefetchStats

@@ -18,7 +18,7 @@ from ..types.namespace import Namespace
 from ..types.shares import NamespaceShares, Shares
 
 if TYPE_CHECKING:
-    from ..storage.base import L3Store
+    from ..storage.api import L3Store
     from ..tree import RadixTree
     from ..types.config import CacheConfig
     from ..types.stats import CacheCounters

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..storage.base import L3Store, PageOrigin
+from ..storage.api import L3Store, PageOrigin
 from ..types.keys import TOKEN_BYTES
 from ..types.owners import OwnerKind, owner_code
 from .copies import OpKind

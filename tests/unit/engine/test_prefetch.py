@@ -211,7 +211,7 @@ def test_write_back_writes_l3_when_host_copies_are_evicted(store):
 def test_failed_l3_write_is_counted_and_leaves_the_node(tmp_path):
     layout = make_layout(4)
     make_store(tmp_path / "s", layout).close()
-    from kvcache.storage.base import open_store
+    from kvcache.storage.registry import open_store
 
     ro = open_store(str(tmp_path / "s"), layout, readonly=True)
     c = l3_cache(ro)

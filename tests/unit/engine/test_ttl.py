@@ -12,7 +12,7 @@ from kvcache import (AdmitStatus, CacheConfig, ExpiryCause, InvalidConfig, Inval
                      TieredCache, TTLMode, TTLPolicy)
 from kvcache.types.config import HostMode
 from kvcache.types.keys import page_hashes
-from kvcache.live.ops import execute
+from kvcache.ops.handlers import execute
 from kvcache.live.protocol import NamespacesRequest
 
 A, B, C, D = (Namespace(f"t{i}", f"ttl-salt-{i}") for i in "abcd")

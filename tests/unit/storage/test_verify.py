@@ -23,8 +23,8 @@ from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import Namespace
 from kvcache.storage.lmdb import store as lmdb_store
 from kvcache.storage.lmdb import verify as lmdb_verify
-from kvcache.storage.base import (REPAIRS, VERIFY_KINDS, CapacityPolicy, NamespaceRecord, PageMeta,
-                                  open_store, page_origins)
+from kvcache.storage.api import REPAIRS, VERIFY_KINDS, CapacityPolicy, NamespaceRecord, PageMeta, page_origins
+from kvcache.storage.registry import open_store
 from kvcache.storage.lmdb.store import LMDBStore, StoreTotals
 from lmdb_surgery import raw
 from redis_server import redis_cluster, redis_server  # noqa: F401  (session fixtures of the redis backends)

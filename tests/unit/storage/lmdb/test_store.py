@@ -21,8 +21,8 @@ from kvcache.types.keys import pack_tokens
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import Namespace
 from kvcache.storage.lmdb import store as lmdb_store
-from kvcache.storage.base import (AccessPolicy, CapacityPolicy, DeleteResult, PageOrigin, open_store,
-                                  page_origins)
+from kvcache.storage.api import AccessPolicy, CapacityPolicy, DeleteResult, PageOrigin, page_origins
+from kvcache.storage.registry import open_store
 from kvcache.storage.lmdb.store import LMDBStore
 
 LAYOUT = KVLayout("unit-model@r1", layers=2, kv_heads=2, head_dim=16, dtype="float16", page_size=4)  # 1 KiB pages

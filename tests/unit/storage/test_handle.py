@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvcache.storage.base import AccessPolicy, StoreCounters
+from kvcache.storage.api import AccessPolicy, StoreCounters
 from kvcache.storage.handle import COUNTED, AccessLog, StoreHandle, count_read, new_counts
 
 

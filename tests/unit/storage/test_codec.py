@@ -8,7 +8,7 @@ import pytest
 from kvcache.types.keys import pack_tokens
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import Namespace
-from kvcache.storage.base import PageMeta, page_origins
+from kvcache.storage.api import PageMeta, page_origins
 from kvcache.storage.codec import (CHECKSUMS, HEADER, StoreFormat, chains_to, decode_format, decode_or_none,
                                    stored_checksum)
 

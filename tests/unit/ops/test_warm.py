@@ -1,4 +1,4 @@
-"""kvcache/warm.py: the hottest stored prefixes of a namespace, fetched into L2 under that namespace."""
+"""kvcache.ops.warm: the hottest stored prefixes of a namespace, fetched into L2 under that namespace."""
 
 import numpy as np
 

@@ -1,7 +1,8 @@
-"""What each admin request does to a live cache (DESIGN §7). Runs on the cache's owner thread only, between
+"""What each admin request does to a cache (DESIGN §7), the same code for an offline `kvc` command (a cache built
+for it) and for live mode (the running cache). In live mode it runs on the cache's owner thread only, between
 scheduler steps (`AdminServer.poll`): every handler sees the cache at rest and may use it like the engine.
 
-The commands mirror the offline CLI's, on the cache that is running instead of one built for the command:
+The requests (`kvcache.ops.requests`) mirror the offline CLI's commands:
 prefetch a request or a whole namespace into L2, stage (buffer mode), load back L3 -> L2 -> L1, list namespaces
 with what each holds in L1, L2 and L3 (and its TTL deadline), audit, snapshot, stats, evict a namespace from L1/L2,
 drop or expire one, replay a trace.
@@ -30,12 +31,12 @@ from ..types.namespace import Namespace, display_id
 from ..ledger.pools import SlotPool
 from ..types.request import Request
 from ..workload.replay import Replayer
-from ..ops.warm import warm_namespace
-from .protocol import (AuditRequest, DropRequest, EvictOutcome, ExpireRequest, EvictRequest, LiveNamespace, LiveStats, LoadBackRequest,
-                       NamespaceList, NamespacesRequest, NamespaceTiers, PingRequest, PoolUse, PrefetchRequest,
-                       ReplayOutcome, RequestResult, ServerInfo, SharesOutcome, SharesRequest, SnapshotData,
-                       SnapshotRequest, StageRequest, StatsRequest, TierUse)
-from .transport import ReplayJob
+from .requests import (PROTOCOL_VERSION, AuditRequest, DropRequest, EvictOutcome, EvictRequest, ExpireRequest,
+                       LiveNamespace, LiveStats, LoadBackRequest, NamespaceList, NamespacesRequest, NamespaceTiers,
+                       PingRequest, PoolUse, PrefetchRequest, ReplayJob, ReplayOutcome, RequestResult, ServerInfo,
+                       SharesOutcome, SharesRequest, SnapshotData, SnapshotRequest, StageRequest, StatsRequest,
+                       TierUse)
+from .warm import warm_namespace
 
 if TYPE_CHECKING:
     from ..engine.cache import TieredCache
@@ -50,12 +51,13 @@ def _rid() -> str:
 
 
 def execute(cache: "TieredCache", request: object, between_steps: Callable[[], object] = lambda: 0):
-    """Run one admin request on `cache` and return its result struct (errors are raised, typed). A replay calls
-    `between_steps` after each of its steps (the server's poll: other requests are answered meanwhile)."""
+    """Run one admin request (or a `ReplayJob`) on `cache` and return its result struct (errors are raised,
+    typed). A replay calls `between_steps` after each of its steps (live mode: the server's poll, so other requests
+    are answered meanwhile)."""
     if isinstance(request, ReplayJob):
         return _replay(cache, request, between_steps)
     handler = _HANDLERS.get(type(request))
-    if handler is None:  # the protocol's union and this table are kept together; this is a bug, not input
+    if handler is None:  # the requests module and this table are kept together; this is a bug, not input
         raise InvalidInput(f"no handler for {type(request).__name__}")
     return handler(cache, request)
 
@@ -296,8 +298,6 @@ def _expire(cache: "TieredCache", req: ExpireRequest) -> "NamespaceExpiry":
 
 
 def _ping(cache: "TieredCache", _: PingRequest) -> ServerInfo:
-    from .protocol import PROTOCOL_VERSION
-
     c = cache.config
     return ServerInfo(PROTOCOL_VERSION, os.getpid(), cache.layout,
                       cache.store.location if cache.store is not None else "", c.device_pages * cache.page_size,
@@ -324,7 +324,7 @@ def _replay(cache: "TieredCache", job: ReplayJob, between_steps: Callable[[], ob
         for rid in _holders(cache) - before:
             _release_quietly(cache, rid)
         raise
-    return ReplayOutcome(msgspec.Raw(msgspec.msgpack.encode(report)), _snapshot(cache) if job.snapshot else None)
+    return ReplayOutcome(report, _snapshot(cache) if job.snapshot else None)
 
 
 def _holders(cache: "TieredCache") -> set[str]:
