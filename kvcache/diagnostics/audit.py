@@ -23,7 +23,6 @@ Checks:
 
 from __future__ import annotations
 
-import enum
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
@@ -31,9 +30,9 @@ import msgspec
 import numpy as np
 
 from ..types.owners import FREE_CODE, OwnerKind, describe_code, owner_code
+from ..types.reports import AuditChecked, AuditReport, Violation, ViolationKind
 from .ownership import NodeState, OwnershipSource, OwnershipState, PoolState, collect_state, pages_of
 from .snapshot import Snapshot, decode_snapshot
-from ..types.reports import AuditChecked, AuditReport, Violation, ViolationKind
 
 if TYPE_CHECKING:
     from ..storage.api import VerifyReport

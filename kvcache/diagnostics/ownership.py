@@ -127,7 +127,7 @@ def collect_state(cache: OwnershipSource) -> OwnershipState:
                                ns_root.lock_ref, ns_root.pins, ns_root.host_pins, ns_root.device_holds,
                                ns_root.host_holds))
     for n in tree.nodes():
-        nodes.append(NodeState(n.id, n.parent.id if n.parent is not None else -1,  # type: ignore[union-attr]
+        nodes.append(NodeState(n.id, n.parent.id if n.parent is not None else -1,
                                n.namespace.id_hex, False, len(n), _b(n.device), _b(n.host),  # type: ignore
                                n.lock_ref, n.pins, n.host_pins, n.device_holds, n.host_holds))
     sizes = TreeSizes(tree.device_evictable, tree.device_protected, tree.host_evictable, tree.host_protected,

@@ -38,19 +38,31 @@ from ..types.namespace import Namespace
 from ..types.owners import FREE_CODE, OwnerKind, owner_code
 from ..types.reports import AuditReport
 from ..types.request import Request
-from ..types.results import (Admission, AdmitStatus, CommitResult, DropReason, EvictResult, ExpiryCause, Headroom,
-                             NamespaceDrop, NamespaceExpiry, NamespaceTTL, PrefetchOutcome, SettledPrefetch)
+from ..types.results import (
+    Admission,
+    AdmitStatus,
+    CommitResult,
+    DropReason,
+    EvictResult,
+    ExpiryCause,
+    Headroom,
+    NamespaceDrop,
+    NamespaceExpiry,
+    NamespaceTTL,
+    PrefetchOutcome,
+    SettledPrefetch,
+)
 from ..types.shares import NamespaceShares, Shares
 from ..types.stats import BackupStats, CacheCounters, CacheStats, PrefetchStats, TierHits, add_hits
 from ..types.tier import Tier
-from .event_log import EventLog, EventSink
 from .copies import TransferOp
+from .event_log import EventLog, EventSink
 from .holders import Holders, LiveRequest
 from .parts import Parts
 from .prefetch import PrefetchOp
 from .staging import StagedPrefetch
-from .writes import StorageWriteJob
 from .ttl import TTLTracker
+from .writes import StorageWriteJob
 
 # Enum members looked up once: on Python 3.11 each `Enum.MEMBER` lookup in a hot path goes through the enum type's
 # __getattr__ hook (~0.1 us).

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from .prefetch import CheckJob, FetchJob
 from .writes import StorageWriteJob
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ class Completion:
             if isinstance(job, StorageWriteJob):
                 self.writes.finish(job)
             else:
+                assert isinstance(job, (CheckJob, FetchJob))  # the worker runs L3 writes and prefetch jobs only
                 self.prefetcher.job_done(job)
         return n
 

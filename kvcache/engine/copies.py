@@ -324,7 +324,7 @@ def _pages(pages: np.ndarray | None) -> int:
 def _targets(nodes: list[TreeNode], sizes: list[int], pages: np.ndarray) -> list[OpTarget]:
     """Each node's slice of an operation's pages, in path order."""
     targets, at = [], 0
-    for node, size in zip(nodes, sizes):
+    for node, size in zip(nodes, sizes, strict=True):
         targets.append(OpTarget(node, pages[at: at + size]))
         at += size
     return targets

@@ -18,10 +18,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..types.events import (MEDIUMS, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEvent, Medium,
-                     MediumNames)
-from ..types.namespace import Namespace
 from ..tree import RadixTree, Tier, TreeNode
+from ..types.events import (
+    MEDIUMS,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KVEvent,
+    Medium,
+    MediumNames,
+)
+from ..types.namespace import Namespace
 
 if TYPE_CHECKING:
     from ..storage.api import L3Store

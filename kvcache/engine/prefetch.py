@@ -39,6 +39,7 @@ import numpy as np
 
 from ..errors import InvalidInput, NamespaceMismatch, RequestIdInUse, UnknownRequest
 from ..types.config import PrefetchPolicy
+from ..types.ids import PageHash
 from ..types.keys import TOKEN_BYTES, RadixKey, page_hashes
 from ..types.namespace import Namespace
 from ..types.owners import FREE_CODE, OwnerKind, owner_code
@@ -80,7 +81,7 @@ class PrefetchOp:
     __slots__ = ("id", "owner", "rid", "namespace", "key", "start_page", "hashes", "anchor", "hold", "pages",
                  "fetched", "attempts", "state", "lock", "terminated", "next_attempt", "created", "job", "hit")
 
-    def __init__(self, ident: int, rid: str, key: RadixKey, start_page: int, hashes: list[bytes],
+    def __init__(self, ident: int, rid: str, key: RadixKey, start_page: int, hashes: list[PageHash],
                  anchor: TreeNode | None, hold: Tier | None) -> None:
         self.id = ident
         self.owner = owner_code(OwnerKind.OP_PREFETCH, ident)

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from .copies import Copies
     from .holders import Holders
     from .host_mode import HostModeRules
-    from .prefetch import Prefetcher
+    from .prefetch import Prefetcher, PrefetchOp
+    from .staging import StagedPrefetch
     from .writes import Writes
 
 NodeFilter = Callable[["TreeNode"], bool]
@@ -132,8 +133,8 @@ class Room:
         """Admission's last resort: cancel buffer-mode prefetch holds on the device, youngest first (never `keep`'s,
         the admitting request's own), evicting after each, until `n_pages` are free. Each is counted."""
         h = self.holders
-        holders = [x for x in (*h.prefetches.values(), *h.staged.values())
-                   if x.hold is Tier.DEVICE and x.anchor is not None and x.rid != keep]
+        every: list[PrefetchOp | StagedPrefetch] = [*h.prefetches.values(), *h.staged.values()]
+        holders = [x for x in every if x.hold is Tier.DEVICE and x.anchor is not None and x.rid != keep]
         holders.sort(key=lambda x: x.issued_by, reverse=True)
         pool = self.device_pool
         for holder in holders:

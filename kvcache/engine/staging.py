@@ -17,6 +17,7 @@ import torch
 
 from ..errors import InvariantViolation
 from ..ledger.copy import copy_pages
+from ..types.ids import PageHash
 from ..types.keys import TOKEN_BYTES, RadixKey
 from ..types.owners import FREE_CODE, OwnerKind, owner_code
 from ..types.request import Request
@@ -41,7 +42,7 @@ class StagedPrefetch:
                  "hold")
 
     def __init__(self, ident: int, rid: str, key: RadixKey, page_size: int, start_page: int, pages: np.ndarray,
-                 hashes: list[bytes], op_id: int, anchor: TreeNode | None, hold: Tier | None) -> None:
+                 hashes: list[PageHash], op_id: int, anchor: TreeNode | None, hold: Tier | None) -> None:
         self.id = ident
         self.owner = owner_code(OwnerKind.STAGED, ident)
         self.rid = rid

@@ -122,6 +122,7 @@ class Writes:
         tree, step = self.tree, self.tree.page_size * TOKEN_BYTES
         hashes, origins = [], []
         for node in nodes:
+            assert node.namespace is not None  # nodes below a namespace root carry its namespace
             node_hashes = tree.page_hashes(node)
             parents = [tree.chain_parent(node), *node_hashes[:-1]]
             for i in range(len(node_hashes)):

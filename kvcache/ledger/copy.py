@@ -12,7 +12,6 @@ import torch
 
 from .pools import SlotPool, page_rows
 
-
 _RUN_COPY_MIN_BYTES = 4096  # rows at least this long are copied run by run; shorter ones by fancy indexing
 
 
@@ -29,7 +28,7 @@ def copy_rows(dst: np.ndarray, dst_rows: np.ndarray, src: np.ndarray, src_rows: 
         return
     n = len(src_rows)
     cuts = (np.flatnonzero((np.diff(src_rows) != 1) | (np.diff(dst_rows) != 1)) + 1).tolist()
-    for a, b in zip([0, *cuts], [*cuts, n]):
+    for a, b in zip([0, *cuts], [*cuts, n], strict=True):
         s0, d0 = int(src_rows[a]), int(dst_rows[a])
         np.copyto(dst[d0:d0 + b - a], src[s0:s0 + b - a])
 

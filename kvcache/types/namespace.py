@@ -157,6 +157,9 @@ class Namespace:
     __slots__ = ("extra_key", "_salt", "id", "_hash", "_fingerprint")
 
     extra_key: str | None
+    _salt: str | None  # the secret: never printed, logged or stored; only digests of it leave this object
+    _hash: int  # hash(id), once
+    _fingerprint: tuple[bytes, str | None]  # (key, fingerprint under it): the last one computed
     id: NamespaceId  # 16-byte blake2b of both fields; the L3 root seed and the store registry key (never printed)
 
     def __init__(self, extra_key: str | None = None, cache_salt: str | None = None) -> None:
