@@ -37,10 +37,10 @@ from collections.abc import Callable, Iterator
 import msgspec
 import numpy as np
 
-from .errors import InvalidInput, InvariantViolation, LockUnderflow
-from .types.keys import TOKEN_BYTES, RadixKey, extend_chain, hash_root
-from .types.namespace import Namespace
-from .types.owners import OwnerKind, owner_code
+from ..errors import InvalidInput, InvariantViolation, LockUnderflow
+from ..types.keys import TOKEN_BYTES, RadixKey, extend_chain, hash_root
+from ..types.namespace import Namespace
+from ..types.owners import OwnerKind, owner_code
 
 _EMPTY = np.empty(0, dtype=np.int64)
 _ID_BITS = 48  # node ids stay below 2**48 (they are ledger owner ids too)
