@@ -5,7 +5,7 @@ import pytest
 
 from kvcache import InvariantViolation, LockUnderflow, Namespace, RadixKey
 from kvcache.types.keys import page_hashes
-from kvcache.tree import RadixTree
+from kvcache.tree import RadixTree, Tier
 
 A, B = Namespace("tenant-a", "salt-a"), Namespace("tenant-b")
 LAYOUT_ID = b"L" * 16
@@ -122,7 +122,7 @@ def test_eviction_never_touches_locked_or_pinned_nodes_and_is_lru():
     n4 = t.insert(key([4, 4]), pages(6, 2)).node
     t.match_prefix(key([1, 1]))  # n1 is now the most recently used
     t.lock(n2)
-    n3.pins = 1
+    t.pin([n3])
     evicted = t.evict_device(2)
     assert [list(e.pages) for e in evicted] == [[6, 7]]  # n4: oldest unlocked, unpinned
     evicted = t.evict_device(100)
@@ -215,7 +215,8 @@ def test_the_lru_heaps_hold_leaves_only_and_eviction_still_finds_every_one():
     b = t.insert(key([1, 2, 3, 4]), pages(10, 4)).node
     t.set_host(a, pages(20, 2))  # write-through: host copies of device-resident nodes are no host victims yet
     t.set_host(b, pages(22, 2))
-    assert t._host_lru == [] and len(t._device_lru) == 2  # b, and a's entry from before b became its child
+    # the device heap: b, and a's entry from before b became its child
+    assert t.book(Tier.HOST).lru == [] and len(t.book(Tier.DEVICE).lru) == 2
     t.lock(b)
     t.check()
     assert t.evict_device(10) == []  # b is locked and a is not a device leaf
@@ -232,22 +233,21 @@ def test_a_host_pin_never_hides_a_device_copy_from_eviction():
     t = RadixTree(1)
     a = t.insert(key([1, 2]), pages(0, 2)).node
     t.set_host(a, pages(20, 2))
-    a.host_pins += 1  # an L3 write reads the host copy (TieredCache pins it so)
+    t.pin_host([a])  # an L3 write reads the host copy
     t.lock(a)
     assert t.evict_device(10) == []  # locked: its entry is dropped, and it is offered again at unlock
     t.unlock(a)
     t.check()
     assert [e.owner for e in t.evict_device(10)] == [a.owner]  # the host pin protects the host copy only
     assert t.evict_host(10) == []  # ... which stays until the write lands
-    a.host_pins -= 1
-    t.offer(a)
+    t.unpin_host(a)  # offers it again
     assert [e.owner for e in t.evict_host(10)] == [a.owner]
 
 
 def test_check_finds_an_evictable_leaf_the_heap_lost():
     t = RadixTree(1)
     t.insert(key([1, 2]), pages(0, 2))
-    t._device_lru.clear()
+    t.book(Tier.DEVICE).lru.clear()
     with pytest.raises(InvariantViolation, match="no entry in the device LRU heap"):
         t.check()
 
@@ -284,10 +284,10 @@ def test_share_counts_follow_every_copy_move_and_check_recounts_them():
     t.set_host(node, pages(50, len(node)))
     assert (st.device_used, st.host_used) == (8, 3)
     t.check()
-    st.device_used += 1  # a count that drifted is found
+    st.tier(Tier.DEVICE).used += 1  # a count that drifted is found
     with pytest.raises(InvariantViolation, match="share"):
         t.check()
-    st.device_used -= 1
+    st.tier(Tier.DEVICE).used -= 1
     t.set_share(A.id, None, None)
     assert t.share_of(A.id) is None and all(n.share is None for n in t.nodes())
     t.check()
@@ -350,7 +350,7 @@ def test_share_heaps_stay_bounded_when_nothing_pops_them():
     for _ in range(5000):
         t.lock(node)
         t.unlock(node)  # offers the path each time
-    assert len(t.share_of(A.id).device_lru) <= 4 * 2 + 1024 + 2
+    assert len(t.share_of(A.id).tier(Tier.DEVICE).lru) <= 4 * 2 + 1024 + 2
 
 
 def test_a_namespace_root_made_after_the_share_carries_it():
