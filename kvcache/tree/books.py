@@ -98,15 +98,6 @@ class TierBook:
         self.evictable = 0  # pages of nodes neither locked nor held on this tier (>= 0; pins aside)
         self.lru: list[int] = []  # lazy LRU heap of entries ``last_access << ID_BITS | id`` (module docstring)
 
-    def add(self, node: TreeNode, delta: int) -> None:
-        """Count `delta` more pages of `node`'s copy in this tier, in the class `node` is in now."""
-        if node.lock_ref:
-            self.protected += delta
-        elif getattr(node, self.holds):
-            self.held += delta
-        else:
-            self.evictable += delta
-
     def victim(self, node: TreeNode) -> bool:
         """Could `node`'s copy in this tier go now (a leaf of the tier, not busy)?"""
         return self.is_leaf(node) and not self.is_busy(node)

@@ -159,7 +159,7 @@ class RadixTree(BookKeeper):
             leaf = self._new_node(data[page * pb:], key.namespace, node)
             node.children[data[page * pb:(page + 1) * pb]] = leaf
             leaf.last_access = clock
-            self._set_copy(device, leaf, device_pages[page:])
+            self._new_device_leaf(leaf, device_pages[page:])  # _set_copy, specialised: every insert makes it
             adopted.append(leaf)
             node = leaf
         return TreeInsert(prefix_pages, node, adopted)
