@@ -25,6 +25,10 @@ much eviction could free and how much releasing holds would add.
 The tree records structure and page indices only. Ledger moves are the caller's (`TieredCache`): the tree hands
 back what it detached or adopted, and reports splits through `on_split` so the caller can move the head pages to
 the new node's owner.
+
+`RadixTree` here is keys and structure: lookup, insert, split, delete, walking, page hashes, eviction's entry
+points. Its base `BookKeeper` (kvcache.tree.keeper) is the bookkeeping: locks, holds, pins, copies, shares, and
+the per-tier books (kvcache.tree.books) they keep exact.
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ Backup = Callable[[TreeNode], None]  # eviction's write-back of a victim before 
 
 
 class RadixTree(BookKeeper):
-    """Radix tree of page-aligned token keys, one subtree per namespace."""
+    """Radix tree of page-aligned token keys, one subtree per namespace (module docstring); locks, holds, pins,
+    copies and shares are `BookKeeper`'s."""
 
     def __init__(self, page_size: int, layout_id: bytes = b"") -> None:
         if page_size < 1:
