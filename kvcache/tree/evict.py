@@ -46,7 +46,6 @@ def _drain(tree: RadixTree, book: TierBook, victims: Generator[TreeNode, None, N
     """The loop over one stream of victims: pages freed (appended to `out`). A victim left with no copy in any tier
     is deleted."""
     freed = 0
-    copy = book.copy
     try:
         for node in victims:
             if where is not None and not where(node):
@@ -55,8 +54,7 @@ def _drain(tree: RadixTree, book: TierBook, victims: Generator[TreeNode, None, N
                 backup(node)
                 if not book.victim(node):  # the backup's own work may have changed the node
                     continue
-            pages = getattr(node, copy)
-            tree._set_copy(book, node, None)
+            pages = tree._set_copy(book, node, None)
             out.append(Evicted(node.owner, pages))
             freed += len(pages)
             if node.device is None and node.host is None:

@@ -359,9 +359,10 @@ class RadixTree(BookKeeper):
         del self._by_id[node.id]
         # Callers take both copies away first (each offered the parent if it left it a leaf); a copy still here
         # leaves with the node.
-        for book in self._books:
-            if getattr(node, book.copy) is not None:
-                self._lost_child_copy(book, parent)
+        if node.device is not None or node.host is not None:  # (eviction's deletes skip the loop's reads by name)
+            for book in self._books:
+                if getattr(node, book.copy) is not None:
+                    self._lost_child_copy(book, parent)
         if parent.is_namespace_root:
             self._reclaim_namespace_root(parent)
 
