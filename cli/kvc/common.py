@@ -19,7 +19,8 @@ import msgspec
 import typer
 
 from kvcache.types.namespace import Namespace, use_fingerprint_key
-from kvcache.storage.base import L3Store, open_store
+from kvcache.storage.api import L3Store
+from kvcache.storage.registry import open_store
 from kvcache.storage.location import StoreLocation
 
 from .errors import Interrupted, UsageError

@@ -10,7 +10,7 @@ import msgspec
 import typer
 
 from kvcache import KVLayout, NotAStore
-from kvcache.storage.base import open_store
+from kvcache.storage.registry import open_store
 from kvcache.storage.keyfile import KEY_FILE
 
 from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command

@@ -19,7 +19,7 @@ from kvcache.live.protocol import (DropRequest, EvictOutcome, EvictRequest, Expi
 from kvcache.live.protocol import NamespaceList as LiveNamespaceList
 from kvcache.types.namespace import Namespace, NamespaceInfo, display_id
 from kvcache.types.shares import MAX_SHARE, Shares
-from kvcache.storage.base import L3Store, NamespaceRecord
+from kvcache.storage.api import L3Store, NamespaceRecord
 
 from . import live
 from .common import DEFAULT_STORE, DebugOpt, ExtraKeyOpt, StoreOpt, command, namespace_arg, open_inspect

@@ -13,7 +13,7 @@ import typer
 from kvcache.types.keys import pack_tokens
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import NamespaceInfo
-from kvcache.storage.base import page_origins
+from kvcache.storage.api import page_origins
 
 from .common import (DEFAULT_STORE, DebugOpt, ExtraKeyOpt, StoreOpt, TokensFileOpt, TokensOpt, command, namespace_arg,
                      open_for_cache, progress, tokens_arg)

@@ -14,7 +14,7 @@ import typer
 
 from kvcache.live.protocol import LiveStats, NamespaceList
 from kvcache.types.shares import Shares
-from kvcache.storage.base import VERIFY_KINDS, StoreStats, VerifyRemoval
+from kvcache.storage.api import VERIFY_KINDS, StoreStats, VerifyRemoval
 
 from .output import Column, Kind, Listing, Output, human_bytes, output_format, render
 
