@@ -55,8 +55,8 @@ def _drain(tree: RadixTree, book: TierBook, victims: Generator[TreeNode, None, N
                 if not book.victim(node):  # the backup's own work may have changed the node
                     continue
             pages = tree._set_copy(book, node, None)
-            out.append(Evicted(node.owner, pages))
-            freed += len(pages)
+            out.append(Evicted(node.owner, pages))  # type: ignore[arg-type]  # a victim has a copy in the tier
+            freed += len(pages)  # type: ignore[arg-type]
             if node.device is None and node.host is None:
                 tree._delete(node)
             if freed >= n_pages:

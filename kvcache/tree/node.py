@@ -44,7 +44,7 @@ class TreeNode(msgspec.Struct, gc=False, eq=False):
     children: dict[bytes, TreeNode] = {}  # first page of the child's key (root: namespace id) -> child; own dict
     device: np.ndarray | None = None  # L1 page indices, one per page of key; None = no device copy
     host: np.ndarray | None = None  # L2 page indices, one per page of key; None = no host copy
-    page_hashes: list[bytes] | None = None  # chain hashes of key's pages, computed on demand
+    page_hashes: list[bytes] | None = None  # chain hashes of key's pages (one each), computed on demand
     stored: bool = False  # every page of key is acknowledged by the L3 store (RadixTree.mark_stored)
     lock_ref: int = 0  # running requests using this node (>= 0); a locked node is never evicted
     device_holds: int = 0  # prefetch holds on this path's device copies (>= 0); they are not evicted

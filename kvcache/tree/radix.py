@@ -125,7 +125,8 @@ class RadixTree(BookKeeper):
             if node.host is not None:
                 anchor = node
                 break
-        return TreeMatch(_concat([n.device for n in device_nodes]), _concat([n.host for n in host_nodes]),
+        device_pages = _concat([n.device for n in device_nodes])  # type: ignore[misc]  # all have one
+        return TreeMatch(device_pages, _concat([n.host for n in host_nodes]),  # type: ignore[misc]  # likewise
                          device_node, host_node, anchor, self.page_size)
 
     # --- insert ----------------------------------------------------------------------------------------------
@@ -146,7 +147,8 @@ class RadixTree(BookKeeper):
             return TreeInsert(0, self.root.children.get(key.namespace.id, self.root), [])
         self._clock += 1
         clock = self._clock
-        node = ns_root = self.namespace_root(key.namespace, create=True)
+        ns_root: TreeNode = self.namespace_root(key.namespace, create=True)  # type: ignore[assignment]  # made
+        node = ns_root
         node.last_access = clock
         page, prefix_pages, adopted = 0, 0, []
         device = self._device
@@ -181,9 +183,10 @@ class RadixTree(BookKeeper):
         data = key.data[:end]
         self._clock += 1
         clock = self._clock
-        node = ns_root = self.namespace_root(key.namespace, create=start_page == 0)
+        ns_root = self.namespace_root(key.namespace, create=start_page == 0)
         if ns_root is None:
             return HostInsert(None, 0, 0)
+        node = ns_root
         pos = 0
         for hit in self._descend(ns_root, data, end):
             hit.last_access = clock
@@ -217,8 +220,8 @@ class RadixTree(BookKeeper):
         last = (hash_root(self.layout_id, walk.namespace) if walk.is_namespace_root  # type: ignore[arg-type]
                 else walk.page_hashes[-1])  # type: ignore[index]
         for n in reversed(missing):
-            n.page_hashes = extend_chain(last, n.key, self.page_size)
-            last = n.page_hashes[-1]
+            n.page_hashes = chain = extend_chain(last, n.key, self.page_size)  # type: ignore[assignment]  # PageHash
+            last = chain[-1]
         return node.page_hashes or []
 
     def chain_parent(self, node: TreeNode) -> bytes:
