@@ -143,7 +143,7 @@ class KvcWorker:
         import numpy as np
 
         from kvcache import RadixKey
-        from kvcache.tree import RadixTree  # the tree alone has no public name; kvcache.tree is a top-level module
+        from kvcache.tree import RadixTree  # the tree alone has no public name at the top level; kvcache.tree has it
 
         seqs, ns, tree = self.seqs, self.ns, RadixTree(ps)
         n_pages = self.header["seq_len"] // ps

@@ -3,9 +3,9 @@ import gc
 import numpy as np
 import pytest
 
-from kvcache import InvariantViolation, LockUnderflow, Namespace, RadixKey
+from kvcache import InvariantViolation, Namespace, RadixKey
+from kvcache.tree import RadixTree, Tier
 from kvcache.types.keys import page_hashes
-from kvcache.tree import RadixTree
 
 A, B = Namespace("tenant-a", "salt-a"), Namespace("tenant-b")
 LAYOUT_ID = b"L" * 16
@@ -100,20 +100,6 @@ def test_split_reports_to_listener():
     assert seen == [(ins.node.id, ins.node.parent.id, 2)]
 
 
-def test_lock_protects_path_and_underflow_is_detected():
-    t = RadixTree(1)
-    ins = t.insert(key(range(4)), pages(0, 4))
-    leaf = t.insert(key(range(6)), pages(10, 6)).node
-    t.lock(leaf)
-    assert t.device_protected == 6 and t.device_evictable == 0
-    assert t.evict_device(100) == []
-    t.unlock(leaf)
-    assert t.device_protected == 0 and t.device_evictable == 6
-    with pytest.raises(LockUnderflow):
-        t.unlock(leaf)
-    assert leaf.lock_ref == 0 and ins.node.lock_ref == 0  # nothing changed by the failed unlock
-
-
 def test_eviction_never_touches_locked_or_pinned_nodes_and_is_lru():
     t = RadixTree(1)
     t.insert(key([1, 1]), pages(0, 2))
@@ -122,7 +108,7 @@ def test_eviction_never_touches_locked_or_pinned_nodes_and_is_lru():
     n4 = t.insert(key([4, 4]), pages(6, 2)).node
     t.match_prefix(key([1, 1]))  # n1 is now the most recently used
     t.lock(n2)
-    n3.pins = 1
+    t.pin([n3])
     evicted = t.evict_device(2)
     assert [list(e.pages) for e in evicted] == [[6, 7]]  # n4: oldest unlocked, unpinned
     evicted = t.evict_device(100)
@@ -182,7 +168,7 @@ def test_children_copy_counts_match_a_recount_after_random_moves():
     rng = np.random.default_rng(7)
     t = RadixTree(2)
     next_page = 0
-    for step in range(400):
+    for _ in range(400):
         ns = A if rng.random() < 0.7 else B
         # a few shared stems, random tails: inserts split nodes, matches split them too
         stem = [int(rng.integers(3))] * 4
@@ -209,49 +195,6 @@ def test_children_copy_counts_match_a_recount_after_random_moves():
     assert t.node_count > 0
 
 
-def test_the_lru_heaps_hold_leaves_only_and_eviction_still_finds_every_one():
-    t = RadixTree(1)
-    a = t.insert(key([1, 2]), pages(0, 2)).node
-    b = t.insert(key([1, 2, 3, 4]), pages(10, 4)).node
-    t.set_host(a, pages(20, 2))  # write-through: host copies of device-resident nodes are no host victims yet
-    t.set_host(b, pages(22, 2))
-    assert t._host_lru == [] and len(t._device_lru) == 2  # b, and a's entry from before b became its child
-    t.lock(b)
-    t.check()
-    assert t.evict_device(10) == []  # b is locked and a is not a device leaf
-    t.unlock(b)
-    t.check()
-    assert [e.owner for e in t.evict_device(10)] == [b.owner, a.owner]  # b's unlock offered it again
-    t.check()  # both became host leaves as their device copies went: b has its entry, a gets one when b goes
-    assert [e.owner for e in t.evict_host(10)] == [b.owner, a.owner] and t.node_count == 0
-
-
-def test_a_host_pin_never_hides_a_device_copy_from_eviction():
-    # Found by the stateful test once check() looked for heap entries: an unlock while an L3 write still read the
-    # host copy offered the node to neither heap, so its device copy stayed out of reach until the write landed.
-    t = RadixTree(1)
-    a = t.insert(key([1, 2]), pages(0, 2)).node
-    t.set_host(a, pages(20, 2))
-    a.host_pins += 1  # an L3 write reads the host copy (TieredCache pins it so)
-    t.lock(a)
-    assert t.evict_device(10) == []  # locked: its entry is dropped, and it is offered again at unlock
-    t.unlock(a)
-    t.check()
-    assert [e.owner for e in t.evict_device(10)] == [a.owner]  # the host pin protects the host copy only
-    assert t.evict_host(10) == []  # ... which stays until the write lands
-    a.host_pins -= 1
-    t.offer(a)
-    assert [e.owner for e in t.evict_host(10)] == [a.owner]
-
-
-def test_check_finds_an_evictable_leaf_the_heap_lost():
-    t = RadixTree(1)
-    t.insert(key([1, 2]), pages(0, 2))
-    t._device_lru.clear()
-    with pytest.raises(InvariantViolation, match="no entry in the device LRU heap"):
-        t.check()
-
-
 def test_check_names_a_node_whose_children_count_is_off():
     t = RadixTree(1)
     t.insert(key([1, 2, 3]), pages(0, 3))
@@ -260,109 +203,6 @@ def test_check_names_a_node_whose_children_count_is_off():
     shared.children_on_device += 1
     with pytest.raises(InvariantViolation, match=f"node#{shared.id} records 3 children with a device copy, it has 2"):
         t.check()
-
-
-# --- shares --------------------------------------------------------------------------------------------------
-
-
-def _fill(t, ns, n, start, base_token):
-    """n one-page sequences of namespace ns, distinct tokens, device pages start..start+n-1, oldest first."""
-    for i in range(n):
-        t.insert(key([base_token + i], ns), pages(start + i, 1))
-
-
-def test_share_counts_follow_every_copy_move_and_check_recounts_them():
-    t = RadixTree(1)
-    t.insert(key(range(6), A), pages(0, 6))
-    t.set_share(A.id, 4, None)  # set after the fact: the subtree is counted now
-    st = t.share_of(A.id)
-    assert (st.device_used, st.host_used) == (6, 0)
-    ins = t.insert(key(list(range(6)) + [7, 8]), pages(0, 8))
-    assert ins.prefix_pages == 6 and st.device_used == 8  # the caller frees its duplicate pages, not the tree
-    t.match_prefix(key([0, 1, 2, 9]))  # a split moves pages between nodes, the count stays
-    node = t.match_prefix(key([0, 1, 2])).device_node
-    t.set_host(node, pages(50, len(node)))
-    assert (st.device_used, st.host_used) == (8, 3)
-    t.check()
-    st.device_used += 1  # a count that drifted is found
-    with pytest.raises(InvariantViolation, match="share"):
-        t.check()
-    st.device_used -= 1
-    t.set_share(A.id, None, None)
-    assert t.share_of(A.id) is None and all(n.share is None for n in t.nodes())
-    t.check()
-
-
-def test_eviction_takes_namespaces_over_their_share_first():
-    t = RadixTree(1)
-    _fill(t, B, 3, 100, 1000)  # B's pages are the least recently used of all
-    _fill(t, A, 10, 0, 0)
-    t.set_share(A.id, 4, None)
-    t.set_share(B.id, 4, None)
-    out = t.evict_device(5)
-    assert sum(len(e.pages) for e in out) == 5
-    assert t.share_of(B.id).device_used == 3 and t.share_of(A.id).device_used == 5  # A gave them, oldest first
-    assert sorted(int(p) for e in out for p in e.pages) == [0, 1, 2, 3, 4]
-    out = t.evict_device(3)  # A is over by one: that one, then plain LRU (B's oldest)
-    assert sorted(int(p) for e in out for p in e.pages) == [5, 100, 101]
-    t.check()
-
-
-def test_without_shares_the_same_eviction_is_plain_lru():
-    t = RadixTree(1)
-    _fill(t, B, 3, 100, 1000)
-    _fill(t, A, 10, 0, 0)
-    out = t.evict_device(5)
-    assert sorted(int(p) for e in out for p in e.pages) == [0, 1, 100, 101, 102]
-
-
-def test_an_eviction_charged_to_a_namespace_takes_its_own_pages_while_it_would_exceed_its_share():
-    t = RadixTree(1)
-    _fill(t, A, 4, 0, 0)
-    _fill(t, B, 4, 100, 1000)  # B is newer, A is exactly at its share
-    t.set_share(A.id, 4, None)
-    out = t.evict_device(2, charge=A)  # A's admission of 2 more pages would take it over: its own pages go
-    assert sorted(int(p) for e in out for p in e.pages) == [0, 1]
-    out = t.evict_device(2, charge=B)  # B has no share: plain LRU, which here is A's again
-    assert sorted(int(p) for e in out for p in e.pages) == [2, 3]
-    t.check()
-
-
-def test_host_shares_evict_host_only_leaves_of_the_namespace_over_its_share():
-    t = RadixTree(1)
-    for ns, base, hp in ((B, 1000, 100), (A, 0, 0)):
-        for i in range(3):
-            ins = t.insert(key([base + i], ns), pages(hp + i, 1))
-            t.set_host(ins.node, pages(hp + 500 + i, 1))
-            t.set_device(ins.node, None)
-    t.set_share(A.id, None, 1)
-    out = t.evict_host(2)
-    assert sorted(int(p) for e in out for p in e.pages) == [500, 501]
-    assert t.share_of(A.id).host_used == 1
-    t.check()
-
-
-def test_share_heaps_stay_bounded_when_nothing_pops_them():
-    t = RadixTree(1)
-    t.set_share(A.id, 1000, None)  # never over its share: its heap is only pushed to
-    t.insert(key([1, 2]), pages(0, 2))
-    node = t.match_prefix(key([1, 2])).device_node
-    for _ in range(5000):
-        t.lock(node)
-        t.unlock(node)  # offers the path each time
-    assert len(t.share_of(A.id).device_lru) <= 4 * 2 + 1024 + 2
-
-
-def test_a_namespace_root_made_after_the_share_carries_it():
-    t = RadixTree(1)
-    t.set_share(B.id, 2, None)
-    t.insert(key([1, 2, 3], B), pages(0, 3))
-    assert t.share_of(B.id).device_used == 3
-    t.evict_device(3)
-    assert t.share_of(B.id).device_used == 0 and t.namespace_root(B) is None  # reclaimed, the share stays
-    t.insert(key([4], B), pages(0, 1))
-    assert t.share_of(B.id).device_used == 1
-    t.check()
 
 
 def test_nodes_are_invisible_to_the_cyclic_gc_and_a_dropped_tree_unlinks_them():
@@ -375,3 +215,18 @@ def test_nodes_are_invisible_to_the_cyclic_gc_and_a_dropped_tree_unlinks_them():
     del tree
     gc.collect()
     assert leaf.parent is None and leaf.children == {}  # unlinked: freed by reference counting
+
+
+def test_check_finds_a_tier_class_count_that_drifted():
+    t = RadixTree(1)
+    leaf = t.insert(key([1, 2, 3]), pages(0, 3)).node
+    t.lock(leaf)
+    t.check()
+    t.book(Tier.DEVICE).protected += 1
+    with pytest.raises(InvariantViolation, match="device pages protected/held/evictable 4/0/0, its nodes hold 3/0/0"):
+        t.check()
+
+
+def test_tier_is_one_value_wherever_it_is_imported_from():
+    from kvcache.types.tier import Tier as FromTypes
+    assert FromTypes is Tier and Tier.DEVICE.value == "device" and Tier.HOST.value == "host"
