@@ -288,8 +288,7 @@ class Copies:
             self.tree.unpin(node)
         elif pinner.pages is None:
             self.tree.unpin_host(node)
-        else:  # a bounce write pins no node; it is listed only to mark "being written"
-            self.tree.offer(node)
+        # (a bounce write pins no node: it is listed only to mark "being written")
         self.holders.remove_pinner(node, pinner)
 
     def on_split(self, child: TreeNode, new: TreeNode, head_pages: int) -> None:

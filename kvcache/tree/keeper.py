@@ -85,7 +85,7 @@ class BookKeeper:
             if node.lock_ref == 0:
                 self._protect(node, False)
                 if parent is not root:
-                    self.offer(node)
+                    self._reoffer(node)
                 elif not node.children:  # a namespace root that holds nothing now
                     self._reclaim_namespace_root(node)
             node = parent  # type: ignore[assignment]
@@ -126,7 +126,7 @@ class BookKeeper:
                 if parent is root:  # a namespace root
                     self._reclaim_namespace_root(node)
                 else:
-                    self.offer(node)
+                    self._reoffer(node)
             node = parent  # type: ignore[assignment]
 
     def unheld_device_pages(self, node: TreeNode) -> int:
@@ -153,7 +153,7 @@ class BookKeeper:
         if node.pins <= 0:
             raise LockUnderflow(node.id, namespace_label(node), "pin")
         node.pins -= 1
-        self.offer(node)
+        self._reoffer(node)
 
     def pin_host(self, nodes: Iterable[TreeNode]) -> None:
         """An L3 write reads the host copies of `nodes`: those copies are not evicted until each is `unpin_host`ed.
@@ -167,7 +167,7 @@ class BookKeeper:
         if node.host_pins <= 0:
             raise LockUnderflow(node.id, namespace_label(node), "host pin")
         node.host_pins -= 1
-        self.offer(node)
+        self._reoffer(node)
 
     def mark_stored(self, node: TreeNode) -> None:
         """The L3 store acknowledged every page of `node`: its host copy can go without a write-back first."""
@@ -189,11 +189,8 @@ class BookKeeper:
         """Give `node` a device copy (a load-back completed) or take it away (pages=None)."""
         self._set_copy(self._device, node, pages)
 
-    def offer(self, node: TreeNode) -> None:
-        """Internal: callers use `unpin` / `unpin_host`, which offer the node themselves. (Still callable while the
-        engine moves to them.)
-
-        `node` lost a lock, hold or pin: it may be evictable again in either tier. Each tier has its own test: a
+    def _reoffer(self, node: TreeNode) -> None:
+        """`node` lost a lock, hold or pin: it may be evictable again in either tier. Each tier has its own test: a
         host pin (an L3 write reading the host copy) keeps the device copy evictable, so it must not keep the node
         out of the device heap until the write lands."""
         # A node is a candidate of one tier at most: of the device tier while it has a device copy, of the host tier
