@@ -49,9 +49,23 @@ from ..errors import AdminBadFrame, AdminError, AdminShuttingDown, AdminSocketIn
 from ..ops.requests import ReplayJob
 from ..workload.traces import parse_trace, trace_lines
 from .credentials import describe_uid, peer_credentials
-from .protocol import (MAX_REQUEST_BYTES, MAX_TRACE_BYTES, PROTOCOL_VERSION, AdminRequest, ErrorInfo, FrameTooLarge,
-                       ReplayAck, ReplayRequest, Response, Truncated, decode_envelope, encode, frame, head_of,
-                       read_frame)
+from .protocol import (
+    MAX_REQUEST_BYTES,
+    MAX_TRACE_BYTES,
+    PROTOCOL_VERSION,
+    AdminRequest,
+    ErrorInfo,
+    FrameTooLarge,
+    ReplayAck,
+    ReplayRequest,
+    Response,
+    Truncated,
+    decode_envelope,
+    encode,
+    frame,
+    head_of,
+    read_frame,
+)
 
 log = logging.getLogger("kvcache.live")
 

@@ -23,25 +23,47 @@ import msgspec
 import numpy as np
 import torch
 
-from ..types.config import HostMode
 from ..diagnostics.snapshot import encode_snapshot
 from ..errors import InvalidInput, UnknownRequest
+from ..ledger.pools import SlotPool
+from ..types.config import HostMode
 from ..types.keys import page_hashes
 from ..types.namespace import Namespace, display_id
-from ..ledger.pools import SlotPool
 from ..types.request import Request
 from ..workload.replay import Replayer
-from .requests import (PROTOCOL_VERSION, AuditRequest, DropRequest, EvictOutcome, EvictRequest, ExpireRequest,
-                       LiveNamespace, LiveStats, LoadBackRequest, NamespaceList, NamespacesRequest, NamespaceTiers,
-                       PingRequest, PoolUse, PrefetchRequest, ReplayJob, ReplayOutcome, RequestResult, ServerInfo,
-                       SharesOutcome, SharesRequest, SnapshotData, SnapshotRequest, StageRequest, StatsRequest,
-                       TierUse)
+from .requests import (
+    PROTOCOL_VERSION,
+    AuditRequest,
+    DropRequest,
+    EvictOutcome,
+    EvictRequest,
+    ExpireRequest,
+    LiveNamespace,
+    LiveStats,
+    LoadBackRequest,
+    NamespaceList,
+    NamespacesRequest,
+    NamespaceTiers,
+    PingRequest,
+    PoolUse,
+    PrefetchRequest,
+    ReplayJob,
+    ReplayOutcome,
+    RequestResult,
+    ServerInfo,
+    SharesOutcome,
+    SharesRequest,
+    SnapshotData,
+    SnapshotRequest,
+    StageRequest,
+    StatsRequest,
+    TierUse,
+)
 from .warm import warm_namespace
 
 if TYPE_CHECKING:
     from ..engine.cache import TieredCache
-    from ..types.results import NamespaceDrop
-    from ..types.results import NamespaceExpiry
+    from ..types.results import NamespaceDrop, NamespaceExpiry
 
 _RIDS = itertools.count(1)
 

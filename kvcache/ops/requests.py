@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import msgspec
 
+from ..storage.api import StoreStats
 from ..types.config import PrefetchPolicy
 from ..types.layout import KVLayout
 from ..types.namespace import NamespaceInfo
@@ -23,7 +24,6 @@ from ..types.reports import ReplayReport
 from ..types.results import StagedView
 from ..types.shares import Shares
 from ..types.stats import CacheStats
-from ..storage.api import StoreStats
 
 if TYPE_CHECKING:  # a ReplayJob is built and run in process, never encoded: its trace's type is an annotation only
     from ..workload.traces import TraceRequest

@@ -15,13 +15,13 @@ import time
 import msgspec
 
 from ..engine.cache import TieredCache
-from ..types.config import HostMode, PrefetchPolicy
 from ..errors import InvalidInput
+from ..storage.api import L3Store
+from ..types.config import HostMode, PrefetchPolicy
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace
-from ..types.request import Request
-from ..storage.api import L3Store
 from ..types.reports import WarmResult
+from ..types.request import Request
 
 
 class WarmPrefix(msgspec.Struct, frozen=True):

@@ -23,17 +23,13 @@ from collections.abc import Callable, Iterable
 import msgspec
 
 from ..engine.cache import TieredCache
-from ..types.results import Admission, AdmitStatus
-from ..types.reports import AuditReport
 from ..errors import InvariantViolation, NamespaceMismatch
 from ..types.keys import page_hashes
-from ..types.namespace import NamespaceInfo
-from ..types.results import DeclineReason
+from ..types.reports import NamespaceReplay, ReplayReport, TierTokens, VerifyMismatch
 from ..types.request import Request
-from ..types.stats import BackupStats, PrefetchStats
+from ..types.results import Admission, AdmitStatus, DeclineReason
 from .kvdata import SyntheticKV
 from .traces import TraceRequest
-from ..types.reports import NamespaceReplay, ReplayReport, TierTokens, VerifyMismatch
 
 _TAIL_FILL = 0xAB  # bytes of a partial tail page: never cached, never verified
 # Declines that a later step may not meet: the bound that declined the prefetch loosens as requests are admitted.

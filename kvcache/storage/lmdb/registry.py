@@ -24,7 +24,6 @@ from ...types.shares import NamespaceShares, decode_shares_record
 from ..api import NamespaceRecord, PageMeta
 from ..codec import decode_meta, decode_namespace, decode_or_none, encoder
 
-
 _U64 = struct.Struct("<Q")  # the payload limits in `store`
 
 

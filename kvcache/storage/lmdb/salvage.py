@@ -42,16 +42,24 @@ import msgspec
 
 from ...errors import NotAStore, StoreError, StoreReadOnly, StoreUnsupported
 from ...types.keys import PAGE_HASH_BYTES
-from ..api import VerifyFinding, VerifyRemoval, VerifyReport
-from ..codec import (CHECKSUMS, DEFAULT_CHECKSUM, HEADER, Checksum, StoreFormat, chains_to,
-                    decode_format, decode_meta, decode_or_none)
-from ..isolated import Died, run_isolated
-from .env import (DB_NAMES, DEFAULT_DURABILITY, DEFAULT_MAP_SIZE, DUPFIXED, ENVS, MAX_DBS, SharedEnv, acquire,
-                       release)
 from ...types.shares import decode_shares_record
+from ..api import VerifyFinding, VerifyRemoval, VerifyReport
+from ..codec import (
+    CHECKSUMS,
+    DEFAULT_CHECKSUM,
+    HEADER,
+    Checksum,
+    StoreFormat,
+    chains_to,
+    decode_format,
+    decode_meta,
+    decode_or_none,
+)
+from ..isolated import Died, run_isolated
+from ..verify import verify
+from .env import DB_NAMES, DEFAULT_DURABILITY, DEFAULT_MAP_SIZE, DUPFIXED, ENVS, MAX_DBS, SharedEnv, acquire, release
 from .registry import SHARES_PREFIX, recount
 from .verify import LMDBIntegrity
-from ..verify import verify
 
 COPY_BATCH_PAGES = 256  # records per write transaction of the rebuild's first pass (a death loses one batch)
 _ERRORS = {"NotAStore": NotAStore, "StoreUnsupported": StoreUnsupported, "StoreReadOnly": StoreReadOnly}
