@@ -366,7 +366,7 @@ def _repair(source: IntegritySource, found: Findings, kids: dict[bytes, list[byt
     for start in range(0, len(found.unlink), limit):
         chunk = found.unlink[start:start + limit]
         gone = source.repair_batch(lambda ops, chunk=chunk: ops.unlink([(p, c) for p, c, _ in chunk]))
-        for (_, child, i), entry_removed in zip(chunk, gone):
+        for (_, child, i), entry_removed in zip(chunk, gone, strict=True):
             if entry_removed:
                 removals.append(VerifyRemoval(found.items[i].kind, child.hex(), "index", 0))
             found.fixed.add(i)
@@ -374,7 +374,7 @@ def _repair(source: IntegritySource, found: Findings, kids: dict[bytes, list[byt
     for start in range(0, len(relink), limit):
         chunk = relink[start:start + limit]
         done = source.repair_batch(lambda ops, chunk=chunk: ops.relink([(h, tree[h]) for h, _ in chunk]))
-        found.fixed.update(i for (_, i), ok in zip(chunk, done) if ok)
+        found.fixed.update(i for (_, i), ok in zip(chunk, done, strict=True) if ok)
     if found.recount or (removals and source.recounts_after_removals):
         source.recount()
         found.fixed.update(found.recount)
@@ -396,13 +396,13 @@ def _remove_some(ops: RepairOps, work: list[Removal], kids: dict[bytes, list[byt
             if item.page not in seen:
                 seen.add(item.page)
                 take.append(item)
-        gone = [(item, done) for item, done in zip(take, ops.remove(take)) if done is not None]
+        gone = [(item, done) for item, done in zip(take, ops.remove(take), strict=True) if done is not None]
         for item, (what, nbytes) in gone:
             head = found.items[item.finding].page_hash
             out.append((VerifyRemoval(found.items[item.finding].kind, item.page.hex(), what, nbytes,
                                       None if item.via is None else head), item.page))
         listed = ops.children([item.page for item, _ in gone]) if gone else []
-        for (item, _), entries in zip(gone, listed):
+        for (item, _), entries in zip(gone, listed, strict=True):
             below = set(kids.get(item.page, ())) | set(entries)
             stack.extend(Removal(c, item.finding, item.page, Guard.PARENT_GONE, tree.get(c)) for c in below)
     return stack, out
@@ -422,7 +422,7 @@ def _drop_damaged(source: IntegritySource, found: Findings, name: str, key: byte
             done: list[tuple[VerifyRemoval, bytes | None]] = []
             if first and ops.drop_record(name, key):
                 done.append((VerifyRemoval(kind, key.hex(), "record", 0), None))
-            for item, gone in zip(batch, ops.remove(batch) if batch else []):
+            for item, gone in zip(batch, ops.remove(batch) if batch else [], strict=True):
                 if gone is not None:
                     done.append((VerifyRemoval(kind, item.page.hex(), gone[0], gone[1], key.hex()), item.page))
             return done

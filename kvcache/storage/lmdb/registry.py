@@ -177,7 +177,7 @@ def evict(txn: lmdb.Transaction, dbs: Any, need: int, protect: set[bytes], delta
     if not items:
         return 0, 0
     metas = [decode_meta(v) for _, v in items]
-    keys = [bytes(k) for (k, _), m in zip(items, metas) if only_ns is None or m.ns_id == only_ns]
+    keys = [bytes(k) for (k, _), m in zip(items, metas, strict=True) if only_ns is None or m.ns_id == only_ns]
     times = [m.last_access for m in metas if only_ns is None or m.ns_id == only_ns]
     if not keys:
         return 0, 0
