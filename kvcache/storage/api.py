@@ -32,6 +32,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
+from ..types.ids import PageHash
 from ..types.keys import TOKEN_BYTES, extend_chain, hash_root
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace
@@ -295,7 +296,7 @@ class L3Store(Protocol):
 
 
 def page_origins(layout: KVLayout, tokens: bytes, namespace: Namespace,
-                 parent: bytes | None = None) -> tuple[list[bytes], list[PageOrigin]]:
+                 parent: bytes | None = None) -> tuple[list[PageHash], list[PageOrigin]]:
     """Page hashes and origins of the whole pages of packed `tokens` in `namespace`, chained from `parent`
     (default: the namespace root under `layout`). What a writer passes to `L3Store.put`."""
     step = layout.page_size * TOKEN_BYTES
