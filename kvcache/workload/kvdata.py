@@ -82,7 +82,7 @@ class SyntheticKV:
         if d is None:
             if len(self._digests) >= _DIGEST_CACHE:
                 self._digests.clear()
-            d = self._digests[page_hash] = xxhash.xxh3_128_intdigest(self.pages([page_hash]).numpy())
+            d = self._digests[page_hash] = xxhash.xxh3_128_intdigest(self.pages([page_hash]).numpy().data)
         return d
 
     def _learn(self, hashes: list[bytes]) -> None:

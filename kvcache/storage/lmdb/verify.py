@@ -272,6 +272,7 @@ class _RepairOps:
         value = txn.get(h, db=dbs.pages)
         raw = txn.get(h, db=dbs.meta)
         if raw is None:
+            assert value is not None, "every guard of `remove` keeps a page with no records"
             txn.delete(h, db=dbs.pages)
             return "bytes", max(len(value) - HEADER, 0)
         meta = decode_or_none(decode_meta, raw)
