@@ -6,16 +6,98 @@ Start with `TieredCache(CacheConfig(layout=KVLayout(...), device_tokens=..., hos
 """
 
 import importlib
+from typing import TYPE_CHECKING
 
-from .errors import (AdminBadFrame, AdminError, AdminProtocolMismatch, AdminRemoteError, AdminShuttingDown,
-                     AdminSocketInUse, AdminTimeout, AdminUnavailable, AdminUntrusted, CacheClosed, DoubleFree,
-                     EventEndpointError, InvalidConfig, InvalidInput, InvalidLayout, InvalidNamespace, InvalidTokens, InvalidTrace,
-                     InvariantViolation, KVCacheError, LayoutMismatch, LockUnderflow, NamespaceMismatch, NotAStore,
-                     OwnershipError, RequestIdInUse, StoreError, StoreFull, StoreReadOnly, StoreUnsupported,
-                     UnknownBackend, UnknownRequest)
+from .errors import (
+    AdminBadFrame,
+    AdminError,
+    AdminProtocolMismatch,
+    AdminRemoteError,
+    AdminShuttingDown,
+    AdminSocketInUse,
+    AdminTimeout,
+    AdminUnavailable,
+    AdminUntrusted,
+    CacheClosed,
+    DoubleFree,
+    EventEndpointError,
+    InvalidConfig,
+    InvalidInput,
+    InvalidLayout,
+    InvalidNamespace,
+    InvalidTokens,
+    InvalidTrace,
+    InvariantViolation,
+    KVCacheError,
+    LayoutMismatch,
+    LockUnderflow,
+    NamespaceMismatch,
+    NotAStore,
+    OwnershipError,
+    RequestIdInUse,
+    StoreError,
+    StoreFull,
+    StoreReadOnly,
+    StoreUnsupported,
+    UnknownBackend,
+    UnknownRequest,
+)
 
-from .types import *  # noqa: F403  (the values: cheap, no torch; their names are in kvcache.types.__all__)
-from .types import __all__ as _VALUES
+# The values (cheap, no torch), every name in kvcache.types.__all__, imported eagerly.
+from .types import (
+    Admission,
+    AdmitStatus,
+    AllBlocksCleared,
+    AuditReport,
+    BackupStats,
+    BlockRemoved,
+    BlockStored,
+    CacheConfig,
+    CacheCounters,
+    CacheStats,
+    CancelReason,
+    CommitResult,
+    DeclineReason,
+    DropReason,
+    EventBatch,
+    EvictResult,
+    ExpiryCause,
+    Headroom,
+    HostMode,
+    KVLayout,
+    MediumNames,
+    Namespace,
+    NamespaceDrop,
+    NamespaceExpiry,
+    NamespaceInfo,
+    NamespaceReplay,
+    NamespaceShares,
+    NamespaceTTL,
+    Owner,
+    OwnerKind,
+    PrefetchOutcome,
+    PrefetchPolicy,
+    PrefetchStats,
+    RadixKey,
+    ReplayReport,
+    Request,
+    SettledPrefetch,
+    Shares,
+    StagedView,
+    TierHits,
+    TierRoom,
+    TierTokens,
+    TTLMode,
+    TTLPolicy,
+    TTLStats,
+    VerifyMismatch,
+    Violation,
+    ViolationKind,
+    WarmResult,
+    WritePolicy,
+    page_hashes,
+)
+from .types import AuditChecked as AuditChecked  # kvcache.types has it too; not in __all__, never was
 
 # What needs torch, a store or a socket, imported on first use (PEP 562), so that `import kvcache`, or a kvc
 # command that only reads a store, does not pay for torch (seconds) and the cache behind it.
@@ -33,6 +115,19 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "live.events": ("KVEventPublisher", "KVEventSubscriber"),
 }
 _HOME = {name: module for module, names in _LAZY.items() for name in names}
+
+if TYPE_CHECKING:  # the same names for mypy, with their real types (at run time `__getattr__` imports them)
+    from .engine.cache import TieredCache
+    from .live.client import AdminClient
+    from .live.events import KVEventPublisher, KVEventSubscriber
+    from .live.server import AdminServer
+    from .ops.warm import warm_namespace
+    from .storage.api import L3Store, page_origins
+    from .storage.registry import open_store
+    from .tree import TreeMatch
+    from .workload.kvdata import SyntheticKV
+    from .workload.replay import Replayer, replay
+    from .workload.traces import TraceRequest, WorkloadSpec, generate, read_trace, write_trace
 
 
 def __getattr__(name: str) -> object:

@@ -13,11 +13,30 @@ from typing import IO, Any, TypeVar
 
 import msgspec
 
-from ..errors import (AdminBadFrame, AdminProtocolMismatch, AdminRemoteError, AdminTimeout, AdminUnavailable,
-                      AdminUntrusted)
+from ..errors import (
+    AdminBadFrame,
+    AdminProtocolMismatch,
+    AdminRemoteError,
+    AdminTimeout,
+    AdminUnavailable,
+    AdminUntrusted,
+)
 from .credentials import describe_uid, peer_credentials
-from .protocol import (MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, PROTOCOL_VERSION, TRACE_CHUNK_BYTES, Envelope,
-                       FrameTooLarge, ReplayAck, ReplayRequest, Truncated, decode_response, frame, head_of, read_frame)
+from .protocol import (
+    MAX_REQUEST_BYTES,
+    MAX_RESPONSE_BYTES,
+    PROTOCOL_VERSION,
+    TRACE_CHUNK_BYTES,
+    Envelope,
+    FrameTooLarge,
+    ReplayAck,
+    ReplayRequest,
+    Truncated,
+    decode_response,
+    frame,
+    head_of,
+    read_frame,
+)
 
 _BUSY_RETRY_START = 0.02  # seconds before a client retries a `busy` answer (doubling, up to _BUSY_RETRY_MAX)
 _BUSY_RETRY_MAX = 0.5

@@ -278,9 +278,10 @@ class KVEventSubscriber:
         if self._catch_up:
             self._catch_up = False
             start = self.next_seq
-            caught = self.fetch(start)  # type: ignore[arg-type]
+            assert start is not None, "a catch-up is asked for with a start only"
+            caught = self.fetch(start)
             if caught:
-                self.missed += caught[0].seq - start  # type: ignore[operator]
+                self.missed += caught[0].seq - start
                 self.next_seq = caught[-1].seq + 1
                 return caught
         if not self._sub.poll(None if timeout is None else max(0, int(timeout * 1000))):

@@ -15,8 +15,8 @@ with a live cache's figures.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
@@ -80,9 +80,9 @@ def store_families(stats: "StoreStats", location: str, namespaces: Iterable["Nam
     yield from (pages, nbytes, served)
     if handle_counters:
         for field, (name, help_text) in HANDLE_COUNTERS.items():
-            family = CounterMetricFamily(name, help_text, labels=labels)
-            family.add_metric(values, getattr(stats.counters, field))
-            yield family
+            counter = CounterMetricFamily(name, help_text, labels=labels)
+            counter.add_metric(values, getattr(stats.counters, field))
+            yield counter
 
 
 def cache_families(live: "LiveStats", namespaces: "NamespaceList | None" = None) -> Iterator[Metric]:
@@ -128,7 +128,7 @@ def cache_families(live: "LiveStats", namespaces: "NamespaceList | None" = None)
             for tier in TIERS:
                 tokens.add_metric([tier, *_ns(row.extra_key, row.salt_fingerprint)], getattr(row, tier).tokens)
         yield tokens
-        shared = [row for row in namespaces.namespaces if row.shares is not None]
+        shared = [(row, row.shares) for row in namespaces.namespaces if row.shares is not None]
         if shared:  # namespaces with shares (kvcache.types.shares): each share beside the use above
             share_tokens = GaugeMetricFamily("kvc_cache_namespace_share_tokens",
                                              "A namespace's share of a tier in tokens (0: none).",
@@ -136,11 +136,11 @@ def cache_families(live: "LiveStats", namespaces: "NamespaceList | None" = None)
             share_bytes = GaugeMetricFamily("kvc_cache_namespace_share_bytes",
                                             "A namespace's share of the store in payload bytes (0: none).",
                                             labels=NS_LABELS)
-            for row in shared:
+            for row, shares in shared:
                 labels = _ns(row.extra_key, row.salt_fingerprint)
-                share_tokens.add_metric(["device", *labels], row.shares.device_tokens)  # type: ignore[union-attr]
-                share_tokens.add_metric(["host", *labels], row.shares.host_tokens)  # type: ignore[union-attr]
-                share_bytes.add_metric(labels, row.shares.store_bytes)  # type: ignore[union-attr]
+                share_tokens.add_metric(["device", *labels], shares.device_tokens)
+                share_tokens.add_metric(["host", *labels], shares.host_tokens)
+                share_bytes.add_metric(labels, shares.store_bytes)
             yield share_tokens
             yield share_bytes
     if live.store is not None:
@@ -163,17 +163,17 @@ def _labelled(name: str, help_text: str, label: str, values: dict[str, int]) -> 
 class _Families:
     """A collector over families computed by a function at each collection."""
 
-    def __init__(self, produce: Any) -> None:
+    def __init__(self, produce: Callable[[], Iterable[Metric]]) -> None:
         self.produce = produce
 
     def collect(self) -> Iterator[Metric]:
         yield from self.produce()
 
 
-def registry_of(produce: Any) -> CollectorRegistry:
+def registry_of(produce: Callable[[], Iterable[Metric]]) -> CollectorRegistry:
     """A registry whose one collector yields `produce()` at every scrape."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families(produce))  # type: ignore[arg-type]
+    registry.register(_Families(produce))
     return registry
 
 

@@ -31,14 +31,43 @@ from typing import Annotated, Union
 import msgspec
 
 from ..errors import AdminBadFrame
+
 # The requests and their results are values of kvcache.ops (what the handlers take and return, offline too); the
 # socket frames them, and re-exports them so that a client finds the whole wire format here.
-from ..ops.requests import (MAX_BYTES, MAX_PAGES, MAX_TIMEOUT_MS, PROTOCOL_VERSION, AuditRequest,  # noqa: F401
-                            Bytes, DropRequest, EvictOutcome, EvictRequest, ExpireRequest, LiveNamespace, LiveStats,
-                            LoadBackRequest, NamespaceList, NamespacesRequest, NamespaceTiers, Pages, PingRequest,
-                            PoolUse, PrefetchRequest, ReplayOutcome, RequestResult, ServerInfo, SharesOutcome,
-                            SharesRequest, SnapshotData, SnapshotRequest, StageRequest, StatsRequest, TierUse,
-                            TimeoutMs, Token)
+from ..ops.requests import (
+    MAX_BYTES,
+    MAX_PAGES,
+    MAX_TIMEOUT_MS,
+    PROTOCOL_VERSION,
+    AuditRequest,
+    Bytes,
+    DropRequest,
+    EvictOutcome,
+    EvictRequest,
+    ExpireRequest,
+    LiveNamespace,
+    LiveStats,
+    LoadBackRequest,
+    NamespaceList,
+    NamespacesRequest,
+    NamespaceTiers,
+    Pages,
+    PingRequest,
+    PoolUse,
+    PrefetchRequest,
+    ReplayOutcome,
+    RequestResult,
+    ServerInfo,
+    SharesOutcome,
+    SharesRequest,
+    SnapshotData,
+    SnapshotRequest,
+    StageRequest,
+    StatsRequest,
+    TierUse,
+    TimeoutMs,
+    Token,
+)
 
 MAX_REQUEST_BYTES = 1 << 20  # a request frame's body: 1 MiB (a 200k-token request fits)
 MAX_RESPONSE_BYTES = 256 << 20  # a response frame's body, as the client accepts it (audits can list much)
@@ -300,3 +329,17 @@ def read_frame(sock: socket.socket, limit: int, frame_seconds: float | None = No
     if body is None:
         raise Truncated(f"connection closed before a body of {length} bytes")
     return body
+
+
+__all__ = [
+    # the frames and their limits
+    "MAX_REQUEST_BYTES", "MAX_RESPONSE_BYTES", "MAX_TRACE_BYTES", "TRACE_CHUNK_BYTES", "MAX_FRAME_DEPTH", "RequestId",
+    "AdminRequest", "Envelope", "Response", "ErrorInfo", "ReplayRequest", "ReplayAck", "SnapshotResult", "head_of",
+    "decode_envelope", "decode_response", "encode", "frame", "read_frame", "FrameTooLarge", "Truncated",
+    # the requests and results of kvcache.ops.requests, re-exported
+    "PROTOCOL_VERSION", "MAX_BYTES", "MAX_PAGES", "MAX_TIMEOUT_MS", "Bytes", "Pages", "TimeoutMs", "Token",
+    "PingRequest", "PrefetchRequest", "StageRequest", "LoadBackRequest", "NamespacesRequest", "AuditRequest",
+    "SnapshotRequest", "StatsRequest", "EvictRequest", "DropRequest", "SharesRequest", "ExpireRequest",
+    "EvictOutcome", "LiveNamespace", "LiveStats", "NamespaceList", "NamespaceTiers", "PoolUse", "ReplayOutcome",
+    "RequestResult", "ServerInfo", "SharesOutcome", "SnapshotData", "TierUse",
+]

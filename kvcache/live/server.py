@@ -28,6 +28,8 @@ from ..ops.handlers import execute
 from .transport import AdminTransport
 
 if TYPE_CHECKING:
+    import msgspec
+
     from ..engine.cache import TieredCache
 
 
@@ -39,7 +41,7 @@ class AdminServer:
         self.cache = cache
         self.transport = AdminTransport(path, self._execute, **options).start()
 
-    def _execute(self, request: object) -> object:
+    def _execute(self, request: object) -> msgspec.Struct:
         # A replay polls this server between its steps, so the requests queued meanwhile are answered too.
         return execute(self.cache, request, between_steps=self.transport.poll)
 

@@ -49,9 +49,23 @@ from ..errors import AdminBadFrame, AdminError, AdminShuttingDown, AdminSocketIn
 from ..ops.requests import ReplayJob
 from ..workload.traces import parse_trace, trace_lines
 from .credentials import describe_uid, peer_credentials
-from .protocol import (MAX_REQUEST_BYTES, MAX_TRACE_BYTES, PROTOCOL_VERSION, AdminRequest, ErrorInfo, FrameTooLarge,
-                       ReplayAck, ReplayRequest, Response, Truncated, decode_envelope, encode, frame, head_of,
-                       read_frame)
+from .protocol import (
+    MAX_REQUEST_BYTES,
+    MAX_TRACE_BYTES,
+    PROTOCOL_VERSION,
+    AdminRequest,
+    ErrorInfo,
+    FrameTooLarge,
+    ReplayAck,
+    ReplayRequest,
+    Response,
+    Truncated,
+    decode_envelope,
+    encode,
+    frame,
+    head_of,
+    read_frame,
+)
 
 log = logging.getLogger("kvcache.live")
 
@@ -86,7 +100,7 @@ class _Job:
         self.done.set()
 
 
-Executor = Callable[[Any], msgspec.Struct]
+Executor = Callable[[AdminRequest | ReplayJob], msgspec.Struct]  # runs a request, returns its result
 
 
 def _one_line(text: str) -> str:
@@ -372,13 +386,13 @@ class AdminTransport:
                 self._send(conn, ident, error=ErrorInfo("bad_request", str(exc)))
                 continue
             if isinstance(request, ReplayRequest):
-                job_request, reply = self._replay_chunk(upload, request)
-                if job_request is None:
+                replay, reply = self._replay_chunk(upload, request)
+                if replay is None:
                     self._send(conn, ident, **reply)
                     continue
+                job = _Job(replay)
             else:
-                job_request = request
-            job = _Job(job_request)
+                job = _Job(request)
             self._queue.put(job)
             try:
                 while not job.done.wait(_WAKE):
@@ -391,7 +405,8 @@ class AdminTransport:
             if job.error is not None:
                 self._send(conn, ident, error=job.error)
             else:
-                self._send(conn, ident, result=msgspec.Raw(job.body))  # type: ignore[arg-type]
+                assert job.body is not None, "a job done without an error has its result"
+                self._send(conn, ident, result=msgspec.Raw(job.body))
 
     def _send(self, conn: socket.socket, ident: int, *, result: msgspec.Raw | None = None,
               error: ErrorInfo | None = None) -> None:

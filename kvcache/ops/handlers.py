@@ -17,31 +17,56 @@ import itertools
 import os
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
 import torch
 
-from ..types.config import HostMode
 from ..diagnostics.snapshot import encode_snapshot
 from ..errors import InvalidInput, UnknownRequest
+from ..ledger.pools import SlotPool
+from ..types.config import HostMode
+from ..types.ids import NamespaceId
 from ..types.keys import page_hashes
 from ..types.namespace import Namespace, display_id
-from ..ledger.pools import SlotPool
 from ..types.request import Request
 from ..workload.replay import Replayer
-from .requests import (PROTOCOL_VERSION, AuditRequest, DropRequest, EvictOutcome, EvictRequest, ExpireRequest,
-                       LiveNamespace, LiveStats, LoadBackRequest, NamespaceList, NamespacesRequest, NamespaceTiers,
-                       PingRequest, PoolUse, PrefetchRequest, ReplayJob, ReplayOutcome, RequestResult, ServerInfo,
-                       SharesOutcome, SharesRequest, SnapshotData, SnapshotRequest, StageRequest, StatsRequest,
-                       TierUse)
+from .requests import (
+    PROTOCOL_VERSION,
+    AuditRequest,
+    DropRequest,
+    EvictOutcome,
+    EvictRequest,
+    ExpireRequest,
+    LiveNamespace,
+    LiveStats,
+    LoadBackRequest,
+    NamespaceList,
+    NamespacesRequest,
+    NamespaceTiers,
+    PingRequest,
+    PoolUse,
+    PrefetchRequest,
+    ReplayJob,
+    ReplayOutcome,
+    RequestResult,
+    ServerInfo,
+    SharesOutcome,
+    SharesRequest,
+    SnapshotData,
+    SnapshotRequest,
+    StageRequest,
+    StatsRequest,
+    TierUse,
+)
 from .warm import warm_namespace
 
 if TYPE_CHECKING:
     from ..engine.cache import TieredCache
-    from ..types.results import NamespaceDrop
-    from ..types.results import NamespaceExpiry
+    from ..storage.api import NamespaceRecord
+    from ..tree import TreeNode
+    from ..types.results import NamespaceDrop, NamespaceExpiry, PrefetchOutcome
 
 _RIDS = itertools.count(1)
 
@@ -50,7 +75,7 @@ def _rid() -> str:
     return f"kvc-admin:{next(_RIDS)}"
 
 
-def execute(cache: "TieredCache", request: object, between_steps: Callable[[], object] = lambda: 0):
+def execute(cache: "TieredCache", request: object, between_steps: Callable[[], object] = lambda: 0) -> msgspec.Struct:
     """Run one admin request (or a `ReplayJob`) on `cache` and return its result struct (errors are raised,
     typed). A replay calls `between_steps` after each of its steps (live mode: the server's poll, so other requests
     are answered meanwhile)."""
@@ -69,36 +94,45 @@ def _use(cache: "TieredCache", pages: int) -> TierUse:
     return TierUse(pages, pages * cache.page_size, pages * cache.layout.bytes_per_page)
 
 
-def _tree_pages(cache: "TieredCache", namespace: Namespace | None = None) -> dict[bytes, list]:
-    """namespace id -> [Namespace, device pages, host pages] from the tree (one namespace's subtree when given)."""
-    out: dict[bytes, list] = {}
+class _TreeUse(msgspec.Struct):
+    """What one namespace holds in the tree: its pages on the device (L1) and in host memory (L2)."""
+
+    namespace: Namespace
+    device_pages: int = 0
+    host_pages: int = 0
+
+
+def _tree_pages(cache: "TieredCache", namespace: Namespace | None = None) -> dict[bytes, _TreeUse]:
+    """namespace id -> what it holds in the tree (one namespace's subtree when given). A namespace root's subtree
+    is all of its namespace's nodes: each node is counted for the root it hangs from."""
+    out: dict[bytes, _TreeUse] = {}
     roots = cache.tree.namespace_roots()
     if namespace is not None:
         roots = [r for r in roots if r.namespace == namespace]
-    stack = [c for r in roots for c in r.children.values()]
+    stack: list[tuple[TreeNode, _TreeUse]] = []
     for r in roots:
-        out[r.namespace.id] = [r.namespace, 0, 0]  # type: ignore[union-attr]
+        assert r.namespace is not None, "only the tree's root has no namespace"
+        use = out[r.namespace.id] = _TreeUse(r.namespace)
+        stack += [(c, use) for c in r.children.values()]
     while stack:
-        node = stack.pop()
-        row = out[node.namespace.id]  # type: ignore[union-attr]
-        row[1] += len(node.device) if node.device is not None else 0
-        row[2] += len(node.host) if node.host is not None else 0
-        stack.extend(node.children.values())
+        node, use = stack.pop()
+        use.device_pages += len(node.device) if node.device is not None else 0
+        use.host_pages += len(node.host) if node.host is not None else 0
+        stack.extend((c, use) for c in node.children.values())
     return out
 
 
-def _stored(cache: "TieredCache") -> dict[str, object]:
+def _stored(cache: "TieredCache") -> dict[str, NamespaceRecord]:
     """namespace id (hex) -> the store's registry record."""
     return {r.ns_id_hex: r for r in cache.store.namespaces()} if cache.store is not None else {}
 
 
 def namespace_tiers(cache: "TieredCache", namespace: Namespace) -> NamespaceTiers:
     """What `namespace` holds in L1, L2 (the tree) and L3 (the store's registry) now."""
-    row = _tree_pages(cache, namespace).get(namespace.id, [namespace, 0, 0])
+    use = _tree_pages(cache, namespace).get(namespace.id, _TreeUse(namespace))
     rec = _stored(cache).get(namespace.id_hex)
-    stored = (TierUse(rec.pages, rec.pages * cache.page_size, rec.bytes)  # type: ignore[union-attr]
-              if rec is not None else TierUse())
-    return NamespaceTiers(_use(cache, row[1]), _use(cache, row[2]), stored)
+    stored = TierUse(rec.pages, rec.pages * cache.page_size, rec.bytes) if rec is not None else TierUse()
+    return NamespaceTiers(_use(cache, use.device_pages), _use(cache, use.host_pages), stored)
 
 
 def _namespaces(cache: "TieredCache", _: NamespacesRequest) -> NamespaceList:
@@ -110,18 +144,23 @@ def _namespaces(cache: "TieredCache", _: NamespacesRequest) -> NamespaceList:
     ttls = {view.id: view for view in cache.namespace_ttls()}  # by display_id
     for ns_hex in sorted(set(tree) | set(stored) | set(shares)):
         rec = stored.get(ns_hex)
-        ns, device, host = tree.get(ns_hex, (None, 0, 0))
+        use = tree.get(ns_hex)
         share = shares.get(ns_hex)
-        info = ns.info() if ns is not None else share
-        extra_key = rec.extra_key if rec is not None else info.extra_key  # type: ignore[union-attr]
-        fingerprint = rec.salt_fingerprint if rec is not None else info.salt_fingerprint  # type: ignore[union-attr]
-        l3 = TierUse(rec.pages, rec.pages * ps, rec.bytes) if rec is not None else TierUse()  # type: ignore
-        shown_id = display_id(bytes.fromhex(ns_hex))  # never the raw id: with the extra_key it is a salt oracle
+        if rec is not None:
+            extra_key, fingerprint = rec.extra_key, rec.salt_fingerprint
+        else:
+            info = use.namespace.info() if use is not None else share
+            assert info is not None, "a namespace not in the store is in the tree or has shares"
+            extra_key, fingerprint = info.extra_key, info.salt_fingerprint
+        l3 = TierUse(rec.pages, rec.pages * ps, rec.bytes) if rec is not None else TierUse()
+        # never the raw id: with the extra_key it is a salt oracle
+        shown_id = display_id(NamespaceId(bytes.fromhex(ns_hex)))
         rows[ns_hex] = LiveNamespace(extra_key, fingerprint, shown_id, l3.pages, l3.tokens, l3.bytes,
-                                     rec.hits if rec is not None else 0,  # type: ignore[union-attr]
-                                     rec.created if rec is not None else 0.0,  # type: ignore[union-attr]
-                                     rec.last_access if rec is not None else 0.0,  # type: ignore[union-attr]
-                                     _use(cache, device), _use(cache, host), l3,
+                                     rec.hits if rec is not None else 0,
+                                     rec.created if rec is not None else 0.0,
+                                     rec.last_access if rec is not None else 0.0,
+                                     _use(cache, use.device_pages if use is not None else 0),
+                                     _use(cache, use.host_pages if use is not None else 0), l3,
                                      share.shares if share is not None else None)
     out = list(rows.values())
     # tracked by the TTL policy and holding nothing now (say, a prefetch that found nothing): listed for its deadline
@@ -186,8 +225,12 @@ def _prefetch_one(cache: "TieredCache", request: Request, req, command: str) -> 
             _release_quietly(cache, request.rid)  # a failed settle must not leave the prefetch holding L2 pages
             raise
     return RequestResult(command, request.namespace.info(), len(request), pages * cache.page_size, pages,
-                         pages * cache.layout.bytes_per_page, time.perf_counter() - start,
-                         None if outcome.issued else outcome.reason.value)  # type: ignore[union-attr]
+                         pages * cache.layout.bytes_per_page, time.perf_counter() - start, _declined(outcome))
+
+
+def _declined(outcome: PrefetchOutcome) -> str | None:
+    """Why a prefetch was declined; None when it was issued (a prefetch has a reason exactly when it is not)."""
+    return outcome.reason.value if outcome.reason is not None else None
 
 
 def _stage(cache: "TieredCache", req: StageRequest) -> RequestResult:
@@ -221,7 +264,7 @@ def _load_back(cache: "TieredCache", req: LoadBackRequest) -> RequestResult:
     buffer = cache.config.host_mode is HostMode.BUFFER
     return RequestResult("load-back", request.namespace.info(), len(request), adm.cached_tokens, n_pages,
                          n_pages * cache.layout.bytes_per_page, time.perf_counter() - start,
-                         None if outcome.issued else outcome.reason.value,  # type: ignore[union-attr]
+                         _declined(outcome),
                          loaded_back_tokens=adm.loaded_back_tokens + (adm.storage_hit_tokens if buffer else 0),
                          verified_tokens=n_pages * ps, verify_mismatches=bad,
                          tiers=namespace_tiers(cache, request.namespace))
@@ -333,7 +376,8 @@ def _holders(cache: "TieredCache") -> set[str]:
             | {s.rid for s in cache.staged_records()})
 
 
-_HANDLERS = {
+# request type -> its handler, which takes a request of that type (dispatch by type: `Any` is each handler's own)
+_HANDLERS: dict[type, Callable[["TieredCache", Any], msgspec.Struct]] = {
     PingRequest: _ping,
     PrefetchRequest: _prefetch,
     StageRequest: _stage,

@@ -16,14 +16,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import msgspec
 
+from ..storage.api import StoreStats
 from ..types.config import PrefetchPolicy
+from ..types.ids import DisplayId
 from ..types.layout import KVLayout
 from ..types.namespace import NamespaceInfo
 from ..types.reports import ReplayReport
 from ..types.results import StagedView
 from ..types.shares import Shares
 from ..types.stats import CacheStats
-from ..storage.api import StoreStats
 
 if TYPE_CHECKING:  # a ReplayJob is built and run in process, never encoded: its trace's type is an annotation only
     from ..workload.traces import TraceRequest
@@ -191,7 +192,7 @@ class LiveNamespace(msgspec.Struct):
 
     extra_key: str | None
     salt_fingerprint: str | None
-    id: str  # display_id: the namespace id keyed by the fingerprint key (never the raw id)
+    id: DisplayId  # the namespace id keyed by the fingerprint key (never the raw id)
     pages: int  # in L3
     tokens: int
     bytes: int

@@ -15,13 +15,13 @@ import time
 import msgspec
 
 from ..engine.cache import TieredCache
-from ..types.config import HostMode, PrefetchPolicy
 from ..errors import InvalidInput
+from ..storage.api import L3Store
+from ..types.config import HostMode, PrefetchPolicy
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace
-from ..types.request import Request
-from ..storage.api import L3Store
 from ..types.reports import WarmResult
+from ..types.request import Request
 
 
 class WarmPrefix(msgspec.Struct, frozen=True):
@@ -104,7 +104,8 @@ def warm_namespace(cache: TieredCache, namespace: Namespace, max_pages: int, max
         request = Request(f"warm:{tag}:{i}", prefix.tokens, namespace)
         outcome = cache.prefetch(request)
         if not outcome.issued:
-            reason = outcome.reason.value  # type: ignore[union-attr]
+            assert outcome.reason is not None, "a prefetch has a reason exactly when it is not issued"
+            reason = outcome.reason.value
             declined[reason] = declined.get(reason, 0) + 1
             continue
         inserted += cache.settle_prefetch(request.rid, policy, timeout_ms).inserted_pages

@@ -32,6 +32,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
+from ..types.ids import NamespaceId, PageHash
 from ..types.keys import TOKEN_BYTES, extend_chain, hash_root
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace
@@ -50,7 +51,7 @@ class PageOrigin(msgspec.Struct, frozen=True, gc=False):
 class PageMeta(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """What a store records about one page besides its bytes."""
 
-    ns_id: bytes  # 16-byte Namespace.id of the page
+    ns_id: NamespaceId  # 16-byte Namespace.id of the page
     layout_id: bytes  # 16-byte KVLayout.layout_id the page was written under
     parent: bytes  # PAGE_HASH_BYTES: parent page hash (the namespace root for a first page)
     tokens: bytes  # packed uint32 token ids of the page (TOKEN_BYTES * page_size bytes)
@@ -256,7 +257,7 @@ class L3Store(Protocol):
     def put(self, hashes: Sequence[bytes], pages: Sequence[Any], origins: Sequence[PageOrigin]) -> PutResult:
         """Store a batch of pages in one transaction; pages already stored are left as they are."""
 
-    def delete_namespace(self, ns_id: bytes) -> DeleteResult:
+    def delete_namespace(self, ns_id: NamespaceId) -> DeleteResult:
         """Remove every page of one namespace and its registry record, in bounded transactions."""
 
     def namespaces(self) -> list[NamespaceRecord]:
@@ -295,7 +296,7 @@ class L3Store(Protocol):
 
 
 def page_origins(layout: KVLayout, tokens: bytes, namespace: Namespace,
-                 parent: bytes | None = None) -> tuple[list[bytes], list[PageOrigin]]:
+                 parent: bytes | None = None) -> tuple[list[PageHash], list[PageOrigin]]:
     """Page hashes and origins of the whole pages of packed `tokens` in `namespace`, chained from `parent`
     (default: the namespace root under `layout`). What a writer passes to `L3Store.put`."""
     step = layout.page_size * TOKEN_BYTES

@@ -54,7 +54,7 @@ def put_views(layout: KVLayout | None, hashes: Sequence[bytes], pages: Sequence[
     check_page_hashes(hashes)
     nbytes, step = layout.bytes_per_page, layout.page_size * TOKEN_BYTES
     views = []
-    for h, page, origin in zip(hashes, pages, origins):
+    for h, page, origin in zip(hashes, pages, origins, strict=True):
         mv = page_bytes(page)
         if len(mv) != nbytes:
             raise InvalidInput(f"page {h.hex()} has {len(mv)} bytes, layout {layout.describe()} needs {nbytes}")
@@ -63,8 +63,8 @@ def put_views(layout: KVLayout | None, hashes: Sequence[bytes], pages: Sequence[
         if extend_chain(origin.parent, origin.tokens, layout.page_size)[0] != h:
             raise InvalidInput(f"page {h.hex()} is not the hash of its parent and tokens in this origin")
         views.append(mv)
-    batch_ns = {h: o.namespace.id for h, o in zip(hashes, origins)}
-    for h, origin in zip(hashes, origins):
+    batch_ns = {h: o.namespace.id for h, o in zip(hashes, origins, strict=True)}
+    for h, origin in zip(hashes, origins, strict=True):
         up = batch_ns.get(origin.parent)
         if up is not None and up != origin.namespace.id:
             raise InvalidInput(f"page {h.hex()}: its parent in this batch is in another namespace than "

@@ -8,9 +8,12 @@ of the read counters (a short read is a miss) are here too, so every backend cou
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .api import AccessPolicy, StoreCounters
+
+if TYPE_CHECKING:
+    from ..types.layout import KVLayout
 
 COUNTED = tuple(name for name in StoreCounters.__struct_fields__ if name != "pending_access")
 
@@ -82,14 +85,22 @@ class StoreHandle:
     `close()`."""
 
     _shown_as = "location"  # the attribute the repr shows (LMDB: the real path)
+    # what the subclass sets (declared here for the type checker: no class attributes)
+    location: str
+    layout: KVLayout | None
+    readonly: bool
+
+    if TYPE_CHECKING:
+        def close(self) -> None:
+            """The subclass's: flush and release the handle."""
 
     def __enter__(self) -> "StoreHandle":
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()  # type: ignore[attr-defined]
+        self.close()
 
     def __repr__(self) -> str:
-        layout = self.layout.describe() if self.layout else "no layout"  # type: ignore[attr-defined]
-        flags = ", read-only" if self.readonly else ""  # type: ignore[attr-defined]
+        layout = self.layout.describe() if self.layout else "no layout"
+        flags = ", read-only" if self.readonly else ""
         return f"{type(self).__name__}({getattr(self, self._shown_as)!r}, {layout}{flags})"

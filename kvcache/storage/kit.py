@@ -10,24 +10,81 @@ behind these names. `plugins/README.md` says how a backend uses them.
 
 from __future__ import annotations
 
-from ..errors import (InvalidInput, LayoutMismatch, NotAStore, StoreError, StoreFull, StoreReadOnly, StoreUnsupported,
-                      UnknownBackend)
+from ..errors import (
+    InvalidInput,
+    LayoutMismatch,
+    NotAStore,
+    StoreError,
+    StoreFull,
+    StoreReadOnly,
+    StoreUnsupported,
+    UnknownBackend,
+)
 from ..types.keys import PAGE_HASH_BYTES, TOKEN_BYTES, extend_chain, hash_root, hash_root_of_id
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace, NamespaceInfo, new_fingerprint_key
 from ..types.shares import NamespaceShares, Shares, decode_shares_record
-from .api import (REPAIRS, VERIFY_KINDS, AccessPolicy, CapacityPolicy, ChildInfo, DeleteResult, L3Store, LayoutRecord,
-                  NamespaceRecord, PageMeta, PageOrigin, PutResult, StoreCounters, StoreStats, VerifyFinding,
-                  VerifyRemoval, VerifyReport, page_origins)
-from .checks import (byte_view, check_page_hashes, layout_to_register, namespace_root, out_views_for, page_bytes,
-                     put_views)
-from .codec import (CHECKSUM_FIELD, CHECKSUMS, DEFAULT_CHECKSUM, FORMAT_MAGIC, FORMAT_VERSION, HEADER, Checksum,
-                    StoreFormat, chains_to, decode_format, decode_layout, decode_meta, decode_namespace, decode_or_none,
-                    encoder, stored_checksum)
+from .api import (
+    REPAIRS,
+    VERIFY_KINDS,
+    AccessPolicy,
+    CapacityPolicy,
+    ChildInfo,
+    DeleteResult,
+    L3Store,
+    LayoutRecord,
+    NamespaceRecord,
+    PageMeta,
+    PageOrigin,
+    PutResult,
+    StoreCounters,
+    StoreStats,
+    VerifyFinding,
+    VerifyRemoval,
+    VerifyReport,
+    page_origins,
+)
+from .checks import (
+    byte_view,
+    check_page_hashes,
+    layout_to_register,
+    namespace_root,
+    out_views_for,
+    page_bytes,
+    put_views,
+)
+from .codec import (
+    CHECKSUM_FIELD,
+    CHECKSUMS,
+    DEFAULT_CHECKSUM,
+    FORMAT_MAGIC,
+    FORMAT_VERSION,
+    HEADER,
+    Checksum,
+    StoreFormat,
+    chains_to,
+    decode_format,
+    decode_layout,
+    decode_meta,
+    decode_namespace,
+    decode_or_none,
+    encoder,
+    stored_checksum,
+)
 from .handle import AccessLog, StoreHandle, count_read, new_counts
 from .registry import DEFAULT_SCHEME, ENTRY_POINT_GROUP, backend_class, backends, open_store, scheme_of
-from .verify import (Findings, Guard, IntegritySource, PageRow, Removal, RepairOps, ScannedPage, Snapshot,
-                     removed_pages, verify)
+from .verify import (
+    Findings,
+    Guard,
+    IntegritySource,
+    PageRow,
+    Removal,
+    RepairOps,
+    ScannedPage,
+    Snapshot,
+    removed_pages,
+    verify,
+)
 
 __all__ = [
     # the protocol and its records (api)

@@ -5,8 +5,8 @@ entry-point name is the URL scheme (``lmdb`` for ``lmdb://PATH``; a plain path a
 from __future__ import annotations
 
 import re
-from importlib.metadata import entry_points
-from typing import Any
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any, Protocol
 
 from ..errors import InvalidInput, UnknownBackend
 from ..types.layout import KVLayout
@@ -18,18 +18,26 @@ DEFAULT_SCHEME = "lmdb"  # the backend a plain filesystem path opens
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
+class StoreBackend(Protocol):
+    """What a backend's entry point loads: its store class, which `open`s a location as an `L3Store` (the
+    backend's own options, such as a capacity or a map size, pass through `**options`)."""
+
+    def open(self, location: str, layout: KVLayout | None = None, *, create: bool = False, readonly: bool = False,
+             add_layout: bool = False, **options: Any) -> L3Store: ...
+
+
 def scheme_of(url_or_path: str) -> str:
     """The backend scheme of a store location: the URL scheme, or DEFAULT_SCHEME for a plain path."""
     m = _SCHEME.match(str(url_or_path))
     return m.group(1).lower() if m else DEFAULT_SCHEME
 
 
-def backends() -> dict[str, Any]:
+def backends() -> dict[str, EntryPoint]:
     """Registered backends: entry-point name (URL scheme) -> entry point (not yet imported)."""
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def backend_class(scheme: str) -> type:
+def backend_class(scheme: str) -> StoreBackend:
     """The backend class registered for `scheme`; UnknownBackend naming the registered schemes otherwise."""
     found = backends()
     if scheme not in found:

@@ -112,7 +112,7 @@ class RepairOps(Protocol):
         """Remove each item's records if its guard still holds: per item (what, payload bytes freed), `what` as in
         VerifyRemoval ("page", "bytes", "meta"); None where the guard kept it (or nothing is stored)."""
 
-    def children(self, pages: Sequence[bytes]) -> list[Iterable[bytes]]:
+    def children(self, pages: Sequence[bytes]) -> Sequence[Iterable[bytes]]:
         """The children index entries of each page (what may hang below it besides what its metadata said)."""
 
     def unlink(self, links: Sequence[tuple[bytes, bytes]]) -> list[bool]:
@@ -259,7 +259,7 @@ def check_snapshot(found: Findings, snap: Snapshot, layouts: dict[bytes, KVLayou
             registry[ns_id] = record
     # Every root a page may hang from: each (layout, namespace) pair the pages or the records name.
     pairs = {(row.layout_id, row.ns_id) for row in tree.values()} | {(lay, ns) for lay in layouts for ns in registry}
-    roots = {hash_root_of_id(lay, ns): (lay, ns) for lay, ns in pairs}
+    roots: dict[bytes, tuple[bytes, bytes]] = {hash_root_of_id(lay, ns): (lay, ns) for lay, ns in pairs}
     kids: dict[bytes, list[bytes]] = {}
     for h, row in tree.items():
         kids.setdefault(row.parent, []).append(h)
@@ -357,7 +357,12 @@ def _repair(source: IntegritySource, found: Findings, kids: dict[bytes, list[byt
         found.recount.append(i)  # the totals are set from what is left at the end
     work = [Removal(h, i, None, guard, tree.get(h)) for h, (i, guard) in reversed(found.remove.items())]
     while work:
-        work, batch = source.repair_batch(lambda ops, work=work: _remove_some(ops, work, kids, tree, found, limit))
+
+        def remove_some(ops: RepairOps,
+                        work: list[Removal] = work) -> tuple[list[Removal], list[tuple[VerifyRemoval, bytes]]]:
+            return _remove_some(ops, work, kids, tree, found, limit)
+
+        work, batch = source.repair_batch(remove_some)
         for r, h in batch:
             removals.append(r)
             removed.add(h)
@@ -365,16 +370,24 @@ def _repair(source: IntegritySource, found: Findings, kids: dict[bytes, list[byt
         found.fixed.update(found.by_page.get(h, ()))
     for start in range(0, len(found.unlink), limit):
         chunk = found.unlink[start:start + limit]
-        gone = source.repair_batch(lambda ops, chunk=chunk: ops.unlink([(p, c) for p, c, _ in chunk]))
-        for (_, child, i), entry_removed in zip(chunk, gone):
+
+        def unlink(ops: RepairOps, chunk: list[tuple[bytes, bytes, int]] = chunk) -> list[bool]:
+            return ops.unlink([(p, c) for p, c, _ in chunk])
+
+        gone = source.repair_batch(unlink)
+        for (_, child, i), entry_removed in zip(chunk, gone, strict=True):
             if entry_removed:
                 removals.append(VerifyRemoval(found.items[i].kind, child.hex(), "index", 0))
             found.fixed.add(i)
     relink = [(h, i) for h, i in found.relink.items() if h not in removed and h in tree]
     for start in range(0, len(relink), limit):
-        chunk = relink[start:start + limit]
-        done = source.repair_batch(lambda ops, chunk=chunk: ops.relink([(h, tree[h]) for h, _ in chunk]))
-        found.fixed.update(i for (_, i), ok in zip(chunk, done) if ok)
+        pages = relink[start:start + limit]
+
+        def relink_some(ops: RepairOps, pages: list[tuple[bytes, int]] = pages) -> list[bool]:
+            return ops.relink([(h, tree[h]) for h, _ in pages])
+
+        done = source.repair_batch(relink_some)
+        found.fixed.update(i for (_, i), ok in zip(pages, done, strict=True) if ok)
     if found.recount or (removals and source.recounts_after_removals):
         source.recount()
         found.fixed.update(found.recount)
@@ -396,13 +409,13 @@ def _remove_some(ops: RepairOps, work: list[Removal], kids: dict[bytes, list[byt
             if item.page not in seen:
                 seen.add(item.page)
                 take.append(item)
-        gone = [(item, done) for item, done in zip(take, ops.remove(take)) if done is not None]
+        gone = [(item, done) for item, done in zip(take, ops.remove(take), strict=True) if done is not None]
         for item, (what, nbytes) in gone:
             head = found.items[item.finding].page_hash
             out.append((VerifyRemoval(found.items[item.finding].kind, item.page.hex(), what, nbytes,
                                       None if item.via is None else head), item.page))
         listed = ops.children([item.page for item, _ in gone]) if gone else []
-        for (item, _), entries in zip(gone, listed):
+        for (item, _), entries in zip(gone, listed, strict=True):
             below = set(kids.get(item.page, ())) | set(entries)
             stack.extend(Removal(c, item.finding, item.page, Guard.PARENT_GONE, tree.get(c)) for c in below)
     return stack, out
@@ -422,7 +435,7 @@ def _drop_damaged(source: IntegritySource, found: Findings, name: str, key: byte
             done: list[tuple[VerifyRemoval, bytes | None]] = []
             if first and ops.drop_record(name, key):
                 done.append((VerifyRemoval(kind, key.hex(), "record", 0), None))
-            for item, gone in zip(batch, ops.remove(batch) if batch else []):
+            for item, gone in zip(batch, ops.remove(batch) if batch else [], strict=True):
                 if gone is not None:
                     done.append((VerifyRemoval(kind, item.page.hex(), gone[0], gone[1], key.hex()), item.page))
             return done

@@ -82,7 +82,7 @@ class SyntheticKV:
         if d is None:
             if len(self._digests) >= _DIGEST_CACHE:
                 self._digests.clear()
-            d = self._digests[page_hash] = xxhash.xxh3_128_intdigest(self.pages([page_hash]).numpy())
+            d = self._digests[page_hash] = xxhash.xxh3_128_intdigest(self.pages([page_hash]).numpy().data)
         return d
 
     def _learn(self, hashes: list[bytes]) -> None:
@@ -99,7 +99,7 @@ class SyntheticKV:
             chunk = hashes[at:at + step]
             rows = self._scratch[: len(chunk)]
             self._fill(chunk, rows)
-            for h, row in zip(chunk, rows):
+            for h, row in zip(chunk, rows, strict=True):
                 self._digests[h] = h128(row)
 
     def mismatches(self, page_rows: torch.Tensor, pages: np.ndarray, hashes: Sequence[bytes]) -> np.ndarray:
@@ -111,7 +111,8 @@ class SyntheticKV:
         rows = page_rows.numpy()
         self._learn([h for h in hashes if h not in self._digests])
         digest, h128 = self.digest, xxhash.xxh3_128_intdigest
-        bad = [i for i, (p, h) in enumerate(zip(np.asarray(pages).tolist(), hashes)) if h128(rows[p]) != digest(h)]
+        bad = [i for i, (p, h) in enumerate(zip(np.asarray(pages).tolist(), hashes, strict=True))
+               if h128(rows[p]) != digest(h)]
         return np.asarray(bad, dtype=np.int64)
 
     def _mismatches_on_device(self, page_rows: torch.Tensor, pages: np.ndarray,

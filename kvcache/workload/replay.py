@@ -19,21 +19,18 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import msgspec
 
 from ..engine.cache import TieredCache
-from ..types.results import Admission, AdmitStatus
-from ..types.reports import AuditReport
 from ..errors import InvariantViolation, NamespaceMismatch
 from ..types.keys import page_hashes
-from ..types.namespace import NamespaceInfo
-from ..types.results import DeclineReason
+from ..types.reports import NamespaceReplay, ReplayReport, TierTokens, VerifyMismatch
 from ..types.request import Request
-from ..types.stats import BackupStats, PrefetchStats
+from ..types.results import Admission, AdmitStatus, DeclineReason
 from .kvdata import SyntheticKV
 from .traces import TraceRequest
-from ..types.reports import NamespaceReplay, ReplayReport, TierTokens, VerifyMismatch
 
 _TAIL_FILL = 0xAB  # bytes of a partial tail page: never cached, never verified
 # Declines that a later step may not meet: the bound that declined the prefetch loosens as requests are admitted.
@@ -72,7 +69,10 @@ class _Tally:
         self.tokens += len(request)
 
 
-def _delta(after: msgspec.Struct, before: msgspec.Struct) -> msgspec.Struct:
+_Counts = TypeVar("_Counts", bound=msgspec.Struct)
+
+
+def _delta(after: _Counts, before: _Counts) -> _Counts:
     """Field-wise `after - before` of two counter structs (nested dicts of counts included)."""
 
     def sub(a, b):
@@ -101,7 +101,7 @@ class Replayer:
         self._retry: set[str] = set()  # rids whose prefetch a bound declined: issued again at the next step
 
     def run(self, trace: Iterable[TraceRequest],
-            progress: Callable[[int], None] | None = None) -> ReplayReport:
+            progress: Callable[[int], object] | None = None) -> ReplayReport:
         """Replay every request of `trace` in order; `progress(n)` after each step with the requests done."""
         cache, tally = self.cache, _Tally()
         stats0 = cache.stats()
@@ -160,8 +160,7 @@ class Replayer:
             tally.requests, tally.refused, tally.tokens, tally.hits,
             sorted(tally.by_ns.values(), key=lambda r: (-r.tokens, r.namespace.extra_key or "")),
             self.verify, tally.verified, tally.mismatched, tally.examples, tally.ns_mismatches,
-            sum(prefetch.cancelled.values()),  # type: ignore[attr-defined]
-            prefetch, _delta(stats1.backup, stats0.backup),  # type: ignore[arg-type]
+            sum(prefetch.cancelled.values()), prefetch, _delta(stats1.backup, stats0.backup),
             audit, seconds, tally.requests / seconds if seconds else 0.0,
             tally.tokens / seconds if seconds else 0.0, tally.reissued, tally.blocked)
 
@@ -215,7 +214,7 @@ class Replayer:
 
 
 def replay(cache: TieredCache, trace: Iterable[TraceRequest], *, verify: bool = False, batch: int = 4,
-           lookahead: int = 8, progress: Callable[[int], None] | None = None,
+           lookahead: int = 8, progress: Callable[[int], object] | None = None,
            on_admit: Callable[[Request, Admission], None] | None = None) -> ReplayReport:
     """Replay `trace` through `cache` (see `Replayer`)."""
     return Replayer(cache, verify=verify, batch=batch, lookahead=lookahead, on_admit=on_admit).run(trace, progress)

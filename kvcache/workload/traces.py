@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Annotated, BinaryIO
+from typing import IO, Annotated
 
 import msgspec
 import numpy as np
@@ -92,7 +92,7 @@ def read_trace(path: str | Path) -> list[TraceRequest]:
         return list(parse_trace(trace_lines(f), str(path)))
 
 
-def trace_lines(f: BinaryIO) -> Iterator[bytes]:
+def trace_lines(f: IO[bytes]) -> Iterator[bytes]:
     """The lines of a binary file, none read past MAX_TRACE_LINE_BYTES (a longer one comes back cut just over the
     limit, for `parse_trace` to refuse)."""
     while line := f.readline(MAX_TRACE_LINE_BYTES + 1):

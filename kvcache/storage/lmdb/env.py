@@ -11,6 +11,7 @@ reported as StoreFull when the disk is full).
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import threading
 import time
@@ -100,7 +101,7 @@ class SharedEnv:
         while True:
             self._enter()
             try:
-                return self.env.begin(write=write, buffers=buffers)
+                return self.env.begin(write=write, buffers=True) if buffers else self.env.begin(write=write)
             except lmdb.MapResizedError:
                 self._leave()
                 self.resize(0)
@@ -333,11 +334,12 @@ def remove_failed_create(path: str, made_dir: bool) -> None:
 def _open_env_once(path: str, create: bool, map_size: int, durability: str, checksum: str) -> SharedEnv:
     data_file = os.path.join(path, "data.mdb")
     existing = os.path.getsize(data_file) if os.path.exists(data_file) else 0
-    kwargs = dict(map_size=max(map_size, existing), subdir=True, max_dbs=MAX_DBS, max_readers=MAX_READERS,
-                  sync=DURABILITY[durability][0], metasync=DURABILITY[durability][1], meminit=True, lock=True)
+    open_env = functools.partial(lmdb.open, path, map_size=max(map_size, existing), subdir=True, max_dbs=MAX_DBS,
+                                 max_readers=MAX_READERS, sync=DURABILITY[durability][0],
+                                 metasync=DURABILITY[durability][1], meminit=True, lock=True)
     writable = True
     try:
-        env = lmdb.open(path, readonly=False, **kwargs)
+        env = open_env(readonly=False)
     except (lmdb.Error, OSError) as exc:
         code = _error_code(exc)
         if isinstance(exc, lmdb.InvalidError) or isinstance(exc, lmdb.VersionMismatchError):
@@ -347,7 +349,7 @@ def _open_env_once(path: str, create: bool, map_size: int, durability: str, chec
         if code in (errno.EACCES, errno.EPERM, errno.EROFS) and existing:
             writable = False  # a read-only location: read the store, refuse writes
             try:
-                env = lmdb.open(path, readonly=True, **kwargs)
+                env = open_env(readonly=True)
             except (lmdb.Error, OSError) as exc2:
                 if isinstance(exc2, lmdb.Error) and _transient(exc2):
                     raise
@@ -401,17 +403,17 @@ def _open_dbs(env: lmdb.Environment, path: str, writable: bool, create: bool,
     except (lmdb.NotFoundError, lmdb.IncompatibleError) as exc:
         raise NotAStore(path, f"an LMDB environment without kvc's sub-databases ({exc})") from None
     try:
-        fmt = decode_format(raw) if raw is not None else None
+        recorded = decode_format(raw) if raw is not None else None
     except msgspec.DecodeError:
-        fmt = None
-    if fmt is None or fmt.magic != FORMAT_MAGIC:
+        recorded = None
+    if recorded is None or recorded.magic != FORMAT_MAGIC:
         raise NotAStore(path, "an LMDB environment without kvc's format record (a foreign LMDB)")
-    if fmt.version > FORMAT_VERSION:
-        raise StoreUnsupported(path, f"store format {fmt.version} is newer than this kvc ({FORMAT_VERSION})")
-    if fmt.checksum not in CHECKSUMS:
-        raise StoreUnsupported(path, f"store checksums use {fmt.checksum!r}; this install has "
+    if recorded.version > FORMAT_VERSION:
+        raise StoreUnsupported(path, f"store format {recorded.version} is newer than this kvc ({FORMAT_VERSION})")
+    if recorded.checksum not in CHECKSUMS:
+        raise StoreUnsupported(path, f"store checksums use {recorded.checksum!r}; this install has "
                                      f"{', '.join(CHECKSUMS)} (install the 'xxhash' package)")
-    return Dbs(**handles), fmt
+    return Dbs(**handles), recorded
 
 
 def acquire(path: str, create: bool, map_size: int, durability: str,

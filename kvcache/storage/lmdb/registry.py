@@ -24,7 +24,6 @@ from ...types.shares import NamespaceShares, decode_shares_record
 from ..api import NamespaceRecord, PageMeta
 from ..codec import decode_meta, decode_namespace, decode_or_none, encoder
 
-
 _U64 = struct.Struct("<Q")  # the payload limits in `store`
 
 
@@ -44,15 +43,22 @@ def init_store_records(txn: lmdb.Transaction, store_db: Any) -> None:
     txn.put(b"capacity", _U64.pack(0), db=store_db)
 
 
+def _kept(txn: lmdb.Transaction, key: bytes, db: Any) -> bytes | memoryview:
+    """A bookkeeping record every store holds: `init_store_records` writes it with the store, nothing deletes it."""
+    raw = txn.get(key, db=db)
+    assert raw is not None, f"a store without its {key.decode()!r} record"
+    return raw
+
+
 def read_totals(txn: lmdb.Transaction, dbs: Any) -> StoreTotals:
     """The store totals (a record that does not decode raises msgspec's DecodeError: a damaged store)."""
-    return decode_totals(txn.get(b"totals", db=dbs.store))
+    return decode_totals(_kept(txn, b"totals", dbs.store))
 
 
 def adjust_totals(txn: lmdb.Transaction, dbs: Any, pages: int, nbytes: int, damaged_ok: bool = False) -> None:
     """Add to the store totals. `damaged_ok`: leave a totals record that does not decode as it is (repair
     recounts it at its end) instead of failing."""
-    raw = txn.get(b"totals", db=dbs.store)
+    raw = _kept(txn, b"totals", dbs.store)
     totals = decode_or_none(decode_totals, raw) if damaged_ok else decode_totals(raw)
     if totals is not None:
         txn.put(b"totals", encoder.encode(StoreTotals(totals.pages + pages, totals.bytes + nbytes)), db=dbs.store)
@@ -61,7 +67,7 @@ def adjust_totals(txn: lmdb.Transaction, dbs: Any, pages: int, nbytes: int, dama
 def limits(txn: lmdb.Transaction, dbs: Any) -> tuple[int, int]:
     """(capacity, namespace quota) in payload bytes; 0 = none. Stores written before quotas lack the key."""
     quota = txn.get(b"ns_quota", db=dbs.store)
-    capacity = _U64.unpack(txn.get(b"capacity", db=dbs.store))[0]
+    capacity = _U64.unpack(_kept(txn, b"capacity", dbs.store))[0]
     return capacity, (_U64.unpack(quota)[0] if quota else 0)
 
 
@@ -178,7 +184,7 @@ def evict(txn: lmdb.Transaction, dbs: Any, need: int, protect: set[bytes], delta
     if not items:
         return 0, 0
     metas = [decode_meta(v) for _, v in items]
-    keys = [bytes(k) for (k, _), m in zip(items, metas) if only_ns is None or m.ns_id == only_ns]
+    keys = [bytes(k) for (k, _), m in zip(items, metas, strict=True) if only_ns is None or m.ns_id == only_ns]
     times = [m.last_access for m in metas if only_ns is None or m.ns_id == only_ns]
     if not keys:
         return 0, 0

@@ -42,16 +42,24 @@ import msgspec
 
 from ...errors import NotAStore, StoreError, StoreReadOnly, StoreUnsupported
 from ...types.keys import PAGE_HASH_BYTES
-from ..api import VerifyFinding, VerifyRemoval, VerifyReport
-from ..codec import (CHECKSUMS, DEFAULT_CHECKSUM, HEADER, Checksum, StoreFormat, chains_to,
-                    decode_format, decode_meta, decode_or_none)
-from ..isolated import Died, run_isolated
-from .env import (DB_NAMES, DEFAULT_DURABILITY, DEFAULT_MAP_SIZE, DUPFIXED, ENVS, MAX_DBS, SharedEnv, acquire,
-                       release)
 from ...types.shares import decode_shares_record
+from ..api import VerifyFinding, VerifyRemoval, VerifyReport
+from ..codec import (
+    CHECKSUMS,
+    DEFAULT_CHECKSUM,
+    HEADER,
+    Checksum,
+    StoreFormat,
+    chains_to,
+    decode_format,
+    decode_meta,
+    decode_or_none,
+)
+from ..isolated import Died, run_isolated
+from ..verify import verify
+from .env import DB_NAMES, DEFAULT_DURABILITY, DEFAULT_MAP_SIZE, DUPFIXED, ENVS, MAX_DBS, SharedEnv, acquire, release
 from .registry import SHARES_PREFIX, recount
 from .verify import LMDBIntegrity
-from ..verify import verify
 
 COPY_BATCH_PAGES = 256  # records per write transaction of the rebuild's first pass (a death loses one batch)
 _ERRORS = {"NotAStore": NotAStore, "StoreUnsupported": StoreUnsupported, "StoreReadOnly": StoreReadOnly}
@@ -277,27 +285,30 @@ def _copy_walking(path: str, new: str, db: str) -> tuple[set[bytes], int]:
     a commit (so everything before the damage gets in); then backward from the end down to that key. Returns the
     keys copied and the entries the catalogue records (-1: unreadable)."""
     copied: set[bytes] = set()
-    state = {"entries": -1, "last": None}
+    entries = -1
+    last: bytes | None = None  # the greatest key a forward walk committed
+    backward = False
 
     def on(message: Any) -> None:
+        nonlocal entries, last
         kind, value = message
         if kind == "entries":
-            state["entries"] = value
+            entries = value
         else:
             keys = [bytes(k) for k in value]
             copied.update(keys)
-            if keys and not state.get("backward"):
-                state["last"] = max(keys)
+            if keys and not backward:
+                last = max(keys)
 
     _, died = run_isolated(lambda r: _walk_copy(path, new, db, _Walk(False, None, COPY_BATCH_PAGES), r),
                            on_progress=on)
     if died is None:
-        return copied, state["entries"]
-    _, died = run_isolated(lambda r: _walk_copy(path, new, db, _Walk(False, state["last"], 1), r), on_progress=on)
+        return copied, entries
+    _, died = run_isolated(lambda r: _walk_copy(path, new, db, _Walk(False, last, 1), r), on_progress=on)
     if died is not None:
-        state["backward"] = True
-        run_isolated(lambda r: _walk_copy(path, new, db, _Walk(True, state["last"], 1), r), on_progress=on)
-    return copied, state["entries"]
+        backward = True
+        run_isolated(lambda r: _walk_copy(path, new, db, _Walk(True, last, 1), r), on_progress=on)
+    return copied, entries
 
 
 @contextlib.contextmanager
@@ -351,15 +362,17 @@ def _copy_by_key(path: str, new: str, db: str, keys: list[bytes]) -> set[bytes]:
     while start < len(keys):
         state = {"committed": start, "reading": start}
 
-        def on(message: Any, state=state) -> None:
+        def on(message: Any, state: dict[str, int] = state) -> None:
             kind, value = message
             if kind == "found":
                 copied.update(bytes(k) for k in value)
             else:
                 state[kind] = value
 
-        _, died = run_isolated(lambda r, start=start: _lookup_copy(path, new, db, keys, start, skip, r),
-                               on_progress=on)
+        def copy(report: Callable[[Any], None], start: int = start) -> None:
+            _lookup_copy(path, new, db, keys, start, skip, report)
+
+        _, died = run_isolated(copy, on_progress=on)
         if died is None:
             break
         skip.add(state["reading"])
@@ -493,8 +506,9 @@ def _prepare(new: str, store_records: dict[bytes, bytes]) -> list[VerifyRemoval]
         def body(txn: lmdb.Transaction) -> None:
             fmt = decode_or_none(decode_format, store_records.get(b"format", b""))
             if not (isinstance(fmt, StoreFormat) and fmt.checksum in CHECKSUMS):
-                fmt = msgspec.structs.replace(decode_format(txn.get(b"format", db=dbs.store)),
-                                              checksum=_agreed_checksum(txn, dbs))
+                fresh = txn.get(b"format", db=dbs.store)
+                assert fresh is not None, "the fresh store has the format record its creation wrote"
+                fmt = msgspec.structs.replace(decode_format(fresh), checksum=_agreed_checksum(txn, dbs))
             txn.put(b"format", msgspec.msgpack.encode(fmt), db=dbs.store)
             for key in (b"capacity", b"ns_quota"):
                 if len(store_records.get(key, b"")) == 8:  # a u64 limit
@@ -505,9 +519,9 @@ def _prepare(new: str, store_records: dict[bytes, bytes]) -> list[VerifyRemoval]
             layouts = {bytes(k) for k, v in txn.cursor(db=dbs.layouts)}
             namespaces = {bytes(k) for k, v in txn.cursor(db=dbs.namespaces)}
             txn.drop(dbs.children, delete=False)
-            for key, raw in list(txn.cursor(db=dbs.meta)):
-                h = bytes(key)
-                meta = decode_or_none(decode_meta, raw)
+            for page_key, raw_meta in list(txn.cursor(db=dbs.meta)):
+                h = bytes(page_key)
+                meta = decode_or_none(decode_meta, raw_meta)
                 if meta is None:
                     continue  # verify(repair=True) removes it next
                 lost = ("unknown_layout" if meta.layout_id not in layouts else

@@ -23,11 +23,19 @@ import lmdb
 from ...types.keys import PAGE_HASH_BYTES, hash_root_of_id
 from ...types.layout import KVLayout
 from ..api import LayoutRecord
-from ..codec import (CHECKSUMS, HEADER, chains_to, decode_layout, decode_meta, decode_namespace, decode_or_none,
-                    stored_checksum)
+from ..codec import (
+    CHECKSUMS,
+    HEADER,
+    chains_to,
+    decode_layout,
+    decode_meta,
+    decode_namespace,
+    decode_or_none,
+    stored_checksum,
+)
+from ..verify import Findings, Guard, PageRow, Removal, RepairOps, ScannedPage, Snapshot
 from .env import SharedEnv
 from .registry import NsDelta, adjust_totals, apply_deltas, decode_totals, drop_page, recount
-from ..verify import Findings, Guard, PageRow, Removal, RepairOps, ScannedPage, Snapshot
 
 T = TypeVar("T")
 
@@ -264,6 +272,7 @@ class _RepairOps:
         value = txn.get(h, db=dbs.pages)
         raw = txn.get(h, db=dbs.meta)
         if raw is None:
+            assert value is not None, "every guard of `remove` keeps a page with no records"
             txn.delete(h, db=dbs.pages)
             return "bytes", max(len(value) - HEADER, 0)
         meta = decode_or_none(decode_meta, raw)

@@ -54,15 +54,62 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from kvcache.storage.kit import (CHECKSUMS, FORMAT_MAGIC, FORMAT_VERSION, HEADER, PAGE_HASH_BYTES, AccessLog,
-                                 AccessPolicy, CapacityPolicy, ChildInfo, DeleteResult, Findings, Guard, InvalidInput,
-                                 KVLayout, LayoutRecord, Namespace, NamespaceInfo, NamespaceRecord, NamespaceShares,
-                                 NotAStore, PageMeta, PageOrigin, PageRow, PutResult, Removal, RepairOps, ScannedPage,
-                                 Shares, Snapshot, StoreCounters, StoreError, StoreFormat, StoreHandle, StoreReadOnly,
-                                 StoreStats, StoreUnsupported, VerifyReport, check_page_hashes, count_read,
-                                 decode_format, decode_layout, decode_meta, decode_or_none, decode_shares_record,
-                                 encoder, hash_root, layout_to_register, namespace_root, new_counts,
-                                 new_fingerprint_key, out_views_for, put_views, removed_pages, verify)
+from kvcache.storage.kit import (
+    CHECKSUMS,
+    FORMAT_MAGIC,
+    FORMAT_VERSION,
+    HEADER,
+    PAGE_HASH_BYTES,
+    AccessLog,
+    AccessPolicy,
+    CapacityPolicy,
+    ChildInfo,
+    DeleteResult,
+    Findings,
+    Guard,
+    InvalidInput,
+    KVLayout,
+    LayoutRecord,
+    Namespace,
+    NamespaceInfo,
+    NamespaceRecord,
+    NamespaceShares,
+    NotAStore,
+    PageMeta,
+    PageOrigin,
+    PageRow,
+    PutResult,
+    Removal,
+    RepairOps,
+    ScannedPage,
+    Shares,
+    Snapshot,
+    StoreCounters,
+    StoreError,
+    StoreFormat,
+    StoreHandle,
+    StoreReadOnly,
+    StoreStats,
+    StoreUnsupported,
+    VerifyReport,
+    check_page_hashes,
+    count_read,
+    decode_format,
+    decode_layout,
+    decode_meta,
+    decode_or_none,
+    decode_shares_record,
+    encoder,
+    hash_root,
+    layout_to_register,
+    namespace_root,
+    new_counts,
+    new_fingerprint_key,
+    out_views_for,
+    put_views,
+    removed_pages,
+    verify,
+)
 
 from . import scripts
 
@@ -366,7 +413,7 @@ class RedisStore(StoreHandle):
                 for h in hashes:
                     pipe.exists(self._pk(h))
                 corrupt = self._corrupt
-                for h, there in zip(hashes, pipe.execute()):
+                for h, there in zip(hashes, pipe.execute(), strict=True):
                     if not there or (corrupt and h in corrupt):
                         break
                     found += 1
@@ -402,7 +449,7 @@ class RedisStore(StoreHandle):
             self._counts["read_errors"] += 1
             replies = []
         corrupt = self._corrupt
-        for h, out, (value, ns) in zip(hashes, outs, replies):
+        for h, out, (value, ns) in zip(hashes, outs, replies, strict=False):
             if value is None or ns is None or (corrupt and h in corrupt):
                 break
             # A stored size other than a page's (the out views were checked above) is a damaged record: a miss,
@@ -446,7 +493,7 @@ class RedisStore(StoreHandle):
             return out
         metas = self._admin(lambda c: self._hmget_many(c, kids, ("m", "h", "a")))
         heads: list[tuple[bytes, PageMeta, int, float]] = []
-        for child, (m, hits, last) in zip(kids, metas):
+        for child, (m, hits, last) in zip(kids, metas, strict=True):
             if m is not None:
                 meta = decode_meta(m)
                 heads.append((child, meta, int(hits or 0), float(last or meta.last_access)))
@@ -458,7 +505,7 @@ class RedisStore(StoreHandle):
         while level:
             below = self._admin(lambda c, level=level: self._smembers_many(c, level))
             nxt = []
-            for parent, members in zip(level, below):
+            for parent, members in zip(level, below, strict=True):
                 for k in members:
                     if k not in seen:
                         seen.add(k)
@@ -467,7 +514,7 @@ class RedisStore(StoreHandle):
             if not nxt:
                 break
             figures = self._admin(lambda c, nxt=nxt: self._hmget_many(c, nxt, ("h", "a")))
-            for k, (hits, last) in zip(nxt, figures):
+            for k, (hits, last) in zip(nxt, figures, strict=True):
                 if hits is not None:
                     acc = heat[top[k]]
                     acc[0] += int(hits)
@@ -517,7 +564,7 @@ class RedisStore(StoreHandle):
             return pipe.execute()
 
         out = {}
-        for ns_hex, rec in zip(ids, self._admin(fetch) if ids else []):
+        for ns_hex, rec in zip(ids, self._admin(fetch) if ids else [], strict=True):
             if b"info" not in rec:
                 continue  # removed meanwhile (delete_namespace), or a counter stub: not a registered namespace
             info = _dec_info.decode(rec[b"info"])
@@ -596,7 +643,8 @@ class RedisStore(StoreHandle):
         raised (a lost reply may hide a batch that was stored: the next put of it finds it `existing`).
         """
         self._check_writable()
-        values = [_page_value(h, mv) for h, mv in zip(hashes, put_views(self.layout, hashes, pages, origins))]
+        views = put_views(self.layout, hashes, pages, origins)
+        values = [_page_value(h, mv) for h, mv in zip(hashes, views, strict=True)]
         if not hashes:
             return PutResult(0, 0, 0, 0, 0)
         layout = self.layout
@@ -609,7 +657,7 @@ class RedisStore(StoreHandle):
         roots = {ns.id: hash_root(layout_id, ns) for ns in {o.namespace for o in origins}}
         metas = [encoder.encode(PageMeta(o.namespace.id, layout_id, o.parent, o.tokens, nbytes,
                                       int.from_bytes(v[:HEADER], "little"), now, now, 0))
-                 for o, v in zip(origins, values)]
+                 for o, v in zip(origins, values, strict=True)]
         try:
             if self.cluster:
                 written, existing, rejected = self._put_cluster(client, hashes, values, metas, origins, roots, now)
@@ -675,7 +723,7 @@ class RedisStore(StoreHandle):
         for ns in infos:
             args += [ns.id_hex, encoder.encode(ns.info(self.fingerprint_key))]
         fresh: set[bytes] = set()
-        for h, v, m, o in zip(hashes, values, metas, origins):
+        for h, v, m, o in zip(hashes, values, metas, origins, strict=True):
             is_root = o.parent == roots[o.namespace.id]
             check = not is_root and o.parent not in fresh
             fresh.add(h)
@@ -700,12 +748,12 @@ class RedisStore(StoreHandle):
             pipe = client.pipeline(transaction=False)
             for _, parent in to_check:
                 pipe.hget(self._pk(parent), "n")
-            for (i, _), up in zip(to_check, pipe.execute()):
+            for (i, _), up in zip(to_check, pipe.execute(), strict=True):
                 if up is None or up.decode() != origins[i].namespace.id_hex:
                     raise _foreign_parent(hashes[i], origins[i], stored=up is not None)
         over = self._over_share(client, origins, len(values[0]) - HEADER if values else 0)
         pipe = client.pipeline(transaction=False)
-        for i, (h, v, m, o) in enumerate(zip(hashes, values, metas, origins)):
+        for i, (h, v, m, o) in enumerate(zip(hashes, values, metas, origins, strict=True)):
             if i in over:  # past its namespace's store share: only asked whether it is stored already
                 pipe.exists(self._pk(h))
             else:
@@ -745,7 +793,7 @@ class RedisStore(StoreHandle):
         for h in ns_hexes:
             pipe.hget(self._nk(h), "bytes")
         limits, *held = pipe.execute()
-        room = {h: int(lim) - int(b or 0) for h, lim, b in zip(ns_hexes, limits, held) if lim is not None}
+        room = {h: int(lim) - int(b or 0) for h, lim, b in zip(ns_hexes, limits, held, strict=True) if lim is not None}
         over: set[int] = set()
         for i, o in enumerate(origins):
             h = o.namespace.id_hex
@@ -824,7 +872,7 @@ class RedisStore(StoreHandle):
                 if guard != "raw" and (ns is None or parent is None)]
         if need:
             read = self._hmget_many(client, [items[i][0] for i in need], ("n", "p"))
-            for i, (ns, parent) in zip(need, read):
+            for i, (ns, parent) in zip(need, read, strict=True):
                 h, _, _, guard, sha = items[i]
                 items[i] = (h, ns.decode() if ns else "", parent.decode() if parent else "", guard, sha)
         out: list[int] = []
@@ -852,7 +900,7 @@ class RedisStore(StoreHandle):
         pipe = client.pipeline(transaction=False)
         per_ns: Counter[str] = Counter()
         per_ns_bytes: Counter[str] = Counter()
-        for (h, ns, parent, guard, _), f in zip(chunk, freed):
+        for (h, ns, parent, guard, _), f in zip(chunk, freed, strict=True):
             if f >= 0 and guard != "raw":
                 pipe.srem(self._ck(bytes.fromhex(parent)), h)
                 per_ns[ns] += 1
@@ -876,7 +924,7 @@ class RedisStore(StoreHandle):
                 pipe.hmget(k, *fields)
             got = self._admin(lambda c: pipe.execute())
             out = []
-            for k, vals in zip(keys, got):
+            for k, vals in zip(keys, got, strict=True):
                 tail = k[skip:].decode(errors="replace")
                 try:
                     h = bytes.fromhex(tail)
@@ -957,7 +1005,7 @@ class RedisStore(StoreHandle):
     def _recount(self) -> None:
         """Set every registry counter from the page records stored now."""
         per_ns: dict[str, list[int]] = {}
-        for h, (n, size) in self._scan_pages_sizes():
+        for _, (n, size) in self._scan_pages_sizes():
             acc = per_ns.setdefault(n, [0, 0])
             acc[0] += 1
             acc[1] += size
@@ -1076,7 +1124,7 @@ class _RedisIntegrity:
                 pipe.sismember(self.store._ck(meta.parent), h)
             return pipe.execute()
 
-        listed = dict(zip((h for h, _ in whole), self.store._admin(ask) if whole else []))
+        listed = dict(zip((h for h, _ in whole), self.store._admin(ask) if whole else [], strict=True))
         for h, d, meta, damaged in chunk:
             if meta is None:
                 yield ScannedPage(h, d, None, damaged)
@@ -1096,7 +1144,7 @@ class _RedisIntegrity:
         links: list[tuple[bytes, bytes]] = []
         for start in range(0, len(keys), SCAN_COUNT):
             chunk = keys[start:start + SCAN_COUNT]
-            for key, kids in zip(chunk, s._admin(lambda c, chunk=chunk: s._smembers_keys(c, chunk))):
+            for key, kids in zip(chunk, s._admin(lambda c, chunk=chunk: s._smembers_keys(c, chunk)), strict=True):
                 try:
                     parent = bytes.fromhex(key[skip:].decode())
                 except ValueError:
@@ -1107,7 +1155,7 @@ class _RedisIntegrity:
         if not suspects:
             return links
         now = s._admin(lambda c: s._hmget_many(c, [child for _, child in suspects], ("p", "m")))
-        written = {link for link, (p, m) in zip(suspects, now)
+        written = {link for link, (p, m) in zip(suspects, now, strict=True)
                    if p is not None and p.decode() == link[0].hex() and m is not None}
         return [link for link in links if link not in written]  # stored under that parent during the scan: sound
 
@@ -1135,15 +1183,16 @@ class _RedisRepairOps:
         sha: dict[bytes, str] = {}
         if sha_of:
             raw = s._admin(lambda c: s._hmget_many(c, sha_of, ("d",)))
-            sha = {h: hashlib.sha1(d).hexdigest() for h, (d,) in zip(sha_of, raw) if d is not None}
+            sha = {h: hashlib.sha1(d).hexdigest() for h, (d,) in zip(sha_of, raw, strict=True) if d is not None}
         args = [(it.page, it.row.ns_id.hex() if it.row else None, it.row.parent.hex() if it.row else None,
                  "any" if it.guard is Guard.FILED_UNDER else str(it.guard), sha.get(it.page, "")) for it in items]
         freed = s._admin(lambda c: s._remove(args))
         # The "raw" scripts delete the record only: metadata without bytes leaves its entry under its parent.
-        listed = [it for it, f in zip(items, freed) if f >= 0 and it.guard is Guard.PARTIAL and it.row is not None]
+        listed = [it for it, f in zip(items, freed, strict=True)
+                  if f >= 0 and it.guard is Guard.PARTIAL and it.row is not None]
         if listed:
             s._admin(lambda c: self._srem_all(c, [(it.row.parent, it.page) for it in listed]))
-        return [None if f < 0 else (self._what(it), max(f, 0)) for it, f in zip(items, freed)]
+        return [None if f < 0 else (self._what(it), max(f, 0)) for it, f in zip(items, freed, strict=True)]
 
     def _what(self, item: Removal) -> str:
         if item.guard is not Guard.PARTIAL:
