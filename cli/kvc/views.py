@@ -228,7 +228,7 @@ def with_shares(listing: Listing, shares: list[Shares | None], fmt: Output) -> L
 
 
 def render_shares(result: Any, socket: str | None, fmt: Output, no_headers: bool) -> None:
-    """`kvc ns quota show` (a `kvc.ns_cmd.ShareList`): each namespace's share of a tier beside its use of it."""
+    """`kvc ns quota show` (a `kvc.commands.ns.ShareList`): each namespace's share of a tier beside its use of it."""
     columns = [Column("id"), Column("extra_key", Kind.USER), Column("salt fingerprint"),
                Column("L1 share", Kind.INT), Column("L1 used", Kind.INT), Column("L2 share", Kind.INT),
                Column("L2 used", Kind.INT), Column("L3 share", Kind.BYTES), Column("L3 used", Kind.BYTES)]

@@ -22,11 +22,11 @@ from kvcache.types.config import HostMode, PrefetchPolicy, TTLMode, TTLPolicy, W
 from kvcache.errors import InvalidConfig
 from kvcache.types.events import MediumNames
 
-from . import live
-from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, offline_cache, open_for_cache
-from .errors import UsageError
-from .output import JsonOpt, console, emit_json
-from .replay_cmd import DeviceOpt, HostOpt, ModeOpt, PrefetchPolicyOpt, WritePolicyOpt
+from .. import live
+from ..common import DEFAULT_STORE, DebugOpt, StoreOpt, command, offline_cache, open_for_cache
+from ..errors import UsageError
+from ..output import JsonOpt, console, emit_json
+from .replay import DeviceOpt, HostOpt, ModeOpt, PrefetchPolicyOpt, WritePolicyOpt
 
 ModeBits = Annotated[str, typer.Option("--socket-mode", help="Permissions of the socket file, octal (owner "
                                        "only by default). Whoever can connect must also be on the allow-list "

@@ -10,10 +10,10 @@ import typer
 
 from kvcache.live.protocol import LiveStats, NamespaceList, NamespacesRequest, StatsRequest
 
-from . import live
-from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, open_inspect
-from .output import JsonOpt, NoHeadersOpt, OutputOpt, emit_json
-from .views import print_figures, print_prometheus, render_live_stats, store_rows
+from .. import live
+from ..common import DEFAULT_STORE, DebugOpt, StoreOpt, command, open_inspect
+from ..output import JsonOpt, NoHeadersOpt, OutputOpt, emit_json
+from ..views import print_figures, print_prometheus, render_live_stats, store_rows
 
 PromOpt = Annotated[bool, typer.Option("--prom", help="Print the Prometheus text exposition instead (for a "
                                        "node_exporter textfile or a scrape; `kvc serve --metrics-port` serves it).")]

@@ -17,12 +17,12 @@ from kvcache.types.config import PrefetchPolicy
 from kvcache.live.protocol import LoadBackRequest, PrefetchRequest, RequestResult, StageRequest
 from kvcache.types.namespace import Namespace
 
-from . import live
-from .common import (DEFAULT_STORE, DebugOpt, ExtraKeyOpt, StoreOpt, TokensFileOpt, TokensOpt, command, offline_cache,
+from .. import live
+from ..common import (DEFAULT_STORE, DebugOpt, ExtraKeyOpt, StoreOpt, TokensFileOpt, TokensOpt, command, offline_cache,
                      open_for_cache, round_up_pages, tokens_arg)
-from .errors import EXIT_FOUND, UsageError
-from .output import JsonOpt, emit_json, esc, human_bytes, ns_label, say
-from .secrets import SaltFileOpt, SaltOpt, salt_from
+from ..errors import EXIT_FOUND, UsageError
+from ..output import JsonOpt, emit_json, esc, human_bytes, ns_label, say
+from ..secrets import SaltFileOpt, SaltOpt, salt_from
 
 DEFAULT_MAX_PAGES = 4096
 MAX_PAGES = 2**31 - 1  # a budget, not a size: L2 is sized from what the namespace holds, never from this

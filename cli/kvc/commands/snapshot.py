@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from . import live
-from .common import DebugOpt, command
-from .errors import UsageError
-from .output import JsonOpt, emit_json, esc, human_bytes, say
+from .. import live
+from ..common import DebugOpt, command
+from ..errors import UsageError
+from ..output import JsonOpt, emit_json, esc, human_bytes, say
 
 
 @command

@@ -13,9 +13,9 @@ from kvcache import KVLayout, NotAStore
 from kvcache.storage.base import open_store
 from kvcache.storage.keyfile import KEY_FILE
 
-from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command
-from .errors import UsageError
-from .output import JsonOpt, emit_json, esc, human_bytes, say
+from ..common import DEFAULT_STORE, DebugOpt, StoreOpt, command
+from ..errors import UsageError
+from ..output import JsonOpt, emit_json, esc, human_bytes, say
 
 
 class InitOutput(msgspec.Struct):

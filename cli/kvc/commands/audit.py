@@ -15,11 +15,11 @@ import typer
 
 from kvcache.storage.base import REPAIRS
 
-from . import live
-from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, require_store
-from .errors import EXIT_FOUND, EXIT_OK, UsageError
-from .output import JsonOpt, NoHeadersOpt, Output, OutputOpt, emit_listing, output_format
-from .views import AuditOutput, Finding, PlannedRepair, findings_of, render_audit
+from .. import live
+from ..common import DEFAULT_STORE, DebugOpt, StoreOpt, command, require_store
+from ..errors import EXIT_FOUND, EXIT_OK, UsageError
+from ..output import JsonOpt, NoHeadersOpt, Output, OutputOpt, emit_listing, output_format
+from ..views import AuditOutput, Finding, PlannedRepair, findings_of, render_audit
 
 @command
 def audit(

@@ -16,10 +16,10 @@ from kvcache.types.namespace import NamespaceInfo
 from kvcache.storage.base import open_store
 from kvcache.workload.traces import WorkloadSpec, generate
 
-from .common import DebugOpt, command, offline_cache, progress
-from .errors import EXIT_FOUND, UsageError
-from .output import Column, JsonOpt, Kind, Listing, emit_json, esc, human_bytes, output_format, render, say
-from .replay_cmd import MAX_TOKENS, hit_listing, trace_counts
+from ..common import DebugOpt, command, offline_cache, progress
+from ..errors import EXIT_FOUND, UsageError
+from ..output import Column, JsonOpt, Kind, Listing, emit_json, esc, human_bytes, output_format, render, say
+from .replay import MAX_TOKENS, hit_listing, trace_counts
 
 if TYPE_CHECKING:
     from kvcache.types.reports import ReplayReport

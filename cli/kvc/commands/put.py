@@ -15,11 +15,11 @@ from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import NamespaceInfo
 from kvcache.storage.base import page_origins
 
-from .common import (DEFAULT_STORE, DebugOpt, ExtraKeyOpt, StoreOpt, TokensFileOpt, TokensOpt, command, namespace_arg,
+from ..common import (DEFAULT_STORE, DebugOpt, ExtraKeyOpt, StoreOpt, TokensFileOpt, TokensOpt, command, namespace_arg,
                      open_for_cache, progress, tokens_arg)
-from .errors import UsageError
-from .output import JsonOpt, emit_json, human_bytes, ns_label, say
-from .secrets import SaltFileOpt, SaltOpt
+from ..errors import UsageError
+from ..output import JsonOpt, emit_json, human_bytes, ns_label, say
+from ..secrets import SaltFileOpt, SaltOpt
 
 if TYPE_CHECKING:
     import torch

@@ -16,10 +16,10 @@ import typer
 from kvcache.types.config import HostMode, PrefetchPolicy, WritePolicy
 from kvcache.workload.traces import TraceRequest, WorkloadSpec, read_trace
 
-from . import live
-from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, offline_cache, open_for_cache, progress, writable_target
-from .errors import EXIT_FOUND, UsageError
-from .output import Column, JsonOpt, Kind, Listing, emit_json, esc, human_bytes, ns_label, output_format, render, say
+from .. import live
+from ..common import DEFAULT_STORE, DebugOpt, StoreOpt, command, offline_cache, open_for_cache, progress, writable_target
+from ..errors import EXIT_FOUND, UsageError
+from ..output import Column, JsonOpt, Kind, Listing, emit_json, esc, human_bytes, ns_label, output_format, render, say
 
 if TYPE_CHECKING:
     from kvcache.types.reports import ReplayReport

@@ -17,10 +17,10 @@ import typer
 
 from kvcache.live.protocol import LiveStats, StatsRequest
 
-from . import live
-from .common import DebugOpt, command
-from .errors import UsageError
-from .output import JsonOpt, console, esc, human_bytes, shown
+from .. import live
+from ..common import DebugOpt, command
+from ..errors import UsageError
+from ..output import JsonOpt, console, esc, human_bytes, shown
 
 TIERS = (("device", "L1"), ("host", "L2"), ("storage", "L3"))
 

@@ -21,13 +21,13 @@ from kvcache.types.namespace import Namespace, NamespaceInfo, display_id
 from kvcache.types.shares import MAX_SHARE, Shares
 from kvcache.storage.base import L3Store, NamespaceRecord
 
-from . import live
-from .common import DEFAULT_STORE, DebugOpt, ExtraKeyOpt, StoreOpt, command, namespace_arg, open_inspect
-from .errors import UsageError
-from .output import (Column, JsonOpt, Kind, Listing, NoHeadersOpt, Output, OutputOpt, console, emit_json, emit_listing,
+from .. import live
+from ..common import DEFAULT_STORE, DebugOpt, ExtraKeyOpt, StoreOpt, command, namespace_arg, open_inspect
+from ..errors import UsageError
+from ..output import (Column, JsonOpt, Kind, Listing, NoHeadersOpt, Output, OutputOpt, console, emit_json, emit_listing,
                      human_bytes, literal, ns_label, output_format, render, say, shown)
-from .secrets import SaltFileOpt, SaltOpt, salt_from
-from .views import render_live_namespaces, render_shares, share_summary, sort_namespaces, with_shares
+from ..secrets import SaltFileOpt, SaltOpt, salt_from
+from ..views import render_live_namespaces, render_shares, share_summary, sort_namespaces, with_shares
 
 app = typer.Typer(help="Namespaces in the store: list them, show one's prefix tree, drop one (offboarding); "
                   "with a live cache, evict or expire one.",
