@@ -39,4 +39,4 @@ def test_every_source_package_is_listed_and_every_listed_one_exists():
 def test_the_cli_is_mapped_from_its_folder():
     config = _setuptools()
     assert config["package-dir"]["kvc"] == "cli/kvc"
-    assert {"kvc", "kvc.commands"} <= set(config["packages"])
+    assert {"kvc", "kvc.commands", "kvc.render"} <= set(config["packages"])

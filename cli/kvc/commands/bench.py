@@ -13,9 +13,11 @@ from typing import Annotated
 import msgspec
 import typer
 
-from ..common import DebugOpt, command, progress
 from ..errors import EXIT_FOUND, UsageError
-from ..output import Column, JsonOpt, Kind, Listing, emit_json, output_format, render, say
+from ..options import DebugOpt, JsonOpt
+from ..render.output import Column, Kind, Listing, emit_json, output_format, render, say
+from ..render.progress import progress
+from ..reporting import command
 
 # script -> arguments of its quick run (a few seconds each; the full runs are what BENCHMARKS.md records)
 QUICK_ARGS: dict[str, list[str]] = {

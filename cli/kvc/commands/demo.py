@@ -16,10 +16,14 @@ from kvcache.types.namespace import NamespaceInfo
 from kvcache.storage.base import open_store
 from kvcache.workload.traces import WorkloadSpec, generate
 
-from ..common import DebugOpt, command, offline_cache, progress
+from ..context import offline_cache
 from ..errors import EXIT_FOUND, UsageError
-from ..output import Column, JsonOpt, Kind, Listing, emit_json, esc, human_bytes, output_format, render, say
-from .replay import MAX_TOKENS, hit_listing, trace_counts
+from ..options import DebugOpt, JsonOpt, MAX_TOKENS
+from ..render.output import Column, Kind, Listing, emit_json, output_format, render, say
+from ..render.progress import progress
+from ..render.replay import hit_listing, trace_counts
+from ..render.text import esc, human_bytes
+from ..reporting import command
 
 if TYPE_CHECKING:
     from kvcache.types.reports import ReplayReport

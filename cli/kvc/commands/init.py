@@ -13,9 +13,11 @@ from kvcache import KVLayout, NotAStore
 from kvcache.storage.base import open_store
 from kvcache.storage.keyfile import KEY_FILE
 
-from ..common import DEFAULT_STORE, DebugOpt, StoreOpt, command
 from ..errors import UsageError
-from ..output import JsonOpt, emit_json, esc, human_bytes, say
+from ..options import DEFAULT_STORE, DebugOpt, JsonOpt, StoreOpt
+from ..render.output import emit_json, say
+from ..render.text import esc, human_bytes
+from ..reporting import command
 
 
 class InitOutput(msgspec.Struct):

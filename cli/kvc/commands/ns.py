@@ -22,12 +22,16 @@ from kvcache.types.shares import MAX_SHARE, Shares
 from kvcache.storage.base import L3Store, NamespaceRecord
 
 from .. import live
-from ..common import DEFAULT_STORE, DebugOpt, ExtraKeyOpt, StoreOpt, command, namespace_arg, open_inspect
+from ..context import open_inspect
 from ..errors import UsageError
-from ..output import (Column, JsonOpt, Kind, Listing, NoHeadersOpt, Output, OutputOpt, console, emit_json, emit_listing,
-                     human_bytes, literal, ns_label, output_format, render, say, shown)
-from ..secrets import SaltFileOpt, SaltOpt, salt_from
-from ..views import render_live_namespaces, render_shares, share_summary, sort_namespaces, with_shares
+from ..inputs import namespace_arg
+from ..options import (DEFAULT_STORE, DebugOpt, ExtraKeyOpt, JsonOpt, NoHeadersOpt, OutputOpt, SaltFileOpt, SaltOpt,
+                       SocketOpt, StoreOpt)
+from ..render.namespaces import render_live_namespaces, render_shares, share_summary, sort_namespaces, with_shares
+from ..render.output import Column, Kind, Listing, Output, console, emit_json, emit_listing, output_format, render, say
+from ..render.text import human_bytes, literal, ns_label, shown
+from ..reporting import command
+from ..secrets import salt_from
 
 app = typer.Typer(help="Namespaces in the store: list them, show one's prefix tree, drop one (offboarding); "
                   "with a live cache, evict or expire one.",
@@ -113,7 +117,7 @@ def ls(
     store: StoreOpt = DEFAULT_STORE,
     sort: Annotated[str, typer.Option("--sort", help=f"Order by one of: {', '.join(SORT_KEYS)} (largest first, "
                                       "extra_key alphabetical).")] = "bytes",
-    socket: live.SocketOpt = None,
+    socket: SocketOpt = None,
     output: OutputOpt = None,
     no_headers: NoHeadersOpt = False,
     json: JsonOpt = False,
@@ -262,7 +266,7 @@ def drop(
         "--missing-ok", help="A namespace that is not in the store is not an error: nothing to drop, exit 0 "
         "(a second run of an offboarding succeeds).")] = False,
     store: StoreOpt = DEFAULT_STORE,
-    socket: live.SocketOpt = None,
+    socket: SocketOpt = None,
     yes: Annotated[bool, typer.Option("--yes", help="Confirm: remove every page of the namespace.")] = False,
     json: JsonOpt = False,
     debug: DebugOpt = False,
@@ -350,7 +354,7 @@ def evict(
                                              metavar="EXTRA_KEY")],
     salt: SaltOpt = None,
     salt_file: SaltFileOpt = None,
-    socket: live.SocketOpt = None,
+    socket: SocketOpt = None,
     device: Annotated[bool, typer.Option("--device/--no-device", help="Evict from L1.")] = True,
     host: Annotated[bool, typer.Option("--host/--no-host", help="Evict from L2.")] = True,
     json: JsonOpt = False,
@@ -379,7 +383,7 @@ def expire(
     extra_key: KeyArg,
     salt: SaltOpt = None,
     salt_file: SaltFileOpt = None,
-    socket: live.SocketOpt = None,
+    socket: SocketOpt = None,
     yes: Annotated[bool, typer.Option("--yes", help="Confirm: the namespace leaves L1, L2 and the store.")] = False,
     json: JsonOpt = False,
     debug: DebugOpt = False,
@@ -455,7 +459,7 @@ def quota_set(
         "--store-bytes", min=0, max=MAX_SHARE, help="Most L3 payload bytes the namespace may hold; its puts "
         "over it evict its own oldest pages (0: the store's uniform quota, if any).")] = 0,
     store: StoreOpt = DEFAULT_STORE,
-    socket: live.SocketOpt = None,
+    socket: SocketOpt = None,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -478,7 +482,7 @@ def quota_clear(
     salt: SaltOpt = None,
     salt_file: SaltFileOpt = None,
     store: StoreOpt = DEFAULT_STORE,
-    socket: live.SocketOpt = None,
+    socket: SocketOpt = None,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -518,7 +522,7 @@ def _quota_write(extra_key: str | None, salt: str | None, shares: Shares, store,
 @command
 def quota_show(
     store: StoreOpt = DEFAULT_STORE,
-    socket: live.SocketOpt = None,
+    socket: SocketOpt = None,
     output: OutputOpt = None,
     no_headers: NoHeadersOpt = False,
     json: JsonOpt = False,

@@ -23,10 +23,12 @@ from kvcache.errors import InvalidConfig
 from kvcache.types.events import MediumNames
 
 from .. import live
-from ..common import DEFAULT_STORE, DebugOpt, StoreOpt, command, offline_cache, open_for_cache
+from ..context import offline_cache, open_for_cache
 from ..errors import UsageError
-from ..output import JsonOpt, console, emit_json
-from .replay import DeviceOpt, HostOpt, ModeOpt, PrefetchPolicyOpt, WritePolicyOpt
+from ..options import (DEFAULT_STORE, DebugOpt, DeviceOpt, HostOpt, JsonOpt, ModeOpt, PrefetchPolicyOpt, SocketOpt,
+                       StoreOpt, WritePolicyOpt)
+from ..render.output import console, emit_json
+from ..reporting import command
 
 ModeBits = Annotated[str, typer.Option("--socket-mode", help="Permissions of the socket file, octal (owner "
                                        "only by default). Whoever can connect must also be on the allow-list "
@@ -79,7 +81,7 @@ EventsMediaOpt = Annotated[MediumNames, typer.Option(
 @command
 def serve(
     store: StoreOpt = DEFAULT_STORE,
-    socket: live.SocketOpt = None,
+    socket: SocketOpt = None,
     device_tokens: DeviceOpt = 16384,
     host_tokens: HostOpt = 65536,
     prefetch_policy: PrefetchPolicyOpt = PrefetchPolicy.BEST_EFFORT,

@@ -18,9 +18,11 @@ import typer
 from kvcache.live.protocol import LiveStats, StatsRequest
 
 from .. import live
-from ..common import DebugOpt, command
 from ..errors import UsageError
-from ..output import JsonOpt, console, esc, human_bytes, shown
+from ..options import DebugOpt, JsonOpt, SocketOpt
+from ..render.output import console
+from ..render.text import esc, human_bytes, shown
+from ..reporting import command
 
 TIERS = (("device", "L1"), ("host", "L2"), ("storage", "L3"))
 
@@ -152,7 +154,7 @@ def view(s: TopSample, socket: str, width: int = 10):
 
 @command
 def top(
-    socket: live.SocketOpt = None,
+    socket: SocketOpt = None,
     interval: Annotated[float, typer.Option("--interval", min=0.05, max=3600.0,
                                             help="Seconds between samples.")] = 2.0,
     count: Annotated[int, typer.Option("--count", min=0, max=10_000_000,
