@@ -1,5 +1,6 @@
-"""What an offline command runs on: a store opened to inspect it or for a cache, and a cache embedded in this
-process on it, its tiers checked against the memory there is before anything is allocated.
+"""What an offline command runs on: a store opened to inspect it (and a namespace's record in it) or for a cache,
+and a cache embedded in this process on it, its tiers checked against the memory there is before anything is
+allocated.
 
 Imports stay light here (no torch, no cache): a command that only reads a store must start in a fraction of a
 second (benchmarks/bench_startup.py). What moves KV imports the cache inside the function that needs it.
@@ -12,9 +13,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvcache.storage.base import L3Store, open_store
+from kvcache.storage.base import L3Store, NamespaceRecord, open_store
 from kvcache.storage.location import StoreLocation
-from kvcache.types.namespace import use_fingerprint_key
+from kvcache.types.namespace import Namespace, use_fingerprint_key
 
 from .errors import UsageError
 from .render.text import human_bytes
@@ -53,6 +54,11 @@ def open_for_cache(location: StoreLocation) -> L3Store:
         raise UsageError(f"{location}: the store holds {len(layouts)} layouts; kvc commands drive a cache of "
                          f"one layout (`kvc init` creates a store with one)")
     return _keyed(open_store(location.url, layouts[0]))
+
+
+def namespace_record(store: L3Store, ns: Namespace) -> NamespaceRecord | None:
+    """The store's registry record of `ns`; None when the store holds nothing of it."""
+    return next((rec for rec in store.namespaces() if rec.ns_id_hex == ns.id_hex), None)
 
 
 def available_memory() -> int:

@@ -9,9 +9,10 @@ from typing import Annotated
 import msgspec
 import typer
 
-from kvcache import KVLayout, NotAStore
+from kvcache.errors import NotAStore
 from kvcache.storage.base import open_store
 from kvcache.storage.keyfile import KEY_FILE
+from kvcache.types.layout import KVLayout
 
 from ..errors import UsageError
 from ..options import DEFAULT_STORE, DebugOpt, JsonOpt, StoreOpt

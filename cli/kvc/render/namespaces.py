@@ -1,5 +1,6 @@
 """The namespace views: `kvc ns ls` of a live cache (what each namespace holds in L1, L2 and L3, and when it
-expires), the shares column of any `ns ls`, and `kvc ns quota show`'s shares beside their use."""
+expires), the shares column of any `ns ls`, `kvc ns show`'s prefix tree, and `kvc ns quota show`'s shares beside
+their use."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import Any
 from kvcache.live.protocol import NamespaceList
 from kvcache.types.shares import Shares
 
-from .output import Column, Kind, Listing, Output, render
-from .text import human_bytes
+from .output import Column, Kind, Listing, Output, console, render
+from .text import human_bytes, ns_label
 
 
 def sort_namespaces(rows: list, sort: str) -> None:
@@ -55,7 +56,8 @@ def with_shares(listing: Listing, shares: list[Shares | None], fmt: Output) -> L
 
 
 def render_shares(result: Any, socket: str | None, fmt: Output, no_headers: bool) -> None:
-    """`kvc ns quota show` (a `kvc.commands.ns.ShareList`): each namespace's share of a tier beside its use of it."""
+    """`kvc ns quota show` (a `kvc.commands.ns_quota.ShareList`): each namespace's share of a tier beside its use
+    of it."""
     columns = [Column("id"), Column("extra_key", Kind.USER), Column("salt fingerprint"),
                Column("L1 share", Kind.INT), Column("L1 used", Kind.INT), Column("L2 share", Kind.INT),
                Column("L2 used", Kind.INT), Column("L3 share", Kind.BYTES), Column("L3 used", Kind.BYTES)]
@@ -72,3 +74,37 @@ def _expiry(row) -> str:
     if row.deadline is None:
         return "-"
     return "deferred: requests running" if row.expiry_deferred else "scheduled"
+
+
+def render_prefix_tree(tree: Any, fmt: Output, no_headers: bool) -> None:
+    """`kvc ns show` (a `kvc.commands.ns.NamespaceTree`) as a rich tree, hottest branches first; tsv: one line per
+    page (depth, page hash, hits, bytes, tokens)."""
+    if fmt is Output.TSV:
+        rows: list[list] = []
+        _flatten(tree.roots, 1, rows)
+        render(Listing("", [Column("depth", Kind.INT), Column("page_hash"), Column("hits", Kind.INT),
+                            Column("bytes", Kind.BYTES), Column("tokens")], rows), fmt, no_headers)
+        return
+    from rich.tree import Tree
+
+    view = Tree(f"[bold]{ns_label(tree.namespace)}[/]  id {tree.id}  {tree.pages:,} pages, {human_bytes(tree.bytes)}")
+    for node in tree.roots:
+        _branch(view, node)
+    if tree.more:
+        view.add(f"[dim]… {tree.more} more[/]")
+    console().print(view)
+
+
+def _flatten(nodes: list, depth: int, rows: list[list]) -> None:
+    for node in nodes:
+        rows.append([depth, node.page_hash, node.hits, node.bytes, ",".join(map(str, node.tokens))])
+        _flatten(node.children, depth + 1, rows)
+
+
+def _branch(parent: Any, node: Any) -> None:
+    toks = node.tokens if len(node.tokens) <= 8 else node.tokens[:8] + ["…"]
+    branch = parent.add(f"{' '.join(map(str, toks))}  [dim]hits {node.hits:,} · {node.page_hash[:12]}[/]")
+    for child in node.children:
+        _branch(branch, child)
+    if node.more:
+        branch.add(f"[dim]… {node.more} more[/]")
