@@ -43,9 +43,11 @@ class LazyGroup(KvcGroup):
     """The app's group: lists COMMANDS without importing them, and builds a command when it is resolved."""
 
     def list_commands(self, ctx: Any) -> list[str]:
+        """Every command's name, in the order of COMMANDS (`kvc --help` lists them so)."""
         return list(COMMANDS)
 
     def get_command(self, ctx: Any, name: str) -> Any:
+        """The command if it was built, else a stand-in carrying its one line of help (its module not imported)."""
         if name in self.commands:
             return self.commands[name]
         if name not in COMMANDS:
@@ -54,6 +56,7 @@ class LazyGroup(KvcGroup):
         return TyperCommand(name=name, short_help=short, help=short)
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        """Build the command about to run (importing its module), then resolve it as click does."""
         name = args[0] if args else None
         if name in COMMANDS and name not in self.commands:
             self.commands[name] = _build(name)

@@ -153,6 +153,7 @@ class KvcGroup(TyperGroup):
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,  # type: ignore[override]
              complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
+        """Run one invocation under the error contract; the exit code (or, standalone, exit with it)."""
         args = list(sys.argv[1:] if args is None else args)
         STATE.start(args)
         secrets.forget()
