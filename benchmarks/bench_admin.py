@@ -33,7 +33,7 @@ import torch
 from _report import machine, publish, table
 
 from kvcache import AdminServer, CacheConfig, KVLayout, Replayer, TieredCache, WorkloadSpec, generate
-from kvcache.storage.base import open_store
+from kvcache.storage.registry import open_store
 
 LAYOUT = KVLayout("bench-admin@r1", layers=2, kv_heads=2, head_dim=32, dtype="float16", page_size=16)
 DEVICE_TOKENS, HOST_TOKENS = 32768, 65536

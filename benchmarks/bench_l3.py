@@ -134,7 +134,7 @@ class RedisServer:
     @classmethod
     def start(cls, workdir: str) -> "RedisServer | None":
         """A started server, or None when redis-server or the plugin is not installed."""
-        from kvcache.storage.base import backends
+        from kvcache.storage.registry import backends
 
         if shutil.which("redis-server") is None or "redis" not in backends():
             return None
@@ -279,7 +279,7 @@ def run_size(page_kib: int, store_mb: int, repeat: int, scratch: str, server: Re
     t_files_write = min(write_times["files"])
 
     store = open_store(store_dir, layout)
-    rows = list(dst_np)  # numpy rows of the torch tensor: the fast path of get_into (see lmdb_store._byte_view)
+    rows = list(dst_np)  # numpy rows of the torch tensor: the fast path of get_into (see kvcache.storage.checks.byte_view)
 
     def kvc_read() -> None:
         for s in range(0, n, batch):

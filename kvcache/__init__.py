@@ -21,7 +21,8 @@ from .types import __all__ as _VALUES
 # command that only reads a store, does not pay for torch (seconds) and the cache behind it.
 _LAZY: dict[str, tuple[str, ...]] = {
     "engine.cache": ("TieredCache",),
-    "storage.base": ("L3Store", "open_store", "page_origins"),
+    "storage.api": ("L3Store", "page_origins"),
+    "storage.registry": ("open_store",),
     "tree": ("TreeMatch",),
     "workload.kvdata": ("SyntheticKV",),
     "workload.replay": ("Replayer", "replay"),

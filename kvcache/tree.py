@@ -29,7 +29,7 @@ the new node's owner.
 
 from __future__ import annotations
 
-import enum
+
 import heapq
 import weakref
 from collections.abc import Callable, Iterator
@@ -41,18 +41,12 @@ from .errors import InvalidInput, InvariantViolation, LockUnderflow
 from .types.keys import TOKEN_BYTES, RadixKey, extend_chain, hash_root
 from .types.namespace import Namespace
 from .types.owners import OwnerKind, owner_code
+from .types.tier import Tier
 
 _EMPTY = np.empty(0, dtype=np.int64)
 _ID_BITS = 48  # node ids stay below 2**48 (they are ledger owner ids too)
 _ID_MASK = (1 << _ID_BITS) - 1
 _NODE = OwnerKind.NODE  # looked up once: an Enum member lookup costs ~0.1 us on Python 3.11
-
-
-class Tier(str, enum.Enum):
-    """A pool tier, as holds and reports name it."""
-
-    DEVICE = "device"  # L1
-    HOST = "host"  # L2
 
 
 class TreeNode(msgspec.Struct, gc=False, eq=False):
@@ -482,6 +476,37 @@ class RadixTree:
             node = node.parent
         out.reverse()
         return out
+
+    # --- pins and stored flags (temporary: the tree package replaces these) ---------------------------------
+
+    def pin(self, nodes: list[TreeNode]) -> None:
+        """An in-flight copy reads or fills `nodes`: none of them is evicted until `unpin`."""
+        for n in nodes:
+            n.pins += 1
+
+    def unpin(self, node: TreeNode) -> None:
+        """Undo one `pin` of `node`."""
+        node.pins -= 1
+        self.offer(node)
+
+    def pin_host(self, nodes: list[TreeNode]) -> None:
+        """An L3 write reads the host copies of `nodes`: they are not evicted from L2 until `unpin_host`."""
+        for n in nodes:
+            n.host_pins += 1
+
+    def unpin_host(self, node: TreeNode) -> None:
+        """Undo one `pin_host` of `node`."""
+        node.host_pins -= 1
+        self.offer(node)
+
+    def mark_stored(self, node: TreeNode) -> None:
+        """The store acknowledged every page of `node`."""
+        node.stored = True
+
+    def mark_unstored(self, nodes: list[TreeNode]) -> None:
+        """The store may no longer hold these nodes' pages."""
+        for n in nodes:
+            n.stored = False
 
     # --- eviction --------------------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ def make_cache(page_size: int = 1, device_tokens: int = 64, host_tokens: int = 1
 
 def make_store(path, layout: KVLayout, **kw):
     """A real LMDB store in `path` (a test's temp dir), created for `layout`; not fsynced per batch (tests)."""
-    from kvcache.storage.base import open_store
+    from kvcache.storage.registry import open_store
 
     kw.setdefault("durability", "none")
     return open_store(str(path), layout, create=True, **kw)

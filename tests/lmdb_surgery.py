@@ -10,7 +10,7 @@ import lmdb
 import msgspec
 
 from kvcache.storage.lmdb import store as lmdb_store
-from kvcache.storage.base import NamespaceRecord, PageMeta
+from kvcache.storage.api import NamespaceRecord, PageMeta
 from kvcache.storage.lmdb.store import StoreTotals
 
 

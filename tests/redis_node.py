@@ -66,7 +66,7 @@ def serve(cache, reqs: list[Request], before=None) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from kvcache.storage.base import open_store
+    from kvcache.storage.registry import open_store
 
     url = argv[0]
     store = open_store(url, make_layout(PAGE_SIZE), create=True, add_layout=True)

@@ -1,6 +1,6 @@
-"""The layer contract: imports run one way, cli -> live -> workload -> cache -> diagnostics -> tiers -> tree/pools
--> the cache's values -> storage -> keys, and no module imports itself back through others (no cycle). A plugin
-builds on the storage kit alone.
+"""The layer contract: imports run one way, cli -> live -> ops -> workload -> engine -> diagnostics -> tree | ledger
+-> storage -> types, and no module imports itself back through others (no cycle). A plugin builds on the storage
+kit alone, and the kit on the storage modules and the values alone.
 
 Read with `ast` from the sources, so a function-level import counts like a top-level one; an import under
 `if TYPE_CHECKING:` is a type annotation only and does not. The layers are a table (`LAYERS`): a module belongs to
@@ -32,9 +32,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # values only: what names a page, configuration, results, the typed errors
     ("types", ("kvcache.types", "kvcache.errors")),
 ]
-# What a backend outside the core builds on (plugins/README.md): the storage interface kit, which itself builds on
-# base and the keys layer alone.
-STORAGE_KIT = {"kvcache.storage.base", "kvcache.storage.codec", "kvcache.storage.handle", "kvcache.storage.verify"}
+# What a backend outside the core imports (plugins/README.md): the storage kit, one module. What it loads, all the
+# way down, is storage modules outside the LMDB backend and the values: a plugin never pulls in the rest of the core.
+STORAGE_KIT = "kvcache.storage.kit"
+KIT_BASIS = ("kvcache.storage", "kvcache.types", "kvcache.errors")
+KIT_NEVER = ("kvcache.storage.lmdb",)
 PLUGINS = ("kvcache_redis",)
 SOURCES = {"kvcache": ROOT / "kvcache", "kvc": ROOT / "cli" / "kvc",
            "kvcache_redis": ROOT / "plugins" / "kvcache_redis" / "kvcache_redis"}
@@ -163,13 +165,27 @@ def test_the_cache_and_the_tiers_never_import_live_mode_or_the_workload_tools():
     assert not {m for m in below_cache if m.startswith(("kvcache.live", "kvcache.workload", "kvc."))}
 
 
+def loaded_by(module: str, edges: list[Import]) -> set[str]:
+    """Every known module that importing `module` loads, itself included (the transitive closure of its imports)."""
+    graph: dict[str, set[str]] = {}
+    for e in edges:
+        graph.setdefault(e.importer, set()).add(e.imported)
+    seen, todo = {module}, [module]
+    while todo:
+        for m in graph.get(todo.pop(), ()):
+            if m not in seen:
+                seen.add(m)
+                todo.append(m)
+    return seen
+
+
 def test_plugins_build_on_the_storage_kit_alone():
     edges = imports(modules(SOURCES))
     plugin = {e.imported for e in edges if e.importer.startswith(PLUGINS) and not e.imported.startswith(PLUGINS)}
-    assert plugin and plugin <= STORAGE_KIT
-    kit = {(e.importer, e.imported) for e in edges if e.importer in STORAGE_KIT and e.imported not in STORAGE_KIT
-           and layer_of(e.imported) != len(LAYERS) - 1}
-    assert kit == set()
+    assert plugin == {STORAGE_KIT}
+    outside = {m for m in loaded_by(STORAGE_KIT, edges)
+               if not any(_within(m, p) for p in KIT_BASIS) or any(_within(m, p) for p in KIT_NEVER)}
+    assert outside == set()
 
 
 def _package(tmp_path: Path, files: dict[str, str]) -> dict[str, Path]:
@@ -185,7 +201,7 @@ def test_the_checks_catch_an_upward_import_a_function_level_cycle_and_skip_type_
         "tree.py": "def f():\n    from .engine import TieredCache\n",  # upward, inside a function
         "engine.py": "from . import tree\n",
         "storage/__init__.py": "",
-        "storage/base.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..tree import RadixTree\n",
+        "storage/api.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..tree import RadixTree\n",
     })
     edges = imports(known)
     assert {(e.importer, e.imported) for e in edges} == {("kvcache.tree", "kvcache.engine"),
@@ -197,3 +213,83 @@ def test_the_checks_catch_an_upward_import_a_function_level_cycle_and_skip_type_
 def test_a_module_in_no_layer_is_named():
     with pytest.raises(LookupError, match="kvcache.newthing is in no layer"):
         layer_of("kvcache.newthing")
+
+
+# --- the tree keeps its own invariants -----------------------------------------------------------------------
+
+# What a tree node counts and holds: written by kvcache/tree/ alone (a caller that bumps `pins` and forgets to
+# re-offer the node leaves it silently unevictable). Callers use the tree's methods (pin/unpin, lock, hold, ...).
+NODE_STATE = {"lock_ref", "device_holds", "host_holds", "pins", "host_pins", "stored", "hits", "last_access",
+              "children_on_device", "children_on_host", "device", "host", "page_hashes", "share"}
+
+
+def node_state_writes(known: dict[str, Path]) -> list[str]:
+    """Assignments to a node-state attribute of another object, in modules outside kvcache.tree that can see tree
+    nodes (they import kvcache.tree, for types too)."""
+    out = []
+    for name, path in known.items():
+        if _within(name, "kvcache.tree"):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        sees_nodes = any(isinstance(n, ast.ImportFrom) and n.module is not None
+                         and (n.module == "tree" or n.module.startswith("tree.") or n.module.endswith(".tree")
+                              or ".tree." in n.module or n.module == "kvcache.tree")
+                         for n in ast.walk(tree))
+        if not sees_nodes:
+            continue
+        for node in ast.walk(tree):
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            for t in targets:
+                for a in ast.walk(t):
+                    if (isinstance(a, ast.Attribute) and a.attr in NODE_STATE
+                            and not (isinstance(a.value, ast.Name) and a.value.id == "self")):
+                        out.append(f"{name}:{node.lineno} writes .{a.attr}")
+    return out
+
+
+def test_no_code_outside_the_tree_writes_a_nodes_counters():
+    assert node_state_writes(modules(SOURCES)) == []
+
+
+def test_the_node_state_rule_catches_a_pin_written_from_outside(tmp_path):
+    known = _package(tmp_path, {
+        "__init__.py": "",
+        "tree.py": "class TreeNode:\n    pins = 0\n",
+        "engine.py": "from .tree import TreeNode\ndef f(n):\n    n.pins += 1\n    n.other = 2\n",
+        "storage.py": "def g(d):\n    d.hits += 1\n",  # sees no tree node: another object's hits
+    })
+    assert node_state_writes(known) == ["kvcache.engine:3 writes .pins"]
+
+
+# --- no raw namespace id in what users see ---------------------------------------------------------------------
+
+# The modules whose structs reach users: results and reports, the admin protocol, the request handlers, the CLI.
+USER_FACING = ("kvcache.types.results", "kvcache.types.reports", "kvcache.types.stats", "kvcache.types.events",
+               "kvcache.live", "kvcache.ops", "kvc")
+
+
+def raw_namespace_ids() -> list[str]:
+    """Fields of user-facing structs typed as a raw `NamespaceId`, or named namespace_id and not a `DisplayId`.
+    Read from the annotations as written (many name types imported for type checking only)."""
+    import importlib
+    out = []
+    for name in sorted(modules(SOURCES)):
+        if not any(_within(name, p) for p in USER_FACING) or name.endswith("__main__"):
+            continue
+        module = importlib.import_module(name)
+        for obj in vars(module).values():
+            if not (isinstance(obj, type) and issubclass(obj, msgspec.Struct) and obj.__module__ == name):
+                continue
+            hints: dict[str, object] = {}
+            for klass in reversed(obj.__mro__):
+                hints.update(getattr(klass, "__annotations__", {}))
+            for field, hint in hints.items():
+                text = hint if isinstance(hint, str) else repr(hint)
+                if "NamespaceId" in text or (field == "namespace_id" and "DisplayId" not in text):
+                    out.append(f"{name}.{obj.__name__}.{field}: {text}")
+    return out
+
+
+def test_no_user_facing_struct_carries_a_raw_namespace_id():
+    assert raw_namespace_ids() == []

@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvcache.storage.base import L3Store, NamespaceRecord, open_store
+from kvcache.storage.api import L3Store, NamespaceRecord
+from kvcache.storage.registry import open_store
 from kvcache.storage.location import StoreLocation
 from kvcache.types.namespace import Namespace, use_fingerprint_key
 

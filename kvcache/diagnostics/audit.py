@@ -23,7 +23,6 @@ Checks:
 
 from __future__ import annotations
 
-import enum
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
@@ -31,18 +30,17 @@ import msgspec
 import numpy as np
 
 from ..types.owners import FREE_CODE, OwnerKind, describe_code, owner_code
-from .ownership import NodeState, OwnershipState, PoolState, collect_state, pages_of
-from .snapshot import Snapshot, decode_snapshot
 from ..types.reports import AuditChecked, AuditReport, Violation, ViolationKind
+from .ownership import NodeState, OwnershipSource, OwnershipState, PoolState, collect_state, pages_of
+from .snapshot import Snapshot, decode_snapshot
 
 if TYPE_CHECKING:
-    from ..engine.cache import TieredCache
-    from ..storage.base import VerifyReport
+    from ..storage.api import VerifyReport
 
 _MAX_LISTED = 32  # pages listed per violation; `count` has the full number
 
 
-def audit_cache(cache: "TieredCache") -> AuditReport:
+def audit_cache(cache: OwnershipSource) -> AuditReport:
     """Audit a live cache."""
     return check_state(collect_state(cache))
 
@@ -61,7 +59,7 @@ def audit_store(location: str, repair: bool = False) -> "VerifyReport":
     any other is opened here and verified."""
     import contextlib
 
-    from ..storage.base import backend_class, open_store, scheme_of
+    from ..storage.registry import backend_class, open_store, scheme_of
 
     isolated = getattr(backend_class(scheme_of(location)), "verify_location", None)
     if isolated is not None:

@@ -7,13 +7,15 @@ serialises it (`snapshot`), so an offline audit of a dump runs exactly the check
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 import numpy as np
 
 if TYPE_CHECKING:
-    from ..engine.cache import TieredCache
+    from ..ledger.pools import SlotPool
+    from ..tree import RadixTree
 
 STATE_VERSION = 1
 
@@ -90,16 +92,34 @@ def _b(pages: np.ndarray | None) -> bytes | None:
     return None if pages is None else np.asarray(pages, dtype="<i8").tobytes()
 
 
+def encode_pages(pages: np.ndarray | None) -> bytes:
+    """Pages as a state field stores them (int64 little-endian bytes; b"" for none)."""
+    return _b(pages) or b""
+
+
 def pages_of(data: bytes | None) -> np.ndarray:
     """The pages stored in a state field (int64 little-endian bytes), as an array."""
     return np.frombuffer(data or b"", dtype="<i8")
 
 
-def collect_state(cache: "TieredCache") -> OwnershipState:
+class OwnershipSource(Protocol):
+    """What the audit reads of a cache: its pools, its tree and its other slot holders (`TieredCache` is one)."""
+
+    page_size: int
+    device_pool: SlotPool
+    host_pool: SlotPool | None
+    tree: RadixTree
+
+    def holder_states(self) -> Iterable[HolderState]:
+        """Every slot holder that is not a tree node, as plain data."""
+        ...
+
+
+def collect_state(cache: OwnershipSource) -> OwnershipState:
     """Read `cache`'s ledgers, free lists and reference holders."""
     pools = [p for p in (cache.device_pool, cache.host_pool) if p is not None]
-    pool_states = [PoolState(p.name, p.num_pages, p.page_size, p.ledger, _b(p.ledger_codes()),  # type: ignore
-                             _b(p.free_list())) for p in pools]
+    pool_states = [PoolState(p.name, p.num_pages, p.page_size, p.ledger, encode_pages(p.ledger_codes()),
+                             encode_pages(p.free_list())) for p in pools]
     tree = cache.tree
     nodes = []
     for ns_root in tree.namespace_roots():
@@ -107,37 +127,9 @@ def collect_state(cache: "TieredCache") -> OwnershipState:
                                ns_root.lock_ref, ns_root.pins, ns_root.host_pins, ns_root.device_holds,
                                ns_root.host_holds))
     for n in tree.nodes():
-        nodes.append(NodeState(n.id, n.parent.id if n.parent is not None else -1,  # type: ignore[union-attr]
+        nodes.append(NodeState(n.id, n.parent.id if n.parent is not None else -1,
                                n.namespace.id_hex, False, len(n), _b(n.device), _b(n.host),  # type: ignore
                                n.lock_ref, n.pins, n.host_pins, n.device_holds, n.host_holds))
-    holders = []
-    for live in cache.live_requests():
-        holders.append(HolderState("request", live.handle, live.owner, cache.device_pool.name,
-                                   _b(live.fresh_pages), locks=[live.node.id], rid=live.request.rid))  # type: ignore
-    for op in cache.inflight_ops():
-        holders.append(HolderState(f"op:{op.kind.value}", op.id, op.owner, op.pool.name, _b(op.pages),  # type: ignore
-                                   pins=[t.node.id for t in op.targets]))
-    host = cache.host_pool.name if cache.host_pool is not None else "host"
-    for pf in cache.prefetch_ops():
-        holders.append(HolderState("op:prefetch", pf.id, pf.owner, host, _b(pf.pages), rid=pf.rid,  # type: ignore
-                                   **_holds(pf)))
-    for staged in cache.staged_records():
-        holders.append(HolderState("staged", staged.id, staged.owner, host, _b(staged.pages),  # type: ignore
-                                   rid=staged.rid, **_holds(staged)))
-    for write in cache.storage_writes():
-        if write.bounce:  # buffer mode: owns its bounce copy, reads no node
-            holders.append(HolderState("op:storage_write", write.id, write.owner, host,
-                                       _b(write.pages)))  # type: ignore[arg-type]
-        else:
-            holders.append(HolderState("op:storage_write", write.id, write.owner, host, b"",
-                                       host_pins=[n.id for n in write.nodes]))
     sizes = TreeSizes(tree.device_evictable, tree.device_protected, tree.host_evictable, tree.host_protected,
                       tree.device_held, tree.host_held)
-    return OwnershipState(STATE_VERSION, cache.page_size, pool_states, nodes, holders, sizes)
-
-
-def _holds(holder) -> dict[str, list[int]]:
-    """The hold of a prefetch or staged record, as HolderState fields."""
-    if holder.anchor is None:
-        return {}
-    return {f"{holder.hold.value}_holds": [holder.anchor.id]}
+    return OwnershipState(STATE_VERSION, cache.page_size, pool_states, nodes, list(cache.holder_states()), sizes)

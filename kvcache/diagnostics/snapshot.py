@@ -12,7 +12,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import msgspec
 
@@ -20,10 +20,7 @@ from ..errors import InvalidInput
 from ..types.layout import KVLayout
 from ..types.namespace import NamespaceInfo
 from ..types.stats import CacheCounters
-from .ownership import OwnershipState, collect_state
-
-if TYPE_CHECKING:
-    from ..engine.cache import TieredCache
+from .ownership import OwnershipSource, OwnershipState, collect_state
 
 SNAPSHOT_KIND = "kvc.ownership-snapshot"
 SNAPSHOT_VERSION = 1
@@ -63,7 +60,14 @@ class _Header(msgspec.Struct):
     version: int = 0
 
 
-def take_snapshot(cache: "TieredCache") -> Snapshot:
+class SnapshotSource(OwnershipSource, Protocol):
+    """What a snapshot reads of a cache beyond the audit's state: its layout and counters."""
+
+    layout: KVLayout
+    counters: CacheCounters
+
+
+def take_snapshot(cache: SnapshotSource) -> Snapshot:
     """Read `cache` into a snapshot (between scheduler steps: the cache must not change meanwhile)."""
     namespaces = [SnapshotNamespace(r.namespace.id_hex, r.namespace.info())  # type: ignore[union-attr]
                   for r in cache.tree.namespace_roots()]

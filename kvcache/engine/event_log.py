@@ -18,13 +18,21 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..types.events import (MEDIUMS, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEvent, Medium,
-                     MediumNames)
-from ..types.namespace import Namespace
 from ..tree import RadixTree, Tier, TreeNode
+from ..types.events import (
+    MEDIUMS,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KVEvent,
+    Medium,
+    MediumNames,
+)
+from ..types.namespace import Namespace
 
 if TYPE_CHECKING:
-    from ..storage.base import L3Store
+    from ..storage.api import L3Store
 
 EventSink = Callable[[EventBatch], None]
 
@@ -43,6 +51,15 @@ class EventLog:
         self.events = 0  # handed to the sink so far
         self.batches = 0
         self._names: dict[bytes, tuple[str | None, str | None]] = {}  # namespace id -> (extra_key, fingerprint)
+
+    @classmethod
+    def start(cls, tree: RadixTree, sink: EventSink, data_parallel_rank: int = 0,
+              medium_names: MediumNames = MediumNames.KVC) -> EventLog:
+        """A feed that has handed `sink` its first batch: cleared, then what `tree` holds now announced."""
+        log = cls(tree, sink, data_parallel_rank, medium_names)
+        log.announce()
+        log.flush()
+        return log
 
     # --- what the cache reports ------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Protocol
 
-from ..storage.base import L3Store
+from ..storage.api import L3Store
 
 
 class IOJob(Protocol):

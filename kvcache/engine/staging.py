@@ -10,14 +10,29 @@ against the prefetch host budget until then.
 
 from __future__ import annotations
 
-import msgspec
-import numpy as np
+from typing import TYPE_CHECKING
 
-from ..types.keys import RadixKey
-from ..types.namespace import NamespaceInfo
-from ..types.owners import OwnerKind, owner_code
-from ..tree import Tier, TreeNode
-from ..types.results import StagedView
+import numpy as np
+import torch
+
+from ..errors import InvariantViolation
+from ..ledger.copy import copy_pages
+from ..types.ids import PageHash
+from ..types.keys import TOKEN_BYTES, RadixKey
+from ..types.owners import FREE_CODE, OwnerKind, owner_code
+from ..types.request import Request
+from ..types.results import DropReason, StagedView
+from ..types.stats import bump
+from ..types.tier import Tier
+from .holders import release_anchor
+
+if TYPE_CHECKING:
+    from ..ledger.pools import SlotPool
+    from ..tree import RadixTree, TreeNode
+    from ..types.stats import PrefetchStats
+    from .holders import Holders
+    from .prefetch import PrefetchOp
+    from .room import Room
 
 
 class StagedPrefetch:
@@ -27,7 +42,7 @@ class StagedPrefetch:
                  "hold")
 
     def __init__(self, ident: int, rid: str, key: RadixKey, page_size: int, start_page: int, pages: np.ndarray,
-                 hashes: list[bytes], op_id: int, anchor: TreeNode | None, hold: Tier | None) -> None:
+                 hashes: list[PageHash], op_id: int, anchor: TreeNode | None, hold: Tier | None) -> None:
         self.id = ident
         self.owner = owner_code(OwnerKind.STAGED, ident)
         self.rid = rid
@@ -40,6 +55,11 @@ class StagedPrefetch:
         self.anchor = anchor  # ends the prefix [0, start_page) on the device; None when the span starts at page 0
         self.hold = hold  # the anchor's path is held on this tier until the record is consumed or dropped
 
+    @property
+    def issued_by(self) -> int:
+        """The prefetch that took the hold: holds are cancelled youngest first."""
+        return self.op_id
+
     def view(self) -> StagedView:
         """Printable fields."""
         ns = self.key.namespace
@@ -48,3 +68,79 @@ class StagedPrefetch:
 
     def __repr__(self) -> str:
         return f"StagedPrefetch(#{self.id} {self.rid} {self.key.namespace.label} {len(self.pages)} pages)"
+
+
+class Staging:
+    """A cache's staged records: parked by the prefetch, spliced by admission, or dropped."""
+
+    def __init__(self, device_pool: SlotPool, host_pool: SlotPool | None, tree: RadixTree, holders: Holders,
+                 stats: PrefetchStats) -> None:
+        self.device_pool = device_pool
+        self.host_pool = host_pool
+        self.tree = tree
+        self.holders = holders
+        self.stats = stats
+        self.room: Room  # wired by the cache: device pages for a splice
+
+    def park(self, op: PrefetchOp, fetched: np.ndarray) -> StagedPrefetch:
+        """Record `op`'s fetched pages as the request's staged record (Op(prefetch) -> Staged); the record takes
+        over the op's hold on its anchor and its place in the prefetch host budget."""
+        assert self.host_pool is not None
+        staged = StagedPrefetch(self.holders.mint(), op.rid, op.key, self.tree.page_size, op.start_page, fetched,
+                                op.hashes[: len(fetched)], op.id, op.anchor, op.hold)
+        self.host_pool.transfer(fetched, op.owner, staged.owner)
+        self.holders.staged[op.rid] = staged
+        return staged
+
+    def drop(self, staged: StagedPrefetch, reason: DropReason) -> None:
+        """Free a staged record's host pages (Staged -> FREE) and release its anchor's hold; never splice it."""
+        assert self.host_pool is not None
+        self.host_pool.free(staged.pages, staged.owner)
+        self.holders.prefetch_host_pages -= len(staged.pages)
+        release_anchor(self.tree, staged)
+        bump(self.stats.dropped, reason.value, len(staged.pages))
+
+    def consume(self, staged: StagedPrefetch, request: Request, node: TreeNode,
+                cached: np.ndarray) -> tuple[TreeNode, np.ndarray, int]:
+        """At admission: splice `staged` (checked to serve `request`) after the request's cached device pages.
+        Returns the new locked end node, the cached pages, and how many pages were spliced."""
+        skip = len(cached) - staged.start_page  # staged pages the device already holds
+        if skip < 0:
+            self.drop(staged, DropReason.PREFIX_GAP)
+            return node, cached, 0
+        use = staged.pages[skip:]
+        owner = owner_code(OwnerKind.OP_LOAD_BACK, self.holders.mint())
+        dev = self.room.alloc(Tier.DEVICE, len(use), owner, staged.key.namespace) if len(use) else None
+        if dev is None:
+            self.drop(staged, DropReason.DUPLICATE if not len(use) else DropReason.UNATTACHED)
+            return node, cached, 0
+        assert self.host_pool is not None
+        copy_pages(self.host_pool, use, self.device_pool, dev)
+        if self.device_pool.device_type == "cuda":
+            torch.cuda.current_stream().synchronize()
+        # The splice key is rebuilt from the record's own namespace (checked equal to the request's above).
+        end = staged.start_page + len(staged.pages)
+        key = RadixKey(staged.key.data[: end * self.tree.page_size * TOKEN_BYTES], staged.key.namespace)
+        ins = self.tree.insert(key, np.concatenate([cached, dev]))
+        n_dup = max(0, ins.prefix_pages - len(cached))
+        parts, at = [(n_dup, FREE_CODE)], n_dup
+        for adopted in ins.adopted:
+            at += len(adopted.device) if adopted.device is not None else 0
+            parts.append((at, adopted.owner))
+        parts.append((len(dev), FREE_CODE))
+        self.device_pool.disperse(dev, owner, parts)
+        self.host_pool.free(staged.pages, staged.owner)
+        self.holders.prefetch_host_pages -= len(staged.pages)
+        # After the splice the tree must own exactly the spliced device slots, in the request's namespace.
+        again = self.tree.match_prefix(key)
+        held = again.device_pages
+        if (len(held) != end or not np.array_equal(held[: len(cached)], cached)
+                or not np.array_equal(held[len(cached) + n_dup:], dev[n_dup:])):
+            raise InvariantViolation(f"request {request.rid}: after splicing staged record {staged.id} the tree "
+                                     f"does not own exactly the spliced device pages")
+        self.tree.lock(again.device_node)
+        self.tree.unlock(node)
+        release_anchor(self.tree, staged)
+        self.stats.used_pages += len(dev) - n_dup
+        bump(self.stats.dropped, DropReason.DUPLICATE.value, skip + n_dup)
+        return again.device_node, again.device_pages, len(dev) - n_dup

@@ -35,18 +35,15 @@ ones.
 
 from __future__ import annotations
 
-import enum
 import heapq
 import math
 import time
 from collections.abc import Callable
 
-import msgspec
-
 from ..types.config import TTLMode, TTLPolicy
-from ..types.namespace import Namespace, NamespaceInfo
-from ..types.stats import TTLStats, bump
+from ..types.namespace import Namespace
 from ..types.results import ExpiryCause, NamespaceTTL
+from ..types.stats import TTLStats, bump
 
 
 class TTLEntry:
@@ -176,7 +173,8 @@ class TTLTracker:
         """The namespaces to expire so that no more than `max_namespaces` are tracked: closest to their deadline
         first, never `keep` (the one being used) nor one already deferred."""
         excess = len(self._entries) - self.policy.max_namespaces
-        out, kept = [], None
+        out: list[TTLEntry] = []
+        kept = None
         while len(out) < excess and self._heap:
             entry = self._pop_accurate()
             if entry is None:

@@ -3,7 +3,8 @@
 - `protocol`: the wire format — frames, requests, answers and their bounds;
 - `server`: `AdminServer(cache, path)`, which queues requests on its threads and runs them when the engine calls
   `server.poll()` between scheduler steps (or on its own owner loop, for `kvc serve`);
-- `ops`: what each request does to the cache it is given;
+- `transport`: the socket's threads, which only move bytes and queue requests for the owner thread;
+- `kvcache.ops` (below live mode, shared with the offline CLI): what each request does to the cache it is given;
 - `client`: `AdminClient`, the other end, which imports neither torch nor the cache;
 - `metrics`: Prometheus families of a live cache's figures and of a store's.
 

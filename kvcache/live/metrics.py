@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import CollectorRegistry
 
 if TYPE_CHECKING:
-    from ..storage.base import NamespaceRecord, StoreStats
+    from ..storage.api import NamespaceRecord, StoreStats
     from .protocol import LiveStats, NamespaceList
 
 NS_LABELS = ["extra_key", "salt_fingerprint"]

@@ -30,131 +30,34 @@ from typing import Annotated, Union
 
 import msgspec
 
-from ..types.config import PrefetchPolicy
 from ..errors import AdminBadFrame
-from ..types.layout import KVLayout
-from ..types.namespace import NamespaceInfo
-from ..types.shares import Shares
-from ..types.results import StagedView
-from ..types.stats import CacheStats
-from ..storage.base import StoreStats
+# The requests and their results are values of kvcache.ops (what the handlers take and return, offline too); the
+# socket frames them, and re-exports them so that a client finds the whole wire format here.
+from ..ops.requests import (MAX_BYTES, MAX_PAGES, MAX_TIMEOUT_MS, PROTOCOL_VERSION, AuditRequest,  # noqa: F401
+                            Bytes, DropRequest, EvictOutcome, EvictRequest, ExpireRequest, LiveNamespace, LiveStats,
+                            LoadBackRequest, NamespaceList, NamespacesRequest, NamespaceTiers, Pages, PingRequest,
+                            PoolUse, PrefetchRequest, ReplayOutcome, RequestResult, ServerInfo, SharesOutcome,
+                            SharesRequest, SnapshotData, SnapshotRequest, StageRequest, StatsRequest, TierUse,
+                            TimeoutMs, Token)
 
-PROTOCOL_VERSION = 2  # 2: snapshots come back as bytes (no server-side path); bounded numbers
 MAX_REQUEST_BYTES = 1 << 20  # a request frame's body: 1 MiB (a 200k-token request fits)
 MAX_RESPONSE_BYTES = 256 << 20  # a response frame's body, as the client accepts it (audits can list much)
 MAX_TRACE_BYTES = 256 << 20  # a replay trace, all chunks together
 TRACE_CHUNK_BYTES = MAX_REQUEST_BYTES - 4096  # trace bytes per replay chunk, leaving room for the envelope
 MAX_FRAME_DEPTH = 16  # nesting of containers in a frame (a request needs 4)
-MAX_TIMEOUT_MS = 3_600_000.0  # an hour: the longest wait a request may ask for
-MAX_PAGES = 1 << 31
-MAX_BYTES = 1 << 50
 
 _LENGTH = struct.Struct(">I")
 
-Token = Annotated[int, msgspec.Meta(ge=0, le=0xFFFFFFFF)]
-Pages = Annotated[int, msgspec.Meta(ge=0, le=MAX_PAGES)]
-Bytes = Annotated[int, msgspec.Meta(ge=0, le=MAX_BYTES)]
-TimeoutMs = Annotated[float, msgspec.Meta(ge=0, le=MAX_TIMEOUT_MS)]  # rejects nan and inf too
 RequestId = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
 
 
-# --- requests ------------------------------------------------------------------------------------------------
-
-
-class PingRequest(msgspec.Struct, frozen=True, tag="ping", forbid_unknown_fields=True):
-    """Is a server there, and what is it serving? Answered with `ServerInfo`."""
-
-
-class PrefetchRequest(msgspec.Struct, frozen=True, tag="prefetch", forbid_unknown_fields=True):
-    """L3 -> L2: one request (`tokens`), or the namespace's hottest stored prefixes within the budget.
-    Answered with `RequestResult`."""
-
-    extra_key: str | None = None
-    cache_salt: str | None = None  # derives the namespace on the server; never echoed, logged or stored
-    tokens: list[Token] | None = None  # None: the whole namespace, hottest prefixes first, up to the budget
-    max_pages: Pages = 4096
-    max_bytes: Bytes | None = None
-    policy: PrefetchPolicy = PrefetchPolicy.WAIT_COMPLETE  # how this prefetch is settled (not the cache's policy)
-    timeout_ms: TimeoutMs = 1000.0
-
-
-class StageRequest(msgspec.Struct, frozen=True, tag="stage", forbid_unknown_fields=True):
-    """Buffer mode: prefetch one request and show its staged record. Answered with `RequestResult`."""
-
-    tokens: list[Token]
-    extra_key: str | None = None
-    cache_salt: str | None = None
-    policy: PrefetchPolicy = PrefetchPolicy.WAIT_COMPLETE
-    timeout_ms: TimeoutMs = 1000.0
-
-
-class LoadBackRequest(msgspec.Struct, frozen=True, tag="load_back", forbid_unknown_fields=True):
-    """L3 -> L2 -> L1 for one request, spliced into the tree and compared with the store's bytes. Answered with
-    `RequestResult`."""
-
-    tokens: list[Token]
-    extra_key: str | None = None
-    cache_salt: str | None = None
-    policy: PrefetchPolicy = PrefetchPolicy.WAIT_COMPLETE
-    timeout_ms: TimeoutMs = 1000.0
-
-
-class NamespacesRequest(msgspec.Struct, frozen=True, tag="ns_ls", forbid_unknown_fields=True):
-    """Namespaces of the cache and its store with per-tier occupancy. Answered with `NamespaceList`."""
-
-
-class AuditRequest(msgspec.Struct, frozen=True, tag="audit", forbid_unknown_fields=True):
-    """The ownership and structure audit of the live cache. Answered with `kvcache.diagnostics.audit.AuditReport`."""
-
-
-class SnapshotRequest(msgspec.Struct, frozen=True, tag="snapshot", forbid_unknown_fields=True):
-    """The ownership snapshot of the live cache now. Answered with `SnapshotData`: the client writes the file (the
-    server writes no path a client names)."""
-
-
-class StatsRequest(msgspec.Struct, frozen=True, tag="stats", forbid_unknown_fields=True):
-    """Cache and store figures. Answered with `LiveStats`."""
-
-
-class EvictRequest(msgspec.Struct, frozen=True, tag="evict", forbid_unknown_fields=True):
-    """Evict a namespace's unlocked pages from L1 and/or L2 (its L3 pages stay). Answered with `EvictOutcome`."""
-
-    extra_key: str | None = None
-    cache_salt: str | None = None
-    device: bool = True
-    host: bool = True
-
-
-class DropRequest(msgspec.Struct, frozen=True, tag="ns_drop", forbid_unknown_fields=True):
-    """Offboard a namespace from every tier without writing any of it back (`TieredCache.drop_namespace`).
-    Answered with `kvcache.engine.cache.NamespaceDrop`."""
-
-    extra_key: str | None = None
-    cache_salt: str | None = None
-
-
-class SharesRequest(msgspec.Struct, frozen=True, tag="ns_quota", forbid_unknown_fields=True):
-    """Set a namespace's shares per tier (`TieredCache.set_shares`: applied now, written to the cache's store);
-    `Shares()` clears them. Answered with `SharesOutcome`."""
-
-    shares: Shares
-    extra_key: str | None = None
-    cache_salt: str | None = None
-
-
-class ExpireRequest(msgspec.Struct, frozen=True, tag="ns_expire", forbid_unknown_fields=True):
-    """Expire a namespace now by the cache's TTL rules (`TieredCache.expire_namespace`): dropped from every tier,
-    or deferred until its running requests end. Answered with `kvcache.engine.ttl.NamespaceExpiry`; a cache without a
-    TTL policy answers `InvalidInput`."""
-
-    extra_key: str | None = None
-    cache_salt: str | None = None
+# --- requests: the union of kvcache.ops.requests' and the replay upload, in one envelope -------------------------
 
 
 class ReplayRequest(msgspec.Struct, frozen=True, tag="replay", forbid_unknown_fields=True):
     """A chunk of a JSONL trace for the live cache to replay. Chunks split the trace's bytes anywhere; all but
-    the last carry `more=True` and are answered with `ReplayAck`; the last is answered with
-    `kvcache.workload.replay.ReplayReport` once the whole trace ran. The options of the last chunk apply."""
+    the last carry `more=True` and are answered with `ReplayAck`; the last is answered with `ReplayOutcome` (the
+    replay's report) once the whole trace ran. The options of the last chunk apply."""
 
     chunk: bytes
     more: bool = False
@@ -177,92 +80,7 @@ class Envelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     request: AdminRequest
 
 
-# --- results -------------------------------------------------------------------------------------------------
-
-
-class TierUse(msgspec.Struct, frozen=True):
-    """What one namespace holds in one tier."""
-
-    pages: int = 0
-    tokens: int = 0
-    bytes: int = 0
-
-
-class NamespaceTiers(msgspec.Struct, frozen=True):
-    """One namespace's occupancy of the three tiers (L3: the store's registry, shared with other processes)."""
-
-    device: TierUse
-    host: TierUse
-    storage: TierUse
-
-
-class RequestResult(msgspec.Struct):
-    """What a live prefetch, stage or load-back did: the fields of the offline `kvc prefetch|stage|load-back
-    --json` (DESIGN §8), plus the namespace's tier occupancy after the command (`tiers`)."""
-
-    command: str  # "prefetch", "stage" or "load-back"
-    namespace: NamespaceInfo
-    requested_tokens: int
-    hit_tokens: int  # prefetch/stage: tokens that landed in L2; load-back: tokens cached on the device
-    pages: int
-    bytes: int
-    seconds: float
-    declined: str | None = None
-    prefixes: int = 0
-    staged: StagedView | None = None
-    loaded_back_tokens: int = 0
-    verified_tokens: int = 0
-    verify_mismatches: int = 0
-    tiers: NamespaceTiers | None = None
-
-
-class LiveNamespace(msgspec.Struct):
-    """One namespace of a live cache: the offline `kvc ns ls --json` row (L3 figures from the store's registry)
-    and per-tier occupancy."""
-
-    extra_key: str | None
-    salt_fingerprint: str | None
-    id: str  # display_id: the namespace id keyed by the fingerprint key (never the raw id)
-    pages: int  # in L3
-    tokens: int
-    bytes: int
-    hits: int
-    created: float
-    last_access: float
-    device: TierUse
-    host: TierUse
-    storage: TierUse
-    shares: Shares | None = None  # the namespace's shares per tier (kvcache.types.shares); None: it has none
-    # the cache's TTL policy (kvcache.engine.ttl): when the namespace expires, in epoch seconds like `last_access`; None
-    # when it is not tracked (no policy, or not used by this cache since it started)
-    deadline: float | None = None
-    expiry_deferred: bool = False  # past its deadline, waiting for its running requests to end
-
-
-class SharesOutcome(msgspec.Struct, frozen=True):
-    """The shares a live cache applies to a namespace now (`kvc ns quota set|clear --socket`), and what the
-    namespace holds in each tier."""
-
-    namespace: NamespaceInfo
-    id: str  # display_id
-    shares: Shares  # all zero: cleared
-    tiers: NamespaceTiers
-
-
-class NamespaceList(msgspec.Struct):
-    """Namespaces of a live cache and its store."""
-
-    store: str  # the store's location ("" without a store)
-    namespaces: list[LiveNamespace]
-
-
-class SnapshotData(msgspec.Struct, frozen=True):
-    """A live cache's ownership snapshot, as the bytes of its file (`kvcache.diagnostics.snapshot`), for the client to write."""
-
-    created: float
-    nodes: int
-    holders: int
-    data: bytes
+# --- results of the socket's own: the client's record of a snapshot it wrote, a replay chunk's receipt ---------
 
 
 class SnapshotResult(msgspec.Struct, frozen=True):
@@ -275,75 +93,10 @@ class SnapshotResult(msgspec.Struct, frozen=True):
     holders: int
 
 
-class PoolUse(msgspec.Struct, frozen=True):
-    """One pool's occupancy."""
-
-    pages: int  # capacity
-    used_pages: int
-    tokens: int  # capacity
-    used_tokens: int
-    bytes: int  # capacity
-    used_bytes: int
-
-
-class LiveStats(msgspec.Struct):
-    """A live cache's figures: its pools, what is in flight, its statistics, and its store's."""
-
-    layout: KVLayout
-    device: PoolUse
-    host: PoolUse | None
-    live_requests: int
-    inflight_copies: int
-    prefetches: int
-    staged: int
-    storage_writes: int
-    cache: CacheStats
-    store: StoreStats | None
-    layout_list: list[KVLayout]  # the layouts the store holds (as in offline `kvc stats --json`)
-
-
-class EvictOutcome(msgspec.Struct, frozen=True):
-    """What evicting a namespace from L1/L2 freed, and what the namespace holds after."""
-
-    namespace: NamespaceInfo
-    device_pages: int
-    host_pages: int
-    tiers: NamespaceTiers
-
-
 class ReplayAck(msgspec.Struct, frozen=True):
     """A replay chunk was received; the trace runs when the last one arrives."""
 
     received_bytes: int  # of the trace so far
-
-
-class ReplayOutcome(msgspec.Struct):
-    """What a live replay answers: its report, and the snapshot taken right after it when asked for."""
-
-    # a kvcache.workload.replay.ReplayReport, msgpack-encoded: decoding it needs the replay driver, which imports torch,
-    # and the protocol is imported by commands that must start without it
-    report: msgspec.Raw
-    snapshot: SnapshotData | None = None
-
-    def replay_report(self):
-        """The report, decoded (`kvcache.workload.replay.ReplayReport`; imports the replay driver)."""
-        from ..types.reports import ReplayReport
-
-        return msgspec.msgpack.decode(self.report, type=ReplayReport)
-
-
-class ServerInfo(msgspec.Struct, frozen=True):
-    """Who answers on the socket."""
-
-    version: int  # PROTOCOL_VERSION
-    pid: int
-    layout: KVLayout
-    store: str  # location, "" without a store
-    device_tokens: int
-    host_tokens: int
-    host_mode: str
-    prefetch_policy: str
-    write_policy: str
 
 
 # --- responses -----------------------------------------------------------------------------------------------

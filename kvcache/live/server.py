@@ -2,8 +2,9 @@
 
 The engine owns the cache and its thread; the server owns a socket. `AdminServer(cache, path)` claims the path
 and starts accepting at once; the requests that arrive wait in a queue until the engine calls `server.poll()`
-between two scheduler steps, which runs them on the engine's thread (`ops`), so every answer sees the cache at
-rest. The cache knows nothing of this: it never imports live mode, and closing the server leaves it untouched.
+between two scheduler steps, which runs them on the engine's thread (`kvcache.ops.handlers`), so every answer sees
+the cache at rest. The cache knows nothing of this: it never imports live mode, and closing the server leaves it
+untouched.
 
 A cache with no engine loop (`kvc serve`, tests, benchmarks) is driven by `serve_forever(stop)` — the owner loop:
 queued requests, then the cache's finished copies and L3 jobs (`cache.poll()`), again and again — or by
@@ -23,7 +24,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from .ops import execute
+from ..ops.handlers import execute
 from .transport import AdminTransport
 
 if TYPE_CHECKING:

@@ -46,7 +46,8 @@ from typing import IO, Any
 import msgspec
 
 from ..errors import AdminBadFrame, AdminError, AdminShuttingDown, AdminSocketInUse, InvalidTrace, KVCacheError
-from ..workload.traces import TraceRequest, parse_trace, trace_lines
+from ..ops.requests import ReplayJob
+from ..workload.traces import parse_trace, trace_lines
 from .credentials import describe_uid, peer_credentials
 from .protocol import (MAX_REQUEST_BYTES, MAX_TRACE_BYTES, PROTOCOL_VERSION, AdminRequest, ErrorInfo, FrameTooLarge,
                        ReplayAck, ReplayRequest, Response, Truncated, decode_envelope, encode, frame, head_of,
@@ -57,18 +58,6 @@ log = logging.getLogger("kvcache.live")
 _SUN_PATH_MAX = 107  # bytes of a Unix socket path (sun_path is 108 with the terminating NUL)
 _WAKE = 0.25  # seconds: how often waiting threads look whether the server is closing
 _SEND_RATE = 1 << 20  # bytes a second a reader must at least take an answer at (a large answer gets longer)
-
-
-class ReplayJob(msgspec.Struct):
-    """What the owner thread runs for a replay: the trace, validated on the connection thread and read again line
-    by line from its upload while it runs, and the options of its last chunk."""
-
-    trace: Iterable[TraceRequest]
-    requests: int
-    verify: bool
-    batch: int
-    lookahead: int
-    snapshot: bool  # answer the ownership snapshot taken right after the replay with its report
 
 
 class _Upload:

@@ -18,9 +18,9 @@ from ..engine.cache import TieredCache
 from ..types.config import HostMode, PrefetchPolicy
 from ..errors import InvalidInput
 from ..types.layout import KVLayout
-from ..types.namespace import Namespace, NamespaceInfo
+from ..types.namespace import Namespace
 from ..types.request import Request
-from ..storage.base import L3Store
+from ..storage.api import L3Store
 from ..types.reports import WarmResult
 
 

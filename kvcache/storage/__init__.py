@@ -1,2 +1,3 @@
-"""L3: the persistent page store interface (`base`), what every backend shares (`codec`, `handle`, `verify`),
-and the default backend (`lmdb_store`, over `lmdb_env`, `lmdb_registry`, `lmdb_verify`, `lmdb_salvage`)."""
+"""L3: the persistent page store interface (`api`), the argument checks (`checks`) and what else every backend
+shares (`codec`, `handle`, `verify`), the backend registry (`registry`: `open_store`), the one module a plugin
+imports (`kit`; `base` is its former name), and the default backend (`lmdb/`)."""

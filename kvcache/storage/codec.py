@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 
 from ..types.keys import PAGE_HASH_BYTES, TOKEN_BYTES, extend_chain
-from .base import LayoutRecord, NamespaceRecord, PageMeta
+from .api import LayoutRecord, NamespaceRecord, PageMeta
 
 try:  # xxh3 runs ~8x faster than zlib's crc32 here: it is what keeps the checked read path near memcpy speed
     import xxhash
@@ -75,8 +75,9 @@ class StoreFormat(msgspec.Struct, frozen=True, omit_defaults=True):
     version: int  # FORMAT_VERSION of the writer that created it
     checksum: str  # a key of CHECKSUMS
     created: float  # unix seconds
-    fingerprint_key: str = ""  # hex: the key of the salt fingerprints the store records (kvcache.types.namespace), where
-    #                            the store keeps it in this record (Redis); "" where it does not (LMDB: a key file)
+    # hex: the key of the salt fingerprints the store records (kvcache.types.namespace), where the store keeps it in
+    # this record (Redis); "" where it does not (LMDB: a key file)
+    fingerprint_key: str = ""
 
 
 encoder = msgspec.msgpack.Encoder()

@@ -9,7 +9,7 @@ core.
 
 The child is a fork: it starts at once, shares nothing writable with the parent, and ends with `os._exit` (no
 atexit handlers, no flush of the parent's buffers). Only the forking thread exists in it; the function must not
-need the parent's other threads (LMDB handles of the parent are closed in the child by lmdb_store's fork hook).
+need the parent's other threads (LMDB handles of the parent are closed in the child by the LMDB backend's fork hook).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A backend implements `IntegritySource`: it reads its records (pages with their metadata, the children index, the
 namespace registry, the layouts) the way its storage allows, and removes records under a recheck when asked
 (`RepairOps`). Everything else lives here: what counts as a finding of each VERIFY_KINDS kind, which findings make
-a page removable, which pages go with it, and what a repair does per kind (base.REPAIRS).
+a page removable, which pages go with it, and what a repair does per kind (api.REPAIRS).
 
 The checks:
 
@@ -31,7 +31,7 @@ import msgspec
 
 from ..types.keys import hash_root_of_id
 from ..types.layout import KVLayout
-from .base import LayoutRecord, NamespaceRecord, PageMeta, VerifyFinding, VerifyRemoval, VerifyReport
+from .api import LayoutRecord, NamespaceRecord, PageMeta, VerifyFinding, VerifyRemoval, VerifyReport
 from .codec import HEADER, Checksum, chains_to, stored_checksum
 
 T = TypeVar("T")
@@ -47,7 +47,7 @@ class Guard(enum.StrEnum):
     FILED_UNDER = "filed"  # a page of a namespace or layout whose record was removed: whatever is stored under it
 
 
-# Finding kind -> the guard of its page's removal. Kinds absent here never remove a page (base.REPAIRS).
+# Finding kind -> the guard of its page's removal. Kinds absent here never remove a page (api.REPAIRS).
 REMOVAL_GUARDS: dict[str, Guard] = {
     "checksum_mismatch": Guard.SAME_BYTES,
     "size_mismatch": Guard.SAME_BYTES,
@@ -187,7 +187,7 @@ class Findings:
 
 
 def verify(source: IntegritySource, repair: bool = False) -> VerifyReport:
-    """Audit the store behind `source` (and with `repair`, apply base.REPAIRS): the body of `L3Store.verify`.
+    """Audit the store behind `source` (and with `repair`, apply api.REPAIRS): the body of `L3Store.verify`.
     The caller checks that the store is writable before a repair."""
     found = Findings()
     layouts: dict[bytes, KVLayout] = {}
@@ -344,7 +344,7 @@ def removed_pages(report: VerifyReport) -> set[bytes]:
 
 def _repair(source: IntegritySource, found: Findings, kids: dict[bytes, list[bytes]],
             tree: dict[bytes, PageRow]) -> list[VerifyRemoval]:
-    """Apply base.REPAIRS to what verify found, in bounded batches, each removal rechecked by the backend."""
+    """Apply api.REPAIRS to what verify found, in bounded batches, each removal rechecked by the backend."""
     limit = max(source.batch_pages, 1)
     removals: list[VerifyRemoval] = []
     removed: set[bytes] = set()

@@ -8,12 +8,36 @@ from .keys import RadixKey, page_hashes
 from .layout import KVLayout
 from .namespace import Namespace, NamespaceInfo
 from .owners import Owner, OwnerKind
-from .reports import (AuditChecked, AuditReport, NamespaceReplay, ReplayReport, TierTokens, VerifyMismatch,
-                      Violation, ViolationKind, WarmResult)
+from .reports import (
+                      AuditChecked,
+                      AuditReport,
+                      NamespaceReplay,
+                      ReplayReport,
+                      TierTokens,
+                      VerifyMismatch,
+                      Violation,
+                      ViolationKind,
+                      WarmResult,
+)
 from .request import Request
-from .results import (Admission, AdmitStatus, CancelReason, CommitResult, DeclineReason, DropReason, EvictResult,
-                      ExpiryCause, Headroom, NamespaceDrop, NamespaceExpiry, NamespaceTTL, PrefetchOutcome,
-                      SettledPrefetch, StagedView, TierRoom)
+from .results import (
+                      Admission,
+                      AdmitStatus,
+                      CancelReason,
+                      CommitResult,
+                      DeclineReason,
+                      DropReason,
+                      EvictResult,
+                      ExpiryCause,
+                      Headroom,
+                      NamespaceDrop,
+                      NamespaceExpiry,
+                      NamespaceTTL,
+                      PrefetchOutcome,
+                      SettledPrefetch,
+                      StagedView,
+                      TierRoom,
+)
 from .shares import NamespaceShares, Shares
 from .stats import BackupStats, CacheCounters, CacheStats, PrefetchStats, TierHits, TTLStats
 

@@ -23,6 +23,7 @@ import msgspec
 import numpy as np
 
 from ..errors import InvalidTokens
+from .ids import PageHash
 from .namespace import Namespace
 
 TOKEN_BYTES = 4  # one token id packed as uint32
@@ -148,18 +149,18 @@ class RadixKey(msgspec.Struct, frozen=True, gc=False):
         return self.namespace == prefix.namespace and self.data.startswith(prefix.data)
 
 
-def hash_root(layout_id: bytes, namespace: Namespace) -> bytes:
+def hash_root(layout_id: bytes, namespace: Namespace) -> PageHash:
     """h_0 of the chain: the root of `namespace` under `layout_id`."""
     return hash_root_of_id(layout_id, namespace.id)
 
 
-def hash_root_of_id(layout_id: bytes, ns_id: bytes) -> bytes:
+def hash_root_of_id(layout_id: bytes, ns_id: bytes) -> PageHash:
     """h_0 of the chain from a raw 16-byte `Namespace.id`: what a store that records ids (never salts) can
     recompute on its own, e.g. to tell a namespace root from a missing parent page."""
-    return hashlib.blake2b(layout_id + ns_id, digest_size=PAGE_HASH_BYTES, person=_ROOT_PERSON).digest()
+    return PageHash(hashlib.blake2b(layout_id + ns_id, digest_size=PAGE_HASH_BYTES, person=_ROOT_PERSON).digest())
 
 
-def extend_chain(parent: bytes, data: bytes, page_size: int) -> list[bytes]:
+def extend_chain(parent: bytes, data: bytes, page_size: int) -> list[PageHash]:
     """Page hashes of the whole pages of packed tokens `data`, chained from `parent`."""
     step = page_size * TOKEN_BYTES
     out: list[bytes] = []
@@ -167,9 +168,9 @@ def extend_chain(parent: bytes, data: bytes, page_size: int) -> list[bytes]:
     for start in range(0, len(data) - step + 1, step):
         parent = blake(parent + data[start:start + step], digest_size=PAGE_HASH_BYTES).digest()
         out.append(parent)
-    return out
+    return out  # type: ignore[return-value]  # PageHash values: a NewType call per page would cost in the hot loop
 
 
-def page_hashes(layout_id: bytes, key: RadixKey, page_size: int) -> list[bytes]:
+def page_hashes(layout_id: bytes, key: RadixKey, page_size: int) -> list[PageHash]:
     """The page hash chain of `key`'s whole pages, rooted in the key's own namespace."""
     return extend_chain(hash_root(layout_id, key.namespace), key.data, page_size)

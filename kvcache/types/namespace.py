@@ -36,6 +36,7 @@ from collections.abc import Iterator
 import msgspec
 
 from ..errors import InvalidInput, InvalidNamespace
+from .ids import DisplayId, NamespaceId
 
 # The key of `id`: fixed, so ids agree across processes and machines (they seed the L3 page hashes). Not a
 # secret: ids are never printed (see `display_id`).
@@ -110,11 +111,11 @@ def fingerprint_key_scope() -> Iterator[None]:
             _process_key = saved
 
 
-def display_id(ns_id: bytes, key: bytes | None = None) -> str:
+def display_id(ns_id: NamespaceId, key: bytes | None = None) -> DisplayId:
     """How a namespace id is shown (16 hex digits): a digest of the id under the fingerprint key (default: this
     process's). An id shown as is, next to its extra_key, would let a short salt be brute-forced offline."""
-    return hashlib.blake2b(ns_id, digest_size=8, key=key if key is not None else fingerprint_key(),
-                           person=_DISPLAY_PERSON).hexdigest()
+    return DisplayId(hashlib.blake2b(ns_id, digest_size=8, key=key if key is not None else fingerprint_key(),
+                                     person=_DISPLAY_PERSON).hexdigest())
 
 
 def _field(value: str | None) -> bytes:
@@ -156,12 +157,15 @@ class Namespace:
     __slots__ = ("extra_key", "_salt", "id", "_hash", "_fingerprint")
 
     extra_key: str | None
-    id: bytes  # 16-byte blake2b of both fields; the L3 root seed and the store registry key (never printed)
+    _salt: str | None  # the secret: never printed, logged or stored; only digests of it leave this object
+    _hash: int  # hash(id), once
+    _fingerprint: tuple[bytes, str | None]  # (key, fingerprint under it): the last one computed
+    id: NamespaceId  # 16-byte blake2b of both fields; the L3 root seed and the store registry key (never printed)
 
     def __init__(self, extra_key: str | None = None, cache_salt: str | None = None) -> None:
         extra_key = _canonical(extra_key, "extra_key")
         salt = _canonical(cache_salt, "cache_salt")
-        ident = hashlib.blake2b(_field(extra_key) + _field(salt), digest_size=16, key=_ID_KEY).digest()
+        ident = NamespaceId(hashlib.blake2b(_field(extra_key) + _field(salt), digest_size=16, key=_ID_KEY).digest())
         set_ = object.__setattr__
         set_(self, "extra_key", extra_key)
         set_(self, "_salt", salt)
@@ -204,7 +208,7 @@ class Namespace:
         return self.id.hex()
 
     @property
-    def display_id(self) -> str:
+    def display_id(self) -> DisplayId:
         """The id as outputs show it: keyed by this process's fingerprint key (see `display_id()`)."""
         return display_id(self.id)
 

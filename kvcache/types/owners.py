@@ -11,6 +11,8 @@ import enum
 
 import msgspec
 
+from .ids import OwnerCode
+
 _KIND_SHIFT = 48
 _ID_MASK = (1 << _KIND_SHIFT) - 1
 
@@ -72,9 +74,9 @@ _KIND_BASE = tuple(int(kind) << _KIND_SHIFT for kind in OwnerKind)
 assert all(int(kind) == i for i, kind in enumerate(OwnerKind)), "OwnerKind values must be 0..n-1 (see _KIND_BASE)"
 
 
-def owner_code(kind: OwnerKind, ident: int) -> int:
+def owner_code(kind: OwnerKind, ident: int) -> OwnerCode:
     """The ledger code of (kind, id) without building an Owner (hot paths)."""
-    return _KIND_BASE[kind] | ident
+    return _KIND_BASE[kind] | ident  # type: ignore[return-value]  # NewType costs a call here; an int is one
 
 
 def describe_code(code: int) -> str:

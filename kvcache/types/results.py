@@ -11,6 +11,7 @@ import enum
 import msgspec
 import numpy as np
 
+from .ids import DisplayId
 from .namespace import NamespaceInfo
 
 _EMPTY = np.empty(0, dtype=np.int64)
@@ -86,7 +87,7 @@ class NamespaceDrop(msgspec.Struct):
     """What `TieredCache.drop_namespace` freed, per tier."""
 
     namespace: NamespaceInfo
-    namespace_id: str  # hex
+    namespace_id: DisplayId  # keyed by the fingerprint key (a raw id would let a short salt be brute-forced)
     device_pages: int
     host_pages: int
     store_pages: int  # L3 pages deleted (0 without a store)
@@ -158,7 +159,7 @@ class StagedView(msgspec.Struct):
     id: int
     rid: str
     namespace: NamespaceInfo
-    namespace_id: str  # the namespace's display_id (keyed: a raw id would let a short salt be brute-forced)
+    namespace_id: DisplayId  # keyed: a raw id would let a short salt be brute-forced
     key_tokens: int
     start_tokens: int  # tokens the tree held when the fetch started; the staged pages follow them
     staged_tokens: int
@@ -179,7 +180,7 @@ class NamespaceTTL(msgspec.Struct, frozen=True):
     clock (monotonic seconds); `seconds_left` is what scripts compare."""
 
     namespace: NamespaceInfo
-    id: str  # display_id, as `kvc ns ls` prints it
+    id: DisplayId  # as `kvc ns ls` prints it
     ttl_s: float
     first_use: float
     last_use: float
@@ -193,7 +194,7 @@ class NamespaceExpiry(msgspec.Struct, frozen=True):
     requests end (`deferred`)."""
 
     namespace: NamespaceInfo
-    id: str  # display_id
+    id: DisplayId
     cause: ExpiryCause
     expired: bool
     deferred: bool

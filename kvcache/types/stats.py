@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from .namespace import NamespaceInfo
+from .namespace import Namespace, NamespaceInfo
 
 
 class CacheCounters(msgspec.Struct):
@@ -39,6 +39,16 @@ class TierHits(msgspec.Struct):
     device: int = 0  # already on the device at admission
     host: int = 0  # loaded back from L2 (host copies that were there before the request's prefetch)
     storage: int = 0  # fetched from L3 by the request's prefetch
+
+
+def add_hits(book: dict[bytes, TierHits], namespace: Namespace, device: int, host: int, storage: int) -> None:
+    """Add an admission's hit tokens by tier to its namespace's row of `book` (namespace id -> TierHits)."""
+    hits = book.get(namespace.id)
+    if hits is None:
+        hits = book[namespace.id] = TierHits(namespace.info())
+    hits.device += device
+    hits.host += host
+    hits.storage += storage
 
 
 class PrefetchStats(msgspec.Struct):

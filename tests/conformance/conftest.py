@@ -15,7 +15,8 @@ import msgspec
 import pytest
 
 from kvcache.types.layout import KVLayout
-from kvcache.storage.base import L3Store, backends, open_store
+from kvcache.storage.api import L3Store
+from kvcache.storage.registry import backends, open_store
 from redis_server import redis_cluster, redis_server  # noqa: F401  (session fixtures of the redis factories)
 
 LAYOUT = KVLayout("conformance-model@r1", layers=2, kv_heads=2, head_dim=16, dtype="float16", page_size=4)

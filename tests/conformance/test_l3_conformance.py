@@ -1,4 +1,4 @@
-"""The L3 contract (kvcache.storage.base), run against every registered backend through `factory`."""
+"""The L3 contract (kvcache.storage.api), run against every registered backend through `factory`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from kvcache.errors import LayoutMismatch
 from kvcache.types.keys import pack_tokens
 from kvcache.types.namespace import Namespace
 from kvcache.types.layout import KVLayout
-from kvcache.storage.base import L3Store, open_store, page_origins
+from kvcache.storage.api import L3Store, page_origins
+from kvcache.storage.registry import open_store
 
 LAYOUT = KVLayout("conformance-model@r1", layers=2, kv_heads=2, head_dim=16, dtype="float16", page_size=4)
 OTHER_LAYOUT = KVLayout("conformance-model@r2", layers=2, kv_heads=2, head_dim=16, dtype="float16", page_size=4)
@@ -287,7 +288,7 @@ def test_put_refuses_a_page_whose_parent_is_another_namespaces_root(store):
     is A's root would be read by A (its hash is in A's chain) and survive delete_namespace(A)."""
     from kvcache.errors import InvalidInput
     from kvcache.types.keys import extend_chain, hash_root
-    from kvcache.storage.base import PageOrigin
+    from kvcache.storage.api import PageOrigin
 
     write(store, range(8), NS_A)
     tokens = pack_tokens(range(50, 54))

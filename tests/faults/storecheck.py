@@ -8,7 +8,7 @@ import numpy as np
 
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import Namespace
-from kvcache.storage.base import open_store
+from kvcache.storage.registry import open_store
 from kvcache.workload.kvdata import SyntheticKV
 
 

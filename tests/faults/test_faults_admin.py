@@ -34,7 +34,8 @@ from kvcache.live.protocol import (PROTOCOL_VERSION, TRACE_CHUNK_BYTES, AuditReq
                                    decode_response, read_frame)
 from kvcache.live.transport import AdminTransport
 from kvcache.types.namespace import Namespace
-from kvcache.storage.base import open_store, page_origins
+from kvcache.storage.api import page_origins
+from kvcache.storage.registry import open_store
 from kvcache.workload.kvdata import SyntheticKV
 
 LAYOUT = KVLayout("admin-fault@r1", layers=2, kv_heads=2, head_dim=32, dtype="float16", page_size=4)

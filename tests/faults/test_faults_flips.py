@@ -30,7 +30,8 @@ from kvcache.diagnostics.audit import audit_store
 from kvcache.types.keys import pack_tokens
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import Namespace
-from kvcache.storage.base import open_store, page_origins
+from kvcache.storage.api import page_origins
+from kvcache.storage.registry import open_store
 from kvcache.storage.isolated import run_isolated
 from kvcache.workload.kvdata import SyntheticKV
 

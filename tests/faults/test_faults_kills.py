@@ -22,7 +22,7 @@ from kvcache.types.layout import KVLayout
 from kvcache.live.client import AdminClient
 from kvcache.live.protocol import PingRequest, ReplayOutcome, ServerInfo
 from kvcache.types.namespace import Namespace
-from kvcache.storage.base import open_store
+from kvcache.storage.registry import open_store
 
 LAYOUT = KVLayout("kill-model@r1", layers=2, kv_heads=2, head_dim=32, dtype="float16", page_size=4)  # 1 KiB pages
 SPEC = WorkloadSpec(requests=3000, tenants=3, documents=4, seed=14)

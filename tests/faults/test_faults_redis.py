@@ -17,7 +17,8 @@ from factories import l3_cache, make_layout
 from kvcache.errors import InvalidInput
 from kvcache.types.keys import pack_tokens
 from kvcache.types.namespace import Namespace
-from kvcache.storage.base import open_store, page_origins
+from kvcache.storage.api import page_origins
+from kvcache.storage.registry import open_store
 from redis_node import PAGE_SIZE, requests, serve
 from redis_server import RedisServer, require_server
 

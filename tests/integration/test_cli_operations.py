@@ -11,7 +11,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import kvcache.engine.cache
+import kvcache.engine.copies
 from kvc.main import app
 from kvcache import Namespace, WorkloadSpec, generate, write_trace
 from kvcache.types.namespace import display_id
@@ -164,12 +164,12 @@ def test_load_back_verifies_the_device_bytes(store, mode):
 
 def test_load_back_exits_1_when_the_copy_corrupts_pages(store, monkeypatch):
     invoke("put", "--store", store, "--extra-key", "t1", "--salt", SALT, "--tokens", TOKENS)
-    real = kvcache.engine.cache.copy_pages
+    real = kvcache.engine.copies.copy_pages
 
     def reversed_copy(src, src_pages, dst, dst_pages):  # the classic bug: pages land in the wrong slots
         return real(src, src_pages[::-1].copy(), dst, dst_pages)
 
-    monkeypatch.setattr(kvcache.engine.cache, "copy_pages", reversed_copy)
+    monkeypatch.setattr(kvcache.engine.copies, "copy_pages", reversed_copy)
     result = invoke("load-back", "--store", store, "--extra-key", "t1", "--salt", SALT, "--tokens", TOKENS, "--json")
     assert result.exit_code == 1
     assert json.loads(result.stdout)["verify_mismatches"] == 6
@@ -253,8 +253,8 @@ def test_a_bad_trace_as_a_subprocess_prints_one_line_and_no_traceback(store, tmp
 
 
 def test_replay_verify_failure_exits_1(store, tmp_path, monkeypatch):
-    real = kvcache.engine.cache.copy_pages
-    monkeypatch.setattr(kvcache.engine.cache, "copy_pages",
+    real = kvcache.engine.copies.copy_pages
+    monkeypatch.setattr(kvcache.engine.copies, "copy_pages",
                         lambda src, sp, dst, dp: real(src, sp[::-1].copy(), dst, dp))
     result = invoke("replay", _trace(tmp_path, 200), "--store", store, "--verify", "--device-tokens", 512,
                     "--host-tokens", 4096, "--json")

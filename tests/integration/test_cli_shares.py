@@ -63,7 +63,7 @@ def test_quota_errors_follow_the_cli_contract(store_path):
 
 
 def test_live_set_applies_now_writes_the_store_and_shows_use(store_path):
-    from kvcache.storage.base import open_store
+    from kvcache.storage.registry import open_store
 
     store = open_store(store_path, make_layout(4))
     cache = l3_cache(store, device_tokens=256, host_tokens=256)

@@ -16,7 +16,8 @@ import redis
 from factories import l3_cache, make_layout
 from kvcache.types.keys import pack_tokens
 from kvcache.types.namespace import Namespace
-from kvcache.storage.base import open_store, page_origins
+from kvcache.storage.api import page_origins
+from kvcache.storage.registry import open_store
 from redis_node import PAGE_SIZE, requests, serve
 from redis_server import own_redis, redis_server  # noqa: F401  (fixtures)
 
@@ -163,7 +164,8 @@ sys.path.insert(0, {tests!r})
 from factories import make_layout
 from kvcache.types.keys import pack_tokens
 from kvcache.types.namespace import Namespace
-from kvcache.storage.base import open_store, page_origins
+from kvcache.storage.api import page_origins
+from kvcache.storage.registry import open_store
 layout = make_layout(4)
 store = open_store({url!r}, layout, create=True, add_layout=True)
 for round_ in range(3):

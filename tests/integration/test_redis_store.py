@@ -8,7 +8,8 @@ import pytest
 from kvcache.errors import InvalidInput, NotAStore, StoreError, StoreReadOnly, StoreUnsupported
 from kvcache.types.keys import pack_tokens
 from kvcache.types.namespace import Namespace
-from kvcache.storage.base import CapacityPolicy, L3Store, open_store, page_origins
+from kvcache.storage.api import CapacityPolicy, L3Store, page_origins
+from kvcache.storage.registry import open_store
 from kvcache_redis.store import RedisStore, _parse_url
 from factories import make_layout
 from redis_server import free_port, redis_cluster, redis_server  # noqa: F401  (fixtures)

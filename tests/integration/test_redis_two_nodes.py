@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from kvcache import Namespace
-from kvcache.storage.base import open_store
+from kvcache.storage.registry import open_store
 
 from factories import make_layout
 from redis_server import redis_server  # noqa: F401  (session fixture)

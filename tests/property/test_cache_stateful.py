@@ -97,6 +97,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.store = None
         self.tmp = None
         self.live: dict[str, Request] = {}
+        self.cached_tokens: dict[str, int] = {}  # rid -> tokens its admission found cached
         self.pending: dict[str, Request] = {}  # prefetched, not yet admitted
         self.committed: list[Request] = []  # what may be in L3 by now: prefetched again after restarts, evictions
         self.counter = 0
@@ -213,6 +214,7 @@ class CacheMachine(RuleBasedStateMachine):
         assert 0 <= adm.cached_tokens <= len(req) and adm.cached_tokens + adm.new_tokens == len(req)
         assert len(adm.slots) == len(req)
         self.live[req.rid] = req
+        self.cached_tokens[req.rid] = adm.cached_tokens
         self._verify_pages(req, self.cache.device_pool, adm.slots[: adm.cached_tokens])
         return True
 
@@ -232,7 +234,7 @@ class CacheMachine(RuleBasedStateMachine):
         adm_slots = self.cache.device_slots(rid)
         hashes = self._expected(req)
         storage = self.cache.device_pool.storage
-        cached = len(self.cache._live[rid].cached_pages) * self.ps
+        cached = self.cached_tokens.pop(rid)
         # the forward: write every new token's KV (whole pages from their hash, the tail as noise)
         for i in range(cached // self.ps, -(-len(req) // self.ps)):
             slots = torch.from_numpy(adm_slots[i * self.ps:(i + 1) * self.ps])
@@ -250,10 +252,11 @@ class CacheMachine(RuleBasedStateMachine):
             return
         rid = data.draw(st.sampled_from(sorted(self.live)))
         req = self.live.pop(rid)
+        cached = self.cached_tokens.pop(rid)
         if scribble:  # an aborted forward may have written garbage: it must never become visible
-            live = self.cache._live[rid]
-            if len(live.fresh_pages):
-                self.cache.device_pool.pages[torch.from_numpy(live.fresh_pages)] = 0xCD
+            fresh = self.cache.device_slots(rid)[cached:]
+            if len(fresh):
+                self.cache.device_pool.storage[torch.from_numpy(fresh)] = 0xCD
         self.cache.release(req.rid)
 
     @rule(device=st.integers(0, 12), host=st.integers(0, 12))
@@ -311,8 +314,7 @@ class CacheMachine(RuleBasedStateMachine):
     @rule(steps=st.integers(1, 4))
     def io_steps(self, steps):
         if self.store is not None:
-            self.cache._io.run_pending(max_steps=steps)
-            self.cache._take_io_jobs()
+            self.cache.run_io(max_steps=steps)
 
     @precondition(lambda self: self.has_pending)
     @rule(data=st.data(), arrived=st.booleans())
@@ -342,7 +344,8 @@ class CacheMachine(RuleBasedStateMachine):
         elif how == "tokens":
             other = Request(rid, [t + 100 for t in tokens], held.namespace)
         elif how == "shorter":  # shorter than what is held for it (a prefetch may hold less than the request)
-            held_tokens = len(self.cache._held_key(rid))
+            held_tokens = len(next(h.key for h in (*self.cache.prefetch_ops(), *self.cache.staged_records())
+                                   if h.rid == rid))
             if held_tokens < 2:
                 return
             other = Request(rid, tokens[: data.draw(st.integers(1, held_tokens - 1))], held.namespace)

@@ -13,7 +13,7 @@ from typing import Annotated
 import msgspec
 import typer
 
-from kvcache.storage.base import REPAIRS
+from kvcache.storage.api import REPAIRS
 
 from .. import live
 from ..context import require_store

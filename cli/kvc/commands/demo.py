@@ -13,7 +13,7 @@ import typer
 
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import NamespaceInfo
-from kvcache.storage.base import open_store
+from kvcache.storage.registry import open_store
 from kvcache.workload.traces import WorkloadSpec, generate
 
 from ..context import offline_cache

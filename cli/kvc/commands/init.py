@@ -10,8 +10,8 @@ import msgspec
 import typer
 
 from kvcache.errors import NotAStore
-from kvcache.storage.base import open_store
 from kvcache.storage.keyfile import KEY_FILE
+from kvcache.storage.registry import open_store
 from kvcache.types.layout import KVLayout
 
 from ..errors import UsageError

@@ -18,7 +18,7 @@ from kvcache.live.protocol import DropRequest, EvictOutcome, EvictRequest, Expir
 from kvcache.live.protocol import NamespaceList as LiveNamespaceList
 from kvcache.types.namespace import Namespace, NamespaceInfo, display_id
 from kvcache.types.shares import Shares
-from kvcache.storage.base import L3Store, NamespaceRecord
+from kvcache.storage.api import L3Store, NamespaceRecord
 
 from .. import live
 from ..context import namespace_record, open_inspect

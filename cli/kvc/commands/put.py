@@ -13,7 +13,7 @@ import typer
 from kvcache.types.keys import pack_tokens
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import NamespaceInfo
-from kvcache.storage.base import page_origins
+from kvcache.storage.api import page_origins
 
 from ..context import open_for_cache
 from ..errors import UsageError

@@ -1,7 +1,7 @@
 """`kvc prefetch`, `kvc stage`, `kvc load-back`: one request (or one namespace) through the L3 path of a cache.
 
 Each command builds one admin request (`kvcache.live.protocol`) and has a cache run it with
-`kvcache.live.ops.execute` — the same code either way. With --socket, the live cache runs it on its owner
+`kvcache.ops.handlers.execute` — the same code either way. With --socket, the live cache runs it on its owner
 thread and what it warms stays. Offline, a `TieredCache` is embedded on the store for the length of the command,
 sized to the request: it shows what the cache does (and checks the bytes), and its L2/L1 end with the process.
 """
@@ -70,7 +70,7 @@ def _run(store, socket: str | None, request, mode: str, device_tokens: int, host
                               host_mode=mode, prefetch_retries=0)
         with contextlib.closing(cache):
             from kvcache.errors import InvariantViolation
-            from kvcache.live.ops import execute
+            from kvcache.ops.handlers import execute
 
             result = execute(cache, request)
             audit = cache.audit()

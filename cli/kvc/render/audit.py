@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from kvcache.storage.base import VERIFY_KINDS, VerifyRemoval
+from kvcache.storage.api import VERIFY_KINDS, VerifyRemoval
 
 from .output import Column, Kind, Listing, Output, render
 from .text import human_bytes

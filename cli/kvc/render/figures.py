@@ -4,7 +4,7 @@ figure/value rows, a two-column table on a terminal and `figure<TAB>value` lines
 from __future__ import annotations
 
 from kvcache.live.protocol import LiveStats
-from kvcache.storage.base import StoreStats
+from kvcache.storage.api import StoreStats
 
 from .output import Column, Listing, Output, output_format, render
 from .text import human_bytes

@@ -21,7 +21,7 @@ import numpy as np
 
 from ...types.namespace import Namespace
 from ...types.shares import NamespaceShares, decode_shares_record
-from ..base import NamespaceRecord, PageMeta
+from ..api import NamespaceRecord, PageMeta
 from ..codec import decode_meta, decode_namespace, decode_or_none, encoder
 
 

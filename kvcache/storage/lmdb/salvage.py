@@ -42,7 +42,7 @@ import msgspec
 
 from ...errors import NotAStore, StoreError, StoreReadOnly, StoreUnsupported
 from ...types.keys import PAGE_HASH_BYTES
-from ..base import VerifyFinding, VerifyRemoval, VerifyReport
+from ..api import VerifyFinding, VerifyRemoval, VerifyReport
 from ..codec import (CHECKSUMS, DEFAULT_CHECKSUM, HEADER, Checksum, StoreFormat, chains_to,
                     decode_format, decode_meta, decode_or_none)
 from ..isolated import Died, run_isolated
@@ -55,7 +55,7 @@ from ..verify import verify
 
 COPY_BATCH_PAGES = 256  # records per write transaction of the rebuild's first pass (a death loses one batch)
 _ERRORS = {"NotAStore": NotAStore, "StoreUnsupported": StoreUnsupported, "StoreReadOnly": StoreReadOnly}
-_UNREPAIRED_KINDS = {"unknown_layout", "unknown_namespace"}  # reported, never repaired (base.REPAIRS)
+_UNREPAIRED_KINDS = {"unknown_layout", "unknown_namespace"}  # reported, never repaired (api.REPAIRS)
 
 
 class Reached(msgspec.Struct, frozen=True, array_like=True):

@@ -12,11 +12,11 @@ Named sub-databases (all keys are 16-byte page hashes unless said otherwise)::
                 b"shares/" + namespace id -> NamespaceShares (msgpack): one tenant's shares (kvcache.types.shares);
                 stores written before shares have none, and an older kvc ignores these keys
 
-The parts, one module each: `lmdb_env` (the environment shared per process, map growth, fork, error
-translation), `codec` (the page value, checksums, the format record; shared with other backends),
-`lmdb_registry` (registry counters, totals, limits and eviction inside write transactions), `lmdb_verify` (this
-backend's side of the shared integrity audit, `verify`) and `lmdb_salvage` (the audit of a store too damaged to
-open in this process, and its rebuild). This module is the store handle over them.
+The parts, one module each in `kvcache.storage.lmdb`: `env` (the environment shared per process, map growth,
+fork, error translation), `registry` (registry counters, totals, limits and eviction inside write transactions),
+`verify` (this backend's side of the shared integrity audit, `kvcache.storage.verify`) and `salvage` (the audit
+of a store too damaged to open in this process, and its rebuild); `kvcache.storage.codec` (the page value,
+checksums, the format record) is shared with other backends. This module is the store handle over them.
 
 Bookkeeping must cost a small fraction of the read it records: a read is logged in memory as one entry (its
 deepest page), folded into `meta` by `flush()`, and no access-order index is kept. For the same reason no
@@ -62,9 +62,9 @@ from ...types.keys import hash_root
 from ...types.layout import KVLayout
 from ...types.namespace import Namespace
 from ...types.shares import NamespaceShares, Shares
-from ..base import (AccessPolicy, CapacityPolicy, ChildInfo, DeleteResult, LayoutRecord, NamespaceRecord,
-                   PageMeta, PageOrigin, PutResult, StoreCounters, StoreStats, VerifyReport, check_page_hashes,
-                   layout_to_register, namespace_root, out_views_for, put_views)
+from ..api import (AccessPolicy, CapacityPolicy, ChildInfo, DeleteResult, LayoutRecord, NamespaceRecord,
+                   PageMeta, PageOrigin, PutResult, StoreCounters, StoreStats, VerifyReport)
+from ..checks import check_page_hashes, layout_to_register, namespace_root, out_views_for, put_views
 # The names below are this backend's as much as their modules': re-exported for code and tests that know them here.
 from ..codec import (CHECKSUM_FIELD, CHECKSUMS, DEFAULT_CHECKSUM, FORMAT_MAGIC, FORMAT_VERSION, HEADER,  # noqa: F401
                     Checksum, StoreFormat, decode_layout, decode_meta, decode_namespace, decode_or_none, encoder)
@@ -164,7 +164,7 @@ class LMDBStore(StoreHandle):
     def verify_location(cls, location: str, repair: bool = False) -> VerifyReport:
         """`verify(repair)` of the store at `location`, safe against a damaged store: every pass runs in a child
         process, a walk that dies in a damaged B-tree is a `structure_corrupt` finding, and `repair` rebuilds
-        such a store from what still reads back sound (see `lmdb_salvage`). Opens nothing in this process."""
+        such a store from what still reads back sound (see `salvage`). Opens nothing in this process."""
         from .salvage import audit_location  # here: start-up of the commands that never audit skips it
 
         return audit_location(location, repair)
@@ -681,10 +681,10 @@ class LMDBStore(StoreHandle):
 
     def verify(self, repair: bool = False) -> VerifyReport:
         """Scan every page (checksum, size, hash, metadata, indexes), the prefix trees and the registry counters
-        (`kvcache.storage.verify`, read as `lmdb_verify` describes: payloads in short read transactions, the tree,
-        index and counter checks on one snapshot of the metadata).
+        (`kvcache.storage.verify`, read as this backend's `verify` module describes: payloads in short read
+        transactions, the tree, index and counter checks on one snapshot of the metadata).
 
-        `repair` removes what is provably corrupt or unreachable (base.REPAIRS): each finding's page with every
+        `repair` removes what is provably corrupt or unreachable (api.REPAIRS): each finding's page with every
         page below it, dangling index entries, and recounts the registry. Every removal is rechecked inside its
         write transaction (at most REPAIR_BATCH_PAGES records each) and listed in the report's `removals`; a
         page that is sound and reachable from its namespace root is never removed.

@@ -54,18 +54,15 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from kvcache.storage.base import (PAGE_HASH_BYTES, AccessPolicy, CapacityPolicy, ChildInfo,
-                                  DeleteResult, InvalidInput, KVLayout, LayoutRecord,
-                                  Namespace, NamespaceInfo, NamespaceRecord, NamespaceShares, NotAStore, PageMeta,
-                                  PageOrigin, PutResult, Shares, StoreCounters, StoreError, StoreReadOnly, StoreStats,
-                                  StoreUnsupported, VerifyReport, new_fingerprint_key, check_page_hashes,
-                                  hash_root, layout_to_register, namespace_root, out_views_for, put_views)
-from kvcache.storage.base import decode_shares_record
-from kvcache.storage.codec import (CHECKSUMS, FORMAT_MAGIC, FORMAT_VERSION, HEADER, StoreFormat, decode_format,
-                                   decode_layout, decode_meta, decode_or_none, encoder)
-from kvcache.storage.handle import AccessLog, StoreHandle, count_read, new_counts
-from kvcache.storage.verify import (Findings, Guard, PageRow, Removal, RepairOps, ScannedPage, Snapshot,
-                                    removed_pages, verify)
+from kvcache.storage.kit import (CHECKSUMS, FORMAT_MAGIC, FORMAT_VERSION, HEADER, PAGE_HASH_BYTES, AccessLog,
+                                 AccessPolicy, CapacityPolicy, ChildInfo, DeleteResult, Findings, Guard, InvalidInput,
+                                 KVLayout, LayoutRecord, Namespace, NamespaceInfo, NamespaceRecord, NamespaceShares,
+                                 NotAStore, PageMeta, PageOrigin, PageRow, PutResult, Removal, RepairOps, ScannedPage,
+                                 Shares, Snapshot, StoreCounters, StoreError, StoreFormat, StoreHandle, StoreReadOnly,
+                                 StoreStats, StoreUnsupported, VerifyReport, check_page_hashes, count_read,
+                                 decode_format, decode_layout, decode_meta, decode_or_none, decode_shares_record,
+                                 encoder, hash_root, layout_to_register, namespace_root, new_counts,
+                                 new_fingerprint_key, out_views_for, put_views, removed_pages, verify)
 
 from . import scripts
 
@@ -428,7 +425,7 @@ class RedisStore(StoreHandle):
         return done
 
     def _record_access(self, deepest: bytes, ns_hex: str, pages: int) -> None:
-        # One entry per read, credited to the deepest page it reached (see kvcache.storage.base).
+        # One entry per read, credited to the deepest page it reached (see kvcache.storage.api).
         if self._log.record(time.time(), deepest, ns_hex, pages):
             self.flush()
 

@@ -1,0 +1,155 @@
+"""Every holder of slots in one cache, in one registry, and the one mint of their ids.
+
+A slot is owned by a tree node, by FREE, or by one of the holders kept here (DESIGN §4): a live request (its fresh
+device pages), an in-flight copy (`TransferOp`), an L3 write (`StorageWriteJob`), a prefetch (`PrefetchOp`) or a
+staged record (`StagedPrefetch`). Each engine module adds and removes its own kind; the audit and snapshots read
+them all from here (`states`), in one order, so a new kind of holder is one entry in this file.
+
+Nodes an in-flight copy or L3 write reads or fills are *pinned* by it (`pinners`): the pinners follow the node
+through splits, and tell "being backed up", "being loaded back" and "being written" apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..diagnostics.ownership import HolderState, encode_pages
+from ..types.keys import RadixKey
+from ..types.request import Request
+
+if TYPE_CHECKING:
+    from ..tree import RadixTree, TreeNode
+    from .copies import TransferOp
+    from .prefetch import PrefetchOp
+    from .staging import StagedPrefetch
+    from .writes import StorageWriteJob
+
+
+class LiveRequest:
+    """A request between admit and commit/release, and what it holds."""
+
+    __slots__ = ("request", "handle", "owner", "node", "cached_pages", "fresh_pages", "pages")
+
+    def __init__(self, request: Request, handle: int, owner: int, node: TreeNode, cached_pages: np.ndarray,
+                 fresh_pages: np.ndarray, pages: np.ndarray) -> None:
+        self.request = request
+        self.handle = handle  # unique per cache, never reused
+        self.owner = owner  # the ledger code of Request(handle)
+        self.node = node  # locked: ends the request's cached prefix
+        self.cached_pages = cached_pages  # device pages of the cached prefix; owned by tree nodes
+        self.fresh_pages = fresh_pages  # device pages allocated for the rest; owned by this request
+        self.pages = pages  # cached_pages then fresh_pages: the request's device pages in order
+
+
+class Holders:
+    """The registry of one cache's slot holders, by kind, and the mint of operation and request ids."""
+
+    def __init__(self) -> None:
+        self.live: dict[str, LiveRequest] = {}  # rid -> admitted request, until commit or release
+        self.copies: dict[int, TransferOp] = {}  # op id -> copy in flight, in issue order (completion order)
+        self.writes: dict[int, StorageWriteJob] = {}  # job id -> L3 write not yet taken back by poll
+        self.prefetches: dict[str, PrefetchOp] = {}  # rid -> its prefetch, until admission or abort
+        self.staged: dict[str, StagedPrefetch] = {}  # rid -> its parked fetch (buffer mode)
+        # node id -> the copies and L3 writes pinning it, in the order they pinned it
+        self.pinners: dict[int, list[TransferOp | StorageWriteJob]] = {}
+        # Host pages held by prefetches and staged records: what `prefetch_max_host_pages` bounds (>= 0).
+        self.prefetch_host_pages = 0
+        self._next_id = 1  # operations, staged records and L3 writes share one sequence
+        self._next_handle = 1  # requests have their own
+
+    def mint(self) -> int:
+        """A new id for an operation, staged record or L3 write: unique in this cache, never reused."""
+        ident = self._next_id
+        self._next_id += 1
+        return ident
+
+    def mint_handle(self) -> int:
+        """A new request handle: unique in this cache, never reused."""
+        handle = self._next_handle
+        self._next_handle += 1
+        return handle
+
+    def holds(self, rid: str) -> bool:
+        """Is anything held for request id `rid`: an admission, a prefetch or a staged record?"""
+        return rid in self.live or rid in self.prefetches or rid in self.staged
+
+    def held_key(self, rid: str) -> RadixKey | None:
+        """The key of what is held for `rid` (its admission, prefetch or staged record), if anything is."""
+        live = self.live.get(rid)
+        if live is not None:
+            return live.request.key
+        op = self.prefetches.get(rid)
+        if op is not None:
+            return op.key
+        staged = self.staged.get(rid)
+        return staged.key if staged is not None else None
+
+    def running(self, namespace_id: bytes) -> int:
+        """Live requests of the namespace with this id."""
+        return sum(1 for r in self.live.values() if r.request.key.namespace.id == namespace_id)
+
+    # --- pins --------------------------------------------------------------------------------------------------
+
+    def add_pinner(self, nodes: list[TreeNode], pinner: TransferOp | StorageWriteJob) -> None:
+        """Record that `pinner` reads or fills `nodes` (the tree's pin counts are the caller's to take)."""
+        pinners = self.pinners
+        for node in nodes:
+            pinners.setdefault(node.id, []).append(pinner)
+
+    def remove_pinner(self, node: TreeNode, pinner: TransferOp | StorageWriteJob) -> None:
+        """`pinner` is done with `node`."""
+        pinners = self.pinners[node.id]
+        pinners.remove(pinner)
+        if not pinners:
+            del self.pinners[node.id]
+
+    def pinned_by(self, node: TreeNode) -> list[TransferOp | StorageWriteJob]:
+        """What pins `node` now (empty when nothing does)."""
+        return self.pinners.get(node.id, [])
+
+    def follow_split(self, child: TreeNode, new: TreeNode, head_pages: int) -> None:
+        """The tree moved `child`'s first pages to `new`: every pinner of `child` now pins `new` too."""
+        for pinner in self.pinners.get(child.id, ()):
+            pinner.split_target(child, new, head_pages)
+            self.pinners.setdefault(new.id, []).append(pinner)
+
+    # --- what the audit and snapshots read -----------------------------------------------------------------
+
+    def states(self, device_pool: str, host_pool: str) -> Iterator[HolderState]:
+        """Every holder as plain data, by kind in a fixed order (requests, copies, prefetches, staged records,
+        L3 writes): what `kvcache.diagnostics` checks and serialises."""
+        for live in self.live.values():
+            yield HolderState("request", live.handle, live.owner, device_pool, encode_pages(live.fresh_pages),
+                              locks=[live.node.id], rid=live.request.rid)
+        for op in self.copies.values():
+            yield HolderState(f"op:{op.kind.value}", op.id, op.owner, op.pool.name, encode_pages(op.pages),
+                              pins=[t.node.id for t in op.targets])
+        for pf in self.prefetches.values():
+            yield HolderState("op:prefetch", pf.id, pf.owner, host_pool, encode_pages(pf.pages), rid=pf.rid,
+                              **_holds(pf))
+        for staged in self.staged.values():
+            yield HolderState("staged", staged.id, staged.owner, host_pool, encode_pages(staged.pages),
+                              rid=staged.rid, **_holds(staged))
+        for write in self.writes.values():
+            if write.pages is not None:  # buffer mode: owns its bounce copy, reads no node
+                yield HolderState("op:storage_write", write.id, write.owner, host_pool, encode_pages(write.pages))
+            else:
+                yield HolderState("op:storage_write", write.id, write.owner, host_pool, b"",
+                                  host_pins=[n.id for n in write.nodes])
+
+
+def release_anchor(tree: RadixTree, holder: PrefetchOp | StagedPrefetch) -> None:
+    """Release the hold a prefetch or staged record keeps on its anchor's path, once."""
+    if holder.anchor is not None and holder.hold is not None:
+        tree.release(holder.anchor, holder.hold)
+        holder.anchor = None
+
+
+def _holds(holder: PrefetchOp | StagedPrefetch) -> dict[str, list[int]]:
+    """The hold of a prefetch or staged record, as HolderState fields."""
+    if holder.anchor is None or holder.hold is None:
+        return {}
+    return {f"{holder.hold.value}_holds": [holder.anchor.id]}

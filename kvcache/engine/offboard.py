@@ -1,0 +1,66 @@
+"""Offboarding a namespace: every tier let go of its pages, without writing any of them back (DESIGN §5).
+
+A drop gives back the namespace's prefetches and staged records, lets the copies and L3 writes in flight land,
+frees its L1 and L2 pages with no write-back, then deletes it from L3. The result is the same whichever of the
+cache and the store was dropped first. Pages that running requests of the namespace lock stay until they end.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..types.namespace import Namespace
+from ..types.results import DropReason, EvictResult, NamespaceDrop
+from ..types.tier import Tier
+from .event_log import store_pages
+from .room import of_namespace
+
+if TYPE_CHECKING:
+    from ..storage.api import L3Store
+    from .completion import Completion
+    from .event_log import EventLog
+    from .holders import Holders
+    from .prefetch import Prefetcher
+    from .room import Room
+
+
+class Offboard:
+    """Evicts or drops one namespace from a cache's tiers."""
+
+    def __init__(self, room: Room, prefetcher: Prefetcher, completion: Completion, holders: Holders,
+                 store: L3Store | None) -> None:
+        self.room = room
+        self.prefetcher = prefetcher
+        self.completion = completion
+        self.holders = holders
+        self.store = store
+        self.events: EventLog | None = None  # the KV-event feed, while one is attached
+
+    def evict(self, namespace: Namespace, device: bool, host: bool, write_back: bool = True) -> EvictResult:
+        """Free what `namespace` holds in L1 and L2 that nobody locks, holds or pins (written back first under
+        write-back unless `write_back` is False)."""
+        mine, room = of_namespace(namespace), self.room
+        d = room.evict(Tier.DEVICE, room.pools[Tier.DEVICE].num_pages, mine, write_back) if device else 0
+        host_pool = room.pools.get(Tier.HOST)
+        h = room.evict(Tier.HOST, host_pool.num_pages, mine, write_back) if host and host_pool is not None else 0
+        return EvictResult(d, h)
+
+    def drop(self, namespace: Namespace) -> NamespaceDrop:
+        """Offboard `namespace` from every tier (see the module docstring)."""
+        ns_id, holders = namespace.id, self.holders
+        held = [rid for rid, op in holders.prefetches.items() if op.namespace.id == ns_id]
+        held += [rid for rid, staged in holders.staged.items() if staged.key.namespace.id == ns_id]
+        for rid in held:
+            self.prefetcher.drop_holds(rid, DropReason.ABORTED)
+        self.completion.flush()  # a write still in flight would land after the delete below
+        if self.events is not None:
+            self.events.flush()
+        freed = self.evict(namespace, True, True, write_back=False)
+        store, events = self.store, self.events
+        gone = store_pages(store, namespace) if events is not None and store is not None else None
+        deleted = store.delete_namespace(ns_id) if store is not None else None
+        if gone and events is not None:
+            events.dropped_from_store(namespace, gone)
+        return NamespaceDrop(namespace.info(), namespace.display_id, freed.device_pages, freed.host_pages,
+                             deleted.pages if deleted else 0, deleted.bytes if deleted else 0,
+                             holders.running(ns_id))

@@ -1,0 +1,349 @@
+"""What each admin request does to a cache (DESIGN §7), the same code for an offline `kvc` command (a cache built
+for it) and for live mode (the running cache). In live mode it runs on the cache's owner thread only, between
+scheduler steps (`AdminServer.poll`): every handler sees the cache at rest and may use it like the engine.
+
+The requests (`kvcache.ops.requests`) mirror the offline CLI's commands:
+prefetch a request or a whole namespace into L2, stage (buffer mode), load back L3 -> L2 -> L1, list namespaces
+with what each holds in L1, L2 and L3 (and its TTL deadline), audit, snapshot, stats, evict a namespace from L1/L2,
+drop or expire one, replay a trace.
+Requests the handlers make for themselves carry ids `kvc-admin:<n>`, and a replay's requests `kvc-admin:<n>:<rid>`
+(an operator's trace never meets the engine's own request ids); what they leave behind is what an operator
+asked for (pages warmed into L2, a prefix loaded onto the device), never a live request or a parked record.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import msgspec
+import numpy as np
+import torch
+
+from ..types.config import HostMode
+from ..diagnostics.snapshot import encode_snapshot
+from ..errors import InvalidInput, UnknownRequest
+from ..types.keys import page_hashes
+from ..types.namespace import Namespace, display_id
+from ..ledger.pools import SlotPool
+from ..types.request import Request
+from ..workload.replay import Replayer
+from .requests import (PROTOCOL_VERSION, AuditRequest, DropRequest, EvictOutcome, EvictRequest, ExpireRequest,
+                       LiveNamespace, LiveStats, LoadBackRequest, NamespaceList, NamespacesRequest, NamespaceTiers,
+                       PingRequest, PoolUse, PrefetchRequest, ReplayJob, ReplayOutcome, RequestResult, ServerInfo,
+                       SharesOutcome, SharesRequest, SnapshotData, SnapshotRequest, StageRequest, StatsRequest,
+                       TierUse)
+from .warm import warm_namespace
+
+if TYPE_CHECKING:
+    from ..engine.cache import TieredCache
+    from ..types.results import NamespaceDrop
+    from ..types.results import NamespaceExpiry
+
+_RIDS = itertools.count(1)
+
+
+def _rid() -> str:
+    return f"kvc-admin:{next(_RIDS)}"
+
+
+def execute(cache: "TieredCache", request: object, between_steps: Callable[[], object] = lambda: 0):
+    """Run one admin request (or a `ReplayJob`) on `cache` and return its result struct (errors are raised,
+    typed). A replay calls `between_steps` after each of its steps (live mode: the server's poll, so other requests
+    are answered meanwhile)."""
+    if isinstance(request, ReplayJob):
+        return _replay(cache, request, between_steps)
+    handler = _HANDLERS.get(type(request))
+    if handler is None:  # the requests module and this table are kept together; this is a bug, not input
+        raise InvalidInput(f"no handler for {type(request).__name__}")
+    return handler(cache, request)
+
+
+# --- occupancy -------------------------------------------------------------------------------------------------
+
+
+def _use(cache: "TieredCache", pages: int) -> TierUse:
+    return TierUse(pages, pages * cache.page_size, pages * cache.layout.bytes_per_page)
+
+
+def _tree_pages(cache: "TieredCache", namespace: Namespace | None = None) -> dict[bytes, list]:
+    """namespace id -> [Namespace, device pages, host pages] from the tree (one namespace's subtree when given)."""
+    out: dict[bytes, list] = {}
+    roots = cache.tree.namespace_roots()
+    if namespace is not None:
+        roots = [r for r in roots if r.namespace == namespace]
+    stack = [c for r in roots for c in r.children.values()]
+    for r in roots:
+        out[r.namespace.id] = [r.namespace, 0, 0]  # type: ignore[union-attr]
+    while stack:
+        node = stack.pop()
+        row = out[node.namespace.id]  # type: ignore[union-attr]
+        row[1] += len(node.device) if node.device is not None else 0
+        row[2] += len(node.host) if node.host is not None else 0
+        stack.extend(node.children.values())
+    return out
+
+
+def _stored(cache: "TieredCache") -> dict[str, object]:
+    """namespace id (hex) -> the store's registry record."""
+    return {r.ns_id_hex: r for r in cache.store.namespaces()} if cache.store is not None else {}
+
+
+def namespace_tiers(cache: "TieredCache", namespace: Namespace) -> NamespaceTiers:
+    """What `namespace` holds in L1, L2 (the tree) and L3 (the store's registry) now."""
+    row = _tree_pages(cache, namespace).get(namespace.id, [namespace, 0, 0])
+    rec = _stored(cache).get(namespace.id_hex)
+    stored = (TierUse(rec.pages, rec.pages * cache.page_size, rec.bytes)  # type: ignore[union-attr]
+              if rec is not None else TierUse())
+    return NamespaceTiers(_use(cache, row[1]), _use(cache, row[2]), stored)
+
+
+def _namespaces(cache: "TieredCache", _: NamespacesRequest) -> NamespaceList:
+    rows: dict[str, LiveNamespace] = {}
+    tree = {ns_id.hex(): row for ns_id, row in _tree_pages(cache).items()}
+    stored = _stored(cache)
+    shares = {r.ns_id_hex: r for r in cache.shares()}
+    ps = cache.page_size
+    ttls = {view.id: view for view in cache.namespace_ttls()}  # by display_id
+    for ns_hex in sorted(set(tree) | set(stored) | set(shares)):
+        rec = stored.get(ns_hex)
+        ns, device, host = tree.get(ns_hex, (None, 0, 0))
+        share = shares.get(ns_hex)
+        info = ns.info() if ns is not None else share
+        extra_key = rec.extra_key if rec is not None else info.extra_key  # type: ignore[union-attr]
+        fingerprint = rec.salt_fingerprint if rec is not None else info.salt_fingerprint  # type: ignore[union-attr]
+        l3 = TierUse(rec.pages, rec.pages * ps, rec.bytes) if rec is not None else TierUse()  # type: ignore
+        shown_id = display_id(bytes.fromhex(ns_hex))  # never the raw id: with the extra_key it is a salt oracle
+        rows[ns_hex] = LiveNamespace(extra_key, fingerprint, shown_id, l3.pages, l3.tokens, l3.bytes,
+                                     rec.hits if rec is not None else 0,  # type: ignore[union-attr]
+                                     rec.created if rec is not None else 0.0,  # type: ignore[union-attr]
+                                     rec.last_access if rec is not None else 0.0,  # type: ignore[union-attr]
+                                     _use(cache, device), _use(cache, host), l3,
+                                     share.shares if share is not None else None)
+    out = list(rows.values())
+    # tracked by the TTL policy and holding nothing now (say, a prefetch that found nothing): listed for its deadline
+    shown = {row.id for row in out}
+    empty = TierUse()
+    out += [LiveNamespace(v.namespace.extra_key, v.namespace.salt_fingerprint, v.id, 0, 0, 0, 0, 0.0, 0.0, empty,
+                          empty, empty) for v in ttls.values() if v.id not in shown]
+    wall = time.time()  # deadlines run on the cache's monotonic clock; shown in epoch seconds, like last_access
+    for row in out:
+        view = ttls.get(row.id)
+        if view is not None:
+            row.deadline = wall + view.seconds_left
+            row.expiry_deferred = view.deferred is not None
+    location = cache.store.location if cache.store is not None else ""
+    return NamespaceList(location, out)
+
+
+# --- the L3 path: prefetch, stage, load-back ---------------------------------------------------------------------
+
+
+def _namespace(req) -> Namespace:
+    return Namespace(req.extra_key, req.cache_salt)
+
+
+def _request(req) -> Request:
+    if not req.tokens:
+        raise InvalidInput("the request has no tokens")
+    return Request(_rid(), np.asarray(req.tokens, dtype=np.uint32), _namespace(req))
+
+
+def _needs_mode(cache: "TieredCache", mode: HostMode, what: str) -> None:
+    if cache.host_pool is None:
+        raise InvalidInput(f"{what} needs a host tier (L2); this cache has none")
+    if cache.config.host_mode is not mode:
+        hint = ("use `stage` (the cache's L2 is a bounce buffer)" if mode is HostMode.CACHE
+                else "use `prefetch` (the cache's L2 is a cache tier)")
+        raise InvalidInput(f"{what} needs a host tier in {mode.value} mode; this cache runs "
+                           f"{cache.config.host_mode.value} mode: {hint}")
+
+
+def _prefetch(cache: "TieredCache", req: PrefetchRequest) -> RequestResult:
+    _needs_mode(cache, HostMode.CACHE, "prefetch into L2")
+    ns = _namespace(req)
+    if req.tokens is None:
+        warm = warm_namespace(cache, ns, req.max_pages, req.max_bytes, req.policy, req.timeout_ms)
+        declined = ", ".join(f"{k}={v}" for k, v in sorted(warm.declined.items())) or None
+        return RequestResult("prefetch", warm.namespace, warm.requested_tokens, warm.hit_tokens, warm.pages,
+                             warm.bytes, warm.seconds, declined, warm.prefixes, tiers=namespace_tiers(cache, ns))
+    result = _prefetch_one(cache, _request(req), req, "prefetch")
+    result.tiers = namespace_tiers(cache, ns)
+    return result
+
+
+def _prefetch_one(cache: "TieredCache", request: Request, req, command: str) -> RequestResult:
+    start = time.perf_counter()
+    outcome = cache.prefetch(request)
+    pages = 0
+    if outcome.issued:
+        try:
+            pages = cache.settle_prefetch(request.rid, req.policy, req.timeout_ms).fetched_pages
+        except BaseException:
+            _release_quietly(cache, request.rid)  # a failed settle must not leave the prefetch holding L2 pages
+            raise
+    return RequestResult(command, request.namespace.info(), len(request), pages * cache.page_size, pages,
+                         pages * cache.layout.bytes_per_page, time.perf_counter() - start,
+                         None if outcome.issued else outcome.reason.value)  # type: ignore[union-attr]
+
+
+def _stage(cache: "TieredCache", req: StageRequest) -> RequestResult:
+    _needs_mode(cache, HostMode.BUFFER, "stage")
+    request = _request(req)
+    try:
+        result = _prefetch_one(cache, request, req, "stage")
+        staged = [s for s in cache.staged_records() if s.rid == request.rid]
+        result.staged = staged[0].view() if staged else None
+    finally:
+        _release_quietly(cache, request.rid)  # shown, not kept: nobody will admit this admin request id
+    result.tiers = namespace_tiers(cache, request.namespace)
+    return result
+
+
+def _load_back(cache: "TieredCache", req: LoadBackRequest) -> RequestResult:
+    request = _request(req)
+    ps = cache.page_size
+    start = time.perf_counter()
+    try:
+        outcome = cache.prefetch(request)
+        if outcome.issued:
+            cache.settle_prefetch(request.rid, req.policy, req.timeout_ms)
+        adm = cache.admit(request)
+        if adm.status.value != "admitted":
+            raise InvalidInput(f"the device pool has no room for {len(request)} tokens now ({adm.status.value})")
+        n_pages = adm.cached_tokens // ps
+        bad = _compare_with_store(cache, request, adm.slots, n_pages)
+    finally:
+        _release_quietly(cache, request.rid)  # the loaded pages stay in the tree; the request's own pages go
+    buffer = cache.config.host_mode is HostMode.BUFFER
+    return RequestResult("load-back", request.namespace.info(), len(request), adm.cached_tokens, n_pages,
+                         n_pages * cache.layout.bytes_per_page, time.perf_counter() - start,
+                         None if outcome.issued else outcome.reason.value,  # type: ignore[union-attr]
+                         loaded_back_tokens=adm.loaded_back_tokens + (adm.storage_hit_tokens if buffer else 0),
+                         verified_tokens=n_pages * ps, verify_mismatches=bad,
+                         tiers=namespace_tiers(cache, request.namespace))
+
+
+def _release_quietly(cache: "TieredCache", rid: str) -> None:
+    try:
+        cache.release(rid)
+    except UnknownRequest:
+        pass  # nothing was held for it
+
+
+def _compare_with_store(cache: "TieredCache", request: Request, slots: np.ndarray, n_pages: int) -> int:
+    """Pages among the first `n_pages` of the request whose device bytes differ from the store's copy (read
+    again by the request's own page hashes); pages the store no longer has count as differing."""
+    if not n_pages or cache.store is None:
+        return 0
+    ps = cache.page_size
+    hashes = page_hashes(cache.layout.layout_id, request.key, ps)[:n_pages]
+    want = np.empty((n_pages, cache.layout.bytes_per_page), dtype=np.uint8)
+    got = cache.store.get_into(hashes, list(want))
+    device = cache.device_pool.pages[torch.from_numpy(slots[: n_pages * ps: ps] // ps)].cpu().numpy()
+    same = (device[:got] == want[:got]).all(axis=1)
+    return int((~same).sum()) + (n_pages - got)
+
+
+# --- diagnostics ---------------------------------------------------------------------------------------------
+
+
+def _audit(cache: "TieredCache", _: AuditRequest):
+    return cache.audit()
+
+
+def _snapshot(cache: "TieredCache", _: SnapshotRequest | None = None) -> SnapshotData:
+    """The snapshot as bytes: the client writes the file (the server writes no path a client names)."""
+    snap = cache.snapshot()
+    return SnapshotData(snap.created, len(snap.state.nodes), len(snap.state.holders), encode_snapshot(snap))
+
+
+def _pool_use(pool: SlotPool) -> PoolUse:
+    ps, pb = pool.page_size, pool.page_bytes
+    return PoolUse(pool.num_pages, pool.used_pages, pool.num_pages * ps, pool.used_pages * ps,
+                   pool.num_pages * pb, pool.used_pages * pb)
+
+
+def _stats(cache: "TieredCache", _: StatsRequest) -> LiveStats:
+    store = cache.store
+    return LiveStats(cache.layout, _pool_use(cache.device_pool),
+                     _pool_use(cache.host_pool) if cache.host_pool is not None else None,
+                     len(cache.live_requests()), len(cache.inflight_ops()), len(cache.prefetch_ops()),
+                     len(cache.staged_records()), len(cache.storage_writes()), cache.stats(),
+                     store.stats() if store is not None else None, store.layouts() if store is not None else [])
+
+
+def _evict(cache: "TieredCache", req: EvictRequest) -> EvictOutcome:
+    ns = _namespace(req)
+    freed = cache.evict_namespace(ns, device=req.device, host=req.host)
+    return EvictOutcome(ns.info(), freed.device_pages, freed.host_pages, namespace_tiers(cache, ns))
+
+
+def _drop(cache: "TieredCache", req: DropRequest) -> "NamespaceDrop":
+    return cache.drop_namespace(_namespace(req))
+
+
+def _set_shares(cache: "TieredCache", req: SharesRequest) -> SharesOutcome:
+    ns = _namespace(req)
+    cache.set_shares(ns, req.shares)
+    return SharesOutcome(ns.info(getattr(cache.store, "fingerprint_key", None)), ns.display_id, req.shares,
+                         namespace_tiers(cache, ns))
+
+
+def _expire(cache: "TieredCache", req: ExpireRequest) -> "NamespaceExpiry":
+    return cache.expire_namespace(_namespace(req))
+
+
+def _ping(cache: "TieredCache", _: PingRequest) -> ServerInfo:
+    c = cache.config
+    return ServerInfo(PROTOCOL_VERSION, os.getpid(), cache.layout,
+                      cache.store.location if cache.store is not None else "", c.device_pages * cache.page_size,
+                      c.host_pages * cache.page_size, c.host_mode.value, c.prefetch_policy.value,
+                      c.write_policy.value)
+
+
+# --- replay --------------------------------------------------------------------------------------------------
+
+
+def _replay(cache: "TieredCache", job: ReplayJob, between_steps: Callable[[], object]) -> ReplayOutcome:
+    """Run the trace through the live cache. Between its steps the replay serves the other admin requests
+    queued (an audit during a replay sees the state between two steps); a second replay waits for this one. A
+    server that stops meanwhile ends it at its next step (`AdminShuttingDown` from `between_steps`). The trace's
+    request ids get the replay's own prefix, so they never meet the engine's."""
+    tag = _rid()
+    trace = (msgspec.structs.replace(item, rid=f"{tag}:{item.rid}") for item in job.trace)  # still streamed
+    before = _holders(cache)
+    try:
+        report = Replayer(cache, verify=job.verify, batch=job.batch, lookahead=job.lookahead).run(
+            trace, progress=lambda _: between_steps())
+    except BaseException:
+        # a failed or stopped replay must not leave its requests holding slots in a cache that keeps running
+        for rid in _holders(cache) - before:
+            _release_quietly(cache, rid)
+        raise
+    return ReplayOutcome(report, _snapshot(cache) if job.snapshot else None)
+
+
+def _holders(cache: "TieredCache") -> set[str]:
+    """Request ids the cache holds anything for now: live admissions, prefetches, staged records."""
+    return ({r.request.rid for r in cache.live_requests()} | {p.rid for p in cache.prefetch_ops()}
+            | {s.rid for s in cache.staged_records()})
+
+
+_HANDLERS = {
+    PingRequest: _ping,
+    PrefetchRequest: _prefetch,
+    StageRequest: _stage,
+    LoadBackRequest: _load_back,
+    NamespacesRequest: _namespaces,
+    AuditRequest: _audit,
+    SnapshotRequest: _snapshot,
+    StatsRequest: _stats,
+    EvictRequest: _evict,
+    DropRequest: _drop,
+    SharesRequest: _set_shares,
+    ExpireRequest: _expire,
+}

@@ -1,0 +1,306 @@
+"""The L3 store interface: the `L3Store` protocol and the values and records it trades in.
+
+An L3 store maps page hashes to page bytes. A page hash names its whole prefix, its namespace and its layout
+(see `kvcache.types.keys`), so a store needs no other key and two namespaces or two layouts can never read each other's
+pages. Everything is batched and everything is by page hash.
+
+Rules every backend keeps (tests/conformance checks them for each registered backend):
+
+- `exists_prefix` and `get_into` count consecutive pages from the start of the batch and stop at the first gap.
+- A page whose bytes fail their checksum, or whose stored size is not a page's, is a miss: counted, quarantined
+  (a miss again on every later read, until a write or `verify(repair=True)` removes it), reported by `verify()`,
+  never served.
+- Expected outcomes are values: a miss is a short count, a page over the capacity or a quota is `rejected` in
+  the `PutResult`. Exceptions are for unusable input and for faults the caller must see (`kvcache.errors`).
+- A read fault (an I/O error under a read) degrades to a miss and is counted.
+- The salt of a namespace is never stored: the registry keeps `extra_key` and the salt fingerprint only.
+- Namespace shares (`kvcache.types.shares`) are kept with the registry and outlive the namespace's pages
+  (`delete_namespace` leaves them). A namespace's `store_bytes` share replaces the uniform
+  `namespace_quota_bytes` for it: a put never leaves it holding more (the backend evicts its own least recently
+  used pages, or rejects the pages over it).
+- Access times and hit counts are recorded in memory and written in batches (`flush()`), never one write per read.
+  A read of a run of pages counts once, at the deepest page it reached; a page's heat is its subtree's.
+
+The argument checks every backend shares are in `checks`, the backend registry (`open_store`) in `registry`, and
+what a backend outside the core imports in `kit`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import msgspec
+
+from ..types.keys import TOKEN_BYTES, extend_chain, hash_root
+from ..types.layout import KVLayout
+from ..types.namespace import Namespace
+from ..types.shares import NamespaceShares, Shares
+
+
+class PageOrigin(msgspec.Struct, frozen=True, gc=False):
+    """Where a page comes from, as given to `L3Store.put`: its namespace, parent and tokens. The store derives
+    the rest (size, checksum, times) itself; `page_origins` builds these for a token sequence."""
+
+    namespace: Namespace  # the namespace of the request that produced the page; its id is folded into the hash
+    parent: bytes  # PAGE_HASH_BYTES: the previous page's hash, or the namespace root for a first page
+    tokens: bytes  # packed uint32 token ids of this page; len = TOKEN_BYTES * page_size
+
+
+class PageMeta(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """What a store records about one page besides its bytes."""
+
+    ns_id: bytes  # 16-byte Namespace.id of the page
+    layout_id: bytes  # 16-byte KVLayout.layout_id the page was written under
+    parent: bytes  # PAGE_HASH_BYTES: parent page hash (the namespace root for a first page)
+    tokens: bytes  # packed uint32 token ids of the page (TOKEN_BYTES * page_size bytes)
+    nbytes: int  # payload size in bytes, = layout.bytes_per_page
+    checksum: int  # 64-bit checksum of the payload, seeded by the page hash (algorithm: StoreStats.checksum)
+    created: float  # unix seconds of the first write
+    last_access: float  # unix seconds of the write or of the last read that ended at this page, as of the last flush
+    hits: int  # reads that ended at this page (a read of a run is credited to its deepest page), as of the last flush
+
+
+class NamespaceRecord(msgspec.Struct, frozen=True):
+    """One namespace in a store's registry: identity (never the salt) and counters."""
+
+    ns_id_hex: str  # Namespace.id_hex
+    extra_key: str | None
+    salt_fingerprint: str | None  # keyed digest of the salt; the salt itself is never stored
+    pages: int  # pages stored now
+    bytes: int  # payload bytes stored now
+    created: float  # unix seconds of the first page written
+    last_access: float  # unix seconds, as of the last flush
+    hits: int  # pages served from this namespace, as of the last flush
+    roots: list[str] = []  # hex hash roots (one per layout written) where the namespace's prefix tree starts
+
+
+class LayoutRecord(msgspec.Struct, frozen=True):
+    """A KVLayout the store holds, with when it was first registered."""
+
+    layout: KVLayout
+    created: float  # unix seconds
+
+
+class ChildInfo(msgspec.Struct, frozen=True, gc=False):
+    """A stored child of a page hash (or of a namespace root): enough to walk a prefix tree hottest-first."""
+
+    page_hash: bytes  # PAGE_HASH_BYTES
+    tokens: bytes  # packed token ids of the child page: the key of the edge from its parent
+    nbytes: int  # payload bytes
+    hits: int  # reads that reached the child: those that ended anywhere in its subtree, as of the last flush
+    last_access: float  # unix seconds, the latest over its subtree, as of the last flush
+
+
+class PutResult(msgspec.Struct, frozen=True):
+    """What one `put` batch did. `written + existing + rejected` = pages in the batch."""
+
+    written: int  # new pages stored
+    existing: int  # pages already stored (content-addressed: left as they were)
+    rejected: int  # pages over the capacity or their namespace's quota even after eviction (tails of chains)
+    evicted: int  # older pages evicted to make room
+    bytes_written: int  # payload bytes of the written pages
+
+
+class DeleteResult(msgspec.Struct, frozen=True):
+    """What `delete_namespace` removed."""
+
+    pages: int
+    bytes: int
+    transactions: int  # bounded write transactions used
+
+
+class StoreCounters(msgspec.Struct, frozen=True):
+    """Counts kept by this handle in this process since it was opened."""
+
+    pages_read: int = 0  # pages copied out to callers
+    misses: int = 0  # get_into/exists_prefix calls that stopped before the end of their batch
+    checksum_failures: int = 0  # pages that failed verification on read (checksum or size): misses, quarantined
+    read_errors: int = 0  # I/O faults on read (served as misses)
+    write_errors: int = 0  # faults on write (a server gone, a timeout): the batch failed, counted as rejected
+    format_lost: int = 0  # batches refused because the store's format record is gone (a shared store lost its data)
+    pages_written: int = 0
+    pages_existing: int = 0
+    pages_rejected: int = 0
+    pages_evicted: int = 0
+    flushes: int = 0  # access-time flushes written
+    flush_errors: int = 0  # automatic flushes that failed (the log is kept for the next one)
+    pending_access: int = 0  # pages served and logged in memory, not yet flushed
+
+
+class StoreStats(msgspec.Struct, frozen=True):
+    """A store's totals and this handle's counters."""
+
+    backend: str  # entry-point name, e.g. "lmdb"
+    location: str  # path or URL
+    format_version: int
+    checksum: str  # checksum algorithm name
+    layouts: int
+    namespaces: int
+    pages: int
+    bytes: int  # payload bytes stored
+    capacity_bytes: int  # payload limit; 0 = unlimited
+    namespace_quota_bytes: int  # payload limit of each namespace; 0 = none
+    footprint_bytes: int  # what the store occupies in its medium (file size for LMDB)
+    counters: StoreCounters
+
+
+class VerifyFinding(msgspec.Struct, frozen=True):
+    """One problem `verify()` found. `kind` is one of VERIFY_KINDS."""
+
+    kind: str
+    page_hash: str | None  # hex, when the finding is about one page (dangling_index: the page the entry names)
+    detail: str
+    repaired: bool = False  # verify(repair=True) fixed it: see VerifyReport.removals for what went
+
+
+VERIFY_KINDS: dict[str, str] = {
+    "checksum_mismatch": "page bytes do not match their checksum",
+    "size_mismatch": "page size differs from its metadata or its layout",
+    "hash_mismatch": "the page hash is not H(parent || tokens) of its metadata (a page filed under a wrong hash)",
+    "missing_meta": "a page without metadata",
+    "missing_page": "metadata without a page",
+    "orphan": "the head of a chain whose parent is neither a stored page nor its namespace root: it and every "
+              "page below it (counted in the detail) are unreachable",
+    "namespace_mismatch": "a page whose namespace or layout differs from its parent's, or whose parent is the "
+                          "root of another namespace or layout",
+    "unknown_layout": "a page written under a layout the store does not record",
+    "unknown_namespace": "a page of a namespace missing from the registry",
+    "missing_index": "a page missing from an index (children, namespace, access order)",
+    "dangling_index": "an index entry naming a page that is not stored (or not under that parent)",
+    "counter_mismatch": "registry counters differ from the pages stored",
+    "damaged_record": "a namespace, layout or store record that does not decode",
+    "structure_corrupt": "the store's own structure (an LMDB B-tree page, its catalogue of sub-databases) is "
+                         "damaged: the walk of it failed or died; the detail says where it got to",
+}
+# What verify(repair=True) does per kind. Removed pages go with their whole subtree (what was reachable only
+# through them). `unknown_layout` and `unknown_namespace` are reported, never repaired: the missing record cannot
+# be rebuilt from the pages, and the pages are not provably unreachable (re-registering the layout, or
+# delete_namespace, settles them).
+REPAIRS: dict[str, str] = {
+    "checksum_mismatch": "remove the page and its subtree",
+    "size_mismatch": "remove the page and its subtree",
+    "hash_mismatch": "remove the page and its subtree",
+    "missing_meta": "remove the page bytes and the subtree below them",
+    "missing_page": "remove the metadata and its subtree",
+    "orphan": "remove the chain head and its subtree",
+    "namespace_mismatch": "remove the page and its subtree",
+    "missing_index": "re-add the index entry",
+    "dangling_index": "remove the index entry",
+    "counter_mismatch": "recount every registry counter from the pages",
+    "damaged_record": "remove the record; a namespace's or a layout's pages go with it (they cannot be registered "
+                      "again without it); totals are recounted",
+    "structure_corrupt": "rebuild: copy every page that reads back sound into a fresh store, verify it, and swap it "
+                         "in atomically; every page that could not be copied is listed as removed",
+}
+
+
+class VerifyRemoval(msgspec.Struct, frozen=True):
+    """One record `verify(repair=True)` removed."""
+
+    kind: str  # the VERIFY_KINDS kind of the finding that caused it
+    page_hash: str  # hex of the page removed (what="index": of the page the entry named)
+    what: str  # "page" (bytes, metadata, index entry), "bytes" (bytes without metadata), "meta" (metadata without
+    #            bytes, and its index entry), "index" (one children entry), "record" (a namespace or layout record;
+    #            `page_hash` is then its key)
+    nbytes: int  # payload bytes freed
+    below: str | None = None  # hex of the finding's page when this one went as part of that page's subtree
+
+
+class VerifyReport(msgspec.Struct, frozen=True):
+    """The outcome of a full integrity scan.
+
+    `ok` and `findings` describe the store as scanned, before any repair. With repair, `repaired` counts the
+    findings fixed (those with `repaired=True`) and `removals` lists every record removed, one entry each: a
+    finding's own page and every page below it (`below` names the finding's page).
+    """
+
+    ok: bool  # no findings
+    pages_checked: int
+    bytes_checked: int
+    findings: list[VerifyFinding]
+    repaired: int = 0  # findings fixed by verify(repair=True)
+    removals: list[VerifyRemoval] = []  # every record verify(repair=True) removed
+
+
+class CapacityPolicy(msgspec.Struct, frozen=True):
+    """How much payload a store may hold and how it makes room."""
+
+    capacity_bytes: int = 0  # payload limit; 0 = unlimited. Recorded in the store so every process agrees
+    namespace_quota_bytes: int = 0  # payload limit of each namespace (a tenant); 0 = none. Recorded likewise
+    evict_headroom: float = 0.02  # evict this fraction of the capacity beyond the need: one scan, many puts
+
+
+class AccessPolicy(msgspec.Struct, frozen=True):
+    """When recorded reads (hits, access times) are written back."""
+
+    flush_reads: int = 4096  # flush once this many reads (get_into calls that served pages) are logged
+    flush_interval_s: float = 10.0  # ... or when the oldest pending read is this old (checked on each call)
+
+
+@runtime_checkable
+class L3Store(Protocol):
+    """A persistent page store keyed by page hash. Every backend implements this (DESIGN §6)."""
+
+    location: str  # the path or URL it was opened at
+    layout: KVLayout | None  # the layout this handle writes under (None: inspect/read only)
+    readonly: bool
+
+    def exists_prefix(self, hashes: Sequence[bytes]) -> int:
+        """How many pages from the start of `hashes` are stored (stops at the first gap)."""
+
+    def get_into(self, hashes: Sequence[bytes], out_views: Sequence[Any]) -> int:
+        """Copy pages into caller-provided writable byte views (numpy/torch uint8, memoryview); return how many
+        consecutive pages from the start were copied. A missing, corrupt or unreadable page ends the run."""
+
+    def put(self, hashes: Sequence[bytes], pages: Sequence[Any], origins: Sequence[PageOrigin]) -> PutResult:
+        """Store a batch of pages in one transaction; pages already stored are left as they are."""
+
+    def delete_namespace(self, ns_id: bytes) -> DeleteResult:
+        """Remove every page of one namespace and its registry record, in bounded transactions."""
+
+    def namespaces(self) -> list[NamespaceRecord]:
+        """The namespace registry."""
+
+    def set_shares(self, namespace: Namespace, shares: Shares) -> None:
+        """Record `namespace`'s shares with the registry (`Shares()` clears them); every process sees them."""
+
+    def shares(self) -> list[NamespaceShares]:
+        """Every namespace's recorded shares."""
+
+    def layouts(self) -> list[KVLayout]:
+        """Every layout the store holds."""
+
+    def root(self, namespace: Namespace, layout: KVLayout | None = None) -> bytes:
+        """The hash root of `namespace` under `layout` (default: this handle's): where its prefix tree starts."""
+
+    def children(self, page_hash: bytes) -> list[ChildInfo]:
+        """Stored children of a page hash or of a root, hottest first."""
+
+    def page_meta(self, page_hash: bytes) -> PageMeta | None:
+        """A page's metadata, or None when it is not stored."""
+
+    def stats(self) -> StoreStats:
+        """Totals and counters."""
+
+    def verify(self, repair: bool = False) -> VerifyReport:
+        """Scan every page and index; with `repair`, remove what is provably corrupt or unreachable (REPAIRS),
+        in bounded transactions, and never a page that is reachable from its namespace root and sound."""
+
+    def flush(self) -> None:
+        """Write pending access times and hit counts."""
+
+    def close(self) -> None:
+        """Flush and release the handle. Idempotent."""
+
+
+def page_origins(layout: KVLayout, tokens: bytes, namespace: Namespace,
+                 parent: bytes | None = None) -> tuple[list[bytes], list[PageOrigin]]:
+    """Page hashes and origins of the whole pages of packed `tokens` in `namespace`, chained from `parent`
+    (default: the namespace root under `layout`). What a writer passes to `L3Store.put`."""
+    step = layout.page_size * TOKEN_BYTES
+    start = hash_root(layout.layout_id, namespace) if parent is None else parent
+    hashes = extend_chain(start, tokens, layout.page_size)
+    parents = [start, *hashes[:-1]]
+    origins = [PageOrigin(namespace, parents[i], tokens[i * step:(i + 1) * step]) for i in range(len(hashes))]
+    return hashes, origins

@@ -1,0 +1,57 @@
+"""The storage kit: the one module an L3 backend outside the core imports (DESIGN §2: plugins -> storage.kit).
+
+It re-exports what a backend needs and nothing else: the `L3Store` protocol and its records (`api`), the argument
+checks every backend shares (`checks`), the stored page value, checksums and record codecs (`codec`), the handle's
+counters and access log (`handle`), the shared integrity audit and repair (`verify`), the backend registry
+(`registry`), the store errors, and the key, layout, namespace and share values of `kvcache.types`. A plugin that
+imports only this module depends on no other part of the core, and the core may rearrange its modules freely
+behind these names. `plugins/README.md` says how a backend uses them.
+"""
+
+from __future__ import annotations
+
+from ..errors import (InvalidInput, LayoutMismatch, NotAStore, StoreError, StoreFull, StoreReadOnly, StoreUnsupported,
+                      UnknownBackend)
+from ..types.keys import PAGE_HASH_BYTES, TOKEN_BYTES, extend_chain, hash_root, hash_root_of_id
+from ..types.layout import KVLayout
+from ..types.namespace import Namespace, NamespaceInfo, new_fingerprint_key
+from ..types.shares import NamespaceShares, Shares, decode_shares_record
+from .api import (REPAIRS, VERIFY_KINDS, AccessPolicy, CapacityPolicy, ChildInfo, DeleteResult, L3Store, LayoutRecord,
+                  NamespaceRecord, PageMeta, PageOrigin, PutResult, StoreCounters, StoreStats, VerifyFinding,
+                  VerifyRemoval, VerifyReport, page_origins)
+from .checks import (byte_view, check_page_hashes, layout_to_register, namespace_root, out_views_for, page_bytes,
+                     put_views)
+from .codec import (CHECKSUM_FIELD, CHECKSUMS, DEFAULT_CHECKSUM, FORMAT_MAGIC, FORMAT_VERSION, HEADER, Checksum,
+                    StoreFormat, chains_to, decode_format, decode_layout, decode_meta, decode_namespace, decode_or_none,
+                    encoder, stored_checksum)
+from .handle import AccessLog, StoreHandle, count_read, new_counts
+from .registry import DEFAULT_SCHEME, ENTRY_POINT_GROUP, backend_class, backends, open_store, scheme_of
+from .verify import (Findings, Guard, IntegritySource, PageRow, Removal, RepairOps, ScannedPage, Snapshot,
+                     removed_pages, verify)
+
+__all__ = [
+    # the protocol and its records (api)
+    "L3Store", "PageOrigin", "PageMeta", "NamespaceRecord", "LayoutRecord", "ChildInfo", "PutResult", "DeleteResult",
+    "StoreCounters", "StoreStats", "VerifyFinding", "VerifyRemoval", "VerifyReport", "CapacityPolicy",
+    "AccessPolicy", "VERIFY_KINDS", "REPAIRS", "page_origins",
+    # the argument checks every backend shares (checks)
+    "check_page_hashes", "out_views_for", "put_views", "layout_to_register", "namespace_root", "byte_view",
+    "page_bytes",
+    # the stored page value, checksums, the format record, record codecs (codec)
+    "FORMAT_MAGIC", "FORMAT_VERSION", "CHECKSUM_FIELD", "HEADER", "Checksum", "CHECKSUMS", "DEFAULT_CHECKSUM",
+    "StoreFormat", "stored_checksum", "encoder", "decode_meta", "decode_namespace", "decode_layout", "decode_format",
+    "decode_or_none", "chains_to",
+    # the handle's counters and its log of reads not yet flushed (handle)
+    "AccessLog", "StoreHandle", "count_read", "new_counts",
+    # the shared integrity audit and repair, over the backend's IntegritySource (verify)
+    "verify", "removed_pages", "IntegritySource", "RepairOps", "Findings", "Guard", "PageRow", "Removal",
+    "ScannedPage", "Snapshot",
+    # the backend registry (registry)
+    "ENTRY_POINT_GROUP", "DEFAULT_SCHEME", "scheme_of", "backends", "backend_class", "open_store",
+    # the errors a backend raises
+    "InvalidInput", "LayoutMismatch", "NotAStore", "StoreError", "StoreFull", "StoreReadOnly", "StoreUnsupported",
+    "UnknownBackend",
+    # the values that name a page, a layout, a namespace and its shares (kvcache.types)
+    "PAGE_HASH_BYTES", "TOKEN_BYTES", "extend_chain", "hash_root", "hash_root_of_id", "KVLayout", "Namespace",
+    "NamespaceInfo", "new_fingerprint_key", "NamespaceShares", "Shares", "decode_shares_record",
+]

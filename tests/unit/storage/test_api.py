@@ -1,0 +1,48 @@
+"""kvcache.storage.api: page_origins and the store's values and records."""
+
+from __future__ import annotations
+
+import msgspec
+
+from kvcache.types.keys import RadixKey, hash_root, page_hashes
+from kvcache.types.layout import KVLayout
+from kvcache.types.namespace import Namespace
+from kvcache.storage.api import VERIFY_KINDS, NamespaceRecord, PageMeta, VerifyFinding, VerifyReport, page_origins
+
+LAYOUT = KVLayout("unit-model@r1", layers=1, kv_heads=1, head_dim=8, dtype="float16", page_size=4)
+
+
+def test_page_origins_match_the_key_chain():
+    ns = Namespace("tenant", "salt")
+    key = RadixKey.of(list(range(18)), ns)  # 4 whole pages and a partial tail
+    hashes, origins = page_origins(LAYOUT, key.data, ns)
+    assert hashes == page_hashes(LAYOUT.layout_id, key, LAYOUT.page_size)
+    assert len(origins) == 4
+    assert origins[0].parent == hash_root(LAYOUT.layout_id, ns)
+    assert [o.parent for o in origins[1:]] == hashes[:-1]
+    assert b"".join(o.tokens for o in origins) == key.page_aligned(4).data
+    assert all(o.namespace == ns for o in origins)
+
+
+def test_page_origins_continue_a_chain_from_a_parent():
+    ns = Namespace("tenant")
+    key = RadixKey.of(list(range(16)), ns)
+    hashes, _ = page_origins(LAYOUT, key.data, ns)
+    tail, origins = page_origins(LAYOUT, key.data[32:], ns, parent=hashes[1])
+    assert tail == hashes[2:]
+    assert origins[0].parent == hashes[1]
+
+
+def test_value_types_round_trip_through_msgpack_and_json():
+    meta = PageMeta(bytes(16), bytes(16), bytes(16), b"\x00" * 16, 1024, 2**64 - 1, 1.5, 2.5, 3)
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(meta), type=PageMeta) == meta
+    record = NamespaceRecord("ab" * 16, "tenant", "f00dfeed0001", 3, 3072, 1.0, 2.0, 7, ["cd" * 16])
+    assert msgspec.json.decode(msgspec.json.encode(record), type=NamespaceRecord) == record
+    report = VerifyReport(False, 1, 1024, [VerifyFinding("checksum_mismatch", "ab" * 16, "bad")])
+    as_json = msgspec.json.decode(msgspec.json.encode(report))
+    assert as_json["findings"][0]["kind"] == "checksum_mismatch"
+
+
+def test_verify_kinds_are_documented():
+    assert all(isinstance(k, str) and v for k, v in VERIFY_KINDS.items())
+    assert {"checksum_mismatch", "missing_meta", "counter_mismatch"} <= set(VERIFY_KINDS)

@@ -1,0 +1,63 @@
+"""kvcache.storage.registry: backends found by entry point, scheme_of, open_store dispatch."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcache.errors import NotAStore, StoreError, UnknownBackend
+from kvcache.types.layout import KVLayout
+from kvcache.types.namespace import Namespace
+from kvcache.storage import registry
+from kvcache.storage.api import L3Store, page_origins
+from kvcache.storage.registry import backend_class, backends, open_store, scheme_of
+from kvcache.storage.lmdb.store import LMDBStore
+
+LAYOUT = KVLayout("unit-model@r1", layers=1, kv_heads=1, head_dim=8, dtype="float16", page_size=4)
+
+
+@pytest.mark.parametrize("location, scheme", [
+    ("./kvc-store", "lmdb"),
+    ("/var/lib/kvc", "lmdb"),
+    ("relative/dir", "lmdb"),
+    ("lmdb:///var/lib/kvc", "lmdb"),
+    ("redis://localhost:6379/0", "redis"),
+    ("Valkey+TLS://h:1", "valkey+tls"),
+])
+def test_scheme_of(location, scheme):
+    assert scheme_of(location) == scheme
+
+
+def test_lmdb_is_registered_through_the_entry_point_group():
+    assert "lmdb" in backends()
+    assert backends()["lmdb"].group == registry.ENTRY_POINT_GROUP
+    assert backend_class("lmdb") is LMDBStore
+
+
+def test_unknown_scheme_names_the_registered_ones():
+    with pytest.raises(UnknownBackend) as info:
+        open_store("nosuch://host/0")
+    assert isinstance(info.value, StoreError)
+    assert "nosuch" in str(info.value) and "lmdb" in str(info.value)
+
+
+def test_plain_path_and_lmdb_url_open_the_same_store(tmp_path):
+    path = tmp_path / "s"
+    with open_store(str(path), LAYOUT, create=True) as first:
+        assert isinstance(first, LMDBStore) and isinstance(first, L3Store)
+        hashes, origins = page_origins(LAYOUT, b"\x01\x00\x00\x00" * 4, Namespace("t"))
+        first.put(hashes, [bytes(LAYOUT.bytes_per_page)], origins)
+    with open_store(f"lmdb://{path}") as second:
+        assert second.layout is None
+        assert second.exists_prefix(hashes) == 1
+        assert second.layouts() == [LAYOUT]
+
+
+def test_open_store_passes_backend_options_through(tmp_path):
+    with open_store(str(tmp_path / "s"), LAYOUT, create=True, map_size=1 << 20) as s:
+        assert s.map_size() >= 1 << 20
+
+
+def test_open_store_without_create_on_a_missing_path(tmp_path):
+    with pytest.raises(NotAStore) as info:
+        open_store(str(tmp_path / "missing"))
+    assert info.value.path.endswith("missing")
