@@ -149,7 +149,8 @@ class Copies:
         self.counters.backups_skipped += len(nodes) - fit
         if not fit:
             return None
-        nodes, n_pages = nodes[:fit], sum(sizes[:fit])
+        nodes, sizes = nodes[:fit], sizes[:fit]
+        n_pages = sum(sizes)
         op_id = self.holders.mint()
         pages = host.alloc(n_pages, owner_code(OwnerKind.OP_BACKUP, op_id))
         assert pages is not None  # room was checked above
