@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvcache.storage.api import L3Store, NamespaceRecord
-from kvcache.storage.registry import open_store
 from kvcache.storage.location import StoreLocation
+from kvcache.storage.registry import open_store
 from kvcache.types.namespace import Namespace, use_fingerprint_key
 
 from .errors import UsageError

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from kvcache.types.reports import AuditReport
 from kvcache.diagnostics.snapshot import decode_snapshot, write_snapshot
 from kvcache.live.client import AdminClient
 from kvcache.live.protocol import AuditRequest, ReplayOutcome, SnapshotData, SnapshotRequest, SnapshotResult
+from kvcache.types.reports import AuditReport
 from kvcache.workload.traces import parse_trace, trace_lines
 
 from .errors import UsageError

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import typer
+
 try:  # typer < 0.25 runs on click; later typers vendor it as typer._click
     from click import exceptions as click_exc
 except ImportError:
@@ -43,6 +44,7 @@ from . import secrets
 from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Interrupted, UsageError
 from .render.output import Output
 from .render.text import escape_controls
+
 
 class Invocation:
     """What the error handler needs to know about the command line being run."""

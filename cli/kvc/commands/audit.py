@@ -23,6 +23,7 @@ from ..render.audit import AuditOutput, Finding, PlannedRepair, findings_of, ren
 from ..render.output import Output, emit_listing, output_format
 from ..reporting import command
 
+
 @command
 def audit(
     store: StoreOpt = DEFAULT_STORE,

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Annotated
 import msgspec
 import typer
 
+from kvcache.storage.registry import open_store
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import NamespaceInfo
-from kvcache.storage.registry import open_store
 from kvcache.workload.traces import WorkloadSpec, generate
 
 from ..context import offline_cache
 from ..errors import EXIT_FOUND, UsageError
-from ..options import DebugOpt, JsonOpt, MAX_TOKENS
+from ..options import MAX_TOKENS, DebugOpt, JsonOpt
 from ..render.output import Column, Kind, Listing, emit_json, output_format, render, say
 from ..render.progress import progress
 from ..render.replay import hit_listing, trace_counts

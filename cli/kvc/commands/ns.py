@@ -13,19 +13,28 @@ from typing import Annotated
 import msgspec
 import typer
 
-from kvcache.types.keys import unpack_tokens
 from kvcache.live.protocol import DropRequest, EvictOutcome, EvictRequest, ExpireRequest, NamespacesRequest
 from kvcache.live.protocol import NamespaceList as LiveNamespaceList
+from kvcache.storage.api import L3Store, NamespaceRecord
+from kvcache.types.keys import unpack_tokens
 from kvcache.types.namespace import Namespace, NamespaceInfo, display_id
 from kvcache.types.shares import Shares
-from kvcache.storage.api import L3Store, NamespaceRecord
 
 from .. import live
 from ..context import namespace_record, open_inspect
 from ..errors import UsageError
 from ..inputs import namespace_arg
-from ..options import (DEFAULT_STORE, DebugOpt, JsonOpt, NoHeadersOpt, OutputOpt, SaltFileOpt, SaltOpt, SocketOpt,
-                       StoreOpt)
+from ..options import (
+    DEFAULT_STORE,
+    DebugOpt,
+    JsonOpt,
+    NoHeadersOpt,
+    OutputOpt,
+    SaltFileOpt,
+    SaltOpt,
+    SocketOpt,
+    StoreOpt,
+)
 from ..render.namespaces import render_live_namespaces, render_prefix_tree, sort_namespaces, with_shares
 from ..render.output import Column, Kind, Listing, Output, emit_json, emit_listing, output_format, render, say
 from ..render.text import human_bytes, literal, ns_label, shown

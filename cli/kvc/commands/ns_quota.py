@@ -10,16 +10,26 @@ from typing import Annotated
 import msgspec
 import typer
 
-from kvcache.live.protocol import NamespacesRequest, SharesOutcome, SharesRequest
 from kvcache.live.protocol import NamespaceList as LiveNamespaceList
+from kvcache.live.protocol import NamespacesRequest, SharesOutcome, SharesRequest
 from kvcache.types.namespace import Namespace, display_id
 from kvcache.types.shares import MAX_SHARE, Shares
 
 from .. import live
 from ..context import namespace_record, open_inspect
 from ..errors import UsageError
-from ..options import (DEFAULT_STORE, DebugOpt, ExtraKeyOpt, JsonOpt, NoHeadersOpt, OutputOpt, SaltFileOpt, SaltOpt,
-                       SocketOpt, StoreOpt)
+from ..options import (
+    DEFAULT_STORE,
+    DebugOpt,
+    ExtraKeyOpt,
+    JsonOpt,
+    NoHeadersOpt,
+    OutputOpt,
+    SaltFileOpt,
+    SaltOpt,
+    SocketOpt,
+    StoreOpt,
+)
 from ..render.namespaces import render_shares, share_summary
 from ..render.output import emit_json, emit_listing, output_format, say
 from ..render.text import ns_label

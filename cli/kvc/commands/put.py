@@ -10,16 +10,25 @@ from typing import TYPE_CHECKING, Annotated
 import msgspec
 import typer
 
+from kvcache.storage.api import page_origins
 from kvcache.types.keys import pack_tokens
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import NamespaceInfo
-from kvcache.storage.api import page_origins
 
 from ..context import open_for_cache
 from ..errors import UsageError
 from ..inputs import namespace_arg, tokens_arg
-from ..options import (DEFAULT_STORE, DebugOpt, ExtraKeyOpt, JsonOpt, SaltFileOpt, SaltOpt, StoreOpt, TokensFileOpt,
-                       TokensOpt)
+from ..options import (
+    DEFAULT_STORE,
+    DebugOpt,
+    ExtraKeyOpt,
+    JsonOpt,
+    SaltFileOpt,
+    SaltOpt,
+    StoreOpt,
+    TokensFileOpt,
+    TokensOpt,
+)
 from ..render.output import emit_json, say
 from ..render.progress import progress
 from ..render.text import human_bytes, ns_label

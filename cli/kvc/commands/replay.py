@@ -19,8 +19,18 @@ from .. import live
 from ..context import offline_cache, open_for_cache
 from ..errors import EXIT_FOUND, UsageError
 from ..inputs import writable_target
-from ..options import (DEFAULT_STORE, DebugOpt, DeviceOpt, HostOpt, JsonOpt, ModeOpt, PrefetchPolicyOpt, SocketOpt,
-                       StoreOpt, WritePolicyOpt)
+from ..options import (
+    DEFAULT_STORE,
+    DebugOpt,
+    DeviceOpt,
+    HostOpt,
+    JsonOpt,
+    ModeOpt,
+    PrefetchPolicyOpt,
+    SocketOpt,
+    StoreOpt,
+    WritePolicyOpt,
+)
 from ..render.output import emit_json, say
 from ..render.progress import progress
 from ..render.replay import print_report

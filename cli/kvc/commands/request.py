@@ -13,16 +13,26 @@ from typing import Annotated
 
 import typer
 
-from kvcache.types.config import PrefetchPolicy
 from kvcache.live.protocol import LoadBackRequest, PrefetchRequest, RequestResult, StageRequest
+from kvcache.types.config import PrefetchPolicy
 from kvcache.types.namespace import Namespace
 
 from .. import live
 from ..context import offline_cache, open_for_cache, round_up_pages
 from ..errors import EXIT_FOUND, UsageError
 from ..inputs import tokens_arg
-from ..options import (DEFAULT_STORE, DebugOpt, ExtraKeyOpt, JsonOpt, SaltFileOpt, SaltOpt, SocketOpt, StoreOpt,
-                       TokensFileOpt, TokensOpt)
+from ..options import (
+    DEFAULT_STORE,
+    DebugOpt,
+    ExtraKeyOpt,
+    JsonOpt,
+    SaltFileOpt,
+    SaltOpt,
+    SocketOpt,
+    StoreOpt,
+    TokensFileOpt,
+    TokensOpt,
+)
 from ..render.output import emit_json, say
 from ..render.text import esc, human_bytes, ns_label
 from ..reporting import command

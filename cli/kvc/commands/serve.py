@@ -18,15 +18,25 @@ from typing import Annotated
 
 import typer
 
-from kvcache.types.config import HostMode, PrefetchPolicy, TTLMode, TTLPolicy, WritePolicy
 from kvcache.errors import InvalidConfig
+from kvcache.types.config import HostMode, PrefetchPolicy, TTLMode, TTLPolicy, WritePolicy
 from kvcache.types.events import MediumNames
 
 from .. import live
 from ..context import offline_cache, open_for_cache
 from ..errors import UsageError
-from ..options import (DEFAULT_STORE, DebugOpt, DeviceOpt, HostOpt, JsonOpt, ModeOpt, PrefetchPolicyOpt, SocketOpt,
-                       StoreOpt, WritePolicyOpt)
+from ..options import (
+    DEFAULT_STORE,
+    DebugOpt,
+    DeviceOpt,
+    HostOpt,
+    JsonOpt,
+    ModeOpt,
+    PrefetchPolicyOpt,
+    SocketOpt,
+    StoreOpt,
+    WritePolicyOpt,
+)
 from ..render.output import console, emit_json
 from ..reporting import command
 

@@ -17,7 +17,6 @@ from kvcache.storage.api import VERIFY_KINDS, VerifyRemoval
 from .output import Column, Kind, Listing, Output, render
 from .text import human_bytes
 
-
 # the audits one `kvc audit` can run, as `audits` names them
 AUDITS = {
     "l3_integrity": "L3 integrity of the store: checksums, metadata, indexes, registry",

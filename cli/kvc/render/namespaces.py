@@ -51,7 +51,8 @@ def with_shares(listing: Listing, shares: list[Shares | None], fmt: Output) -> L
     if all(s is None for s in shares):
         return listing
     human = fmt is Output.TABLE
-    rows = [row + [share_summary(s, human) if s is not None else None] for row, s in zip(listing.rows, shares)]
+    rows = [row + [share_summary(s, human) if s is not None else None]
+            for row, s in zip(listing.rows, shares, strict=True)]
     return Listing(listing.title, [*listing.columns, Column("shares L1 / L2 / L3")], rows)
 
 

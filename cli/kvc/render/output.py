@@ -129,14 +129,15 @@ def render(listing: Listing, fmt: Output, no_headers: bool = False, titled: bool
             table.add_column(col.header, justify="left" if col.kind in (Kind.USER, Kind.TEXT, Kind.TIME)
                              else "right")
         for i, row in enumerate(listing.rows):
-            table.add_row(*(Text(cell(v, c.kind, True)) for v, c in zip(row, listing.columns)),
+            table.add_row(*(Text(cell(v, c.kind, True)) for v, c in zip(row, listing.columns, strict=True)),
                           style="bold" if i in listing.bold else None)
         console().print(table)
         return
     lines = [escape_controls(listing.title)] if titled and listing.title else []
     if listing.header and not no_headers:
         lines.append("\t".join(c.header for c in listing.columns))
-    lines += ["\t".join(cell(v, c.kind, False) for v, c in zip(row, listing.columns)) for row in listing.rows]
+    lines += ["\t".join(cell(v, c.kind, False) for v, c in zip(row, listing.columns, strict=True))
+              for row in listing.rows]
     if lines:
         sys.stdout.write("\n".join(lines) + "\n")
         sys.stdout.flush()

@@ -59,7 +59,7 @@ def _pct(part: float | None) -> str:
 def plain_line(s: TopSample) -> str:
     """A sample as one line (for logs and pipes)."""
     parts = [time.strftime("%H:%M:%S", time.localtime(s.at))]
-    for t, (_, name) in zip(s.tiers, TIERS):
+    for t, (_, name) in zip(s.tiers, TIERS, strict=True):
         held = (f"{t.used_tokens}/{t.tokens} tok" if t.tier != "storage"
                 else f"{t.used_bytes}/{t.capacity_bytes or '-'} B")
         parts.append(f"{name} {held} hit {t.hit_tokens_per_s:.0f} tok/s ({_pct(t.hit_share)})")
@@ -82,7 +82,7 @@ def view(s: TopSample, socket: str, width: int = 10):
     tiers = Table(title=f"kvc top — live cache at {esc(socket)} (every {s.interval_s:.1f} s)", title_justify="left")
     for col in ("tier", "occupancy", "held", "hit tok/s", "of asked"):
         tiers.add_column(col, justify="left" if col in ("tier", "occupancy", "held") else "right")
-    for t, (_, name) in zip(s.tiers, TIERS):
+    for t, (_, name) in zip(s.tiers, TIERS, strict=True):
         used, cap = (t.used_tokens, t.tokens) if t.tier != "storage" else (t.used_bytes, t.capacity_bytes)
         bar = ProgressBar(total=cap or 1, completed=used if cap else 0, width=30)
         held = (f"{t.used_tokens:,} / {t.tokens:,} tokens" if t.tier != "storage"
