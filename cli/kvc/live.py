@@ -1,5 +1,6 @@
 """The kvc commands' socket client (DESIGN §7): which socket a command talks to, and the requests whose answers
-need more than one call or a file written here (audit, snapshot, replay). Rendering is `views`'s.
+need more than one call or a file written here (audit, snapshot, replay). Rendering is `kvc.render`'s;
+the --socket option is declared in `kvc.options`.
 
 `--socket PATH` is accepted after a command (`kvc prefetch --socket S`) and before it (`kvc --socket S prefetch`,
 or env KVC_SOCKET, read by the app's callback); the one after the command wins. A command given a socket sends
@@ -12,30 +13,24 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
 import msgspec
-import typer
 
-from kvcache.types.reports import AuditReport
 from kvcache.diagnostics.snapshot import decode_snapshot, write_snapshot
 from kvcache.live.client import AdminClient
 from kvcache.live.protocol import AuditRequest, ReplayOutcome, SnapshotData, SnapshotRequest, SnapshotResult
+from kvcache.types.reports import AuditReport
 from kvcache.workload.traces import parse_trace, trace_lines
 
 from .errors import UsageError
-from .views import AuditOutput, findings_of
+from .render.audit import AuditOutput, findings_of
 
 if TYPE_CHECKING:
     from kvcache.types.reports import ReplayReport
 
 DEFAULT_TIMEOUT = 30.0
 
-SocketOpt = Annotated[str | None, typer.Option(
-    "--socket", help="Act on the live cache serving this admin socket (`kvc serve`, or an engine's "
-    "AdminServer) instead of opening the store. Also accepted before the command; env: KVC_SOCKET. Nothing is "
-    "sent to a server running as another user than you or root unless env KVC_SERVER_UID names its uid.",
-    show_default=False)]
 MAX_TIMEOUT_S = 86400.0  # --timeout: a day at most
 
 

@@ -20,22 +20,22 @@ from .reporting import STATE, KvcGroup
 # module is imported only when that command runs (or its own help is asked for): `kvc --version` and `kvc
 # --help` import none of them.
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "init": ("init_cmd", "init", "Create a store for one KV layout (idempotent)."),
-    "put": ("put_cmd", "put", "Write a sequence's pages to L3 (synthetic KV, or --kv-file)."),
-    "prefetch": ("request_cmd", "prefetch", "L3 -> L2 for a request, or a namespace's hottest prefixes."),
-    "stage": ("request_cmd", "stage", "Prefetch in buffer mode and show the staged record."),
-    "load-back": ("request_cmd", "load_back", "L3 -> L2 -> L1 for a request, spliced and byte-checked."),
-    "replay": ("replay_cmd", "replay", "Run a JSONL trace through the whole core (--verify)."),
-    "generate": ("replay_cmd", "generate", "Write a synthetic multi-tenant trace."),
-    "demo": ("demo_cmd", "demo", "A multi-tenant workload replayed cold, then warm after a restart."),
-    "audit": ("audit_cmd", "audit", "Store integrity, a snapshot's or a live cache's ownership."),
-    "stats": ("stats_cmd", "stats", "Store (and live cache) figures; --prom for Prometheus."),
-    "top": ("top_cmd", "top", "A live cache's tiers, hits and copies, refreshed in place."),
-    "serve": ("serve_cmd", "serve", "Run a live cache with an admin socket (and --metrics-port)."),
-    "snapshot": ("snapshot_cmd", "snapshot", "Write a live cache's ownership snapshot."),
-    "events": ("events_cmd", "events", "Follow a live cache's KV-event feed (kvc serve --events)."),
-    "bench": ("bench_cmd", "bench", "Run the benchmark scripts and print their ratios."),
-    "ns": ("ns_cmd", "app", "Namespaces in the store: list, show a prefix tree, drop (offboarding)."),
+    "init": ("commands.init", "init", "Create a store for one KV layout (idempotent)."),
+    "put": ("commands.put", "put", "Write a sequence's pages to L3 (synthetic KV, or --kv-file)."),
+    "prefetch": ("commands.request", "prefetch", "L3 -> L2 for a request, or a namespace's hottest prefixes."),
+    "stage": ("commands.request", "stage", "Prefetch in buffer mode and show the staged record."),
+    "load-back": ("commands.request", "load_back", "L3 -> L2 -> L1 for a request, spliced and byte-checked."),
+    "replay": ("commands.replay", "replay", "Run a JSONL trace through the whole core (--verify)."),
+    "generate": ("commands.replay", "generate", "Write a synthetic multi-tenant trace."),
+    "demo": ("commands.demo", "demo", "A multi-tenant workload replayed cold, then warm after a restart."),
+    "audit": ("commands.audit", "audit", "Store integrity, a snapshot's or a live cache's ownership."),
+    "stats": ("commands.stats", "stats", "Store (and live cache) figures; --prom for Prometheus."),
+    "top": ("commands.top", "top", "A live cache's tiers, hits and copies, refreshed in place."),
+    "serve": ("commands.serve", "serve", "Run a live cache with an admin socket (and --metrics-port)."),
+    "snapshot": ("commands.snapshot", "snapshot", "Write a live cache's ownership snapshot."),
+    "events": ("commands.events", "events", "Follow a live cache's KV-event feed (kvc serve --events)."),
+    "bench": ("commands.bench", "bench", "Run the benchmark scripts and print their ratios."),
+    "ns": ("commands.ns", "app", "Namespaces in the store: list, show a prefix tree, drop (offboarding)."),
 }
 
 
@@ -43,9 +43,11 @@ class LazyGroup(KvcGroup):
     """The app's group: lists COMMANDS without importing them, and builds a command when it is resolved."""
 
     def list_commands(self, ctx: Any) -> list[str]:
+        """Every command's name, in the order of COMMANDS (`kvc --help` lists them so)."""
         return list(COMMANDS)
 
     def get_command(self, ctx: Any, name: str) -> Any:
+        """The command if it was built, else a stand-in carrying its one line of help (its module not imported)."""
         if name in self.commands:
             return self.commands[name]
         if name not in COMMANDS:
@@ -54,6 +56,7 @@ class LazyGroup(KvcGroup):
         return TyperCommand(name=name, short_help=short, help=short)
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        """Build the command about to run (importing its module), then resolve it as click does."""
         name = args[0] if args else None
         if name in COMMANDS and name not in self.commands:
             self.commands[name] = _build(name)

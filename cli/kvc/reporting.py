@@ -11,23 +11,26 @@
   kind is printed, the rest counted and summarised in one line when the command ends.
 
 `KvcGroup` is the typer group class of the app: its `main` wraps every invocation, the console script's and
-CliRunner's alike. Every message goes through `one_line`: flattened to one line, control characters escaped,
-and every secret this invocation has seen (store passwords, salts: `kvc.secrets`) replaced by ***.
+CliRunner's alike; `command` marks each command's body, so the handler knows what that command prints. Every
+message goes through `one_line`: flattened to one line, control characters escaped, and every secret this
+invocation has seen (store passwords, salts: `kvc.secrets`) replaced by ***.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
 import signal
 import sys
 import traceback
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import typer
+
 try:  # typer < 0.25 runs on click; later typers vendor it as typer._click
     from click import exceptions as click_exc
 except ImportError:
@@ -39,7 +42,9 @@ from kvcache.types.namespace import fingerprint_key_scope
 
 from . import secrets
 from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Interrupted, UsageError
-from .output import escape_controls
+from .render.output import Output
+from .render.text import escape_controls
+
 
 class Invocation:
     """What the error handler needs to know about the command line being run."""
@@ -68,6 +73,24 @@ def wants_json(args: Sequence[str]) -> bool:
             return True
     return False
 
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def command(fn: F) -> F:
+    """Mark a command body: it tells the error handler whether this invocation prints JSON and shows tracebacks,
+    and turns a SIGINT into `Interrupted` once the body's cleanups have run."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        STATE.json = bool(kwargs.get("json")) or kwargs.get("output") in (Output.JSON, Output.JSONL)
+        STATE.debug = STATE.debug or bool(kwargs.get("debug"))
+        try:
+            return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            raise Interrupted() from None
+
+    return wrapper  # type: ignore[return-value]
 
 def one_line(text: str) -> str:
     """`text` as one safe line: whitespace runs folded, control characters escaped, known secrets redacted."""
@@ -132,6 +155,7 @@ class KvcGroup(TyperGroup):
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,  # type: ignore[override]
              complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
+        """Run one invocation under the error contract; the exit code (or, standalone, exit with it)."""
         args = list(sys.argv[1:] if args is None else args)
         STATE.start(args)
         secrets.forget()

@@ -4,14 +4,13 @@ A salt given as ``--salt VALUE`` sits in the process list (``ps -o args``, /proc
 for as long as the command runs. So a salt is read, in this order, from ``--salt -`` (stdin), ``--salt-file
 PATH``, ``--salt VALUE`` (works, with one warning on stderr), or env ``KVC_SALT``; ``--salt ''`` means "no salt"
 even when KVC_SALT is set. Whatever was read is remembered for this invocation so that no message can print it
-(`redact`, used by every error and warning line).
+(`redact`, used by every error and warning line). The options themselves are declared in `kvc.options`.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
 
 import typer
 
@@ -20,15 +19,6 @@ from kvcache.storage.location import REDACTED, StoreLocation
 from .errors import UsageError
 
 SALT_ENV = "KVC_SALT"
-
-SaltOpt = Annotated[str | None, typer.Option(
-    "--salt", show_default=False,
-    help="The namespace's cache_salt. `-` reads it from stdin. A value given here is visible to every local user "
-    "in the process list: prefer env KVC_SALT or --salt-file. `''` means no salt (overrides KVC_SALT). Used "
-    "only to derive the namespace; never printed or stored.")]
-SaltFileOpt = Annotated[Path | None, typer.Option(
-    "--salt-file", show_default=False,
-    help="Read the namespace's cache_salt from this file (its first line; keep it mode 0600).")]
 
 _seen: set[str] = set()
 _warned = False

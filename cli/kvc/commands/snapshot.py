@@ -7,17 +7,19 @@ from typing import Annotated
 
 import typer
 
-from . import live
-from .common import DebugOpt, command
-from .errors import UsageError
-from .output import JsonOpt, emit_json, esc, human_bytes, say
+from .. import live
+from ..errors import UsageError
+from ..options import DebugOpt, JsonOpt, SocketOpt
+from ..render.output import emit_json, say
+from ..render.text import esc, human_bytes
+from ..reporting import command
 
 
 @command
 def snapshot(
     path: Annotated[Path, typer.Argument(help="Where to write the snapshot (atomically; this command writes it, "
                                          "the server only sends it).", show_default=False)],
-    socket: live.SocketOpt = None,
+    socket: SocketOpt = None,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:

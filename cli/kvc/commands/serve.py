@@ -18,15 +18,27 @@ from typing import Annotated
 
 import typer
 
-from kvcache.types.config import HostMode, PrefetchPolicy, TTLMode, TTLPolicy, WritePolicy
 from kvcache.errors import InvalidConfig
+from kvcache.types.config import HostMode, PrefetchPolicy, TTLMode, TTLPolicy, WritePolicy
 from kvcache.types.events import MediumNames
 
-from . import live
-from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, offline_cache, open_for_cache
-from .errors import UsageError
-from .output import JsonOpt, console, emit_json
-from .replay_cmd import DeviceOpt, HostOpt, ModeOpt, PrefetchPolicyOpt, WritePolicyOpt
+from .. import live
+from ..context import offline_cache, open_for_cache
+from ..errors import UsageError
+from ..options import (
+    DEFAULT_STORE,
+    DebugOpt,
+    DeviceOpt,
+    HostOpt,
+    JsonOpt,
+    ModeOpt,
+    PrefetchPolicyOpt,
+    SocketOpt,
+    StoreOpt,
+    WritePolicyOpt,
+)
+from ..render.output import console, emit_json
+from ..reporting import command
 
 ModeBits = Annotated[str, typer.Option("--socket-mode", help="Permissions of the socket file, octal (owner "
                                        "only by default). Whoever can connect must also be on the allow-list "
@@ -79,7 +91,7 @@ EventsMediaOpt = Annotated[MediumNames, typer.Option(
 @command
 def serve(
     store: StoreOpt = DEFAULT_STORE,
-    socket: live.SocketOpt = None,
+    socket: SocketOpt = None,
     device_tokens: DeviceOpt = 16384,
     host_tokens: HostOpt = 65536,
     prefetch_policy: PrefetchPolicyOpt = PrefetchPolicy.BEST_EFFORT,

@@ -11,15 +11,19 @@ from typing import TYPE_CHECKING, Annotated
 import msgspec
 import typer
 
+from kvcache.storage.registry import open_store
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import NamespaceInfo
-from kvcache.storage.registry import open_store
 from kvcache.workload.traces import WorkloadSpec, generate
 
-from .common import DebugOpt, command, offline_cache, progress
-from .errors import EXIT_FOUND, UsageError
-from .output import Column, JsonOpt, Kind, Listing, emit_json, esc, human_bytes, output_format, render, say
-from .replay_cmd import MAX_TOKENS, hit_listing, trace_counts
+from ..context import offline_cache
+from ..errors import EXIT_FOUND, UsageError
+from ..options import MAX_TOKENS, DebugOpt, JsonOpt
+from ..render.output import Column, Kind, Listing, emit_json, output_format, render, say
+from ..render.progress import progress
+from ..render.replay import hit_listing, trace_counts
+from ..render.text import esc, human_bytes
+from ..reporting import command
 
 if TYPE_CHECKING:
     from kvcache.types.reports import ReplayReport

@@ -10,10 +10,13 @@ import typer
 
 from kvcache.live.protocol import LiveStats, NamespaceList, NamespacesRequest, StatsRequest
 
-from . import live
-from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, open_inspect
-from .output import JsonOpt, NoHeadersOpt, OutputOpt, emit_json
-from .views import print_figures, print_prometheus, render_live_stats, store_rows
+from .. import live
+from ..context import open_inspect
+from ..options import DEFAULT_STORE, DebugOpt, JsonOpt, NoHeadersOpt, OutputOpt, SocketOpt, StoreOpt
+from ..render.figures import print_figures, render_live_stats, store_rows
+from ..render.output import emit_json
+from ..render.prometheus import print_prometheus
+from ..reporting import command
 
 PromOpt = Annotated[bool, typer.Option("--prom", help="Print the Prometheus text exposition instead (for a "
                                        "node_exporter textfile or a scrape; `kvc serve --metrics-port` serves it).")]
@@ -23,7 +26,7 @@ PromOpt = Annotated[bool, typer.Option("--prom", help="Print the Prometheus text
 def stats(
     store: StoreOpt = DEFAULT_STORE,
     prom: PromOpt = False,
-    socket: live.SocketOpt = None,
+    socket: SocketOpt = None,
     output: OutputOpt = None,
     no_headers: NoHeadersOpt = False,
     json: JsonOpt = False,

@@ -17,9 +17,10 @@ import typer
 
 from kvcache.live.events import EventRecord, KVEventSubscriber, ReceivedBatch, records
 
-from .common import DebugOpt, command
-from .errors import UsageError
-from .output import shown
+from ..errors import UsageError
+from ..options import DebugOpt
+from ..render.text import shown
+from ..reporting import command
 
 EndpointOpt = Annotated[str | None, typer.Option(
     "--endpoint", envvar="KVC_EVENTS", show_default=False, metavar="ENDPOINT",

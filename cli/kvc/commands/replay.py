@@ -6,7 +6,6 @@ import contextlib
 import os
 import sys
 import tempfile
-from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -16,32 +15,31 @@ import typer
 from kvcache.types.config import HostMode, PrefetchPolicy, WritePolicy
 from kvcache.workload.traces import TraceRequest, WorkloadSpec, read_trace
 
-from . import live
-from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, offline_cache, open_for_cache, progress, writable_target
-from .errors import EXIT_FOUND, UsageError
-from .output import Column, JsonOpt, Kind, Listing, emit_json, esc, human_bytes, ns_label, output_format, render, say
+from .. import live
+from ..context import offline_cache, open_for_cache
+from ..errors import EXIT_FOUND, UsageError
+from ..inputs import writable_target
+from ..options import (
+    DEFAULT_STORE,
+    DebugOpt,
+    DeviceOpt,
+    HostOpt,
+    JsonOpt,
+    ModeOpt,
+    PrefetchPolicyOpt,
+    SocketOpt,
+    StoreOpt,
+    WritePolicyOpt,
+)
+from ..render.output import emit_json, say
+from ..render.progress import progress
+from ..render.replay import print_report
+from ..render.text import esc
+from ..reporting import command
 
 if TYPE_CHECKING:
     from kvcache.types.reports import ReplayReport
 
-MAX_TOKENS = 2**40  # per tier: far beyond any machine; what the machine holds is checked before allocating
-
-DeviceOpt = Annotated[int, typer.Option("--device-tokens", min=1, max=MAX_TOKENS,
-                                         help="L1 (device pool) capacity in tokens.")]
-HostOpt = Annotated[int, typer.Option("--host-tokens", min=0, max=MAX_TOKENS,
-                                       help="L2 (host pool) capacity in tokens; 0: no L2.")]
-PrefetchPolicyOpt = Annotated[PrefetchPolicy, typer.Option(
-    "--prefetch-policy", case_sensitive=False,
-    help="What admission takes of a request's L3 prefetch: best_effort (what has arrived), wait_complete "
-    "(everything the store holds), timeout (what arrives within the prefetch timeout).")]
-WritePolicyOpt = Annotated[WritePolicy, typer.Option(
-    "--write-policy", case_sensitive=False,
-    help="When committed pages are backed up to L2 and L3: write_through (at commit), write_through_selective "
-    "(at commit, once a page has been hit twice), write_back (when evicted from the device).")]
-ModeOpt = Annotated[HostMode, typer.Option(
-    "--mode", case_sensitive=False,
-    help="Where prefetched pages wait for their request: cache (host-only tree nodes, shared) or buffer "
-    "(a staged record of that request, spliced at its admission).")]
 VerifyOpt = Annotated[bool, typer.Option(
     "--verify", help="Compare every cached token handed to a request with the KV its page hash prescribes; "
     "exit 1 on any mismatch.")]
@@ -64,7 +62,7 @@ def replay(
     write_policy: WritePolicyOpt = WritePolicy.WRITE_THROUGH,
     mode: ModeOpt = HostMode.CACHE,
     batch: BatchOpt = 4,
-    socket: live.SocketOpt = None,
+    socket: SocketOpt = None,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -111,61 +109,6 @@ def _finish(report: "ReplayReport", requests: list[TraceRequest], title: str, js
                          f"{b.storage_rejected} refused): those pages stayed in L2 only\n")
     if not report.ok or (lost and not b.storage_pages):
         raise typer.Exit(EXIT_FOUND)
-
-
-def trace_counts(requests: list[TraceRequest]) -> Counter:
-    """Requests per namespace in a trace."""
-    return Counter(r.namespace().info() for r in requests)
-
-
-def hit_listing(report: "ReplayReport", title: str, requests: list[TraceRequest]) -> Listing:
-    """Per namespace × tier hit tokens; `refused` from the trace (requests sent, not committed)."""
-    sent = trace_counts(requests)
-    rows = []
-    for row in report.namespaces:
-        h = row.hit_tokens
-        rows.append([row.namespace.extra_key, row.namespace.salt_fingerprint, sent[row.namespace], row.requests,
-                     sent[row.namespace] - row.requests, row.tokens, h.device, h.host, h.storage,
-                     100 * h.total / row.tokens if row.tokens else None])
-    seen = {row.namespace for row in report.namespaces}
-    for info, n in sorted(sent.items(), key=lambda kv: (kv[0].extra_key or "", kv[0].salt_fingerprint or "")):
-        if info not in seen:  # every request of the namespace was refused
-            rows.append([info.extra_key, info.salt_fingerprint, n, 0, n, 0, 0, 0, 0, None])
-    h = report.hit_tokens
-    rows.append(["total", None, len(requests), report.requests, report.refused, report.tokens, h.device, h.host,
-                 h.storage, 100 * h.total / report.tokens if report.tokens else None])
-    columns = [Column("extra_key", Kind.USER), Column("salt fp"), Column("sent", Kind.INT),
-               Column("done", Kind.INT), Column("refused", Kind.INT), Column("tokens", Kind.INT),
-               Column("L1 hit", Kind.INT), Column("L2 hit", Kind.INT), Column("L3 hit", Kind.INT),
-               Column("hit %", Kind.PERCENT)]
-    return Listing(title, columns, rows, bold=[len(rows) - 1])
-
-
-def print_report(report: "ReplayReport", title: str, requests: list[TraceRequest]) -> None:
-    """The human form of a replay report."""
-    render(hit_listing(report, f"replay {title}", requests), output_format(None), titled=True)
-    p = report.prefetch
-    declined = ", ".join(f"{k} {v}" for k, v in sorted(p.declined.items())) or "none"
-    dropped = ", ".join(f"{k} {v}" for k, v in sorted(p.dropped.items())) or "none"
-    cancelled = ", ".join(f"{k} {v}" for k, v in sorted(p.cancelled.items())) or "none"
-    say(f"prefetch: {p.issued} issued of {p.attempts} ({report.prefetches_reissued} issued again); declined: "
-        f"{declined}; {p.hit_pages} pages hit in L3, {p.fetched_pages} fetched ({human_bytes(p.fetched_bytes)}), "
-        f"{p.used_pages} used; dropped: {dropped}; cancelled: {cancelled}; {p.read_errors} read errors; "
-        f"{report.namespace_mismatches} namespace mismatches")
-    b = report.backup
-    say(f"backup: {b.host_pages} pages L1 -> L2, {b.storage_pages} pages L2 -> L3 "
-        f"({human_bytes(b.storage_bytes)}), {b.storage_failed} failed, {b.storage_rejected} rejected")
-    if report.verify:
-        verdict = "ok" if not report.verify_mismatches else f"{report.verify_mismatches} pages DIFFER"
-        say(f"verify: {report.verified_tokens} cached tokens compared byte for byte: {verdict}")
-        for m in report.mismatches[:5]:
-            say(f"  {esc(m.rid)} page {m.page} ({ns_label(m.namespace)})")
-    audit = "ok" if report.audit.ok else f"{len(report.audit.violations)} violations ({report.audit.violations[0]})"
-    say(f"audit: {esc(audit)}")
-    blocked = f", {report.blocked} blocked by the engine's own requests" if report.blocked else ""
-    say(f"{len(requests)} requests sent: {report.requests} done, {report.refused} refused (too large for L1)"
-        f"{blocked}; {report.tokens} tokens in {report.seconds:.2f} s: {report.requests_per_s:,.0f} req/s, "
-        f"{report.tokens_per_s:,.0f} tokens/s")
 
 
 class GenerateOutput(msgspec.Struct):

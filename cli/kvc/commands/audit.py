@@ -15,11 +15,14 @@ import typer
 
 from kvcache.storage.api import REPAIRS
 
-from . import live
-from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command, require_store
-from .errors import EXIT_FOUND, EXIT_OK, UsageError
-from .output import JsonOpt, NoHeadersOpt, Output, OutputOpt, emit_listing, output_format
-from .views import AuditOutput, Finding, PlannedRepair, findings_of, render_audit
+from .. import live
+from ..context import require_store
+from ..errors import EXIT_FOUND, EXIT_OK, UsageError
+from ..options import DEFAULT_STORE, DebugOpt, JsonOpt, NoHeadersOpt, OutputOpt, SocketOpt, StoreOpt
+from ..render.audit import AuditOutput, Finding, PlannedRepair, findings_of, render_audit
+from ..render.output import Output, emit_listing, output_format
+from ..reporting import command
+
 
 @command
 def audit(
@@ -33,7 +36,7 @@ def audit(
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="With --repair: change nothing, print what --repair would do about each finding.")]
     = False,
-    socket: live.SocketOpt = None,
+    socket: SocketOpt = None,
     output: OutputOpt = None,
     no_headers: NoHeadersOpt = False,
     json: JsonOpt = False,

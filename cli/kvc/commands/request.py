@@ -13,16 +13,30 @@ from typing import Annotated
 
 import typer
 
-from kvcache.types.config import PrefetchPolicy
 from kvcache.live.protocol import LoadBackRequest, PrefetchRequest, RequestResult, StageRequest
+from kvcache.types.config import PrefetchPolicy
 from kvcache.types.namespace import Namespace
 
-from . import live
-from .common import (DEFAULT_STORE, DebugOpt, ExtraKeyOpt, StoreOpt, TokensFileOpt, TokensOpt, command, offline_cache,
-                     open_for_cache, round_up_pages, tokens_arg)
-from .errors import EXIT_FOUND, UsageError
-from .output import JsonOpt, emit_json, esc, human_bytes, ns_label, say
-from .secrets import SaltFileOpt, SaltOpt, salt_from
+from .. import live
+from ..context import offline_cache, open_for_cache, round_up_pages
+from ..errors import EXIT_FOUND, UsageError
+from ..inputs import tokens_arg
+from ..options import (
+    DEFAULT_STORE,
+    DebugOpt,
+    ExtraKeyOpt,
+    JsonOpt,
+    SaltFileOpt,
+    SaltOpt,
+    SocketOpt,
+    StoreOpt,
+    TokensFileOpt,
+    TokensOpt,
+)
+from ..render.output import emit_json, say
+from ..render.text import esc, human_bytes, ns_label
+from ..reporting import command
+from ..secrets import salt_from
 
 DEFAULT_MAX_PAGES = 4096
 MAX_PAGES = 2**31 - 1  # a budget, not a size: L2 is sized from what the namespace holds, never from this
@@ -109,7 +123,7 @@ def prefetch(
         "--max-bytes", min=0, max=2**62, help="Without tokens: most payload bytes to fetch.")] = None,
     policy: PolicyOpt = PrefetchPolicy.WAIT_COMPLETE,
     timeout_ms: TimeoutOpt = 1000.0,
-    socket: live.SocketOpt = None,
+    socket: SocketOpt = None,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -134,7 +148,7 @@ def stage(
     tokens_file: TokensFileOpt = None,
     policy: PolicyOpt = PrefetchPolicy.WAIT_COMPLETE,
     timeout_ms: TimeoutOpt = 1000.0,
-    socket: live.SocketOpt = None,
+    socket: SocketOpt = None,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -160,7 +174,7 @@ def load_back(
     = "cache",
     policy: PolicyOpt = PrefetchPolicy.WAIT_COMPLETE,
     timeout_ms: TimeoutOpt = 1000.0,
-    socket: live.SocketOpt = None,
+    socket: SocketOpt = None,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:

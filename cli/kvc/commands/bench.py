@@ -13,9 +13,11 @@ from typing import Annotated
 import msgspec
 import typer
 
-from .common import DebugOpt, command, progress
-from .errors import EXIT_FOUND, UsageError
-from .output import Column, JsonOpt, Kind, Listing, emit_json, output_format, render, say
+from ..errors import EXIT_FOUND, UsageError
+from ..options import DebugOpt, JsonOpt
+from ..render.output import Column, Kind, Listing, emit_json, output_format, render, say
+from ..render.progress import progress
+from ..reporting import command
 
 # script -> arguments of its quick run (a few seconds each; the full runs are what BENCHMARKS.md records)
 QUICK_ARGS: dict[str, list[str]] = {
@@ -29,7 +31,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_scale": ["--requests", "4000"],
     "bench_shares": ["--b-requests", "40"],
 }
-DEFAULT_DIR = Path(__file__).resolve().parents[2] / "benchmarks"  # cli/kvc/ -> the checkout's benchmarks/
+DEFAULT_DIR = Path(__file__).resolve().parents[3] / "benchmarks"  # cli/kvc/commands/ -> the checkout's benchmarks/
 
 
 class BenchFigure(msgspec.Struct, frozen=True):

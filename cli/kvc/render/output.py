@@ -1,27 +1,23 @@
-"""What kvc prints, and how: safe text for eyes, exact values for scripts.
+"""How kvc prints: for eyes on a terminal, exact values for scripts.
 
-- Every string a user or a tenant chose (extra_key, paths, store URLs, finding details) goes through `shown`:
-  control characters and invisible format characters are escaped (`\\x1b`, `\\n`, `\\u202e`), and a value with
-  leading or trailing whitespace, or an empty one, is shown in double quotes, so `" t1"` and `"t1"` never look
-  alike and a tenant name cannot colour, move or split the operator's terminal. Rich markup is never
-  interpreted in such text (`esc` escapes it, tables get plain `Text`).
-- Listings (`kvc ns ls`, `kvc ns show`, and every report table) render in one of the `Output` formats: `table`
-  (rich, for a terminal), `tsv` (tab-separated, one header line unless --no-headers, raw numbers: bytes as
-  integers, times as unix seconds), `json` (one object), `jsonl` (one object per row). Without -o, a terminal
-  gets `table` and anything else (a pipe, a file, cron) gets `tsv`: box-drawing characters never reach awk.
+Listings (`kvc ns ls`, `kvc ns show`, and every report table) render in one of the `Output` formats: `table`
+(rich, for a terminal), `tsv` (tab-separated, one header line unless --no-headers, raw numbers: bytes as integers,
+times as unix seconds), `json` (one object), `jsonl` (one object per row). Without -o, a terminal gets `table` and
+anything else (a pipe, a file, cron) gets `tsv`: box-drawing characters never reach awk. Cells holding a string
+someone chose are `shown` safely (`kvc.render.text`); rich markup is never interpreted in them (tables get plain
+`Text`).
 """
 
 from __future__ import annotations
 
 import enum
-import re
 import sys
-import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-import typer
+
+from .text import escape_controls, human_bytes, shown, when
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -58,47 +54,6 @@ class Output(str, enum.Enum):
     JSONL = "jsonl"
 
 
-OutputOpt = Annotated[Output | None, typer.Option(
-    "-o", "--output", case_sensitive=False, show_default=False,
-    help="table (for a terminal), tsv (tab-separated, raw numbers, for awk/cut), json (one object) or jsonl "
-    "(one object per row). Default: table on a terminal, tsv otherwise.")]
-NoHeadersOpt = Annotated[bool, typer.Option("--no-headers", help="tsv: leave out the header line.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout and nothing else.")]
-
-# C0/C1 controls, soft hyphen, bidi and zero-width format characters, BOM, lone surrogates (undecodable bytes)
-_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff"
-                     r"\ud800-\udfff]")
-
-
-def escape_controls(text: str) -> str:
-    """`text` with control and invisible format characters escaped (\\x1b, \\n, \\u202e)."""
-    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
-
-
-def shown(text: str | None, none: str = "-") -> str:
-    """A user-chosen string made safe to print (see the module docstring); `none` for None."""
-    if text is None:
-        return none
-    safe = escape_controls(text)
-    if safe != safe.strip() or not safe or safe == none or safe.startswith('"'):
-        return '"' + safe.replace('"', '\\"') + '"'
-    return safe
-
-
-def literal(text: str) -> str:
-    """kvc's own words for a rich markup string, taken literally (any user text in them already `shown`)."""
-    from rich.markup import escape
-
-    return escape(text)
-
-
-def esc(text: str | None, none: str = "-") -> str:
-    """`shown(text)` escaped for a rich markup string."""
-    from rich.markup import escape
-
-    return escape(shown(text, none))
-
-
 def output_format(output: Output | None, json: bool = False) -> Output:
     """The format to print in: -o, else --json, else table on a terminal and tsv elsewhere."""
     if output is not None:
@@ -112,20 +67,6 @@ def emit_json(value: Any) -> None:
     """The command's result as one JSON object on stdout (msgspec structs encode as their fields)."""
     sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
     sys.stdout.flush()
-
-
-def human_bytes(n: float) -> str:
-    """1536 -> '1.5 KiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def when(ts: float) -> str:
-    """A unix time as a short local timestamp ('-' for never)."""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
 class Kind(str, enum.Enum):
@@ -188,14 +129,15 @@ def render(listing: Listing, fmt: Output, no_headers: bool = False, titled: bool
             table.add_column(col.header, justify="left" if col.kind in (Kind.USER, Kind.TEXT, Kind.TIME)
                              else "right")
         for i, row in enumerate(listing.rows):
-            table.add_row(*(Text(cell(v, c.kind, True)) for v, c in zip(row, listing.columns)),
+            table.add_row(*(Text(cell(v, c.kind, True)) for v, c in zip(row, listing.columns, strict=True)),
                           style="bold" if i in listing.bold else None)
         console().print(table)
         return
     lines = [escape_controls(listing.title)] if titled and listing.title else []
     if listing.header and not no_headers:
         lines.append("\t".join(c.header for c in listing.columns))
-    lines += ["\t".join(cell(v, c.kind, False) for v, c in zip(row, listing.columns)) for row in listing.rows]
+    lines += ["\t".join(cell(v, c.kind, False) for v, c in zip(row, listing.columns, strict=True))
+              for row in listing.rows]
     if lines:
         sys.stdout.write("\n".join(lines) + "\n")
         sys.stdout.flush()
@@ -221,9 +163,3 @@ def emit_listing(fmt: Output, result: Any, rows: Sequence[Any], table: Callable[
 def say(text: str) -> None:
     """A line of kvc's own words (rich markup allowed; user strings must come through `esc`)."""
     console().print(text)
-
-
-def ns_label(info: Any) -> str:
-    """A namespace (anything with extra_key and salt_fingerprint) as ``extra_key/fingerprint`` for a markup
-    string, `-` for an absent part."""
-    return f"{esc(info.extra_key)}/{info.salt_fingerprint or '-'}"

@@ -10,16 +10,29 @@ from typing import TYPE_CHECKING, Annotated
 import msgspec
 import typer
 
+from kvcache.storage.api import page_origins
 from kvcache.types.keys import pack_tokens
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import NamespaceInfo
-from kvcache.storage.api import page_origins
 
-from .common import (DEFAULT_STORE, DebugOpt, ExtraKeyOpt, StoreOpt, TokensFileOpt, TokensOpt, command, namespace_arg,
-                     open_for_cache, progress, tokens_arg)
-from .errors import UsageError
-from .output import JsonOpt, emit_json, human_bytes, ns_label, say
-from .secrets import SaltFileOpt, SaltOpt
+from ..context import open_for_cache
+from ..errors import UsageError
+from ..inputs import namespace_arg, tokens_arg
+from ..options import (
+    DEFAULT_STORE,
+    DebugOpt,
+    ExtraKeyOpt,
+    JsonOpt,
+    SaltFileOpt,
+    SaltOpt,
+    StoreOpt,
+    TokensFileOpt,
+    TokensOpt,
+)
+from ..render.output import emit_json, say
+from ..render.progress import progress
+from ..render.text import human_bytes, ns_label
+from ..reporting import command
 
 if TYPE_CHECKING:
     import torch

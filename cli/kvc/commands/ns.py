@@ -1,5 +1,5 @@
-"""`kvc ns`: the namespaces a store holds — list, show one's prefix tree, drop one — and their shares of each tier
-(`kvc ns quota set|show|clear`).
+"""`kvc ns`: the namespaces a store holds — list, show one's prefix tree, drop one — and, with a live cache, evict
+or expire one; their shares of each tier are the `kvc ns quota` group (`kvc.commands.ns_quota`).
 
 A namespace is named on the command line by its extra_key and salt (EXTRA_KEY with --salt / --salt-file /
 KVC_SALT), or, where the salt is not at hand (offboarding from a runbook), by the id or the salt fingerprint that
@@ -13,21 +13,34 @@ from typing import Annotated
 import msgspec
 import typer
 
-from kvcache.types.keys import unpack_tokens
-from kvcache.live.protocol import (DropRequest, EvictOutcome, EvictRequest, ExpireRequest, NamespacesRequest,
-                                   SharesOutcome, SharesRequest)
+from kvcache.live.protocol import DropRequest, EvictOutcome, EvictRequest, ExpireRequest, NamespacesRequest
 from kvcache.live.protocol import NamespaceList as LiveNamespaceList
-from kvcache.types.namespace import Namespace, NamespaceInfo, display_id
-from kvcache.types.shares import MAX_SHARE, Shares
 from kvcache.storage.api import L3Store, NamespaceRecord
+from kvcache.types.keys import unpack_tokens
+from kvcache.types.namespace import Namespace, NamespaceInfo, display_id
+from kvcache.types.shares import Shares
 
-from . import live
-from .common import DEFAULT_STORE, DebugOpt, ExtraKeyOpt, StoreOpt, command, namespace_arg, open_inspect
-from .errors import UsageError
-from .output import (Column, JsonOpt, Kind, Listing, NoHeadersOpt, Output, OutputOpt, console, emit_json, emit_listing,
-                     human_bytes, literal, ns_label, output_format, render, say, shown)
-from .secrets import SaltFileOpt, SaltOpt, salt_from
-from .views import render_live_namespaces, render_shares, share_summary, sort_namespaces, with_shares
+from .. import live
+from ..context import namespace_record, open_inspect
+from ..errors import UsageError
+from ..inputs import namespace_arg
+from ..options import (
+    DEFAULT_STORE,
+    DebugOpt,
+    JsonOpt,
+    NoHeadersOpt,
+    OutputOpt,
+    SaltFileOpt,
+    SaltOpt,
+    SocketOpt,
+    StoreOpt,
+)
+from ..render.namespaces import render_live_namespaces, render_prefix_tree, sort_namespaces, with_shares
+from ..render.output import Column, Kind, Listing, Output, emit_json, emit_listing, output_format, render, say
+from ..render.text import human_bytes, literal, ns_label, shown
+from ..reporting import command
+from ..secrets import salt_from
+from .ns_quota import app as quota_app
 
 app = typer.Typer(help="Namespaces in the store: list them, show one's prefix tree, drop one (offboarding); "
                   "with a live cache, evict or expire one.",
@@ -113,7 +126,7 @@ def ls(
     store: StoreOpt = DEFAULT_STORE,
     sort: Annotated[str, typer.Option("--sort", help=f"Order by one of: {', '.join(SORT_KEYS)} (largest first, "
                                       "extra_key alphabetical).")] = "bytes",
-    socket: live.SocketOpt = None,
+    socket: SocketOpt = None,
     output: OutputOpt = None,
     no_headers: NoHeadersOpt = False,
     json: JsonOpt = False,
@@ -151,10 +164,6 @@ def ls(
     emit_listing(fmt, NamespaceList(str(store), rows), rows, table)
 
 
-def _record(store: L3Store, ns: Namespace) -> NamespaceRecord | None:
-    return next((rec for rec in store.namespaces() if rec.ns_id_hex == ns.id_hex), None)
-
-
 @app.command("show", short_help="Show a namespace's prefix tree in the store, hottest first.")
 @command
 def show(
@@ -176,7 +185,7 @@ def show(
     fmt = output_format(output, json)
     st = open_inspect(store)
     try:
-        rec = _record(st, ns)
+        rec = namespace_record(st, ns)
         if rec is None:
             raise UsageError(f"no namespace {shown(ns.extra_key)}/{ns.salt_fingerprint or '-'} in {store} "
                              f"(check the extra_key and the salt)")
@@ -190,20 +199,8 @@ def show(
     tree = NamespaceTree(ns.info(), ns.display_id, rec.pages, rec.bytes, roots, more)
     if fmt in (Output.JSON, Output.JSONL):
         emit_json(tree)
-    elif fmt is Output.TSV:
-        rows: list[list] = []
-        _flatten(roots, 1, rows)
-        render(Listing("", [Column("depth", Kind.INT), Column("page_hash"), Column("hits", Kind.INT),
-                            Column("bytes", Kind.BYTES), Column("tokens")], rows), fmt, no_headers)
     else:
-        from rich.tree import Tree
-
-        view = Tree(f"[bold]{ns_label(ns)}[/]  id {ns.display_id}  {rec.pages:,} pages, {human_bytes(rec.bytes)}")
-        for node in roots:
-            _render(view, node)
-        if more:
-            view.add(f"[dim]… {more} more[/]")
-        console().print(view)
+        render_prefix_tree(tree, fmt, no_headers)
 
 
 def _walk(store: L3Store, child, depth: int, width: int) -> PrefixNode:
@@ -213,21 +210,6 @@ def _walk(store: L3Store, child, depth: int, width: int) -> PrefixNode:
         node.children = [_walk(store, c, depth - 1, width) for c in kids[:width]]
         node.more = max(0, len(kids) - width)
     return node
-
-
-def _flatten(nodes: list[PrefixNode], depth: int, rows: list[list]) -> None:
-    for node in nodes:
-        rows.append([depth, node.page_hash, node.hits, node.bytes, ",".join(map(str, node.tokens))])
-        _flatten(node.children, depth + 1, rows)
-
-
-def _render(parent, node: PrefixNode) -> None:
-    toks = node.tokens if len(node.tokens) <= 8 else node.tokens[:8] + ["…"]
-    branch = parent.add(f"{' '.join(map(str, toks))}  [dim]hits {node.hits:,} · {node.page_hash[:12]}[/]")
-    for child in node.children:
-        _render(branch, child)
-    if node.more:
-        branch.add(f"[dim]… {node.more} more[/]")
 
 
 def _targets(store: L3Store, extra_key: str | None, ns: Namespace | None, ns_id: str | None,
@@ -262,7 +244,7 @@ def drop(
         "--missing-ok", help="A namespace that is not in the store is not an error: nothing to drop, exit 0 "
         "(a second run of an offboarding succeeds).")] = False,
     store: StoreOpt = DEFAULT_STORE,
-    socket: live.SocketOpt = None,
+    socket: SocketOpt = None,
     yes: Annotated[bool, typer.Option("--yes", help="Confirm: remove every page of the namespace.")] = False,
     json: JsonOpt = False,
     debug: DebugOpt = False,
@@ -350,7 +332,7 @@ def evict(
                                              metavar="EXTRA_KEY")],
     salt: SaltOpt = None,
     salt_file: SaltFileOpt = None,
-    socket: live.SocketOpt = None,
+    socket: SocketOpt = None,
     device: Annotated[bool, typer.Option("--device/--no-device", help="Evict from L1.")] = True,
     host: Annotated[bool, typer.Option("--host/--no-host", help="Evict from L2.")] = True,
     json: JsonOpt = False,
@@ -379,7 +361,7 @@ def expire(
     extra_key: KeyArg,
     salt: SaltOpt = None,
     salt_file: SaltFileOpt = None,
-    socket: live.SocketOpt = None,
+    socket: SocketOpt = None,
     yes: Annotated[bool, typer.Option("--yes", help="Confirm: the namespace leaves L1, L2 and the store.")] = False,
     json: JsonOpt = False,
     debug: DebugOpt = False,
@@ -412,134 +394,4 @@ def expire(
             f"({human_bytes(outcome.store_bytes)})")
 
 
-# --- kvc ns quota: shares per tier ------------------------------------------------------------------------------
-
-quota_app = typer.Typer(help="A namespace's shares of L1, L2 and L3 (kvcache.types.shares): set, show, clear.",
-                        no_args_is_help=True)
 app.add_typer(quota_app, name="quota", short_help="A namespace's shares of L1, L2 and L3: set, show, clear.")
-
-class ShareRow(msgspec.Struct):
-    """One namespace in `kvc ns quota show|set|clear --json`: its shares (0: none on that tier) and its use of
-    each tier (None where not known: L1 and L2 without --socket)."""
-
-    extra_key: str | None
-    salt_fingerprint: str | None
-    id: str  # display_id
-    shares: Shares
-    used_device_tokens: int | None
-    used_host_tokens: int | None
-    used_store_bytes: int
-
-
-class ShareList(msgspec.Struct):
-    """`kvc ns quota show --json`."""
-
-    store: str  # credentials redacted ("" for a live cache without a store)
-    live: bool  # the rows are a live cache's (--socket)
-    namespaces: list[ShareRow]
-
-
-@quota_app.command("set", short_help="Set a namespace's shares of L1, L2 and L3 (replacing what it had).")
-@command
-def quota_set(
-    extra_key: ExtraKeyOpt = None,
-    salt: SaltOpt = None,
-    salt_file: SaltFileOpt = None,
-    device_tokens: Annotated[int, typer.Option(
-        "--device-tokens", min=0, max=MAX_SHARE, help="L1 tokens the namespace keeps under pressure (whole pages; "
-        "0: no share).")] = 0,
-    host_tokens: Annotated[int, typer.Option(
-        "--host-tokens", min=0, max=MAX_SHARE, help="L2 tokens the namespace keeps under pressure (0: no "
-        "share).")] = 0,
-    store_bytes: Annotated[int, typer.Option(
-        "--store-bytes", min=0, max=MAX_SHARE, help="Most L3 payload bytes the namespace may hold; its puts "
-        "over it evict its own oldest pages (0: the store's uniform quota, if any).")] = 0,
-    store: StoreOpt = DEFAULT_STORE,
-    socket: live.SocketOpt = None,
-    json: JsonOpt = False,
-    debug: DebugOpt = False,
-) -> None:
-    """Set a namespace's shares, replacing what it had (a tier not given has no share). Under pressure, the
-    pages of namespaces over their L1/L2 share are evicted first, and a namespace's own admission takes its own
-    pages first; L3 never holds more than its store share. Kept with the store's namespace registry, so every
-    cache on the store applies it (at its next refresh). With --socket the live cache applies it now and writes
-    it to its store."""
-    shares = Shares(device_tokens, host_tokens, store_bytes)
-    if shares.empty:
-        raise UsageError("give at least one of --device-tokens, --host-tokens, --store-bytes (to remove a "
-                         "namespace's shares: `kvc ns quota clear`)")
-    _quota_write(extra_key, salt_from(salt, salt_file), shares, store, socket, json, "set")
-
-
-@quota_app.command("clear", short_help="Remove a namespace's shares.")
-@command
-def quota_clear(
-    extra_key: ExtraKeyOpt = None,
-    salt: SaltOpt = None,
-    salt_file: SaltFileOpt = None,
-    store: StoreOpt = DEFAULT_STORE,
-    socket: live.SocketOpt = None,
-    json: JsonOpt = False,
-    debug: DebugOpt = False,
-) -> None:
-    """Remove a namespace's shares from the store (with --socket: from the live cache and its store): it
-    competes under plain LRU again, and the store's uniform quota (if any) bounds it in L3."""
-    _quota_write(extra_key, salt_from(salt, salt_file), Shares(), store, socket, json, "cleared")
-
-
-def _quota_write(extra_key: str | None, salt: str | None, shares: Shares, store, socket: str | None, json: bool,
-                 verb: str) -> None:
-    ns = Namespace(extra_key, salt)  # checked here, before anything is written or sent
-    path = live.socket_path(socket)
-    if path is not None:
-        outcome = live.call(path, SharesRequest(shares, extra_key, salt), SharesOutcome)
-        t = outcome.tiers
-        row = ShareRow(outcome.namespace.extra_key, outcome.namespace.salt_fingerprint, outcome.id, outcome.shares,
-                       t.device.tokens, t.host.tokens, t.storage.bytes)
-    else:
-        st = open_inspect(store, writable=True)
-        try:
-            st.set_shares(ns, shares)
-            rec = _record(st, ns)
-            info = ns.info(getattr(st, "fingerprint_key", None))
-        finally:
-            st.close()
-        row = ShareRow(info.extra_key, info.salt_fingerprint, ns.display_id, shares, None, None,
-                       rec.bytes if rec is not None else 0)
-    if json:
-        emit_json(row)
-    else:
-        shown_shares = f": L1 / L2 / L3 {share_summary(row.shares)}" if not row.shares.empty else ""
-        say(f"{verb} the shares of namespace {ns_label(row)}{shown_shares}"
-            + (" (the live cache applies them now)" if path is not None else ""))
-
-
-@quota_app.command("show", short_help="List the namespaces with shares, with their use of each tier.")
-@command
-def quota_show(
-    store: StoreOpt = DEFAULT_STORE,
-    socket: live.SocketOpt = None,
-    output: OutputOpt = None,
-    no_headers: NoHeadersOpt = False,
-    json: JsonOpt = False,
-    debug: DebugOpt = False,
-) -> None:
-    """List every namespace with shares: its L1, L2 and L3 shares and what it uses of each (L1 and L2 use only
-    with --socket: offline there is no cache)."""
-    fmt = output_format(output, json)
-    path = live.socket_path(socket)
-    if path is not None:
-        listing = live.call(path, NamespacesRequest(), LiveNamespaceList)
-        result = ShareList(listing.store, True, [
-            ShareRow(r.extra_key, r.salt_fingerprint, r.id, r.shares, r.device.tokens, r.host.tokens,
-                     r.storage.bytes) for r in listing.namespaces if r.shares is not None])
-    else:
-        st = open_inspect(store)
-        try:
-            used = {r.ns_id_hex: r.bytes for r in st.namespaces()}
-            result = ShareList(str(store), False, [
-                ShareRow(r.extra_key, r.salt_fingerprint, display_id(bytes.fromhex(r.ns_id_hex)), r.shares, None,
-                         None, used.get(r.ns_id_hex, 0)) for r in st.shares()])
-        finally:
-            st.close()
-    emit_listing(fmt, result, result.namespaces, lambda: render_shares(result, path, fmt, no_headers))

@@ -9,13 +9,16 @@ from typing import Annotated
 import msgspec
 import typer
 
-from kvcache import KVLayout, NotAStore
-from kvcache.storage.registry import open_store
+from kvcache.errors import NotAStore
 from kvcache.storage.keyfile import KEY_FILE
+from kvcache.storage.registry import open_store
+from kvcache.types.layout import KVLayout
 
-from .common import DEFAULT_STORE, DebugOpt, StoreOpt, command
-from .errors import UsageError
-from .output import JsonOpt, emit_json, esc, human_bytes, say
+from ..errors import UsageError
+from ..options import DEFAULT_STORE, DebugOpt, JsonOpt, StoreOpt
+from ..render.output import emit_json, say
+from ..render.text import esc, human_bytes
+from ..reporting import command
 
 
 class InitOutput(msgspec.Struct):

@@ -1,0 +1,116 @@
+"""What an offline command runs on: a store opened to inspect it (and a namespace's record in it) or for a cache,
+and a cache embedded in this process on it, its tiers checked against the memory there is before anything is
+allocated.
+
+Imports stay light here (no torch, no cache): a command that only reads a store must start in a fraction of a
+second (benchmarks/bench_startup.py). What moves KV imports the cache inside the function that needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvcache.storage.api import L3Store, NamespaceRecord
+from kvcache.storage.location import StoreLocation
+from kvcache.storage.registry import open_store
+from kvcache.types.namespace import Namespace, use_fingerprint_key
+
+from .errors import UsageError
+from .render.text import human_bytes
+
+if TYPE_CHECKING:
+    from kvcache import TieredCache
+    from kvcache.types.layout import KVLayout
+
+
+def require_store(location: StoreLocation) -> None:
+    """UsageError when `location` is a path where nothing exists (a URL is checked by its backend)."""
+    if not location.is_url and not Path(location.url).exists():
+        raise UsageError(f"{location}: no store here (create one with `kvc init`, or pass --store / KVC_STORE)")
+
+
+def _keyed(store: L3Store) -> L3Store:
+    """Show fingerprints and namespace ids under the store's own key, as its registry records them."""
+    key = getattr(store, "fingerprint_key", None)
+    if key is not None:
+        use_fingerprint_key(key)
+    return store
+
+
+def open_inspect(location: StoreLocation, writable: bool = False) -> L3Store:
+    """Open an existing store to inspect it (read-only unless `writable`); a missing store is an error."""
+    require_store(location)
+    return _keyed(open_store(location.url, readonly=not writable))
+
+
+def open_for_cache(location: StoreLocation) -> L3Store:
+    """Open an existing store for a cache to read and write, under the layout it holds (`kvc init` made it)."""
+    require_store(location)
+    with contextlib.closing(open_store(location.url, readonly=True)) as probe:
+        layouts = probe.layouts()
+    if len(layouts) != 1:
+        raise UsageError(f"{location}: the store holds {len(layouts)} layouts; kvc commands drive a cache of "
+                         f"one layout (`kvc init` creates a store with one)")
+    return _keyed(open_store(location.url, layouts[0]))
+
+
+def namespace_record(store: L3Store, ns: Namespace) -> NamespaceRecord | None:
+    """The store's registry record of `ns`; None when the store holds nothing of it."""
+    return next((rec for rec in store.namespaces() if rec.ns_id_hex == ns.id_hex), None)
+
+
+def available_memory() -> int:
+    """Bytes of memory the system can give this process now (MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass  # not Linux: fall back to the free pages sysconf reports
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_tiers(layout: "KVLayout", device_tokens: int, host_tokens: int) -> None:
+    """Refuse (UsageError) tier sizes this machine cannot hold, before anything is allocated."""
+    per_token = layout.bytes_per_token
+    device, host = device_tokens * per_token, host_tokens * per_token
+    in_host_memory = host
+    import torch
+
+    if torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info()
+        if device > free:
+            raise UsageError(f"L1 of {device_tokens:,} tokens needs {human_bytes(device)} of device memory; "
+                             f"{human_bytes(free)} is free")
+    else:
+        in_host_memory += device  # without CUDA the device pool is host memory too
+    avail = available_memory()
+    if in_host_memory > avail:
+        raise UsageError(f"L1 {device_tokens:,} + L2 {host_tokens:,} tokens of {per_token:,} bytes need "
+                         f"{human_bytes(in_host_memory)} of memory; {human_bytes(avail)} is available "
+                         f"(ask for fewer tokens or pages)")
+
+
+def offline_cache(store: L3Store, layout: "KVLayout", device_tokens: int, host_tokens: int,
+                  **policies: Any) -> "TieredCache":
+    """A cache embedded in this process on `store` (offline mode: it lives as long as the command), its tiers
+    checked against the memory there is first."""
+    check_tiers(layout, device_tokens, host_tokens)
+    import torch
+
+    from kvcache import CacheConfig, TieredCache
+
+    # Torch's CPU ops on the calling thread only. A cache's copies are small per-page gathers and scatters, and
+    # the L3 I/O thread runs beside them: with OpenMP workers spinning for the same cores, a 10k request replay
+    # on two cores took 8x longer (44 s instead of 5.8 s, measured with --verify).
+    torch.set_num_threads(1)
+    return TieredCache(CacheConfig(layout, device_tokens=device_tokens, host_tokens=host_tokens, **policies), store)
+
+
+def round_up_pages(tokens: int, page_size: int) -> int:
+    """Tokens rounded up to whole pages, at least one page."""
+    return max(1, -(-tokens // page_size)) * page_size
