@@ -47,7 +47,8 @@ def open_inspect(location: StoreLocation, writable: bool = False) -> L3Store:
 
 
 def open_for_cache(location: StoreLocation) -> L3Store:
-    """Open an existing store for a cache to read and write, under the layout it holds (`kvc init` made it)."""
+    """Open an existing store for a cache to read and write, under the layout it holds (`kvc init` made it): its
+    `layout` is set."""
     require_store(location)
     with contextlib.closing(open_store(location.url, readonly=True)) as probe:
         layouts = probe.layouts()
@@ -95,10 +96,12 @@ def check_tiers(layout: "KVLayout", device_tokens: int, host_tokens: int) -> Non
                          f"(ask for fewer tokens or pages)")
 
 
-def offline_cache(store: L3Store, layout: "KVLayout", device_tokens: int, host_tokens: int,
+def offline_cache(store: L3Store, layout: "KVLayout | None", device_tokens: int, host_tokens: int,
                   **policies: Any) -> "TieredCache":
     """A cache embedded in this process on `store` (offline mode: it lives as long as the command), its tiers
-    checked against the memory there is first."""
+    checked against the memory there is first. `layout`: the store's (`open_for_cache` opens it under its own)."""
+    if layout is None:
+        raise UsageError(f"{store.location}: the store holds no layout (`kvc init` creates a store with one)")
     check_tiers(layout, device_tokens, host_tokens)
     import torch
 

@@ -10,7 +10,7 @@ imports this one.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
@@ -20,7 +20,9 @@ from kvcache.types.config import HostMode, PrefetchPolicy, WritePolicy
 from .render.output import Output
 from .secrets import store_location
 
-DEFAULT_STORE = "./kvc-store"
+# A StoreLocation at run time: typer passes an option's default through its parser (store_location), as it does a
+# value given on the command line; the string is what --help shows.
+DEFAULT_STORE = cast(StoreLocation, "./kvc-store")
 MAX_TOKENS = 2**40  # per tier: far beyond any machine; what the machine holds is checked before allocating
 
 # --- where a command acts, and how it answers -------------------------------------------------------------------

@@ -34,7 +34,7 @@ import typer
 try:  # typer < 0.25 runs on click; later typers vendor it as typer._click
     from click import exceptions as click_exc
 except ImportError:
-    from typer._click import exceptions as click_exc  # type: ignore[no-redef]
+    from typer._click import exceptions as click_exc  # type: ignore[no-redef]  # the same module, found elsewhere
 from typer.core import TyperGroup
 
 from kvcache.errors import KVCacheError

@@ -16,6 +16,7 @@ import typer
 from kvcache.live.protocol import DropRequest, EvictOutcome, EvictRequest, ExpireRequest, NamespacesRequest
 from kvcache.live.protocol import NamespaceList as LiveNamespaceList
 from kvcache.storage.api import L3Store, NamespaceRecord
+from kvcache.types.ids import NamespaceId
 from kvcache.types.keys import unpack_tokens
 from kvcache.types.namespace import Namespace, NamespaceInfo, display_id
 from kvcache.types.shares import Shares
@@ -117,7 +118,7 @@ def _page_size(store: L3Store) -> int:
 
 
 def _shown_id(rec: NamespaceRecord) -> str:
-    return display_id(bytes.fromhex(rec.ns_id_hex))
+    return display_id(NamespaceId(bytes.fromhex(rec.ns_id_hex)))
 
 
 @app.command("ls", short_help="List the namespaces in the store (or a live cache), with their ids.")
@@ -290,7 +291,7 @@ def drop(
                                 False, 0, 0, 0)
         else:
             rec = found[0]
-            result = st.delete_namespace(bytes.fromhex(rec.ns_id_hex))
+            result = st.delete_namespace(NamespaceId(bytes.fromhex(rec.ns_id_hex)))
             output = DropOutput(NamespaceInfo(rec.extra_key, rec.salt_fingerprint), _shown_id(rec), True,
                                 result.pages, result.bytes, result.transactions)
     finally:

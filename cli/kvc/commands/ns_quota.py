@@ -12,6 +12,7 @@ import typer
 
 from kvcache.live.protocol import NamespaceList as LiveNamespaceList
 from kvcache.live.protocol import NamespacesRequest, SharesOutcome, SharesRequest
+from kvcache.types.ids import NamespaceId
 from kvcache.types.namespace import Namespace, display_id
 from kvcache.types.shares import MAX_SHARE, Shares
 
@@ -160,7 +161,7 @@ def quota_show(
         try:
             used = {r.ns_id_hex: r.bytes for r in st.namespaces()}
             result = ShareList(str(store), False, [
-                ShareRow(r.extra_key, r.salt_fingerprint, display_id(bytes.fromhex(r.ns_id_hex)), r.shares, None,
+                ShareRow(r.extra_key, r.salt_fingerprint, display_id(NamespaceId(bytes.fromhex(r.ns_id_hex))), r.shares, None,
                          None, used.get(r.ns_id_hex, 0)) for r in st.shares()])
         finally:
             st.close()

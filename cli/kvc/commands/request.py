@@ -83,6 +83,7 @@ def _run(store, socket: str | None, request, mode: str, device_tokens: int, host
             from kvcache.ops.handlers import execute
 
             result = execute(cache, request)
+            assert isinstance(result, RequestResult)  # prefetch, stage and load-back answer a RequestResult
             audit = cache.audit()
             if not audit.ok:  # a broken invariant is kvc's bug: say so loudly, never print a result
                 raise InvariantViolation(f"the ownership audit failed after {result.command}: {audit.violations[0]}")

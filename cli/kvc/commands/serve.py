@@ -237,4 +237,5 @@ def _serve_metrics(socket: str, addr: str, port: int):
     except OSError as exc:
         raise UsageError(f"--metrics-port {port} on {addr}: {exc.strerror or exc}") from None
     host, bound = httpd.server_address[:2]
+    assert isinstance(host, str)  # an AF_INET/AF_INET6 server's address: (host, port, ...)
     return f"http://{host}:{bound}/metrics", httpd

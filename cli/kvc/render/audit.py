@@ -95,12 +95,13 @@ def render_audit(result: AuditOutput, fmt: Output, findings_only: bool, no_heade
                                 [[p.kind, (p.page_hash or "-")[:16], p.action] for p in result.planned[:100]]))
     sections += _groups(result.remaining, "left after repair: ")
     if result.removals:
-        rows = [[r.page_hash[:16], r.what, r.kind, r.nbytes, (r.below or "-")[:16]] for r in result.removals[:100]]
+        removed: list[list[Any]] = [[r.page_hash[:16], r.what, r.kind, r.nbytes, (r.below or "-")[:16]]
+                                    for r in result.removals[:100]]
         if len(result.removals) > 100:
-            rows.append(["…", f"{len(result.removals) - 100} more (use --json for all)", "", None, ""])
+            removed.append(["…", f"{len(result.removals) - 100} more (use --json for all)", "", None, ""])
         sections.append(Listing(f"removed by --repair ({len(result.removals)})",
                                 [Column("page"), Column("what"), Column("finding"), Column("bytes", Kind.BYTES),
-                                 Column("below")], rows))
+                                 Column("below")], removed))
     for section in sections:
         render(section, fmt, titled=True)
 

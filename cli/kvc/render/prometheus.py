@@ -3,10 +3,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 import typer
 
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
-def print_prometheus(families: list) -> None:
+
+def print_prometheus(families: Iterable[Metric]) -> None:
     """The Prometheus text exposition of metric families (`kvcache.live.metrics`) on stdout."""
     from kvcache.live.metrics import exposition  # prometheus_client: only when asked for
 
