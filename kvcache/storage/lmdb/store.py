@@ -48,14 +48,12 @@ Known traps, measured on the machines this was built on:
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import lmdb
-import msgspec
 
 from ...errors import InvalidInput, NotAStore, StoreError, StoreReadOnly
 from ...types.keys import hash_root
@@ -68,12 +66,13 @@ from ..base import (AccessPolicy, CapacityPolicy, ChildInfo, DeleteResult, Layou
 # The names below are this backend's as much as their modules': re-exported for code and tests that know them here.
 from ..codec import (CHECKSUM_FIELD, CHECKSUMS, DEFAULT_CHECKSUM, FORMAT_MAGIC, FORMAT_VERSION, HEADER,  # noqa: F401
                     Checksum, StoreFormat, decode_layout, decode_meta, decode_namespace, decode_or_none, encoder)
-from ..handle import AccessLog, StoreHandle, count_read, new_counts
+from ..handle import StoreHandle, count_read, new_counts
 from ..keyfile import ensure_key, read_key
+from .access import AccessRecords
 from .env import (DEFAULT_DURABILITY, DEFAULT_MAP_SIZE, DURABILITY, MAX_DBS, MAX_READERS,  # noqa: F401
-                       SharedEnv, acquire, release, remove_failed_create)
-from .registry import (NsDelta, StoreTotals, adjust_totals, apply_deltas, delta, drop_page, drop_stored, evict,
-                            limits, read_shares, read_totals, set_limits, store_share, write_shares)
+                  SharedEnv, acquire, release, remove_failed_create)
+from .registry import (NsDelta, StoreTotals, adjust_totals, apply_deltas, delta, drop_stored, evict,  # noqa: F401
+                       limits, read_shares, read_totals, set_limits, store_share, write_shares)
 from .verify import REPAIR_BATCH_PAGES, VERIFY_CHUNK_PAGES, LMDBIntegrity  # noqa: F401
 from ..verify import removed_pages, verify
 
@@ -103,11 +102,9 @@ class LMDBStore(StoreHandle):
         self._durability = durability
         self._checksum = CHECKSUMS[shared.format.checksum]
         self._closed = False
-        self._lock = threading.Lock()  # guards the corrupt set
-        # Reads are logged as (unix seconds, deepest page hash, pages served) and folded into metadata by flush().
-        self._log = AccessLog(access)
-        self._corrupt: set[bytes] = set()  # pages that failed their checksum here; misses until dropped
         self._counts = new_counts()
+        # Reads not yet folded into `meta`, and pages that failed their checksum here (misses until dropped).
+        self._access = AccessRecords(access, self._checksum, self._counts)
         # (sub-database, records walked, last key): called as verify and delete_namespace walk the store
         self.progress: Callable[[str, int, bytes | None], None] | None = None
 
@@ -184,9 +181,7 @@ class LMDBStore(StoreHandle):
         if shared.pid != os.getpid():
             # A forked child: the parent's Environment (and its pending reads) are not ours.
             self._shared = shared = acquire(self.path, False, self._map_size, self._durability)
-            with self._lock:
-                self._log.clear()
-                self._corrupt = set()
+            self._access.reset()
         return shared
 
     def _write(self, body: Callable[[lmdb.Transaction], Any], wanted: int = 0) -> Any:
@@ -205,7 +200,7 @@ class LMDBStore(StoreHandle):
             return 0
         check_page_hashes(hashes)
         shared = self._live()
-        corrupt = self._corrupt
+        corrupt = self._access.corrupt
         found = 0
         try:
             with shared.read(buffers=True) as txn:
@@ -228,7 +223,7 @@ class LMDBStore(StoreHandle):
             return 0
         shared = self._live()
         digest, seeds, stored = self._checksum.digest, self._checksum.seeds(hashes), CHECKSUM_FIELD.unpack_from
-        corrupt = self._corrupt
+        corrupt = self._access.corrupt
         done = 0
         try:
             with shared.read(buffers=True) as txn:
@@ -242,37 +237,19 @@ class LMDBStore(StoreHandle):
                     # the module docstring), and is checked on the copy, still in cache: what the caller got is
                     # what was verified.
                     if len(value) - HEADER != len(out):
-                        self._quarantine(h)
+                        self._access.quarantine(h)
                         break
                     out[:] = value[HEADER:]
                     if digest(out, seed) != stored(value)[0]:
-                        self._quarantine(h)
+                        self._access.quarantine(h)
                         break
                     done += 1
         except lmdb.Error:
             self._counts["read_errors"] += 1
         count_read(self._counts, done, n, copied=True)
         if done and not self.readonly:
-            self._record_access(hashes[done - 1], done)
+            self._access.record(hashes[done - 1], done, self.flush)
         return done
-
-    def _quarantine(self, page_hash: bytes) -> None:
-        """A page failed verification on read: a miss from now on in this handle, dropped by the next write
-        transaction (which checks it again first) or by `verify(repair=True)`."""
-        with self._lock:
-            self._corrupt.add(page_hash)
-        self._counts["checksum_failures"] += 1
-
-    def _record_access(self, deepest: bytes, pages: int) -> None:
-        # One entry per read, not per page: the read is credited to the deepest page it reached (its ancestors
-        # were read with it; see _apply_access).
-        if self._log.record(time.time(), deepest, pages):
-            try:
-                self.flush()
-            except StoreError:
-                # A read must not fail because its bookkeeping could not be written; the log is kept and
-                # written by a later flush.
-                self._counts["flush_errors"] += 1
 
     def page_meta(self, page_hash: bytes) -> PageMeta | None:
         """A page's metadata, or None when it is not stored."""
@@ -317,6 +294,8 @@ class LMDBStore(StoreHandle):
             last, hits = max(last, m.last_access), hits + m.hits
             stack.extend(self._child_hashes(cur, h))
         return last, hits
+
+    # -- the registry ---------------------------------------------------------------------------------------
 
     def root(self, namespace: Namespace, layout: KVLayout | None = None) -> bytes:
         """The hash root of `namespace` under `layout` (default: this handle's layout)."""
@@ -391,7 +370,7 @@ class LMDBStore(StoreHandle):
     def counters(self) -> StoreCounters:
         """This handle's counters."""
         fields = {k: v for k, v in self._counts.items() if k in StoreCounters.__struct_fields__}
-        return StoreCounters(**fields, pending_access=self._log.pages)
+        return StoreCounters(**fields, pending_access=self._access.log.pages)
 
     def map_size(self) -> int:
         """The current LMDB map size in bytes."""
@@ -421,15 +400,15 @@ class LMDBStore(StoreHandle):
         value = memoryview(scratch)
         payload = value[HEADER:]
         digest, seeds = self._checksum.digest, self._checksum.seeds(hashes)
-        pending, corrupt = self._take_pending()
+        access = self._access
+        taken = access.take()
 
         def body(txn: lmdb.Transaction) -> PutResult:
             now = time.time()
             deltas: dict[bytes, NsDelta] = {}
             totals = read_totals(txn, dbs)
             capacity, quota = limits(txn, dbs)
-            dropped = self._drop_corrupt(txn, corrupt, deltas)
-            self._apply_access(txn, pending, deltas)
+            dropped = access.fold(txn, dbs, taken, deltas)
             seen: set[bytes] = set()
             fresh: set[bytes] = set()  # pages of this batch not stored before it
             new = []
@@ -523,108 +502,24 @@ class LMDBStore(StoreHandle):
             txn.put(b"totals", encoder.encode(StoreTotals(pages_now, stored_bytes + written * nbytes)), db=dbs.store)
             return PutResult(written, len(hashes) - len(new), len(new) - written, evicted, written * nbytes)
 
-        try:
-            result = self._write(body, wanted=len(hashes) * (nbytes + 512))
-        except BaseException:
-            self._restore_pending(pending, corrupt)
-            raise
-        with self._lock:
-            self._corrupt -= corrupt
+        result = access.commit(self._write, body, taken, wanted=len(hashes) * (nbytes + 512))
         c = self._counts
         c["pages_written"] += result.written
         c["pages_existing"] += result.existing
         c["pages_rejected"] += result.rejected
         c["pages_evicted"] += result.evicted
-        if pending:
+        if taken[0]:
             c["flushes"] += 1
         return result
-
-    def _take_pending(self) -> tuple[list[tuple[float, bytes, int]], set[bytes]]:
-        pending = self._log.take()
-        with self._lock:
-            return pending, set(self._corrupt)
-
-    def _restore_pending(self, pending: list[tuple[float, bytes, int]], corrupt: set[bytes]) -> None:
-        self._log.restore(pending)
-        with self._lock:
-            self._corrupt |= corrupt
-
-    def _apply_access(self, txn: lmdb.Transaction, pending: list[tuple[float, bytes, int]],
-                      deltas: dict[bytes, NsDelta]) -> int:
-        """Fold logged reads into page metadata and namespace counters; pages updated.
-
-        A read of a run of pages is credited to the deepest page of the run: its `hits` count the reads that ended
-        there and its `last_access` is the last of them. Ancestors are not rewritten (that would cost a write
-        per page read, as much as the read itself at small pages); a page's heat is that of its subtree, which
-        is what eviction (a parent inherits the time of the child it loses) and `children()` use.
-        """
-        if not pending:
-            return 0
-        hits: Counter[bytes] = Counter()
-        pages: Counter[bytes] = Counter()
-        last: dict[bytes, float] = {}
-        for when, deepest, n in pending:
-            hits[deepest] += 1
-            pages[deepest] += n
-            last[deepest] = when
-        cur = txn.cursor(db=self._shared.dbs.meta)
-        updated = []
-        for key, raw in cur.getmulti(list(hits)):  # the pages still stored
-            h = bytes(key)
-            meta = decode_meta(raw)
-            when = max(meta.last_access, last[h])
-            touched = msgspec.structs.replace(meta, hits=meta.hits + hits[h], last_access=when)
-            updated.append((h, encoder.encode(touched)))
-            d = delta(deltas, meta.ns_id)
-            d.hits += pages[h]
-            d.last_access = max(d.last_access, when)
-        cur.putmulti(updated)
-        return len(updated)
-
-    def _drop_corrupt(self, txn: lmdb.Transaction, corrupt: set[bytes],
-                      deltas: dict[bytes, NsDelta]) -> tuple[int, int]:
-        """Drop pages that failed their checksum (rechecked here); (pages, bytes) dropped."""
-        dropped = freed = 0
-        dbs = self._shared.dbs
-        for h in corrupt:
-            value = txn.get(h, db=dbs.pages)
-            raw = txn.get(h, db=dbs.meta)
-            if value is None or raw is None:
-                continue
-            meta = decode_or_none(decode_meta, raw)
-            if meta is None:
-                continue  # metadata that does not decode: verify reports it, repair removes the page
-            if len(value) - HEADER == meta.nbytes and self._checksum.sound(value, h):
-                continue  # rewritten since
-            drop_page(txn, dbs, h, meta, deltas)
-            dropped += 1
-            freed += meta.nbytes
-        return dropped, freed
 
     def flush(self) -> None:
         """Write logged reads (hit counts, access times) in one transaction, and drop pages seen corrupt."""
         if self.readonly or self._closed:
             return
-        pending, corrupt = self._take_pending()
-        if not pending and not corrupt:
+        taken = self._access.take()
+        if not taken[0] and not taken[1]:
             return
-        dbs = self._live().dbs
-
-        def body(txn: lmdb.Transaction) -> None:
-            deltas: dict[bytes, NsDelta] = {}
-            dropped = self._drop_corrupt(txn, corrupt, deltas)
-            self._apply_access(txn, pending, deltas)
-            apply_deltas(txn, dbs, deltas, time.time(), self.fingerprint_key)
-            if dropped[0]:
-                adjust_totals(txn, dbs, -dropped[0], -dropped[1])
-
-        try:
-            self._write(body)
-        except BaseException:
-            self._restore_pending(pending, corrupt)
-            raise
-        with self._lock:
-            self._corrupt -= corrupt
+        self._access.write_back(self._write, self._live().dbs, taken, self.fingerprint_key)
         self._counts["flushes"] += 1
 
     def delete_namespace(self, ns_id: bytes) -> DeleteResult:
@@ -694,8 +589,7 @@ class LMDBStore(StoreHandle):
         report = verify(LMDBIntegrity(self._live(), self._write, self.progress), repair)
         gone = removed_pages(report)
         if gone:
-            with self._lock:
-                self._corrupt -= gone  # a writer may store them again
+            self._access.unquarantine(gone)  # a writer may store them again
         return report
 
     # -- lifetime -------------------------------------------------------------------------------------------
