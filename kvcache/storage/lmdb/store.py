@@ -49,14 +49,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import lmdb
 
 from ...errors import InvalidInput, NotAStore, StoreError, StoreReadOnly
-from ...types.keys import hash_root
 from ...types.layout import KVLayout
 from ...types.namespace import Namespace
 from ...types.shares import NamespaceShares, Shares
@@ -71,8 +69,9 @@ from ..keyfile import ensure_key, read_key
 from .access import AccessRecords
 from .env import (DEFAULT_DURABILITY, DEFAULT_MAP_SIZE, DURABILITY, MAX_DBS, MAX_READERS,  # noqa: F401
                   SharedEnv, acquire, release, remove_failed_create)
-from .registry import (NsDelta, StoreTotals, adjust_totals, apply_deltas, delta, drop_stored, evict,  # noqa: F401
-                       limits, read_shares, read_totals, set_limits, store_share, write_shares)
+from .put import PutBatch
+from .registry import (NsDelta, StoreTotals, adjust_totals, apply_deltas, drop_stored, limits,  # noqa: F401
+                       read_shares, read_totals, set_limits, write_shares)
 from .verify import REPAIR_BATCH_PAGES, VERIFY_CHUNK_PAGES, LMDBIntegrity  # noqa: F401
 from ..verify import removed_pages, verify
 
@@ -392,117 +391,12 @@ class LMDBStore(StoreHandle):
         if not hashes:
             return PutResult(0, 0, 0, 0, 0)
         layout = self.layout
-        nbytes = layout.bytes_per_page
-        shared = self._live()
-        dbs, layout_id = shared.dbs, layout.layout_id
-        roots = {ns.id: hash_root(layout_id, ns) for ns in {o.namespace for o in origins}}
-        scratch = bytearray(HEADER + nbytes)
-        value = memoryview(scratch)
-        payload = value[HEADER:]
-        digest, seeds = self._checksum.digest, self._checksum.seeds(hashes)
+        batch = PutBatch(self._live().dbs, layout, self._checksum, hashes, views, origins, self._evict_headroom,
+                         self.fingerprint_key)
         access = self._access
         taken = access.take()
-
-        def body(txn: lmdb.Transaction) -> PutResult:
-            now = time.time()
-            deltas: dict[bytes, NsDelta] = {}
-            totals = read_totals(txn, dbs)
-            capacity, quota = limits(txn, dbs)
-            dropped = access.fold(txn, dbs, taken, deltas)
-            seen: set[bytes] = set()
-            fresh: set[bytes] = set()  # pages of this batch not stored before it
-            new = []
-            for i, h in enumerate(hashes):
-                if h in seen or txn.get(h, db=dbs.meta) is not None:
-                    seen.add(h)
-                    continue
-                seen.add(h)
-                fresh.add(h)
-                new.append(i)
-                origin = origins[i]
-                if origin.parent != roots[origin.namespace.id] and origin.parent not in fresh:
-                    # The chain check above cannot see the namespace; a stored parent can (a parent new in this
-                    # batch was checked against the batch before the transaction). A parent that is no stored
-                    # page may be another namespace's root: that page would be read in the other namespace's
-                    # chain, so it is refused like one.
-                    raw = txn.get(origin.parent, db=dbs.meta)
-                    if raw is None:
-                        raise InvalidInput(f"page {h.hex()}: its parent is not a stored page nor the root of "
-                                           f"namespace {origin.namespace.label}")
-                    if decode_meta(raw).ns_id != origin.namespace.id:
-                        raise InvalidInput(f"page {h.hex()}: its parent is in another namespace than "
-                                           f"{origin.namespace.label}")
-            stored_bytes = totals.bytes - dropped[1]
-            evicted = 0
-            protect = set(hashes) | {o.parent for o in origins}
-            # Evictions take a little past the need so the scan behind one is paid once per many puts.
-            ns_room: dict[bytes, int] = {}  # payload room of each namespace with a limit: its share, or the quota
-            ns_need: Counter[bytes] = Counter(origins[i].namespace.id for i in new)
-            for ns_id, n_new in ns_need.items():
-                limit = store_share(txn, dbs, ns_id) or quota
-                if not limit:
-                    continue
-                raw = txn.get(ns_id, db=dbs.namespaces)
-                held = decode_namespace(raw).bytes if raw is not None else 0
-                held += deltas[ns_id].bytes if ns_id in deltas else 0  # corrupt pages dropped above
-                if held + n_new * nbytes > limit:
-                    target = held + n_new * nbytes - limit + int(self._evict_headroom * limit)
-                    n, freed = evict(txn, dbs, target, protect, deltas, only_ns=ns_id)
-                    evicted += n
-                    held -= freed
-                    stored_bytes -= freed
-                ns_room[ns_id] = limit - held
-            need = len(new) * nbytes
-            if capacity and stored_bytes + need > capacity:
-                target = stored_bytes + need - capacity + int(self._evict_headroom * capacity)
-                n, freed = evict(txn, dbs, target, protect, deltas)
-                evicted += n
-                stored_bytes -= freed
-            room = capacity - stored_bytes if capacity else len(new) * nbytes
-            accepted: list[int] = []
-            full: set[bytes] = set()  # namespaces with a rejected page in this batch
-            for i in new:
-                ns_id = origins[i].namespace.id
-                if room < nbytes:
-                    break
-                if ns_id in full or ns_room.get(ns_id, nbytes) < nbytes:
-                    full.add(ns_id)
-                    continue
-                accepted.append(i)
-                room -= nbytes
-                if ns_id in ns_room:
-                    ns_room[ns_id] -= nbytes
-            metas: list[tuple[bytes, bytes]] = []
-            links: list[tuple[bytes, bytes]] = []
-            for i in accepted:
-                h, origin = hashes[i], origins[i]
-                # The checksum is taken of the copy, still in cache: one read of the caller's page instead of
-                # two, and what is summed is exactly what is stored even if the caller's buffer changes meanwhile.
-                payload[:] = views[i]
-                checksum = digest(payload, seeds[i])
-                CHECKSUM_FIELD.pack_into(scratch, 0, checksum)
-                txn.put(h, value, db=dbs.pages)
-                ns_id = origin.namespace.id
-                meta = PageMeta(ns_id, layout_id, origin.parent, origin.tokens, nbytes, checksum, now, now, 0)
-                metas.append((h, encoder.encode(meta)))
-                links.append((origin.parent, h))
-                d = delta(deltas, ns_id)
-                d.info = origin.namespace
-                d.pages += 1
-                d.bytes += nbytes
-                d.last_access = now
-                if origin.parent == roots[ns_id]:
-                    d.roots.add(origin.parent.hex())
-            written = len(accepted)
-            # Index records go in with putmulti: one C loop per sub-database instead of a Python call per record.
-            txn.cursor(db=dbs.meta).putmulti(metas)
-            txn.cursor(db=dbs.children).putmulti(links)
-            apply_deltas(txn, dbs, deltas, now, self.fingerprint_key)
-            pages_now = totals.pages - dropped[0] - evicted + written
-            txn.put(b"totals", encoder.encode(StoreTotals(pages_now, stored_bytes + written * nbytes)), db=dbs.store)
-            return PutResult(written, len(hashes) - len(new), len(new) - written, evicted, written * nbytes)
-
-        result = access.commit(self._write, body, taken, wanted=len(hashes) * (nbytes + 512))
+        result = access.commit(self._write, lambda txn: batch.write(txn, access, taken), taken,
+                               wanted=len(hashes) * (layout.bytes_per_page + 512))
         c = self._counts
         c["pages_written"] += result.written
         c["pages_existing"] += result.existing
