@@ -63,20 +63,20 @@ from ..base import (AccessPolicy, CapacityPolicy, ChildInfo, DeleteResult, Layou
                    layout_to_register, namespace_root, out_views_for, put_views)
 # The names below are this backend's as much as their modules': re-exported for code and tests that know them here.
 from ..codec import (CHECKSUM_FIELD, CHECKSUMS, DEFAULT_CHECKSUM, FORMAT_MAGIC, FORMAT_VERSION, HEADER,  # noqa: F401
-                    Checksum, StoreFormat, decode_layout, decode_meta, decode_namespace, decode_or_none, encoder)
+                    Checksum, StoreFormat, decode_layout, decode_meta, decode_namespace, encoder)
 from ..handle import StoreHandle, count_read, new_counts
 from ..keyfile import ensure_key, read_key
 from .access import AccessRecords
+from .delete import delete_namespace
 from .env import (DEFAULT_DURABILITY, DEFAULT_MAP_SIZE, DURABILITY, MAX_DBS, MAX_READERS,  # noqa: F401
                   SharedEnv, acquire, release, remove_failed_create)
 from .put import PutBatch
-from .registry import (NsDelta, StoreTotals, adjust_totals, apply_deltas, drop_stored, limits,  # noqa: F401
-                       read_shares, read_totals, set_limits, write_shares)
+from .registry import StoreTotals, limits, read_shares, read_totals, set_limits, write_shares  # noqa: F401
+from .tree import children
 from .verify import REPAIR_BATCH_PAGES, VERIFY_CHUNK_PAGES, LMDBIntegrity  # noqa: F401
 from ..verify import removed_pages, verify
 
 BACKEND = "lmdb"
-DELETE_BATCH_PAGES = 1024  # pages per write transaction when deleting a namespace
 
 
 class LMDBStore(StoreHandle):
@@ -259,40 +259,8 @@ class LMDBStore(StoreHandle):
 
     def children(self, page_hash: bytes) -> list[ChildInfo]:
         """Stored children of a page hash or of a namespace root, hottest (most reads through the child, then
-        most recent) first. Each child's figures cover its subtree (see _apply_access): O(subtree) lookups."""
-        shared = self._live()
-        out: list[ChildInfo] = []
-        with shared.read() as txn:
-            cur = txn.cursor(db=shared.dbs.children)
-            for child in self._child_hashes(cur, page_hash):
-                raw = txn.get(child, db=shared.dbs.meta)
-                if raw is not None:
-                    m = decode_meta(raw)
-                    last_access, hits = self._subtree_heat(txn, cur, child, m)
-                    out.append(ChildInfo(child, m.tokens, m.nbytes, hits, last_access))
-        out.sort(key=lambda c: (-c.hits, -c.last_access))
-        return out
-
-    @staticmethod
-    def _child_hashes(cur: lmdb.Cursor, page_hash: bytes) -> list[bytes]:
-        return [bytes(c) for c in cur.iternext_dup(keys=False, values=True)] if cur.set_key(page_hash) else []
-
-    def _subtree_heat(self, txn: lmdb.Transaction, cur: lmdb.Cursor, top_hash: bytes,
-                      top: PageMeta) -> tuple[float, int]:
-        """(latest access, reads) over the stored subtree of a page: reads are credited to the deepest page they
-        reached, so a page's heat is its subtree's. Costs one lookup per page below it."""
-        meta_db = self._shared.dbs.meta
-        last, hits = top.last_access, top.hits
-        stack = self._child_hashes(cur, top_hash)
-        while stack:
-            h = stack.pop()
-            raw = txn.get(h, db=meta_db)
-            if raw is None:
-                continue
-            m = decode_meta(raw)
-            last, hits = max(last, m.last_access), hits + m.hits
-            stack.extend(self._child_hashes(cur, h))
-        return last, hits
+        most recent) first. Each child's figures cover its subtree (see `tree`): O(subtree) lookups."""
+        return children(self._live(), page_hash)
 
     # -- the registry ---------------------------------------------------------------------------------------
 
@@ -419,52 +387,14 @@ class LMDBStore(StoreHandle):
     def delete_namespace(self, ns_id: bytes) -> DeleteResult:
         """Remove every page of namespace `ns_id` (16 bytes) and its registry record.
 
-        Pages are found by scanning `meta` in chunks of short read transactions and removed DELETE_BATCH_PAGES per
-        write transaction, so a large tenant's offboarding never holds the writer lock (or pins old pages) for
-        long. Scans repeat until one finds nothing, so pages a concurrent writer adds meanwhile go too."""
+        Pages are found by scanning `meta` in chunks of short read transactions and removed in bounded write
+        transactions (see `delete`), so a large tenant's offboarding never holds the writer lock (or pins old
+        pages) for long. Scans repeat until one finds nothing, so pages a concurrent writer adds meanwhile go too."""
         self._check_writable()
         if not isinstance(ns_id, bytes) or len(ns_id) != 16:
             raise InvalidInput(f"a namespace id is 16 bytes, got {ns_id!r:.60}")
         self.flush()
-        shared = self._live()
-        dbs = shared.dbs
-        pages = nbytes = txns = 0
-
-        def drop(batch: list[bytes], last: bool) -> Callable[[lmdb.Transaction], tuple[int, int]]:
-            def body(txn: lmdb.Transaction) -> tuple[int, int]:
-                deltas: dict[bytes, NsDelta] = {}
-                dropped = freed = 0
-                for h in batch:
-                    meta = drop_stored(txn, dbs, h, deltas)
-                    if meta is not None:  # else gone meanwhile
-                        dropped += 1
-                        freed += meta.nbytes
-                if dropped:
-                    adjust_totals(txn, dbs, -dropped, -freed)
-                if last:
-                    txn.delete(ns_id, db=dbs.namespaces)
-                else:
-                    apply_deltas(txn, dbs, deltas, time.time(), self.fingerprint_key)
-                return dropped, freed
-            return body
-
-        while True:
-            found = self._pages_of(ns_id)
-            for start in range(0, max(len(found), 1), DELETE_BATCH_PAGES):
-                batch = found[start:start + DELETE_BATCH_PAGES]
-                dropped, freed = self._write(drop(batch, last=start + DELETE_BATCH_PAGES >= len(found)))
-                txns += 1
-                pages += dropped
-                nbytes += freed
-            if not found:
-                break
-        return DeleteResult(pages, nbytes, txns)
-
-    def _pages_of(self, ns_id: bytes) -> list[bytes]:
-        """Hashes of the stored pages of one namespace: a scan of `meta`, VERIFY_CHUNK_PAGES x 16 per read txn."""
-        shared = self._live()
-        return [h for _, h, value in shared.scan(shared.dbs.meta, VERIFY_CHUNK_PAGES * 16, self.progress, "meta")
-                if getattr(decode_or_none(decode_meta, value), "ns_id", None) == ns_id]
+        return delete_namespace(self._live(), self._write, ns_id, self.fingerprint_key, self.progress)
 
     # -- integrity ------------------------------------------------------------------------------------------
 
