@@ -50,11 +50,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import lmdb
 
-from ...errors import InvalidInput, NotAStore, StoreError, StoreReadOnly
+from ...errors import InvalidInput, StoreError, StoreReadOnly
 from ...types.layout import KVLayout
 from ...types.namespace import Namespace
 from ...types.shares import NamespaceShares, Shares
@@ -63,20 +63,22 @@ from ..base import (AccessPolicy, CapacityPolicy, ChildInfo, DeleteResult, Layou
                    layout_to_register, namespace_root, out_views_for, put_views)
 # The names below are this backend's as much as their modules': re-exported for code and tests that know them here.
 from ..codec import (CHECKSUM_FIELD, CHECKSUMS, DEFAULT_CHECKSUM, FORMAT_MAGIC, FORMAT_VERSION, HEADER,  # noqa: F401
-                    Checksum, StoreFormat, decode_layout, decode_meta, decode_namespace, encoder)
+                    Checksum, StoreFormat, decode_meta, encoder)
 from ..handle import StoreHandle, count_read, new_counts
 from ..keyfile import ensure_key, read_key
 from .access import AccessRecords
 from .delete import delete_namespace
 from .env import (DEFAULT_DURABILITY, DEFAULT_MAP_SIZE, DURABILITY, MAX_DBS, MAX_READERS,  # noqa: F401
-                  SharedEnv, acquire, release, remove_failed_create)
+                  SharedEnv, acquire, release, remove_failed_create, resolve_location)
 from .put import PutBatch
-from .registry import StoreTotals, limits, read_shares, read_totals, set_limits, write_shares  # noqa: F401
+from .registry import (StoreTotals, layout_records, limits, namespace_records, read_shares,  # noqa: F401
+                       read_totals, set_limits, write_shares)
 from .tree import children
 from .verify import REPAIR_BATCH_PAGES, VERIFY_CHUNK_PAGES, LMDBIntegrity  # noqa: F401
 from ..verify import removed_pages, verify
 
 BACKEND = "lmdb"
+T = TypeVar("T")
 
 
 class LMDBStore(StoreHandle):
@@ -123,18 +125,7 @@ class LMDBStore(StoreHandle):
         environment). `checksum`: the algorithm of a store created now (a key of CHECKSUMS); an existing store
         keeps the one it was created with.
         """
-        path = location[len("lmdb://"):] if location[:len("lmdb://")].lower() == "lmdb://" else location
-        if not path:
-            raise InvalidInput("an LMDB store location needs a path")
-        path = os.path.realpath(path)
-        if checksum not in CHECKSUMS:
-            raise InvalidInput(f"checksum {checksum!r} is not one of {', '.join(CHECKSUMS)}")
-        existed = os.path.exists(os.path.join(path, "data.mdb"))
-        if readonly and not existed:
-            raise NotAStore(path, "no kvc store here to open read-only")
-        if durability not in DURABILITY:
-            raise InvalidInput(f"durability {durability!r} is not one of {', '.join(DURABILITY)}")
-        made_dir = not os.path.exists(path)
+        path, existed, dir_existed = resolve_location(location, readonly, durability, checksum)
         shared = acquire(path, create and not readonly, map_size, durability, checksum)
         store = cls(shared, location, layout, readonly or not shared.writable, access or AccessPolicy(), map_size,
                     durability)
@@ -149,7 +140,7 @@ class LMDBStore(StoreHandle):
         except BaseException:
             store.close()
             if create and not existed and shared.refs == 0:
-                remove_failed_create(path, made_dir)  # a create is whole or not at all (a full disk, say)
+                remove_failed_create(path, not dir_existed)  # a create is whole or not at all (a full disk, say)
             raise
         return store
 
@@ -166,7 +157,7 @@ class LMDBStore(StoreHandle):
         return audit_location(location, repair)
 
     def _bind_layout(self, layout: KVLayout, register: bool) -> None:
-        if not layout_to_register(self.path, layout, self._layout_records(), register):
+        if not layout_to_register(self.path, layout, self._read(layout_records), register):
             return
         self._check_writable()
         record = encoder.encode(LayoutRecord(layout, time.time()))
@@ -185,6 +176,12 @@ class LMDBStore(StoreHandle):
 
     def _write(self, body: Callable[[lmdb.Transaction], Any], wanted: int = 0) -> Any:
         return self._live().write(body, grow_hint=wanted)
+
+    def _read(self, reader: Callable[[lmdb.Transaction, Any], T]) -> T:
+        """`reader(txn, dbs)` in one short read transaction."""
+        shared = self._live()
+        with shared.read() as txn:
+            return reader(txn, shared.dbs)
 
     def _check_writable(self) -> None:
         if self.readonly:
@@ -252,9 +249,7 @@ class LMDBStore(StoreHandle):
 
     def page_meta(self, page_hash: bytes) -> PageMeta | None:
         """A page's metadata, or None when it is not stored."""
-        shared = self._live()
-        with shared.read() as txn:
-            raw = txn.get(page_hash, db=shared.dbs.meta)
+        raw = self._read(lambda txn, dbs: txn.get(page_hash, db=dbs.meta))
         return None if raw is None else decode_meta(raw)
 
     def children(self, page_hash: bytes) -> list[ChildInfo]:
@@ -268,34 +263,21 @@ class LMDBStore(StoreHandle):
         """The hash root of `namespace` under `layout` (default: this handle's layout)."""
         return namespace_root(namespace, layout or self.layout)
 
-    def _layout_records(self) -> dict[bytes, LayoutRecord]:
-        shared = self._live()
-        with shared.read() as txn:
-            return {bytes(k): decode_layout(v) for k, v in txn.cursor(db=shared.dbs.layouts)}
-
     def layouts(self) -> list[KVLayout]:
         """Every layout the store holds, oldest first."""
-        return [r.layout for r in sorted(self._layout_records().values(), key=lambda r: r.created)]
+        return [r.layout for r in sorted(self._read(layout_records).values(), key=lambda r: r.created)]
 
     def namespaces(self) -> list[NamespaceRecord]:
         """The namespace registry, most pages first."""
-        shared = self._live()
-        with shared.read() as txn:
-            records = [decode_namespace(v) for _, v in txn.cursor(db=shared.dbs.namespaces)]
-        return sorted(records, key=lambda r: (-r.pages, r.ns_id_hex))
+        return self._read(namespace_records)
 
     def capacity_bytes(self) -> int:
         """The payload limit every process applies (0: unlimited)."""
-        return self._limits()[0]
+        return self._read(limits)[0]
 
     def namespace_quota_bytes(self) -> int:
         """The payload limit of each namespace every process applies (0: none)."""
-        return self._limits()[1]
-
-    def _limits(self) -> tuple[int, int]:
-        shared = self._live()
-        with shared.read() as txn:
-            return limits(txn, shared.dbs)
+        return self._read(limits)[1]
 
     def set_capacity(self, capacity_bytes: int, namespace_quota_bytes: int | None = None) -> None:
         """Record new payload limits (`namespace_quota_bytes` None: keep the current quota). Take effect at the
@@ -318,9 +300,7 @@ class LMDBStore(StoreHandle):
 
     def shares(self) -> list[NamespaceShares]:
         """Every namespace's shares."""
-        shared = self._live()
-        with shared.read() as txn:
-            return read_shares(txn, shared.dbs)
+        return self._read(read_shares)
 
     def stats(self) -> StoreStats:
         """Totals from the store and this handle's counters."""
