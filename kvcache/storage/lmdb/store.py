@@ -3,7 +3,7 @@
 Named sub-databases (all keys are 16-byte page hashes unless said otherwise)::
 
     pages       page hash -> [u64 checksum, little-endian][payload]   the checksum travels with the bytes (codec)
-    meta        page hash -> PageMeta (msgpack); hits and last access rewritten by flush()
+    meta        page hash -> PageMeta (msgpack); hits and last access rewritten as reads are folded in (access)
     children    parent hash -> child page hash (dupsort, dupfixed)     walks a namespace's tree from its root
     namespaces  namespace id -> NamespaceRecord (msgpack)               never the salt
     layouts     layout id -> LayoutRecord (msgpack)                     every KVLayout the store holds
@@ -12,26 +12,22 @@ Named sub-databases (all keys are 16-byte page hashes unless said otherwise)::
                 b"shares/" + namespace id -> NamespaceShares (msgpack): one tenant's shares (kvcache.types.shares);
                 stores written before shares have none, and an older kvc ignores these keys
 
-The parts, one module each: `lmdb_env` (the environment shared per process, map growth, fork, error
-translation), `codec` (the page value, checksums, the format record; shared with other backends),
-`lmdb_registry` (registry counters, totals, limits and eviction inside write transactions), `lmdb_verify` (this
-backend's side of the shared integrity audit, `verify`) and `lmdb_salvage` (the audit of a store too damaged to
-open in this process, and its rebuild). This module is the store handle over them.
-
-Bookkeeping must cost a small fraction of the read it records: a read is logged in memory as one entry (its
-deepest page), folded into `meta` by `flush()`, and no access-order index is kept. For the same reason no
-namespace -> pages index is kept: `delete_namespace` (a rare offboarding) scans `meta` in chunks instead of every
-put paying for it.
+The parts, one module each: `env` (the environment shared per process, map growth, fork, error translation),
+`registry` (registry counters, totals, limits and eviction inside write transactions), `put` (the write path:
+one batch, one write transaction), `access` (reads logged in memory and pages quarantined on read, folded into
+the next write transaction), `tree` (a page's children and the heat of its subtree), `delete` (a namespace's
+offboarding), `verify` (this backend's side of the shared integrity audit, `kvcache.storage.verify`) and
+`salvage` (the audit of a store too damaged to open in this process, and its rebuild); `codec` (the page value,
+checksums, the format record) is shared with other backends. This module is the store handle over them: opening,
+the read path and the registry views.
 
 Integrity (`verify`): every stored page should hang from its namespace root through stored pages of the same
-namespace and layout. Eviction keeps that (it takes leaves only); a page dropped after failing its checksum, or
-a put whose parent is not stored (`put` takes such chains: a writer's parent may have been evicted meanwhile),
-leaves pages below a gap. Those are reported as `orphan` (one finding per chain head, its subtree counted in the
-detail) and stay until a writer stores the missing page again (which heals the chain) or `verify(repair=True)`
-removes them.
-
-A batch of puts is one write transaction: pages, metadata, indexes and registry counters commit together or not
-at all, so a killed writer never leaves a half page, a page without its metadata, or counters that disagree.
+namespace and layout. `put` keeps that (it refuses a page whose parent is neither its namespace root nor a stored
+page of its namespace) and so does eviction (it takes leaves only). A page dropped after failing its checksum, a
+parent whose records were lost to damage, or a chain an older kvc stored (its `put` took a page whose parent was
+not stored) leaves pages below a gap. Those are reported as `orphan` (one finding per chain head, its subtree
+counted in the detail) and stay until a writer stores the missing page again (which heals the chain) or
+`verify(repair=True)` removes them.
 
 Known traps, measured on the machines this was built on:
 
@@ -151,7 +147,7 @@ class LMDBStore(StoreHandle):
     def verify_location(cls, location: str, repair: bool = False) -> VerifyReport:
         """`verify(repair)` of the store at `location`, safe against a damaged store: every pass runs in a child
         process, a walk that dies in a damaged B-tree is a `structure_corrupt` finding, and `repair` rebuilds
-        such a store from what still reads back sound (see `lmdb_salvage`). Opens nothing in this process."""
+        such a store from what still reads back sound (see `salvage`). Opens nothing in this process."""
         from .salvage import audit_location  # here: start-up of the commands that never audit skips it
 
         return audit_location(location, repair)
@@ -326,13 +322,15 @@ class LMDBStore(StoreHandle):
     # -- writing --------------------------------------------------------------------------------------------
 
     def put(self, hashes: Sequence[bytes], pages: Sequence[Any], origins: Sequence[PageOrigin]) -> PutResult:
-        """Store a batch of pages in one write transaction (metadata, indexes and counters with it).
+        """Store a batch of pages in one write transaction (metadata, indexes and counters with it; see `put`).
 
-        Pages already stored are left as they are (`existing`). Over a namespace's quota, the oldest leaf pages
-        (no stored children) of that namespace are evicted to make room; over the capacity, the oldest leaf pages
-        of any namespace. Pages that still do not fit are `rejected`: once a page of a namespace is rejected, so
-        are the namespace's later pages in the batch (all of them, at the capacity), so what is stored of a chain
-        stays a prefix.
+        Every page's parent must be its namespace's root or a stored page of its namespace (one earlier in the
+        batch counts): a batch with any other page is refused whole (InvalidInput). Pages already stored are
+        left as they are (`existing`). Over a namespace's limit (its store share, else the quota), the oldest
+        leaf pages (no stored children) of that namespace are evicted to make room; over the capacity, the
+        oldest leaf pages of any namespace. Pages that still do not fit are `rejected`: once a page of a
+        namespace is rejected, so are the namespace's later pages in the batch (all of them, at the capacity),
+        so what is stored of a chain stays a prefix. Logged reads are written in the same transaction.
         """
         self._check_writable()
         views = put_views(self.layout, hashes, pages, origins)
@@ -380,8 +378,8 @@ class LMDBStore(StoreHandle):
 
     def verify(self, repair: bool = False) -> VerifyReport:
         """Scan every page (checksum, size, hash, metadata, indexes), the prefix trees and the registry counters
-        (`kvcache.storage.verify`, read as `lmdb_verify` describes: payloads in short read transactions, the tree,
-        index and counter checks on one snapshot of the metadata).
+        (`kvcache.storage.verify`, read as this backend's `verify` module describes: payloads in short read
+        transactions, the tree, index and counter checks on one snapshot of the metadata).
 
         `repair` removes what is provably corrupt or unreachable (base.REPAIRS): each finding's page with every
         page below it, dangling index entries, and recounts the registry. Every removal is rechecked inside its

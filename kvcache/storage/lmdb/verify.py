@@ -9,7 +9,7 @@ transaction (at most REPAIR_BATCH_PAGES records each) before it removes it.
 
 Two checks are LMDB's own: a walk of a sub-database that reaches fewer records than its catalogue counts, and a
 lookup that misses a record a walk finds (a damaged branch page misroutes it), are `structure_corrupt` findings:
-repairing the records one by one would remove sound pages (`lmdb_salvage` rebuilds such a store).
+repairing the records one by one would remove sound pages (`salvage` rebuilds such a store).
 """
 
 from __future__ import annotations
