@@ -27,7 +27,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import typer
 
@@ -90,7 +90,7 @@ def command(fn: F) -> F:
         except KeyboardInterrupt:
             raise Interrupted() from None
 
-    return wrapper  # type: ignore[return-value]
+    return cast(F, wrapper)  # functools.wraps: the same signature
 
 def one_line(text: str) -> str:
     """`text` as one safe line: whitespace runs folded, control characters escaped, known secrets redacted."""
@@ -153,6 +153,7 @@ def report(exc: BaseException) -> int:
 class KvcGroup(TyperGroup):
     """The app's group: runs an invocation under the error contract (see the module docstring)."""
 
+    # click's main is typed with overloads per standalone_mode; one implementation serves both
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,  # type: ignore[override]
              complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
         """Run one invocation under the error contract; the exit code (or, standalone, exit with it)."""

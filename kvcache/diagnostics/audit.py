@@ -46,7 +46,8 @@ def audit_cache(cache: OwnershipSource) -> AuditReport:
 
 
 def audit_snapshot(doc: Snapshot | bytes) -> AuditReport:
-    """Audit a snapshot (a `kvcache.diagnostics.snapshot.Snapshot`, or its encoded bytes) with the checks of a live audit."""
+    """Audit a snapshot (a `kvcache.diagnostics.snapshot.Snapshot`, or its encoded bytes) with the checks of a
+    live audit."""
     if isinstance(doc, (bytes, bytearray, memoryview)):
         doc = decode_snapshot(bytes(doc))
     return check_state(doc.state)

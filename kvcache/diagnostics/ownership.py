@@ -123,12 +123,14 @@ def collect_state(cache: OwnershipSource) -> OwnershipState:
     tree = cache.tree
     nodes = []
     for ns_root in tree.namespace_roots():
-        nodes.append(NodeState(ns_root.id, 0, ns_root.namespace.id_hex, True, 0, None, None,  # type: ignore
+        assert ns_root.namespace is not None  # below the root every node carries its namespace
+        nodes.append(NodeState(ns_root.id, 0, ns_root.namespace.id_hex, True, 0, None, None,
                                ns_root.lock_ref, ns_root.pins, ns_root.host_pins, ns_root.device_holds,
                                ns_root.host_holds))
     for n in tree.nodes():
+        assert n.namespace is not None
         nodes.append(NodeState(n.id, n.parent.id if n.parent is not None else -1,
-                               n.namespace.id_hex, False, len(n), _b(n.device), _b(n.host),  # type: ignore
+                               n.namespace.id_hex, False, len(n), _b(n.device), _b(n.host),
                                n.lock_ref, n.pins, n.host_pins, n.device_holds, n.host_holds))
     sizes = TreeSizes(tree.device_evictable, tree.device_protected, tree.host_evictable, tree.host_protected,
                       tree.device_held, tree.host_held)

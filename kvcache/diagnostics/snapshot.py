@@ -18,7 +18,7 @@ import msgspec
 
 from ..errors import InvalidInput
 from ..types.layout import KVLayout
-from ..types.namespace import NamespaceInfo
+from ..types.namespace import Namespace, NamespaceInfo
 from ..types.stats import CacheCounters
 from .ownership import OwnershipSource, OwnershipState, collect_state
 
@@ -69,11 +69,19 @@ class SnapshotSource(OwnershipSource, Protocol):
 
 def take_snapshot(cache: SnapshotSource) -> Snapshot:
     """Read `cache` into a snapshot (between scheduler steps: the cache must not change meanwhile)."""
-    namespaces = [SnapshotNamespace(r.namespace.id_hex, r.namespace.info())  # type: ignore[union-attr]
-                  for r in cache.tree.namespace_roots()]
+    namespaces = [SnapshotNamespace(ns.id_hex, ns.info()) for ns in _namespaces(cache)]
     return Snapshot(SNAPSHOT_KIND, SNAPSHOT_VERSION, time.time(), cache.layout, cache.device_pool.num_pages,
                     cache.host_pool.num_pages if cache.host_pool is not None else 0, namespaces,
                     collect_state(cache), msgspec.structs.replace(cache.counters))
+
+
+def _namespaces(cache: SnapshotSource) -> list[Namespace]:
+    """The namespaces the tree holds (its namespace roots' own)."""
+    out = []
+    for root in cache.tree.namespace_roots():
+        assert root.namespace is not None  # a namespace root carries its namespace
+        out.append(root.namespace)
+    return out
 
 
 def encode_snapshot(snapshot: Snapshot) -> bytes:

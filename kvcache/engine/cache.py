@@ -97,8 +97,8 @@ class TieredCache:
         p = Parts(config, store, self.device_pool, self.host_pool, self.tree, self.holders, self.counters,
                   self.prefetch_stats, self.backup_stats, self.drop_namespace, clock)
         self.rules, self._io, self._room, self._copies, self._writes = p.rules, p.io, p.room, p.copies, p.writes
-        self._staging, self._prefetcher, self._shares, self._completion = p.staging, p.prefetcher, p.shares, p.completion
-        self._offboard, self._expiry = p.offboard, p.expiry
+        self._staging, self._prefetcher, self._shares = p.staging, p.prefetcher, p.shares
+        self._completion, self._offboard, self._expiry = p.completion, p.offboard, p.expiry
         if store is not None:
             self._shares.refresh_quietly()
         self._events: EventLog | None = None  # the KV-event feed, when one is attached (attach_events)

@@ -119,14 +119,17 @@ class EventLog:
     def _stored(self, node: TreeNode, medium: str) -> BlockStored:
         tree = self.tree
         parent = node.parent
+        assert node.namespace is not None  # events are of nodes below a namespace root
+        # (a node evicted while its L3 write was in flight is detached: no parent to name)
         chained = parent is not None and parent.parent is not None and not parent.is_namespace_root
-        extra_key, fingerprint = self._name(node.namespace)  # type: ignore[arg-type]
-        parent_hash = tree.page_hashes(parent)[-1] if chained else None  # type: ignore[arg-type]
+        extra_key, fingerprint = self._name(node.namespace)
+        parent_hash = tree.page_hashes(parent)[-1] if chained and parent is not None else None
         return BlockStored(list(tree.page_hashes(node)), parent_hash, np.frombuffer(node.key, dtype="<u4").tolist(),
                            tree.page_size, None, medium, None, extra_key, fingerprint)
 
     def _removed(self, node: TreeNode, medium: str) -> BlockRemoved:
-        extra_key, fingerprint = self._name(node.namespace)  # type: ignore[arg-type]
+        assert node.namespace is not None  # events are of nodes below a namespace root
+        extra_key, fingerprint = self._name(node.namespace)
         return BlockRemoved(list(self.tree.page_hashes(node)), medium, extra_key, fingerprint)
 
 

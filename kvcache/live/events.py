@@ -1,8 +1,8 @@
 """The KV-event feed over ZeroMQ: a publisher wrapped around a cache, and a subscriber (DESIGN §7b).
 
 `KVEventPublisher(cache, endpoint)` attaches to a cache (`TieredCache.attach_events`) and publishes each batch the
-cache hands it — one per scheduler step that changed something (`kvcache.engine.event_log`) — the way vLLM's and SGLang's
-publishers do, so KV-aware routers read it unchanged:
+cache hands it — one per scheduler step that changed something (`kvcache.engine.event_log`) — the way vLLM's and
+SGLang's publishers do, so KV-aware routers read it unchanged:
 
 - a PUB socket bound to `endpoint`; each batch is one message of three frames: the topic, an 8-byte big-endian
   sequence number (from 0, one per batch), the msgpack `EventBatch` (`kvcache.types.events`);

@@ -566,6 +566,6 @@ def _claim(path: str) -> None:
     finally:
         probe.close()
     mine = uid == os.geteuid()
-    raise AdminSocketInUse(path, "a server is already listening on this socket" +
-                           ("" if mine else f", run by {describe_uid(uid)}, not by this user: someone else bound the path "
-                                            f"first (serve from a directory only you can write)"))
+    whose = ("" if mine else f", run by {describe_uid(uid)}, not by this user: someone else bound the path first "
+             f"(serve from a directory only you can write)")
+    raise AdminSocketInUse(path, "a server is already listening on this socket" + whose)

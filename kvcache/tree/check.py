@@ -29,7 +29,9 @@ def check_tree(tree: RadixTree) -> None:
                 raise InvariantViolation(f"tree node#{node.id} records {recorded} children with a {book.tier.value} "
                                          f"copy, it has {actual}")
         if node.parent is not None:
-            if node.share is not shares.get(node.namespace.id):  # type: ignore[union-attr]
+            ns = node.namespace
+            assert ns is not None  # below the root every node carries its namespace
+            if node.share is not shares.get(ns.id):
                 raise InvariantViolation(f"tree node#{node.id} does not carry its namespace's share state")
             if not node.is_namespace_root:
                 count += 1
@@ -38,7 +40,7 @@ def check_tree(tree: RadixTree) -> None:
                     if pages is None:
                         continue
                     if node.share is not None:
-                        used[node.namespace.id][book.index] += len(pages)  # type: ignore[union-attr]
+                        used[ns.id][book.index] += len(pages)
                     row = classes[book.index]
                     row[0 if node.lock_ref else 1 if getattr(node, book.holds) else 2] += len(pages)
         stack.extend(kids)

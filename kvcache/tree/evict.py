@@ -56,7 +56,7 @@ def _drain(tree: RadixTree, book: TierBook, victims: Generator[TreeNode, None, N
                     continue
             pages = tree._set_copy(book, node, None)
             out.append(Evicted(node.owner, pages))  # type: ignore[arg-type]  # a victim has a copy in the tier
-            freed += len(pages)  # type: ignore[arg-type]
+            freed += len(pages)  # type: ignore[arg-type]  # a victim has a copy in the tier
             if node.device is None and node.host is None:
                 tree._delete(node)
             if freed >= n_pages:

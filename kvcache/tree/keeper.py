@@ -69,7 +69,7 @@ class BookKeeper:
             if node.lock_ref == 0:
                 self._protect(node, True)
             node.lock_ref += 1
-            node = node.parent  # type: ignore[assignment]
+            node = node.parent  # type: ignore[assignment]  # below the root every node has a parent
 
     def unlock(self, node: TreeNode) -> None:
         """Undo one `lock(node)`. Raises `LockUnderflow` (changing nothing) when the path is not locked."""
@@ -77,7 +77,7 @@ class BookKeeper:
         while walk is not self.root:
             if walk.lock_ref <= 0:
                 raise LockUnderflow(walk.id, namespace_label(walk))
-            walk = walk.parent  # type: ignore[assignment]
+            walk = walk.parent  # type: ignore[assignment]  # below the root every node has a parent
         root = self.root
         while node is not root:
             parent = node.parent
@@ -88,7 +88,7 @@ class BookKeeper:
                     self._reoffer(node)
                 elif not node.children:  # a namespace root that holds nothing now
                     self._reclaim_namespace_root(node)
-            node = parent  # type: ignore[assignment]
+            node = parent  # type: ignore[assignment]  # below the root every node has a parent
 
     def hold(self, node: TreeNode, tier: Tier) -> None:
         """Hold `node`'s path on one tier for a prefetch: its copies in that tier are not evicted until `release`.
@@ -103,7 +103,7 @@ class BookKeeper:
                     book.evictable -= len(pages)
                     book.held += len(pages)
             setattr(node, holds, n + 1)
-            node = node.parent  # type: ignore[assignment]
+            node = node.parent  # type: ignore[assignment]  # below the root every node has a parent
 
     def release(self, node: TreeNode, tier: Tier) -> None:
         """Undo one `hold(node, tier)`. Raises `LockUnderflow` (changing nothing) when the path is not held."""
@@ -113,7 +113,7 @@ class BookKeeper:
         while walk is not root:
             if getattr(walk, holds) <= 0:
                 raise LockUnderflow(walk.id, namespace_label(walk), f"{book.tier.value} hold")
-            walk = walk.parent  # type: ignore[assignment]
+            walk = walk.parent  # type: ignore[assignment]  # below the root every node has a parent
         while node is not root:
             parent = node.parent
             n = getattr(node, holds) - 1
@@ -127,7 +127,7 @@ class BookKeeper:
                     self._reclaim_namespace_root(node)
                 else:
                     self._reoffer(node)
-            node = parent  # type: ignore[assignment]
+            node = parent  # type: ignore[assignment]  # below the root every node has a parent
 
     def unheld_device_pages(self, node: TreeNode) -> int:
         """Device pages of `node`'s path that a new device hold would add to `device_held` (neither locked nor
@@ -135,7 +135,7 @@ class BookKeeper:
         n = 0
         while node is not self.root and not node.lock_ref and not node.device_holds:
             n += len(node.device) if node.device is not None else 0
-            node = node.parent  # type: ignore[assignment]
+            node = node.parent  # type: ignore[assignment]  # below the root every node has a parent
         return n
 
     # --- pins: what in-flight work does to a node -------------------------------------------------------------
@@ -255,7 +255,7 @@ class BookKeeper:
         bounded by what it caches, not by how many namespaces it has seen."""
         if (ns_root.parent is self.root and not ns_root.children and not ns_root.lock_ref
                 and not ns_root.device_holds and not ns_root.host_holds):
-            del self.root.children[ns_root.namespace.id]  # type: ignore[union-attr]
+            del self.root.children[ns_root.namespace.id]  # type: ignore[union-attr]  # a namespace root's own
             ns_root.parent = None
             self.root.children_on_device -= 1
             self.root.children_on_host -= 1
@@ -311,12 +311,12 @@ class BookKeeper:
         (benchmarks/bench_tree.py); here they are plain attribute accesses. What it may assume: the leaf is new (no
         copy, no lock, hold or pin: its pages are evictable), below a namespace root and childless (a device leaf).
         `check()` recounts everything it keeps."""
-        pages = exact(pages)  # type: ignore[assignment]
+        pages = exact(pages)  # type: ignore[assignment]  # a copy being set, never None here
         leaf.device = pages
         n = len(pages)
         book = self._device
         book.evictable += n
-        leaf.parent.children_on_device += 1  # type: ignore[union-attr]
+        leaf.parent.children_on_device += 1  # type: ignore[union-attr]  # a new leaf hangs below its parent
         entry = leaf.last_access << ID_BITS | leaf.id
         heapq.heappush(book.lru, entry)
         share = leaf.share

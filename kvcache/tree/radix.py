@@ -214,11 +214,15 @@ class RadixTree(BookKeeper):
         walk = node
         while walk.page_hashes is None and not walk.is_namespace_root and walk is not self.root:
             missing.append(walk)
-            walk = walk.parent  # type: ignore[assignment]
+            walk = walk.parent  # type: ignore[assignment]  # below the root every node has a parent
         if walk is self.root:
             return []
-        last = (hash_root(self.layout_id, walk.namespace) if walk.is_namespace_root  # type: ignore[arg-type]
-                else walk.page_hashes[-1])  # type: ignore[index]
+        if walk.is_namespace_root:
+            assert walk.namespace is not None  # a namespace root carries its namespace
+            last: bytes = hash_root(self.layout_id, walk.namespace)
+        else:
+            assert walk.page_hashes is not None  # the walk stopped at a node with its hashes
+            last = walk.page_hashes[-1]
         for n in reversed(missing):
             n.page_hashes = chain = extend_chain(last, n.key, self.page_size)  # type: ignore[assignment]  # PageHash
             last = chain[-1]
@@ -228,7 +232,8 @@ class RadixTree(BookKeeper):
         """The hash the chain of `node`'s first page extends: its parent's last page hash, or the namespace root."""
         parent = node.parent
         if parent is None or parent.is_namespace_root or parent is self.root:
-            return hash_root(self.layout_id, node.namespace)  # type: ignore[arg-type]
+            assert node.namespace is not None  # below the root every node carries its namespace
+            return hash_root(self.layout_id, node.namespace)
         return self.page_hashes(parent)[-1]
 
     def attached(self, node: TreeNode) -> bool:
@@ -333,7 +338,7 @@ class RadixTree(BookKeeper):
         cut = head_pages * self._page_bytes
         parent = child.parent
         assert parent is not None and 0 < cut < len(child.key)
-        new = self._new_node(child.key[:cut], child.namespace, parent)  # type: ignore[arg-type]
+        new = self._new_node(child.key[:cut], child.namespace, parent)  # type: ignore[arg-type]  # below the root
         new.lock_ref, new.pins, new.host_pins = child.lock_ref, child.pins, child.host_pins
         new.device_holds, new.host_holds = child.device_holds, child.host_holds
         new.last_access, new.hits, new.stored = child.last_access, child.hits, child.stored

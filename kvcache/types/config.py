@@ -42,8 +42,8 @@ class TTLMode(str, enum.Enum):
 
 
 class TTLPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """When namespaces expire (DESIGN §7b; the rules are `kvcache.engine.ttl`'s). A namespace is tracked from its first use
-    (admit or prefetch); at its deadline it is dropped from L1, L2 and L3 (`TieredCache.drop_namespace`)."""
+    """When namespaces expire (DESIGN §7b; the rules are `kvcache.engine.ttl`'s). A namespace is tracked from its
+    first use (admit or prefetch); at its deadline it is dropped from L1, L2 and L3 (`TieredCache.drop_namespace`)."""
 
     mode: TTLMode = TTLMode.SLIDING
     default_ttl_s: float = 3600.0  # a namespace's time to live when its requests ask for none, > 0

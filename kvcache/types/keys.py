@@ -168,7 +168,8 @@ def extend_chain(parent: bytes, data: bytes, page_size: int) -> list[PageHash]:
     for start in range(0, len(data) - step + 1, step):
         parent = blake(parent + data[start:start + step], digest_size=PAGE_HASH_BYTES).digest()
         out.append(parent)
-    return out  # type: ignore[return-value]  # PageHash values: a NewType call per page would cost in the hot loop
+    # PageHash values: a NewType call per page would cost in this hot loop
+    return out  # type: ignore[return-value]  # bytes, as PageHash is
 
 
 def page_hashes(layout_id: bytes, key: RadixKey, page_size: int) -> list[PageHash]:

@@ -76,7 +76,7 @@ assert all(int(kind) == i for i, kind in enumerate(OwnerKind)), "OwnerKind value
 
 def owner_code(kind: OwnerKind, ident: int) -> OwnerCode:
     """The ledger code of (kind, id) without building an Owner (hot paths)."""
-    return _KIND_BASE[kind] | ident  # type: ignore[return-value]  # NewType costs a call here; an int is one
+    return _KIND_BASE[kind] | ident  # type: ignore[return-value]  # an int, as OwnerCode is
 
 
 def describe_code(code: int) -> str:

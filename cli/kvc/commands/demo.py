@@ -90,7 +90,7 @@ def demo(
     spec = WorkloadSpec(requests=requests, tenants=tenants, documents=48, document_tokens=256, seed=7)
     trace = generate(spec)
     root = Path(tempfile.mkdtemp(prefix="kvc-demo-")) if store is None else None
-    location = str(store) if store is not None else str(root / "store")  # type: ignore[operator]
+    location = str(root / "store") if root is not None else str(store)
     try:
         with contextlib.closing(open_store(location, DEMO_LAYOUT, create=True, durability="data")) as handle:
             reports = []

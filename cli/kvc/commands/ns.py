@@ -270,7 +270,8 @@ def drop(
     elif fingerprint is not None:
         what = f"fingerprint {shown(fingerprint)}" + (f" and extra_key {shown(extra_key)}" if extra_key else "")
     else:
-        what = f"{shown(ns.extra_key)}/{ns.salt_fingerprint or '-'}"  # type: ignore[union-attr]
+        assert ns is not None  # named by EXTRA_KEY and its salt
+        what = f"{shown(ns.extra_key)}/{ns.salt_fingerprint or '-'}"
     if not yes:
         raise UsageError(f"refusing to drop namespace {what} without --yes")
     path = live.socket_path(socket)
@@ -278,7 +279,8 @@ def drop(
         if by_digest:
             raise UsageError("a live drop names the namespace by EXTRA_KEY and its salt (the cache's tree knows "
                              "namespaces by their salt, not by --id or --fingerprint)")
-        return _drop_live(path, extra_key, salt_value, missing_ok, json)  # type: ignore[arg-type]
+        assert extra_key is not None  # not by digest: checked above
+        return _drop_live(path, extra_key, salt_value, missing_ok, json)
     st = open_inspect(store, writable=True)
     try:
         found = _targets(st, extra_key, ns, ns_id, fingerprint)

@@ -161,8 +161,8 @@ def quota_show(
         try:
             used = {r.ns_id_hex: r.bytes for r in st.namespaces()}
             result = ShareList(str(store), False, [
-                ShareRow(r.extra_key, r.salt_fingerprint, display_id(NamespaceId(bytes.fromhex(r.ns_id_hex))), r.shares, None,
-                         None, used.get(r.ns_id_hex, 0)) for r in st.shares()])
+                ShareRow(r.extra_key, r.salt_fingerprint, display_id(NamespaceId(bytes.fromhex(r.ns_id_hex))),
+                         r.shares, None, None, used.get(r.ns_id_hex, 0)) for r in st.shares()])
         finally:
             st.close()
     emit_listing(fmt, result, result.namespaces, lambda: render_shares(result, path, fmt, no_headers))

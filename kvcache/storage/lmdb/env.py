@@ -22,7 +22,7 @@ from typing import Any
 import lmdb
 import msgspec
 
-from ...errors import NotAStore, StoreError, StoreFull, StoreReadOnly, StoreUnsupported
+from ...errors import InvalidInput, NotAStore, StoreError, StoreFull, StoreReadOnly, StoreUnsupported
 from ..codec import CHECKSUMS, DEFAULT_CHECKSUM, FORMAT_MAGIC, FORMAT_VERSION, StoreFormat, decode_format, encoder
 from ..keyfile import KEY_FILE
 from .registry import init_store_records
@@ -416,8 +416,28 @@ def _open_dbs(env: lmdb.Environment, path: str, writable: bool, create: bool,
     return Dbs(**handles), recorded
 
 
+def resolve_location(location: str, readonly: bool, durability: str,
+                     checksum: str) -> tuple[str, bool, bool]:
+    """The store directory of `location` (a path or ``lmdb://PATH``, made real), whether a store is there, and
+    whether the directory is (a create that fails removes only what it made); `LMDBStore.open`'s arguments are
+    checked on the way (InvalidInput, NotAStore)."""
+    path = location[len("lmdb://"):] if location[:len("lmdb://")].lower() == "lmdb://" else location
+    if not path:
+        raise InvalidInput("an LMDB store location needs a path")
+    path = os.path.realpath(path)
+    if checksum not in CHECKSUMS:
+        raise InvalidInput(f"checksum {checksum!r} is not one of {', '.join(CHECKSUMS)}")
+    existed = os.path.exists(os.path.join(path, "data.mdb"))
+    if readonly and not existed:
+        raise NotAStore(path, "no kvc store here to open read-only")
+    if durability not in DURABILITY:
+        raise InvalidInput(f"durability {durability!r} is not one of {', '.join(DURABILITY)}")
+    return path, existed, os.path.exists(path)
+
+
 def acquire(path: str, create: bool, map_size: int, durability: str,
              checksum: str = DEFAULT_CHECKSUM) -> SharedEnv:
+    """The SharedEnv of `path` in this process, opened (or created) on first use; one more handle holds it."""
     with _ENVS_LOCK:
         shared = ENVS.get(path)
         if shared is None or shared.pid != os.getpid():
@@ -428,6 +448,7 @@ def acquire(path: str, create: bool, map_size: int, durability: str,
 
 
 def release(shared: SharedEnv) -> None:
+    """One handle less holds `shared`; the last one closes its environment."""
     with _ENVS_LOCK:
         shared.refs -= 1
         if shared.refs <= 0 and shared.pid == os.getpid():

@@ -1,5 +1,5 @@
-"""The bookkeeping of an LMDB store inside its write transactions: namespace registry counters, store totals,
-payload limits and LRU eviction.
+"""The bookkeeping of an LMDB store: namespace registry counters, store totals, payload limits, shares and LRU
+eviction inside its write transactions, and the records as a handle shows them.
 
 Every transaction that adds or removes pages gathers its registry changes per namespace (`NsDelta`) and applies
 them at its end (`apply_deltas`), with the store totals, so pages, indexes and counters commit together.
@@ -21,8 +21,8 @@ import numpy as np
 
 from ...types.namespace import Namespace
 from ...types.shares import NamespaceShares, decode_shares_record
-from ..api import NamespaceRecord, PageMeta
-from ..codec import decode_meta, decode_namespace, decode_or_none, encoder
+from ..api import LayoutRecord, NamespaceRecord, PageMeta
+from ..codec import decode_layout, decode_meta, decode_namespace, decode_or_none, encoder
 
 _U64 = struct.Struct("<Q")  # the payload limits in `store`
 
@@ -53,6 +53,17 @@ def _kept(txn: lmdb.Transaction, key: bytes, db: Any) -> bytes | memoryview:
 def read_totals(txn: lmdb.Transaction, dbs: Any) -> StoreTotals:
     """The store totals (a record that does not decode raises msgspec's DecodeError: a damaged store)."""
     return decode_totals(_kept(txn, b"totals", dbs.store))
+
+
+def layout_records(txn: lmdb.Transaction, dbs: Any) -> dict[bytes, LayoutRecord]:
+    """Every layout record, by layout id."""
+    return {bytes(k): decode_layout(v) for k, v in txn.cursor(db=dbs.layouts)}
+
+
+def namespace_records(txn: lmdb.Transaction, dbs: Any) -> list[NamespaceRecord]:
+    """Every namespace record, most pages first."""
+    records = [decode_namespace(v) for _, v in txn.cursor(db=dbs.namespaces)]
+    return sorted(records, key=lambda r: (-r.pages, r.ns_id_hex))
 
 
 def adjust_totals(txn: lmdb.Transaction, dbs: Any, pages: int, nbytes: int, damaged_ok: bool = False) -> None:

@@ -3,7 +3,7 @@
 Named sub-databases (all keys are 16-byte page hashes unless said otherwise)::
 
     pages       page hash -> [u64 checksum, little-endian][payload]   the checksum travels with the bytes (codec)
-    meta        page hash -> PageMeta (msgpack); hits and last access rewritten by flush()
+    meta        page hash -> PageMeta (msgpack); hits and last access rewritten as reads are folded in (access)
     children    parent hash -> child page hash (dupsort, dupfixed)     walks a namespace's tree from its root
     namespaces  namespace id -> NamespaceRecord (msgpack)               never the salt
     layouts     layout id -> LayoutRecord (msgpack)                     every KVLayout the store holds
@@ -12,26 +12,22 @@ Named sub-databases (all keys are 16-byte page hashes unless said otherwise)::
                 b"shares/" + namespace id -> NamespaceShares (msgpack): one tenant's shares (kvcache.types.shares);
                 stores written before shares have none, and an older kvc ignores these keys
 
-The parts, one module each in `kvcache.storage.lmdb`: `env` (the environment shared per process, map growth,
-fork, error translation), `registry` (registry counters, totals, limits and eviction inside write transactions),
-`verify` (this backend's side of the shared integrity audit, `kvcache.storage.verify`) and `salvage` (the audit
-of a store too damaged to open in this process, and its rebuild); `kvcache.storage.codec` (the page value,
-checksums, the format record) is shared with other backends. This module is the store handle over them.
-
-Bookkeeping must cost a small fraction of the read it records: a read is logged in memory as one entry (its
-deepest page), folded into `meta` by `flush()`, and no access-order index is kept. For the same reason no
-namespace -> pages index is kept: `delete_namespace` (a rare offboarding) scans `meta` in chunks instead of every
-put paying for it.
+The parts, one module each: `env` (the environment shared per process, map growth, fork, error translation),
+`registry` (registry counters, totals, limits and eviction inside write transactions), `put` (the write path:
+one batch, one write transaction), `access` (reads logged in memory and pages quarantined on read, folded into
+the next write transaction), `tree` (a page's children and the heat of its subtree), `delete` (a namespace's
+offboarding), `verify` (this backend's side of the shared integrity audit, `kvcache.storage.verify`) and
+`salvage` (the audit of a store too damaged to open in this process, and its rebuild); `codec` (the page value,
+checksums, the format record) is shared with other backends. This module is the store handle over them: opening,
+the read path and the registry views.
 
 Integrity (`verify`): every stored page should hang from its namespace root through stored pages of the same
-namespace and layout. Eviction keeps that (it takes leaves only); a page dropped after failing its checksum, or
-a put whose parent is not stored (`put` takes such chains: a writer's parent may have been evicted meanwhile),
-leaves pages below a gap. Those are reported as `orphan` (one finding per chain head, its subtree counted in the
-detail) and stay until a writer stores the missing page again (which heals the chain) or `verify(repair=True)`
-removes them.
-
-A batch of puts is one write transaction: pages, metadata, indexes and registry counters commit together or not
-at all, so a killed writer never leaves a half page, a page without its metadata, or counters that disagree.
+namespace and layout. `put` keeps that (it refuses a page whose parent is neither its namespace root nor a stored
+page of its namespace) and so does eviction (it takes leaves only). A page dropped after failing its checksum, a
+parent whose records were lost to damage, or a chain an older kvc stored (its `put` took a page whose parent was
+not stored) leaves pages below a gap. Those are reported as `orphan` (one finding per chain head, its subtree
+counted in the detail) and stay until a writer stores the missing page again (which heals the chain) or
+`verify(repair=True)` removes them.
 
 Known traps, measured on the machines this was built on:
 
@@ -48,37 +44,78 @@ Known traps, measured on the machines this was built on:
 from __future__ import annotations
 
 import os
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import lmdb
-import msgspec
 
-from ...errors import InvalidInput, NotAStore, StoreError, StoreReadOnly
-from ...types.keys import hash_root
+from ...errors import InvalidInput, StoreError, StoreReadOnly
 from ...types.layout import KVLayout
 from ...types.namespace import Namespace
 from ...types.shares import NamespaceShares, Shares
-from ..api import (AccessPolicy, CapacityPolicy, ChildInfo, DeleteResult, LayoutRecord, NamespaceRecord,
-                   PageMeta, PageOrigin, PutResult, StoreCounters, StoreStats, VerifyReport)
+from ..api import (
+    AccessPolicy,
+    CapacityPolicy,
+    ChildInfo,
+    DeleteResult,
+    LayoutRecord,
+    NamespaceRecord,
+    PageMeta,
+    PageOrigin,
+    PutResult,
+    StoreCounters,
+    StoreStats,
+    VerifyReport,
+)
 from ..checks import check_page_hashes, layout_to_register, namespace_root, out_views_for, put_views
+
 # The names below are this backend's as much as their modules': re-exported for code and tests that know them here.
-from ..codec import (CHECKSUM_FIELD, CHECKSUMS, DEFAULT_CHECKSUM, FORMAT_MAGIC, FORMAT_VERSION, HEADER,  # noqa: F401
-                    Checksum, StoreFormat, decode_layout, decode_meta, decode_namespace, decode_or_none, encoder)
-from ..handle import AccessLog, StoreHandle, count_read, new_counts
+from ..codec import (  # noqa: F401
+    CHECKSUM_FIELD,
+    CHECKSUMS,
+    DEFAULT_CHECKSUM,
+    FORMAT_MAGIC,
+    FORMAT_VERSION,
+    HEADER,
+    Checksum,
+    StoreFormat,
+    decode_meta,
+    encoder,
+)
+from ..handle import StoreHandle, count_read, new_counts
 from ..keyfile import ensure_key, read_key
-from .env import (DEFAULT_DURABILITY, DEFAULT_MAP_SIZE, DURABILITY, MAX_DBS, MAX_READERS,  # noqa: F401
-                       SharedEnv, acquire, release, remove_failed_create)
-from .registry import (NsDelta, StoreTotals, adjust_totals, apply_deltas, delta, drop_page, drop_stored, evict,
-                            limits, read_shares, read_totals, set_limits, store_share, write_shares)
-from .verify import REPAIR_BATCH_PAGES, VERIFY_CHUNK_PAGES, LMDBIntegrity  # noqa: F401
 from ..verify import removed_pages, verify
+from .access import AccessRecords
+from .delete import delete_namespace
+from .env import (  # noqa: F401
+    DEFAULT_DURABILITY,
+    DEFAULT_MAP_SIZE,
+    DURABILITY,
+    MAX_DBS,
+    MAX_READERS,
+    SharedEnv,
+    acquire,
+    release,
+    remove_failed_create,
+    resolve_location,
+)
+from .put import PutBatch
+from .registry import (  # noqa: F401
+    StoreTotals,
+    layout_records,
+    limits,
+    namespace_records,
+    read_shares,
+    read_totals,
+    set_limits,
+    write_shares,
+)
+from .tree import children
+from .verify import REPAIR_BATCH_PAGES, VERIFY_CHUNK_PAGES, LMDBIntegrity  # noqa: F401
 
 BACKEND = "lmdb"
-DELETE_BATCH_PAGES = 1024  # pages per write transaction when deleting a namespace
+T = TypeVar("T")
 
 
 class LMDBStore(StoreHandle):
@@ -103,11 +140,9 @@ class LMDBStore(StoreHandle):
         self._durability = durability
         self._checksum = CHECKSUMS[shared.format.checksum]
         self._closed = False
-        self._lock = threading.Lock()  # guards the corrupt set
-        # Reads are logged as (unix seconds, deepest page hash, pages served) and folded into metadata by flush().
-        self._log = AccessLog(access)
-        self._corrupt: set[bytes] = set()  # pages that failed their checksum here; misses until dropped
         self._counts = new_counts()
+        # Reads not yet folded into `meta`, and pages that failed their checksum here (misses until dropped).
+        self._access = AccessRecords(access, self._checksum, self._counts)
         # (sub-database, records walked, last key): called as verify and delete_namespace walk the store
         self.progress: Callable[[str, int, bytes | None], None] | None = None
 
@@ -127,18 +162,7 @@ class LMDBStore(StoreHandle):
         environment). `checksum`: the algorithm of a store created now (a key of CHECKSUMS); an existing store
         keeps the one it was created with.
         """
-        path = location[len("lmdb://"):] if location[:len("lmdb://")].lower() == "lmdb://" else location
-        if not path:
-            raise InvalidInput("an LMDB store location needs a path")
-        path = os.path.realpath(path)
-        if checksum not in CHECKSUMS:
-            raise InvalidInput(f"checksum {checksum!r} is not one of {', '.join(CHECKSUMS)}")
-        existed = os.path.exists(os.path.join(path, "data.mdb"))
-        if readonly and not existed:
-            raise NotAStore(path, "no kvc store here to open read-only")
-        if durability not in DURABILITY:
-            raise InvalidInput(f"durability {durability!r} is not one of {', '.join(DURABILITY)}")
-        made_dir = not os.path.exists(path)
+        path, existed, dir_existed = resolve_location(location, readonly, durability, checksum)
         shared = acquire(path, create and not readonly, map_size, durability, checksum)
         store = cls(shared, location, layout, readonly or not shared.writable, access or AccessPolicy(), map_size,
                     durability)
@@ -153,7 +177,7 @@ class LMDBStore(StoreHandle):
         except BaseException:
             store.close()
             if create and not existed and shared.refs == 0:
-                remove_failed_create(path, made_dir)  # a create is whole or not at all (a full disk, say)
+                remove_failed_create(path, not dir_existed)  # a create is whole or not at all (a full disk, say)
             raise
         return store
 
@@ -170,7 +194,7 @@ class LMDBStore(StoreHandle):
         return audit_location(location, repair)
 
     def _bind_layout(self, layout: KVLayout, register: bool) -> None:
-        if not layout_to_register(self.path, layout, self._layout_records(), register):
+        if not layout_to_register(self.path, layout, self._read(layout_records), register):
             return
         self._check_writable()
         record = encoder.encode(LayoutRecord(layout, time.time()))
@@ -184,13 +208,17 @@ class LMDBStore(StoreHandle):
         if shared.pid != os.getpid():
             # A forked child: the parent's Environment (and its pending reads) are not ours.
             self._shared = shared = acquire(self.path, False, self._map_size, self._durability)
-            with self._lock:
-                self._log.clear()
-                self._corrupt = set()
+            self._access.reset()
         return shared
 
     def _write(self, body: Callable[[lmdb.Transaction], Any], wanted: int = 0) -> Any:
         return self._live().write(body, grow_hint=wanted)
+
+    def _read(self, reader: Callable[[lmdb.Transaction, Any], T]) -> T:
+        """`reader(txn, dbs)` in one short read transaction."""
+        shared = self._live()
+        with shared.read() as txn:
+            return reader(txn, shared.dbs)
 
     def _check_writable(self) -> None:
         if self.readonly:
@@ -205,7 +233,7 @@ class LMDBStore(StoreHandle):
             return 0
         check_page_hashes(hashes)
         shared = self._live()
-        corrupt = self._corrupt
+        corrupt = self._access.corrupt
         found = 0
         try:
             with shared.read(buffers=True) as txn:
@@ -228,12 +256,12 @@ class LMDBStore(StoreHandle):
             return 0
         shared = self._live()
         digest, seeds, stored = self._checksum.digest, self._checksum.seeds(hashes), CHECKSUM_FIELD.unpack_from
-        corrupt = self._corrupt
+        corrupt = self._access.corrupt
         done = 0
         try:
             with shared.read(buffers=True) as txn:
                 get, db = txn.get, shared.dbs.pages
-                for h, out, seed in zip(hashes, outs, seeds):
+                for h, out, seed in zip(hashes, outs, seeds, strict=True):
                     value = get(h, None, db)
                     if value is None or (corrupt and h in corrupt):
                         break
@@ -242,114 +270,51 @@ class LMDBStore(StoreHandle):
                     # the module docstring), and is checked on the copy, still in cache: what the caller got is
                     # what was verified.
                     if len(value) - HEADER != len(out):
-                        self._quarantine(h)
+                        self._access.quarantine(h)
                         break
                     out[:] = value[HEADER:]
                     if digest(out, seed) != stored(value)[0]:
-                        self._quarantine(h)
+                        self._access.quarantine(h)
                         break
                     done += 1
         except lmdb.Error:
             self._counts["read_errors"] += 1
         count_read(self._counts, done, n, copied=True)
         if done and not self.readonly:
-            self._record_access(hashes[done - 1], done)
+            self._access.record(hashes[done - 1], done, self.flush)
         return done
-
-    def _quarantine(self, page_hash: bytes) -> None:
-        """A page failed verification on read: a miss from now on in this handle, dropped by the next write
-        transaction (which checks it again first) or by `verify(repair=True)`."""
-        with self._lock:
-            self._corrupt.add(page_hash)
-        self._counts["checksum_failures"] += 1
-
-    def _record_access(self, deepest: bytes, pages: int) -> None:
-        # One entry per read, not per page: the read is credited to the deepest page it reached (its ancestors
-        # were read with it; see _apply_access).
-        if self._log.record(time.time(), deepest, pages):
-            try:
-                self.flush()
-            except StoreError:
-                # A read must not fail because its bookkeeping could not be written; the log is kept and
-                # written by a later flush.
-                self._counts["flush_errors"] += 1
 
     def page_meta(self, page_hash: bytes) -> PageMeta | None:
         """A page's metadata, or None when it is not stored."""
-        shared = self._live()
-        with shared.read() as txn:
-            raw = txn.get(page_hash, db=shared.dbs.meta)
+        raw = self._read(lambda txn, dbs: txn.get(page_hash, db=dbs.meta))
         return None if raw is None else decode_meta(raw)
 
     def children(self, page_hash: bytes) -> list[ChildInfo]:
         """Stored children of a page hash or of a namespace root, hottest (most reads through the child, then
-        most recent) first. Each child's figures cover its subtree (see _apply_access): O(subtree) lookups."""
-        shared = self._live()
-        out: list[ChildInfo] = []
-        with shared.read() as txn:
-            cur = txn.cursor(db=shared.dbs.children)
-            for child in self._child_hashes(cur, page_hash):
-                raw = txn.get(child, db=shared.dbs.meta)
-                if raw is not None:
-                    m = decode_meta(raw)
-                    last_access, hits = self._subtree_heat(txn, cur, child, m)
-                    out.append(ChildInfo(child, m.tokens, m.nbytes, hits, last_access))
-        out.sort(key=lambda c: (-c.hits, -c.last_access))
-        return out
+        most recent) first. Each child's figures cover its subtree (see `tree`): O(subtree) lookups."""
+        return children(self._live(), page_hash)
 
-    @staticmethod
-    def _child_hashes(cur: lmdb.Cursor, page_hash: bytes) -> list[bytes]:
-        return [bytes(c) for c in cur.iternext_dup(keys=False, values=True)] if cur.set_key(page_hash) else []
-
-    def _subtree_heat(self, txn: lmdb.Transaction, cur: lmdb.Cursor, top_hash: bytes,
-                      top: PageMeta) -> tuple[float, int]:
-        """(latest access, reads) over the stored subtree of a page: reads are credited to the deepest page they
-        reached, so a page's heat is its subtree's. Costs one lookup per page below it."""
-        meta_db = self._shared.dbs.meta
-        last, hits = top.last_access, top.hits
-        stack = self._child_hashes(cur, top_hash)
-        while stack:
-            h = stack.pop()
-            raw = txn.get(h, db=meta_db)
-            if raw is None:
-                continue
-            m = decode_meta(raw)
-            last, hits = max(last, m.last_access), hits + m.hits
-            stack.extend(self._child_hashes(cur, h))
-        return last, hits
+    # -- the registry ---------------------------------------------------------------------------------------
 
     def root(self, namespace: Namespace, layout: KVLayout | None = None) -> bytes:
         """The hash root of `namespace` under `layout` (default: this handle's layout)."""
         return namespace_root(namespace, layout or self.layout)
 
-    def _layout_records(self) -> dict[bytes, LayoutRecord]:
-        shared = self._live()
-        with shared.read() as txn:
-            return {bytes(k): decode_layout(v) for k, v in txn.cursor(db=shared.dbs.layouts)}
-
     def layouts(self) -> list[KVLayout]:
         """Every layout the store holds, oldest first."""
-        return [r.layout for r in sorted(self._layout_records().values(), key=lambda r: r.created)]
+        return [r.layout for r in sorted(self._read(layout_records).values(), key=lambda r: r.created)]
 
     def namespaces(self) -> list[NamespaceRecord]:
         """The namespace registry, most pages first."""
-        shared = self._live()
-        with shared.read() as txn:
-            records = [decode_namespace(v) for _, v in txn.cursor(db=shared.dbs.namespaces)]
-        return sorted(records, key=lambda r: (-r.pages, r.ns_id_hex))
+        return self._read(namespace_records)
 
     def capacity_bytes(self) -> int:
         """The payload limit every process applies (0: unlimited)."""
-        return self._limits()[0]
+        return self._read(limits)[0]
 
     def namespace_quota_bytes(self) -> int:
         """The payload limit of each namespace every process applies (0: none)."""
-        return self._limits()[1]
-
-    def _limits(self) -> tuple[int, int]:
-        shared = self._live()
-        with shared.read() as txn:
-            return limits(txn, shared.dbs)
+        return self._read(limits)[1]
 
     def set_capacity(self, capacity_bytes: int, namespace_quota_bytes: int | None = None) -> None:
         """Record new payload limits (`namespace_quota_bytes` None: keep the current quota). Take effect at the
@@ -372,9 +337,7 @@ class LMDBStore(StoreHandle):
 
     def shares(self) -> list[NamespaceShares]:
         """Every namespace's shares."""
-        shared = self._live()
-        with shared.read() as txn:
-            return read_shares(txn, shared.dbs)
+        return self._read(read_shares)
 
     def stats(self) -> StoreStats:
         """Totals from the store and this handle's counters."""
@@ -391,7 +354,7 @@ class LMDBStore(StoreHandle):
     def counters(self) -> StoreCounters:
         """This handle's counters."""
         fields = {k: v for k, v in self._counts.items() if k in StoreCounters.__struct_fields__}
-        return StoreCounters(**fields, pending_access=self._log.pages)
+        return StoreCounters(**fields, pending_access=self._access.log.pages)
 
     def map_size(self) -> int:
         """The current LMDB map size in bytes."""
@@ -400,282 +363,58 @@ class LMDBStore(StoreHandle):
     # -- writing --------------------------------------------------------------------------------------------
 
     def put(self, hashes: Sequence[bytes], pages: Sequence[Any], origins: Sequence[PageOrigin]) -> PutResult:
-        """Store a batch of pages in one write transaction (metadata, indexes and counters with it).
+        """Store a batch of pages in one write transaction (metadata, indexes and counters with it; see `put`).
 
-        Pages already stored are left as they are (`existing`). Over a namespace's quota, the oldest leaf pages
-        (no stored children) of that namespace are evicted to make room; over the capacity, the oldest leaf pages
-        of any namespace. Pages that still do not fit are `rejected`: once a page of a namespace is rejected, so
-        are the namespace's later pages in the batch (all of them, at the capacity), so what is stored of a chain
-        stays a prefix.
+        Every page's parent must be its namespace's root or a stored page of its namespace (one earlier in the
+        batch counts): a batch with any other page is refused whole (InvalidInput). Pages already stored are
+        left as they are (`existing`). Over a namespace's limit (its store share, else the quota), the oldest
+        leaf pages (no stored children) of that namespace are evicted to make room; over the capacity, the
+        oldest leaf pages of any namespace. Pages that still do not fit are `rejected`: once a page of a
+        namespace is rejected, so are the namespace's later pages in the batch (all of them, at the capacity),
+        so what is stored of a chain stays a prefix. Logged reads are written in the same transaction.
         """
         self._check_writable()
         views = put_views(self.layout, hashes, pages, origins)
         if not hashes:
             return PutResult(0, 0, 0, 0, 0)
         layout = self.layout
-        nbytes = layout.bytes_per_page
-        shared = self._live()
-        dbs, layout_id = shared.dbs, layout.layout_id
-        roots = {ns.id: hash_root(layout_id, ns) for ns in {o.namespace for o in origins}}
-        scratch = bytearray(HEADER + nbytes)
-        value = memoryview(scratch)
-        payload = value[HEADER:]
-        digest, seeds = self._checksum.digest, self._checksum.seeds(hashes)
-        pending, corrupt = self._take_pending()
-
-        def body(txn: lmdb.Transaction) -> PutResult:
-            now = time.time()
-            deltas: dict[bytes, NsDelta] = {}
-            totals = read_totals(txn, dbs)
-            capacity, quota = limits(txn, dbs)
-            dropped = self._drop_corrupt(txn, corrupt, deltas)
-            self._apply_access(txn, pending, deltas)
-            seen: set[bytes] = set()
-            fresh: set[bytes] = set()  # pages of this batch not stored before it
-            new = []
-            for i, h in enumerate(hashes):
-                if h in seen or txn.get(h, db=dbs.meta) is not None:
-                    seen.add(h)
-                    continue
-                seen.add(h)
-                fresh.add(h)
-                new.append(i)
-                origin = origins[i]
-                if origin.parent != roots[origin.namespace.id] and origin.parent not in fresh:
-                    # The chain check above cannot see the namespace; a stored parent can (a parent new in this
-                    # batch was checked against the batch before the transaction). A parent that is no stored
-                    # page may be another namespace's root: that page would be read in the other namespace's
-                    # chain, so it is refused like one.
-                    raw = txn.get(origin.parent, db=dbs.meta)
-                    if raw is None:
-                        raise InvalidInput(f"page {h.hex()}: its parent is not a stored page nor the root of "
-                                           f"namespace {origin.namespace.label}")
-                    if decode_meta(raw).ns_id != origin.namespace.id:
-                        raise InvalidInput(f"page {h.hex()}: its parent is in another namespace than "
-                                           f"{origin.namespace.label}")
-            stored_bytes = totals.bytes - dropped[1]
-            evicted = 0
-            protect = set(hashes) | {o.parent for o in origins}
-            # Evictions take a little past the need so the scan behind one is paid once per many puts.
-            ns_room: dict[bytes, int] = {}  # payload room of each namespace with a limit: its share, or the quota
-            ns_need: Counter[bytes] = Counter(origins[i].namespace.id for i in new)
-            for ns_id, n_new in ns_need.items():
-                limit = store_share(txn, dbs, ns_id) or quota
-                if not limit:
-                    continue
-                raw = txn.get(ns_id, db=dbs.namespaces)
-                held = decode_namespace(raw).bytes if raw is not None else 0
-                held += deltas[ns_id].bytes if ns_id in deltas else 0  # corrupt pages dropped above
-                if held + n_new * nbytes > limit:
-                    target = held + n_new * nbytes - limit + int(self._evict_headroom * limit)
-                    n, freed = evict(txn, dbs, target, protect, deltas, only_ns=ns_id)
-                    evicted += n
-                    held -= freed
-                    stored_bytes -= freed
-                ns_room[ns_id] = limit - held
-            need = len(new) * nbytes
-            if capacity and stored_bytes + need > capacity:
-                target = stored_bytes + need - capacity + int(self._evict_headroom * capacity)
-                n, freed = evict(txn, dbs, target, protect, deltas)
-                evicted += n
-                stored_bytes -= freed
-            room = capacity - stored_bytes if capacity else len(new) * nbytes
-            accepted: list[int] = []
-            full: set[bytes] = set()  # namespaces with a rejected page in this batch
-            for i in new:
-                ns_id = origins[i].namespace.id
-                if room < nbytes:
-                    break
-                if ns_id in full or ns_room.get(ns_id, nbytes) < nbytes:
-                    full.add(ns_id)
-                    continue
-                accepted.append(i)
-                room -= nbytes
-                if ns_id in ns_room:
-                    ns_room[ns_id] -= nbytes
-            metas: list[tuple[bytes, bytes]] = []
-            links: list[tuple[bytes, bytes]] = []
-            for i in accepted:
-                h, origin = hashes[i], origins[i]
-                # The checksum is taken of the copy, still in cache: one read of the caller's page instead of
-                # two, and what is summed is exactly what is stored even if the caller's buffer changes meanwhile.
-                payload[:] = views[i]
-                checksum = digest(payload, seeds[i])
-                CHECKSUM_FIELD.pack_into(scratch, 0, checksum)
-                txn.put(h, value, db=dbs.pages)
-                ns_id = origin.namespace.id
-                meta = PageMeta(ns_id, layout_id, origin.parent, origin.tokens, nbytes, checksum, now, now, 0)
-                metas.append((h, encoder.encode(meta)))
-                links.append((origin.parent, h))
-                d = delta(deltas, ns_id)
-                d.info = origin.namespace
-                d.pages += 1
-                d.bytes += nbytes
-                d.last_access = now
-                if origin.parent == roots[ns_id]:
-                    d.roots.add(origin.parent.hex())
-            written = len(accepted)
-            # Index records go in with putmulti: one C loop per sub-database instead of a Python call per record.
-            txn.cursor(db=dbs.meta).putmulti(metas)
-            txn.cursor(db=dbs.children).putmulti(links)
-            apply_deltas(txn, dbs, deltas, now, self.fingerprint_key)
-            pages_now = totals.pages - dropped[0] - evicted + written
-            txn.put(b"totals", encoder.encode(StoreTotals(pages_now, stored_bytes + written * nbytes)), db=dbs.store)
-            return PutResult(written, len(hashes) - len(new), len(new) - written, evicted, written * nbytes)
-
-        try:
-            result = self._write(body, wanted=len(hashes) * (nbytes + 512))
-        except BaseException:
-            self._restore_pending(pending, corrupt)
-            raise
-        with self._lock:
-            self._corrupt -= corrupt
+        assert layout is not None  # put_views refuses a handle without one
+        batch = PutBatch(self._live().dbs, layout, self._checksum, hashes, views, origins, self._evict_headroom,
+                         self.fingerprint_key)
+        access = self._access
+        taken = access.take()
+        result = access.commit(self._write, lambda txn: batch.write(txn, access, taken), taken,
+                               wanted=len(hashes) * (layout.bytes_per_page + 512))
         c = self._counts
         c["pages_written"] += result.written
         c["pages_existing"] += result.existing
         c["pages_rejected"] += result.rejected
         c["pages_evicted"] += result.evicted
-        if pending:
+        if taken[0]:
             c["flushes"] += 1
         return result
-
-    def _take_pending(self) -> tuple[list[tuple[float, bytes, int]], set[bytes]]:
-        pending = self._log.take()
-        with self._lock:
-            return pending, set(self._corrupt)
-
-    def _restore_pending(self, pending: list[tuple[float, bytes, int]], corrupt: set[bytes]) -> None:
-        self._log.restore(pending)
-        with self._lock:
-            self._corrupt |= corrupt
-
-    def _apply_access(self, txn: lmdb.Transaction, pending: list[tuple[float, bytes, int]],
-                      deltas: dict[bytes, NsDelta]) -> int:
-        """Fold logged reads into page metadata and namespace counters; pages updated.
-
-        A read of a run of pages is credited to the deepest page of the run: its `hits` count the reads that ended
-        there and its `last_access` is the last of them. Ancestors are not rewritten (that would cost a write
-        per page read, as much as the read itself at small pages); a page's heat is that of its subtree, which
-        is what eviction (a parent inherits the time of the child it loses) and `children()` use.
-        """
-        if not pending:
-            return 0
-        hits: Counter[bytes] = Counter()
-        pages: Counter[bytes] = Counter()
-        last: dict[bytes, float] = {}
-        for when, deepest, n in pending:
-            hits[deepest] += 1
-            pages[deepest] += n
-            last[deepest] = when
-        cur = txn.cursor(db=self._shared.dbs.meta)
-        updated = []
-        for key, raw in cur.getmulti(list(hits)):  # the pages still stored
-            h = bytes(key)
-            meta = decode_meta(raw)
-            when = max(meta.last_access, last[h])
-            touched = msgspec.structs.replace(meta, hits=meta.hits + hits[h], last_access=when)
-            updated.append((h, encoder.encode(touched)))
-            d = delta(deltas, meta.ns_id)
-            d.hits += pages[h]
-            d.last_access = max(d.last_access, when)
-        cur.putmulti(updated)
-        return len(updated)
-
-    def _drop_corrupt(self, txn: lmdb.Transaction, corrupt: set[bytes],
-                      deltas: dict[bytes, NsDelta]) -> tuple[int, int]:
-        """Drop pages that failed their checksum (rechecked here); (pages, bytes) dropped."""
-        dropped = freed = 0
-        dbs = self._shared.dbs
-        for h in corrupt:
-            value = txn.get(h, db=dbs.pages)
-            raw = txn.get(h, db=dbs.meta)
-            if value is None or raw is None:
-                continue
-            meta = decode_or_none(decode_meta, raw)
-            if meta is None:
-                continue  # metadata that does not decode: verify reports it, repair removes the page
-            if len(value) - HEADER == meta.nbytes and self._checksum.sound(value, h):
-                continue  # rewritten since
-            drop_page(txn, dbs, h, meta, deltas)
-            dropped += 1
-            freed += meta.nbytes
-        return dropped, freed
 
     def flush(self) -> None:
         """Write logged reads (hit counts, access times) in one transaction, and drop pages seen corrupt."""
         if self.readonly or self._closed:
             return
-        pending, corrupt = self._take_pending()
-        if not pending and not corrupt:
+        taken = self._access.take()
+        if not taken[0] and not taken[1]:
             return
-        dbs = self._live().dbs
-
-        def body(txn: lmdb.Transaction) -> None:
-            deltas: dict[bytes, NsDelta] = {}
-            dropped = self._drop_corrupt(txn, corrupt, deltas)
-            self._apply_access(txn, pending, deltas)
-            apply_deltas(txn, dbs, deltas, time.time(), self.fingerprint_key)
-            if dropped[0]:
-                adjust_totals(txn, dbs, -dropped[0], -dropped[1])
-
-        try:
-            self._write(body)
-        except BaseException:
-            self._restore_pending(pending, corrupt)
-            raise
-        with self._lock:
-            self._corrupt -= corrupt
+        self._access.write_back(self._write, self._live().dbs, taken, self.fingerprint_key)
         self._counts["flushes"] += 1
 
     def delete_namespace(self, ns_id: bytes) -> DeleteResult:
         """Remove every page of namespace `ns_id` (16 bytes) and its registry record.
 
-        Pages are found by scanning `meta` in chunks of short read transactions and removed DELETE_BATCH_PAGES per
-        write transaction, so a large tenant's offboarding never holds the writer lock (or pins old pages) for
-        long. Scans repeat until one finds nothing, so pages a concurrent writer adds meanwhile go too."""
+        Pages are found by scanning `meta` in chunks of short read transactions and removed in bounded write
+        transactions (see `delete`), so a large tenant's offboarding never holds the writer lock (or pins old
+        pages) for long. Scans repeat until one finds nothing, so pages a concurrent writer adds meanwhile go too."""
         self._check_writable()
         if not isinstance(ns_id, bytes) or len(ns_id) != 16:
             raise InvalidInput(f"a namespace id is 16 bytes, got {ns_id!r:.60}")
         self.flush()
-        shared = self._live()
-        dbs = shared.dbs
-        pages = nbytes = txns = 0
-
-        def drop(batch: list[bytes], last: bool) -> Callable[[lmdb.Transaction], tuple[int, int]]:
-            def body(txn: lmdb.Transaction) -> tuple[int, int]:
-                deltas: dict[bytes, NsDelta] = {}
-                dropped = freed = 0
-                for h in batch:
-                    meta = drop_stored(txn, dbs, h, deltas)
-                    if meta is not None:  # else gone meanwhile
-                        dropped += 1
-                        freed += meta.nbytes
-                if dropped:
-                    adjust_totals(txn, dbs, -dropped, -freed)
-                if last:
-                    txn.delete(ns_id, db=dbs.namespaces)
-                else:
-                    apply_deltas(txn, dbs, deltas, time.time(), self.fingerprint_key)
-                return dropped, freed
-            return body
-
-        while True:
-            found = self._pages_of(ns_id)
-            for start in range(0, max(len(found), 1), DELETE_BATCH_PAGES):
-                batch = found[start:start + DELETE_BATCH_PAGES]
-                dropped, freed = self._write(drop(batch, last=start + DELETE_BATCH_PAGES >= len(found)))
-                txns += 1
-                pages += dropped
-                nbytes += freed
-            if not found:
-                break
-        return DeleteResult(pages, nbytes, txns)
-
-    def _pages_of(self, ns_id: bytes) -> list[bytes]:
-        """Hashes of the stored pages of one namespace: a scan of `meta`, VERIFY_CHUNK_PAGES x 16 per read txn."""
-        shared = self._live()
-        return [h for _, h, value in shared.scan(shared.dbs.meta, VERIFY_CHUNK_PAGES * 16, self.progress, "meta")
-                if getattr(decode_or_none(decode_meta, value), "ns_id", None) == ns_id]
+        return delete_namespace(self._live(), self._write, ns_id, self.fingerprint_key, self.progress)
 
     # -- integrity ------------------------------------------------------------------------------------------
 
@@ -694,8 +433,7 @@ class LMDBStore(StoreHandle):
         report = verify(LMDBIntegrity(self._live(), self._write, self.progress), repair)
         gone = removed_pages(report)
         if gone:
-            with self._lock:
-                self._corrupt -= gone  # a writer may store them again
+            self._access.unquarantine(gone)  # a writer may store them again
         return report
 
     # -- lifetime -------------------------------------------------------------------------------------------

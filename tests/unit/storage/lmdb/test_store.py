@@ -20,6 +20,7 @@ from kvcache.errors import (InvalidInput, LayoutMismatch, NotAStore, StoreFull, 
 from kvcache.types.keys import pack_tokens
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import Namespace
+from kvcache.storage.lmdb import delete as lmdb_delete
 from kvcache.storage.lmdb import store as lmdb_store
 from kvcache.storage.api import AccessPolicy, CapacityPolicy, DeleteResult, PageOrigin, page_origins
 from kvcache.storage.registry import open_store
@@ -316,7 +317,7 @@ def test_a_batch_larger_than_the_capacity_keeps_its_prefix(path):
 
 
 def test_delete_namespace_uses_bounded_transactions(store, monkeypatch):
-    monkeypatch.setattr(lmdb_store, "DELETE_BATCH_PAGES", 8)
+    monkeypatch.setattr(lmdb_delete, "DELETE_BATCH_PAGES", 8)
     mine, _ = write(store, range(200))  # 50 pages
     theirs, _ = write(store, range(200), NS2)
     result = store.delete_namespace(NS.id)

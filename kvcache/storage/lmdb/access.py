@@ -1,0 +1,167 @@
+"""What an LMDB store handle has seen and not yet written to the store, and how a write transaction folds it in.
+
+Bookkeeping must cost a small fraction of the read it records: a read is logged in memory as one entry, credited
+to the deepest page it reached (`AccessLog`), and folded into `meta` by the handle's next `flush` or `put`; no
+access-order index is kept. A page that fails verification on read is quarantined: a miss in this handle from then
+on, until that next `flush` or `put` checks it again and drops it (or finds it rewritten sound meanwhile), or
+`verify(repair=True)` removes it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import lmdb
+import msgspec
+
+from ...errors import StoreError
+from ..api import AccessPolicy
+from ..codec import HEADER, Checksum, decode_meta, decode_or_none, encoder
+from ..handle import AccessLog
+from .registry import NsDelta, adjust_totals, apply_deltas, delta, drop_page
+
+Reads = list[tuple[float, bytes, int]]  # logged reads: (unix seconds, deepest page hash, pages served)
+Taken = tuple[Reads, set[bytes]]  # what one write transaction folds in: the reads and the quarantined pages
+
+
+class AccessRecords:
+    """A handle's logged reads and quarantined pages. A write transaction `take`s both and `fold`s them in; when
+    it commits, `unquarantine` releases the pages it handled, and when it fails `restore` gives everything back
+    for a later one. Thread-safe."""
+
+    def __init__(self, policy: AccessPolicy, checksum: Checksum, counts: dict[str, int]) -> None:
+        self.log = AccessLog(policy)
+        # Pages that failed verification here, misses until dropped. The read paths test membership without the
+        # lock (a set lookup is atomic under the GIL), and only when the set is not empty.
+        self.corrupt: set[bytes] = set()
+        self._lock = threading.Lock()  # guards `corrupt`; the log has its own
+        self._checksum = checksum
+        self._counts = counts  # the handle's counters (kvcache.storage.handle)
+
+    def quarantine(self, page_hash: bytes) -> None:
+        """A page failed verification on read: a miss from now on in this handle, dropped by its next write
+        transaction (which checks it again first) or by `verify(repair=True)`."""
+        with self._lock:
+            self.corrupt.add(page_hash)
+        self._counts["checksum_failures"] += 1
+
+    def unquarantine(self, pages: set[bytes]) -> None:
+        """`pages` are misses no more: dropped, found sound, or removed by repair (a writer may store them again)."""
+        with self._lock:
+            self.corrupt -= pages
+
+    def record(self, deepest: bytes, pages: int, flush: Callable[[], None]) -> None:
+        """Log one read that served `pages` pages, `deepest` the last (one entry per read, not per page: its
+        ancestors were read with it; see `apply_access`), and run `flush` (the handle's) when the policy says one
+        is due."""
+        if self.log.record(time.time(), deepest, pages):
+            try:
+                flush()
+            except StoreError:
+                # A read must not fail because its bookkeeping could not be written; the log is kept and written
+                # by a later flush.
+                self._counts["flush_errors"] += 1
+
+    def take(self) -> Taken:
+        """Every logged read (the log is emptied) and a copy of the quarantined pages, for one write transaction."""
+        reads = self.log.take()
+        with self._lock:
+            return reads, set(self.corrupt)
+
+    def restore(self, taken: Taken) -> None:
+        """Give back what `take` returned: its transaction did not commit."""
+        self.log.restore(taken[0])
+        with self._lock:
+            self.corrupt |= taken[1]
+
+    def reset(self) -> None:
+        """Forget every read and quarantined page: in a forked child they are the parent's."""
+        with self._lock:
+            self.log.clear()
+            self.corrupt = set()
+
+    def fold(self, txn: lmdb.Transaction, dbs: Any, taken: Taken, deltas: dict[bytes, NsDelta]) -> tuple[int, int]:
+        """Into write transaction `txn`: drop the quarantined pages that still fail, then fold the reads into page
+        metadata, registry changes into `deltas`. (pages, bytes) dropped: the caller adjusts the store totals."""
+        dropped = drop_corrupt(txn, dbs, self._checksum, taken[1], deltas)
+        apply_access(txn, dbs.meta, taken[0], deltas)
+        return dropped
+
+    def commit(self, write: Callable[..., Any], body: Callable[[lmdb.Transaction], Any], taken: Taken,
+               wanted: int = 0) -> Any:
+        """Run `body`, a write transaction that folds `taken` in, through `write` (the handle's); its result.
+        `taken` is given back if it does not commit, so the reads are written by a later one."""
+        try:
+            result = write(body, wanted)
+        except BaseException:
+            self.restore(taken)
+            raise
+        self.unquarantine(taken[1])
+        return result
+
+    def write_back(self, write: Callable[..., Any], dbs: Any, taken: Taken, fingerprint_key: bytes | None) -> None:
+        """`flush`: one write transaction that folds `taken` in and nothing else."""
+        def body(txn: lmdb.Transaction) -> None:
+            deltas: dict[bytes, NsDelta] = {}
+            dropped = self.fold(txn, dbs, taken, deltas)
+            apply_deltas(txn, dbs, deltas, time.time(), fingerprint_key)
+            if dropped[0]:
+                adjust_totals(txn, dbs, -dropped[0], -dropped[1])
+
+        self.commit(write, body, taken)
+
+
+def apply_access(txn: lmdb.Transaction, meta_db: Any, reads: Reads, deltas: dict[bytes, NsDelta]) -> int:
+    """Fold logged reads into page metadata and namespace counters; pages updated.
+
+    A read of a run of pages is credited to the deepest page of the run: its `hits` count the reads that ended
+    there and its `last_access` is the last of them. Ancestors are not rewritten (that would cost a write per
+    page read, as much as the read itself at small pages); a page's heat is that of its subtree, which is what
+    eviction (a parent inherits the time of the child it loses) and `children()` use.
+    """
+    if not reads:
+        return 0
+    hits: Counter[bytes] = Counter()
+    pages: Counter[bytes] = Counter()
+    last: dict[bytes, float] = {}
+    for when, deepest, n in reads:
+        hits[deepest] += 1
+        pages[deepest] += n
+        last[deepest] = when
+    cur = txn.cursor(db=meta_db)
+    updated = []
+    for key, raw in cur.getmulti(list(hits)):  # the pages still stored
+        h = bytes(key)
+        meta = decode_meta(raw)
+        when = max(meta.last_access, last[h])
+        touched = msgspec.structs.replace(meta, hits=meta.hits + hits[h], last_access=when)
+        updated.append((h, encoder.encode(touched)))
+        d = delta(deltas, meta.ns_id)
+        d.hits += pages[h]
+        d.last_access = max(d.last_access, when)
+    cur.putmulti(updated)
+    return len(updated)
+
+
+def drop_corrupt(txn: lmdb.Transaction, dbs: Any, checksum: Checksum, corrupt: set[bytes],
+                 deltas: dict[bytes, NsDelta]) -> tuple[int, int]:
+    """Drop pages that failed their checksum (rechecked here); (pages, bytes) dropped."""
+    dropped = freed = 0
+    for h in corrupt:
+        value = txn.get(h, db=dbs.pages)
+        raw = txn.get(h, db=dbs.meta)
+        if value is None or raw is None:
+            continue
+        meta = decode_or_none(decode_meta, raw)
+        if meta is None:
+            continue  # metadata that does not decode: verify reports it, repair removes the page
+        if len(value) - HEADER == meta.nbytes and checksum.sound(value, h):
+            continue  # rewritten since
+        drop_page(txn, dbs, h, meta, deltas)
+        dropped += 1
+        freed += meta.nbytes
+    return dropped, freed

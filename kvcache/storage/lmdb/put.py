@@ -1,0 +1,184 @@
+"""The write path of an LMDB store: one `put` batch is one write transaction.
+
+Pages, metadata, indexes and registry counters commit together or not at all, so a killed writer never leaves a
+half page, a page without its metadata, or counters that disagree. The handle's logged reads and quarantined
+pages are folded into the same transaction (`access`).
+
+A page is taken only under a parent that is its namespace's root or a stored page of its namespace (one earlier
+in the batch counts); a batch with any other page is refused whole (InvalidInput). Room is made by evicting least
+recently used leaves (`registry.evict`): within a namespace over its limit (its share, else the quota), then
+across the store over its capacity. What still does not fit is rejected, so what is stored of a chain stays a
+prefix.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import lmdb
+
+from ...errors import InvalidInput
+from ...types.keys import hash_root
+from ...types.layout import KVLayout
+from ..api import PageMeta, PageOrigin, PutResult
+from ..codec import CHECKSUM_FIELD, HEADER, Checksum, decode_meta, decode_namespace, encoder
+from .access import AccessRecords, Taken
+from .registry import NsDelta, StoreTotals, apply_deltas, delta, evict, limits, read_totals, store_share
+
+
+class PutBatch:
+    """One `put`, prepared outside its write transaction (the namespace roots, one scratch page value, the
+    checksum seeds); `write` is the transaction's body, which may run more than once (env: a full map grows and
+    reruns it), so every effect of it stays inside the transaction."""
+
+    def __init__(self, dbs: Any, layout: KVLayout, checksum: Checksum, hashes: Sequence[bytes],
+                 views: Sequence[Any], origins: Sequence[PageOrigin], evict_headroom: float,
+                 fingerprint_key: bytes | None) -> None:
+        self.dbs = dbs
+        self.layout_id = layout.layout_id
+        self.nbytes = layout.bytes_per_page
+        self.hashes = hashes
+        self.views = views  # the caller's pages as byte views, checked against the layout (base.put_views)
+        self.origins = origins
+        self.roots = {ns.id: hash_root(self.layout_id, ns) for ns in {o.namespace for o in origins}}
+        # One page value reused for every page: [checksum][payload], the payload copied in and summed in place.
+        self.scratch = bytearray(HEADER + self.nbytes)
+        self.digest, self.seeds = checksum.digest, checksum.seeds(hashes)
+        self.evict_headroom = evict_headroom
+        self.fingerprint_key = fingerprint_key
+
+    def write(self, txn: lmdb.Transaction, access: AccessRecords, taken: Taken) -> PutResult:
+        """The body of the put's write transaction, folding in `taken` (`access.take()`) on the way."""
+        now = time.time()
+        dbs, nbytes = self.dbs, self.nbytes
+        deltas: dict[bytes, NsDelta] = {}
+        totals = read_totals(txn, dbs)
+        capacity, quota = limits(txn, dbs)
+        dropped = access.fold(txn, dbs, taken, deltas)
+        new = self._new_pages(txn)
+        evicted, stored_bytes, ns_room = self._make_room(txn, new, deltas, totals.bytes - dropped[1], capacity,
+                                                         quota)
+        room = capacity - stored_bytes if capacity else len(new) * nbytes
+        accepted = self._admit(new, room, ns_room)
+        self._store(txn, accepted, deltas, now)
+        written = len(accepted)
+        apply_deltas(txn, dbs, deltas, now, self.fingerprint_key)
+        pages_now = totals.pages - dropped[0] - evicted + written
+        txn.put(b"totals", encoder.encode(StoreTotals(pages_now, stored_bytes + written * nbytes)), db=dbs.store)
+        return PutResult(written, len(self.hashes) - len(new), len(new) - written, evicted, written * nbytes)
+
+    def _new_pages(self, txn: lmdb.Transaction) -> list[int]:
+        """Indexes of the pages not stored yet (the first of each hash), each checked to hang from its namespace
+        root or a stored page of its namespace."""
+        dbs, hashes, origins, roots = self.dbs, self.hashes, self.origins, self.roots
+        seen: set[bytes] = set()
+        fresh: set[bytes] = set()  # pages of this batch not stored before it
+        new = []
+        for i, h in enumerate(hashes):
+            if h in seen or txn.get(h, db=dbs.meta) is not None:
+                seen.add(h)
+                continue
+            seen.add(h)
+            fresh.add(h)
+            new.append(i)
+            origin = origins[i]
+            if origin.parent != roots[origin.namespace.id] and origin.parent not in fresh:
+                # The chain check of put_views cannot see the namespace; a stored parent can (a parent new in this
+                # batch was checked against the batch before the transaction). A parent that is no stored page
+                # may be another namespace's root: that page would be read in the other namespace's chain, so it
+                # is refused like one.
+                raw = txn.get(origin.parent, db=dbs.meta)
+                if raw is None:
+                    raise InvalidInput(f"page {h.hex()}: its parent is not a stored page nor the root of "
+                                       f"namespace {origin.namespace.label}")
+                if decode_meta(raw).ns_id != origin.namespace.id:
+                    raise InvalidInput(f"page {h.hex()}: its parent is in another namespace than "
+                                       f"{origin.namespace.label}")
+        return new
+
+    def _make_room(self, txn: lmdb.Transaction, new: list[int], deltas: dict[bytes, NsDelta], stored_bytes: int,
+                   capacity: int, quota: int) -> tuple[int, int, dict[bytes, int]]:
+        """Evict for the new pages: within each namespace over its limit (its share, or the quota), then across
+        the store over the capacity. (pages evicted, payload bytes stored after, payload room left of each
+        namespace with a limit)."""
+        dbs, nbytes, origins = self.dbs, self.nbytes, self.origins
+        evicted = 0
+        protect = set(self.hashes) | {o.parent for o in origins}
+        # Evictions take a little past the need so the scan behind one is paid once per many puts.
+        ns_room: dict[bytes, int] = {}
+        ns_need: Counter[bytes] = Counter(origins[i].namespace.id for i in new)
+        for ns_id, n_new in ns_need.items():
+            limit = store_share(txn, dbs, ns_id) or quota
+            if not limit:
+                continue
+            raw = txn.get(ns_id, db=dbs.namespaces)
+            held = decode_namespace(raw).bytes if raw is not None else 0
+            held += deltas[ns_id].bytes if ns_id in deltas else 0  # corrupt pages dropped in this transaction
+            if held + n_new * nbytes > limit:
+                target = held + n_new * nbytes - limit + int(self.evict_headroom * limit)
+                n, freed = evict(txn, dbs, target, protect, deltas, only_ns=ns_id)
+                evicted += n
+                held -= freed
+                stored_bytes -= freed
+            ns_room[ns_id] = limit - held
+        need = len(new) * nbytes
+        if capacity and stored_bytes + need > capacity:
+            target = stored_bytes + need - capacity + int(self.evict_headroom * capacity)
+            n, freed = evict(txn, dbs, target, protect, deltas)
+            evicted += n
+            stored_bytes -= freed
+        return evicted, stored_bytes, ns_room
+
+    def _admit(self, new: list[int], room: int, ns_room: dict[bytes, int]) -> list[int]:
+        """The new pages that fit, in batch order. Once a page of a namespace is rejected so are the namespace's
+        later pages (all of them, once the store is full), so what is stored of a chain stays a prefix."""
+        nbytes, origins = self.nbytes, self.origins
+        accepted: list[int] = []
+        full: set[bytes] = set()  # namespaces with a rejected page in this batch
+        for i in new:
+            ns_id = origins[i].namespace.id
+            if room < nbytes:
+                break
+            if ns_id in full or ns_room.get(ns_id, nbytes) < nbytes:
+                full.add(ns_id)
+                continue
+            accepted.append(i)
+            room -= nbytes
+            if ns_id in ns_room:
+                ns_room[ns_id] -= nbytes
+        return accepted
+
+    def _store(self, txn: lmdb.Transaction, accepted: list[int], deltas: dict[bytes, NsDelta], now: float) -> None:
+        """Write the accepted pages, their metadata and their child links; their counters go into `deltas`."""
+        dbs, nbytes, layout_id, roots = self.dbs, self.nbytes, self.layout_id, self.roots
+        hashes, views, origins, digest, seeds = self.hashes, self.views, self.origins, self.digest, self.seeds
+        scratch = self.scratch
+        value = memoryview(scratch)
+        payload = value[HEADER:]
+        metas: list[tuple[bytes, bytes]] = []
+        links: list[tuple[bytes, bytes]] = []
+        for i in accepted:
+            h, origin = hashes[i], origins[i]
+            # The checksum is taken of the copy, still in cache: one read of the caller's page instead of two,
+            # and what is summed is exactly what is stored even if the caller's buffer changes meanwhile.
+            payload[:] = views[i]
+            checksum = digest(payload, seeds[i])
+            CHECKSUM_FIELD.pack_into(scratch, 0, checksum)
+            txn.put(h, value, db=dbs.pages)
+            ns_id = origin.namespace.id
+            meta = PageMeta(ns_id, layout_id, origin.parent, origin.tokens, nbytes, checksum, now, now, 0)
+            metas.append((h, encoder.encode(meta)))
+            links.append((origin.parent, h))
+            d = delta(deltas, ns_id)
+            d.info = origin.namespace
+            d.pages += 1
+            d.bytes += nbytes
+            d.last_access = now
+            if origin.parent == roots[ns_id]:
+                d.roots.add(origin.parent.hex())
+        # Index records go in with putmulti: one C loop per sub-database instead of a Python call per record.
+        txn.cursor(db=dbs.meta).putmulti(metas)
+        txn.cursor(db=dbs.children).putmulti(links)

@@ -1,0 +1,55 @@
+"""Walking the prefix trees of an LMDB store: a page's stored children and the heat of its subtree.
+
+The `children` index (parent hash -> child hashes, dupsort) walks a namespace's tree down from its root. A read
+is credited to the deepest page it reached (`access`), so a page's heat (reads, latest access) is its subtree's:
+reporting it costs one lookup per page below, paid by the rare caller that walks a tree, never by a read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lmdb
+
+from ..api import ChildInfo, PageMeta
+from ..codec import decode_meta
+from .env import SharedEnv
+
+
+def children(shared: SharedEnv, page_hash: bytes) -> list[ChildInfo]:
+    """Stored children of a page hash or of a namespace root, hottest (most reads through the child, then most
+    recent) first. Each child's figures cover its subtree: O(subtree) lookups, in one read transaction."""
+    out: list[ChildInfo] = []
+    with shared.read() as txn:
+        meta_db = shared.dbs.meta
+        cur = txn.cursor(db=shared.dbs.children)
+        for child in child_hashes(cur, page_hash):
+            raw = txn.get(child, db=meta_db)
+            if raw is not None:
+                m = decode_meta(raw)
+                last_access, hits = subtree_heat(txn, cur, meta_db, child, m)
+                out.append(ChildInfo(child, m.tokens, m.nbytes, hits, last_access))
+    out.sort(key=lambda c: (-c.hits, -c.last_access))
+    return out
+
+
+def child_hashes(cur: lmdb.Cursor, page_hash: bytes) -> list[bytes]:
+    """The hashes `cur` (a cursor on `children`) lists under `page_hash`."""
+    return [bytes(c) for c in cur.iternext_dup(keys=False, values=True)] if cur.set_key(page_hash) else []
+
+
+def subtree_heat(txn: lmdb.Transaction, cur: lmdb.Cursor, meta_db: Any, top_hash: bytes,
+                 top: PageMeta) -> tuple[float, int]:
+    """(latest access, reads) over the stored subtree of page `top_hash` (metadata `top`): one lookup per page
+    below it."""
+    last, hits = top.last_access, top.hits
+    stack = child_hashes(cur, top_hash)
+    while stack:
+        h = stack.pop()
+        raw = txn.get(h, db=meta_db)
+        if raw is None:
+            continue
+        m = decode_meta(raw)
+        last, hits = max(last, m.last_access), hits + m.hits
+        stack.extend(child_hashes(cur, h))
+    return last, hits
