@@ -83,3 +83,17 @@ def store_holdings(store) -> set[tuple]:
                     out.add(((rec.extra_key, rec.salt_fingerprint), child.page_hash, "storage"))
                     stack.append(child.page_hash)
     return out
+
+
+def tree_key(tokens, ns):
+    """A RadixKey of `tokens` in namespace `ns` (the tree tests' keys)."""
+    from kvcache import RadixKey
+
+    return RadixKey.of(tokens, ns)
+
+
+def page_range(start: int, n: int):
+    """Pages start .. start + n - 1, as the tree takes them."""
+    import numpy as np
+
+    return np.arange(start, start + n, dtype=np.int64)

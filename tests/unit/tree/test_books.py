@@ -1,9 +1,10 @@
 """The per-tier books: page classes and lazy LRU heaps, one code path for both tiers (kvcache.tree.books)."""
 
-import numpy as np
 import pytest
+from factories import page_range as pages
+from factories import tree_key
 
-from kvcache import InvariantViolation, Namespace, RadixKey
+from kvcache import InvariantViolation, Namespace
 from kvcache.tree import RadixTree, Tier
 from kvcache.tree.books import ID_BITS, device_leaf, host_leaf, lru_entry, new_books
 
@@ -11,11 +12,7 @@ A = Namespace("tenant-a", "salt-a")
 
 
 def key(tokens, ns=A):
-    return RadixKey.of(tokens, ns)
-
-
-def pages(start, n):
-    return np.arange(start, start + n, dtype=np.int64)
+    return tree_key(tokens, ns)
 
 
 def test_a_trees_books_are_one_per_tier_in_share_order_and_the_device_copy_unblocks_host_leaves():

@@ -1,21 +1,18 @@
 """Locks, holds, pins and the L3 flag (kvcache.tree.keeper): the tree writes a node's counters, callers say what
 their work does to it."""
 
-import numpy as np
 import pytest
+from factories import page_range as pages
+from factories import tree_key
 
-from kvcache import LockUnderflow, Namespace, RadixKey
+from kvcache import LockUnderflow, Namespace
 from kvcache.tree import RadixTree, Tier
 
 A = Namespace("tenant-a", "salt-a")
 
 
 def key(tokens, ns=A):
-    return RadixKey.of(tokens, ns)
-
-
-def pages(start, n):
-    return np.arange(start, start + n, dtype=np.int64)
+    return tree_key(tokens, ns)
 
 
 def test_lock_protects_path_and_underflow_is_detected():

@@ -2,8 +2,10 @@ import gc
 
 import numpy as np
 import pytest
+from factories import page_range as pages
+from factories import tree_key
 
-from kvcache import InvariantViolation, Namespace, RadixKey
+from kvcache import InvariantViolation, Namespace
 from kvcache.tree import RadixTree, Tier
 from kvcache.types.keys import page_hashes
 
@@ -12,11 +14,7 @@ LAYOUT_ID = b"L" * 16
 
 
 def key(tokens, ns=A):
-    return RadixKey.of(tokens, ns)
-
-
-def pages(start, n):
-    return np.arange(start, start + n, dtype=np.int64)
+    return tree_key(tokens, ns)
 
 
 def test_match_on_empty_tree_anchors_at_root():
