@@ -208,7 +208,7 @@ def test_replay_verify_is_clean_in_every_mode_and_policy(store, tmp_path, mode, 
     second = as_json(invoke(*args))  # a new cache on the store the first replay backed up to
     assert second["verify_mismatches"] == 0 and second["audit"]["ok"]
     # best effort takes what the I/O thread fetched by admission: possibly nothing in a replay with no forward
-    # time (tests/unit/test_replay.py checks it with inline I/O, deterministically)
+    # time (tests/unit/workload/test_replay.py checks it with inline I/O, deterministically)
     if policy != "best_effort":
         assert second["hit_tokens"]["storage"] > 0
 
