@@ -179,7 +179,9 @@ def main() -> int:
     ])
     publish("bench_scale", body, args.no_write, {"scale_cost_ratio": ratio, "scale_median_cost_ratio": ratio_median,
                                                   "scale_controlled_cost_ratio": ratio / control,
-                                                  "replay_requests_per_s": args.requests / result["seconds"]})
+                                                  "replay_requests_per_s": args.requests / result["seconds"],
+                                                  # CPU per request, less the generator's, over every window
+                                                  "request_cost_seconds": statistics.mean(w[1] for w in windows)})
     return 0
 
 

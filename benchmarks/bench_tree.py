@@ -110,6 +110,7 @@ def main() -> int:
         ratios[f"ledger_overhead_page{ps}"] = overhead
         ratios[f"match_seq_per_s_page{ps}"] = n / best["tree"][1]
         ratios[f"insert_seq_per_s_page{ps}"] = n / best["tree"][0]
+        ratios[f"admit_commit_seq_per_s_page{ps}"] = n / best["ledger_on"][0]
         notes.append(f"page size {ps}: ledger overhead on admit+commit {overhead:.2f}x "
                      f"(checks on {best['ledger_on'][0] * 1e6 / n:.1f} us/seq, off "
                      f"{best['ledger_off'][0] * 1e6 / n:.1f} us/seq)")
