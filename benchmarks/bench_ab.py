@@ -51,13 +51,18 @@ def _spread(values: list[float]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--python", action="append", required=True, metavar="LABEL=PATH",
+    ap.add_argument("--python", action="append", default=[], metavar="LABEL=PATH",
                     help="an interpreter whose installed kvcache is measured (exactly two)")
-    ap.add_argument("--script", action="append", required=True,
+    ap.add_argument("--script", action="append", default=[],
                     help="a benchmark script under benchmarks/ and its arguments, quoted (repeatable)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are of these (default 3)")
     ap.add_argument("--no-write", action="store_true", help="print only, leave BENCHMARKS.md alone")
     args = ap.parse_args()
+    if not args.python and not args.script:  # `make bench` runs every script bare: nothing to compare
+        print("bench_ab: skipped: give two --python LABEL=PATH and at least one --script")
+        return 0
+    if not args.script:
+        ap.error("give at least one --script")
     sides = [spec.partition("=")[::2] for spec in args.python]
     if len(sides) != 2 or not all(label and path for label, path in sides):
         ap.error("give exactly two --python LABEL=PATH")
