@@ -104,6 +104,7 @@ class Copies:
                  tree: RadixTree, holders: Holders, counters: CacheCounters, backup_stats: BackupStats) -> None:
         self.config = config
         self.rules = rules
+        self._bounce = rules.bounce  # read on every backup and completion: an attribute, not the rules' property
         self.device_pool = device_pool
         self.host_pool = host_pool
         self.tree = tree
@@ -120,7 +121,7 @@ class Copies:
         """Nodes of `node`'s path a backup should copy, root first, stopping at the first one below `min_hits`:
         those without a host copy (cache mode: host copies stay a prefix) or not yet in L3 (buffer mode: what is
         in L3 stays a prefix of each chain), and not already being backed up or written."""
-        bounce = self.rules.bounce
+        bounce = self._bounce
         pinners = self.holders.pinners
         out = []
         for n in self.tree.path(node):
@@ -138,7 +139,7 @@ class Copies:
         host = self.host_pool
         if not nodes or host is None:
             return None
-        sizes = [_pages(n.device) for n in nodes]
+        sizes = [len(n.device) if n.device is not None else 0 for n in nodes]
         total = sum(sizes)
         if total > host.free_pages:
             self.room.evict(Tier.HOST, total - host.free_pages, charge=nodes[0].namespace)
@@ -222,7 +223,7 @@ class Copies:
             self.counters.load_backs_skipped += 1
             return None
         op = TransferOp(op_id, OpKind.LOAD_BACK, self.device_pool, pages,
-                        _targets(nodes, [_pages(n.host) for n in nodes], pages))
+                        _targets(nodes, [len(n.host) if n.host is not None else 0 for n in nodes], pages))
         self._track(op)
         assert self.host_pool is not None  # a host-only extension lives in the host pool
         op.event = copy_pages(self.host_pool, m.host_pages, self.device_pool, pages)
@@ -239,7 +240,7 @@ class Copies:
         copy: they go to an L3 write instead (Op(backup) -> Op(storage_write))."""
         del self.holders.copies[op.id]
         backup = op.kind is OpKind.BACKUP
-        bounce = backup and self.rules.bounce
+        bounce = backup and self._bounce
         if bounce:
             self.writes.start([t.node for t in op.targets], bounce=op)
         tree = self.tree
@@ -315,10 +316,6 @@ def host_only_path(m: TreeMatch) -> list[TreeNode]:
         node = node.parent
     out.reverse()
     return out
-
-
-def _pages(pages: np.ndarray | None) -> int:
-    return 0 if pages is None else len(pages)
 
 
 def _targets(nodes: list[TreeNode], sizes: list[int], pages: np.ndarray) -> list[OpTarget]:

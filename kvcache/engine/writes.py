@@ -91,14 +91,10 @@ class Writes:
         self.tree = tree
         self.holders = holders
         self.io = io  # None without a store: nothing is written
+        self.enabled = io is not None  # the cache has a store to write to
         self.backup_stats = backup_stats
         self.copies: Copies  # wired by the cache: a bounce write rewritten after an L3 eviction backs up again
         self.events: EventLog | None = None  # the KV-event feed, while one is attached
-
-    @property
-    def enabled(self) -> bool:
-        """The cache has a store to write to."""
-        return self.io is not None
 
     def wants(self, node: TreeNode, min_hits: int) -> bool:
         """Should `node` be written now: a host copy not in L3, hot enough, and no write of it in flight."""
