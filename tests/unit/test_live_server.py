@@ -448,6 +448,34 @@ def test_client_errors_name_the_socket(tmp_path, cache, serve):
         c.call(LoadBackRequest([2**31] * 300_000), RequestResult)
 
 
+def test_an_interrupted_call_drops_its_connection_and_the_next_call_reconnects(cache, sock_path, serve, monkeypatch):
+    serve(sock_path, standalone=True)
+
+    def interrupted(*args, **kwargs):  # Ctrl-C while the client waits for its answer
+        raise KeyboardInterrupt
+
+    with AdminClient(sock_path) as c:
+        assert c.call(PingRequest(), ServerInfo).pid == os.getpid()
+        with monkeypatch.context() as m:
+            m.setattr(client_module, "read_frame", interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                c.call(PingRequest(), ServerInfo)
+        assert c._sock is None  # closed: the answer still on its way would otherwise meet the next call
+        assert c.call(StatsRequest(), LiveStats).live_requests == 0
+
+
+def test_a_client_that_cannot_connect_keeps_no_socket(cache, sock_path, serve):
+    import gc
+    import warnings
+
+    serve(sock_path, standalone=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        with pytest.raises(ValueError), AdminClient(sock_path, timeout=-1) as c:  # refused by settimeout
+            c.call(PingRequest(), ServerInfo)
+        gc.collect()  # a socket left open by the failed connect would warn here
+
+
 def test_close_answers_what_is_queued_and_a_closed_server_is_unavailable(cache, sock_path, serve):
     server = serve(sock_path)
     errors = []
