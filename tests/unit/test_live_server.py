@@ -536,6 +536,42 @@ def test_the_client_checks_the_servers_uid_before_sending_anything(tmp_path):
     assert got == [b""]  # connected, then closed: not one byte sent
 
 
+def test_a_start_that_fails_leaves_no_socket_and_no_socket_file(sock_path, monkeypatch):
+    import gc
+    import warnings
+
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        with monkeypatch.context() as m:
+            m.setattr(threading.Thread, "start", no_thread)
+            with pytest.raises(RuntimeError, match="new thread"):
+                AdminTransport(sock_path, lambda r: None).start()
+        gc.collect()  # the listening socket left open by the failed start would warn here
+    assert not os.path.exists(sock_path)  # and the path is free for the next server
+
+
+def test_a_connection_that_gets_no_thread_is_answered_busy_and_the_server_goes_on(cache, sock_path, serve,
+                                                                                   monkeypatch):
+    server = serve(sock_path, standalone=True)
+    start = threading.Thread.start
+
+    def no_connection_thread(self):
+        if self.name == "kvc-admin-conn":
+            raise RuntimeError("can't start new thread")
+        start(self)
+
+    with monkeypatch.context() as m:
+        m.setattr(threading.Thread, "start", no_connection_thread)
+        with pytest.raises(AdminRemoteError) as err, AdminClient(sock_path, timeout=0.2) as c:
+            c.call(PingRequest(), ServerInfo)
+    assert err.value.kind == "busy" and server.busy >= 1
+    with AdminClient(sock_path) as c:  # the accept thread lives on
+        assert c.call(PingRequest(), ServerInfo).pid == os.getpid()
+
+
 def test_a_directory_other_users_can_write_is_refused_unless_sticky(cache, tmp_path):
     loose = tmp_path / "loose"
     loose.mkdir()
