@@ -5,10 +5,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable
 from typing import IO, Any, TypeVar
 
 import msgspec
@@ -49,6 +50,11 @@ T = TypeVar("T")
 
 class AdminClient:
     """A connection to a live cache's admin socket. One request at a time; usable as a context manager.
+
+    The client owns one connection, opened by its first call and kept for the calls after it (a replay upload is
+    per connection: its chunks must share one) until `close()` or the end of a `with` block; close it, or use
+    `with`, as for a file: a client dropped while connected leaves its socket to the garbage collector (a
+    ResourceWarning). A call that fails leaves the connection open only when it can still carry the next request.
 
     Before it sends anything, the client checks who serves the socket (SO_PEERCRED): a server whose uid is not in
     `trusted_uids` (default: this process's and root's) is refused with `AdminUntrusted`. A `busy` answer (the
@@ -110,6 +116,9 @@ class AdminClient:
         except (Truncated, FrameTooLarge, OSError) as exc:
             self.close()
             raise AdminUnavailable(self.path, f"the server dropped the connection ({exc})") from None
+        except BaseException:
+            self.close()  # interrupted mid-request (Ctrl-C, a bad timeout): the answer would meet the next call
+            raise
         if body is None:
             self.close()
             raise AdminUnavailable(self.path, "the server closed the connection without answering")
@@ -125,8 +134,8 @@ class AdminClient:
         if response.error is not None:
             if response.error.kind == "protocol_version":
                 raise AdminProtocolMismatch(self.path, PROTOCOL_VERSION, response.v)
-            if response.error.kind in ("busy", "forbidden"):
-                self.close()  # the server closed this connection after answering
+            if response.error.kind in ("busy", "forbidden", "shutting_down"):
+                self.close()  # the server closed this connection after answering (or is about to: it is stopping)
             raise AdminRemoteError(self.path, response.error.kind, response.error.message)
         try:
             return msgspec.msgpack.decode(response.result, type=result_type)
@@ -142,19 +151,19 @@ class AdminClient:
         one frame, never read whole); returns its answer as `result_type` (`admin_protocol.ReplayOutcome`).
         `timeout` applies to the final answer (default: none, a long trace takes what it takes)."""
         last = b""
-        chunks = _chunks(trace)
-        for chunk in chunks:
-            if last:
-                self.call(ReplayRequest(last, more=True), ReplayAck)
-            last = chunk
+        with contextlib.closing(_chunks(trace)) as chunks:  # a failed chunk closes the trace file now, not at GC
+            for chunk in chunks:
+                if last:
+                    self.call(ReplayRequest(last, more=True), ReplayAck)
+                last = chunk
         return self.call(ReplayRequest(last, False, verify, batch, lookahead, snapshot), result_type, timeout)
 
     def _connect(self) -> socket.socket:
         if self._sock is not None:
             return self._sock
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout if self.timeout is not None else 30.0)
-        try:
+        try:  # the socket is ours until it is stored: every way out of here but success closes it
+            sock.settimeout(self.timeout if self.timeout is not None else 30.0)
             sock.connect(self.path)
             _, uid, _ = peer_credentials(sock)
         except FileNotFoundError:
@@ -171,6 +180,9 @@ class AdminClient:
         except OSError as exc:
             sock.close()
             raise AdminUnavailable(self.path, f"cannot connect: {exc.strerror or exc}") from None
+        except BaseException:
+            sock.close()  # interrupted while connecting, or a timeout settimeout refuses
+            raise
         if uid not in self.trusted_uids:
             sock.close()
             raise AdminUntrusted(self.path, f"the server on this socket runs as {describe_uid(uid)}, which this client "
@@ -179,7 +191,7 @@ class AdminClient:
         return sock
 
 
-def _chunks(trace: bytes | str | os.PathLike | IO[bytes]) -> Iterator[bytes]:
+def _chunks(trace: bytes | str | os.PathLike | IO[bytes]) -> Generator[bytes, None, None]:
     """A trace's bytes in replay chunks (TRACE_CHUNK_BYTES each); at least one, maybe empty."""
     if isinstance(trace, (bytes, bytearray, memoryview)):
         data = bytes(trace)

@@ -250,10 +250,14 @@ class KVEventSubscriber:
     def __init__(self, endpoint: str, *, replay_endpoint: str | None = None, topic: str = "",
                  start: int | None = None, replay_timeout: float = 5.0) -> None:
         self._ctx = zmq.Context()
-        self._sub = self._connect(zmq.SUB, endpoint)
-        self._sub.setsockopt(zmq.RCVHWM, 0)  # a reader that falls behind queues, it does not drop
-        self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode("utf-8"))
-        self._replay = self._connect(zmq.DEALER, replay_endpoint) if replay_endpoint is not None else None
+        try:  # a subscriber that fails to start returns nothing to close: its context goes here
+            self._sub = self._connect(zmq.SUB, endpoint)
+            self._sub.setsockopt(zmq.RCVHWM, 0)  # a reader that falls behind queues, it does not drop
+            self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode("utf-8"))
+            self._replay = self._connect(zmq.DEALER, replay_endpoint) if replay_endpoint is not None else None
+        except BaseException:
+            self._ctx.destroy(linger=0)
+            raise
         self.replay_endpoint = replay_endpoint
         self.replay_timeout = replay_timeout
         self.next_seq = start  # the sequence number expected next; None until the first batch (no start)
@@ -267,7 +271,7 @@ class KVEventSubscriber:
         try:
             sock.connect(endpoint)
         except zmq.ZMQError as exc:
-            self._ctx.destroy(linger=0)
+            sock.close(linger=0)
             raise EventEndpointError(endpoint, f"cannot connect: {exc.strerror}") from None
         return sock
 

@@ -159,11 +159,17 @@ class AdminTransport:
         """Claim the path (refusing one a live server answers on, taking over a stale socket), listen, and start
         accepting. Returns self."""
         self._sock = _bind(self.path, self.mode)
-        st = os.stat(self.path)
-        self._inode = (st.st_dev, st.st_ino)
-        self._sock.listen(self.backlog)
-        self._accept_thread = threading.Thread(target=self._accept_loop, name="kvc-admin-accept", daemon=True)
-        self._accept_thread.start()
+        try:  # a start that fails returns no transport to close: undo it here (the socket, its file)
+            st = os.stat(self.path)
+            self._inode = (st.st_dev, st.st_ino)
+            self._sock.listen(self.backlog)
+            self._accept_thread = threading.Thread(target=self._accept_loop, name="kvc-admin-accept", daemon=True)
+            self._accept_thread.start()
+        except BaseException:
+            self._closing.set()
+            self._sock.close()
+            self._unlink()
+            raise
         return self
 
     def serve_forever(self, poll_cache: Callable[[], Any], stop: threading.Event, tick: float = 0.01) -> None:
@@ -331,7 +337,14 @@ class AdminTransport:
                 self._reply_and_close(conn, ErrorInfo("busy", f"the server has {self.max_connections} "
                                                               f"connections open; try again"))
                 continue
-            thread.start()
+            try:
+                thread.start()
+            except RuntimeError:  # no thread to be had (a process at its limit): this connection is not served
+                with self._lock:
+                    self._conns.pop(conn, None)
+                self.busy += 1
+                self._reply_and_close(conn, ErrorInfo("busy", "the server cannot start a thread for this "
+                                                              "connection now; try again"))
 
     def _allowed(self) -> str:
         return ", ".join(describe_uid(uid) for uid in sorted(self.allow_uids))

@@ -143,7 +143,8 @@ class Serve:
                                       *map(str, extra)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         if not line:
-            raise AssertionError(f"kvc serve did not start: {self.proc.stderr.read()}")
+            with self.proc:  # it exited: reap it and close its pipes before failing
+                raise AssertionError(f"kvc serve did not start: {self.proc.stderr.read()}")
 
     def stop(self, sig: int = 15, timeout: float = 60) -> int:
         if self.proc.poll() is None:

@@ -95,8 +95,8 @@ def _live_clean(sock: str) -> bool:
 
 
 def _as_user_forbidden(sock: str) -> None:
-    with pytest.raises(AdminRemoteError) as err:
-        AdminClient(sock, timeout=10).call(SnapshotRequest(), SnapshotData)
+    with pytest.raises(AdminRemoteError) as err, AdminClient(sock, timeout=10) as c:
+        c.call(SnapshotRequest(), SnapshotData)
     assert err.value.kind == "forbidden", err.value
 
 
@@ -135,7 +135,8 @@ def test_another_local_user_is_refused_and_an_allowed_one_writes_no_server_side_
             assert faultkit.run_as(user, _as_user_allowed, sock, victim, mine) == 0
             with open(victim) as f:
                 assert f.read() == "root's file\n"
-            assert os.stat(mine).st_size > 0 and SALT.encode() not in open(mine, "rb").read()
+            with open(mine, "rb") as f:
+                assert os.stat(mine).st_size > 0 and SALT.encode() not in f.read()
             survived += _live_clean(sock)
         finally:
             assert server.stop() == 0
@@ -184,8 +185,8 @@ def test_an_impostor_who_bound_the_path_first_gets_no_salt_and_serve_refuses(sto
         os.close(ready_w)
         try:
             assert os.read(ready_r, 1) == b"r"
-            with pytest.raises(AdminUntrusted, match=f"uid {user.pw_uid}"):
-                AdminClient(sock, timeout=5).call(PrefetchRequest("t1", SALT), object)
+            with pytest.raises(AdminUntrusted, match=f"uid {user.pw_uid}"), AdminClient(sock, timeout=5) as c:
+                c.call(PrefetchRequest("t1", SALT), object)
             cli = faultkit.kvc("--socket", sock, "prefetch", "--extra-key", "t1", "--json",
                                env={**os.environ, "KVC_SALT": SALT})
             assert cli.returncode == 2 and cli.stderr.count("\n") == 1 and "does not trust" in cli.stderr
@@ -231,11 +232,12 @@ def test_silent_and_trickling_clients_cost_seconds_and_a_busy_answer(store, tmp_
             s.connect(sock)
             silent.append(s)
         time.sleep(0.2)  # the server has accepted them all
-        with pytest.raises(AdminRemoteError) as busy:
-            AdminClient(sock, timeout=0.3).call(PingRequest(), ServerInfo)
+        with pytest.raises(AdminRemoteError) as busy, AdminClient(sock, timeout=0.3) as c:
+            c.call(PingRequest(), ServerInfo)
         assert busy.value.kind == "busy"  # an answer, not a broken pipe
         start = time.monotonic()
-        assert AdminClient(sock, timeout=20).call(PingRequest(), ServerInfo).pid == server.proc.pid
+        with AdminClient(sock, timeout=20) as c:
+            assert c.call(PingRequest(), ServerInfo).pid == server.proc.pid
         waited = time.monotonic() - start  # the silent ones were closed after the idle timeout
         # a client trickling one byte every 0.3 s never completes a frame: closed within the frame deadline
         trickle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -339,8 +341,8 @@ def test_uploads_are_spooled_to_disk_and_capped(store, tmp_path):
             a.call(ReplayRequest(chunk, more=True), ReplayAck)
         b.call(ReplayRequest(chunk, more=True), ReplayAck)
         b.call(ReplayRequest(chunk, more=True), ReplayAck)
-        with pytest.raises(AdminRemoteError) as full:
-            AdminClient(capped.path, timeout=0.2).call(ReplayRequest(chunk, more=True), ReplayAck)
+        with pytest.raises(AdminRemoteError) as full, AdminClient(capped.path, timeout=0.2) as c:
+            c.call(ReplayRequest(chunk, more=True), ReplayAck)
         assert full.value.kind == "busy"
         a.close()
         b.close()
@@ -378,8 +380,8 @@ def test_nested_frames_and_infinite_timeouts_leave_nothing_held(store, tmp_path)
             answers = _raw(sock, struct.pack(">I", len(body)) + body)
             answered += len(answers) == 1 and answers[0].error.kind in ("bad_frame", "bad_request")
         for r in requests:
-            with pytest.raises(AdminRemoteError) as err:
-                AdminClient(sock).call(r, object)
+            with pytest.raises(AdminRemoteError) as err, AdminClient(sock) as c:
+                c.call(r, object)
             answered += err.value.kind == "bad_request"
         with AdminClient(sock) as c:
             stats = c.call(StatsRequest(), LiveStats)
@@ -401,7 +403,8 @@ def test_sigterm_stops_a_live_replay_within_a_step(store, tmp_path):
 
     def replay() -> None:
         try:
-            outcome.append(AdminClient(sock, timeout=120).replay(trace, ReplayOutcome, timeout=120))
+            with AdminClient(sock, timeout=120) as c:
+                outcome.append(c.replay(trace, ReplayOutcome, timeout=120))
         except BaseException as exc:
             outcome.append(exc)
 

@@ -106,7 +106,8 @@ def test_kill_9_of_kvc_serve_during_a_live_replay(tmp_path):
 
         def replay() -> None:
             try:
-                AdminClient(sock, timeout=120).replay(trace, ReplayOutcome, timeout=120)
+                with AdminClient(sock, timeout=120) as c:
+                    c.replay(trace, ReplayOutcome, timeout=120)
             except BaseException as exc:  # the server is killed under it: an AdminError is expected
                 errors.append(exc)
 
@@ -120,6 +121,7 @@ def test_kill_9_of_kvc_serve_during_a_live_replay(tmp_path):
         running = server.poll() is None
         server.kill()
         server.wait()
+        server.stdout.close()
         client.join(60)
         clean, seen = _check_store(path, namespaces)
         ok = running and clean and seen.wrong == 0 and seen.read == seen.pages and bool(errors)
@@ -130,9 +132,12 @@ def test_kill_9_of_kvc_serve_during_a_live_replay(tmp_path):
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert again.stdout.readline(), "kvc serve did not take over the stale socket"
-        assert AdminClient(sock).call(PingRequest(), ServerInfo).pid == again.pid
+        with AdminClient(sock) as c:
+            assert c.call(PingRequest(), ServerInfo).pid == again.pid
     finally:
         again.send_signal(signal.SIGTERM)
-        assert again.wait(60) == 0
+        code = again.wait(60)
+        again.stdout.close()
+        assert code == 0
     faultkit.record("kill -9 of `kvc serve` during a live replay", trials, survived, lost,
                     "store verified and re-read byte-exact after each kill; the stale socket taken over")

@@ -128,19 +128,19 @@ def test_a_live_server_and_its_metrics_never_print_the_password(locked_redis, tm
 def _watch_cmdline(args, env, stdin=None):
     """Run kvc and read its /proc/PID/cmdline for as long as it runs; (exit code, stdout, stderr, every cmdline
     seen)."""
-    proc = subprocess.Popen([str(KVC), *map(str, args)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
     seen = set()
-    if stdin is not None:
-        proc.stdin.write(stdin)
-    proc.stdin.close()
-    while proc.poll() is None:
-        try:
-            seen.add(Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode(errors="replace"))
-        except OSError:
-            pass  # between exit and reaping
-        time.sleep(0.002)
-    return proc.returncode, proc.stdout.read(), proc.stderr.read(), seen
+    with subprocess.Popen([str(KVC), *map(str, args)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=env) as proc:  # its exit closes the pipes
+        if stdin is not None:
+            proc.stdin.write(stdin)
+        proc.stdin.close()
+        while proc.poll() is None:
+            try:
+                seen.add(Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode(errors="replace"))
+            except OSError:
+                pass  # between exit and reaping
+            time.sleep(0.002)
+        return proc.returncode, proc.stdout.read(), proc.stderr.read(), seen
 
 
 @pytest.fixture

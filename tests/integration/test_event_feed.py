@@ -241,12 +241,13 @@ def test_kvc_events_prints_what_kvc_serve_published(tmp_path):
         # a late follower: what it missed comes from the replay buffer at once, then the feed goes on live
         follower = subprocess.Popen([kvc, "events", *feed, "--follow", "--from", "0", "--json", "--count", "3",
                                      "--idle-timeout", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        lines = [json.loads(follower.stdout.readline())]  # it is up and subscribed
-        time.sleep(0.3)
-        assert _invoke("--socket", sock, "prefetch", "--extra-key", "t2").exit_code == 0  # L3 -> L2 again
-        out = follower.stdout.read()  # through the same buffer as readline (communicate would bypass it)
-        errs = follower.stderr.read()
-        assert follower.wait(timeout=60) == 0, errs
+        with follower:  # its exit closes our ends of the follower's pipes
+            lines = [json.loads(follower.stdout.readline())]  # it is up and subscribed
+            time.sleep(0.3)
+            assert _invoke("--socket", sock, "prefetch", "--extra-key", "t2").exit_code == 0  # L3 -> L2 again
+            out = follower.stdout.read()  # through the same buffer as readline (communicate would bypass it)
+            errs = follower.stderr.read()
+            assert follower.wait(timeout=60) == 0, errs
         assert CLI_SALT not in out + errs
         lines += [json.loads(x) for x in out.splitlines()]
         assert lines[0]["type"] == "AllBlocksCleared" and lines[0]["seq"] == 0 and lines[0]["replayed"]
@@ -264,7 +265,9 @@ def test_kvc_events_prints_what_kvc_serve_published(tmp_path):
         assert "BlockStored *" in rows[2] and "CPU_PINNED" in rows[2] and f"t1/{fingerprint}" in rows[2]
     finally:
         server.send_signal(signal.SIGTERM)
-        assert server.wait(timeout=60) == 0
+        code = server.wait(timeout=60)
+        server.stdout.close()  # read up to its ready line only
+        assert code == 0
 
 
 @pytest.mark.parametrize("args, says", [

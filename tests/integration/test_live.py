@@ -69,12 +69,18 @@ class Server:
                                           "--device-tokens", "4096", "--host-tokens", "8192", *map(str, extra)],
                                          stdout=subprocess.PIPE, stderr=err, text=True)
         line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(timeout=60)  # it exited: reap it and close its stdout before failing
+            self.proc.stdout.close()
         assert line, f"kvc serve did not start: {self.err_path.read_text()}"
         self.ready = json.loads(line)
 
     def stop(self, sig=signal.SIGTERM) -> int:
         self.proc.send_signal(sig)
-        return self.proc.wait(timeout=60)
+        try:
+            return self.proc.wait(timeout=60)
+        finally:
+            self.proc.stdout.close()  # our end of its stdout pipe: nobody reads past the ready line
 
     @property
     def stderr(self) -> str:

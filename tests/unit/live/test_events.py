@@ -113,3 +113,14 @@ def test_options_are_checked_and_a_connect_error_names_the_endpoint():
     pub.close()
     pub.close()  # idempotent
     assert cache.tree.on_copy is None
+
+
+def test_a_subscriber_that_fails_to_start_keeps_no_socket_or_context():
+    import gc
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        with pytest.raises(UnicodeEncodeError):  # a topic from argv bytes that are not UTF-8
+            KVEventSubscriber("tcp://127.0.0.1:5557", topic="\udcff")
+        gc.collect()  # a socket or context left open by the failed start would warn here

@@ -159,7 +159,8 @@ def test_a_signal_during_polls_never_leaves_poll_waiting(sock_path):
     def watchdog():  # the polls take 3 s: still polling after 10 s means one never returned; a request wakes it
         if not done.wait(10):
             rescued.set()
-            AdminClient(sock_path, timeout=5).call(PingRequest(), msgspec.Raw)
+            with AdminClient(sock_path, timeout=5) as c:
+                c.call(PingRequest(), msgspec.Raw)
 
     old = signal.signal(signal.SIGALRM, lambda *_: None)
     signal.setitimer(signal.ITIMER_REAL, 0.0037, 0.0037)  # a signal every 3.7 ms
@@ -184,8 +185,12 @@ def test_a_signal_during_polls_never_leaves_poll_waiting(sock_path):
 def test_requests_run_only_when_the_owner_polls(cache, sock_path, serve):
     server = serve(sock_path)
     answers = []
-    client = threading.Thread(target=lambda: answers.append(AdminClient(sock_path).call(AuditRequest(),
-                                                                                         AuditReport)))
+
+    def ask():
+        with AdminClient(sock_path) as c:
+            answers.append(c.call(AuditRequest(), AuditReport))
+
+    client = threading.Thread(target=ask)
     client.start()
     while server.pending == 0:
         threading.Event().wait(0.001)
@@ -202,10 +207,12 @@ def test_an_audit_sent_during_a_replay_runs_between_its_steps(cache, sock_path, 
     done = []
 
     def replay():
-        done.append(("replay", AdminClient(sock_path).replay(trace, ReplayOutcome, batch=2).replay_report()))
+        with AdminClient(sock_path) as c:
+            done.append(("replay", c.replay(trace, ReplayOutcome, batch=2).replay_report()))
 
     def audit():
-        done.append(("audit", AdminClient(sock_path).call(AuditRequest(), AuditReport)))
+        with AdminClient(sock_path) as c:
+            done.append(("audit", c.call(AuditRequest(), AuditReport)))
 
     threads = [threading.Thread(target=replay)]
     threads[0].start()
@@ -418,27 +425,55 @@ def test_another_protocol_version_is_named_on_both_ends(live, sock_path, tmp_pat
     t = threading.Thread(target=answer_as_v2)
     t.start()
     with pytest.raises(AdminProtocolMismatch, match=f"client speaks version {PROTOCOL_VERSION}, the server "
-                                                    f"speaks version {PROTOCOL_VERSION + 1}"):
-        AdminClient(future).call(PingRequest(), ServerInfo)
+                                                    f"speaks version {PROTOCOL_VERSION + 1}"), AdminClient(future) as c:
+        c.call(PingRequest(), ServerInfo)
     t.join()
     listener.close()
 
 
 def test_client_errors_name_the_socket(tmp_path, cache, serve):
     missing = str(tmp_path / "nobody.sock")
-    with pytest.raises(AdminUnavailable, match="does not exist"):
-        AdminClient(missing).call(PingRequest(), ServerInfo)
+    with pytest.raises(AdminUnavailable, match="does not exist"), AdminClient(missing) as c:
+        c.call(PingRequest(), ServerInfo)
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stale.bind(str(tmp_path / "stale.sock"))
     stale.close()
-    with pytest.raises(AdminUnavailable, match="nothing is listening"):
-        AdminClient(str(tmp_path / "stale.sock")).call(PingRequest(), ServerInfo)
+    with pytest.raises(AdminUnavailable, match="nothing is listening"), AdminClient(str(tmp_path / "stale.sock")) as c:
+        c.call(PingRequest(), ServerInfo)
     path = str(tmp_path / "slow.sock")
     serve(path)  # nobody polls: the request waits in the queue
-    with pytest.raises(AdminTimeout, match="no answer within 0.2 s"):
-        AdminClient(path, timeout=0.2).call(PingRequest(), ServerInfo)
-    with pytest.raises(AdminBadFrame, match="over the admin socket's limit"):
-        AdminClient(path).call(LoadBackRequest([2**31] * 300_000), RequestResult)
+    with pytest.raises(AdminTimeout, match="no answer within 0.2 s"), AdminClient(path, timeout=0.2) as c:
+        c.call(PingRequest(), ServerInfo)
+    with pytest.raises(AdminBadFrame, match="over the admin socket's limit"), AdminClient(path) as c:
+        c.call(LoadBackRequest([2**31] * 300_000), RequestResult)
+
+
+def test_an_interrupted_call_drops_its_connection_and_the_next_call_reconnects(cache, sock_path, serve, monkeypatch):
+    serve(sock_path, standalone=True)
+
+    def interrupted(*args, **kwargs):  # Ctrl-C while the client waits for its answer
+        raise KeyboardInterrupt
+
+    with AdminClient(sock_path) as c:
+        assert c.call(PingRequest(), ServerInfo).pid == os.getpid()
+        with monkeypatch.context() as m:
+            m.setattr(client_module, "read_frame", interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                c.call(PingRequest(), ServerInfo)
+        assert c._sock is None  # closed: the answer still on its way would otherwise meet the next call
+        assert c.call(StatsRequest(), LiveStats).live_requests == 0
+
+
+def test_a_client_that_cannot_connect_keeps_no_socket(cache, sock_path, serve):
+    import gc
+    import warnings
+
+    serve(sock_path, standalone=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        with pytest.raises(ValueError), AdminClient(sock_path, timeout=-1) as c:  # refused by settimeout
+            c.call(PingRequest(), ServerInfo)
+        gc.collect()  # a socket left open by the failed connect would warn here
 
 
 def test_close_answers_what_is_queued_and_a_closed_server_is_unavailable(cache, sock_path, serve):
@@ -447,7 +482,8 @@ def test_close_answers_what_is_queued_and_a_closed_server_is_unavailable(cache, 
 
     def ask():
         try:
-            AdminClient(sock_path).call(StatsRequest(), LiveStats)
+            with AdminClient(sock_path) as c:
+                c.call(StatsRequest(), LiveStats)
         except AdminRemoteError as exc:
             errors.append(exc.kind)
 
@@ -458,8 +494,8 @@ def test_close_answers_what_is_queued_and_a_closed_server_is_unavailable(cache, 
     server.close()
     t.join()
     assert errors == ["shutting_down"] and not os.path.exists(sock_path)
-    with pytest.raises(AdminUnavailable):
-        AdminClient(sock_path).call(PingRequest(), ServerInfo)
+    with pytest.raises(AdminUnavailable), AdminClient(sock_path) as c:
+        c.call(PingRequest(), ServerInfo)
 
 
 # --- trust and bounds (issue 14) -----------------------------------------------------------------------------
@@ -467,8 +503,8 @@ def test_close_answers_what_is_queued_and_a_closed_server_is_unavailable(cache, 
 
 def test_a_peer_off_the_allow_list_is_answered_forbidden_and_runs_nothing(cache, sock_path, serve):
     server = serve(sock_path, standalone=True, allow_uids=set())  # not even this process's uid
-    with pytest.raises(AdminRemoteError) as err:
-        AdminClient(sock_path).call(AuditRequest(), AuditReport)
+    with pytest.raises(AdminRemoteError) as err, AdminClient(sock_path) as c:
+        c.call(AuditRequest(), AuditReport)
     assert err.value.kind == "forbidden" and server.refused == 1 and server.served == 0
 
 
@@ -492,11 +528,48 @@ def test_the_client_checks_the_servers_uid_before_sending_anything(tmp_path):
 
     t = threading.Thread(target=record)
     t.start()
-    with pytest.raises(AdminUntrusted, match=f"uid {os.geteuid()}"):  # a client that trusts no uid at all
-        AdminClient(path, trusted_uids=set()).call(PrefetchRequest("t1", SALT), RequestResult)
+    with (pytest.raises(AdminUntrusted, match=f"uid {os.geteuid()}"),  # a client that trusts no uid at all
+          AdminClient(path, trusted_uids=set()) as c):
+        c.call(PrefetchRequest("t1", SALT), RequestResult)
     t.join()
     listener.close()
     assert got == [b""]  # connected, then closed: not one byte sent
+
+
+def test_a_start_that_fails_leaves_no_socket_and_no_socket_file(sock_path, monkeypatch):
+    import gc
+    import warnings
+
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        with monkeypatch.context() as m:
+            m.setattr(threading.Thread, "start", no_thread)
+            with pytest.raises(RuntimeError, match="new thread"):
+                AdminTransport(sock_path, lambda r: None).start()
+        gc.collect()  # the listening socket left open by the failed start would warn here
+    assert not os.path.exists(sock_path)  # and the path is free for the next server
+
+
+def test_a_connection_that_gets_no_thread_is_answered_busy_and_the_server_goes_on(cache, sock_path, serve,
+                                                                                   monkeypatch):
+    server = serve(sock_path, standalone=True)
+    start = threading.Thread.start
+
+    def no_connection_thread(self):
+        if self.name == "kvc-admin-conn":
+            raise RuntimeError("can't start new thread")
+        start(self)
+
+    with monkeypatch.context() as m:
+        m.setattr(threading.Thread, "start", no_connection_thread)
+        with pytest.raises(AdminRemoteError) as err, AdminClient(sock_path, timeout=0.2) as c:
+            c.call(PingRequest(), ServerInfo)
+    assert err.value.kind == "busy" and server.busy >= 1
+    with AdminClient(sock_path) as c:  # the accept thread lives on
+        assert c.call(PingRequest(), ServerInfo).pid == os.getpid()
 
 
 def test_a_directory_other_users_can_write_is_refused_unless_sticky(cache, tmp_path):
@@ -514,10 +587,11 @@ def test_busy_is_answered_and_retried_within_the_timeout(cache, sock_path, serve
     hog = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     hog.connect(sock_path)  # silent: holds the only connection until the idle timeout
     threading.Event().wait(0.1)
-    with pytest.raises(AdminRemoteError) as err:
-        AdminClient(sock_path, timeout=0.1).call(PingRequest(), ServerInfo)
+    with pytest.raises(AdminRemoteError) as err, AdminClient(sock_path, timeout=0.1) as c:
+        c.call(PingRequest(), ServerInfo)
     assert err.value.kind == "busy"
-    assert AdminClient(sock_path, timeout=10).call(PingRequest(), ServerInfo).pid == os.getpid()
+    with AdminClient(sock_path, timeout=10) as c:
+        assert c.call(PingRequest(), ServerInfo).pid == os.getpid()
     assert server.busy >= 1
     hog.close()
 
@@ -570,6 +644,7 @@ def test_closing_the_server_stops_a_running_replay_at_its_next_step(cache, sock_
 
 def _replay_outcome(sock_path, trace):
     try:
-        return AdminClient(sock_path, timeout=60).replay(trace, ReplayOutcome, timeout=60)
+        with AdminClient(sock_path, timeout=60) as c:
+            return c.replay(trace, ReplayOutcome, timeout=60)
     except AdminRemoteError as exc:
         return exc
