@@ -175,20 +175,19 @@ def test_a_replay_no_l3_write_of_which_succeeds_says_so_and_exits_1(tmp_path):
 
 def test_a_read_only_store_is_refused_before_the_replay_starts(tmp_path):
     # 0f180b0 ran the replay, printed one identical warning per failed L3 write (3,374) and exited 0
-    root = Path(tempfile.mkdtemp(prefix="kvc-ro-"))  # outside pytest's 0700 temp root, for another user
+    root = Path(tempfile.mkdtemp(prefix="kvc-ro-"))
     try:
-        os.chmod(root, 0o755)
         store = root / "store"
         assert invoke("init", "--store", store).exit_code == 0
         trace = root / "t.jsonl"
         write_trace(trace, generate(WorkloadSpec(requests=50, tenants=2, seed=4)))
-        os.chmod(trace, 0o644)
-        (store / "lock.mdb").chmod(0o666)  # readers need the lock file; the data stays read-only
-        as_other = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
-        if not as_other:
-            store.chmod(0o555)
-            (store / "data.mdb").chmod(0o444)
-        proc = subprocess.run([*as_other, str(KVC), "replay", str(trace), "--store", str(store)],
+        store.chmod(0o555)
+        (store / "data.mdb").chmod(0o444)  # readers need the lock file; the data stays read-only
+        # As root, the mode bits bind only without CAP_DAC_OVERRIDE: run kvc with every capability dropped. (Not as
+        # another user: that one could not reach a checkout under a 0700 directory, e.g. a clone in mktemp -d.)
+        no_caps = (["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all"]
+                   if os.geteuid() == 0 else [])
+        proc = subprocess.run([*no_caps, str(KVC), "replay", str(trace), "--store", str(store)],
                               capture_output=True, text=True, timeout=120, env=dict(os.environ, HOME=str(root)))
         line = _one_line_exit_2(proc)
         assert "read-only" in line
