@@ -56,7 +56,7 @@ class Parts:
         self.completion = completion = Completion(holders, copies, writes, prefetcher, io, shares)
         self.offboard = Offboard(room, prefetcher, completion, holders, store)
         self.expiry = Expiry(TTLTracker(config.ttl, clock), holders, drop) if config.ttl is not None else None
-        room.copies, room.writes, room.prefetcher = copies, writes, prefetcher
+        room.wire(copies, writes, prefetcher)
         copies.room, copies.writes, copies.flush = room, writes, completion.flush
         writes.copies = copies
         staging.room = room

@@ -53,9 +53,17 @@ class Room:
         self.prefetch_stats = prefetch_stats
         self._evict_from: dict[Tier, Callable[..., list[Evicted]]] = {
             Tier.DEVICE: tree.evict_device, Tier.HOST: tree.evict_host}
-        self.copies: Copies  # wired by the cache (write-back of device victims, waiting for copies)
-        self.writes: Writes  # wired by the cache (write-back of host victims)
-        self.prefetcher: Prefetcher  # wired by the cache (cancelling prefetch holds)
+        self.copies: Copies  # (wire) waiting for copies under pressure
+        self.prefetcher: Prefetcher  # (wire) cancelling prefetch holds
+        # (wire) per tier, what writes a victim to the next tier before it goes under write-back (None: nothing to)
+        self._write_back: dict[Tier, Callable[[TreeNode], None] | None] = {}
+
+    def wire(self, copies: Copies, writes: Writes, prefetcher: Prefetcher) -> None:
+        """Hand the room the machines it calls on (built after it): write-back goes through `copies` (L1 -> L2,
+        or a bounce to L3 in buffer mode) and `writes` (L2 -> L3)."""
+        self.copies, self.prefetcher = copies, prefetcher
+        device = {BackupTarget.TREE: copies.backup_now, BackupTarget.BOUNCE: copies.bounce_now}.get(self.rules.backup)
+        self._write_back = {Tier.DEVICE: device, Tier.HOST: writes.store_now if writes.enabled else None}
 
     def alloc(self, tier: Tier, n: int, owner: int, charge: Namespace | None = None) -> np.ndarray | None:
         """`n` pages of the tier's pool for `owner`, evicting when short; the room is made for namespace `charge`
@@ -74,7 +82,7 @@ class Room:
         next tier (`write_back=False`: never, as offboarding wants)."""
         if n_pages <= 0:
             return 0
-        backup = self._write_back(tier) if write_back and self.config.backup_rule.on_evict else None
+        backup = self._write_back[tier] if write_back and self.config.backup_rule.on_evict else None
         pool, freed = self.pools[tier], 0
         for ev in self._evict_from[tier](n_pages, backup, where, charge):
             pool.free(ev.pages, ev.owner)
@@ -82,13 +90,6 @@ class Room:
         name = _EVICTED[tier]
         setattr(self.counters, name, getattr(self.counters, name) + freed)
         return freed
-
-    def _write_back(self, tier: Tier) -> Callable[[TreeNode], None] | None:
-        """What writes a victim of `tier` to the next tier before it goes (None: nothing to write to)."""
-        if tier is Tier.HOST:
-            return self.writes.store_now if self.writes.enabled else None
-        return {BackupTarget.TREE: self.copies.backup_now,
-                BackupTarget.BOUNCE: self.copies.bounce_now}.get(self.rules.backup)
 
     def refuse(self, request: Request, m: TreeMatch, total_pages: int) -> AdmitStatus | None:
         """An admission short of free device pages: make the room (`for_admission`), or unlock the match's device
