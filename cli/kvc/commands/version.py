@@ -26,8 +26,8 @@ LIBRARIES = ("torch", "numpy", "msgspec", "lmdb", "xxhash", "pyzmq", "prometheus
 
 
 class Formats(msgspec.Struct, frozen=True):
-    """The format versions this kvc writes (and the newest it reads): a store, an ownership snapshot, the admin
-    socket's protocol."""
+    """The format versions this kvc writes: a store and an ownership snapshot (it reads those up to these
+    versions), and the admin socket's protocol (a live client and server must have the same)."""
 
     store: int  # kvcache.storage.codec.FORMAT_VERSION: the format record of every backend's store
     snapshot: int  # kvcache.diagnostics.snapshot.SNAPSHOT_VERSION
