@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Needs bash (arrays, [[ ]], process substitution, pipefail): run ./nightly_audit.sh or `bash nightly_audit.sh`.
+[ -n "${BASH_VERSION:-}" ] || { echo "$0: needs bash, not sh (run it as ./nightly_audit.sh)" >&2; exit 2; }
 # Runbook: nightly integrity audit of the L3 store, for cron; alerts on anything but a clean store.
 #
 #   KVC_STORE=/var/lib/kvc ALERT_CMD='logger -p user.crit -t kvc' ./nightly_audit.sh

@@ -62,9 +62,10 @@ def put(
     salt_file: SaltFileOpt = None,
     tokens: TokensOpt = None,
     tokens_file: TokensFileOpt = None,
+    # "\\[" is rich markup's escape: a bare "[tokens, ...]" reads as a style tag and vanishes from --help
     kv_file: Annotated[Path | None, typer.Option(
         "--kv-file", help="Real KV to store instead of synthetic: a torch .pt file (or .safetensors with one "
-        "tensor) of shape [tokens, ...] whose bytes per token match the store's layout.")] = None,
+        "tensor) of shape \\[tokens, ...] whose bytes per token match the store's layout.")] = None,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
