@@ -101,6 +101,9 @@ class PutResult(msgspec.Struct, frozen=True):
     rejected: int  # pages over the capacity or their namespace's quota even after eviction (tails of chains)
     evicted: int  # older pages evicted to make room
     bytes_written: int  # payload bytes of the written pages
+    # The hashes of the `evicted` pages, when the backend names them (LMDB does; a backend that evicts nothing
+    # leaves it empty): a cache that wrote them marks them gone from L3 and reports them removed (KV events).
+    evicted_hashes: list[bytes] = []
 
 
 class DeleteResult(msgspec.Struct, frozen=True):
