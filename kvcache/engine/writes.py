@@ -5,11 +5,13 @@ it reads the nodes' host copies, owns no page, and pins those copies until the s
 Buffer mode: it owns a *bounce* copy of the nodes' pages in L2 (taken over from the completed backup,
 Op(backup) -> Op(storage_write)) and frees it at the acknowledgement.
 
-A node is marked stored when the store acknowledged all its pages; the pages acknowledged are announced (KV
+A write's nodes need not be consecutive (nodes of the path already stored are left out): a batch never spans such a
+gap, and the parent a batch hangs below is checked to be in the store before it is put. A node is marked stored when
+the store acknowledged all its pages; the pages acknowledged are announced (KV
 events) from the write's own record of them (hash, parent, tokens), so a node evicted while its write was in flight
 is announced with its true parent. Pages the store evicted to make room for a write are marked gone from their
-nodes and announced removed. A write whose first page hangs below a stored page that the store has evicted since
-is not written (an orphan chain): the path is written again, root first.
+nodes and announced removed. A write whose first page (or the first page after a gap) hangs below a stored page
+that the store has evicted since is not written (an orphan chain): the path is written again, root first.
 
 A write never puts a page below one the store did not take: at the first batch the store rejects or fails, it
 stops. Its unstored nodes are kept for a retry (their path, parent first), after 1, 2, 4 ... up to
@@ -20,7 +22,9 @@ parent that failed once.
 
 from __future__ import annotations
 
+import itertools
 import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -51,7 +55,8 @@ class StorageWriteJob:
     kind = OpKind.STORAGE_WRITE  # what it does to the nodes it pins, as copies name it
 
     def __init__(self, ident: int, nodes: list[TreeNode], hashes: list[bytes], views: list,
-                 origins: list[PageOrigin], batch: int, check_parent: bool, pages: np.ndarray | None = None) -> None:
+                 origins: list[PageOrigin], batch: int, check_parent: bool, pages: np.ndarray | None = None,
+                 clock: Iterator[int] | None = None) -> None:
         self.id = ident
         self.owner = owner_code(OwnerKind.OP_STORAGE_WRITE, ident)  # names this write in audits and the ledger
         self.nodes = nodes  # whose pages are written; marked stored when `poll` takes the finished job back
@@ -64,22 +69,42 @@ class StorageWriteJob:
         self.acked = 0  # leading pages the store is known to hold (acknowledged)
         self.rejected = 0  # pages the store refused (capacity, or a fault it answered), and the chain's rest
         self.evicted: list[bytes] = []  # pages the store evicted to make room for this write's puts
+        # The order of store changes across writes: each put takes the next number of `clock` (shared by a cache's
+        # writes, run one at a time by the worker). (end, number) per batch put; (number, hashes) per eviction.
+        self.clock = clock if clock is not None else itertools.count()
+        self.puts: list[tuple[int, int]] = []
+        self.evictions: list[tuple[int, list[bytes]]] = []
         # The first page's parent is a stored page (not the namespace root) that L3 may have evicted since it was
         # written; writing below a missing parent would leave an unreachable (orphan) chain in the store.
         self.check_parent = check_parent
         self.parent_missing = False
+        self.cut = False  # stopped because an earlier page of its own was evicted by another write meanwhile
         self.finished = False
         self.error: BaseException | None = None
 
     def step(self, store: L3Store) -> bool:
         """Put one batch; True when more remain. Stops at a batch the store did not take whole: nothing is put
         below a page it refused (that page's children would be refused, or orphaned)."""
-        if self.at == 0 and self.check_parent and store.exists_prefix([self.origins[0].parent]) == 0:
-            self.parent_missing = True
+        at, origins, hashes = self.at, self.origins, self.hashes
+        if (at or self.check_parent) and store.exists_prefix([origins[at].parent]) == 0:
+            if at and origins[at].parent == hashes[at - 1]:
+                # Another write's put evicted the page this batch hangs below since this job put it: the chain is
+                # cut here (written again later, parent first), never continued below a page the store let go.
+                self.cut = True
+            else:
+                self.parent_missing = True
             return False
-        end = min(self.at + self.batch, len(self.hashes))
+        end = min(at + self.batch, len(hashes))
+        for i in range(at + 1, end):
+            if origins[i].parent != hashes[i - 1]:  # a node of the path left out (stored): its parent is checked
+                end = i  # first, at the start of the next batch
+                break
         result = store.put(self.hashes[self.at:end], self.views[self.at:end], self.origins[self.at:end])
-        self.evicted += result.evicted_hashes
+        seq = next(self.clock)
+        self.puts.append((end, seq))
+        if result.evicted_hashes:
+            self.evicted += result.evicted_hashes
+            self.evictions.append((seq, list(result.evicted_hashes)))
         if result.rejected:
             self.rejected += result.rejected
             # What the store holds of the batch is a prefix of it (it rejects a chain's tail): ask how long, so
@@ -120,6 +145,12 @@ class Writes:
         self.copies: Copies  # wired by the cache: a bounce write rewritten after an L3 eviction backs up again
         self.events: EventLog | None = None  # the KV-event feed, while one is attached
         self.failed: dict[int, TreeNode] = {}  # node id -> the last node of a write that failed, for a retry
+        # The order of the store's changes (StorageWriteJob.clock), and per page hash the number of the last put
+        # taken back that stored it, and of the last eviction taken back that removed it (bounded by `_prune`).
+        self._clock = itertools.count()
+        self._put_at: dict[bytes, int] = {}
+        self._evicted_at: dict[bytes, int] = {}
+        self._finished = 0
         self._retry_wait = 0  # polls to wait before the next retry (doubles while writes keep failing)
         self._retry_in = 0  # polls left of that wait
 
@@ -159,7 +190,8 @@ class Writes:
                         and not first_parent.is_namespace_root)
         rows = host.pages.numpy()  # one byte row per page
         job = StorageWriteJob(self.holders.mint(), nodes, hashes, [rows[p] for p in pages.tolist()], origins,
-                              self.config.io_batch_pages, check_parent, pages if bounce is not None else None)
+                              self.config.io_batch_pages, check_parent, pages if bounce is not None else None,
+                              self._clock)
         if bounce is not None:
             host.transfer(pages, bounce.owner, job.owner)
         else:
@@ -207,7 +239,8 @@ class Writes:
         meanwhile, and keep what failed for a retry."""
         del self.holders.writes[job.id]
         bs = self.backup_stats
-        failed = job.error is not None or job.rejected > 0
+        acked = self._still_held(job)
+        failed = job.error is not None or job.rejected > 0 or job.cut or acked < job.acked
         if job.error is not None:
             bs.storage_failed += 1
             log.warning("L3 write %s failed, nodes left %s: %s", job.id,
@@ -216,24 +249,30 @@ class Writes:
         bs.storage_pages += job.acked
         assert self.host_pool is not None
         bs.storage_bytes += job.acked * self.host_pool.page_bytes
-        if job.acked and self.events is not None:
-            self.events.stored_pages(job.hashes[:job.acked], job.origins[:job.acked])
+        if acked and self.events is not None:
+            self.events.stored_pages(job.hashes[:acked], job.origins[:acked])
+        for end, seq in job.puts:  # what a later eviction must come after to count
+            for h in job.hashes[:min(end, acked)]:
+                self._put_at[h] = seq
         at, ps, tree = 0, self.tree.page_size * TOKEN_BYTES, self.tree
         for node in job.nodes:
             at += len(node.key) // ps  # (after a split in flight the head and the rest are both listed)
-            if at <= job.acked and not node.stored and tree.attached(node):
+            if at <= acked and not node.stored and tree.attached(node):
                 tree.mark_stored(node)
             self.copies.unpin(node, job)
         if job.pages is not None:
             self.host_pool.free(job.pages, job.owner)
-        if job.evicted:
-            self.store_evicted(job.evicted)
+        for seq, hashes in job.evictions:
+            self.store_evicted(hashes, seq)
+        self._finished += 1
+        if not self.holders.writes or not self._finished % 1024:
+            self._prune()
         if job.parent_missing:
             # L3 evicted a page above these nodes since it was written: the path is written again from its host
             # copies (backed nodes form a prefix, so every ancestor has one), or bounced again from its device
             # copies (buffer mode: every node has one), root first.
             bs.storage_rewrites += 1
-            tree.mark_unstored(tree.path(job.nodes[0]))
+            tree.mark_unstored(tree.path(job.nodes[-1]))
             self._write_path(job.nodes[-1])
         elif failed:
             last = job.nodes[-1]
@@ -245,13 +284,44 @@ class Writes:
             self._retry_wait = 0
             self._retry_in = 0  # the store answers: what failed before is tried again at the next poll
 
-    def store_evicted(self, hashes: list[bytes]) -> None:
-        """The store evicted these pages to make room: the nodes holding them (and below) are not stored any
-        more, and the feed reports the pages it announced removed."""
-        self.backup_stats.storage_evicted += len(hashes)
-        self.tree.unstore_pages(hashes)
+    def store_evicted(self, hashes: list[bytes], seq: int) -> None:
+        """The store evicted these pages to make room for the put numbered `seq`: the nodes holding them (and
+        below) are not stored any more, and the feed reports removed those it announced. A page put again by a
+        later put already taken back is back in the store, and stays."""
+        put_at, evicted_at = self._put_at, self._evicted_at
+        gone = [h for h in hashes if put_at.get(h, -1) < seq]
+        for h in hashes:
+            if evicted_at.get(h, -1) < seq:
+                evicted_at[h] = seq
+        self.backup_stats.storage_evicted += len(gone)
+        self.tree.unstore_pages(gone)
         if self.events is not None:
-            self.events.removed_from_store(hashes)
+            self.events.removed_from_store(gone)
+
+    def _still_held(self, job: StorageWriteJob) -> int:
+        """How many leading pages of `job` the store still holds as far as this cache knows: those it
+        acknowledged, up to the first that a put taken back earlier evicted after this job put it (the writes run
+        interleaved, batch by batch, and are taken back in the order they finish)."""
+        evicted_at, at = self._evicted_at, 0
+        for end, seq in job.puts:
+            for i in range(at, min(end, job.acked)):
+                if evicted_at.get(job.hashes[i], -1) > seq:
+                    return i
+            at = end
+        return job.acked
+
+    def _prune(self) -> None:
+        """Forget the puts and evictions no write in flight can be ordered against (all of them when none is in
+        flight): what `_still_held` and `store_evicted` compare with stays bounded."""
+        floor = min((j.puts[0][1] for j in self.holders.writes.values() if j.puts), default=None)
+        if floor is None and not self.holders.writes:
+            self._put_at.clear()
+            self._evicted_at.clear()
+            return
+        floor = floor if floor is not None else next(self._clock)
+        for book in (self._put_at, self._evicted_at):
+            for h in [h for h, seq in book.items() if seq < floor]:
+                del book[h]
 
     def forget(self, ns_id: bytes) -> None:
         """Namespace `ns_id` was dropped: none of its failed writes is tried again (offboarding sticks)."""
