@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..storage.api import PageOrigin
 from ..tree import RadixTree, Tier, TreeNode
 from ..types.events import (
     MEDIUMS,
@@ -34,7 +35,6 @@ from ..types.events import (
     Medium,
     MediumNames,
 )
-from ..storage.api import PageOrigin
 from ..types.keys import TOKEN_BYTES, hash_root
 from ..types.namespace import Namespace
 

@@ -27,12 +27,23 @@ import random
 import time
 
 from factories import make_layout, make_store, store_holdings
-from kvcache import (AdmitStatus, CacheConfig, Namespace, NamespaceMismatch, RadixKey, Request, TieredCache,
-                     TTLMode, TTLPolicy, WritePolicy)
+
+from kvcache import (
+    AdmitStatus,
+    CacheConfig,
+    Namespace,
+    NamespaceMismatch,
+    RadixKey,
+    Request,
+    TieredCache,
+    TTLMode,
+    TTLPolicy,
+    WritePolicy,
+)
 from kvcache.errors import RequestIdInUse
 from kvcache.storage.api import CapacityPolicy
 from kvcache.types.config import HostMode, PrefetchPolicy
-from kvcache.types.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
+from kvcache.types.events import AllBlocksCleared, BlockRemoved, EventBatch
 from kvcache.types.keys import extend_chain, hash_root, page_hashes
 from kvcache.types.shares import Shares
 
