@@ -252,7 +252,8 @@ class Walk:
         fed_store = {h for _, h, tier in fed if tier == "storage"}
         writes = cache.storage_writes()
         put_meanwhile = {h for job in writes for h in job.hashes[:job.at]}
-        evicted_meanwhile = {h for job in writes for h in job.evicted}
+        # (getattr: a write records its store's evictions since issue 25; on f3c3857 the walk fails on the feed)
+        evicted_meanwhile = {h for job in writes for h in getattr(job, "evicted", ())}
         extra = fed_store - in_store - evicted_meanwhile
         missing = in_store - fed_store - put_meanwhile
         assert not extra and not missing, (f"{where}: storage rebuilt from the feed differs from the store: "
