@@ -258,7 +258,8 @@ class L3Store(Protocol):
         consecutive pages from the start were copied. A missing, corrupt or unreadable page ends the run."""
 
     def put(self, hashes: Sequence[bytes], pages: Sequence[Any], origins: Sequence[PageOrigin]) -> PutResult:
-        """Store a batch of pages in one transaction; pages already stored are left as they are."""
+        """Store a batch of pages in one transaction; pages already stored are left as they are. A backend that
+        evicts pages to make room names them in `PutResult.evicted_hashes` (a cache marks them gone)."""
 
     def delete_namespace(self, ns_id: NamespaceId) -> DeleteResult:
         """Remove every page of one namespace and its registry record, in bounded transactions."""

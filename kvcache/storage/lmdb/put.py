@@ -7,8 +7,8 @@ pages are folded into the same transaction (`access`).
 A page is taken only under a parent that is its namespace's root or a stored page of its namespace (one earlier
 in the batch counts); a batch with any other page is refused whole (InvalidInput). Room is made by evicting least
 recently used leaves (`registry.evict`): within a namespace over its limit (its share, else the quota), then
-across the store over its capacity. What still does not fit is rejected, so what is stored of a chain stays a
-prefix.
+across the store over its capacity; the evicted pages are named in the result (`PutResult.evicted_hashes`). What
+still does not fit is rejected, so what is stored of a chain stays a prefix.
 """
 
 from __future__ import annotations
