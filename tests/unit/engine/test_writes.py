@@ -189,3 +189,23 @@ def test_a_store_share_eviction_unmarks_the_nodes_whose_pages_went(store):
     c.flush()
     assert store.exists_prefix(hashes_of(c, TOKENS)) == 8 and first.stored
     stored_flags_are_true(c, store)
+
+
+def test_the_store_names_the_pages_it_evicts_for_a_put(store):
+    """What the cache's stored flags and the feed's removals rest on: `PutResult.evicted_hashes` are exactly the
+    pages that left the store, as many as `evicted`."""
+    from factories import store_holdings
+    from kvcache.storage.api import page_origins
+    from kvcache.types.keys import pack_tokens
+
+    layout = make_layout(4)
+    store.set_shares(T1, Shares(store_bytes=10 * layout.bytes_per_page))
+    before = set()
+    for start in (0, 1000):
+        hashes, origins = page_origins(layout, pack_tokens(range(start, start + 32)), T1)
+        result = store.put(hashes, [bytes(layout.bytes_per_page)] * len(hashes), origins)
+        now = {h for _, h, _ in store_holdings(store)}
+        assert result.evicted == len(result.evicted_hashes)
+        assert set(result.evicted_hashes) == before - now and now - before <= set(hashes)
+        before = now
+    assert result.evicted > 0
