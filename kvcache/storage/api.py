@@ -101,6 +101,9 @@ class PutResult(msgspec.Struct, frozen=True):
     rejected: int  # pages over the capacity or their namespace's quota even after eviction (tails of chains)
     evicted: int  # older pages evicted to make room
     bytes_written: int  # payload bytes of the written pages
+    # The hashes of the `evicted` pages, when the backend names them (LMDB does; a backend that evicts nothing
+    # leaves it empty): a cache that wrote them marks them gone from L3 and reports them removed (KV events).
+    evicted_hashes: list[bytes] = []
 
 
 class DeleteResult(msgspec.Struct, frozen=True):
@@ -255,7 +258,8 @@ class L3Store(Protocol):
         consecutive pages from the start were copied. A missing, corrupt or unreadable page ends the run."""
 
     def put(self, hashes: Sequence[bytes], pages: Sequence[Any], origins: Sequence[PageOrigin]) -> PutResult:
-        """Store a batch of pages in one transaction; pages already stored are left as they are."""
+        """Store a batch of pages in one transaction; pages already stored are left as they are. A backend that
+        evicts pages to make room names them in `PutResult.evicted_hashes` (a cache marks them gone)."""
 
     def delete_namespace(self, ns_id: NamespaceId) -> DeleteResult:
         """Remove every page of one namespace and its registry record, in bounded transactions."""
