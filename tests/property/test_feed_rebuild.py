@@ -15,8 +15,9 @@ from its parent (the namespace's root when `parent_block_hash` is None). And aft
 stored has its pages in the store (or had them evicted by a write still in flight), the ownership audit is clean
 and the tree's books recount.
 
-Size: `KVC_FEED_STEPS` steps in all, in runs of `RUN_STEPS`: 6,000 by default (CI: about 7 s on two idle cores);
-the acceptance run is `KVC_FEED_STEPS=20000` or more (20,000 steps: about 22 s).
+Size: `KVC_FEED_STEPS` steps in all (20,000 by default, the issue's acceptance size), in `CHUNKS` tests that
+pytest-xdist spreads over the cores (about 6 s each on an idle core), each a series of seeded runs of `RUN_STEPS`.
+A larger run: `KVC_FEED_STEPS=100000`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import collections
 import os
 import random
 import time
+
+import pytest
 
 from factories import make_layout, make_store, store_holdings
 
@@ -47,7 +50,8 @@ from kvcache.types.events import AllBlocksCleared, BlockRemoved, EventBatch
 from kvcache.types.keys import extend_chain, hash_root, page_hashes
 from kvcache.types.shares import Shares
 
-TOTAL_STEPS = int(os.environ.get("KVC_FEED_STEPS", "6000"))
+TOTAL_STEPS = int(os.environ.get("KVC_FEED_STEPS", "20000"))
+CHUNKS = 4
 RUN_STEPS = 400
 NAMESPACES = [Namespace("t1", "salt-1"), Namespace("t2", "salt-2"), Namespace("t3")]
 PREFIXES = [[], [1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9, 9, 9], [20, 21, 22, 23, 24, 25, 26, 27]]
@@ -278,16 +282,18 @@ class Walk:
         self.store.close()
 
 
-def test_every_tier_rebuilt_from_the_feed_is_the_cache_after_every_step(tmp_path):
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_every_tier_rebuilt_from_the_feed_is_the_cache_after_every_step(tmp_path, chunk):
     start = time.perf_counter()
+    chunk_steps = -(-TOTAL_STEPS // CHUNKS)
     steps, runs, seen, events = 0, 0, collections.Counter(), collections.Counter()
     modes = collections.Counter()
-    seed = 0
-    while steps < TOTAL_STEPS:
+    seed = chunk * 10_000  # chunks walk disjoint seeds
+    while steps < chunk_steps:
         walk = Walk(seed, tmp_path)
         modes[walk.mode.value] += 1
         walk.check(f"seed {seed}, attached")
-        for i in range(min(RUN_STEPS, TOTAL_STEPS - steps)):
+        for i in range(min(RUN_STEPS, chunk_steps - steps)):
             name = walk.step()
             walk.check(f"seed {seed}, step {i} ({name})")
             steps += 1
@@ -304,10 +310,10 @@ def test_every_tier_rebuilt_from_the_feed_is_the_cache_after_every_step(tmp_path
         runs += 1
         seed += 1
     elapsed = time.perf_counter() - start
-    print(f"feed rebuild: {steps} steps in {runs} runs, {elapsed:.1f} s, zero differences; "
+    print(f"feed rebuild, chunk {chunk}: {steps} steps in {runs} runs, {elapsed:.1f} s, zero differences; "
           + ", ".join(f"{k} {v}" for k, v in sorted({**seen, **modes}.items())) + "; events: "
           + ", ".join(f"{k} {v}" for k, v in sorted(events.items())))
-    assert steps >= TOTAL_STEPS and set(modes) == {"cache", "buffer"}
+    assert steps >= chunk_steps and set(modes) == {"cache", "buffer"}
     # The walk reached what the feed must get right, not only the easy cases.
     assert events["BlockRemoved:storage"] and seen["store evictions"] and seen["drops under a lock"]
     assert seen["storage retries"] and seen["namespaces expired"]
