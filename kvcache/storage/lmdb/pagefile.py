@@ -67,7 +67,7 @@ class Probe(msgspec.Struct, frozen=True):
 
     size: int  # bytes of the file
     page_size: int
-    sound_metas: list[int]  # meta pages (0, 1) that are sound
+    sound_metas: list[int]  # meta pages (0, 1) that are sound and name a catalogue that is there
     catalogue: Catalogue | None  # the newest intact catalogue (None: none found)
     versions: int  # intact catalogue versions found in the file
     freed: list[int]  # pages the newest free list names (their records are deleted ones)
@@ -238,12 +238,28 @@ def probe(path: str, names: tuple[str, ...]) -> Probe:
         freed = sorted({p for ids in newest.values() for p in ids})
         freed_set = set(freed)
         intact = [c for c in catalogues if _intact(data, c, psize)]
-        current = [c for c in intact if c.pgno not in freed_set
-                   and not any(d.root in freed_set for d in c.dbs)]
-        # several versions the newest free list does not name: the one with the most records the file still
-        # holds intact (a version whose pages were reused loses its roots first)
-        chosen = max(current or intact, key=lambda c: (sum(d.entries for d in c.dbs), c.pgno), default=None)
+        recorded = _recorded_catalogue(data, sound, psize, names)
+        if recorded is not None and _intact(data, recorded, psize):
+            chosen: Catalogue | None = recorded  # the one a sound meta page names: no guess needed
+        else:
+            current = [c for c in intact if c.pgno not in freed_set
+                       and not any(d.root in freed_set for d in c.dbs)]
+            # several versions the newest free list does not name: the one with the most records (a version
+            # whose pages were reused loses its roots first and is not intact)
+            chosen = max(current or intact, key=lambda c: (sum(d.entries for d in c.dbs), c.pgno), default=None)
+            sound = []  # a meta page naming a catalogue that is gone is no help: the copy gets rebuilt ones
         return Probe(size, psize, sound, chosen, len(intact), freed, unreadable, lmdb_pages)
+
+
+def _recorded_catalogue(data: bytes, sound: list[int], psize: int, names: tuple[str, ...]) -> Catalogue | None:
+    """The catalogue the newest sound meta page names, when it reads as one."""
+    if not sound:
+        return None
+    best = max(sound, key=lambda s: struct.unpack_from("<Q", data, s * psize + TXNID_AT)[0])
+    root = DB_RECORD.unpack_from(data, best * psize + MAIN_DB_AT)[7]
+    if not 2 <= root < len(data) // psize or not _page_kind(data, root, psize) & P_LEAF:
+        return None
+    return _catalogue(data, root, psize, names)
 
 
 def view_meta(p: Probe, slot: int) -> bytes:

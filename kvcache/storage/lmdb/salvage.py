@@ -211,7 +211,7 @@ def _rebuild(path: str, check: VerifyReport, force: bool) -> VerifyReport:
         try:
             with _env_of(new, create=True):
                 pass
-            if probe.catalogue is None and not probe.sound_metas:
+            if probe.catalogue is None:
                 source_kind, copied = "scan", _copy_scanned(data_file, new, probe)
             else:
                 source_kind = "catalogue" if probe.needs_view else "tree"
