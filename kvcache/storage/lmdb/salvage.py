@@ -85,6 +85,8 @@ def audit_location(path: str, repair: bool = False, force: bool = False) -> Veri
     path = _store_path(path)
     if repair and not os.access(path, os.W_OK):
         raise StoreReadOnly(path, "cannot repair: the store's directory is not writable")
+    if repair:
+        _clean_after_killed_repair(path)
     check = _check(path)
     if not repair or check.ok:
         return check
@@ -423,7 +425,7 @@ ORIGINAL_PREFIX = "data.mdb.orig-"  # + UTC time: the data file as it was before
 REBUILD_PREFIX = ".kvc-rebuild-"
 _PARTIAL = ".partial"
 STOP_ENV = "KVC_TEST_REPAIR_STOP"  # tests only: "STEP" or "STEP@N" -- the repair stops itself (SIGSTOP) there
-_COPY_CHUNK = 1 << 20
+_COPY_CHUNK = 256 << 10
 
 
 def _step(name: str, done: int = 0) -> None:
@@ -492,6 +494,14 @@ def _keep_consistent_copy(path: str) -> str:
         return final
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _clean_after_killed_repair(path: str) -> None:
+    """Remove what a killed repair left, when the store is free to take exclusively (else leave it: a store in
+    use is not being repaired by anyone, and the next repair that gets it cleans up)."""
+    with contextlib.suppress(StoreError):
+        with _exclusive(path):
+            _remove_leftovers(path)
 
 
 def _remove_leftovers(path: str) -> None:
