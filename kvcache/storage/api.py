@@ -202,7 +202,8 @@ class SalvageReport(msgspec.Struct, frozen=True):
     """What a rebuild of a damaged store kept and lost (`VerifyReport.salvage`).
 
     `pages_before` is what the store's own catalogue of sub-databases recorded (-1: unreadable; `lost` then counts
-    only the pages seen in the file and not kept, and `lost_exact` is False). `unreadable_bytes`: bytes of the data
+    only the pages seen in the file and not kept, a lower bound, or is -1 when none was seen, and `lost_exact` is
+    False). `unreadable_bytes`: bytes of the data
     file in pages that read as no LMDB page at all (zeroed or garbled), plus what a truncation cut off."""
 
     source: str  # "tree": LMDB read the file; "catalogue": its meta pages were rebuilt from the newest catalogue

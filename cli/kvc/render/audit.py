@@ -89,7 +89,7 @@ def render_audit(result: AuditOutput, fmt: Output, findings_only: bool, no_heade
                                   f"{len(result.remaining)} violation(s) left"])
     if result.salvage is not None:
         s = result.salvage
-        lost = f"{s.lost:,}" if s.lost_exact else f"at least {s.lost:,}" if s.lost else "an unknown number"
+        lost = f"{s.lost:,}" if s.lost_exact else f"at least {s.lost:,}" if s.lost > 0 else "an unknown number"
         before = f"{s.pages_before:,}" if s.pages_before >= 0 else "unknown"
         summary.append(["rebuilt", f"{s.kept:,} page(s) kept, {lost} lost of {before} recorded; "
                                    f"{human_bytes(s.unreadable_bytes)} of the file unreadable"])

@@ -257,7 +257,8 @@ def _rebuild(path: str, check: VerifyReport, force: bool) -> VerifyReport:
                  if recorded[db] > len(known[db])]
     kept = len(final["pages"])
     seen_lost = len((known["pages"] | known["meta"]) - set(final["pages"]))
-    lost = max(seen_lost, before - kept) if before >= 0 else seen_lost
+    # without the store's own count, the pages seen and not kept are a lower bound; none seen: unknown (-1)
+    lost = max(seen_lost, before - kept) if before >= 0 else seen_lost or -1
     salvage = SalvageReport(source_kind, before, kept, lost, before >= 0, probe.unreadable_bytes, probe.size)
     summary = VerifyFinding("structure_corrupt", None, _summary(salvage, original, len(unread), unreached), True)
     findings = [msgspec.structs.replace(f, repaired=True) for f in check.findings] + [summary]
@@ -279,7 +280,8 @@ def _count(n: int) -> str:
 
 def _summary(s: SalvageReport, original: str, unreadable_records: int, unreached: list[str]) -> str:
     lost = (f"{s.lost} lost" if s.lost_exact else
-            f"{f'at least {s.lost}' if s.lost else 'an unknown number'} lost (the store's own count was unreadable)")
+            f"{f'at least {s.lost}' if s.lost > 0 else 'an unknown number of pages'} lost (the store's own count "
+            f"was unreadable)")
     return (f"rebuilt into a fresh environment from {_SOURCES[s.source]}: {s.kept} page(s) kept of "
             f"{_count(s.pages_before)} recorded, {lost} ({unreadable_records} seen but unreadable); "
             f"{s.unreadable_bytes} of {s.file_bytes} bytes of the file unreadable; the original data file is kept "

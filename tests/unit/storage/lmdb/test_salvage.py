@@ -121,6 +121,7 @@ def test_a_data_file_that_is_not_lmdb_is_refused_and_left_untouched_without_forc
     assert data_of(path) == junk and originals(path) == []
     forced = audit_location(path, repair=True, force=True)
     assert forced.salvage is not None and forced.salvage.kept == 0 and not forced.salvage.lost_exact
+    assert forced.salvage.lost == -1  # unknown, never "0 lost"
     assert forced.original_kept is not None
     with open(forced.original_kept, "rb") as f:
         assert f.read() == junk
