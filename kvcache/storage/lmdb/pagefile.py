@@ -234,20 +234,23 @@ def probe(path: str, names: tuple[str, ...]) -> Probe:
         if sound:
             last = max(struct.unpack_from("<Q", data, p * psize + LAST_PAGE_AT)[0] for p in sound)
             unreadable += max(0, (last + 1) * psize - size)  # cut off by a truncation
-        newest = max(free_leaves, key=lambda r: max(r)) if free_leaves else {}
-        freed = sorted({p for ids in newest.values() for p in ids})
+        free_list = max(free_leaves, key=lambda r: max(r)) if free_leaves else {}
+        freed = sorted({p for ids in free_list.values() for p in ids})
         freed_set = set(freed)
         intact = [c for c in catalogues if _intact(data, c, psize)]
         recorded = _recorded_catalogue(data, sound, psize, names)
-        if recorded is not None and _intact(data, recorded, psize):
+        current = [c for c in intact if c.pgno not in freed_set and not any(d.root in freed_set for d in c.dbs)]
+        # several versions the newest free list does not name: the one with the most records (a version whose
+        # pages were reused loses its roots first and is not intact)
+        newest = max(current or intact, key=lambda c: (sum(d.entries for d in c.dbs), c.pgno), default=None)
+        if (recorded is not None and _intact(data, recorded, psize)
+                and not (len(sound) == 1 and recorded.pgno in freed_set and newest in current)):
             chosen: Catalogue | None = recorded  # the one a sound meta page names: no guess needed
         else:
-            current = [c for c in intact if c.pgno not in freed_set
-                       and not any(d.root in freed_set for d in c.dbs)]
-            # several versions the newest free list does not name: the one with the most records (a version
-            # whose pages were reused loses its roots first and is not intact)
-            chosen = max(current or intact, key=lambda c: (sum(d.entries for d in c.dbs), c.pgno), default=None)
-            sound = []  # a meta page naming a catalogue that is gone is no help: the copy gets rebuilt ones
+            # no sound meta page names an intact catalogue, or the one left names a catalogue a later
+            # transaction freed (the newer meta page is the damaged one): take the newest found in the file
+            chosen = newest
+            sound = []  # the copy gets rebuilt meta pages
         return Probe(size, psize, sound, chosen, len(intact), freed, unreadable, lmdb_pages)
 
 

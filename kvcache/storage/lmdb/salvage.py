@@ -1,29 +1,43 @@
-"""The audit of an LMDB store that may be damaged, and its rebuild (what `kvc audit [--repair]` runs on LMDB).
+"""The audit of an LMDB store that may be damaged, and its repair (what `kvc audit [--repair]` runs on LMDB). A
+repair never destroys: the original data file is kept, and what cannot be saved is counted, never hidden.
 
 LMDB trusts its pages: a flipped byte in a branch or leaf page can make a walk of the B-tree end in LMDB's own
 `abort()`, a SIGSEGV, or a `CorruptedError` / `PageNotFoundError`. So every pass over the store runs in a forked
 child (`isolated.run_isolated`), and the audit survives whatever the store does to the child:
 
 - **check**: `verify()` in a child. A child that dies (a signal) or fails inside LMDB yields one
-  `structure_corrupt` finding naming the sub-database, how many records the walk reached and the last key.
-- **repair**, structure sound: `verify(repair=True)` in a child, then a check. If that repair dies, or leaves
-  findings it should have fixed, the store is rebuilt.
+  `structure_corrupt` finding naming the sub-database, how many records the walk reached and the last key, and
+  what `--repair` would do (`_survey`, from the file's pages: rebuild from what, how many pages the store
+  recorded; or that it would refuse, when nothing of a kvc store reads back).
+- **repair**, structure sound: a consistent copy of the environment is kept as `data.mdb.orig-<UTC time>` (LMDB's
+  own copy: others may be writing), then `verify(repair=True)` in a child, then a check. If that repair dies, or
+  leaves findings it should have fixed, the store is rebuilt.
 - **repair**, structure damaged: **rebuild**. With the store to itself (it takes LMDB's lock file exclusively:
-  a store open in another process is refused, and openers wait), it copies into a fresh environment in the store
-  directory, raw, every record of each sub-database a cursor walk reaches (forward; after a death, forward again
-  one record a commit up to the damage, then backward from the end down to it); then, for a page reached in one
-  of its two records only, it looks the other up by key (restarting past any key whose lookup kills a child) and,
-  failing that, finds it in the data file's leaf pages directly (a damaged branch hides whole intact leaves; only
-  keys the other record names are taken, and only records that prove themselves: a page's checksum seeded by its
-  key, metadata that chains to its key). The fresh store is then checked the ordinary way: pages of a namespace
-  or layout whose record was lost go, the children index is rebuilt from the metadata, counters are recounted,
-  `verify(repair=True)` removes what fails its checks (and what hung below it), and it must verify clean before
-  its data file replaces the store's with one rename. The lock file is then re-initialised from the new data by
-  LMDB itself before anyone else can use it. Every page that did not make it is listed as a removal, and the
-  finding's detail says how many records of each sub-database could not even be reached.
+  a store open in another process is refused, and openers wait), it reads the data file's pages (`pagefile.probe`)
+  and copies into a fresh environment in the store directory what reads back sound, from one of three sources:
+  `tree` -- LMDB opens the file: every record of each sub-database a cursor walk reaches, raw (forward; after a
+  death, forward again one record a commit up to the damage, then backward from the end down to it); then, for a
+  page reached in one of its two records only, the other is looked up by key (restarting past any key whose lookup
+  kills a child) and, failing that, found in the data file's leaf pages directly (a damaged branch hides whole
+  intact leaves; only keys the other record names are taken, and only records that prove themselves: a page's
+  checksum seeded by its key, metadata that chains to its key). `catalogue` -- LMDB's meta pages are unreadable
+  (or the sound one names a catalogue a later commit freed): the same, on a copy of the file whose meta pages
+  name the newest intact catalogue of sub-databases found in it. `scan` -- no catalogue survives: every record
+  of the file's leaf pages that proves itself (pages, metadata, layout and namespace records naming their own
+  ids, the format record), skipping the pages the newest free list names.
+  The fresh store is then checked the ordinary way: pages of a namespace or layout whose record was lost go, the
+  children index is rebuilt from the metadata, counters are recounted, `verify(repair=True)` removes what fails
+  its checks (and what hung below it), and it must verify clean. A rebuild that keeps no page, or a file that is
+  not LMDB at all, is refused (`RepairRefused`, nothing changed) unless forced. Then the original data file is
+  copied to `data.mdb.orig-<UTC time>` (a hidden name until whole), the fresh data file replaces the store's with
+  one rename, and the lock file is re-initialised from the new data by LMDB itself before anyone else can use it.
+  Every page that did not make it is listed as a removal; `SalvageReport` counts pages kept and lost (of what the
+  store recorded, or "at least" when that count is unreadable) and the unreadable bytes of the file.
 
-The store's own directory is never left half-done: until the rename, the original is untouched; the fresh
-environment is removed whatever happens.
+The store's own data file is never left half-done: until the rename it is untouched, and the rename is atomic. A
+repair killed part-way leaves a work directory or a partial copy (hidden names); the next repair that gets the
+store to itself removes them. Crash tests stop the repair at its named steps (`_step`, env KVC_TEST_REPAIR_STOP)
+and kill it there.
 """
 
 from __future__ import annotations

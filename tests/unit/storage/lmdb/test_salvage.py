@@ -210,3 +210,21 @@ def test_probe_tells_a_sound_file_a_zeroed_meta_and_junk_apart(tmp_path):
     junk.write_bytes(b"not lmdb at all " * 10_000)
     probe = pagefile.probe(str(junk), DB_NAMES)
     assert not probe.is_lmdb and probe.unreadable_bytes == probe.size
+
+
+def test_the_newer_meta_page_zeroed_loses_no_committed_transaction(tmp_path):
+    # The older meta page still opens in LMDB's eyes, but names a catalogue the last commit freed: the newest
+    # intact catalogue in the file is taken instead, and the last batch written stays.
+    import struct
+
+    path = str(tmp_path / "s")
+    written = build(path)
+    data = data_of(path)
+    newer = max((0, 1), key=lambda slot: struct.unpack_from("<Q", data, slot * 4096 + pagefile.TXNID_AT)[0])
+    with open(os.path.join(path, "data.mdb"), "r+b") as f:
+        f.seek(newer * 4096)
+        f.write(b"\0" * 4096)
+    report = audit_location(path, repair=True)
+    assert report.salvage is not None and report.salvage.source == "catalogue"
+    assert (report.salvage.kept, report.salvage.lost) == (len(written), 0)
+    assert stored(path) == written
