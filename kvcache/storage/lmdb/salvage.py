@@ -76,7 +76,18 @@ from ..codec import (
 from ..isolated import Died, run_isolated
 from ..verify import verify
 from . import pagefile
-from .env import DB_NAMES, DEFAULT_DURABILITY, DEFAULT_MAP_SIZE, DUPFIXED, ENVS, MAX_DBS, SharedEnv, acquire, release
+from .env import (
+    DB_NAMES,
+    DEFAULT_DURABILITY,
+    DEFAULT_MAP_SIZE,
+    DUPFIXED,
+    ENVS,
+    MAX_DBS,
+    SharedEnv,
+    acquire,
+    release,
+    translate,
+)
 from .registry import SHARES_PREFIX, recount
 from .verify import LMDBIntegrity
 
@@ -342,13 +353,17 @@ def _view(path: str, work: str, probe: pagefile.Probe) -> str:
     view = os.path.join(work, "view")
     os.mkdir(view)
     target = os.path.join(view, "data.mdb")
-    shutil.copyfile(os.path.join(path, "data.mdb"), target)
     source = os.path.join(path, "data.mdb")
-    with open(target, "r+b") as f:
-        for slot in (0, 1):
-            f.seek(slot * probe.page_size)
-            f.write(pagefile.sound_meta_copy(source, probe, slot) if probe.sound_metas
-                    else pagefile.view_meta(probe, slot))
+    try:
+        shutil.copyfile(source, target)
+        with open(target, "r+b") as f:
+            for slot in (0, 1):
+                f.seek(slot * probe.page_size)
+                f.write(pagefile.sound_meta_copy(source, probe, slot) if probe.sound_metas
+                        else pagefile.view_meta(probe, slot))
+    except OSError as exc:
+        raise translate(exc, path, "copying the data file to rebuild its meta pages (nothing was changed)",
+                        probe.size) from None
     return view
 
 
@@ -476,14 +491,20 @@ def _keep_original(path: str) -> str:
     name = _original_name(path)
     final = os.path.join(path, name)
     partial = os.path.join(path, "." + name + _PARTIAL)
-    with open(source, "rb") as src, open(partial, "wb") as dst:
-        copied = 0
-        while chunk := src.read(_COPY_CHUNK):
-            dst.write(chunk)
-            copied += len(chunk)
-            _step("keeping_original", copied)
-        dst.flush()
-        os.fsync(dst.fileno())
+    try:
+        with open(source, "rb") as src, open(partial, "wb") as dst:
+            copied = 0
+            while chunk := src.read(_COPY_CHUNK):
+                dst.write(chunk)
+                copied += len(chunk)
+                _step("keeping_original", copied)
+            dst.flush()
+            os.fsync(dst.fileno())
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise translate(exc, path, "keeping the original data file beside the store (nothing was changed)",
+                        size) from None
     os.replace(partial, final)
     _fsync_dir(path)
     return final
