@@ -14,7 +14,6 @@ import pytest
 from kvcache.errors import RepairRefused
 from kvcache.storage.api import page_origins
 from kvcache.storage.lmdb import pagefile
-from kvcache.storage.lmdb.env import DB_NAMES
 from kvcache.storage.lmdb.salvage import ORIGINAL_PREFIX, audit_location
 from kvcache.storage.registry import open_store
 from kvcache.types.keys import pack_tokens
@@ -196,20 +195,6 @@ def _opened_copy(data_file: str, tmp_path):
     target.mkdir()
     os.link(data_file, target / "data.mdb")
     return open_store(str(target), readonly=True)
-
-
-def test_probe_tells_a_sound_file_a_zeroed_meta_and_junk_apart(tmp_path):
-    path = str(tmp_path / "s")
-    build(path, docs=2)
-    sound = pagefile.probe(os.path.join(path, "data.mdb"), DB_NAMES)
-    assert sound.sound_metas == [0, 1] and sound.catalogue is not None and sound.unreadable_bytes == 0
-    zero_meta_pages(path)
-    lost = pagefile.probe(os.path.join(path, "data.mdb"), DB_NAMES)
-    assert lost.sound_metas == [] and lost.catalogue == sound.catalogue and lost.needs_view
-    junk = tmp_path / "junk"
-    junk.write_bytes(b"not lmdb at all " * 10_000)
-    probe = pagefile.probe(str(junk), DB_NAMES)
-    assert not probe.is_lmdb and probe.unreadable_bytes == probe.size
 
 
 def test_the_newer_meta_page_zeroed_loses_no_committed_transaction(tmp_path):
