@@ -307,8 +307,12 @@ def _summary(s: SalvageReport, original: str, unreadable_records: int, unreached
     lost = (f"{s.lost} lost" if s.lost_exact else
             f"{f'at least {s.lost}' if s.lost > 0 else 'an unknown number of pages'} lost (the store's own count "
             f"was unreadable)")
+    why = ""
+    if s.lost > 0:
+        why = (f" ({unreadable_records} of them unreadable, the others failed their checks, lost a record they "
+               f"need or hung below a lost page; each one seen is listed as removed)")
     return (f"rebuilt into a fresh environment from {_SOURCES[s.source]}: {s.kept} page(s) kept of "
-            f"{_count(s.pages_before)} recorded, {lost} ({unreadable_records} seen but unreadable); "
+            f"{_count(s.pages_before)} recorded, {lost}{why}; "
             f"{s.unreadable_bytes} of {s.file_bytes} bytes of the file unreadable; the original data file is kept "
             f"as {original}" + (f"; records that could not even be reached: {', '.join(unreached)}"
                                 if unreached else ""))
