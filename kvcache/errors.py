@@ -236,3 +236,8 @@ class AdminRemoteError(AdminError):
     def __init__(self, path: str, kind: str, message: str) -> None:
         self.kind, self.remote_message = kind, message
         super().__init__(path, message)
+
+
+class RepairRefused(StoreError):
+    """A repair that would destroy more than it saves: it would keep nothing, or the file is not LMDB (its owner
+    may force it). The store is left as it was."""

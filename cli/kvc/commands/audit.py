@@ -33,6 +33,10 @@ def audit(
     repair: Annotated[bool, typer.Option(
         "--repair", help="Remove what is provably corrupt or unreachable in the store, reporting each removal.")]
     = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="With --repair: replace a data file that is not LMDB, or one from which a rebuild would keep "
+        "nothing, with an empty store (the file is still kept beside it as data.mdb.orig-<UTC time>). Without it "
+        "such a repair is refused (exit 2) and nothing changes.")] = False,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="With --repair: change nothing, print what --repair would do about each finding.")]
     = False,
@@ -49,6 +53,8 @@ def audit(
     """
     if dry_run and not repair:
         raise UsageError("--dry-run goes with --repair")
+    if force and not repair:
+        raise UsageError("--force goes with --repair")
     sock = live.socket_path(socket)
     if repair and (snapshot is not None or sock is not None):
         raise UsageError("--repair works on a store, not on a snapshot or a live cache")
@@ -57,7 +63,7 @@ def audit(
     elif sock is not None:
         result = live.audit(sock)
     else:
-        result = _store_audit(store, repair, dry_run)
+        result = _store_audit(store, repair, dry_run, force)
     fmt = output_format(output, json)
     emit_listing(fmt, result, result.violations, lambda: render_audit(result, fmt, output is Output.TSV, no_headers))
     raise typer.Exit(EXIT_OK if result.ok else EXIT_FOUND)
@@ -72,13 +78,13 @@ def _snapshot_audit(path: Path) -> AuditOutput:
                        msgspec.structs.asdict(report.checked))
 
 
-def _store_audit(location, repair: bool, dry_run: bool) -> AuditOutput:
+def _store_audit(location, repair: bool, dry_run: bool, force: bool) -> AuditOutput:
     from kvcache.diagnostics.audit import audit_store
 
     require_store(location)
     # audit_store survives a damaged store (LMDB: its walks run in child processes; see kvcache.diagnostics.audit)
     fix = repair and not dry_run
-    report = audit_store(location.url, repair=fix)
+    report = audit_store(location.url, repair=fix, force=force)
     after = audit_store(location.url) if fix and not report.ok else None
     checked = {"pages": report.pages_checked, "bytes": report.bytes_checked}
     found = [Finding(f.kind, f.detail, page_hash=f.page_hash) for f in report.findings]
@@ -90,6 +96,8 @@ def _store_audit(location, repair: bool, dry_run: bool) -> AuditOutput:
         result.repair = "done"
         result.repaired = report.repaired
         result.removals = report.removals
+        result.original_kept = report.original_kept
+        result.salvage = report.salvage
         result.remaining = [Finding(f.kind, f.detail, page_hash=f.page_hash)
                             for f in (after.findings if after is not None else [])]
     return result

@@ -185,13 +185,15 @@ class LMDBStore(StoreHandle):
     fingerprint_key: bytes | None = None  # from the store's key file; None: a read-only store made without one
 
     @classmethod
-    def verify_location(cls, location: str, repair: bool = False) -> VerifyReport:
+    def verify_location(cls, location: str, repair: bool = False, force: bool = False) -> VerifyReport:
         """`verify(repair)` of the store at `location`, safe against a damaged store: every pass runs in a child
         process, a walk that dies in a damaged B-tree is a `structure_corrupt` finding, and `repair` rebuilds
-        such a store from what still reads back sound (see `salvage`). Opens nothing in this process."""
+        such a store from what still reads back sound (see `salvage`), keeping the original data file beside it.
+        `force`: replace a file that is not LMDB, or one a rebuild keeps nothing of (refused otherwise). Opens
+        nothing in this process."""
         from .salvage import audit_location  # here: start-up of the commands that never audit skips it
 
-        return audit_location(location, repair)
+        return audit_location(location, repair, force)
 
     def _bind_layout(self, layout: KVLayout, register: bool) -> None:
         if not layout_to_register(self.path, layout, self._read(layout_records), register):
