@@ -48,8 +48,8 @@ def open_inspect(location: StoreLocation, writable: bool = False, read_only: boo
     require_store(location)
     if read_only and writable:
         raise UsageError("--read-only: this command writes the store")
-    lock_free = read_only and scheme_of(location.url) == "lmdb"
-    store = _keyed(open_store(location.url, readonly=not writable, **({"lock": False} if lock_free else {})))
+    options: dict[str, Any] = {"lock": False} if read_only and scheme_of(location.url) == "lmdb" else {}
+    store = _keyed(open_store(location.url, readonly=not writable, **options))
     if getattr(store, "lock_free", False):
         note_lock_free(location, read_only)
     return store
