@@ -5,7 +5,10 @@ LMDB trusts its pages: a flipped byte in a branch or leaf page can make a walk o
 child (`isolated.run_isolated`), and the audit survives whatever the store does to the child:
 
 - **check**: `verify()` in a child. A child that dies (a signal) or fails inside LMDB yields one
-  `structure_corrupt` finding naming the sub-database, how many records the walk reached and the last key.
+  `structure_corrupt` finding naming the sub-database, how many records the walk reached and the last key. A
+  child that could not open or read the store for a permission, its lock file or writers (`_NOT_DAMAGE`) raises
+  that error instead: no finding. A lock-free check (`env`: a user who cannot write lock.mdb, `lock=False`) that
+  writers overtook — a read that says so, or a death while more than one transaction committed — is run again.
 - **repair**, structure sound: `verify(repair=True)` in a child, then a check. If that repair dies, or leaves
   findings it should have fixed, the store is rebuilt.
 - **repair**, structure damaged: **rebuild**. With the store to itself (it takes LMDB's lock file exclusively:
