@@ -254,7 +254,10 @@ class LMDBStore(StoreHandle):
         shared = self._live()
         corrupt = self._access.corrupt
 
+        found = 0  # pages found so far: what a read that fails midway still found
+
         def walk(txn: lmdb.Transaction) -> int:
+            nonlocal found
             get, db = txn.get, shared.dbs.pages
             found = 0
             for h in hashes:
@@ -264,8 +267,10 @@ class LMDBStore(StoreHandle):
             return found
 
         try:
-            found = shared.reading(walk, buffers=True)
-        except (lmdb.Error, StoreChanged):
+            shared.reading(walk, buffers=True)
+        except lmdb.Error:
+            self._counts["read_errors"] += 1
+        except StoreChanged:  # a lock-free read writers kept overtaking: nothing it found can be trusted
             self._counts["read_errors"] += 1
             found = 0
         return count_read(self._counts, found, len(hashes))
@@ -282,8 +287,10 @@ class LMDBStore(StoreHandle):
         digest, seeds, stored = self._checksum.digest, self._checksum.seeds(hashes), CHECKSUM_FIELD.unpack_from
         corrupt = self._access.corrupt
         suspect: list[bytes] = []  # failed their checks: quarantined once the read is known sound (lock-free)
+        done = 0  # pages copied and verified so far: what a read that fails midway still delivered
 
         def copy(txn: lmdb.Transaction) -> int:
+            nonlocal done
             get, db = txn.get, shared.dbs.pages
             suspect.clear()
             done = 0
@@ -306,10 +313,12 @@ class LMDBStore(StoreHandle):
             return done
 
         try:
-            done = shared.reading(copy, buffers=True)
+            shared.reading(copy, buffers=True)
             for h in suspect:
                 self._access.quarantine(h)
-        except (lmdb.Error, StoreChanged):
+        except lmdb.Error:
+            self._counts["read_errors"] += 1
+        except StoreChanged:  # a lock-free read writers kept overtaking: nothing it copied can be trusted
             self._counts["read_errors"] += 1
             done = 0
         count_read(self._counts, done, n, copied=True)
