@@ -109,3 +109,29 @@ def test_an_unreadable_data_file_is_access_denied_never_structure_corrupt(path):
             assert "structure_corrupt" not in out.stdout and "permission denied" in out.stdout
     finally:
         os.chmod(os.path.join(path, "data.mdb"), 0o644)
+
+
+def test_a_lock_free_audit_finds_what_a_locked_one_finds(path):
+    import lmdb
+
+    from kvcache.storage.lmdb.verify import LOCK_FREE_CHUNK_PAGES
+
+    with LMDBStore.open(path, LAYOUT) as store:  # more pages than a lock-free chunk: the scan crosses chunks
+        for t in range(LOCK_FREE_CHUNK_PAGES // 4 + 2):
+            hashes, origins = page_origins(LAYOUT, pack_tokens(np.arange(16, dtype=np.uint32) + 100 * t),
+                                           Namespace(f"n{t}", "s"))
+            store.put(hashes, [np.full(LAYOUT.bytes_per_page, t, np.uint8) for _ in hashes], origins)
+    env = lmdb.open(path, max_dbs=16, subdir=True)
+    pages, meta = env.open_db(b"pages"), env.open_db(b"meta")
+    with env.begin(write=True) as txn:
+        keys = [bytes(k) for k, _ in txn.cursor(db=pages)]
+        value = txn.get(keys[3], db=pages)
+        txn.put(keys[3], value[:-1] + bytes([value[-1] ^ 0xFF]), db=pages)  # a payload flip
+        txn.delete(keys[-2], db=meta)  # a page without its metadata
+    env.close()
+    locked = salvage.audit_location(path)
+    lock_free = salvage.audit_location(path, lock=False)
+    assert lock_free.pages_checked == locked.pages_checked == len(keys) > LOCK_FREE_CHUNK_PAGES
+    assert sorted((f.kind, f.page_hash) for f in lock_free.findings) == sorted(
+        (f.kind, f.page_hash) for f in locked.findings)
+    assert {"checksum_mismatch", "missing_meta"} <= {f.kind for f in lock_free.findings}
