@@ -8,7 +8,10 @@ child (`isolated.run_isolated`), and the audit survives whatever the store does 
 - **check**: `verify()` in a child. A child that dies (a signal) or fails inside LMDB yields one
   `structure_corrupt` finding naming the sub-database, how many records the walk reached and the last key, and
   what `--repair` would do (`_survey`, from the file's pages: rebuild from what, how many pages the store
-  recorded; or that it would refuse, when nothing of a kvc store reads back).
+  recorded; or that it would refuse, when nothing of a kvc store reads back). A child that could not open or read
+  the store for a permission, its lock file or writers (`_NOT_DAMAGE`) raises that error instead: no finding. A
+  lock-free check (`env`: a user who cannot write lock.mdb, `lock=False`) that writers overtook — a read that says
+  so, or a death while more than one transaction committed — is run again.
 - **repair**, structure sound: a consistent copy of the environment is kept as `data.mdb.orig-<UTC time>` (LMDB's
   own copy: others may be writing), then `verify(repair=True)` in a child, then a check. If that repair dies, or
   leaves findings it should have fixed, the store is rebuilt.
@@ -56,7 +59,17 @@ from typing import Any
 import lmdb
 import msgspec
 
-from ...errors import NotAStore, RepairRefused, StoreError, StoreFull, StoreReadOnly, StoreUnsupported
+from ...errors import (
+    InvalidInput,
+    NotAStore,
+    RepairRefused,
+    StoreAccessDenied,
+    StoreChanged,
+    StoreError,
+    StoreFull,
+    StoreReadOnly,
+    StoreUnsupported,
+)
 from ...types.keys import PAGE_HASH_BYTES
 from ...types.shares import decode_shares_record
 from ..api import SalvageReport, VerifyFinding, VerifyRemoval, VerifyReport
@@ -85,6 +98,8 @@ from .env import (
     MAX_DBS,
     SharedEnv,
     acquire,
+    committed_txnid,
+    lock_file_writable,
     release,
     translate,
 )
@@ -92,7 +107,12 @@ from .registry import SHARES_PREFIX, recount
 from .verify import LMDBIntegrity
 
 COPY_BATCH_PAGES = 256  # records per write transaction of the rebuild's first pass (a death loses one batch)
-_ERRORS = {"NotAStore": NotAStore, "StoreUnsupported": StoreUnsupported, "StoreReadOnly": StoreReadOnly}
+_ERRORS = {"NotAStore": NotAStore, "StoreUnsupported": StoreUnsupported, "StoreReadOnly": StoreReadOnly,
+           "StoreAccessDenied": StoreAccessDenied, "StoreChanged": StoreChanged}
+# An open or a read that failed for one of these met a permission, the lock file or writers, never damage: the
+# error is the audit's answer (exit 2), never a `structure_corrupt` finding.
+_NOT_DAMAGE = {"StoreReadOnly", "StoreAccessDenied", "StoreChanged"}
+LOCK_FREE_CHECKS = 3  # runs of a lock-free check that writers keep overtaking before StoreChanged
 _UNREPAIRED_KINDS = {"unknown_layout", "unknown_namespace"}  # reported, never repaired (api.REPAIRS)
 
 
@@ -104,15 +124,19 @@ class Reached(msgspec.Struct, frozen=True, array_like=True):
     last_key: str
 
 
-def audit_location(path: str, repair: bool = False, force: bool = False) -> VerifyReport:
+def audit_location(path: str, repair: bool = False, force: bool = False, lock: bool = True) -> VerifyReport:
     """The integrity audit of the LMDB store at `path`, run in child processes (see the module docstring).
-    `force`: let a repair replace a data file that is not LMDB, or one from which it would keep nothing."""
+    `force`: let a repair replace a data file that is not LMDB, or one from which it would keep nothing. `lock`
+    False: read it lock-free, writing nothing to its directory (as a user who cannot write its lock file does
+    anyway; `env`)."""
+    if repair and not lock:
+        raise InvalidInput("a repair writes the store: it cannot run lock-free (read-only)")
     path = _store_path(path)
     if repair and not os.access(path, os.W_OK):
         raise StoreReadOnly(path, "cannot repair: the store's directory is not writable")
     if repair:
         _clean_after_killed_repair(path)
-    check = _check(path)
+    check = _check(path, lock)
     if not repair or check.ok:
         return check
     if not _structural(check):
@@ -139,9 +163,9 @@ def _structural(report: VerifyReport) -> bool:
     return any(f.kind == "structure_corrupt" for f in report.findings)
 
 
-def _verify_in(path: str, report: Callable[[Any], None], repair: bool) -> VerifyReport:
+def _verify_in(path: str, report: Callable[[Any], None], repair: bool, lock: bool = True) -> VerifyReport:
     """In a child: open the store and verify it, reporting the walk's progress."""
-    with _env_of(path, durability=DEFAULT_DURABILITY) as shared:
+    with _env_of(path, durability=DEFAULT_DURABILITY, lock=lock) as shared:
         if repair and not shared.writable:
             raise StoreReadOnly(path, "cannot repair: the store is at a read-only location")
         progress = lambda db, n, key: report(Reached(db, n, key.hex() if key else ""))  # noqa: E731
@@ -149,29 +173,48 @@ def _verify_in(path: str, report: Callable[[Any], None], repair: bool) -> Verify
 
 
 @contextlib.contextmanager
-def _env_of(path: str, create: bool = False, durability: str = "none") -> Iterator[SharedEnv]:
+def _env_of(path: str, create: bool = False, durability: str = "none", lock: bool = True) -> Iterator[SharedEnv]:
     """The store at `path` opened in this process (durability "none" for the fresh store: its data file is
     fsynced once, before the swap)."""
-    shared = acquire(path, create, DEFAULT_MAP_SIZE, durability)
+    shared = acquire(path, create, DEFAULT_MAP_SIZE, durability, lock=lock)
     try:
         yield shared
     finally:
         release(shared)
 
 
-def _check(path: str) -> VerifyReport:
+def _check(path: str, lock: bool = True) -> VerifyReport:
     """verify() in a child; its death (or a fault inside LMDB) is a `structure_corrupt` finding whose detail says
-    what `--repair` would do (`_survey`)."""
-    report, died = run_isolated(lambda r: _verify_in(path, r, repair=False), Reached, VerifyReport)
-    if died is None:
-        return report
+    what `--repair` would do (`_survey`). A lock-free
+    check (`env`) is run again when writers overtook it: a read that failed, or a child that died, while the
+    store committed more than one transaction may have read pages a writer reused, which is no damage."""
+    lock_free = not lock or not lock_file_writable(path)
+    for _ in range(LOCK_FREE_CHECKS if lock_free else 1):
+        before = committed_txnid(path) if lock_free else 0
+        report, died = run_isolated(lambda r: _verify_in(path, r, repair=False, lock=lock), Reached, VerifyReport)
+        if died is None:
+            return report
+        overtaken = died.error_type == "StoreChanged" or (
+            lock_free and died.error_type not in _ERRORS and committed_txnid(path) > before + 1)
+        if not overtaken:
+            break
+    else:
+        raise StoreChanged(path, f"the store was written during each of {LOCK_FREE_CHECKS} lock-free audits of it "
+                                 f"(a lock-free reader cannot hold a snapshot while writers go on): audit it while "
+                                 f"writers are idle, or as a user who can write lock.mdb")
+    if died.error_type in _NOT_DAMAGE:
+        raise _ERRORS[died.error_type](path, _message(died, path))
     if died.error_type in _ERRORS and not _kvc_catalogue(path):
-        message = died.error.split(": ", 1)[1] if died.error else ""
-        message = message[len(path) + 2:] if message.startswith(path + ": ") else message
-        raise _ERRORS[died.error_type](path, message)
+        raise _ERRORS[died.error_type](path, _message(died, path))
     reached: Reached | None = died.progress
     checked = reached.records if reached is not None and reached.db == "pages" else 0
     return VerifyReport(False, checked, 0, [VerifyFinding("structure_corrupt", None, _where(died, _survey(path)))])
+
+
+def _message(died: Died, path: str) -> str:
+    """The message of the error a child raised, without its type and path."""
+    message = died.error.split(": ", 1)[1] if died.error else ""
+    return message[len(path) + 2:] if message.startswith(path + ": ") else message
 
 
 def _where(died: Died, plan: str) -> str:
