@@ -23,7 +23,7 @@ from kvcache.types.shares import Shares
 
 from .. import live
 from ..context import namespace_record, open_inspect
-from ..errors import UsageError
+from ..errors import EXIT_FOUND, UsageError
 from ..inputs import namespace_arg
 from ..options import (
     DEFAULT_STORE,
@@ -36,8 +36,8 @@ from ..options import (
     SocketOpt,
     StoreOpt,
 )
-from ..render.namespaces import render_live_namespaces, render_prefix_tree, sort_namespaces, with_shares
-from ..render.output import Column, Kind, Listing, Output, emit_json, emit_listing, output_format, render, say
+from ..render.namespaces import prefix_rows, render_live_namespaces, render_prefix_tree, sort_namespaces, with_shares
+from ..render.output import Column, Kind, Listing, emit_json, emit_listing, output_format, render, say
 from ..render.text import human_bytes, literal, ns_label, shown
 from ..reporting import command
 from ..secrets import salt_from
@@ -198,10 +198,7 @@ def show(
     finally:
         st.close()
     tree = NamespaceTree(ns.info(), ns.display_id, rec.pages, rec.bytes, roots, more)
-    if fmt in (Output.JSON, Output.JSONL):
-        emit_json(tree)
-    else:
-        render_prefix_tree(tree, fmt, no_headers)
+    emit_listing(fmt, tree, prefix_rows(tree), lambda: render_prefix_tree(tree, fmt, no_headers))
 
 
 def _walk(store: L3Store, child, depth: int, width: int) -> PrefixNode:
@@ -372,8 +369,9 @@ def expire(
     """Live cache only: expire a namespace now, as if its time to live ran out (the cache needs a TTL policy:
     `kvc serve --ttl-default-s`). It is dropped from L1, L2 and the store without writing anything back; while
     requests of it are running its expiry is deferred until the last one ends, and a new request of it before
-    then cancels the expiry. Needs --yes. Offline there is no deadline to run out: `kvc ns drop` removes a
-    namespace from the store."""
+    then cancels the expiry. Needs --yes. Exit 1 when the cache does not know the namespace (nothing in any tier,
+    no deadline): nothing expired. Offline there is no deadline to run out: `kvc ns drop` removes a namespace from
+    the store."""
     path = live.socket_path(socket)
     if path is None:
         raise UsageError("kvc ns expire acts on a live cache's TTL policy: give --socket PATH (or KVC_SOCKET); "
@@ -388,6 +386,9 @@ def expire(
     outcome = live.call(path, ExpireRequest(extra_key, salt_value), NamespaceExpiry)
     if json:
         emit_json(outcome)
+    elif not outcome.expired and not outcome.deferred:
+        say(f"namespace {ns_label(outcome.namespace)} holds nothing in the live cache or its store and has no "
+            f"deadline: nothing expired (check the extra_key and the salt)")
     elif outcome.deferred:
         say(f"namespace {ns_label(outcome.namespace)} expires when its {outcome.live_requests} running request(s) "
             f"end (a new request of it before then cancels the expiry)")
@@ -395,6 +396,8 @@ def expire(
         say(f"expired namespace {ns_label(outcome.namespace)} (id {outcome.id}): {outcome.device_pages:,} L1 "
             f"pages, {outcome.host_pages:,} L2 pages, {outcome.store_pages:,} L3 pages "
             f"({human_bytes(outcome.store_bytes)})")
+    if not outcome.expired and not outcome.deferred:
+        raise typer.Exit(EXIT_FOUND)  # a namespace the cache does not know: a typo, or gone already
 
 
 app.add_typer(quota_app, name="quota", short_help="A namespace's shares of L1, L2 and L3: set, show, clear.")
