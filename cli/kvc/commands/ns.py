@@ -8,6 +8,7 @@ KVC_SALT), or, where the salt is not at hand (offboarding from a runbook), by th
 
 from __future__ import annotations
 
+import fnmatch
 from typing import Annotated
 
 import msgspec
@@ -121,9 +122,14 @@ def _shown_id(rec: NamespaceRecord) -> str:
     return display_id(NamespaceId(bytes.fromhex(rec.ns_id_hex)))
 
 
-@app.command("ls", short_help="List the namespaces in the store (or a live cache), with their ids.")
+@app.command("ls", short_help="List the namespaces in the store (or a live cache), with their ids; PATTERN: a glob "
+             "on extra_key.")
 @command
 def ls(
+    pattern: Annotated[str | None, typer.Argument(
+        help="Only namespaces whose extra_key matches this shell-style glob, case-sensitive: * any run, ? one "
+        "character, [abc] / [!abc] one of / none of (quote it from the shell: 'tenant-*'). \"\" matches the "
+        "namespace without an extra_key.", metavar="[PATTERN]", show_default=False)] = None,
     store: StoreOpt = DEFAULT_STORE,
     sort: Annotated[str, typer.Option("--sort", help=f"Order by one of: {', '.join(SORT_KEYS)} (largest first, "
                                       "extra_key alphabetical).")] = "bytes",
@@ -134,7 +140,7 @@ def ls(
     debug: DebugOpt = False,
 ) -> None:
     """List the namespaces in the store: id, extra_key, salt fingerprint, pages, tokens, bytes, hits, last
-    access. With --socket, the live cache's namespaces, with what each holds in L1, L2 and L3 and, under a TTL
+    access; with PATTERN, only those whose extra_key matches it (`kvc ns ls 'tenant-*'`). With --socket, the live cache's namespaces, with what each holds in L1, L2 and L3 and, under a TTL
     policy (`kvc serve --ttl-default-s`), when each expires (`deadline`, epoch seconds; `expiry_deferred` while
     running requests hold off a due expiry)."""
     if sort not in SORT_KEYS:
@@ -142,6 +148,7 @@ def ls(
     fmt = output_format(output, json)
     if (sock := live.socket_path(socket)) is not None:
         listing = live.call(sock, NamespacesRequest(), LiveNamespaceList)
+        listing.namespaces = _matching(listing.namespaces, pattern)
         sort_namespaces(listing.namespaces, sort)
         emit_listing(fmt, listing, listing.namespaces,
                      lambda: render_live_namespaces(listing, sock, fmt, no_headers))
@@ -154,6 +161,7 @@ def ls(
                              r.created, r.last_access, shares.get(r.ns_id_hex)) for r in st.namespaces()]
     finally:
         st.close()
+    rows = _matching(rows, pattern)
     sort_namespaces(rows, sort)
 
     def table() -> None:
@@ -163,6 +171,14 @@ def ls(
                fmt, no_headers)
 
     emit_listing(fmt, NamespaceList(str(store), rows), rows, table)
+
+
+def _matching(rows: list, pattern: str | None) -> list:
+    """The `ns ls` rows (offline or live) whose extra_key matches the glob `pattern` (all without one); a namespace
+    without an extra_key matches as the empty string."""
+    if pattern is None:
+        return rows
+    return [r for r in rows if fnmatch.fnmatchcase(r.extra_key or "", pattern)]
 
 
 @app.command("show", short_help="Show a namespace's prefix tree in the store, hottest first.")
