@@ -125,6 +125,23 @@ def test_completion_for_a_named_shell_works_from_any_shell():
                                            "fish, powershell, pwsh (e.g. `kvc --show-completion bash`)"]
 
 
+def test_progress_lines_go_to_the_descriptor_kvc_progress_fd_names(tmp_path):
+    store = tmp_path / "store"
+    invoke("init", "--store", store, "--page-size", 4)
+    read, write = os.pipe()
+    with os.fdopen(read) as lines:
+        try:
+            put = invoke("put", "--store", store, "--extra-key", "p", "--tokens", TOKENS, "--json",
+                         KVC_PROGRESS_FD=str(write))
+        finally:
+            os.close(write)  # kvc writes to it, never closes it: the end of the lines is ours to make
+        seen = lines.read().splitlines()
+    assert json.loads(put.stdout)["pages"] == 10  # stdout is the command's alone
+    assert seen[0] == "put 0/10" and seen[-1] == "put 10/10"
+    bad = invoke("put", "--store", store, "--extra-key", "p", "--tokens", TOKENS, KVC_PROGRESS_FD="nine", code=2)
+    assert bad.stderr.splitlines() == ["kvc: error: KVC_PROGRESS_FD='nine': not a file descriptor number"]
+
+
 def test_prometheus_exposition_is_exact_escaped_and_per_namespace(named_store):
     invoke("prefetch", "--store", named_store, "--extra-key", 'q"uo\\te', "--tokens", TOKENS, KVC_SALT="s")
     text = invoke("stats", "--store", named_store, "--prom").stdout
