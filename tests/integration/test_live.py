@@ -305,8 +305,9 @@ def test_ns_ls_pattern_is_a_glob_on_extra_key_offline_and_live(served):
             doc = as_json(invoke("ns", "ls", *pattern, *where, "--sort", "extra_key", "--json"))
             return [r["extra_key"] for r in doc["namespaces"]]
 
-        assert keys() == keys("*") == keys("t?") == ["t1", "t2"]
-        assert keys("t[!1]") == ["t2"] and keys("*1") == ["t1"]
+        every = keys()  # t1, t2, and the tenants of the module's earlier replays
+        assert keys("*") == every and keys("t?") == ["t1", "t2"] and keys("t[!1]") == ["t2"]
+        assert keys("*1") == [k for k in every if k.endswith("1")] and "t1" in keys("*1")
         assert keys("T*") == keys("x*") == keys("") == []  # case-sensitive; "" is the namespace without extra_key
     tsv = invoke("ns", "ls", "t2", "--store", store, "-o", "tsv").stdout.splitlines()
     assert len(tsv) == 2 and tsv[1].split("\t")[1] == "t2"
