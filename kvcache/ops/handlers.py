@@ -300,7 +300,7 @@ def _compare_with_store(cache: "TieredCache", request: Request, slots: np.ndarra
     device = cache.device_pool.pages[torch.from_numpy(slots[: n_pages * ps: ps] // ps)].cpu().numpy()
     rows = list(want)
     readable = np.zeros(n_pages, dtype=bool)
-    compared = absent = unreadable = 0
+    absent = unreadable = 0
     i = 0
     while i < n_pages:
         got = store.get_into(hashes[i:], rows[i:])  # a run of consecutive pages, up to the first it cannot read
@@ -378,8 +378,8 @@ def _expire(cache: "TieredCache", req: ExpireRequest) -> NamespaceExpiry:
 
 def _known(cache: "TieredCache", ns: Namespace) -> bool:
     """Whether `ns` holds anything in L1, L2 or L3, or has a deadline under the cache's TTL policy."""
-    tiers = namespace_tiers(cache, ns)
-    if tiers.device.pages or tiers.host.pages or ns.id_hex in _stored(cache):
+    use = _tree_pages(cache, ns).get(ns.id)
+    if (use is not None and (use.device_pages or use.host_pages)) or ns.id_hex in _stored(cache):
         return True
     return any(view.id == ns.display_id for view in cache.namespace_ttls())
 

@@ -140,9 +140,10 @@ def ls(
     debug: DebugOpt = False,
 ) -> None:
     """List the namespaces in the store: id, extra_key, salt fingerprint, pages, tokens, bytes, hits, last
-    access; with PATTERN, only those whose extra_key matches it (`kvc ns ls 'tenant-*'`). With --socket, the live cache's namespaces, with what each holds in L1, L2 and L3 and, under a TTL
-    policy (`kvc serve --ttl-default-s`), when each expires (`deadline`, epoch seconds; `expiry_deferred` while
-    running requests hold off a due expiry)."""
+    access; with PATTERN, only those whose extra_key matches it (`kvc ns ls 'tenant-*'`). With --socket, the live
+    cache's namespaces, with what each holds in L1, L2 and L3 and, under a TTL policy (`kvc serve
+    --ttl-default-s`), when each expires (`deadline`, epoch seconds; `expiry_deferred` while running requests hold
+    off a due expiry)."""
     if sort not in SORT_KEYS:
         raise UsageError(f"--sort {sort!r} is not one of {', '.join(SORT_KEYS)}")
     fmt = output_format(output, json)
