@@ -55,12 +55,17 @@ def socket_path(socket: str | None) -> str | None:
     return socket or _GLOBAL.socket
 
 
+def timeout() -> float:
+    """The --timeout given before the command: how long to wait for a live cache (or its event feed) to answer."""
+    if not 0 < _GLOBAL.timeout <= MAX_TIMEOUT_S:  # also refuses nan and inf
+        raise UsageError(f"--timeout {_GLOBAL.timeout:g}: must be > 0 and at most {MAX_TIMEOUT_S:g} seconds")
+    return _GLOBAL.timeout
+
+
 def client(socket: str) -> AdminClient:
     """A client of the live cache at `socket`, with the --timeout given before the command, trusting a server
     run by this user, by root, or by the uids in env KVC_SERVER_UID (comma-separated)."""
-    if not 0 < _GLOBAL.timeout <= MAX_TIMEOUT_S:  # also refuses nan and inf
-        raise UsageError(f"--timeout {_GLOBAL.timeout:g}: must be > 0 and at most {MAX_TIMEOUT_S:g} seconds")
-    return AdminClient(socket, _GLOBAL.timeout, trusted_uids={os.geteuid(), 0, *_server_uids()})
+    return AdminClient(socket, timeout(), trusted_uids={os.geteuid(), 0, *_server_uids()})
 
 
 def _server_uids() -> list[int]:

@@ -14,7 +14,13 @@ from typing import Any
 import typer
 from typer.core import TyperCommand
 
+from .errors import UsageError
 from .reporting import STATE, KvcGroup
+
+try:  # typer < 0.25 runs on click; later typers vendor it as typer._click
+    import click
+except ImportError:
+    from typer import _click as click  # type: ignore[no-redef]  # the same module, found elsewhere
 
 # name -> (module, attribute, one line for `kvc --help`; `kvc NAME --help` shows the whole docstring). A command's
 # module is imported only when that command runs (or its own help is asked for): `kvc --version` and `kvc
@@ -41,8 +47,74 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")  # the shells typer writes completion scripts for
+
+
+def _completion_shell(value: str) -> str:
+    """The shell named on the command line, else the one running kvc; exit 2 for a shell without completion."""
+    shell = value.strip().lower()
+    if not shell:
+        try:
+            import shellingham  # type: ignore[import-untyped]  # typer's own dependency: the same detection
+
+            shell = shellingham.detect_shell()[0]
+        except Exception:  # noqa: BLE001 - not installed, or no shell to find: the user names one
+            raise UsageError("cannot tell which shell runs kvc: name it, e.g. `kvc --show-completion bash`") from None
+    if shell not in SHELLS:
+        raise UsageError(f"no completion for the shell {shell!r}: name one of {', '.join(SHELLS)} (e.g. `kvc "
+                         f"--show-completion bash`)")
+    return shell
+
+
+def _show_completion(ctx: Any, param: Any, value: str | None) -> None:
+    if value is None or ctx.resilient_parsing:
+        return
+    from typer.completion import get_completion_script
+
+    prog = ctx.find_root().info_name or "kvc"
+    typer.echo(get_completion_script(prog_name=prog, complete_var=_complete_var(prog),
+                                     shell=_completion_shell(value)))
+    raise typer.Exit(0)
+
+
+def _install_completion(ctx: Any, param: Any, value: str | None) -> None:
+    if value is None or ctx.resilient_parsing:
+        return
+    from typer.completion import install
+
+    prog = ctx.find_root().info_name or "kvc"
+    shell, path = install(shell=_completion_shell(value), prog_name=prog, complete_var=_complete_var(prog))
+    typer.echo(f"{shell} completion installed in {path}; it takes effect in a new shell")
+    raise typer.Exit(0)
+
+
+def _complete_var(prog: str) -> str:
+    return "_{}_COMPLETE".format(prog.replace("-", "_").replace(" ", "_").upper())
+
+
+def _completion_options() -> list[click.Option]:
+    """`--install-completion [SHELL]` and `--show-completion [SHELL]`: typer's own options take no shell and
+    always detect the running one (from `sh -c`: "Shell sh not supported"); these take the shell named, and
+    detect it only when none is."""
+    common: dict[str, Any] = dict(is_flag=False, flag_value="", default=None, metavar="[SHELL]",
+                                  expose_value=False, is_eager=True)
+    return [click.Option(["--install-completion"], callback=_install_completion, **common,
+                         help=f"Install completion for SHELL ({', '.join(SHELLS)}; default: the shell running "
+                         "kvc)."),
+            click.Option(["--show-completion"], callback=_show_completion, **common,
+                         help=f"Print the completion script for SHELL ({', '.join(SHELLS)}; default: the shell "
+                         "running kvc), to copy it or customise the installation.")]
+
+
 class LazyGroup(KvcGroup):
     """The app's group: lists COMMANDS without importing them, and builds a command when it is resolved."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from typer.completion import completion_init
+
+        super().__init__(*args, **kwargs)
+        completion_init()  # typer's completion classes answer `_KVC_COMPLETE=complete_bash` as its scripts expect
+        self.params += _completion_options()
 
     def list_commands(self, ctx: Any) -> list[str]:
         """Every command's name, in the order of COMMANDS (`kvc --help` lists them so)."""
@@ -80,7 +152,7 @@ app = typer.Typer(
     help="kvc: a tiered KV-cache core for LLM serving (device, host and persistent page-store tiers) "
     "and the tool to operate it: prefetch, stage, load back, inspect namespaces, audit ownership, replay workloads.",
     no_args_is_help=True,
-    add_completion=True,
+    add_completion=False,  # LazyGroup adds its own: they take the shell to complete for
     pretty_exceptions_enable=False,
 )
 

@@ -31,6 +31,7 @@ from ..types.ids import NamespaceId
 from ..types.keys import page_hashes
 from ..types.namespace import Namespace, display_id
 from ..types.request import Request
+from ..types.results import ExpiryCause, NamespaceExpiry
 from ..workload.replay import Replayer
 from .requests import (
     PROTOCOL_VERSION,
@@ -66,7 +67,7 @@ if TYPE_CHECKING:
     from ..engine.cache import TieredCache
     from ..storage.api import NamespaceRecord
     from ..tree import TreeNode
-    from ..types.results import NamespaceDrop, NamespaceExpiry, PrefetchOutcome
+    from ..types.results import NamespaceDrop, PrefetchOutcome
 
 _RIDS = itertools.count(1)
 
@@ -258,7 +259,7 @@ def _load_back(cache: "TieredCache", req: LoadBackRequest) -> RequestResult:
         if adm.status.value != "admitted":
             raise InvalidInput(f"the device pool has no room for {len(request)} tokens now ({adm.status.value})")
         n_pages = adm.cached_tokens // ps
-        bad = _compare_with_store(cache, request, adm.slots, n_pages)
+        check = _compare_with_store(cache, request, adm.slots, n_pages)
     finally:
         _release_quietly(cache, request.rid)  # the loaded pages stay in the tree; the request's own pages go
     buffer = cache.config.host_mode is HostMode.BUFFER
@@ -266,8 +267,8 @@ def _load_back(cache: "TieredCache", req: LoadBackRequest) -> RequestResult:
                          n_pages * cache.layout.bytes_per_page, time.perf_counter() - start,
                          _declined(outcome),
                          loaded_back_tokens=adm.loaded_back_tokens + (adm.storage_hit_tokens if buffer else 0),
-                         verified_tokens=n_pages * ps, verify_mismatches=bad,
-                         tiers=namespace_tiers(cache, request.namespace))
+                         verified_tokens=check.compared * ps, verify_mismatches=check.differ,
+                         verify_absent=check.absent, tiers=namespace_tiers(cache, request.namespace))
 
 
 def _release_quietly(cache: "TieredCache", rid: str) -> None:
@@ -277,18 +278,45 @@ def _release_quietly(cache: "TieredCache", rid: str) -> None:
         pass  # nothing was held for it
 
 
-def _compare_with_store(cache: "TieredCache", request: Request, slots: np.ndarray, n_pages: int) -> int:
-    """Pages among the first `n_pages` of the request whose device bytes differ from the store's copy (read
-    again by the request's own page hashes); pages the store no longer has count as differing."""
+class _StoreCheck(msgspec.Struct, frozen=True):
+    """The device pages of a load-back checked against the store: compared (read back and compared byte for
+    byte), and of those `differ`; `absent`: pages the store does not hold, so nothing to compare them with."""
+
+    compared: int = 0
+    differ: int = 0
+    absent: int = 0
+
+
+def _compare_with_store(cache: "TieredCache", request: Request, slots: np.ndarray, n_pages: int) -> _StoreCheck:
+    """Check the first `n_pages` device pages of the request against the store's copies, read again by the
+    request's own page hashes. A page the store does not hold is `absent`, not a difference: a live cache holds
+    pages not written yet (write-back, a write in flight) or dropped from L3 since. A page the store holds but
+    cannot read back (a checksum failure) differs: its stored bytes are not the device's."""
     if not n_pages or cache.store is None:
-        return 0
-    ps = cache.page_size
+        return _StoreCheck()
+    store, ps = cache.store, cache.page_size
     hashes = page_hashes(cache.layout.layout_id, request.key, ps)[:n_pages]
     want = np.empty((n_pages, cache.layout.bytes_per_page), dtype=np.uint8)
-    got = cache.store.get_into(hashes, list(want))
     device = cache.device_pool.pages[torch.from_numpy(slots[: n_pages * ps: ps] // ps)].cpu().numpy()
-    same = (device[:got] == want[:got]).all(axis=1)
-    return int((~same).sum()) + (n_pages - got)
+    rows = list(want)
+    readable = np.zeros(n_pages, dtype=bool)
+    absent = unreadable = 0
+    i = 0
+    while i < n_pages:
+        got = store.get_into(hashes[i:], rows[i:])  # a run of consecutive pages, up to the first it cannot read
+        readable[i:i + got] = True
+        i += got
+        if i < n_pages:  # page i did not read: not stored, or stored and unreadable
+            if store.page_meta(hashes[i]) is None:
+                absent += 1
+            elif store.get_into(hashes[i:i + 1], rows[i:i + 1]) == 1:  # written meanwhile (a write in flight)
+                readable[i] = True
+            else:
+                unreadable += 1
+            i += 1
+    compared = int(readable.sum())
+    same = (device[readable] == want[readable]).all(axis=1)
+    return _StoreCheck(compared + unreadable, int((~same).sum()) + unreadable, absent)
 
 
 # --- diagnostics ---------------------------------------------------------------------------------------------
@@ -331,13 +359,29 @@ def _drop(cache: "TieredCache", req: DropRequest) -> "NamespaceDrop":
 
 def _set_shares(cache: "TieredCache", req: SharesRequest) -> SharesOutcome:
     ns = _namespace(req)
-    cache.set_shares(ns, req.shares)
+    previous = next((r.shares for r in cache.shares() if r.ns_id_hex == ns.id_hex), None)
+    if previous is not None or not req.shares.empty:  # clearing shares a namespace does not have changes nothing
+        cache.set_shares(ns, req.shares)
     return SharesOutcome(ns.info(getattr(cache.store, "fingerprint_key", None)), ns.display_id, req.shares,
-                         namespace_tiers(cache, ns))
+                         namespace_tiers(cache, ns), previous)
 
 
-def _expire(cache: "TieredCache", req: ExpireRequest) -> "NamespaceExpiry":
-    return cache.expire_namespace(_namespace(req))
+def _expire(cache: "TieredCache", req: ExpireRequest) -> NamespaceExpiry:
+    """Expire a namespace now; one the cache does not know (nothing in any tier, no deadline) is not expired: the
+    answer says `expired` False, and nothing is counted or dropped."""
+    ns = _namespace(req)
+    if cache.ttl_tracker is not None and not _known(cache, ns):  # without a policy: expire_namespace's own error
+        return NamespaceExpiry(ns.info(), ns.display_id, ExpiryCause.ON_DEMAND, expired=False, deferred=False,
+                               live_requests=0)
+    return cache.expire_namespace(ns)
+
+
+def _known(cache: "TieredCache", ns: Namespace) -> bool:
+    """Whether `ns` holds anything in L1, L2 or L3, or has a deadline under the cache's TTL policy."""
+    use = _tree_pages(cache, ns).get(ns.id)
+    if (use is not None and (use.device_pages or use.host_pages)) or ns.id_hex in _stored(cache):
+        return True
+    return any(view.id == ns.display_id for view in cache.namespace_ttls())
 
 
 def _ping(cache: "TieredCache", _: PingRequest) -> ServerInfo:

@@ -181,8 +181,13 @@ class RequestResult(msgspec.Struct):
     prefixes: int = 0
     staged: StagedView | None = None
     loaded_back_tokens: int = 0
+    # load-back: its device pages checked against the store's copies. `verified_tokens`: tokens of the pages
+    # compared; `verify_mismatches`: pages whose stored bytes differ from the device's (or do not read back) — the
+    # failure, exit 1; `verify_absent`: pages the store does not hold (not written yet under write-back, a write in
+    # flight, dropped from L3), so not compared — not a failure
     verified_tokens: int = 0
     verify_mismatches: int = 0
+    verify_absent: int = 0
     tiers: NamespaceTiers | None = None
 
 
@@ -217,6 +222,7 @@ class SharesOutcome(msgspec.Struct, frozen=True):
     id: str  # display_id
     shares: Shares  # all zero: cleared
     tiers: NamespaceTiers
+    previous: Shares | None = None  # the shares it had before (None: none, so a clear changed nothing)
 
 
 class NamespaceList(msgspec.Struct):

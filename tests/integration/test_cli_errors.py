@@ -5,6 +5,7 @@ is allocated, repeated warnings collapse, a replay whose L3 writes all failed sa
 The bad inputs are the issue's own list; on 0f180b0 each of them ended in a traceback with exit 1 (or was
 accepted: --timeout-ms -5, Unicode digits, a missing init parent that was silently created)."""
 
+import fcntl
 import json
 import logging
 import os
@@ -13,7 +14,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -129,22 +129,46 @@ def test_debug_shows_the_traceback(tmp_path):
         assert loud.stderr.decode().strip().splitlines()[-1].startswith("kvc: error: ")
 
 
+# Runs a command with SIGINT at its default action. A test run from a background job (`make test &`: POSIX shells start
+# those with SIGINT ignored) would hand kvc an ignored SIGINT, which kvc rightly leaves ignored (nohup): the replay
+# then ran to its end and exited 0.
+SIGINT_DEFAULT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                  "os.execv(sys.argv[1], sys.argv[1:])")
+
+
 def test_ctrl_c_is_one_line_exit_130_and_leaves_the_store_sound(tmp_path):
+    """The replay says where it is on KVC_PROGRESS_FD, a pipe this test reads; SIGINT goes once it has run 200
+    requests. The pipe holds one page: while this test reads no more, the replay cannot get more than a page of
+    lines (a few thousand requests) ahead, so it is still running — at most blocked on the pipe — when SIGINT
+    lands. No timing: "SIGINT swallowed" and "replay already over" cannot look alike."""
     store = tmp_path / "store"
     assert invoke("init", "--store", store).exit_code == 0
     trace = tmp_path / "big.jsonl"
     write_trace(trace, generate(WorkloadSpec(requests=20_000, tenants=4, seed=3)))
-    data = store / "data.mdb"
-    start = data.stat().st_size
-    proc = subprocess.Popen([str(KVC), "replay", str(trace), "--store", str(store), "--snapshot-out",
-                             str(tmp_path / "cache.snap")], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while data.stat().st_size == start and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)  # until the replay is writing pages to the store
-    assert proc.poll() is None, "the replay ended before it could be interrupted"
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130
+    read, write = os.pipe()
+    if hasattr(fcntl, "F_SETPIPE_SZ"):
+        fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, 4096)
+    proc = subprocess.Popen([sys.executable, "-c", SIGINT_DEFAULT, str(KVC), "replay", str(trace), "--store",
+                             str(store), "--snapshot-out", str(tmp_path / "cache.snap")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(write,),
+                            env=dict(os.environ, KVC_PROGRESS_FD=str(write)))
+    os.close(write)
+    with os.fdopen(read) as progress:
+        seen = []
+        for line in progress:  # "replay DONE/20000" after each step; the end of the file if the replay ended
+            seen.append(line.strip())
+            description, counts = line.split()
+            done, total = map(int, counts.split("/"))
+            assert (description, total) == ("replay", 20_000) and done < total
+            if done >= 200:
+                proc.send_signal(signal.SIGINT)
+                break
+        else:
+            proc.wait(timeout=120)
+            pytest.fail(f"the replay ended (exit {proc.returncode}) before it ran 200 requests: {seen[-3:]}, "
+                        f"{proc.stderr.read()!r}")  # type: ignore[union-attr]
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
     assert err.decode().strip().splitlines() == ["kvc: interrupted"] and out == b""
     assert not (tmp_path / "cache.snap").exists()  # no snapshot, and no temp file of one either
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".cache.snap")] == []

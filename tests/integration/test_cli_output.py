@@ -9,6 +9,7 @@ did not add up to its requests, and `kvc bench` printed bare ratios."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -78,6 +79,67 @@ def test_listing_formats_for_scripts(named_store):
         json.loads(invoke("ns", "ls", "--store", named_store, "--json").stdout)
     tsv = bare[0].split("\t")
     assert tsv[3] == "10" and tsv[5] == "2560" and tsv[7].isdigit()  # raw pages, bytes, unix seconds
+
+
+@pytest.mark.parametrize("command", [["ns", "ls"], ["ns", "show", "t1"], ["ns", "quota", "show"], ["audit"],
+                                     ["stats"]])
+def test_each_output_format_means_the_same_for_every_command_that_has_it(named_store, command):
+    """Issue 25 #10: `kvc stats -o json|jsonl` printed tab-separated text and `-o tsv` `3,801` and `59.4 MiB`;
+    `ns show -o jsonl` printed the tree as one line. Every command with -o: json is its --json document, jsonl one
+    object per row, tsv a header then one line per row of raw values."""
+    invoke("ns", "quota", "set", "--store", named_store, "--extra-key", "t1", "--store-bytes", 1 << 20,
+           KVC_SALT="s")
+    args = [*command, "--store", named_store]
+    document = json.loads(invoke(*args, "-o", "json", KVC_SALT="s").stdout)
+    assert document == json.loads(invoke(*args, "--json", KVC_SALT="s").stdout)
+    rows = [json.loads(line) for line in invoke(*args, "-o", "jsonl", KVC_SALT="s").stdout.splitlines()]
+    assert all(isinstance(row, dict) for row in rows)
+    tsv = invoke(*args, "-o", "tsv", KVC_SALT="s").stdout.splitlines()
+    assert len(tsv) == 1 + len(rows) and invoke(*args, "-o", "tsv", "--no-headers", KVC_SALT="s").stdout \
+        .splitlines() == tsv[1:]
+    widths = {len(line.split("\t")) for line in tsv}
+    assert len(widths) == 1 and widths != {1}  # every line has the header's columns
+    body = "\n".join(tsv[1:])
+    assert not re.search(r"\d,\d{3}", body) and not re.search(r"\d (B|KiB|MiB|GiB)\b", body)  # raw numbers
+    if command == ["stats"]:
+        figures = dict(line.split("\t") for line in tsv[1:])
+        assert tsv[0] == "figure\tvalue" and figures["pages"] == "60" and figures["bytes"] == str(document["bytes"])
+        assert figures["layout_list.0.page_size"] == "4" and figures["counters.pages_read"] == "0"
+        assert rows[:2] == [{"figure": "backend", "value": "lmdb"}, {"figure": "location", "value": str(named_store)}]
+    if command[:2] == ["ns", "show"]:
+        assert [r["depth"] for r in rows] == [1, 2, 3, 4] and rows[0]["tokens"] == [1, 2, 3, 4]
+
+
+def test_completion_for_a_named_shell_works_from_any_shell():
+    """Issue 25 #11: `kvc --show-completion bash` ignored its argument and detected the parent shell: from `sh -c`
+    it said "Shell sh not supported" and exited 1."""
+    for shell, says in (("bash", "complete -o default -F _kvc_completion kvc"), ("zsh", "#compdef kvc"),
+                        ("fish", "complete --command kvc")):
+        script = subprocess.run(["sh", "-c", f'"$0" --show-completion {shell}', str(KVC)], capture_output=True,
+                                text=True, timeout=60)
+        assert script.returncode == 0 and says in script.stdout, script.stderr
+    unknown = subprocess.run(["sh", "-c", '"$0" --show-completion tcsh', str(KVC)], capture_output=True, text=True,
+                             timeout=60)
+    assert unknown.returncode == 2 and unknown.stdout == ""
+    assert unknown.stderr.splitlines() == ["kvc: error: no completion for the shell 'tcsh': name one of bash, zsh, "
+                                           "fish, powershell, pwsh (e.g. `kvc --show-completion bash`)"]
+
+
+def test_progress_lines_go_to_the_descriptor_kvc_progress_fd_names(tmp_path):
+    store = tmp_path / "store"
+    invoke("init", "--store", store, "--page-size", 4)
+    read, write = os.pipe()
+    with os.fdopen(read) as lines:
+        try:
+            put = invoke("put", "--store", store, "--extra-key", "p", "--tokens", TOKENS, "--json",
+                         KVC_PROGRESS_FD=str(write))
+        finally:
+            os.close(write)  # kvc writes to it, never closes it: the end of the lines is ours to make
+        seen = lines.read().splitlines()
+    assert json.loads(put.stdout)["pages"] == 10  # stdout is the command's alone
+    assert seen[0] == "put 0/10" and seen[-1] == "put 10/10"
+    bad = invoke("put", "--store", store, "--extra-key", "p", "--tokens", TOKENS, KVC_PROGRESS_FD="nine", code=2)
+    assert bad.stderr.splitlines() == ["kvc: error: KVC_PROGRESS_FD='nine': not a file descriptor number"]
 
 
 def test_prometheus_exposition_is_exact_escaped_and_per_namespace(named_store):

@@ -89,3 +89,36 @@ def test_live_set_applies_now_writes_the_store_and_shows_use(store_path):
     assert [r.shares for r in store.shares()] == [Shares(host_tokens=8)]
     cache.close()
     store.close()
+
+
+def test_clearing_shares_a_namespace_does_not_have_says_so_and_exits_1(store_path):
+    """Issue 25 #10: `ns quota clear` on a namespace without shares said "cleared" and exited 0 (a typo in the
+    extra_key or the salt went unnoticed). Offline and live: nothing to clear is exit 1, `changed` false."""
+    from kvcache.storage.registry import open_store
+
+    nothing = doc_code(1, "ns", "quota", "clear", "--store", store_path, "--extra-key", "t9")
+    assert nothing["changed"] is False and nothing["previous"] is None and nothing["shares"] == {}
+    human = invoke("ns", "quota", "clear", "--store", store_path, "--extra-key", "t9", code=1)
+    assert "nothing to clear" in human.stdout and "cleared" not in human.stdout
+    invoke("ns", "quota", "set", "--store", store_path, "--extra-key", "t1", "--host-tokens", 64)
+    cleared = doc("ns", "quota", "clear", "--store", store_path, "--extra-key", "t1")
+    assert cleared["changed"] is True and cleared["previous"] == {"host_tokens": 64}
+    doc_code(1, "ns", "quota", "clear", "--store", store_path, "--extra-key", "t1")  # the second time: nothing
+    store = open_store(store_path, make_layout(4))
+    cache = l3_cache(store, device_tokens=256, host_tokens=256)
+    sock = str(store_path) + ".sock"
+    server = AdminServer(cache, sock).start_owner_thread()
+    try:
+        live = doc_code(1, "--socket", sock, "ns", "quota", "clear", "--extra-key", "t9")
+        assert live["changed"] is False and live["previous"] is None
+        doc("--socket", sock, "ns", "quota", "set", "--extra-key", "t1", "--device-tokens", 32)
+        assert doc("--socket", sock, "ns", "quota", "clear", "--extra-key", "t1")["previous"] == {"device_tokens": 32}
+    finally:
+        server.close()
+    assert store.shares() == []
+    cache.close()
+    store.close()
+
+
+def doc_code(code, *args):
+    return json.loads(invoke(*args, "--json", code=code).stdout)

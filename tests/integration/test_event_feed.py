@@ -286,3 +286,20 @@ def test_kvc_serve_refuses_an_events_endpoint_it_cannot_bind(tmp_path):
     result = _invoke("serve", "--store", tmp_path / "store", "--socket", tmp_path / "s.sock", "--events", "tcp://nope")
     assert result.exit_code == 2 and result.stderr.count("\n") == 1 and "'tcp://nope'" in result.stderr
     assert not (tmp_path / "s.sock").exists()
+
+
+@pytest.mark.parametrize("follow", [True, False])
+def test_kvc_events_where_nothing_publishes_fails_within_its_timeout_in_one_line(follow):
+    """Issue 25 #10: `kvc events --endpoint tcp://127.0.0.1:1` printed its header and exited 0 (with --follow it
+    waited for ever): ZeroMQ connects in the background. Now nothing there within --timeout is one line, exit 2."""
+    import socket
+
+    with socket.socket() as closed:  # a port bound here and never listened on: refused, and nobody else's
+        closed.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{closed.getsockname()[1]}"
+        args = ["--follow", "--idle-timeout", "5"] if follow else ["--replay", address]
+        result = _invoke("--timeout", "1", "events", "--endpoint", address, *args)
+        as_json = _invoke("--timeout", "1", "events", "--endpoint", address, *args, "--json")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "nothing answered within 1 s" in result.stderr
+    assert as_json.exit_code == 2 and msgspec.json.decode(as_json.stdout)["error"]["kind"] == "event_endpoint_error"

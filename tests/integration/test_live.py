@@ -294,3 +294,42 @@ def test_sigterm_stops_cleanly_a_live_socket_is_refused_a_stale_one_taken_over(t
     assert not os.path.exists(sock) and "stopped after" in second.stderr
     audit = kvc("audit", "--store", store, "--json", check_rc=0)
     assert json.loads(audit.stdout)["ok"] is True
+
+
+def test_ns_ls_pattern_is_a_glob_on_extra_key_offline_and_live(served):
+    """Issue 25: `kvc ns ls PATTERN` lists the namespaces whose extra_key matches a glob, as `redis-cli --scan
+    --pattern` and `kubectl get` users expect; offline and with --socket alike."""
+    store, sock = served
+    for where in (["--store", store], ["--socket", sock]):
+        def keys(*pattern, where=where):
+            doc = as_json(invoke("ns", "ls", *pattern, *where, "--sort", "extra_key", "--json"))
+            return [r["extra_key"] for r in doc["namespaces"]]
+
+        every = keys()  # t1, t2, and the tenants of the module's earlier replays
+        assert keys("*") == every and keys("t?") == ["t1", "t2"] and keys("t[!1]") == ["t2"]
+        assert keys("*1") == [k for k in every if k.endswith("1")] and "t1" in keys("*1")
+        assert keys("T*") == keys("x*") == keys("") == []  # case-sensitive; "" is the namespace without extra_key
+    tsv = invoke("ns", "ls", "t2", "--store", store, "-o", "tsv").stdout.splitlines()
+    assert len(tsv) == 2 and tsv[1].split("\t")[1] == "t2"
+
+
+def test_a_live_load_back_counts_pages_l3_does_not_hold_yet_as_absent_not_differing(tmp_path, template):
+    """Issue 25 #9: under write-back a live cache holds pages L3 does not have yet; `load-back` counted each as
+    differing and exited 1 (1,763 "mismatches" under load, 0 of which differed). They are `verify_absent` now."""
+    store = shutil.copytree(template, tmp_path / "store")
+    server = Server(str(store), str(tmp_path / "s.sock"), "--write-policy", "write_back")
+    try:
+        tokens = PROMPT + [5] * 16  # the prompt's 16 pages are in L3 (the template's t1), the last 4 are new
+        trace = tmp_path / "t.jsonl"
+        trace.write_text(json.dumps({"rid": "w", "tokens": tokens, "extra_key": "t1", "cache_salt": SALT}) + "\n")
+        assert as_json(invoke("--socket", server.sock, "replay", trace, "--json"))["requests"] == 1
+        args = ["--socket", server.sock, "load-back", "--extra-key", "t1", "--salt", SALT, "--tokens",
+                ",".join(map(str, tokens))]
+        doc = as_json(invoke(*args, "--json"))
+        assert doc["hit_tokens"] == 80 and doc["verify_absent"] == 4 and doc["verify_mismatches"] == 0
+        assert doc["verified_tokens"] == 64
+        said = invoke(*args)
+        assert said.exit_code == 0 and "verified 64 device tokens against the store: ok; 4 pages not in L3" in \
+            said.stdout
+    finally:
+        assert server.stop() == 0

@@ -73,10 +73,25 @@ def test_ns_expire_drops_the_namespace_from_every_tier_at_once(served):
     assert audit["ok"] is True
     ttl = as_json(invoke("--socket", sock, "stats", "--json"))["cache"]["ttl"]
     assert ttl["expired"] == {"on_demand": 1} and ttl["store_pages"] == 21 and ttl["tracked"] == 0
-    stats = invoke("--socket", sock, "stats", "-o", "tsv").stdout
-    assert "namespace TTL\t0 tracked; expired: on_demand 1; 0 deferred" in stats
+    stats = invoke("--socket", sock, "stats", "-o", "tsv").stdout.splitlines()
+    assert {"cache.ttl.tracked\t0", "cache.ttl.expired.on_demand\t1", "cache.ttl.store_pages\t21"} <= set(stats)
     said = invoke("--socket", sock, "ns", "expire", "t2", "--yes")
     assert said.exit_code == 0 and said.stdout.startswith("expired namespace t2") and "21 L3 pages" not in said.stdout
+
+
+def test_expiring_a_namespace_the_cache_does_not_know_says_so_and_exits_1(served):
+    """Issue 25 #10: `kvc ns expire ghost --yes` on a namespace that never existed answered `"expired": true` and
+    counted an expiry. Now: `expired` false, nothing counted, exit 1."""
+    store, server = served
+    sock = server.sock
+    before = as_json(invoke("--socket", sock, "stats", "--json"))["cache"]["ttl"]["expired"]
+    result = invoke("--socket", sock, "ns", "expire", "ghost", "--salt", SALT, "--yes", "--json")
+    assert result.exit_code == 1, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["expired"] is False and doc["deferred"] is False and doc["namespace"]["extra_key"] == "ghost"
+    said = invoke("--socket", sock, "ns", "expire", "ghost", "--yes")
+    assert said.exit_code == 1 and "nothing expired" in said.stdout and not said.stdout.startswith("expired")
+    assert as_json(invoke("--socket", sock, "stats", "--json"))["cache"]["ttl"]["expired"] == before
 
 
 def test_ns_expire_offline_points_to_ns_drop():

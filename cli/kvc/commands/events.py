@@ -14,9 +14,12 @@ from typing import Annotated
 
 import msgspec
 import typer
+import zmq
 
+from kvcache.errors import EventEndpointError
 from kvcache.live.events import EventRecord, KVEventSubscriber, ReceivedBatch, records
 
+from .. import live
 from ..errors import UsageError
 from ..options import DebugOpt
 from ..render.text import shown
@@ -48,6 +51,39 @@ def line(rec: EventRecord) -> str:
             f"{first:<12}  {parent}").rstrip()
 
 
+# the monitor events that end a wait for a peer: a ZMTP handshake that succeeded, or one that failed (no retry helps)
+_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+
+
+def _wait_for_peer(endpoint: str, kind: int, timeout: float, who: str) -> None:
+    """Connect a probe socket of `kind` to `endpoint` and wait up to `timeout` seconds for a ZeroMQ peer of the
+    right type to complete the handshake; `EventEndpointError` (one line, exit 2) when none does. The probe sends
+    nothing and is closed at once: the publisher sees a subscriber come and go."""
+    from zmq.utils.monitor import recv_monitor_message
+
+    ctx = zmq.Context()
+    try:
+        probe = ctx.socket(kind)
+        probe.setsockopt(zmq.LINGER, 0)
+        monitor = probe.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | _HANDSHAKE_FAILED)
+        try:
+            probe.connect(endpoint)
+        except zmq.ZMQError as exc:
+            raise EventEndpointError(endpoint, f"cannot connect: {exc.strerror}") from None
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0 and monitor.poll(max(1, int(left * 1000))):
+            event = recv_monitor_message(monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                return
+            raise EventEndpointError(endpoint, f"the peer there is not {who} (the ZeroMQ handshake failed: wrong "
+                                               "socket type or protocol)")
+        raise EventEndpointError(endpoint, f"nothing answered within {timeout:g} s: is {who} running there? "
+                                           "(kvc --timeout S waits longer)")
+    finally:
+        ctx.destroy(linger=0)
+
+
 @command
 def events(
     endpoint: EndpointOpt = None,
@@ -69,7 +105,9 @@ def events(
 ) -> None:
     """Print a live cache's KV events (BlockStored / BlockRemoved / AllBlocksCleared per tier) from its feed: with
     --follow as they come, else what the replay buffer holds. Events fetched by replay are marked '*' (JSON:
-    "replayed"). Batches missed and no longer buffered are reported on stderr at the end."""
+    "replayed"). Batches missed and no longer buffered are reported on stderr at the end. An address where no
+    publisher answers within the --timeout given before the command (`kvc --timeout S events ...`, default 30 s)
+    is one line on stderr and exit 2."""
     if endpoint is None:
         raise UsageError("kvc events needs --endpoint ENDPOINT (the address `kvc serve --events` publishes on; "
                          "env KVC_EVENTS)")
@@ -87,7 +125,16 @@ def events(
             for rec in records(b):
                 print(msgspec.json.encode(rec).decode() if json else line(rec), flush=True)
 
+    wait = live.timeout()
     sub = KVEventSubscriber(endpoint, replay_endpoint=replay, topic=topic, start=start)
+    try:
+        # ZeroMQ connects in the background and retries for ever: make sure a publisher is there, within --timeout
+        _wait_for_peer(endpoint, zmq.SUB, wait, "`kvc serve --events`")
+        if replay is not None:
+            _wait_for_peer(replay, zmq.DEALER, wait, "`kvc serve --events-replay`")
+    except BaseException:
+        sub.close()
+        raise
     if not json:
         print(HEADER, flush=True)
     try:

@@ -8,6 +8,7 @@ KVC_SALT), or, where the salt is not at hand (offboarding from a runbook), by th
 
 from __future__ import annotations
 
+import fnmatch
 from typing import Annotated
 
 import msgspec
@@ -23,7 +24,7 @@ from kvcache.types.shares import Shares
 
 from .. import live
 from ..context import namespace_record, open_inspect
-from ..errors import UsageError
+from ..errors import EXIT_FOUND, UsageError
 from ..inputs import namespace_arg
 from ..options import (
     DEFAULT_STORE,
@@ -37,8 +38,8 @@ from ..options import (
     SocketOpt,
     StoreOpt,
 )
-from ..render.namespaces import render_live_namespaces, render_prefix_tree, sort_namespaces, with_shares
-from ..render.output import Column, Kind, Listing, Output, emit_json, emit_listing, output_format, render, say
+from ..render.namespaces import prefix_rows, render_live_namespaces, render_prefix_tree, sort_namespaces, with_shares
+from ..render.output import Column, Kind, Listing, emit_json, emit_listing, output_format, render, say
 from ..render.text import human_bytes, literal, ns_label, shown
 from ..reporting import command
 from ..secrets import salt_from
@@ -122,9 +123,14 @@ def _shown_id(rec: NamespaceRecord) -> str:
     return display_id(NamespaceId(bytes.fromhex(rec.ns_id_hex)))
 
 
-@app.command("ls", short_help="List the namespaces in the store (or a live cache), with their ids.")
+@app.command("ls", short_help="List the namespaces in the store (or a live cache), with their ids; PATTERN: a glob "
+             "on extra_key.")
 @command
 def ls(
+    pattern: Annotated[str | None, typer.Argument(
+        help="Only namespaces whose extra_key matches this shell-style glob, case-sensitive: * any run, ? one "
+        "character, [abc] / [!abc] one of / none of (quote it from the shell: 'tenant-*'). \"\" matches the "
+        "namespace without an extra_key.", metavar="[PATTERN]", show_default=False)] = None,
     store: StoreOpt = DEFAULT_STORE,
     sort: Annotated[str, typer.Option("--sort", help=f"Order by one of: {', '.join(SORT_KEYS)} (largest first, "
                                       "extra_key alphabetical).")] = "bytes",
@@ -136,14 +142,16 @@ def ls(
     debug: DebugOpt = False,
 ) -> None:
     """List the namespaces in the store: id, extra_key, salt fingerprint, pages, tokens, bytes, hits, last
-    access. With --socket, the live cache's namespaces, with what each holds in L1, L2 and L3 and, under a TTL
-    policy (`kvc serve --ttl-default-s`), when each expires (`deadline`, epoch seconds; `expiry_deferred` while
-    running requests hold off a due expiry)."""
+    access; with PATTERN, only those whose extra_key matches it (`kvc ns ls 'tenant-*'`). With --socket, the live
+    cache's namespaces, with what each holds in L1, L2 and L3 and, under a TTL policy (`kvc serve
+    --ttl-default-s`), when each expires (`deadline`, epoch seconds; `expiry_deferred` while running requests hold
+    off a due expiry)."""
     if sort not in SORT_KEYS:
         raise UsageError(f"--sort {sort!r} is not one of {', '.join(SORT_KEYS)}")
     fmt = output_format(output, json)
     if (sock := live.socket_path(socket)) is not None:
         listing = live.call(sock, NamespacesRequest(), LiveNamespaceList)
+        listing.namespaces = _matching(listing.namespaces, pattern)
         sort_namespaces(listing.namespaces, sort)
         emit_listing(fmt, listing, listing.namespaces,
                      lambda: render_live_namespaces(listing, sock, fmt, no_headers))
@@ -156,6 +164,7 @@ def ls(
                              r.created, r.last_access, shares.get(r.ns_id_hex)) for r in st.namespaces()]
     finally:
         st.close()
+    rows = _matching(rows, pattern)
     sort_namespaces(rows, sort)
 
     def table() -> None:
@@ -165,6 +174,14 @@ def ls(
                fmt, no_headers)
 
     emit_listing(fmt, NamespaceList(str(store), rows), rows, table)
+
+
+def _matching(rows: list, pattern: str | None) -> list:
+    """The `ns ls` rows (offline or live) whose extra_key matches the glob `pattern` (all without one); a namespace
+    without an extra_key matches as the empty string."""
+    if pattern is None:
+        return rows
+    return [r for r in rows if fnmatch.fnmatchcase(r.extra_key or "", pattern)]
 
 
 @app.command("show", short_help="Show a namespace's prefix tree in the store, hottest first.")
@@ -201,10 +218,7 @@ def show(
     finally:
         st.close()
     tree = NamespaceTree(ns.info(), ns.display_id, rec.pages, rec.bytes, roots, more)
-    if fmt in (Output.JSON, Output.JSONL):
-        emit_json(tree)
-    else:
-        render_prefix_tree(tree, fmt, no_headers)
+    emit_listing(fmt, tree, prefix_rows(tree), lambda: render_prefix_tree(tree, fmt, no_headers))
 
 
 def _walk(store: L3Store, child, depth: int, width: int) -> PrefixNode:
@@ -375,8 +389,9 @@ def expire(
     """Live cache only: expire a namespace now, as if its time to live ran out (the cache needs a TTL policy:
     `kvc serve --ttl-default-s`). It is dropped from L1, L2 and the store without writing anything back; while
     requests of it are running its expiry is deferred until the last one ends, and a new request of it before
-    then cancels the expiry. Needs --yes. Offline there is no deadline to run out: `kvc ns drop` removes a
-    namespace from the store."""
+    then cancels the expiry. Needs --yes. Exit 1 when the cache does not know the namespace (nothing in any tier,
+    no deadline): nothing expired. Offline there is no deadline to run out: `kvc ns drop` removes a namespace from
+    the store."""
     path = live.socket_path(socket)
     if path is None:
         raise UsageError("kvc ns expire acts on a live cache's TTL policy: give --socket PATH (or KVC_SOCKET); "
@@ -391,6 +406,9 @@ def expire(
     outcome = live.call(path, ExpireRequest(extra_key, salt_value), NamespaceExpiry)
     if json:
         emit_json(outcome)
+    elif not outcome.expired and not outcome.deferred:
+        say(f"namespace {ns_label(outcome.namespace)} holds nothing in the live cache or its store and has no "
+            f"deadline: nothing expired (check the extra_key and the salt)")
     elif outcome.deferred:
         say(f"namespace {ns_label(outcome.namespace)} expires when its {outcome.live_requests} running request(s) "
             f"end (a new request of it before then cancels the expiry)")
@@ -398,6 +416,8 @@ def expire(
         say(f"expired namespace {ns_label(outcome.namespace)} (id {outcome.id}): {outcome.device_pages:,} L1 "
             f"pages, {outcome.host_pages:,} L2 pages, {outcome.store_pages:,} L3 pages "
             f"({human_bytes(outcome.store_bytes)})")
+    if not outcome.expired and not outcome.deferred:
+        raise typer.Exit(EXIT_FOUND)  # a namespace the cache does not know: a typo, or gone already
 
 
 app.add_typer(quota_app, name="quota", short_help="A namespace's shares of L1, L2 and L3: set, show, clear.")

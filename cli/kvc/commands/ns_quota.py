@@ -18,7 +18,7 @@ from kvcache.types.shares import MAX_SHARE, Shares
 
 from .. import live
 from ..context import namespace_record, open_inspect
-from ..errors import UsageError
+from ..errors import EXIT_FOUND, UsageError
 from ..options import (
     DEFAULT_STORE,
     DebugOpt,
@@ -53,6 +53,14 @@ class ShareRow(msgspec.Struct):
     used_device_tokens: int | None
     used_host_tokens: int | None
     used_store_bytes: int
+
+
+class ShareChange(ShareRow):
+    """`kvc ns quota set|clear --json`: the namespace's row after the change, what it had before and whether that
+    changed anything (a clear of a namespace without shares does not: exit 1)."""
+
+    previous: Shares | None = None  # the shares it had before (None: none)
+    changed: bool = True
 
 
 class ShareList(msgspec.Struct):
@@ -107,7 +115,8 @@ def quota_clear(
     debug: DebugOpt = False,
 ) -> None:
     """Remove a namespace's shares from the store (with --socket: from the live cache and its store): it
-    competes under plain LRU again, and the store's uniform quota (if any) bounds it in L3."""
+    competes under plain LRU again, and the store's uniform quota (if any) bounds it in L3. Exit 1 when it has
+    no shares: nothing to clear."""
     _quota_write(extra_key, salt_from(salt, salt_file), Shares(), store, socket, json, "cleared")
 
 
@@ -118,24 +127,31 @@ def _quota_write(extra_key: str | None, salt: str | None, shares: Shares, store,
     if path is not None:
         outcome = live.call(path, SharesRequest(shares, extra_key, salt), SharesOutcome)
         t = outcome.tiers
-        row = ShareRow(outcome.namespace.extra_key, outcome.namespace.salt_fingerprint, outcome.id, outcome.shares,
-                       t.device.tokens, t.host.tokens, t.storage.bytes)
+        row = ShareChange(outcome.namespace.extra_key, outcome.namespace.salt_fingerprint, outcome.id,
+                          outcome.shares, t.device.tokens, t.host.tokens, t.storage.bytes, outcome.previous)
     else:
         st = open_inspect(store, writable=True)
         try:
-            st.set_shares(ns, shares)
+            previous = next((r.shares for r in st.shares() if r.ns_id_hex == ns.id_hex), None)
+            if previous is not None or not shares.empty:  # clearing shares that are not there writes nothing
+                st.set_shares(ns, shares)
             rec = namespace_record(st, ns)
             info = ns.info(getattr(st, "fingerprint_key", None))
         finally:
             st.close()
-        row = ShareRow(info.extra_key, info.salt_fingerprint, ns.display_id, shares, None, None,
-                       rec.bytes if rec is not None else 0)
+        row = ShareChange(info.extra_key, info.salt_fingerprint, ns.display_id, shares, None, None,
+                          rec.bytes if rec is not None else 0, previous)
+    row.changed = row.previous != (None if row.shares.empty else row.shares)
     if json:
         emit_json(row)
+    elif row.shares.empty and row.previous is None:
+        say(f"namespace {ns_label(row)} has no shares: nothing to clear (check the extra_key and the salt)")
     else:
         shown_shares = f": L1 / L2 / L3 {share_summary(row.shares)}" if not row.shares.empty else ""
         say(f"{verb} the shares of namespace {ns_label(row)}{shown_shares}"
             + (" (the live cache applies them now)" if path is not None else ""))
+    if row.shares.empty and row.previous is None:
+        raise typer.Exit(EXIT_FOUND)
 
 
 @app.command("show", short_help="List the namespaces with shares, with their use of each tier.")

@@ -12,9 +12,18 @@ from kvcache.live.protocol import LiveStats, NamespaceList, NamespacesRequest, S
 
 from .. import live
 from ..context import open_inspect
-from ..options import DEFAULT_STORE, DebugOpt, JsonOpt, NoHeadersOpt, OutputOpt, ReadOnlyOpt, SocketOpt, StoreOpt
-from ..render.figures import print_figures, render_live_stats, store_rows
-from ..render.output import emit_json
+from ..options import (
+    DEFAULT_STORE,
+    DebugOpt,
+    JsonOpt,
+    NoHeadersOpt,
+    OutputOpt,
+    ReadOnlyOpt,
+    SocketOpt,
+    StoreOpt,
+)
+from ..render.figures import emit_figures, live_rows, store_rows
+from ..render.output import output_format
 from ..render.prometheus import print_prometheus
 from ..reporting import command
 
@@ -34,21 +43,22 @@ def stats(
     debug: DebugOpt = False,
 ) -> None:
     """Store size, pages, namespaces and layouts; with --socket, also the live cache's pools, what is in flight,
-    its hit tokens per tier and its counters."""
+    its hit tokens per tier and its counters. A terminal gets a summary table; -o tsv (the default elsewhere)
+    prints one `figure<TAB>value` line per figure of --json, named by its path there, with raw numbers; -o jsonl
+    the same figures as objects."""
+    fmt = output_format(output, json)
     if (sock := live.socket_path(socket)) is not None:
         figures = live.call(sock, StatsRequest(), LiveStats)
         if prom:
             from kvcache.live.metrics import cache_families
 
             print_prometheus(cache_families(figures, live.call(sock, NamespacesRequest(), NamespaceList)))
-        elif json:
-            emit_json(figures)
-        else:
-            render_live_stats(figures, sock, output, no_headers)
+            return
+        emit_figures(fmt, f"kvc stats — live cache at {sock}", figures, live_rows(figures), no_headers)
         return
     st = open_inspect(store, read_only=read_only)
     try:
-        figures = msgspec.structs.replace(st.stats(), location=str(store))
+        totals = msgspec.structs.replace(st.stats(), location=str(store))
         layouts = st.layouts()
         namespaces = st.namespaces() if prom else []
     finally:
@@ -56,11 +66,8 @@ def stats(
     if prom:
         from kvcache.live.metrics import store_families
 
-        print_prometheus(store_families(figures, str(store), namespaces))
+        print_prometheus(store_families(totals, str(store), namespaces))
         return
-    if json:
-        emit_json({**msgspec.structs.asdict(figures), "layout_list": layouts})
-        return
-    rows = store_rows(figures, str(store))
-    rows += [["layout", layout.describe()] for layout in layouts]
-    print_figures(f"kvc stats — {store}", rows, output, no_headers)
+    rows = store_rows(totals, str(store)) + [["layout", layout.describe()] for layout in layouts]
+    emit_figures(fmt, f"kvc stats — {store}", {**msgspec.structs.asdict(totals), "layout_list": layouts}, rows,
+                 no_headers)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from kvcache.live.protocol import NamespaceList
 from kvcache.types.shares import Shares
 
@@ -77,12 +79,29 @@ def _expiry(row) -> str:
     return "deferred: requests running" if row.expiry_deferred else "scheduled"
 
 
+class PrefixRow(msgspec.Struct, frozen=True):
+    """One page of `kvc ns show -o jsonl|tsv`: the tree flattened, each page after its parent (depth 1: a first
+    page of the namespace)."""
+
+    depth: int
+    page_hash: str
+    hits: int
+    bytes: int
+    tokens: list[int]
+
+
+def prefix_rows(tree: Any) -> list[PrefixRow]:
+    """The pages of `kvc ns show`'s tree (a `kvc.commands.ns.NamespaceTree`), depth first, hottest first."""
+    rows: list[PrefixRow] = []
+    _flatten(tree.roots, 1, rows)
+    return rows
+
+
 def render_prefix_tree(tree: Any, fmt: Output, no_headers: bool) -> None:
     """`kvc ns show` (a `kvc.commands.ns.NamespaceTree`) as a rich tree, hottest branches first; tsv: one line per
     page (depth, page hash, hits, bytes, tokens)."""
     if fmt is Output.TSV:
-        rows: list[list] = []
-        _flatten(tree.roots, 1, rows)
+        rows = [[r.depth, r.page_hash, r.hits, r.bytes, ",".join(map(str, r.tokens))] for r in prefix_rows(tree)]
         render(Listing("", [Column("depth", Kind.INT), Column("page_hash"), Column("hits", Kind.INT),
                             Column("bytes", Kind.BYTES), Column("tokens")], rows), fmt, no_headers)
         return
@@ -96,9 +115,9 @@ def render_prefix_tree(tree: Any, fmt: Output, no_headers: bool) -> None:
     console().print(view)
 
 
-def _flatten(nodes: list, depth: int, rows: list[list]) -> None:
+def _flatten(nodes: list, depth: int, rows: list[PrefixRow]) -> None:
     for node in nodes:
-        rows.append([depth, node.page_hash, node.hits, node.bytes, ",".join(map(str, node.tokens))])
+        rows.append(PrefixRow(depth, node.page_hash, node.hits, node.bytes, node.tokens))
         _flatten(node.children, depth + 1, rows)
 
 

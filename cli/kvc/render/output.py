@@ -1,11 +1,17 @@
 """How kvc prints: for eyes on a terminal, exact values for scripts.
 
-Listings (`kvc ns ls`, `kvc ns show`, and every report table) render in one of the `Output` formats: `table`
-(rich, for a terminal), `tsv` (tab-separated, one header line unless --no-headers, raw numbers: bytes as integers,
-times as unix seconds), `json` (one object), `jsonl` (one object per row). Without -o, a terminal gets `table` and
-anything else (a pipe, a file, cron) gets `tsv`: box-drawing characters never reach awk. Cells holding a string
-someone chose are `shown` safely (`kvc.render.text`); rich markup is never interpreted in them (tables get plain
-`Text`).
+Every command that takes `-o` (`ns ls`, `ns show`, `ns quota show`, `audit`, `stats`) prints its result through
+`emit_listing`, so the formats mean the same everywhere:
+
+- `json`: the command's result, one JSON document, exactly what its --json prints;
+- `jsonl`: one JSON object per line, one per row of the result (a namespace, a page, a finding, a figure);
+- `tsv`: a header line (unless --no-headers), then one tab-separated line per row, raw values: integers without
+  separators, bytes as integers without units, times as unix seconds, `-` for none;
+- `table`: for eyes on a terminal (rich), numbers with separators and units.
+
+Without -o, a terminal gets `table` and anything else (a pipe, a file, cron) gets `tsv`: box-drawing characters
+never reach awk. Cells holding a string someone chose are `shown` safely (`kvc.render.text`); rich markup is never
+interpreted in them (tables get plain `Text`).
 """
 
 from __future__ import annotations
@@ -78,7 +84,7 @@ class Kind(str, enum.Enum):
     BYTES = "bytes"  # 1.2 KiB / 1234
     TIME = "time"  # 2026-01-02 03:04:05 / 1767323045
     PERCENT = "percent"  # 88.7 / 88.7
-    FLOAT = "float"  # 0.59 / 0.59
+    FLOAT = "float"  # 1,767,323,045.12 / 1767323045.123
 
 
 class Column(msgspec.Struct, frozen=True):
@@ -103,7 +109,7 @@ def cell(value: Any, kind: Kind, human: bool) -> str:
     if kind is Kind.PERCENT:
         return f"{value:.1f}"
     if kind is Kind.FLOAT:
-        return f"{value:,.2f}" if human else f"{value:g}"
+        return f"{value:,.2f}" if human else str(value)  # str: Python's shortest exact form, never 1.8e+09
     return escape_controls(str(value))
 
 
@@ -150,8 +156,8 @@ def emit_rows(rows: Sequence[Any]) -> None:
 
 
 def emit_listing(fmt: Output, result: Any, rows: Sequence[Any], table: Callable[[], None]) -> None:
-    """Print a listing command's result in its format: the whole struct for --json, its rows as JSON lines for
-    `-o jsonl`, otherwise what `table()` renders (table or tsv)."""
+    """Print a command's result in its -o format (see the module docstring): the whole struct for json (and
+    --json), its `rows` as JSON lines for jsonl, otherwise what `table()` renders in `fmt` (table or tsv)."""
     if fmt is Output.JSON:
         emit_json(result)
     elif fmt is Output.JSONL:

@@ -65,3 +65,26 @@ def test_a_live_namespace_drop_empties_every_tier_and_writes_nothing_back(store)
     assert T1.id_hex not in {r.ns_id_hex for r in store.namespaces()}
     assert c.match(Request("p", PROMPT, T1)).device_tokens == 0 and c.audit().ok
     c.close()
+
+
+def test_load_back_counts_pages_the_store_lacks_as_absent_and_only_changed_bytes_as_differing(store):
+    """Issue 25 #9: a live cache holds pages L3 does not (write-back writes at eviction): its load-back counted them
+    as differing (exit 1, 1,763 "mismatches" of which 0 differed). Absent pages are not compared and are no
+    failure; a page whose bytes changed still is."""
+    from kvcache.ops.requests import LoadBackRequest
+    from kvcache.types.config import WritePolicy
+
+    c = l3_cache(store, write_policy=WritePolicy.WRITE_BACK)
+    tokens = PROMPT + [0] * 8 + [5] * 8  # 14 pages: the first 12 are in L3 (the fixture's), the last 2 are new
+    replay(c, [TraceRequest("w", tokens, "t1", SALT)])  # committed on the device; write-back: not in L3 yet
+    assert store.exists_prefix(page_hashes(c.layout.layout_id, Request("k", tokens, T1).key, 4)) == 12
+    clean = execute(c, LoadBackRequest(tokens, "t1", SALT))
+    assert clean.pages == 14 and clean.hit_tokens == 56
+    assert (clean.verify_absent, clean.verify_mismatches, clean.verified_tokens) == (2, 0, 48)
+    adm = c.admit(Request("x", tokens, T1))  # flip the bytes of the request's first device page
+    first = int(adm.slots[0]) // 4
+    c.device_pool.pages[first] = 255 - c.device_pool.pages[first]
+    c.release("x")
+    changed = execute(c, LoadBackRequest(tokens, "t1", SALT))
+    assert (changed.verify_absent, changed.verify_mismatches, changed.verified_tokens) == (2, 1, 48)
+    c.close()
