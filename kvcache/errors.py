@@ -26,6 +26,7 @@ either bad input from the caller, a broken invariant, or a storage fault the cal
         ├── StoreAccessDenied         the OS refuses to let this user read the store's files (permissions)
         ├── StoreChanged              a lock-free read that writers overtook (its pages may have been reused)
         ├── StoreFull                 the disk (not the store's own capacity limit) has no room left
+        ├── RepairRefused             a repair that would replace a file that is not LMDB, or keep no page
         ├── LayoutMismatch            the KVLayout asked for is not one the store holds
         ├── StoreUnsupported          a kvc store this install cannot open (newer format, missing checksum)
         └── UnknownBackend            a URL scheme no installed L3 backend is registered for
