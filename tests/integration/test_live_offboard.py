@@ -66,6 +66,12 @@ def test_an_offline_drop_of_a_tenant_a_live_cache_holds_is_refused_and_one_throu
         assert _store_rows(store)["t1"]["pages"] == 21  # nothing was dropped
         by_id = kvc("ns", "drop", "--store", store, "--id", t1_id, "--yes")
         assert by_id.returncode == 2 and sock in by_id.stderr
+        # a tenant the store has never seen, only the live cache (write-back): refused as well, not "not there"
+        new = tmp_path / "t3.jsonl"
+        new.write_text(json.dumps({"rid": "n", "tokens": PROMPT, "extra_key": "t3", "cache_salt": SALT}) + "\n")
+        kvc("--socket", sock, "replay", new, "--json", check_rc=0)
+        unstored = kvc("ns", "drop", "--store", store, "t3", "--salt-file", salt_file, "--yes", "--missing-ok")
+        assert unstored.returncode == 2 and sock in unstored.stderr and "t3" not in _store_rows(store)
         dry = as_json(invoke("ns", "drop", "--store", store, "--id", t1_id, "--dry-run", "--json"))
         assert dry["dry_run"] is True and dry["dropped"] is False and dry["store_pages"] == 21
         assert dry["live_caches"] == [sock] and dry["device_pages"] + dry["host_pages"] > 16

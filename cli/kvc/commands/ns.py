@@ -315,6 +315,9 @@ def drop(
         if len(found) > 1:
             raise UsageError(f"{len(found)} namespaces have {what}: name one by --id (see `kvc ns ls`)")
         if not found:
+            shown_id = ns.display_id if ns is not None else ns_id
+            if shown_id is not None and not dry_run:
+                _refuse_if_held(st, ns.info() if ns is not None else None, shown_id)
             before = _dropped_before(st, ns, ns_id, extra_key, fingerprint)
             if not missing_ok:
                 again = " (the store recorded its drop before: --missing-ok makes a re-run a success)" if before \
@@ -343,13 +346,23 @@ def _drop_offline(st: L3Store, rec: NamespaceRecord, dry_run: bool) -> DropOutpu
         rows = [h.holds for h in holders if h.holds is not None]
         return DropOutput(info, shown_id, False, True, rec.pages, rec.bytes, sum(r.device.pages for r in rows),
                           sum(r.host.pages for r in rows), 0, 0, None, [where(h.record) for h in holders])
-    if holders:
-        names = ", ".join(where(h.record) for h in holders)
-        raise UsageError(f"namespace {ns_label(info)} (id {shown_id}) is held by a live cache serving this store "
-                         f"({names}): drop it through it, `kvc --socket {holders[0].record.socket} ns drop --id "
-                         f"{shown_id} --yes`")
+    _refuse_if_held(st, info, shown_id, holders)
     _, result = recorded_drop(st, NamespaceId(bytes.fromhex(rec.ns_id_hex)), OFFLINE)
     return DropOutput(info, shown_id, True, False, result.pages, result.bytes, 0, 0, 0, result.transactions, None)
+
+
+def _refuse_if_held(st: L3Store, info: NamespaceInfo | None, shown_id: str, holders: list | None = None) -> None:
+    """UsageError naming the live caches of the store that hold namespace `shown_id` in L1/L2: they would write
+    it back (write-back), so the drop must go through one of them."""
+    from kvcache.live.serves import holding, live_serves, where
+
+    holders = holding(live_serves(st), shown_id) if holders is None else holders
+    if holders:
+        names = ", ".join(where(h.record) for h in holders)
+        label = f"{shown(info.extra_key)}/{info.salt_fingerprint or '-'}" if info is not None else "-"
+        raise UsageError(f"namespace {label} (id {shown_id}) is held by a live cache serving this store "
+                         f"({names}): drop it through it, `kvc --socket {holders[0].record.socket} ns drop --id "
+                         f"{shown_id} --yes`")
 
 
 def _dropped_before(st: L3Store, ns: Namespace | None, ns_id: str | None, extra_key: str | None,
