@@ -28,13 +28,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreError
 from ..ops.handlers import execute, held_namespaces
+from ..storage.api import ServeRecord
 from ..storage.serving import FencedStore, new_serve_record
+from .serves import alive
 from .transport import AdminTransport
 
 if TYPE_CHECKING:
@@ -56,17 +59,28 @@ class AdminServer:
         self.cache = cache
         store = cache.store
         self.watch = store.watch if isinstance(store, FencedStore) else None  # the drops it follows
-        self.serve_record = None
+        self.serve_record: ServeRecord | None = None  # this server's record in the store, while it is there
         self._drops_polled = 0.0
         self.transport = AdminTransport(path, self._execute, **options).start()
         if self.watch is not None:
             self.watch.by = self.transport.path
-            self.serve_record = new_serve_record(self.transport.path)
-            try:
-                self.watch.store.register_serve(self.serve_record)
-            except BaseException:
-                self.transport.close()
-                raise
+            if not self.watch.store.readonly:  # a cache that cannot write its store writes nothing back
+                try:
+                    self._register()
+                except BaseException:
+                    self.transport.close()
+                    raise
+
+    def _register(self) -> None:
+        """Record this server in the store, and remove the records of this machine's servers that died without
+        removing theirs (SIGKILL)."""
+        assert self.watch is not None
+        store, me = self.watch.store, socket.gethostname()
+        mine = self.serve_record = new_serve_record(self.transport.path)
+        store.register_serve(mine)
+        for record in store.serves():
+            if record.host == me and record.token != mine.token and not alive(record.pid):
+                store.unregister_serve(record.token)
 
     def _execute(self, request: object) -> msgspec.Struct:
         # A replay polls this server between its steps, so the requests queued meanwhile are answered too.

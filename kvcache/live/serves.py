@@ -33,7 +33,8 @@ def where(record: ServeRecord) -> str:
     return record.socket if record.host == socket.gethostname() else f"{record.host}:{record.socket}"
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether a process with this pid runs on this machine (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -57,7 +58,7 @@ def live_serves(store: L3Store, timeout: float = PING_TIMEOUT_S) -> list[LiveSer
     for rec in store.serves():
         if rec.host != me:
             out.append(LiveServe(rec, False))
-        elif _alive(rec.pid) and _answers(rec, timeout):
+        elif alive(rec.pid) and _answers(rec, timeout):
             out.append(LiveServe(rec, True))
     return out
 

@@ -69,11 +69,8 @@ def add_drop(txn: lmdb.Transaction, dbs: Any, ns_id: bytes, extra_key: str | Non
     record = DropRecord(seq, bytes(ns_id).hex(), extra_key, salt_fingerprint, time.time(), by)
     txn.put(DROP_SEQ, _U64.pack(seq), db=dbs.store)
     txn.put(DROP_PREFIX + _SEQ.pack(seq), encoder.encode(record), db=dbs.store)
-    if seq > DROPS_KEPT:
-        old = [key for key, _ in _prefixed(txn, dbs.store, DROP_PREFIX)
-               if _SEQ.unpack(key[len(DROP_PREFIX):])[0] <= seq - DROPS_KEPT]
-        for key in old:
-            txn.delete(key, db=dbs.store)
+    if seq > DROPS_KEPT:  # one in, one out: the records kept stay DROPS_KEPT
+        txn.delete(DROP_PREFIX + _SEQ.pack(seq - DROPS_KEPT), db=dbs.store)
     return record
 
 

@@ -655,8 +655,18 @@ class RedisStore(StoreHandle):
         return [r for r in found if r is not None]
 
     def drop_seq(self) -> int:
-        """The number of the last drop recorded (0: none)."""
-        raw = self._admin(lambda c: c.get(self._k_dropseq))
+        """The number of the last drop recorded (0: none). A live cache reads it before every put, so it is a data
+        call: a fault is a StoreError at once during the backoff pause (never a wait on a dead server per put),
+        counted in `read_errors`."""
+        client = self._live()
+        if not self._available():
+            raise StoreError(self.location, "redis: the server is not answering (backing off)")
+        try:
+            raw = client.get(self._k_dropseq)
+        except _FAULTS as exc:
+            self._fault("read_errors", exc)
+            raise StoreError(self.location, f"redis: {exc}") from None
+        self._ok()
         return int(raw) if raw is not None else 0
 
     def capacity_bytes(self) -> int:
