@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from redis_server import redis_server  # noqa: F401  (session fixture)
 from test_live import KVC, PROMPT, SALT, Server, as_json, invoke, kvc, make_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,7 +90,14 @@ def test_an_offline_drop_of_a_tenant_a_live_cache_holds_is_refused_and_one_throu
 
 
 def test_a_drop_through_one_live_cache_reaches_the_other_which_writes_nothing_back(tmp_path, template):
-    store = str(shutil.copytree(template, tmp_path / "store"))
+    _two_caches_one_drop(str(shutil.copytree(template, tmp_path / "store")), tmp_path)
+
+
+def test_a_drop_through_one_live_cache_reaches_the_other_on_a_redis_store(tmp_path, redis_server):  # noqa: F811
+    _two_caches_one_drop(make_store(redis_server.store_url()), tmp_path)
+
+
+def _two_caches_one_drop(store: str, tmp_path: Path) -> None:
     first = _write_back_server(store, tmp_path / "a.sock")
     second = _write_back_server(store, tmp_path / "b.sock")
     try:
