@@ -150,6 +150,13 @@ def test_serving_records_are_kept_while_serving_removed_on_exit_and_stale_ones_i
     assert doc["dropped"] is True and doc["store_pages"] == 21  # a dead cache holds nothing: no refusal
 
 
+def test_ns_evict_says_it_may_write_back_and_ns_drop_offers_a_dry_run():
+    evict = invoke("ns", "evict", "--help")
+    assert evict.exit_code == 0 and "written back first" in " ".join(evict.stdout.split())
+    drop = invoke("ns", "drop", "--help")
+    assert drop.exit_code == 0 and "--dry-run" in drop.stdout
+
+
 def test_ns_drop_takes_exactly_16_hex_digits_for_an_id(tmp_path, template):
     store = str(shutil.copytree(template, tmp_path / "store"))
     for bad in ("zz", "zz;rm", "0123456789abcde", "0123456789abcdef0", "0123456789abcdeg", ""):
