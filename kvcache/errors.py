@@ -23,6 +23,8 @@ either bad input from the caller, a broken invariant, or a storage fault the cal
     └── StoreError                    the L3 store cannot be used as asked (each names the path)
         ├── NotAStore                 a path that is not a kvc store (a regular file, a foreign LMDB)
         ├── StoreReadOnly             writing to a store opened read-only or at a read-only location
+        ├── StoreAccessDenied         the OS refuses to let this user read the store's files (permissions)
+        ├── StoreChanged              a lock-free read that writers overtook (its pages may have been reused)
         ├── StoreFull                 the disk (not the store's own capacity limit) has no room left
         ├── LayoutMismatch            the KVLayout asked for is not one the store holds
         ├── StoreUnsupported          a kvc store this install cannot open (newer format, missing checksum)
@@ -162,6 +164,17 @@ class StoreReadOnly(StoreError):
     """A write to a store opened read-only or at a read-only location."""
 
 
+class StoreAccessDenied(StoreError):
+    """The OS refuses this user access to the store's files (EACCES/EPERM on a read): a permission problem, never
+    damage. Names the path and what was refused."""
+
+
+class StoreChanged(StoreError):
+    """A read of a store opened lock-free (LMDB without its lock file: read-only monitoring) that writers
+    overtook: more than one transaction committed while it ran, so a writer may have reused pages it read, and
+    its result cannot be trusted. Nothing is damaged; the read can be run again."""
+
+
 class StoreFull(StoreError):
     """The disk under the store is full."""
 
@@ -236,3 +249,8 @@ class AdminRemoteError(AdminError):
     def __init__(self, path: str, kind: str, message: str) -> None:
         self.kind, self.remote_message = kind, message
         super().__init__(path, message)
+
+
+class RepairRefused(StoreError):
+    """A repair that would destroy more than it saves: it would keep nothing, or the file is not LMDB (its owner
+    may force it). The store is left as it was."""

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvcache.storage.api import L3Store, NamespaceRecord
 from kvcache.storage.location import StoreLocation
-from kvcache.storage.registry import open_store
+from kvcache.storage.registry import backend_class, open_store, scheme_of
 from kvcache.types.namespace import Namespace, use_fingerprint_key
 
 from .errors import UsageError
@@ -40,10 +41,37 @@ def _keyed(store: L3Store) -> L3Store:
     return store
 
 
-def open_inspect(location: StoreLocation, writable: bool = False) -> L3Store:
-    """Open an existing store to inspect it (read-only unless `writable`); a missing store is an error."""
+def open_inspect(location: StoreLocation, writable: bool = False, read_only: bool = False) -> L3Store:
+    """Open an existing store to inspect it (read-only unless `writable`); a missing store is an error.
+    `read_only` (--read-only): write nothing to the store's directory (LMDB: a lock-free open). A lock-free open
+    is said in one line on stderr (`note_lock_free`)."""
     require_store(location)
-    return _keyed(open_store(location.url, readonly=not writable))
+    if read_only and writable:
+        raise UsageError("--read-only: this command writes the store")
+    options: dict[str, Any] = {"lock": False} if read_only and scheme_of(location.url) == "lmdb" else {}
+    store = _keyed(open_store(location.url, readonly=not writable, **options))
+    if getattr(store, "lock_free", False):
+        note_lock_free(location, read_only)
+    return store
+
+
+def reads_lock_free(location: StoreLocation, read_only: bool) -> bool:
+    """Whether a command that opens nothing itself (the audit) reads the store lock-free: with --read-only (LMDB),
+    or where this user cannot write the store's lock file. Says so on stderr when it does."""
+    probe = getattr(backend_class(scheme_of(location.url)), "reads_lock_free", None)
+    if probe is None:
+        return False
+    lock_free = read_only or probe(location.url)
+    if lock_free:
+        note_lock_free(location, read_only)
+    return lock_free
+
+
+def note_lock_free(location: StoreLocation, asked: bool) -> None:
+    """The one line on stderr that says a store is read lock-free, and why."""
+    why = "--read-only" if asked else "this user cannot write its lock.mdb"
+    sys.stderr.write(f"kvc: note: {location}: read lock-free and read-only ({why}); nothing is written to the "
+                     f"store, and a read that writers overtake is run again\n")
 
 
 def open_for_cache(location: StoreLocation) -> L3Store:

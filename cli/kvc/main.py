@@ -33,8 +33,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "top": ("commands.top", "top", "A live cache's tiers, hits and copies, refreshed in place."),
     "serve": ("commands.serve", "serve", "Run a live cache with an admin socket (and --metrics-port)."),
     "snapshot": ("commands.snapshot", "snapshot", "Write a live cache's ownership snapshot."),
+    "ping": ("commands.ping", "ping", "Check that a live cache answers on its admin socket (exit 0, or 2)."),
     "events": ("commands.events", "events", "Follow a live cache's KV-event feed (kvc serve --events)."),
     "bench": ("commands.bench", "bench", "Run the benchmark scripts and print their ratios."),
+    "version": ("commands.version", "version", "kvc, Python and library versions; store and protocol formats."),
     "ns": ("commands.ns", "app", "Namespaces in the store: list, show a prefix tree, drop (offboarding)."),
 }
 

@@ -43,6 +43,11 @@ OutputOpt = Annotated[Output | None, typer.Option(
     "(one object per row). Default: table on a terminal, tsv otherwise.")]
 NoHeadersOpt = Annotated[bool, typer.Option("--no-headers", help="tsv: leave out the header line.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout and nothing else.")]
+ReadOnlyOpt = Annotated[bool, typer.Option(
+    "--read-only", help="Write nothing to the store's directory, not even LMDB's lock file: read the store "
+    "lock-free, as a user who cannot write lock.mdb does anyway (a monitoring account). Each read is checked "
+    "against concurrent writers and run again if they overtook it; one they keep overtaking fails (exit 2). A "
+    "line on stderr says when a store is read lock-free.")]
 
 # --- a request: its namespace and its tokens --------------------------------------------------------------------
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
+# Needs bash (arrays, [[ ]], process substitution, pipefail): run ./offboard_tenant.sh or `bash offboard_tenant.sh`.
+[ -n "${BASH_VERSION:-}" ] || { echo "$0: needs bash, not sh (run it as ./offboard_tenant.sh)" >&2; exit 2; }
 # Runbook: offboard a tenant — drop every page of its namespace from the store and from every live cache that
-# serves the store, then prove it is gone. Needs bash (not sh) and python3.
+# serves the store, then prove it is gone. Needs python3 too.
 #
 #   NS_ID=3f1c0a9e5b7d2468 KVC_STORE=/var/lib/kvc ./offboard_tenant.sh          # the id `kvc ns ls` prints
 #   TENANT=t1 FINGERPRINT=5bad764d95ac KVC_STORE=/var/lib/kvc ./offboard_tenant.sh   # or extra_key + fingerprint

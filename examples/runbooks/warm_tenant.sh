@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Needs bash (arrays, [[ ]], process substitution, pipefail): run ./warm_tenant.sh or `bash warm_tenant.sh`.
+[ -n "${BASH_VERSION:-}" ] || { echo "$0: needs bash, not sh (run it as ./warm_tenant.sh)" >&2; exit 2; }
 # Runbook: warm a tenant's hottest prefixes before its traffic arrives.
 #
 #   TENANT=t1 KVC_SALT_FILE=/etc/kvc/t1.salt KVC_STORE=/var/lib/kvc ./warm_tenant.sh [MAX_PAGES]

@@ -53,18 +53,20 @@ def audit_snapshot(doc: Snapshot | bytes) -> AuditReport:
     return check_state(doc.state)
 
 
-def audit_store(location: str, repair: bool = False) -> "VerifyReport":
+def audit_store(location: str, repair: bool = False, force: bool = False, lock: bool = True) -> "VerifyReport":
     """The L3 integrity audit of the store at `location` (`L3Store.verify`), with `repair` what base.REPAIRS
     allows. A backend that can run it isolated (LMDB: in child processes, so that a B-tree damaged enough to make
     LMDB abort yields a `structure_corrupt` finding instead of killing the caller, and a repair rebuilds it) does;
-    any other is opened here and verified."""
+    any other is opened here and verified. `force`: let an LMDB rebuild replace a file that is not LMDB, or keep
+    nothing (RepairRefused otherwise). `lock` False: LMDB reads the store lock-free, writing nothing to its
+    directory (any other backend is opened read-only as it is without `repair`)."""
     import contextlib
 
     from ..storage.registry import backend_class, open_store, scheme_of
 
     isolated = getattr(backend_class(scheme_of(location)), "verify_location", None)
     if isolated is not None:
-        return isolated(location, repair=repair)
+        return isolated(location, repair=repair, force=force, lock=lock)
     with contextlib.closing(open_store(location, readonly=not repair)) as store:
         return store.verify(repair=repair)
 

@@ -1,5 +1,5 @@
 """What finishes between scheduler steps: copies, in issue order, and L3 jobs taken back on the scheduler thread;
-prefetch retries re-armed and shares refreshed when due. `poll` runs what has finished; `flush` waits for all.
+failed L3 writes and prefetches retried and shares refreshed when due. `poll` runs what has finished; `flush` waits for all.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class Completion:
             if not io.threaded:
                 io.run_pending()
             done += self.take_io_jobs()
+            self.writes.retry_failed()
             self.prefetcher.rearm()
             if time.monotonic() >= self.shares.due:
                 self.shares.refresh_quietly()

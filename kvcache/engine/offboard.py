@@ -2,7 +2,9 @@
 
 A drop gives back the namespace's prefetches and staged records, lets the copies and L3 writes in flight land,
 frees its L1 and L2 pages with no write-back, then deletes it from L3. The result is the same whichever of the
-cache and the store was dropped first. Pages that running requests of the namespace lock stay until they end.
+cache and the store was dropped first. Pages that running requests of the namespace lock stay until they end; they
+are no longer marked stored (the next write of their path puts them again), and the KV-event feed reports removed
+from storage exactly the namespace's pages it had announced there.
 """
 
 from __future__ import annotations
@@ -12,24 +14,27 @@ from typing import TYPE_CHECKING
 from ..types.namespace import Namespace
 from ..types.results import DropReason, EvictResult, NamespaceDrop
 from ..types.tier import Tier
-from .event_log import store_pages
 from .room import of_namespace
 
 if TYPE_CHECKING:
     from ..storage.api import L3Store
+    from ..tree import RadixTree
     from .completion import Completion
     from .event_log import EventLog
     from .holders import Holders
     from .prefetch import Prefetcher
     from .room import Room
+    from .writes import Writes
 
 
 class Offboard:
     """Evicts or drops one namespace from a cache's tiers."""
 
     def __init__(self, room: Room, prefetcher: Prefetcher, completion: Completion, holders: Holders,
-                 store: L3Store | None) -> None:
+                 store: L3Store | None, writes: Writes, tree: RadixTree) -> None:
         self.room = room
+        self.writes = writes
+        self.tree = tree
         self.prefetcher = prefetcher
         self.completion = completion
         self.holders = holders
@@ -57,10 +62,14 @@ class Offboard:
             self.events.flush()
         freed = self.evict(namespace, True, True, write_back=False)
         store, events = self.store, self.events
-        gone = store_pages(store, namespace) if events is not None and store is not None else None
         deleted = store.delete_namespace(ns_id) if store is not None else None
-        if gone and events is not None:
-            events.dropped_from_store(namespace, gone)
+        if store is not None:
+            # What running requests lock stays in the tree, no longer in L3: its next write puts it again, and
+            # nothing of the namespace is retried on its own.
+            self.writes.forget(ns_id)
+            self.tree.unstore_namespace(ns_id)
+            if events is not None:
+                events.dropped_from_store(namespace)  # the pages it announced, and only those
         return NamespaceDrop(namespace.info(), namespace.display_id, freed.device_pages, freed.host_pages,
                              deleted.pages if deleted else 0, deleted.bytes if deleted else 0,
                              holders.running(ns_id))

@@ -54,7 +54,7 @@ class Parts:
         self.prefetcher = prefetcher = Prefetcher(config, rules, tree, host_pool, holders, io, prefetch_stats)
         self.shares = shares = AppliedShares(config, store, tree, counters)
         self.completion = completion = Completion(holders, copies, writes, prefetcher, io, shares)
-        self.offboard = Offboard(room, prefetcher, completion, holders, store)
+        self.offboard = Offboard(room, prefetcher, completion, holders, store, writes, tree)
         self.expiry = Expiry(TTLTracker(config.ttl, clock), holders, drop) if config.ttl is not None else None
         room.wire(copies, writes, prefetcher)
         copies.room, copies.writes, copies.flush = room, writes, completion.flush

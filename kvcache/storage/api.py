@@ -105,6 +105,9 @@ class PutResult(msgspec.Struct, frozen=True):
     rejected: int  # pages over the capacity or their namespace's quota even after eviction (tails of chains)
     evicted: int  # older pages evicted to make room
     bytes_written: int  # payload bytes of the written pages
+    # The hashes of the `evicted` pages, when the backend names them (LMDB does; a backend that evicts nothing
+    # leaves it empty): a cache that wrote them marks them gone from L3 and reports them removed (KV events).
+    evicted_hashes: list[bytes] = []
 
 
 class DeleteResult(msgspec.Struct, frozen=True):
@@ -220,9 +223,29 @@ REPAIRS: dict[str, str] = {
     "counter_mismatch": "recount every registry counter from the pages",
     "damaged_record": "remove the record; a namespace's or a layout's pages go with it (they cannot be registered "
                       "again without it); totals are recounted",
-    "structure_corrupt": "rebuild: copy every page that reads back sound into a fresh store, verify it, and swap it "
-                         "in atomically; every page that could not be copied is listed as removed",
+    "structure_corrupt": "rebuild: copy every page that reads back sound into a fresh store (from the file's pages "
+                         "when LMDB's meta pages are lost), verify it, keep the original file beside the store, and "
+                         "swap the fresh one in atomically; every page that could not be copied is counted as lost; "
+                         "a repair that would keep nothing, or a file that is not LMDB, is refused (--force)",
 }
+
+
+class SalvageReport(msgspec.Struct, frozen=True):
+    """What a rebuild of a damaged store kept and lost (`VerifyReport.salvage`).
+
+    `pages_before` is what the store's own catalogue of sub-databases recorded (-1: unreadable; `lost` then counts
+    only the pages seen in the file and not kept, a lower bound, or is -1 when none was seen, and `lost_exact` is
+    False). `unreadable_bytes`: bytes of the data
+    file in pages that read as no LMDB page at all (zeroed or garbled), plus what a truncation cut off."""
+
+    source: str  # "tree": LMDB read the file; "catalogue": its meta pages were rebuilt from the newest catalogue
+    #              found in the file; "scan": no catalogue survived, the records were found in the file's leaf pages
+    pages_before: int
+    kept: int
+    lost: int
+    lost_exact: bool
+    unreadable_bytes: int
+    file_bytes: int  # size of the original data file
 
 
 class VerifyRemoval(msgspec.Struct, frozen=True):
@@ -251,6 +274,8 @@ class VerifyReport(msgspec.Struct, frozen=True):
     findings: list[VerifyFinding]
     repaired: int = 0  # findings fixed by verify(repair=True)
     removals: list[VerifyRemoval] = []  # every record verify(repair=True) removed
+    original_kept: str | None = None  # with repair: where the data file was kept before anything was rewritten
+    salvage: SalvageReport | None = None  # with repair of a damaged structure: what the rebuild kept and lost
 
 
 class CapacityPolicy(msgspec.Struct, frozen=True):
@@ -284,7 +309,8 @@ class L3Store(Protocol):
         consecutive pages from the start were copied. A missing, corrupt or unreadable page ends the run."""
 
     def put(self, hashes: Sequence[bytes], pages: Sequence[Any], origins: Sequence[PageOrigin]) -> PutResult:
-        """Store a batch of pages in one transaction; pages already stored are left as they are."""
+        """Store a batch of pages in one transaction; pages already stored are left as they are. A backend that
+        evicts pages to make room names them in `PutResult.evicted_hashes` (a cache marks them gone)."""
 
     def delete_namespace(self, ns_id: NamespaceId) -> DeleteResult:
         """Remove every page of one namespace and its registry record, in bounded transactions."""

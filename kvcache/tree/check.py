@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 def check_tree(tree: RadixTree) -> None:
     """Recount each node's children holding a copy per tier, the node count, each tier's pages per class, each
-    share's use of each tier, and look for an LRU entry for every evictable leaf; raise `InvariantViolation` naming
+    share's use of each tier, the stored-page index, and look for an LRU entry for every evictable leaf; raise `InvariantViolation` naming
     the first node, tier or namespace whose record differs."""
     books, shares, by_id = tree._books, tree._shares, tree._by_id
     count, stack = 0, [tree.root]
@@ -59,6 +59,19 @@ def check_tree(tree: RadixTree) -> None:
             raise InvariantViolation(f"tree records {book.tier.value} pages protected/held/evictable "
                                      f"{'/'.join(map(str, recorded))}, its nodes hold "
                                      f"{'/'.join(map(str, classes[book.index]))}")
+    # A page the store drops finds its node only through the stored index: exactly the pages of stored nodes.
+    indexed = tree._stored_pages
+    n_stored = 0
+    for node in by_id.values():
+        if node.stored:
+            for h in node.page_hashes or ():
+                n_stored += 1
+                if indexed.get(h) is not node:
+                    raise InvariantViolation(f"tree node#{node.id} is marked stored but its page {h.hex()} is not "
+                                             f"indexed to it: a store eviction of that page would leave it stale")
+    if n_stored != len(indexed):
+        raise InvariantViolation(f"the tree's stored-page index holds {len(indexed)} pages, its stored nodes "
+                                 f"{n_stored}")
     # Eviction finds a tier's victims only through its heap: every leaf nobody locks, holds or pins needs an entry.
     for book in books:
         offered = {entry & ID_MASK for entry in book.lru}

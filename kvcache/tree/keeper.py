@@ -56,6 +56,12 @@ class BookKeeper:
         self._book_of = {book.tier: book for book in self._books}
         self.on_copy: CopyListener | None = None  # see CopyListener; None (no event feed) costs one test per change
         self._shares: dict[bytes, ShareState] = {}  # namespace id -> its share state (namespaces with a share)
+        # page hash -> the attached node marked stored that holds it (mark_stored / mark_unstored, splits, deletes)
+        self._stored_pages: dict[bytes, TreeNode] = {}
+
+    def page_hashes(self, node: TreeNode) -> list[bytes]:
+        """The page hash chain of `node`'s pages (RadixTree's: it knows the layout that seeds the chains)."""
+        raise NotImplementedError
 
     def book(self, tier: Tier) -> TierBook:
         """The books of `tier`: its page counts per class and its LRU heap (read them; the tree writes them)."""
@@ -170,14 +176,51 @@ class BookKeeper:
         self._reoffer(node)
 
     def mark_stored(self, node: TreeNode) -> None:
-        """The L3 store acknowledged every page of `node`: its host copy can go without a write-back first."""
+        """The L3 store acknowledged every page of `node` (whose page hashes the write computed): its host copy can
+        go without a write-back first. Its pages are indexed, so a later eviction or deletion of any of them in
+        the store finds the node (`unstore_pages`)."""
         node.stored = True
+        index = self._stored_pages
+        for h in self.page_hashes(node):
+            index[h] = node
 
     def mark_unstored(self, nodes: Iterable[TreeNode]) -> None:
-        """The L3 store no longer holds `nodes`' pages (it evicted a page above them): a host eviction writes them
-        back again first."""
+        """The L3 store no longer holds all of `nodes`' pages (it evicted or deleted one, or a page above them): a
+        host eviction writes them back again first, and the next write of their path includes them."""
+        index = self._stored_pages
         for node in nodes:
-            node.stored = False
+            if node.stored:
+                node.stored = False
+                for h in node.page_hashes or ():
+                    if index.get(h) is node:
+                        del index[h]
+
+    def unstore_pages(self, hashes: Iterable[bytes]) -> int:
+        """The store no longer holds these pages (evicted to make room, deleted): every node holding one of them,
+        and every node below it (a chain hangs from its parent), is marked not stored. Returns how many nodes."""
+        index, n = self._stored_pages, 0
+        for h in hashes:
+            node = index.get(h)
+            if node is not None:
+                stale = [node, *subtree(node)]
+                n += sum(x.stored for x in stale)
+                self.mark_unstored(stale)
+        return n
+
+    def unstore_namespace(self, ns_id: bytes) -> int:
+        """Every page of namespace `ns_id` left the store (dropped): none of its nodes is stored any more (those
+        running requests lock stay in the tree and are written again by the next write of their path). Returns
+        how many nodes were marked."""
+        ns_root = self.root.children.get(ns_id)
+        if ns_root is None:
+            return 0
+        stale = [node for node in subtree(ns_root) if node.stored]
+        self.mark_unstored(stale)
+        return len(stale)
+
+    def stored_node(self, page_hash: bytes) -> TreeNode | None:
+        """The node marked stored that holds page `page_hash`, if any (read it; the tree keeps the index)."""
+        return self._stored_pages.get(page_hash)
 
     # --- copies and offers ----------------------------------------------------------------------------------
 

@@ -348,6 +348,9 @@ class RadixTree(BookKeeper):
             new.host, child.host = exact(child.host[:head_pages]), exact(child.host[head_pages:])
         if child.page_hashes is not None:
             new.page_hashes, child.page_hashes = child.page_hashes[:head_pages], child.page_hashes[head_pages:]
+            if child.stored:  # the head's pages are the new node's now
+                for h in new.page_hashes:
+                    self._stored_pages[h] = new
         parent.children[child.key[:self._page_bytes]] = new  # in child's place: parent's counts stay
         child.key = child.key[cut:]
         child.parent = new
@@ -365,6 +368,11 @@ class RadixTree(BookKeeper):
         node.parent = None
         self.node_count -= 1
         del self._by_id[node.id]
+        if node.stored:  # its pages stay in the store; only the index of attached nodes lets go of them
+            index = self._stored_pages
+            for h in node.page_hashes or ():
+                if index.get(h) is node:
+                    del index[h]
         # Callers take both copies away first (each offered the parent if it left it a leaf); a copy still here
         # leaves with the node.
         if node.device is not None or node.host is not None:  # (eviction's deletes skip the loop's reads by name)

@@ -79,6 +79,8 @@ class BackupStats(msgspec.Struct):
     storage_failed: int = 0  # writes that failed on an L3 fault (nodes left intact, not marked stored)
     storage_rejected: int = 0  # pages the store refused for lack of capacity
     storage_rewrites: int = 0  # paths written again because L3 had evicted a page above them
+    storage_retries: int = 0  # paths written again after a write of them failed or was refused (parent first)
+    storage_evicted: int = 0  # pages the store evicted to make room for this cache's writes (marked gone)
 
 
 class TTLStats(msgspec.Struct):

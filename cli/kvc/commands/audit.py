@@ -16,9 +16,9 @@ import typer
 from kvcache.storage.api import REPAIRS
 
 from .. import live
-from ..context import require_store
+from ..context import reads_lock_free, require_store
 from ..errors import EXIT_FOUND, EXIT_OK, UsageError
-from ..options import DEFAULT_STORE, DebugOpt, JsonOpt, NoHeadersOpt, OutputOpt, SocketOpt, StoreOpt
+from ..options import DEFAULT_STORE, DebugOpt, JsonOpt, NoHeadersOpt, OutputOpt, ReadOnlyOpt, SocketOpt, StoreOpt
 from ..render.audit import AuditOutput, Finding, PlannedRepair, findings_of, render_audit
 from ..render.output import Output, emit_listing, output_format
 from ..reporting import command
@@ -33,10 +33,15 @@ def audit(
     repair: Annotated[bool, typer.Option(
         "--repair", help="Remove what is provably corrupt or unreachable in the store, reporting each removal.")]
     = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="With --repair: replace a data file that is not LMDB, or one from which a rebuild would keep "
+        "nothing, with an empty store (the file is still kept beside it as data.mdb.orig-<UTC time>). Without it "
+        "such a repair is refused (exit 2) and nothing changes.")] = False,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="With --repair: change nothing, print what --repair would do about each finding.")]
     = False,
     socket: SocketOpt = None,
+    read_only: ReadOnlyOpt = False,
     output: OutputOpt = None,
     no_headers: NoHeadersOpt = False,
     json: JsonOpt = False,
@@ -49,6 +54,10 @@ def audit(
     """
     if dry_run and not repair:
         raise UsageError("--dry-run goes with --repair")
+    if force and not repair:
+        raise UsageError("--force goes with --repair")
+    if read_only and repair and not dry_run:
+        raise UsageError("--read-only cannot go with --repair (a repair writes the store)")
     sock = live.socket_path(socket)
     if repair and (snapshot is not None or sock is not None):
         raise UsageError("--repair works on a store, not on a snapshot or a live cache")
@@ -57,7 +66,7 @@ def audit(
     elif sock is not None:
         result = live.audit(sock)
     else:
-        result = _store_audit(store, repair, dry_run)
+        result = _store_audit(store, repair, dry_run, force, read_only)
     fmt = output_format(output, json)
     emit_listing(fmt, result, result.violations, lambda: render_audit(result, fmt, output is Output.TSV, no_headers))
     raise typer.Exit(EXIT_OK if result.ok else EXIT_FOUND)
@@ -72,13 +81,14 @@ def _snapshot_audit(path: Path) -> AuditOutput:
                        msgspec.structs.asdict(report.checked))
 
 
-def _store_audit(location, repair: bool, dry_run: bool) -> AuditOutput:
+def _store_audit(location, repair: bool, dry_run: bool, force: bool, read_only: bool) -> AuditOutput:
     from kvcache.diagnostics.audit import audit_store
 
     require_store(location)
     # audit_store survives a damaged store (LMDB: its walks run in child processes; see kvcache.diagnostics.audit)
     fix = repair and not dry_run
-    report = audit_store(location.url, repair=fix)
+    lock = not reads_lock_free(location, read_only)  # a lock-free audit is said on stderr
+    report = audit_store(location.url, repair=fix, force=force, lock=lock)
     after = audit_store(location.url) if fix and not report.ok else None
     checked = {"pages": report.pages_checked, "bytes": report.bytes_checked}
     found = [Finding(f.kind, f.detail, page_hash=f.page_hash) for f in report.findings]
@@ -90,6 +100,8 @@ def _store_audit(location, repair: bool, dry_run: bool) -> AuditOutput:
         result.repair = "done"
         result.repaired = report.repaired
         result.removals = report.removals
+        result.original_kept = report.original_kept
+        result.salvage = report.salvage
         result.remaining = [Finding(f.kind, f.detail, page_hash=f.page_hash)
                             for f in (after.findings if after is not None else [])]
     return result

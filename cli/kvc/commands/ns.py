@@ -35,6 +35,7 @@ from ..options import (
     JsonOpt,
     NoHeadersOpt,
     OutputOpt,
+    ReadOnlyOpt,
     SaltFileOpt,
     SaltOpt,
     SocketOpt,
@@ -140,6 +141,7 @@ def ls(
     sort: Annotated[str, typer.Option("--sort", help=f"Order by one of: {', '.join(SORT_KEYS)} (largest first, "
                                       "extra_key alphabetical).")] = "bytes",
     socket: SocketOpt = None,
+    read_only: ReadOnlyOpt = False,
     output: OutputOpt = None,
     no_headers: NoHeadersOpt = False,
     json: JsonOpt = False,
@@ -158,7 +160,7 @@ def ls(
         emit_listing(fmt, listing, listing.namespaces,
                      lambda: render_live_namespaces(listing, sock, fmt, no_headers))
         return
-    st = open_inspect(store)
+    st = open_inspect(store, read_only=read_only)
     try:
         ps = _page_size(st)
         shares = {r.ns_id_hex: r.shares for r in st.shares()}
@@ -187,6 +189,7 @@ def show(
     depth: Annotated[int, typer.Option("--depth", min=1, max=4096, help="Pages of prefix to walk down.")] = 4,
     width: Annotated[int, typer.Option("--width", min=1, max=4096,
                                        help="Children shown per page, hottest first.")] = 5,
+    read_only: ReadOnlyOpt = False,
     output: OutputOpt = None,
     no_headers: NoHeadersOpt = False,
     json: JsonOpt = False,
@@ -196,7 +199,7 @@ def show(
     line per page (depth, page hash, hits, bytes, tokens)."""
     ns = namespace_arg(extra_key, salt, salt_file)
     fmt = output_format(output, json)
-    st = open_inspect(store)
+    st = open_inspect(store, read_only=read_only)
     try:
         rec = namespace_record(st, ns)
         if rec is None:

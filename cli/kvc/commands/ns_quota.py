@@ -26,6 +26,7 @@ from ..options import (
     JsonOpt,
     NoHeadersOpt,
     OutputOpt,
+    ReadOnlyOpt,
     SaltFileOpt,
     SaltOpt,
     SocketOpt,
@@ -142,6 +143,7 @@ def _quota_write(extra_key: str | None, salt: str | None, shares: Shares, store,
 def quota_show(
     store: StoreOpt = DEFAULT_STORE,
     socket: SocketOpt = None,
+    read_only: ReadOnlyOpt = False,
     output: OutputOpt = None,
     no_headers: NoHeadersOpt = False,
     json: JsonOpt = False,
@@ -157,7 +159,7 @@ def quota_show(
             ShareRow(r.extra_key, r.salt_fingerprint, r.id, r.shares, r.device.tokens, r.host.tokens,
                      r.storage.bytes) for r in listing.namespaces if r.shares is not None])
     else:
-        st = open_inspect(store)
+        st = open_inspect(store, read_only=read_only)
         try:
             used = {r.ns_id_hex: r.bytes for r in st.namespaces()}
             result = ShareList(str(store), False, [

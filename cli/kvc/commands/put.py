@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -16,7 +17,7 @@ from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import NamespaceInfo
 
 from ..context import open_for_cache
-from ..errors import UsageError
+from ..errors import EXIT_FOUND, UsageError
 from ..inputs import namespace_arg, tokens_arg
 from ..options import (
     DEFAULT_STORE,
@@ -62,14 +63,16 @@ def put(
     salt_file: SaltFileOpt = None,
     tokens: TokensOpt = None,
     tokens_file: TokensFileOpt = None,
+    # "\\[" is rich markup's escape: a bare "[tokens, ...]" reads as a style tag and vanishes from --help
     kv_file: Annotated[Path | None, typer.Option(
         "--kv-file", help="Real KV to store instead of synthetic: a torch .pt file (or .safetensors with one "
-        "tensor) of shape [tokens, ...] whose bytes per token match the store's layout.")] = None,
+        "tensor) of shape \\[tokens, ...] whose bytes per token match the store's layout.")] = None,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Write the whole pages of one token sequence to the store, under the namespace given by --extra-key and
-    --salt. Pages the store already holds are left as they are."""
+    --salt. Pages the store already holds are left as they are. Exits 1 when the store took none of the pages
+    (all refused for capacity, a quota or a share, or a write fault)."""
     ids = tokens_arg(tokens, tokens_file)
     if ids is None:
         raise UsageError("give the sequence with --tokens or --tokens-file")
@@ -99,11 +102,16 @@ def put(
                         time.perf_counter() - start, "file" if kv_file is not None else "synthetic")
     if json:
         emit_json(result_)
-        return
-    rate = nbytes / result_.seconds if result_.seconds else 0.0
-    say(f"{ns_label(ns)}: {len(hashes)} pages of {len(ids)} tokens: "
-        f"{written} written, {existing} already stored, {rejected} rejected; {human_bytes(nbytes)} in "
-        f"{result_.seconds * 1000:.1f} ms ({human_bytes(rate)}/s)")
+    else:
+        rate = nbytes / result_.seconds if result_.seconds else 0.0
+        say(f"{ns_label(ns)}: {len(hashes)} pages of {len(ids)} tokens: "
+            f"{written} written, {existing} already stored, {rejected} rejected; {human_bytes(nbytes)} in "
+            f"{result_.seconds * 1000:.1f} ms ({human_bytes(rate)}/s)")
+    if hashes and not written + existing:
+        # Nothing of what was given is in the store: a script must not go on as if it were.
+        sys.stderr.write(f"kvc: error: the store took none of the {len(hashes)} pages ({rejected} refused for "
+                         f"capacity, a quota or a share, or a write fault)\n")
+        raise typer.Exit(EXIT_FOUND)
 
 
 def _file_pages(path: Path, layout: KVLayout, n_tokens: int) -> "torch.Tensor":

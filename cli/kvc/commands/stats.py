@@ -12,7 +12,7 @@ from kvcache.live.protocol import LiveStats, NamespaceList, NamespacesRequest, S
 
 from .. import live
 from ..context import open_inspect
-from ..options import DEFAULT_STORE, DebugOpt, JsonOpt, NoHeadersOpt, OutputOpt, SocketOpt, StoreOpt
+from ..options import DEFAULT_STORE, DebugOpt, JsonOpt, NoHeadersOpt, OutputOpt, ReadOnlyOpt, SocketOpt, StoreOpt
 from ..render.figures import print_figures, render_live_stats, store_rows
 from ..render.output import emit_json
 from ..render.prometheus import print_prometheus
@@ -27,6 +27,7 @@ def stats(
     store: StoreOpt = DEFAULT_STORE,
     prom: PromOpt = False,
     socket: SocketOpt = None,
+    read_only: ReadOnlyOpt = False,
     output: OutputOpt = None,
     no_headers: NoHeadersOpt = False,
     json: JsonOpt = False,
@@ -45,7 +46,7 @@ def stats(
         else:
             render_live_stats(figures, sock, output, no_headers)
         return
-    st = open_inspect(store)
+    st = open_inspect(store, read_only=read_only)
     try:
         figures = msgspec.structs.replace(st.stats(), location=str(store))
         layouts = st.layouts()

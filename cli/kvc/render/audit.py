@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from kvcache.storage.api import VERIFY_KINDS, VerifyRemoval
+from kvcache.storage.api import VERIFY_KINDS, SalvageReport, VerifyRemoval
 
 from .output import Column, Kind, Listing, Output, render
 from .text import human_bytes
@@ -61,6 +61,8 @@ class AuditOutput(msgspec.Struct):
     remaining: list[Finding] = []  # with --repair: what a second scan still finds
     removals: list[VerifyRemoval] = []  # every record --repair removed, one entry each
     planned: list[PlannedRepair] = []  # with --repair --dry-run: what --repair would do, per finding
+    original_kept: str | None = None  # with --repair: the data file as it was, kept beside the store
+    salvage: SalvageReport | None = None  # with --repair of a damaged structure: pages kept, lost, unreadable bytes
 
 
 def findings_of(violations: list[Any]) -> list[Finding]:
@@ -85,7 +87,15 @@ def render_audit(result: AuditOutput, fmt: Output, findings_only: bool, no_heade
     if result.repair == "done":
         summary.append(["repair", f"{result.repaired} repaired, {len(result.removals)} records removed, "
                                   f"{len(result.remaining)} violation(s) left"])
-    elif result.repair == "dry_run":
+    if result.salvage is not None:
+        s = result.salvage
+        lost = f"{s.lost:,}" if s.lost_exact else f"at least {s.lost:,}" if s.lost > 0 else "an unknown number"
+        before = f"{s.pages_before:,}" if s.pages_before >= 0 else "unknown"
+        summary.append(["rebuilt", f"{s.kept:,} page(s) kept, {lost} lost of {before} recorded; "
+                                   f"{human_bytes(s.unreadable_bytes)} of the file unreadable"])
+    if result.original_kept is not None:
+        summary.append(["original kept", result.original_kept])
+    if result.repair == "dry_run":
         summary.append(["repair", f"dry run: nothing changed; {len(result.planned)} finding(s) planned below"])
     sections = [Listing(f"kvc audit — {result.source} {result.location}", [Column("figure"), Column("value")],
                         summary, header=False)]

@@ -6,6 +6,18 @@ needs no transaction of this process active, so every transaction passes a gate 
 An open is retried as a whole on transient faults, a create that fails leaves nothing behind, and LMDB and OS
 faults become typed StoreErrors (`translate`: running out of disk surfaces from LMDB as EIO at commit; it is
 reported as StoreFull when the disk is full).
+
+Lock-free reading. LMDB's readers register in its lock file (`lock.mdb`), which they must be able to write. A
+user who may read the store but not write `lock.mdb` (a monitoring account, a read-only filesystem), or a caller
+that asks for it (`lock=False`: nothing at all is written to the store directory), gets the environment opened
+read-only *without* the lock file. Such a reader is invisible to writers: a writer may reuse the pages of a
+snapshot it reads. LMDB frees the pages a commit replaces and a writer reuses pages freed by transactions up to
+two before its own when no reader is registered, so a read of snapshot S is sound as long as no transaction
+after S+1 has begun; that is, when the store's last committed transaction is still at most S+1 once the read is
+done. Every read transaction of a lock-free environment checks exactly that at its end (`SharedEnv.read`): one
+that writers overtook raises StoreChanged instead of returning what it read, and `SharedEnv.reading` runs it
+again (LOCK_FREE_ATTEMPTS times). A long read (a verify's snapshot of the metadata) can be overtaken every time
+on a busy store; it then fails with StoreChanged, never with a wrong result.
 """
 
 from __future__ import annotations
@@ -17,12 +29,21 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import lmdb
 import msgspec
 
-from ...errors import InvalidInput, NotAStore, StoreError, StoreFull, StoreReadOnly, StoreUnsupported
+from ...errors import (
+    InvalidInput,
+    NotAStore,
+    StoreAccessDenied,
+    StoreChanged,
+    StoreError,
+    StoreFull,
+    StoreReadOnly,
+    StoreUnsupported,
+)
 from ..codec import CHECKSUMS, DEFAULT_CHECKSUM, FORMAT_MAGIC, FORMAT_VERSION, StoreFormat, decode_format, encoder
 from ..keyfile import KEY_FILE
 from .registry import init_store_records
@@ -39,6 +60,8 @@ DURABILITY: dict[str, tuple[bool, bool]] = {"full": (True, True), "data": (True,
 DEFAULT_DURABILITY = "data"  # a cache: integrity across crashes, not the last batch
 DB_NAMES = ("pages", "meta", "children", "namespaces", "layouts", "store")
 DUPFIXED = ("children",)
+LOCK_FREE_ATTEMPTS = 8  # runs of a lock-free read that writers keep overtaking before StoreChanged
+T = TypeVar("T")
 
 
 class Dbs(msgspec.Struct, frozen=True):
@@ -60,10 +83,13 @@ class SharedEnv:
     the gate (a writer blocked on LMDB's own lock while counted active would deadlock a resize).
     """
 
-    def __init__(self, env: lmdb.Environment, path: str, writable: bool, dbs: Dbs, fmt: StoreFormat) -> None:
+    def __init__(self, env: lmdb.Environment, path: str, writable: bool, dbs: Dbs, fmt: StoreFormat,
+                 lock_free: bool = False) -> None:
         self.env = env
         self.path = path
         self.writable = writable  # opened read-write (False: a read-only location)
+        # opened without LMDB's lock file (read-only; see the module docstring): reads are checked against writers
+        self.lock_free = lock_free
         self.dbs = dbs
         self.format = fmt
         self.pid = os.getpid()
@@ -111,15 +137,49 @@ class SharedEnv:
 
     @contextmanager
     def read(self, buffers: bool = False) -> Iterator[lmdb.Transaction]:
-        """A short read transaction. A record that does not decode in it is a StoreError naming the cure."""
+        """A short read transaction. A record that does not decode in it is a StoreError naming the cure. In a
+        lock-free environment, a read that writers overtook raises StoreChanged when it ends (whatever it read may
+        come from reused pages: a record that did not decode, or an LMDB fault, is then no sign of damage)."""
         txn = self._begin(False, buffers)
+        snapshot = txn.id() if self.lock_free else None
         try:
             yield txn
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self.check_snapshot(snapshot)
             raise _damaged(self.path, exc) from None
+        except lmdb.Error:
+            self.check_snapshot(snapshot)
+            raise
         finally:
             txn.abort()
             self._leave()
+        self.check_snapshot(snapshot)
+
+    def check_snapshot(self, snapshot: int | None) -> None:
+        """StoreChanged when a lock-free read of transaction `snapshot` may have seen pages a writer reused: the
+        store committed more than one transaction after it (see the module docstring). None: a registered
+        reader, nothing to check."""
+        if snapshot is None:
+            return
+        last = self.env.info()["last_txnid"]
+        if last > snapshot + 1:
+            raise StoreChanged(self.path, f"a lock-free read of transaction {snapshot} was overtaken by writers "
+                                          f"(transaction {last} is committed): it may have read reused pages")
+
+    def reading(self, body: Callable[[lmdb.Transaction], T], buffers: bool = False) -> T:
+        """`body(txn)` in one short read transaction, run again when writers overtook it in a lock-free
+        environment (at most LOCK_FREE_ATTEMPTS runs; then StoreChanged). `body` must keep its effects to what
+        it returns (or overwrite them when rerun)."""
+        for attempt in range(LOCK_FREE_ATTEMPTS):
+            try:
+                with self.read(buffers) as txn:
+                    return body(txn)
+            except StoreChanged:
+                if attempt + 1 == LOCK_FREE_ATTEMPTS:
+                    raise StoreChanged(self.path, f"the store was written during each of {LOCK_FREE_ATTEMPTS} "
+                                                  f"lock-free reads of it; read it while writers are idle, or as "
+                                                  f"a user who can write lock.mdb") from None
+        raise AssertionError("unreachable")
 
     def write(self, body: Callable[[lmdb.Transaction], Any], grow_hint: int = 0) -> Any:
         """Run `body` in one write transaction and commit. On a full map, grow it and rerun the whole body:
@@ -241,18 +301,25 @@ def translate(exc: BaseException, path: str, doing: str, wanted: int = 0) -> Sto
     return StoreError(path, f"{doing}: {exc}")
 
 
-def _open_env(path: str, create: bool, map_size: int, durability: str, checksum: str) -> SharedEnv:
+def _open_env(path: str, create: bool, map_size: int, durability: str, checksum: str,
+              lock: bool = True) -> SharedEnv:
     """Open (or create) the environment at `path` and check that it is a kvc store.
 
     The open is retried as a whole on a transient fault (OPEN_ATTEMPTS times): another process growing the map
     between our `lmdb.open` and our first transaction (MDB_MAP_RESIZED), a full reader table, EAGAIN. A create
-    that fails leaves nothing behind: the files it made are removed, so a later `init` starts afresh.
+    that fails leaves nothing behind: the files it made are removed, so a later `init` starts afresh. `lock`
+    False: open an existing store read-only and lock-free, writing nothing (see the module docstring); so is a
+    store whose lock file this user cannot write.
     """
     if os.path.exists(path) and not os.path.isdir(path):
         raise NotAStore(path, "is a regular file, expected a kvc store directory")
     data_file = os.path.join(path, "data.mdb")
     creating = not os.path.exists(data_file)
     made_dir = False
+    if not lock:
+        if creating:
+            raise NotAStore(path, "no kvc store here to open read-only")
+        return _open_retried(path, create, map_size, durability, checksum, True)
     if creating:
         if not create:
             raise NotAStore(path, "no kvc store here (expected a directory holding data.mdb; create=True makes one)")
@@ -265,21 +332,26 @@ def _open_env(path: str, create: bool, map_size: int, durability: str, checksum:
         except OSError as exc:
             raise translate(exc, path, "creating the store directory") from None
     try:
-        _reserve_lock_file(path)
-        last: BaseException | None = None
-        for attempt in range(OPEN_ATTEMPTS):
-            try:
-                return _open_env_once(path, create, map_size, durability, checksum)
-            except lmdb.Error as exc:
-                if not _transient(exc):
-                    raise translate(exc, path, "opening") from None
-                last = exc
-            time.sleep(min(0.0005 * 2 ** attempt, 0.05))
-        raise StoreError(path, f"opening: still failing after {OPEN_ATTEMPTS} attempts ({last})")
+        lock_free = not _reserve_lock_file(path) and not creating
+        return _open_retried(path, create, map_size, durability, checksum, lock_free)
     except BaseException:
         if creating:
             remove_failed_create(path, made_dir)
         raise
+
+
+def _open_retried(path: str, create: bool, map_size: int, durability: str, checksum: str,
+                  lock_free: bool) -> SharedEnv:
+    last: BaseException | None = None
+    for attempt in range(OPEN_ATTEMPTS):
+        try:
+            return _open_env_once(path, create, map_size, durability, checksum, lock_free)
+        except lmdb.Error as exc:
+            if not _transient(exc):
+                raise translate(exc, path, "opening") from None
+            last = exc
+        time.sleep(min(0.0005 * 2 ** attempt, 0.05))
+    raise StoreError(path, f"opening: still failing after {OPEN_ATTEMPTS} attempts ({last})")
 
 
 OPEN_ATTEMPTS = 100  # whole-open retries on transient faults (a writer may grow the map many times meanwhile)
@@ -287,6 +359,7 @@ OPEN_ATTEMPTS = 100  # whole-open retries on transient faults (a writer may grow
 # file only gives more slots.
 LOCK_FILE_BYTES = 64 << 10
 _TRANSIENT_ERRNOS = (errno.EAGAIN, errno.EINTR, errno.EBUSY)
+_DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)  # what a user who may not write (here) gets
 
 
 def _transient(exc: BaseException) -> bool:
@@ -295,16 +368,17 @@ def _transient(exc: BaseException) -> bool:
             or _error_code(exc) in _TRANSIENT_ERRNOS)
 
 
-def _reserve_lock_file(path: str) -> None:
+def _reserve_lock_file(path: str) -> bool:
     """Give the lock file its blocks before LMDB maps it. LMDB sizes a new lock file with ftruncate (a sparse
     file) and writes its reader table through the map: on a full disk that write is a SIGBUS, not an error. With
-    the blocks allocated here, a full disk is a StoreFull from this call instead."""
+    the blocks allocated here, a full disk is a StoreFull from this call instead. False when this user cannot
+    write the lock file (nor create it): the store can only be read lock-free."""
     lock_file = os.path.join(path, "lock.mdb")
     try:
         fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as exc:
-        if _error_code(exc) in (errno.EACCES, errno.EPERM, errno.EROFS):
-            return  # a read-only location: LMDB opens the store read-only (and cannot grow this file either)
+        if _error_code(exc) in _DENIED:
+            return False  # a read-only location, or a monitoring account (the module docstring)
         raise translate(exc, path, "creating the lock file", LOCK_FILE_BYTES) from None
     try:
         size = os.fstat(fd).st_size
@@ -315,6 +389,7 @@ def _reserve_lock_file(path: str) -> None:
         # EOPNOTSUPP/EINVAL: a filesystem without fallocate; LMDB sizes the file itself
     finally:
         os.close(fd)
+    return True
 
 
 def remove_failed_create(path: str, made_dir: bool) -> None:
@@ -331,33 +406,34 @@ def remove_failed_create(path: str, made_dir: bool) -> None:
             pass  # something else appeared in it: leave it
 
 
-def _open_env_once(path: str, create: bool, map_size: int, durability: str, checksum: str) -> SharedEnv:
+def _open_env_once(path: str, create: bool, map_size: int, durability: str, checksum: str,
+                   lock_free: bool) -> SharedEnv:
     data_file = os.path.join(path, "data.mdb")
     existing = os.path.getsize(data_file) if os.path.exists(data_file) else 0
     open_env = functools.partial(lmdb.open, path, map_size=max(map_size, existing), subdir=True, max_dbs=MAX_DBS,
                                  max_readers=MAX_READERS, sync=DURABILITY[durability][0],
-                                 metasync=DURABILITY[durability][1], meminit=True, lock=True)
-    writable = True
+                                 metasync=DURABILITY[durability][1], meminit=True)
+    writable = not lock_free
     try:
-        env = open_env(readonly=False)
+        env = open_env(readonly=lock_free, lock=not lock_free)
     except (lmdb.Error, OSError) as exc:
-        code = _error_code(exc)
         if isinstance(exc, lmdb.InvalidError) or isinstance(exc, lmdb.VersionMismatchError):
             raise NotAStore(path, f"not an LMDB environment ({exc})") from None
         if isinstance(exc, lmdb.Error) and _transient(exc):
             raise
-        if code in (errno.EACCES, errno.EPERM, errno.EROFS) and existing:
-            writable = False  # a read-only location: read the store, refuse writes
-            try:
-                env = open_env(readonly=True)
-            except (lmdb.Error, OSError) as exc2:
-                if isinstance(exc2, lmdb.Error) and _transient(exc2):
-                    raise
-                raise translate(exc2, path, "opening read-only") from None
-        else:
-            raise translate(exc, path, "opening") from None
+        if lock_free or _error_code(exc) not in _DENIED or not existing:
+            raise _open_error(exc, path, lock_free) from None
+        # data.mdb is not writable here (a read-only location, its mode): read the store, refuse writes
+        writable = False
+        try:
+            env = open_env(readonly=True, lock=True)
+        except (lmdb.Error, OSError) as exc2:
+            if isinstance(exc2, lmdb.Error) and _transient(exc2):
+                raise
+            raise _open_error(exc2, path, True) from None
     try:
-        env.reader_check()  # clear reader slots of dead processes before anything pins old pages
+        if not lock_free:
+            env.reader_check()  # clear reader slots of dead processes before anything pins old pages
         for _ in range(OPEN_ATTEMPTS):
             try:
                 dbs, fmt = _open_dbs(env, path, writable, create, checksum)
@@ -369,7 +445,16 @@ def _open_env_once(path: str, create: bool, map_size: int, durability: str, chec
     except BaseException:
         env.close()
         raise
-    return SharedEnv(env, path, writable, dbs, fmt)
+    return SharedEnv(env, path, writable, dbs, fmt, lock_free)
+
+
+def _open_error(exc: BaseException, path: str, reading: bool) -> StoreError:
+    """The StoreError of an open that failed for good; a permission refused on a read is StoreAccessDenied (a
+    permission problem: never reported as damage or as a read-only location)."""
+    if reading and _error_code(exc) in (errno.EACCES, errno.EPERM):
+        return StoreAccessDenied(path, f"opening to read: permission denied ({exc}); this user needs read access "
+                                       f"to data.mdb and search access to its directory")
+    return translate(exc, path, "opening read-only" if reading else "opening")
 
 
 def _open_dbs(env: lmdb.Environment, path: str, writable: bool, create: bool,
@@ -416,6 +501,39 @@ def _open_dbs(env: lmdb.Environment, path: str, writable: bool, create: bool,
     return Dbs(**handles), recorded
 
 
+def lock_file_writable(path: str) -> bool:
+    """Whether this user can write the lock file of the store directory `path` (or create it there): if not, the
+    store opens lock-free (see the module docstring). Opening the file to find out changes nothing in it."""
+    try:
+        fd = os.open(os.path.join(path, "lock.mdb"), os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return os.access(path, os.W_OK)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
+
+
+_META_TXNID = 144  # offset of mm_txnid in a meta page: page header (16) + magic, version, address, map size, 2 dbs
+_META_MAGIC = 0xBEEFC0DE
+
+
+def committed_txnid(path: str) -> int:
+    """The last committed transaction of the store directory `path`, read from its data file's two meta pages
+    (no environment opened, nothing written); 0 when it cannot be read, or neither reads back as a meta page."""
+    try:
+        with open(os.path.join(path, "data.mdb"), "rb") as f:
+            head = f.read(_META_TXNID + 8)
+            page_size = int.from_bytes(head[40:44], "little") if len(head) >= 44 else 0  # the free DB's md_pad
+            f.seek(page_size)
+            metas = (head, f.read(_META_TXNID + 8) if page_size else b"")
+    except OSError:
+        return 0  # opening the store says why (StoreAccessDenied, NotAStore)
+    found = [int.from_bytes(m[_META_TXNID:_META_TXNID + 8], "little") for m in metas
+             if len(m) == _META_TXNID + 8 and int.from_bytes(m[16:20], "little") == _META_MAGIC]
+    return max(found, default=0)
+
+
 def resolve_location(location: str, readonly: bool, durability: str,
                      checksum: str) -> tuple[str, bool, bool]:
     """The store directory of `location` (a path or ``lmdb://PATH``, made real), whether a store is there, and
@@ -436,12 +554,14 @@ def resolve_location(location: str, readonly: bool, durability: str,
 
 
 def acquire(path: str, create: bool, map_size: int, durability: str,
-             checksum: str = DEFAULT_CHECKSUM) -> SharedEnv:
-    """The SharedEnv of `path` in this process, opened (or created) on first use; one more handle holds it."""
+             checksum: str = DEFAULT_CHECKSUM, lock: bool = True) -> SharedEnv:
+    """The SharedEnv of `path` in this process, opened (or created) on first use; one more handle holds it.
+    `lock` False: open it read-only and lock-free (nothing written to the directory); the first open in a process
+    decides, as it does the durability."""
     with _ENVS_LOCK:
         shared = ENVS.get(path)
         if shared is None or shared.pid != os.getpid():
-            shared = _open_env(path, create, map_size, durability, checksum)
+            shared = _open_env(path, create, map_size, durability, checksum, lock)
             ENVS[path] = shared
         shared.refs += 1
         return shared

@@ -7,8 +7,8 @@ pages are folded into the same transaction (`access`).
 A page is taken only under a parent that is its namespace's root or a stored page of its namespace (one earlier
 in the batch counts); a batch with any other page is refused whole (InvalidInput). Room is made by evicting least
 recently used leaves (`registry.evict`): within a namespace over its limit (its share, else the quota), then
-across the store over its capacity. What still does not fit is rejected, so what is stored of a chain stays a
-prefix.
+across the store over its capacity; the evicted pages are named in the result (`PutResult.evicted_hashes`). What
+still does not fit is rejected, so what is stored of a chain stays a prefix.
 """
 
 from __future__ import annotations
@@ -59,8 +59,9 @@ class PutBatch:
         capacity, quota = limits(txn, dbs)
         dropped = access.fold(txn, dbs, taken, deltas)
         new = self._new_pages(txn)
+        gone: list[bytes] = []  # built inside the transaction: the body may run again (a full map grows)
         evicted, stored_bytes, ns_room = self._make_room(txn, new, deltas, totals.bytes - dropped[1], capacity,
-                                                         quota)
+                                                         quota, gone)
         room = capacity - stored_bytes if capacity else len(new) * nbytes
         accepted = self._admit(new, room, ns_room)
         self._store(txn, accepted, deltas, now)
@@ -68,7 +69,7 @@ class PutBatch:
         apply_deltas(txn, dbs, deltas, now, self.fingerprint_key)
         pages_now = totals.pages - dropped[0] - evicted + written
         txn.put(b"totals", encoder.encode(StoreTotals(pages_now, stored_bytes + written * nbytes)), db=dbs.store)
-        return PutResult(written, len(self.hashes) - len(new), len(new) - written, evicted, written * nbytes)
+        return PutResult(written, len(self.hashes) - len(new), len(new) - written, evicted, written * nbytes, gone)
 
     def _new_pages(self, txn: lmdb.Transaction) -> list[int]:
         """Indexes of the pages not stored yet (the first of each hash), each checked to hang from its namespace
@@ -100,10 +101,10 @@ class PutBatch:
         return new
 
     def _make_room(self, txn: lmdb.Transaction, new: list[int], deltas: dict[bytes, NsDelta], stored_bytes: int,
-                   capacity: int, quota: int) -> tuple[int, int, dict[bytes, int]]:
+                   capacity: int, quota: int, gone: list[bytes]) -> tuple[int, int, dict[bytes, int]]:
         """Evict for the new pages: within each namespace over its limit (its share, or the quota), then across
         the store over the capacity. (pages evicted, payload bytes stored after, payload room left of each
-        namespace with a limit)."""
+        namespace with a limit); the evicted pages' hashes are appended to `gone`."""
         dbs, nbytes, origins = self.dbs, self.nbytes, self.origins
         evicted = 0
         protect = set(self.hashes) | {o.parent for o in origins}
@@ -119,7 +120,7 @@ class PutBatch:
             held += deltas[ns_id].bytes if ns_id in deltas else 0  # corrupt pages dropped in this transaction
             if held + n_new * nbytes > limit:
                 target = held + n_new * nbytes - limit + int(self.evict_headroom * limit)
-                n, freed = evict(txn, dbs, target, protect, deltas, only_ns=ns_id)
+                n, freed = evict(txn, dbs, target, protect, deltas, only_ns=ns_id, gone=gone)
                 evicted += n
                 held -= freed
                 stored_bytes -= freed
@@ -127,7 +128,7 @@ class PutBatch:
         need = len(new) * nbytes
         if capacity and stored_bytes + need > capacity:
             target = stored_bytes + need - capacity + int(self.evict_headroom * capacity)
-            n, freed = evict(txn, dbs, target, protect, deltas)
+            n, freed = evict(txn, dbs, target, protect, deltas, gone=gone)
             evicted += n
             stored_bytes -= freed
         return evicted, stored_bytes, ns_room

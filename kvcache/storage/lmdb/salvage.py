@@ -1,29 +1,46 @@
-"""The audit of an LMDB store that may be damaged, and its rebuild (what `kvc audit [--repair]` runs on LMDB).
+"""The audit of an LMDB store that may be damaged, and its repair (what `kvc audit [--repair]` runs on LMDB). A
+repair never destroys: the original data file is kept, and what cannot be saved is counted, never hidden.
 
 LMDB trusts its pages: a flipped byte in a branch or leaf page can make a walk of the B-tree end in LMDB's own
 `abort()`, a SIGSEGV, or a `CorruptedError` / `PageNotFoundError`. So every pass over the store runs in a forked
 child (`isolated.run_isolated`), and the audit survives whatever the store does to the child:
 
 - **check**: `verify()` in a child. A child that dies (a signal) or fails inside LMDB yields one
-  `structure_corrupt` finding naming the sub-database, how many records the walk reached and the last key.
-- **repair**, structure sound: `verify(repair=True)` in a child, then a check. If that repair dies, or leaves
-  findings it should have fixed, the store is rebuilt.
+  `structure_corrupt` finding naming the sub-database, how many records the walk reached and the last key, and
+  what `--repair` would do (`_survey`, from the file's pages: rebuild from what, how many pages the store
+  recorded; or that it would refuse, when nothing of a kvc store reads back). A child that could not open or read
+  the store for a permission, its lock file or writers (`_NOT_DAMAGE`) raises that error instead: no finding. A
+  lock-free check (`env`: a user who cannot write lock.mdb, `lock=False`) that writers overtook — a read that says
+  so, or a death while more than one transaction committed — is run again.
+- **repair**, structure sound: a consistent copy of the environment is kept as `data.mdb.orig-<UTC time>` (LMDB's
+  own copy: others may be writing), then `verify(repair=True)` in a child, then a check. If that repair dies, or
+  leaves findings it should have fixed, the store is rebuilt.
 - **repair**, structure damaged: **rebuild**. With the store to itself (it takes LMDB's lock file exclusively:
-  a store open in another process is refused, and openers wait), it copies into a fresh environment in the store
-  directory, raw, every record of each sub-database a cursor walk reaches (forward; after a death, forward again
-  one record a commit up to the damage, then backward from the end down to it); then, for a page reached in one
-  of its two records only, it looks the other up by key (restarting past any key whose lookup kills a child) and,
-  failing that, finds it in the data file's leaf pages directly (a damaged branch hides whole intact leaves; only
-  keys the other record names are taken, and only records that prove themselves: a page's checksum seeded by its
-  key, metadata that chains to its key). The fresh store is then checked the ordinary way: pages of a namespace
-  or layout whose record was lost go, the children index is rebuilt from the metadata, counters are recounted,
-  `verify(repair=True)` removes what fails its checks (and what hung below it), and it must verify clean before
-  its data file replaces the store's with one rename. The lock file is then re-initialised from the new data by
-  LMDB itself before anyone else can use it. Every page that did not make it is listed as a removal, and the
-  finding's detail says how many records of each sub-database could not even be reached.
+  a store open in another process is refused, and openers wait), it reads the data file's pages (`pagefile.probe`)
+  and copies into a fresh environment in the store directory what reads back sound, from one of three sources:
+  `tree` -- LMDB opens the file: every record of each sub-database a cursor walk reaches, raw (forward; after a
+  death, forward again one record a commit up to the damage, then backward from the end down to it); then, for a
+  page reached in one of its two records only, the other is looked up by key (restarting past any key whose lookup
+  kills a child) and, failing that, found in the data file's leaf pages directly (a damaged branch hides whole
+  intact leaves; only keys the other record names are taken, and only records that prove themselves: a page's
+  checksum seeded by its key, metadata that chains to its key). `catalogue` -- LMDB's meta pages are unreadable
+  (or the sound one names a catalogue a later commit freed): the same, on a copy of the file whose meta pages
+  name the newest intact catalogue of sub-databases found in it. `scan` -- no catalogue survives: every record
+  of the file's leaf pages that proves itself (pages, metadata, layout and namespace records naming their own
+  ids, the format record), skipping the pages the newest free list names.
+  The fresh store is then checked the ordinary way: pages of a namespace or layout whose record was lost go, the
+  children index is rebuilt from the metadata, counters are recounted, `verify(repair=True)` removes what fails
+  its checks (and what hung below it), and it must verify clean. A rebuild that keeps no page, or a file that is
+  not LMDB at all, is refused (`RepairRefused`, nothing changed) unless forced. Then the original data file is
+  copied to `data.mdb.orig-<UTC time>` (a hidden name until whole), the fresh data file replaces the store's with
+  one rename, and the lock file is re-initialised from the new data by LMDB itself before anyone else can use it.
+  Every page that did not make it is listed as a removal; `SalvageReport` counts pages kept and lost (of what the
+  store recorded, or "at least" when that count is unreadable) and the unreadable bytes of the file.
 
-The store's own directory is never left half-done: until the rename, the original is untouched; the fresh
-environment is removed whatever happens.
+The store's own data file is never left half-done: until the rename it is untouched, and the rename is atomic. A
+repair killed part-way leaves a work directory or a partial copy (hidden names); the next repair that gets the
+store to itself removes them. Crash tests stop the repair at its named steps (`_step`, env KVC_TEST_REPAIR_STOP)
+and kill it there.
 """
 
 from __future__ import annotations
@@ -32,18 +49,30 @@ import contextlib
 import fcntl
 import os
 import shutil
+import signal
 import struct
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import lmdb
 import msgspec
 
-from ...errors import NotAStore, StoreError, StoreReadOnly, StoreUnsupported
+from ...errors import (
+    InvalidInput,
+    NotAStore,
+    RepairRefused,
+    StoreAccessDenied,
+    StoreChanged,
+    StoreError,
+    StoreFull,
+    StoreReadOnly,
+    StoreUnsupported,
+)
 from ...types.keys import PAGE_HASH_BYTES
 from ...types.shares import decode_shares_record
-from ..api import VerifyFinding, VerifyRemoval, VerifyReport
+from ..api import SalvageReport, VerifyFinding, VerifyRemoval, VerifyReport
 from ..codec import (
     CHECKSUMS,
     DEFAULT_CHECKSUM,
@@ -52,17 +81,38 @@ from ..codec import (
     StoreFormat,
     chains_to,
     decode_format,
+    decode_layout,
     decode_meta,
+    decode_namespace,
     decode_or_none,
 )
 from ..isolated import Died, run_isolated
 from ..verify import verify
-from .env import DB_NAMES, DEFAULT_DURABILITY, DEFAULT_MAP_SIZE, DUPFIXED, ENVS, MAX_DBS, SharedEnv, acquire, release
+from . import pagefile
+from .env import (
+    DB_NAMES,
+    DEFAULT_DURABILITY,
+    DEFAULT_MAP_SIZE,
+    DUPFIXED,
+    ENVS,
+    MAX_DBS,
+    SharedEnv,
+    acquire,
+    committed_txnid,
+    lock_file_writable,
+    release,
+    translate,
+)
 from .registry import SHARES_PREFIX, recount
 from .verify import LMDBIntegrity
 
 COPY_BATCH_PAGES = 256  # records per write transaction of the rebuild's first pass (a death loses one batch)
-_ERRORS = {"NotAStore": NotAStore, "StoreUnsupported": StoreUnsupported, "StoreReadOnly": StoreReadOnly}
+_ERRORS = {"NotAStore": NotAStore, "StoreUnsupported": StoreUnsupported, "StoreReadOnly": StoreReadOnly,
+           "StoreAccessDenied": StoreAccessDenied, "StoreChanged": StoreChanged}
+# An open or a read that failed for one of these met a permission, the lock file or writers, never damage: the
+# error is the audit's answer (exit 2), never a `structure_corrupt` finding.
+_NOT_DAMAGE = {"StoreReadOnly", "StoreAccessDenied", "StoreChanged"}
+LOCK_FREE_CHECKS = 3  # runs of a lock-free check that writers keep overtaking before StoreChanged
 _UNREPAIRED_KINDS = {"unknown_layout", "unknown_namespace"}  # reported, never repaired (api.REPAIRS)
 
 
@@ -74,21 +124,29 @@ class Reached(msgspec.Struct, frozen=True, array_like=True):
     last_key: str
 
 
-def audit_location(path: str, repair: bool = False) -> VerifyReport:
-    """The integrity audit of the LMDB store at `path`, run in child processes (see the module docstring)."""
+def audit_location(path: str, repair: bool = False, force: bool = False, lock: bool = True) -> VerifyReport:
+    """The integrity audit of the LMDB store at `path`, run in child processes (see the module docstring).
+    `force`: let a repair replace a data file that is not LMDB, or one from which it would keep nothing. `lock`
+    False: read it lock-free, writing nothing to its directory (as a user who cannot write its lock file does
+    anyway; `env`)."""
+    if repair and not lock:
+        raise InvalidInput("a repair writes the store: it cannot run lock-free (read-only)")
     path = _store_path(path)
     if repair and not os.access(path, os.W_OK):
         raise StoreReadOnly(path, "cannot repair: the store's directory is not writable")
-    check = _check(path)
+    if repair:
+        _clean_after_killed_repair(path)
+    check = _check(path, lock)
     if not repair or check.ok:
         return check
     if not _structural(check):
+        kept = _keep_consistent_copy(path)
         fixed, died = run_isolated(lambda report: _verify_in(path, report, repair=True), Reached, VerifyReport)
         if died is None:
             after = _check(path)
             if after.ok or all(f.kind in _UNREPAIRED_KINDS for f in after.findings):
-                return fixed
-    return _rebuild(path, check)
+                return msgspec.structs.replace(fixed, original_kept=kept)
+    return _rebuild(path, check, force)
 
 
 def _store_path(location: str) -> str:
@@ -105,9 +163,9 @@ def _structural(report: VerifyReport) -> bool:
     return any(f.kind == "structure_corrupt" for f in report.findings)
 
 
-def _verify_in(path: str, report: Callable[[Any], None], repair: bool) -> VerifyReport:
+def _verify_in(path: str, report: Callable[[Any], None], repair: bool, lock: bool = True) -> VerifyReport:
     """In a child: open the store and verify it, reporting the walk's progress."""
-    with _env_of(path, durability=DEFAULT_DURABILITY) as shared:
+    with _env_of(path, durability=DEFAULT_DURABILITY, lock=lock) as shared:
         if repair and not shared.writable:
             raise StoreReadOnly(path, "cannot repair: the store is at a read-only location")
         progress = lambda db, n, key: report(Reached(db, n, key.hex() if key else ""))  # noqa: E731
@@ -115,39 +173,79 @@ def _verify_in(path: str, report: Callable[[Any], None], repair: bool) -> Verify
 
 
 @contextlib.contextmanager
-def _env_of(path: str, create: bool = False, durability: str = "none") -> Iterator[SharedEnv]:
+def _env_of(path: str, create: bool = False, durability: str = "none", lock: bool = True) -> Iterator[SharedEnv]:
     """The store at `path` opened in this process (durability "none" for the fresh store: its data file is
     fsynced once, before the swap)."""
-    shared = acquire(path, create, DEFAULT_MAP_SIZE, durability)
+    shared = acquire(path, create, DEFAULT_MAP_SIZE, durability, lock=lock)
     try:
         yield shared
     finally:
         release(shared)
 
 
-def _check(path: str) -> VerifyReport:
-    """verify() in a child; its death (or a fault inside LMDB) is a `structure_corrupt` finding."""
-    report, died = run_isolated(lambda r: _verify_in(path, r, repair=False), Reached, VerifyReport)
-    if died is None:
-        return report
+def _check(path: str, lock: bool = True) -> VerifyReport:
+    """verify() in a child; its death (or a fault inside LMDB) is a `structure_corrupt` finding whose detail says
+    what `--repair` would do (`_survey`). A lock-free
+    check (`env`) is run again when writers overtook it: a read that failed, or a child that died, while the
+    store committed more than one transaction may have read pages a writer reused, which is no damage."""
+    lock_free = not lock or not lock_file_writable(path)
+    for _ in range(LOCK_FREE_CHECKS if lock_free else 1):
+        before = committed_txnid(path) if lock_free else 0
+        report, died = run_isolated(lambda r: _verify_in(path, r, repair=False, lock=lock), Reached, VerifyReport)
+        if died is None:
+            return report
+        overtaken = died.error_type == "StoreChanged" or (
+            lock_free and died.error_type not in _ERRORS and committed_txnid(path) > before + 1)
+        if not overtaken:
+            break
+    else:
+        raise StoreChanged(path, f"the store was written during each of {LOCK_FREE_CHECKS} lock-free audits of it "
+                                 f"(a lock-free reader cannot hold a snapshot while writers go on): audit it while "
+                                 f"writers are idle, or as a user who can write lock.mdb")
+    if died.error_type in _NOT_DAMAGE:
+        raise _ERRORS[died.error_type](path, _message(died, path))
     if died.error_type in _ERRORS and not _kvc_catalogue(path):
-        message = died.error.split(": ", 1)[1] if died.error else ""
-        message = message[len(path) + 2:] if message.startswith(path + ": ") else message
-        raise _ERRORS[died.error_type](path, message)
+        raise _ERRORS[died.error_type](path, _message(died, path))
     reached: Reached | None = died.progress
     checked = reached.records if reached is not None and reached.db == "pages" else 0
-    return VerifyReport(False, checked, 0, [VerifyFinding("structure_corrupt", None, _where(died))])
+    return VerifyReport(False, checked, 0, [VerifyFinding("structure_corrupt", None, _where(died, _survey(path)))])
 
 
-def _where(died: Died) -> str:
+def _message(died: Died, path: str) -> str:
+    """The message of the error a child raised, without its type and path."""
+    message = died.error.split(": ", 1)[1] if died.error else ""
+    return message[len(path) + 2:] if message.startswith(path + ": ") else message
+
+
+def _where(died: Died, plan: str) -> str:
     reached: Reached | None = died.progress
     if reached is None:
         at = "before the walk began (the catalogue of sub-databases, or the format record)"
     else:
         at = (f"in sub-database '{reached.db}' after {reached.records} records"
               + (f" (last key {reached.last_key[:32]})" if reached.last_key else ""))
-    return (f"the walk of the store {died.describe()} {at}: LMDB's B-tree is damaged there; "
-            f"`kvc audit --repair` rebuilds the store from what still reads back sound")
+    return f"the walk of the store {died.describe()} {at}: {plan}"
+
+
+def _survey(path: str) -> str:
+    """What `kvc audit --repair` would do to the store at `path`, whose walk failed: read from the data file's
+    pages (`pagefile.probe`) and, when no catalogue survives, whether any page record in them proves itself."""
+    probe = pagefile.probe(os.path.join(path, "data.mdb"), DB_NAMES)
+    keep = f"keeping the original file beside the store as {ORIGINAL_PREFIX}<UTC time>"
+    if probe.catalogue is not None:
+        recorded = probe.catalogue.entries("pages")
+        where = ("LMDB's B-tree is damaged" if not probe.needs_view else
+                 f"LMDB's meta pages are unreadable; the newest intact catalogue of sub-databases is at page "
+                 f"{probe.catalogue.pgno}")
+        if recorded > 0 or _first_proving_page(path, probe):
+            return (f"{where} ({recorded} page(s) recorded, {probe.unreadable_bytes} bytes of the file "
+                    f"unreadable); `kvc audit --repair` rebuilds the store from what still reads back sound, {keep}")
+    elif probe.is_lmdb and _first_proving_page(path, probe):
+        return (f"no catalogue of sub-databases survives ({probe.unreadable_bytes} bytes of the file unreadable); "
+                f"`kvc audit --repair` rebuilds the store from the page records found in the file's pages, {keep}")
+    what = "data.mdb is not an LMDB file" if not probe.is_lmdb else "no page of the store reads back sound"
+    return (f"{what}: a repair would keep nothing, so `kvc audit --repair` refuses; restore the store from a "
+            f"backup, or remove it; `kvc audit --repair --force` replaces the file with an empty store, {keep}")
 
 
 def _kvc_catalogue(path: str) -> bool:
@@ -168,31 +266,28 @@ def _kvc_catalogue(path: str) -> bool:
 # --- the rebuild ---------------------------------------------------------------------------------------------
 
 
-def _rebuild(path: str, check: VerifyReport) -> VerifyReport:
+def _rebuild(path: str, check: VerifyReport, force: bool) -> VerifyReport:
     with _exclusive(path) as lock_fd:
-        work = tempfile.mkdtemp(prefix=".kvc-rebuild-", dir=path)
+        _remove_leftovers(path)
+        data_file = os.path.join(path, "data.mdb")
+        probe = pagefile.probe(data_file, DB_NAMES)
+        _step("probed")
+        if not probe.is_lmdb and not force:
+            raise RepairRefused(path, "data.mdb is not an LMDB file (no page of it reads as one); nothing was "
+                                      "changed. `kvc audit --repair --force` replaces it with an empty store, "
+                                      f"keeping the file as {ORIGINAL_PREFIX}<UTC time>")
+        work = tempfile.mkdtemp(prefix=REBUILD_PREFIX, dir=path)
         new = os.path.join(work, "store")
         try:
-            store_records = _enumerate(path, "store")
             with _env_of(new, create=True):
                 pass
-            known: dict[str, set[bytes]] = {}
-            recorded: dict[str, int] = {}
-            for db in ("layouts", "namespaces", "meta", "pages"):
-                known[db], recorded[db] = _copy_walking(path, new, db)
-            # a page reached in one of its two records only: look the other one up by its key, and what the tree
-            # cannot reach, find in the file's leaf pages themselves
-            for db, other in (("pages", "meta"), ("meta", "pages")):
-                known[db] |= _copy_by_key(path, new, db, sorted(known[other] - known[db]))
-            sound, died = run_isolated(lambda _: _drop_unsound(new, store_records), result_type=dict[str, list[bytes]])
-            if died is not None:
-                raise StoreError(path, f"rebuilding: checking the copied records {died.describe()}")
-            named = known["meta"] | known["pages"]
-            found, died = run_isolated(lambda _: _scan_file(path, new, named - set(sound["pages"]),
-                                                            named - set(sound["meta"]), store_records),
-                                       result_type=dict[str, list[bytes]])
-            for db, keys in (found or {}).items():
-                known[db] |= set(keys)
+            if probe.catalogue is None:
+                source_kind, copied = "scan", _copy_scanned(data_file, new, probe)
+            else:
+                source_kind = "catalogue" if probe.needs_view else "tree"
+                source = _view(path, work, probe) if probe.needs_view else path
+                copied = _copy_readable(source, new)
+            known, recorded, store_records = copied.known, copied.recorded, copied.store_records
             pruned, died = run_isolated(lambda _: _prepare(new, store_records), result_type=list[VerifyRemoval])
             if died is not None:
                 raise StoreError(path, f"rebuilding: preparing the fresh store {died.describe()}")
@@ -205,6 +300,17 @@ def _rebuild(path: str, check: VerifyReport) -> VerifyReport:
             final, died = run_isolated(lambda _: _keys_of(new), result_type=dict[str, list[bytes]])
             if died is not None:
                 raise StoreError(path, f"rebuilding: reading the fresh store {died.describe()}")
+            before = recorded.get("pages", -1)
+            if before < 0 and probe.catalogue is not None:
+                before = probe.catalogue.entries("pages")
+            if not final["pages"] and not force:
+                raise RepairRefused(path, f"a repair would keep nothing (0 of {_count(before)} page(s) read back "
+                                          "sound); nothing was changed. Restore the store from a backup, or "
+                                          "`kvc audit --repair --force` replaces it with an empty store, keeping "
+                                          f"the file as {ORIGINAL_PREFIX}<UTC time>")
+            _step("rebuilt")
+            original = _keep_original(path)
+            _step("original_kept")
             _swap(path, new, lock_fd)
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -217,14 +323,288 @@ def _rebuild(path: str, check: VerifyReport) -> VerifyReport:
                 + pruned + list(fixed.removals))
     unreached = [f"'{db}' {recorded[db] - len(known[db])} of {recorded[db]}" for db in recorded
                  if recorded[db] > len(known[db])]
-    lost_pages = len((known["pages"] | known["meta"]) - set(final["pages"]))
-    summary = VerifyFinding(
-        "structure_corrupt", None,
-        f"rebuilt into a fresh environment: {len(final['pages'])} page(s) kept, {lost_pages} lost ({len(unread)} "
-        f"unreadable, {lost_pages - len(unread)} failed their checks or lost their namespace or layout record)"
-        + (f"; records that could not even be reached: {', '.join(unreached)}" if unreached else ""), True)
+    kept = len(final["pages"])
+    seen_lost = len((known["pages"] | known["meta"]) - set(final["pages"]))
+    # without the store's own count, the pages seen and not kept are a lower bound; none seen: unknown (-1)
+    lost = max(seen_lost, before - kept) if before >= 0 else seen_lost or -1
+    salvage = SalvageReport(source_kind, before, kept, lost, before >= 0, probe.unreadable_bytes, probe.size)
+    summary = VerifyFinding("structure_corrupt", None, _summary(salvage, original, len(unread), unreached), True)
     findings = [msgspec.structs.replace(f, repaired=True) for f in check.findings] + [summary]
-    return VerifyReport(False, check.pages_checked, check.bytes_checked, findings, len(findings), removals)
+    return VerifyReport(False, check.pages_checked, check.bytes_checked, findings, len(findings), removals,
+                        original, salvage)
+
+
+_SOURCES = {
+    "tree": "the store's B-tree",
+    "catalogue": "the newest intact catalogue found in the file (LMDB's meta pages were unreadable)",
+    "scan": "page records found in the file's leaf pages (no catalogue survived: pages deleted shortly before "
+            "the damage may be back)",
+}
+
+
+def _count(n: int) -> str:
+    return str(n) if n >= 0 else "an unknown number of"
+
+
+def _summary(s: SalvageReport, original: str, unreadable_records: int, unreached: list[str]) -> str:
+    lost = (f"{s.lost} lost" if s.lost_exact else
+            f"{f'at least {s.lost}' if s.lost > 0 else 'an unknown number of pages'} lost (the store's own count "
+            f"was unreadable)")
+    why = ""
+    if s.lost > 0:
+        why = (f" ({unreadable_records} of them unreadable, the others failed their checks, lost a record they "
+               f"need or hung below a lost page; each one seen is listed as removed)")
+    return (f"rebuilt into a fresh environment from {_SOURCES[s.source]}: {s.kept} page(s) kept of "
+            f"{_count(s.pages_before)} recorded, {lost}{why}; "
+            f"{s.unreadable_bytes} of {s.file_bytes} bytes of the file unreadable; the original data file is kept "
+            f"as {original}" + (f"; records that could not even be reached: {', '.join(unreached)}"
+                                if unreached else ""))
+
+
+class _Copied(msgspec.Struct):
+    """What a rebuild's copy into the fresh store got: keys per sub-database, the entries each one's catalogue
+    records (-1: unreadable), and the old store's own records (format, limits, shares)."""
+
+    known: dict[str, set[bytes]]
+    recorded: dict[str, int]
+    store_records: dict[bytes, bytes]
+
+
+def _copy_readable(source: str, new: str) -> _Copied:
+    """Copy into the fresh store what LMDB reads of the environment at `source` (see the module docstring)."""
+    store_records = _enumerate(source, "store")
+    known: dict[str, set[bytes]] = {}
+    recorded: dict[str, int] = {}
+    for db in ("layouts", "namespaces", "meta", "pages"):
+        known[db], recorded[db] = _copy_walking(source, new, db)
+        _step("copied_" + db)
+    # a page reached in one of its two records only: look the other one up by its key, and what the tree
+    # cannot reach, find in the file's leaf pages themselves
+    for db, other in (("pages", "meta"), ("meta", "pages")):
+        known[db] |= _copy_by_key(source, new, db, sorted(known[other] - known[db]))
+    sound, died = run_isolated(lambda _: _drop_unsound(new, store_records), result_type=dict[str, list[bytes]])
+    if died is not None:
+        raise StoreError(source, f"rebuilding: checking the copied records {died.describe()}")
+    named = known["meta"] | known["pages"]
+    found, died = run_isolated(lambda _: _scan_file(source, new, named - set(sound["pages"]),
+                                                    named - set(sound["meta"]), store_records),
+                               result_type=dict[str, list[bytes]])
+    for db, keys in (found or {}).items():
+        known[db] |= set(keys)
+    return _Copied(known, recorded, store_records)
+
+
+def _view(path: str, work: str, probe: pagefile.Probe) -> str:
+    """A copy of the store's data file in `work` that LMDB can open: its meta pages rebuilt (a copy of the one
+    that is sound, else ones naming the newest intact catalogue). The store's own file is never written."""
+    view = os.path.join(work, "view")
+    os.mkdir(view)
+    target = os.path.join(view, "data.mdb")
+    source = os.path.join(path, "data.mdb")
+    try:
+        shutil.copyfile(source, target)
+        with open(target, "r+b") as f:
+            for slot in (0, 1):
+                f.seek(slot * probe.page_size)
+                f.write(pagefile.sound_meta_copy(source, probe, slot) if probe.sound_metas
+                        else pagefile.view_meta(probe, slot))
+    except OSError as exc:
+        raise translate(exc, path, "copying the data file to rebuild its meta pages (nothing was changed)",
+                        probe.size) from None
+    return view
+
+
+def _copy_scanned(data_file: str, new: str, probe: pagefile.Probe) -> _Copied:
+    """No catalogue survived: every record of the file's leaf pages that is one of kvc's and proves itself (a
+    page's checksum seeded by its key, metadata that chains to its key, a layout record whose id is its key, a
+    namespace record naming its own id, the format record), skipping the pages the newest free list names."""
+    found, died = run_isolated(lambda _: _scan_records(data_file, new, probe), result_type=_Copied)
+    if died is not None:
+        raise StoreError(os.path.dirname(data_file), f"rebuilding: scanning the file's pages {died.describe()}")
+    return found
+
+
+def _scan_records(data_file: str, new: str, probe: pagefile.Probe) -> _Copied:
+    """In a child: `_copy_scanned`."""
+    algos = list(CHECKSUMS.values())
+    got: dict[str, dict[bytes, bytes]] = {db: {} for db in ("pages", "meta", "namespaces", "layouts", "store")}
+    freed = set(probe.freed)
+    with pagefile.mapped(data_file) as data:
+        for key, value in _leaf_records(data, probe.page_size, freed):
+            if len(key) == PAGE_HASH_BYTES:
+                if key not in got["pages"] and _page_proves(key, value, algos):
+                    got["pages"][key] = value
+                elif key not in got["meta"] and _meta_proves(key, value):
+                    got["meta"][key] = value
+                elif key not in got["layouts"] and _layout_proves(key, value):
+                    got["layouts"][key] = value
+                elif key not in got["namespaces"] and _namespace_proves(key, value):
+                    got["namespaces"][key] = value
+            elif key == b"format" and isinstance(decode_or_none(decode_format, value), StoreFormat):
+                got["store"][key] = value
+            elif key.startswith(SHARES_PREFIX) and decode_or_none(decode_shares_record, value) is not None:
+                got["store"][key] = value
+    with _env_of(new) as store:
+        for db in ("pages", "meta", "namespaces", "layouts"):
+            _put_raw(store, getattr(store.dbs, db), list(got[db].items()))
+    known = {db: set(got[db]) for db in ("pages", "meta", "namespaces", "layouts")}
+    return _Copied(known, {}, got["store"])
+
+
+def _leaf_records(data: bytes, psize: int, freed: set[int]) -> Iterator[tuple[bytes, bytes]]:
+    """(key, value) of every node of every leaf page of the file not on the free list, bounds-checked (a value in
+    overflow pages included); a node that does not fit is skipped."""
+    for pgno in range(2, len(data) // psize):
+        base = pgno * psize
+        if pgno in freed or struct.unpack_from("<Q", data, base)[0] != pgno:
+            continue
+        flags = struct.unpack_from("<H", data, base + 10)[0]
+        if not flags & pagefile.P_LEAF or flags & pagefile.P_LEAF2:
+            continue
+        for nflags, key, size, at in pagefile.nodes(data, pgno, psize):
+            if nflags & pagefile.F_SUBDATA:
+                continue
+            if nflags & pagefile.F_BIGDATA:
+                over = int.from_bytes(data[at:at + 8], "little")
+                if over in freed or not 2 <= over < len(data) // psize:
+                    continue
+                at = over * psize + _HEADER_BYTES
+            value = bytes(data[at:at + size])
+            if len(value) == size:
+                yield key, value
+
+
+def _layout_proves(key: bytes, value: bytes) -> bool:
+    record = decode_or_none(decode_layout, value)
+    return record is not None and record.layout.layout_id == key
+
+
+def _namespace_proves(key: bytes, value: bytes) -> bool:
+    record = decode_or_none(decode_namespace, value)
+    return record is not None and record.ns_id_hex == key.hex()
+
+
+def _first_proving_page(path: str, probe: pagefile.Probe) -> bool:
+    """Whether any leaf record of the data file outside the free list is a page that proves itself (read in a
+    child: the scan is Python, but the survey must not depend on it surviving)."""
+    def scan(_: Callable[[Any], None]) -> bool:
+        algos = list(CHECKSUMS.values())
+        with pagefile.mapped(os.path.join(path, "data.mdb")) as data:
+            return any(len(k) == PAGE_HASH_BYTES and _page_proves(k, v, algos)
+                       for k, v in _leaf_records(data, probe.page_size, set(probe.freed)))
+
+    found, died = run_isolated(scan, result_type=bool)
+    return bool(found) and died is None
+
+
+# --- keeping the original, crash points ----------------------------------------------------------------------
+
+ORIGINAL_PREFIX = "data.mdb.orig-"  # + UTC time: the data file as it was before a repair rewrote anything
+REBUILD_PREFIX = ".kvc-rebuild-"
+_PARTIAL = ".partial"
+STOP_ENV = "KVC_TEST_REPAIR_STOP"  # tests only: "STEP" or "STEP@N" -- the repair stops itself (SIGSTOP) there
+_COPY_CHUNK = 256 << 10
+
+
+def _step(name: str, done: int = 0) -> None:
+    """A named point of the repair: a crash test stops the process here (STOP_ENV) and kills it, deterministically
+    (stopped at an event, never after a sleep). `done`: progress within the step (bytes, say)."""
+    want = os.environ.get(STOP_ENV)
+    if not want:
+        return
+    step, _, at = want.partition("@")
+    if step == name and done >= int(at or 0):
+        del os.environ[STOP_ENV]  # once
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _original_name(path: str) -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    name, n = ORIGINAL_PREFIX + stamp, 1
+    while os.path.exists(os.path.join(path, name)):
+        name, n = f"{ORIGINAL_PREFIX}{stamp}.{n}", n + 1
+    return name
+
+
+def _keep_original(path: str) -> str:
+    """Copy the data file to `data.mdb.orig-<UTC time>` beside it (written under a hidden name, fsynced, then
+    renamed: the name only ever shows a whole copy); returns its path. The caller holds the store exclusively."""
+    source = os.path.join(path, "data.mdb")
+    size = os.path.getsize(source)
+    st = os.statvfs(path)
+    if st.f_bavail * st.f_frsize < size + (1 << 20):
+        raise StoreFull(path, f"cannot keep the original data file beside the store before repairing it: it needs "
+                              f"{size} bytes free; nothing was changed")
+    name = _original_name(path)
+    final = os.path.join(path, name)
+    partial = os.path.join(path, "." + name + _PARTIAL)
+    try:
+        with open(source, "rb") as src, open(partial, "wb") as dst:
+            copied = 0
+            while chunk := src.read(_COPY_CHUNK):
+                dst.write(chunk)
+                copied += len(chunk)
+                _step("keeping_original", copied)
+            dst.flush()
+            os.fsync(dst.fileno())
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise translate(exc, path, "keeping the original data file beside the store (nothing was changed)",
+                        size) from None
+    os.replace(partial, final)
+    _fsync_dir(path)
+    return final
+
+
+def _keep_consistent_copy(path: str) -> str:
+    """Before a repair in place (the structure sound, other processes may be writing): a consistent copy of the
+    environment by LMDB's own copy (one read transaction), kept as `data.mdb.orig-<UTC time>`."""
+    work = tempfile.mkdtemp(prefix=REBUILD_PREFIX, dir=path)
+    try:
+        def copy(_: Callable[[Any], None]) -> None:
+            with _env_of(path, durability=DEFAULT_DURABILITY) as shared:
+                shared.env.copy(work)
+
+        _, died = run_isolated(copy)
+        if died is not None:
+            raise StoreError(path, f"cannot keep the original data file before repairing: the copy {died.describe()}; "
+                                   "nothing was changed")
+        with open(os.path.join(work, "data.mdb"), "rb") as f:
+            os.fsync(f.fileno())
+        final = os.path.join(path, _original_name(path))
+        os.replace(os.path.join(work, "data.mdb"), final)
+        _fsync_dir(path)
+        return final
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _clean_after_killed_repair(path: str) -> None:
+    """Remove what a killed repair left, when the store is free to take exclusively (else leave it: a store in
+    use is not being repaired by anyone, and the next repair that gets it cleans up)."""
+    with contextlib.suppress(StoreError):
+        with _exclusive(path):
+            _remove_leftovers(path)
+
+
+def _remove_leftovers(path: str) -> None:
+    """What a repair killed half-way left in the store directory: its work directory and a partial copy of the
+    original (never a whole copy). The caller holds the store exclusively, so no repair is running."""
+    for name in os.listdir(path):
+        full = os.path.join(path, name)
+        if name.startswith(REBUILD_PREFIX) and os.path.isdir(full):
+            shutil.rmtree(full, ignore_errors=True)
+        elif name.startswith("." + ORIGINAL_PREFIX) and name.endswith(_PARTIAL):
+            os.unlink(full)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -564,11 +944,8 @@ def _swap(path: str, new_path: str, lock_fd: int) -> None:
     with open(new_data, "rb") as f:
         os.fsync(f.fileno())
     os.replace(new_data, os.path.join(path, "data.mdb"))
-    dir_fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    _fsync_dir(path)
+    _step("swapped")
     env = lmdb.open(path, subdir=True, max_dbs=MAX_DBS, lock=True)
     env.close()
     del lock_fd  # released with LMDB's own descriptor (POSIX locks belong to the process); closed by _exclusive

@@ -51,7 +51,7 @@ from typing import Any, TypeVar
 
 import lmdb
 
-from ...errors import InvalidInput, StoreError, StoreReadOnly
+from ...errors import InvalidInput, StoreChanged, StoreError, StoreReadOnly
 from ...types.layout import KVLayout
 from ...types.namespace import Namespace
 from ...types.shares import NamespaceShares, Shares
@@ -99,6 +99,7 @@ from .env import (  # noqa: F401
     MAX_READERS,
     SharedEnv,
     acquire,
+    lock_file_writable,
     release,
     remove_failed_create,
     resolve_location,
@@ -133,7 +134,7 @@ class LMDBStore(StoreHandle):
     _shown_as = "path"
 
     def __init__(self, shared: SharedEnv, location: str, layout: KVLayout | None, readonly: bool,
-                 access: AccessPolicy, map_size: int, durability: str) -> None:
+                 access: AccessPolicy, map_size: int, durability: str, lock: bool = True) -> None:
         self._shared = shared
         self.location = location  # the path given to open (realpath in `path`)
         self.path = shared.path
@@ -142,6 +143,7 @@ class LMDBStore(StoreHandle):
         self.access_policy = access
         self._map_size = map_size
         self._durability = durability
+        self._lock = lock
         self._checksum = CHECKSUMS[shared.format.checksum]
         self._closed = False
         self._counts = new_counts()
@@ -156,7 +158,7 @@ class LMDBStore(StoreHandle):
     def open(cls, location: str, layout: KVLayout | None = None, *, create: bool = False, readonly: bool = False,
              add_layout: bool = False, capacity: CapacityPolicy | None = None, access: AccessPolicy | None = None,
              map_size: int = DEFAULT_MAP_SIZE, durability: str = DEFAULT_DURABILITY,
-             checksum: str = DEFAULT_CHECKSUM) -> "LMDBStore":
+             checksum: str = DEFAULT_CHECKSUM, lock: bool = True) -> "LMDBStore":
         """Open the store at `location` (a path or ``lmdb://PATH``).
 
         `layout`: the layout this handle writes under; it must be held by the store unless the store is created
@@ -164,12 +166,16 @@ class LMDBStore(StoreHandle):
         new payload limits (every process then uses them). `map_size`: initial map size in bytes (grows on
         demand). `durability`: a key of DURABILITY (the first handle opened in a process sets it for the
         environment). `checksum`: the algorithm of a store created now (a key of CHECKSUMS); an existing store
-        keeps the one it was created with.
+        keeps the one it was created with. `lock` False (with `readonly`): open lock-free, writing nothing to the
+        store's directory, not even LMDB's lock file; a store whose lock file this user cannot write opens so too
+        (`lock_free` says which; reads are checked against writers, see `env`).
         """
+        if not lock and not readonly:
+            raise InvalidInput("a lock-free open (lock=False) is a read-only one: pass readonly=True")
         path, existed, dir_existed = resolve_location(location, readonly, durability, checksum)
-        shared = acquire(path, create and not readonly, map_size, durability, checksum)
+        shared = acquire(path, create and not readonly, map_size, durability, checksum, lock)
         store = cls(shared, location, layout, readonly or not shared.writable, access or AccessPolicy(), map_size,
-                    durability)
+                    durability, lock)
         try:
             # the salt fingerprints this store records and shows are keyed by its key file (kvcache.types.namespace)
             store.fingerprint_key = read_key(path) if store.readonly else ensure_key(path)
@@ -188,14 +194,31 @@ class LMDBStore(StoreHandle):
     _evict_headroom = CapacityPolicy().evict_headroom
     fingerprint_key: bytes | None = None  # from the store's key file; None: a read-only store made without one
 
+    @property
+    def lock_free(self) -> bool:
+        """Whether the store is read without LMDB's lock file (asked with lock=False, or this user cannot write
+        it): read-only, nothing written to its directory, every read checked against writers."""
+        return self._shared.lock_free
+
     @classmethod
-    def verify_location(cls, location: str, repair: bool = False) -> VerifyReport:
+    def verify_location(cls, location: str, repair: bool = False, force: bool = False,
+                        lock: bool = True) -> VerifyReport:
         """`verify(repair)` of the store at `location`, safe against a damaged store: every pass runs in a child
         process, a walk that dies in a damaged B-tree is a `structure_corrupt` finding, and `repair` rebuilds
-        such a store from what still reads back sound (see `salvage`). Opens nothing in this process."""
+        such a store from what still reads back sound (see `salvage`), keeping the original data file beside it.
+        `force`: replace a file that is not LMDB, or one a rebuild keeps nothing of (refused otherwise). `lock`
+        False: read it lock-free, writing nothing to its directory (no repair then). Opens nothing in this
+        process."""
         from .salvage import audit_location  # here: start-up of the commands that never audit skips it
 
-        return audit_location(location, repair)
+        return audit_location(location, repair, force, lock)
+
+    @classmethod
+    def reads_lock_free(cls, location: str) -> bool:
+        """Whether this user reads the store at `location` lock-free whatever it asks: it cannot write the
+        store's lock file (see `env`)."""
+        path, _, _ = resolve_location(location, True, DEFAULT_DURABILITY, DEFAULT_CHECKSUM)
+        return not lock_file_writable(path)
 
     def _bind_layout(self, layout: KVLayout, register: bool) -> None:
         if not layout_to_register(self.path, layout, self._read(layout_records), register):
@@ -211,7 +234,7 @@ class LMDBStore(StoreHandle):
         shared = self._shared
         if shared.pid != os.getpid():
             # A forked child: the parent's Environment (and its pending reads) are not ours.
-            self._shared = shared = acquire(self.path, False, self._map_size, self._durability)
+            self._shared = shared = acquire(self.path, False, self._map_size, self._durability, lock=self._lock)
             self._access.reset()
         return shared
 
@@ -221,8 +244,7 @@ class LMDBStore(StoreHandle):
     def _read(self, reader: Callable[[lmdb.Transaction, Any], T]) -> T:
         """`reader(txn, dbs)` in one short read transaction."""
         shared = self._live()
-        with shared.read() as txn:
-            return reader(txn, shared.dbs)
+        return shared.reading(lambda txn: reader(txn, shared.dbs))
 
     def _check_writable(self) -> None:
         if self.readonly:
@@ -238,16 +260,26 @@ class LMDBStore(StoreHandle):
         check_page_hashes(hashes)
         shared = self._live()
         corrupt = self._access.corrupt
-        found = 0
+
+        found = 0  # pages found so far: what a read that fails midway still found
+
+        def walk(txn: lmdb.Transaction) -> int:
+            nonlocal found
+            get, db = txn.get, shared.dbs.pages
+            found = 0
+            for h in hashes:
+                if get(h, None, db) is None or (corrupt and h in corrupt):
+                    break
+                found += 1
+            return found
+
         try:
-            with shared.read(buffers=True) as txn:
-                get, db = txn.get, shared.dbs.pages
-                for h in hashes:
-                    if get(h, None, db) is None or (corrupt and h in corrupt):
-                        break
-                    found += 1
+            shared.reading(walk, buffers=True)
         except lmdb.Error:
             self._counts["read_errors"] += 1
+        except StoreChanged:  # a lock-free read writers kept overtaking: nothing it found can be trusted
+            self._counts["read_errors"] += 1
+            found = 0
         return count_read(self._counts, found, len(hashes))
 
     def get_into(self, hashes: Sequence[bytes], out_views: Sequence[Any]) -> int:
@@ -261,28 +293,41 @@ class LMDBStore(StoreHandle):
         shared = self._live()
         digest, seeds, stored = self._checksum.digest, self._checksum.seeds(hashes), CHECKSUM_FIELD.unpack_from
         corrupt = self._access.corrupt
-        done = 0
+        suspect: list[bytes] = []  # failed their checks: quarantined once the read is known sound (lock-free)
+        done = 0  # pages copied and verified so far: what a read that fails midway still delivered
+
+        def copy(txn: lmdb.Transaction) -> int:
+            nonlocal done
+            get, db = txn.get, shared.dbs.pages
+            suspect.clear()
+            done = 0
+            for h, out, seed in zip(hashes, outs, seeds, strict=True):
+                value = get(h, None, db)
+                if value is None or (corrupt and h in corrupt):
+                    break
+                # A stored size other than a page's (the out views were checked above) is a damaged record: a
+                # miss, quarantined like a checksum failure. The copy happens inside the transaction (see the
+                # module docstring), and is checked on the copy, still in cache: what the caller got is what was
+                # verified.
+                if len(value) - HEADER != len(out):
+                    suspect.append(h)
+                    break
+                out[:] = value[HEADER:]
+                if digest(out, seed) != stored(value)[0]:
+                    suspect.append(h)
+                    break
+                done += 1
+            return done
+
         try:
-            with shared.read(buffers=True) as txn:
-                get, db = txn.get, shared.dbs.pages
-                for h, out, seed in zip(hashes, outs, seeds, strict=True):
-                    value = get(h, None, db)
-                    if value is None or (corrupt and h in corrupt):
-                        break
-                    # A stored size other than a page's (the out views were checked above) is a damaged record:
-                    # a miss, quarantined like a checksum failure. The copy happens inside the transaction (see
-                    # the module docstring), and is checked on the copy, still in cache: what the caller got is
-                    # what was verified.
-                    if len(value) - HEADER != len(out):
-                        self._access.quarantine(h)
-                        break
-                    out[:] = value[HEADER:]
-                    if digest(out, seed) != stored(value)[0]:
-                        self._access.quarantine(h)
-                        break
-                    done += 1
+            shared.reading(copy, buffers=True)
+            for h in suspect:
+                self._access.quarantine(h)
         except lmdb.Error:
             self._counts["read_errors"] += 1
+        except StoreChanged:  # a lock-free read writers kept overtaking: nothing it copied can be trusted
+            self._counts["read_errors"] += 1
+            done = 0
         count_read(self._counts, done, n, copied=True)
         if done and not self.readonly:
             self._access.record(hashes[done - 1], done, self.flush)
@@ -346,11 +391,12 @@ class LMDBStore(StoreHandle):
     def stats(self) -> StoreStats:
         """Totals from the store and this handle's counters."""
         shared = self._live()
-        with shared.read() as txn:
-            totals = read_totals(txn, shared.dbs)
-            capacity, quota = limits(txn, shared.dbs)
-            n_layouts = txn.stat(shared.dbs.layouts)["entries"]
-            n_ns = txn.stat(shared.dbs.namespaces)["entries"]
+
+        def figures(txn: lmdb.Transaction) -> tuple[StoreTotals, tuple[int, int], int, int]:
+            return (read_totals(txn, shared.dbs), limits(txn, shared.dbs), txn.stat(shared.dbs.layouts)["entries"],
+                    txn.stat(shared.dbs.namespaces)["entries"])
+
+        totals, (capacity, quota), n_layouts, n_ns = shared.reading(figures)
         footprint = os.path.getsize(os.path.join(self.path, "data.mdb"))
         return StoreStats(BACKEND, self.location, shared.format.version, shared.format.checksum, n_layouts, n_ns,
                           totals.pages, totals.bytes, capacity, quota, footprint, self.counters())

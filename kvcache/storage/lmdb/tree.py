@@ -19,8 +19,8 @@ from .env import SharedEnv
 def children(shared: SharedEnv, page_hash: bytes) -> list[ChildInfo]:
     """Stored children of a page hash or of a namespace root, hottest (most reads through the child, then most
     recent) first. Each child's figures cover its subtree: O(subtree) lookups, in one read transaction."""
-    out: list[ChildInfo] = []
-    with shared.read() as txn:
+    def walk(txn: lmdb.Transaction) -> list[ChildInfo]:
+        found = []
         meta_db = shared.dbs.meta
         cur = txn.cursor(db=shared.dbs.children)
         for child in child_hashes(cur, page_hash):
@@ -28,7 +28,10 @@ def children(shared: SharedEnv, page_hash: bytes) -> list[ChildInfo]:
             if raw is not None:
                 m = decode_meta(raw)
                 last_access, hits = subtree_heat(txn, cur, meta_db, child, m)
-                out.append(ChildInfo(child, m.tokens, m.nbytes, hits, last_access))
+                found.append(ChildInfo(child, m.tokens, m.nbytes, hits, last_access))
+        return found
+
+    out = shared.reading(walk)  # run again if writers overtook a lock-free read
     out.sort(key=lambda c: (-c.hits, -c.last_access))
     return out
 

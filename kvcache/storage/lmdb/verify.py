@@ -7,6 +7,11 @@ the transaction of its payload. The tree, index and counter checks read one snap
 payloads): parents, children and counters only agree on one snapshot. Repair rechecks every page in its write
 transaction (at most REPAIR_BATCH_PAGES records each) before it removes it.
 
+Read lock-free (`env`: a user who cannot write lock.mdb, `kvc audit --read-only`), a read that writers overtook
+may have seen reused pages, so nothing it read may become a finding before the read is known sound: each chunk
+of payloads is copied out whole (LOCK_FREE_CHUNK_PAGES) and checked once its transaction is (`SharedEnv.reading`
+runs an overtaken one again), and the snapshot's structure findings are added once its transaction is.
+
 Two checks are LMDB's own: a walk of a sub-database that reaches fewer records than its catalogue counts, and a
 lookup that misses a record a walk finds (a damaged branch page misroutes it), are `structure_corrupt` findings:
 repairing the records one by one would remove sound pages (`salvage` rebuilds such a store).
@@ -40,6 +45,7 @@ from .registry import NsDelta, adjust_totals, apply_deltas, decode_totals, drop_
 T = TypeVar("T")
 
 VERIFY_CHUNK_PAGES = 256  # pages per read transaction when verifying (short read transactions, see above)
+LOCK_FREE_CHUNK_PAGES = 32  # ... when reading lock-free: copied out whole, and the shorter, the less overtaken
 REPAIR_BATCH_PAGES = 1024  # records removed per write transaction by verify(repair=True)
 
 Progress = Callable[[str, int, bytes | None], None]  # (sub-database, records walked, last key)
@@ -65,36 +71,81 @@ class LMDBIntegrity:
 
     def layout_records(self) -> dict[bytes, LayoutRecord | None]:
         """The layout records, by layout id (None: does not decode)."""
-        with self.shared.read() as txn:
-            records = {bytes(k): decode_or_none(decode_layout, v) for k, v in txn.cursor(db=self.shared.dbs.layouts)}
+        records = self.shared.reading(lambda txn: {bytes(k): decode_or_none(decode_layout, v)
+                                                   for k, v in txn.cursor(db=self.shared.dbs.layouts)})
         self._layouts = {k: r.layout for k, r in records.items() if r is not None}
         return records
 
     def scan_pages(self, found: Findings) -> Iterator[ScannedPage]:
         """Every page value with its metadata, namespace and index entry read in the same transaction."""
-        dbs = self.shared.dbs
-        for txn, h, value in self.shared.scan(dbs.pages, VERIFY_CHUNK_PAGES, self._progress, "pages"):
-            if len(h) != PAGE_HASH_BYTES:
+        if self.shared.lock_free:
+            yield from self._scan_pages_lock_free(found)
+            return
+        for txn, h, value in self.shared.scan(self.shared.dbs.pages, VERIFY_CHUNK_PAGES, self._progress, "pages"):
+            page = self._scanned(txn, h, value)
+            if page is None:
                 found.add("dangling_index", h, "a pages key that is not a page hash", remove=True)
                 continue
-            raw = txn.get(h, db=dbs.meta)
-            if raw is None:
+            if page.meta is None and not page.damaged:
                 self._missed_meta.add(h)
-                yield ScannedPage(h, value, None)
-                continue
-            meta = decode_or_none(decode_meta, raw)
-            if meta is None:
-                yield ScannedPage(h, value, None, damaged=True)
-                continue
-            yield ScannedPage(h, value, meta, indexed=txn.cursor(db=dbs.children).set_key_dup(meta.parent, h),
-                              registered=txn.get(meta.ns_id, db=dbs.namespaces) is not None)
+            yield page
+
+    def _scanned(self, txn: lmdb.Transaction, h: bytes, value: Any) -> ScannedPage | None:
+        """The page stored under `h`, read in `txn`; None for a key that is no page hash."""
+        dbs = self.shared.dbs
+        if len(h) != PAGE_HASH_BYTES:
+            return None
+        raw = txn.get(h, db=dbs.meta)
+        if raw is None:
+            return ScannedPage(h, value, None)  # scan_pages notes it in _missed_meta
+        meta = decode_or_none(decode_meta, raw)
+        if meta is None:
+            return ScannedPage(h, value, None, damaged=True)
+        return ScannedPage(h, value, meta, indexed=txn.cursor(db=dbs.children).set_key_dup(meta.parent, h),
+                           registered=txn.get(meta.ns_id, db=dbs.namespaces) is not None)
+
+    def _scan_pages_lock_free(self, found: Findings) -> Iterator[ScannedPage]:
+        """scan_pages of a lock-free environment: each chunk copied out in one read transaction, run again when
+        writers overtook it, and yielded only then (see the module docstring)."""
+        shared, after, walked = self.shared, None, 0
+
+        def chunk(txn: lmdb.Transaction) -> tuple[list[tuple[bytes, ScannedPage | None]], bool]:
+            cur = txn.cursor(db=shared.dbs.pages)
+            positioned = cur.first() if after is None else cur.set_range(after)
+            if positioned and after is not None and bytes(cur.key()) == after:
+                positioned = cur.next()
+            rows: list[tuple[bytes, ScannedPage | None]] = []
+            while positioned and len(rows) < LOCK_FREE_CHUNK_PAGES:
+                h = bytes(cur.key())
+                rows.append((h, self._scanned(txn, h, bytes(cur.value()))))
+                positioned = cur.next()
+            return rows, positioned
+
+        while True:
+            if self._progress is not None:
+                self._progress("pages", walked, after)
+            rows, more = shared.reading(chunk, buffers=True)
+            for h, page in rows:
+                if page is None:
+                    found.add("dangling_index", h, "a pages key that is not a page hash", remove=True)
+                    continue
+                if page.meta is None and not page.damaged:
+                    self._missed_meta.add(h)
+                yield page
+            walked += len(rows)
+            if not more or not rows:
+                return
+            after = rows[-1][0]
 
     def snapshot(self, found: Findings) -> Snapshot:
         """The metadata, the registry, the children index and the totals in one read transaction; then the
         structure checks (catalogue counts, misrouted lookups)."""
         shared, dbs, progress = self.shared, self.shared.dbs, self._progress
-        misrouted = {"meta": 0, "pages": 0}  # records a lookup missed and a walk found, per sub-database
-        with shared.read(buffers=True) as txn:
+
+        def take(txn: lmdb.Transaction) -> tuple[Any, ...]:
+            # added to `found` only once the transaction is known sound (lock-free: run again when overtaken)
+            structural: list[str] = []
+            misrouted_meta = 0  # records a lookup missed in the scan and this walk finds
             pages = txn.cursor(db=dbs.pages)  # set_key positions without copying the payload
             tree: dict[bytes, PageRow] = {}
             bodiless: set[bytes] = set()
@@ -103,7 +154,7 @@ class LMDBIntegrity:
                 progress("meta", 0, None)
             for key, raw in txn.cursor(db=dbs.meta):
                 h = bytes(key)
-                misrouted["meta"] += h in self._missed_meta  # the walk finds what a lookup of it missed
+                misrouted_meta += h in self._missed_meta  # the walk finds what a lookup of it missed
                 meta = decode_or_none(decode_meta, raw)
                 if meta is None:
                     damaged.add(h)
@@ -122,8 +173,8 @@ class LMDBIntegrity:
             for db, n in (("meta", len(tree) + len(damaged)), ("pages", walked_pages)):
                 recorded = txn.stat(getattr(dbs, db))["entries"]
                 if n != recorded:
-                    found.add("structure_corrupt", None, f"a walk of sub-database '{db}' reaches {n} of the "
-                                                         f"{recorded} records its catalogue counts")
+                    structural.append(f"a walk of sub-database '{db}' reaches {n} of the {recorded} records its "
+                                      f"catalogue counts")
             if progress is not None:
                 progress("namespaces", len(tree), None)
             registry = {bytes(k): decode_or_none(decode_namespace, v) for k, v in txn.cursor(db=dbs.namespaces)}
@@ -131,6 +182,13 @@ class LMDBIntegrity:
                 progress("children", 0, None)
             links = [(bytes(p), bytes(c)) for p, c in txn.cursor(db=dbs.children)]
             totals = decode_or_none(decode_totals, txn.get(b"totals", db=dbs.store))
+            return tree, bodiless, damaged, headless, registry, links, totals, structural, misrouted_meta
+
+        tree, bodiless, damaged, headless, registry, links, totals, structural, misrouted_meta = shared.reading(
+            take, buffers=True)
+        for detail in structural:
+            found.add("structure_corrupt", None, detail)
+        misrouted = {"meta": misrouted_meta, "pages": 0}  # records a lookup missed and a walk found, per database
         missed = bodiless - damaged
         if missed:  # rare: walk the page keys again (no payloads) to see whether they are there
             for _, h, _ in shared.scan(dbs.pages, VERIFY_CHUNK_PAGES * 16, progress, "pages"):

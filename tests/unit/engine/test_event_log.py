@@ -175,3 +175,102 @@ def test_without_a_feed_the_tree_has_no_listener_and_detach_ends_one():
     cache.evict(device_tokens=64, host_tokens=64)
     cache.poll()
     assert len(feed.batches) == n
+
+
+# --- storage, exactly (issue 25, item 8) ------------------------------------------------------------------------
+
+def _storage_stored(feed: Feed) -> list:
+    return [ev for b in feed.batches for ev in b.events if isinstance(ev, BlockStored) and ev.medium == "storage"]
+
+
+def _serve(cache, rid, tokens, ns):
+    from factories import forward
+
+    req = Request(rid, tokens, ns)
+    adm = cache.admit(req)
+    forward(cache, req, adm)
+    cache.commit(rid)
+    return req
+
+
+def test_a_node_evicted_while_its_write_is_in_flight_is_announced_with_its_true_parent(store):
+    """Buffer mode: a request's pages are bounced to L3, and its node is evicted from the device (to admit the
+    next request) before the write runs. On f3c3857 the detached node was announced with parent None: a router
+    took its pages for a namespace's first pages, and their hashes did not re-derive from their tokens."""
+    ns = Namespace("t", "s")
+    cache = l3_cache(store, page_size=4, device_tokens=48, host_tokens=64, host_mode="buffer")
+    feed = Feed()
+    cache.attach_events(feed)
+    prefix = list(range(16))
+    _serve(cache, "p", prefix, ns)
+    cache.flush()  # the prefix is in L3
+    _serve(cache, "a", prefix + list(range(100, 116)), ns)  # a child node of 4 pages, its backup in flight
+    _serve(cache, "b", list(range(200, 224)), ns)  # needs the room: completes the backup, evicts the child
+    child = page_hashes(cache.layout.layout_id, RadixKey.of(prefix + list(range(100, 116)), ns), 4)
+    assert cache.match(Request("q", prefix + list(range(100, 116)), ns)).device_tokens == 16  # it was evicted
+    cache.flush()
+    assert store.exists_prefix(child) == 8  # ... and written all the same
+    announced = [ev for ev in _storage_stored(feed) if child[4] in ev.block_hashes]
+    assert len(announced) == 1
+    ev = announced[0]
+    assert ev.block_hashes == child[4:] and ev.parent_block_hash == child[3]
+    assert page_hashes(cache.layout.layout_id, RadixKey.of(prefix + ev.token_ids, ns), 4)[4:] == ev.block_hashes
+    assert feed.rebuilt() == holdings(cache)
+
+
+def test_a_page_written_again_is_announced_once(store):
+    """The same prompt written, evicted from L1 and L2 (L3 keeps it), served and written again: its storage pages
+    are announced once (on f3c3857 the second write announced them again)."""
+    ns = Namespace("t", "s")
+    cache = l3_cache(store, page_size=4)
+    feed = Feed()
+    cache.attach_events(feed)
+    tokens = list(range(32))
+    for rid in ("a", "b"):
+        _serve(cache, rid, tokens, ns)
+        cache.flush()
+        cache.evict(device_tokens=1000, host_tokens=1000)  # the node goes; L3 keeps the pages
+        cache.poll()
+    hashes = [h for ev in _storage_stored(feed) for h in ev.block_hashes]
+    assert len(hashes) == len(set(hashes)) == 8
+    assert feed.rebuilt() == holdings(cache)
+
+
+def test_a_drop_removes_only_pages_the_feed_announced(store):
+    """Pages of the tenant written by another process (never announced by this feed) go with the drop too; the
+    feed removes only those it announced (on f3c3857 it removed every page the store walk found)."""
+    ns = Namespace("t", "s")
+    other = l3_cache(store, page_size=4)
+    _serve(other, "o", list(range(500, 532)), ns)
+    other.close()
+    cache = l3_cache(store, page_size=4)
+    feed = Feed()
+    cache.attach_events(feed)
+    _serve(cache, "a", list(range(32)), ns)
+    cache.flush()
+    drop = cache.drop_namespace(ns)
+    assert drop.store_pages == 16
+    cache.poll()
+    removed = [h for b in feed.batches for ev in b.events if isinstance(ev, BlockRemoved) and ev.medium == "storage"
+               for h in ev.block_hashes]
+    assert sorted(removed) == sorted(page_hashes(cache.layout.layout_id, RadixKey.of(list(range(32)), ns), 4))
+    assert feed.rebuilt() == holdings(cache) == set()
+
+
+def test_a_store_share_eviction_is_reported_removed(store):
+    """The store evicts a tenant's older pages to keep it within its share: the feed reports them removed (on
+    f3c3857 it went on saying storage held them: 16 pages announced where the store held 10)."""
+    from kvcache.types.shares import Shares
+
+    ns = Namespace("t", "s")
+    cache = l3_cache(store, page_size=4)
+    feed = Feed()
+    cache.attach_events(feed)
+    cache.set_shares(ns, Shares(store_bytes=10 * cache.layout.bytes_per_page))
+    _serve(cache, "a", list(range(32)), ns)
+    cache.flush()
+    _serve(cache, "b", list(range(500, 532)), ns)
+    cache.flush()
+    storage = {h for _, h, tier in feed.rebuilt() if tier == "storage"}
+    assert len(storage) <= 10 and storage == {h for _, h, _ in store_holdings(store)}
+    assert feed.rebuilt() == holdings(cache)

@@ -115,3 +115,35 @@ def test_mark_stored_spares_a_host_victim_its_write_back_and_mark_unstored_takes
     written = []
     out = t.evict_host(10, backup=written.append)
     assert written == [nodes[1]] and len(out) == 3
+
+
+def test_the_stored_index_follows_splits_deletes_and_the_store_letting_pages_go():
+    """A page the store evicts or deletes finds the node marked stored that holds it (issue 25, item 4): through
+    splits (the head's pages move to the new node), and not after the node leaves the tree."""
+    t = RadixTree(2, b"layout")
+    B = Namespace("tenant-b")
+    head = t.insert(key(range(12)), pages(0, 6)).node
+    t.mark_stored(head)
+    hashes = t.page_hashes(head)
+    assert all(t.stored_node(h) is head for h in hashes)
+    leaf = t.insert(key(list(range(6)) + [90, 91]), pages(10, 4)).node  # splits head after 3 pages
+    top = leaf.parent
+    assert top is not head and top.stored and head.stored
+    assert [t.stored_node(h) for h in hashes] == [top] * 3 + [head] * 3
+    t.mark_stored(leaf)
+    other = t.insert(key(range(4), B), pages(20, 2)).node
+    t.mark_stored(other)
+    t.check()
+    # the store evicts the head's second page: the head's node and every node below it are not stored any more
+    assert t.unstore_pages([hashes[1]]) == 3
+    assert not top.stored and not head.stored and not leaf.stored and other.stored
+    assert t.stored_node(hashes[4]) is None
+    t.check()
+    # a dropped namespace: every node of it
+    assert t.unstore_namespace(B.id) == 1 and not other.stored
+    # a stored node that leaves the tree takes its pages out of the index (the store keeps them)
+    t.mark_stored(top)
+    t.mark_stored(head)
+    t.evict_device(100)
+    assert t.node_count == 0 and t.stored_node(hashes[0]) is None
+    t.check()

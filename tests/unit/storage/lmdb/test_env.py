@@ -35,3 +35,101 @@ def test_store_files_never_carry_process_memory(tmp_path):
     subprocess.run([sys.executable, "-c", PLANT, str(tmp_path / "s"), marker], check=True, timeout=120)
     for f in Path(tmp_path / "s").iterdir():
         assert marker.encode() not in f.read_bytes(), f.name
+
+
+# -- lock-free reading (a user who cannot write lock.mdb, or --read-only) ----------------------------------------
+
+import pytest  # noqa: E402
+
+from kvcache import Namespace  # noqa: E402
+from kvcache.errors import InvalidInput, StoreChanged, StoreReadOnly  # noqa: E402
+from kvcache.storage.lmdb.env import committed_txnid  # noqa: E402
+from kvcache.storage.lmdb.store import LMDBStore  # noqa: E402
+from read_only_user import files_and_mtimes  # noqa: E402
+
+LAYOUT_ARGS = dict(layers=1, kv_heads=1, head_dim=8, dtype="float16", page_size=4)
+COMMIT = """
+import sys
+from kvcache.storage.lmdb.store import LMDBStore
+with LMDBStore.open(sys.argv[1]) as store:
+    for _ in range(int(sys.argv[2])):
+        store.set_capacity(0)  # one write transaction each
+"""
+
+
+def commit(path: Path, n: int) -> None:
+    """`n` write transactions on the store, from another process (a writer the lock-free reader cannot see)."""
+    subprocess.run([sys.executable, "-c", COMMIT, str(path), str(n)], check=True, timeout=120)
+
+
+@pytest.fixture
+def filled(tmp_path: Path) -> Path:
+    import numpy as np
+
+    from kvcache import KVLayout, page_origins
+    from kvcache.types.keys import pack_tokens
+
+    layout = KVLayout("lockfree@r1", **LAYOUT_ARGS)
+    path = tmp_path / "s"
+    with LMDBStore.open(str(path), layout, create=True) as store:
+        hashes, origins = page_origins(layout, pack_tokens(np.arange(12, dtype=np.uint32)), Namespace("t", "s"))
+        store.put(hashes, [np.full(layout.bytes_per_page, 7, np.uint8) for _ in hashes], origins)
+    return path
+
+
+def test_a_lock_free_open_reads_the_store_and_writes_nothing_to_its_directory(filled):
+    os.unlink(filled / "lock.mdb")  # a locked open would make it again
+    before = files_and_mtimes(filled)
+    with LMDBStore.open(str(filled), readonly=True, lock=False) as store:
+        assert store.lock_free and store.readonly
+        assert [r.pages for r in store.namespaces()] == [3] and store.stats().pages == 3
+        assert len(store.children(store.root(Namespace("t", "s"), store.layouts()[0]))) == 1
+        with pytest.raises(StoreReadOnly):
+            store.set_capacity(1 << 20)
+    assert files_and_mtimes(filled) == before
+
+
+def test_a_lock_free_open_is_a_read_only_one(filled):
+    with pytest.raises(InvalidInput, match="readonly=True"):
+        LMDBStore.open(str(filled), lock=False)
+
+
+def test_a_lock_free_read_that_writers_overtook_is_store_changed(filled):
+    with LMDBStore.open(str(filled), readonly=True, lock=False) as store:
+        shared = store._shared
+        with shared.read() as txn:
+            commit(filled, 1)  # one commit reuses nothing this snapshot holds
+            assert txn.get(b"format", db=shared.dbs.store) is not None
+        with pytest.raises(StoreChanged, match="overtaken by writers"):
+            with shared.read() as txn:
+                commit(filled, 2)  # the second may reuse the pages the first freed: this snapshot's
+
+
+def test_reading_runs_an_overtaken_lock_free_read_again(filled):
+    with LMDBStore.open(str(filled), readonly=True, lock=False) as store:
+        shared, snapshots = store._shared, []
+
+        def body(txn):
+            snapshots.append(txn.id())
+            if len(snapshots) == 1:
+                commit(filled, 2)
+            return bytes(txn.get(b"format", db=shared.dbs.store))
+
+        assert shared.reading(body)
+        assert len(snapshots) == 2 and snapshots[1] == snapshots[0] + 2
+
+
+def test_a_registered_reader_is_never_overtaken(filled):
+    with LMDBStore.open(str(filled), readonly=True) as store:
+        assert not store.lock_free
+        with store._shared.read() as txn:
+            commit(filled, 3)  # the writers see this reader in lock.mdb and keep its pages
+            assert txn.get(b"format", db=store._shared.dbs.store) is not None
+
+
+def test_committed_txnid_reads_the_last_commit_from_the_data_file(filled):
+    with LMDBStore.open(str(filled), readonly=True, lock=False) as store:
+        first = store._shared.env.info()["last_txnid"]
+        assert committed_txnid(str(filled)) == first
+        commit(filled, 3)
+        assert committed_txnid(str(filled)) == store._shared.env.info()["last_txnid"] == first + 3
