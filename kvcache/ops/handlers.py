@@ -27,9 +27,9 @@ from ..diagnostics.snapshot import encode_snapshot
 from ..errors import InvalidInput, UnknownRequest
 from ..ledger.pools import SlotPool
 from ..types.config import HostMode
-from ..types.ids import NamespaceId
+from ..types.ids import DisplayId, NamespaceId
 from ..types.keys import page_hashes
-from ..types.namespace import Namespace, display_id
+from ..types.namespace import Namespace, NamespaceInfo, display_id
 from ..types.request import Request
 from ..types.results import ExpiryCause, NamespaceExpiry
 from ..workload.replay import Replayer
@@ -353,8 +353,69 @@ def _evict(cache: "TieredCache", req: EvictRequest) -> EvictOutcome:
     return EvictOutcome(ns.info(), freed.device_pages, freed.host_pages, namespace_tiers(cache, ns))
 
 
+def held_namespaces(cache: "TieredCache") -> dict[bytes, Namespace]:
+    """namespace id -> the Namespace of everything the cache holds: tree pages, prefetches, staged records,
+    running requests (what a drop must reach; the salt is known only here, in memory)."""
+    held: dict[bytes, Namespace] = {}
+    for root in cache.tree.namespace_roots():
+        if root.namespace is not None:
+            held[root.namespace.id] = root.namespace
+    for op in cache.prefetch_ops():
+        held[op.namespace.id] = op.namespace
+    for staged in cache.staged_records():
+        held[staged.key.namespace.id] = staged.key.namespace
+    for live in cache.live_requests():
+        held[live.request.namespace.id] = live.request.namespace
+    return held
+
+
 def _drop(cache: "TieredCache", req: DropRequest) -> "NamespaceDrop":
-    return cache.drop_namespace(_namespace(req))
+    from ..types.results import NamespaceDrop
+
+    if req.id is None and req.fingerprint is None:
+        ns = _namespace(req)
+        if not req.dry_run:
+            return cache.drop_namespace(ns)
+        tiers = namespace_tiers(cache, ns)
+        return NamespaceDrop(ns.info(), ns.display_id, tiers.device.pages, tiers.host.pages, tiers.storage.pages,
+                             tiers.storage.bytes, _running(cache, ns.id))
+    # named without its salt: what the cache holds (Namespace objects) and what its store records
+    key = req.extra_key or None
+
+    def named(shown: str, info: NamespaceInfo) -> bool:
+        if req.id is not None:
+            return shown == req.id
+        return info.salt_fingerprint == req.fingerprint and (req.extra_key is None or info.extra_key == key)
+
+    held = held_namespaces(cache)
+    found = {ns_id: ns.info() for ns_id, ns in held.items() if named(ns.display_id, ns.info())}
+    stored = _stored(cache)
+    for rec in stored.values():
+        info = NamespaceInfo(rec.extra_key, rec.salt_fingerprint)
+        if named(display_id(NamespaceId(bytes.fromhex(rec.ns_id_hex))), info):
+            found.setdefault(bytes.fromhex(rec.ns_id_hex), info)
+    if len(found) > 1:
+        raise InvalidInput(f"{len(found)} namespaces match: name one by its id (see `kvc ns ls`)")
+    if not found:
+        return NamespaceDrop(NamespaceInfo(key, req.fingerprint), DisplayId(req.id or ""), 0, 0, 0, 0, 0)
+    ns_id, info = next(iter(found.items()))
+    shown_id = display_id(NamespaceId(ns_id))
+    holder = held.get(ns_id)
+    if req.dry_run:
+        use = namespace_tiers(cache, holder) if holder is not None else None
+        record = stored.get(ns_id.hex())
+        return NamespaceDrop(info, shown_id, use.device.pages if use else 0, use.host.pages if use else 0,
+                             record.pages if record else 0, record.bytes if record else 0, _running(cache, ns_id))
+    if holder is not None:
+        return cache.drop_namespace(holder)
+    assert cache.store is not None  # found in the store's registry
+    deleted = cache.store.delete_namespace(NamespaceId(ns_id))
+    return NamespaceDrop(info, shown_id, 0, 0, deleted.pages, deleted.bytes, 0)
+
+
+def _running(cache: "TieredCache", ns_id: bytes) -> int:
+    """Running requests of namespace `ns_id`."""
+    return sum(1 for live in cache.live_requests() if live.request.namespace.id == ns_id)
 
 
 def _set_shares(cache: "TieredCache", req: SharesRequest) -> SharesOutcome:

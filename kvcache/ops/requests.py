@@ -110,10 +110,15 @@ class EvictRequest(msgspec.Struct, frozen=True, tag="evict", forbid_unknown_fiel
 
 class DropRequest(msgspec.Struct, frozen=True, tag="ns_drop", forbid_unknown_fields=True):
     """Offboard a namespace from every tier without writing any of it back (`TieredCache.drop_namespace`).
-    Answered with `kvcache.types.results.NamespaceDrop`."""
+    Answered with `kvcache.types.results.NamespaceDrop`. Named by extra_key and salt, or without the salt by
+    `id` (the display id `kvc ns ls` prints) or `fingerprint` (with `extra_key` to narrow it): then the
+    namespace is looked for among those the cache holds and those its store records."""
 
     extra_key: str | None = None
     cache_salt: str | None = None
+    id: str | None = None  # 16 hex digits: Namespace.display_id
+    fingerprint: str | None = None  # the salt fingerprint, as `kvc ns ls` prints it
+    dry_run: bool = False  # change nothing: answer what would go (pages per tier, running requests)
 
 
 class SharesRequest(msgspec.Struct, frozen=True, tag="ns_quota", forbid_unknown_fields=True):

@@ -20,6 +20,10 @@ Rules every backend keeps (tests/conformance checks them for each registered bac
   used pages, or rejects the pages over it).
 - Access times and hit counts are recorded in memory and written in batches (`flush()`), never one write per read.
   A read of a run of pages counts once, at the deepest page it reached; a page's heat is its subtree's.
+- A store knows who serves it and what was dropped from it (`kvcache.storage.serving`): each live cache records
+  itself and its admin socket (`register_serve`, removed on exit), and every offboarding leaves a `DropRecord`
+  (`record_drop`, numbered in order, the last DROPS_KEPT kept) that the other caches of the store follow, so
+  none of them writes a dropped namespace back.
 
 The argument checks every backend shares are in `checks`, the backend registry (`open_store`) in `registry`, and
 what a backend outside the core imports in `kit`.
@@ -112,6 +116,31 @@ class DeleteResult(msgspec.Struct, frozen=True):
     pages: int
     bytes: int
     transactions: int  # bounded write transactions used
+
+
+class ServeRecord(msgspec.Struct, frozen=True):
+    """A live cache serving a store, as recorded in the store (`L3Store.register_serve`): where to reach it."""
+
+    token: str  # unique per serving process (its key in the store)
+    pid: int
+    host: str  # the machine's hostname: a pid and a socket path mean something on that machine only
+    socket: str  # the absolute path of its admin socket
+    started: float  # unix seconds
+
+
+class DropRecord(msgspec.Struct, frozen=True):
+    """One namespace dropped from a store (`L3Store.record_drop`), kept so that every live cache of the store
+    lets go of it too and a second offboarding can tell "already dropped" from "never there"."""
+
+    seq: int  # 1, 2, 3... in the order the drops were recorded (the store's drop sequence)
+    ns_id_hex: str  # the raw namespace id, as the registry keys it (the store holds it anyway)
+    extra_key: str | None  # as the registry recorded it (None when the store did not hold the namespace)
+    salt_fingerprint: str | None
+    at: float  # unix seconds
+    by: str  # who dropped it: "offline", or the admin socket of the live cache it went through
+
+
+DROPS_KEPT = 4096  # drop records a store keeps (the oldest go first): live caches read them within a step
 
 
 class StoreCounters(msgspec.Struct, frozen=True):
@@ -313,6 +342,26 @@ class L3Store(Protocol):
     def verify(self, repair: bool = False) -> VerifyReport:
         """Scan every page and index; with `repair`, remove what is provably corrupt or unreachable (REPAIRS),
         in bounded transactions, and never a page that is reachable from its namespace root and sound."""
+
+    def register_serve(self, record: ServeRecord) -> None:
+        """Record a live cache serving this store (replaces one with the same token)."""
+
+    def unregister_serve(self, token: str) -> None:
+        """Remove a serving record (no error when it is gone)."""
+
+    def serves(self) -> list[ServeRecord]:
+        """Every serving record, stale ones included (`kvcache.live.server.live_serves` checks them)."""
+
+    def record_drop(self, ns_id: NamespaceId, extra_key: str | None, salt_fingerprint: str | None,
+                    by: str) -> DropRecord:
+        """Record that namespace `ns_id` is being dropped, before its pages go: the next number of the store's drop
+        sequence, the oldest records beyond DROPS_KEPT removed."""
+
+    def drops(self, since: int = 0) -> list[DropRecord]:
+        """The drop records numbered above `since`, oldest first."""
+
+    def drop_seq(self) -> int:
+        """The number of the last drop recorded (0: none). One small read: live caches call it before each put."""
 
     def flush(self) -> None:
         """Write pending access times and hit counts."""

@@ -25,18 +25,21 @@ from ..types.layout import KVLayout
 from ..types.namespace import Namespace, NamespaceInfo, new_fingerprint_key
 from ..types.shares import NamespaceShares, Shares, decode_shares_record
 from .api import (
+    DROPS_KEPT,
     REPAIRS,
     VERIFY_KINDS,
     AccessPolicy,
     CapacityPolicy,
     ChildInfo,
     DeleteResult,
+    DropRecord,
     L3Store,
     LayoutRecord,
     NamespaceRecord,
     PageMeta,
     PageOrigin,
     PutResult,
+    ServeRecord,
     StoreCounters,
     StoreStats,
     VerifyFinding,
@@ -91,6 +94,8 @@ __all__ = [
     "L3Store", "PageOrigin", "PageMeta", "NamespaceRecord", "LayoutRecord", "ChildInfo", "PutResult", "DeleteResult",
     "StoreCounters", "StoreStats", "VerifyFinding", "VerifyRemoval", "VerifyReport", "CapacityPolicy",
     "AccessPolicy", "VERIFY_KINDS", "REPAIRS", "page_origins",
+    # who serves a store and what was dropped from it (api; kvcache.storage.serving follows them)
+    "ServeRecord", "DropRecord", "DROPS_KEPT",
     # the argument checks every backend shares (checks)
     "check_page_hashes", "out_views_for", "put_views", "layout_to_register", "namespace_root", "byte_view",
     "page_bytes",

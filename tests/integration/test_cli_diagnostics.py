@@ -96,7 +96,7 @@ def test_ns_drop_needs_yes_and_removes_exactly_one(store_path):
     assert refused.returncode == 2 and "--yes" in refused.stderr
     dropped = json.loads(invoke("ns", "drop", "t2", "--store", store_path, "--yes", "--json",
                                 salt=SALTS["t2"]).stdout)
-    assert dropped["pages"] == 12 and dropped["namespace"]["extra_key"] == "t2"
+    assert dropped["store_pages"] == 12 and dropped["namespace"]["extra_key"] == "t2"
     left = json.loads(invoke("ns", "ls", "--store", store_path, "--json").stdout)["namespaces"]
     assert sorted((r["extra_key"] or "") for r in left) == ["", "t1"]
     assert invoke("audit", "--store", store_path).exit_code == 0

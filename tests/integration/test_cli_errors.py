@@ -243,7 +243,7 @@ def test_ns_drop_names_exactly_one_namespace(store):
                      []):
         _one_line_exit_2(invoke("ns", "drop", *conflict, "--yes", "--store", store))
     out = json.loads(invoke("ns", "drop", "t3", "--fingerprint", fp, "--yes", "--json", "--store", store).stdout)
-    assert out["dropped"] and out["namespace"]["extra_key"] == "t3" and out["pages"] == 25
+    assert out["dropped"] and out["namespace"]["extra_key"] == "t3" and out["store_pages"] == 25
     again = invoke("ns", "drop", "t3", "--fingerprint", fp, "--yes", "--missing-ok", "--json", "--store", store)
     assert again.exit_code == 0 and json.loads(again.stdout)["dropped"] is False
     left = {r["extra_key"] for r in json.loads(invoke("ns", "ls", "--store", store, "--json").stdout)["namespaces"]}

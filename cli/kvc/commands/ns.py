@@ -8,7 +8,10 @@ KVC_SALT), or, where the salt is not at hand (offboarding from a runbook), by th
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+import re
+import time
 from typing import Annotated
 
 import msgspec
@@ -16,7 +19,8 @@ import typer
 
 from kvcache.live.protocol import DropRequest, EvictOutcome, EvictRequest, ExpireRequest, NamespacesRequest
 from kvcache.live.protocol import NamespaceList as LiveNamespaceList
-from kvcache.storage.api import L3Store, NamespaceRecord
+from kvcache.storage.api import DropRecord, L3Store, NamespaceRecord
+from kvcache.storage.location import StoreLocation
 from kvcache.types.ids import NamespaceId
 from kvcache.types.keys import unpack_tokens
 from kvcache.types.namespace import Namespace, NamespaceInfo, display_id
@@ -99,14 +103,22 @@ class NamespaceTree(msgspec.Struct):
 
 
 class DropOutput(msgspec.Struct):
-    """`kvc ns drop --json`. `dropped` is False when the namespace was not there (only with --missing-ok)."""
+    """`kvc ns drop --json`, offline and live alike. `dropped` is False when nothing was dropped: the namespace
+    was not there (only with --missing-ok), or --dry-run (then the figures are what would go)."""
 
     namespace: NamespaceInfo | None  # None: named by an id that matched nothing
-    id: str | None
+    id: str | None  # display id, as `kvc ns ls` prints it
     dropped: bool
-    pages: int
-    bytes: int
-    transactions: int
+    dry_run: bool
+    store_pages: int  # L3 pages deleted (or, --dry-run, that would be)
+    store_bytes: int
+    device_pages: int  # L1 and L2 pages freed in the live cache (0 offline, where no cache holds it)
+    host_pages: int
+    live_requests: int  # running requests of the namespace in the live cache: their pages stay until they end
+    transactions: int  # bounded write transactions the offline delete used (0 live)
+    socket: str | None  # the live cache the drop went through; None: offline
+    live_caches: list[str] = []  # --dry-run offline: the sockets of live caches that hold it (an offline drop refuses)
+    dropped_before: float | None = None  # not there, and the store records its earlier drop at this time (a re-run)
 
 
 LS_COLUMNS = [Column("id"), Column("extra_key", Kind.USER), Column("salt fingerprint"), Column("pages", Kind.INT),
@@ -244,6 +256,10 @@ def _targets(store: L3Store, extra_key: str | None, ns: Namespace | None, ns_id:
     return [r for r in records if r.ns_id_hex == ns.id_hex]
 
 
+_HEX16 = re.compile(r"[0-9a-fA-F]{16}")
+_HEX12 = re.compile(r"[0-9a-fA-F]{12}")
+
+
 @app.command("drop", short_help="Drop a namespace from the store: by extra_key and salt, --id or --fingerprint.")
 @command
 def drop(
@@ -253,14 +269,18 @@ def drop(
     salt: SaltOpt = None,
     salt_file: SaltFileOpt = None,
     ns_id: Annotated[str | None, typer.Option(
-        "--id", help="Name the namespace by the id `kvc ns ls` prints (no salt needed).", show_default=False)]
-    = None,
+        "--id", help="Name the namespace by the id `kvc ns ls` prints: exactly 16 hex digits (no salt needed).",
+        show_default=False)] = None,
     fingerprint: Annotated[str | None, typer.Option(
-        "--fingerprint", help="Name it by its salt fingerprint as `kvc ns ls` prints it (with EXTRA_KEY when "
-        "tenants share a salt; no salt needed).", show_default=False)] = None,
+        "--fingerprint", help="Name it by its salt fingerprint as `kvc ns ls` prints it, 12 hex digits (with "
+        "EXTRA_KEY when tenants share a salt; no salt needed).", show_default=False)] = None,
     missing_ok: Annotated[bool, typer.Option(
         "--missing-ok", help="A namespace that is not in the store is not an error: nothing to drop, exit 0 "
-        "(a second run of an offboarding succeeds).")] = False,
+        "(a second run of an offboarding succeeds; --json `dropped_before` then says when the store recorded "
+        "its drop, null when it never did).")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Change nothing: show what would go (pages per tier) and which live caches hold it. "
+        "Needs no --yes.")] = False,
     store: StoreOpt = DEFAULT_STORE,
     socket: SocketOpt = None,
     yes: Annotated[bool, typer.Option("--yes", help="Confirm: remove every page of the namespace.")] = False,
@@ -268,9 +288,20 @@ def drop(
     debug: DebugOpt = False,
 ) -> None:
     """Remove every page of one namespace from the store (a tenant's offboarding). Name it by EXTRA_KEY and its
-    salt, by --id, or by --fingerprint [EXTRA_KEY]. Needs --yes. Exit 2 when it names no namespace (0 with
-    --missing-ok) or more than one. With --socket the live cache drops it from L1, L2 and its store at once,
-    writing nothing back (name it by EXTRA_KEY and its salt)."""
+    salt, by --id, or by --fingerprint [EXTRA_KEY]. Needs --yes (or --dry-run). Exit 2 when it names no namespace
+    (0 with --missing-ok) or more than one.
+
+    Every live cache serving the store (`kvc serve`, found from the store's record of them) follows the drop:
+    it lets go of the namespace and never writes it back. Offline, a drop of a namespace that a live cache holds
+    in L1 or L2 is refused (exit 2, naming its socket): drop it through that cache with --socket, which frees it
+    from L1, L2 and the store at once, writing nothing back."""
+    if ns_id is not None and not _HEX16.fullmatch(ns_id):
+        raise UsageError(f"--id {shown(ns_id)}: an id is exactly 16 hex digits, as `kvc ns ls` prints it")
+    if fingerprint is not None and not _HEX12.fullmatch(fingerprint):
+        raise UsageError(f"--fingerprint {shown(fingerprint)}: a salt fingerprint is exactly 12 hex digits, as "
+                         f"`kvc ns ls` prints it")
+    ns_id = ns_id.lower() if ns_id is not None else None
+    fingerprint = fingerprint.lower() if fingerprint is not None else None
     if ns_id is not None and fingerprint is not None:
         raise UsageError("give --id or --fingerprint, not both")
     by_digest = ns_id is not None or fingerprint is not None
@@ -283,69 +314,158 @@ def drop(
     salt_value = None if by_digest else salt_from(salt, salt_file)  # read once: it may come from stdin
     ns = None if by_digest else Namespace(extra_key, salt_value)
     if ns_id is not None:
-        what = f"id {shown(ns_id)}"
+        what = f"id {ns_id}"
     elif fingerprint is not None:
-        what = f"fingerprint {shown(fingerprint)}" + (f" and extra_key {shown(extra_key)}" if extra_key else "")
+        what = f"fingerprint {fingerprint}" + (f" and extra_key {shown(extra_key)}" if extra_key else "")
     else:
         assert ns is not None  # named by EXTRA_KEY and its salt
         what = f"{shown(ns.extra_key)}/{ns.salt_fingerprint or '-'}"
-    if not yes:
-        raise UsageError(f"refusing to drop namespace {what} without --yes")
+    if not yes and not dry_run:
+        raise UsageError(f"refusing to drop namespace {what} without --yes (--dry-run shows what would go)")
     path = live.socket_path(socket)
     if path is not None:
-        if by_digest:
-            raise UsageError("a live drop names the namespace by EXTRA_KEY and its salt (the cache's tree knows "
-                             "namespaces by their salt, not by --id or --fingerprint)")
-        assert extra_key is not None  # not by digest: checked above
-        return _drop_live(path, extra_key, salt_value, missing_ok, json)
-    st = open_inspect(store, writable=True)
+        request = DropRequest(extra_key, salt_value, ns_id, fingerprint, dry_run)
+        return _drop_live(path, request, what, store, missing_ok, json)
+    st = open_inspect(store, writable=not dry_run)
     try:
         found = _targets(st, extra_key, ns, ns_id, fingerprint)
         if len(found) > 1:
             raise UsageError(f"{len(found)} namespaces have {what}: name one by --id (see `kvc ns ls`)")
         if not found:
+            shown_id = ns.display_id if ns is not None else ns_id
+            if shown_id is not None and not dry_run:
+                _refuse_if_held(st, ns.info() if ns is not None else None, shown_id)
+            before = _dropped_before(st, ns, ns_id, extra_key, fingerprint)
             if not missing_ok:
-                raise UsageError(f"no namespace {what} in {store} (--missing-ok makes that a success)")
-            output = DropOutput(ns.info() if ns is not None else None, ns.display_id if ns is not None else ns_id,
-                                False, 0, 0, 0)
+                again = " (the store recorded its drop before: --missing-ok makes a re-run a success)" if before \
+                    else " (--missing-ok makes that a success)"
+                raise UsageError(f"no namespace {what} in {store}{again}")
+            info = ns.info() if ns is not None else None
+            if info is None and before is not None:
+                info = NamespaceInfo(before.extra_key, before.salt_fingerprint)
+            output = DropOutput(info, ns.display_id if ns is not None else ns_id, False, dry_run, 0, 0, 0, 0, 0, 0,
+                                None, dropped_before=before.at if before is not None else None)
         else:
-            rec = found[0]
-            result = st.delete_namespace(NamespaceId(bytes.fromhex(rec.ns_id_hex)))
-            output = DropOutput(NamespaceInfo(rec.extra_key, rec.salt_fingerprint), _shown_id(rec), True,
-                                result.pages, result.bytes, result.transactions)
+            output = _drop_offline(st, found[0], dry_run)
     finally:
         st.close()
+    _say_dropped(output, what, store, json)
+
+
+def _drop_offline(st: L3Store, rec: NamespaceRecord, dry_run: bool) -> DropOutput:
+    """Drop (or, `dry_run`, show) one namespace offline: refused while a live cache holds it."""
+    from kvcache.live.serves import holding, live_serves, where
+    from kvcache.storage.serving import OFFLINE, recorded_drop
+
+    info, shown_id = NamespaceInfo(rec.extra_key, rec.salt_fingerprint), _shown_id(rec)
+    holders = holding(live_serves(st), shown_id)
+    if dry_run:
+        rows = [h.holds for h in holders if h.holds is not None]
+        return DropOutput(info, shown_id, False, True, rec.pages, rec.bytes, sum(r.device.pages for r in rows),
+                          sum(r.host.pages for r in rows), 0, 0, None, [where(h.record) for h in holders])
+    _refuse_if_held(st, info, shown_id, holders)
+    _, result = recorded_drop(st, NamespaceId(bytes.fromhex(rec.ns_id_hex)), OFFLINE)
+    return DropOutput(info, shown_id, True, False, result.pages, result.bytes, 0, 0, 0, result.transactions, None)
+
+
+def _refuse_if_held(st: L3Store, info: NamespaceInfo | None, shown_id: str, holders: list | None = None) -> None:
+    """UsageError naming the live caches of the store that hold namespace `shown_id` in L1/L2: they would write
+    it back (write-back), so the drop must go through one of them."""
+    from kvcache.live.serves import holding, live_serves, where
+
+    holders = holding(live_serves(st), shown_id) if holders is None else holders
+    if holders:
+        names = ", ".join(where(h.record) for h in holders)
+        label = f"{shown(info.extra_key)}/{info.salt_fingerprint or '-'}" if info is not None else "-"
+        raise UsageError(f"namespace {label} (id {shown_id}) is held by a live cache serving this store "
+                         f"({names}): drop it through it, `kvc --socket {holders[0].record.socket} ns drop --id "
+                         f"{shown_id} --yes`")
+
+
+def _dropped_before(st: L3Store, ns: Namespace | None, ns_id: str | None, extra_key: str | None,
+                    fingerprint: str | None) -> DropRecord | None:
+    """The store's latest record of a drop of the namespace named so (None: it records none)."""
+    from kvcache.storage.serving import last_drop
+
+    if ns is not None:
+        rec = last_drop(st, ns_id_hex=ns.id_hex)
+    elif ns_id is not None:
+        rec = next((r for r in reversed(st.drops())
+                    if display_id(NamespaceId(bytes.fromhex(r.ns_id_hex))) == ns_id), None)
+    else:
+        rec = last_drop(st, extra_key=extra_key or None if extra_key is not None else None,
+                        salt_fingerprint=fingerprint)
+    return rec
+
+
+def _say_dropped(output: DropOutput, what: str, store: object, json: bool) -> None:
     if json:
         emit_json(output)
+        return
+    via = f" through the live cache at {output.socket}" if output.socket else ""
+    if output.dry_run and (output.store_pages or output.device_pages or output.host_pages or output.live_caches):
+        held = (f"; held by live cache(s) {', '.join(output.live_caches)}: an offline drop refuses, drop it "
+                f"through one with --socket" if output.live_caches else "")
+        say(literal(f"would drop namespace {ns_label(output.namespace)} (id {output.id}){via}: "
+                    f"{output.device_pages:,} L1 pages, {output.host_pages:,} L2 pages, {output.store_pages:,} L3 "
+                    f"pages ({human_bytes(output.store_bytes)}){held}"))
     elif not output.dropped:
-        say(literal(f"namespace {what} is not in {shown(str(store))}: nothing to drop"))
+        at = output.dropped_before
+        before = (f" (the store recorded its drop at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(at))})"
+                  if at is not None else "")
+        say(literal(f"namespace {what} is not in {shown(str(store))}{via}: nothing to drop{before}"))
+    elif output.socket is None:
+        say(literal(f"dropped namespace {ns_label(output.namespace)} (id {output.id}): {output.store_pages:,} pages, "
+                    f"{human_bytes(output.store_bytes)} ({output.transactions} transactions)"))
     else:
-        say(f"dropped namespace {ns_label(output.namespace)} (id {output.id}): {output.pages:,} pages, "
-            f"{human_bytes(output.bytes)} ({output.transactions} transactions)")
+        running = (f"; {output.live_requests} running request(s) keep their pages until they end"
+                   if output.live_requests else "")
+        say(literal(f"dropped namespace {ns_label(output.namespace)} (id {output.id}){via}: "
+                    f"{output.device_pages:,} L1 pages, {output.host_pages:,} L2 pages, {output.store_pages:,} L3 "
+                    f"pages ({human_bytes(output.store_bytes)}){running}"))
 
 
-def _drop_live(path: str, extra_key: str, salt: str | None, missing_ok: bool, json: bool) -> None:
-    """`kvc --socket S ns drop EXTRA_KEY`: offboard a namespace from the live cache's L1 and L2 (nothing written
-    back) and from its store, in one request (`TieredCache.drop_namespace`)."""
+def _drop_live(path: str, request: DropRequest, what: str, store: StoreLocation, missing_ok: bool,
+               json: bool) -> None:
+    """`kvc --socket S ns drop ...`: offboard a namespace from the live cache's L1 and L2 (nothing written back)
+    and from its store, in one request (`TieredCache.drop_namespace`); every other live cache of the store
+    follows. Named by --id or --fingerprint, the cache looks among what it holds and what its store records."""
     from kvcache.types.results import NamespaceDrop
 
-    Namespace(extra_key, salt)  # checked here, before the request goes out
-    outcome = live.call(path, DropRequest(extra_key, salt), NamespaceDrop)
+    if request.id is None and request.fingerprint is None:
+        Namespace(request.extra_key, request.cache_salt)  # checked here, before the request goes out
+    outcome = live.call(path, request, NamespaceDrop)
     held = outcome.device_pages + outcome.host_pages + outcome.store_pages
-    if not held and not outcome.live_requests and not missing_ok:
-        raise UsageError(f"namespace {ns_label(outcome.namespace)} holds nothing in the live cache or its store "
-                         f"(--missing-ok makes that a success)")
-    if json:
-        emit_json(outcome)
-        return
-    running = (f"; {outcome.live_requests} running request(s) keep their pages until they end"
-               if outcome.live_requests else "")
-    say(f"dropped namespace {ns_label(outcome.namespace)} from the live cache: {outcome.device_pages:,} L1 pages, "
-        f"{outcome.host_pages:,} L2 pages, {outcome.store_pages:,} L3 pages ({human_bytes(outcome.store_bytes)})"
-        f"{running}")
+    found = bool(held or outcome.live_requests)
+    before = None
+    if not found:
+        before = _live_dropped_before(store, request)
+        if not missing_ok:
+            raise UsageError(f"namespace {what} holds nothing in the live cache at {path} or its store "
+                             f"(--missing-ok makes that a success)")
+    output = DropOutput(outcome.namespace, outcome.namespace_id or None, found and not request.dry_run,
+                        request.dry_run, outcome.store_pages, outcome.store_bytes, outcome.device_pages,
+                        outcome.host_pages, outcome.live_requests, 0, path, dropped_before=before)
+    _say_dropped(output, what, store, json)
 
 
-@app.command("evict", short_help="Live cache only: drop a namespace's pages from L1 and/or L2.")
+def _live_dropped_before(store: StoreLocation, request: DropRequest) -> float | None:
+    """The time of the namespace's recorded drop, read from --store when it opens (the live cache's store, when
+    the caller names it); None otherwise."""
+    with contextlib.suppress(Exception):  # not that store, or none at all: nothing known
+        st = open_inspect(store)
+        try:
+            ns = Namespace(request.extra_key, request.cache_salt) if request.id is None and \
+                request.fingerprint is None else None
+            rec = _dropped_before(st, ns, request.id, request.extra_key, request.fingerprint)
+            return rec.at if rec is not None else None
+        finally:
+            st.close()
+    return None
+
+
+@app.command("evict", short_help="Live cache only: evict a namespace's pages from L1 and/or L2 (under "
+             "write-back they may be written back to L3 first).")
 @command
 def evict(
     extra_key: Annotated[str, typer.Argument(help="The namespace's extra_key (\"\" for requests without one).",
@@ -359,7 +479,9 @@ def evict(
     debug: DebugOpt = False,
 ) -> None:
     """Live cache only: evict a namespace's pages from L1 and/or L2 (what requests and copies use stays; its L3
-    pages stay). Under write-back, device pages are backed up before they go."""
+    pages stay). This is not offboarding: under write-back, pages not yet in the store are written back first
+    (device pages to L2, L2 pages to L3), so the namespace's pages may appear in L3. To remove a namespace
+    everywhere, `kvc ns drop` (nothing is written back)."""
     path = live.socket_path(socket)
     if path is None:
         raise UsageError("kvc ns evict acts on a live cache: give --socket PATH (or KVC_SOCKET)")

@@ -6,6 +6,10 @@ and again. SIGTERM or SIGINT stops it cleanly: a running replay stops at its nex
 the socket stops accepting and its file is removed, what is queued is answered, L3 writes are flushed, exit 0. A
 socket path where a live server answers is refused (exit 2); a stale socket file left by a dead server is taken
 over.
+
+While it runs the process is recorded in the store (pid, host, socket: `kvc ns drop` finds it there and refuses
+an offline drop of a namespace it holds), and it follows the store's drop records: a namespace dropped offline or
+through another `kvc serve` of the same store is dropped from this cache too and never written back.
 """
 
 from __future__ import annotations
@@ -142,7 +146,11 @@ def serve(
     ttl = _ttl_policy(ttl_default_s, ttl_mode, ttl_max_s, ttl_max_namespaces, ttl_sweep_s)
     stop = threading.Event()
     with contextlib.closing(open_for_cache(store)) as handle:
-        cache = offline_cache(handle, handle.layout, device_tokens, host_tokens, prefetch_policy=prefetch_policy,
+        from kvcache.storage.serving import DropWatch, FencedStore
+
+        # the cache follows the store's drop records, and the server records itself in the store (serving)
+        fenced = FencedStore(handle, DropWatch(handle, by=path))
+        cache = offline_cache(fenced, handle.layout, device_tokens, host_tokens, prefetch_policy=prefetch_policy,
                               write_policy=write_policy, host_mode=mode, ttl=ttl)
         from kvcache.live.server import AdminServer  # imports the cache's ops (and torch): only where one runs
 

@@ -10,7 +10,8 @@ Named sub-databases (all keys are 16-byte page hashes unless said otherwise)::
     store       b"format" -> StoreFormat, b"totals" -> StoreTotals, b"capacity" -> u64 payload limit,
                 b"ns_quota" -> u64 payload limit of each namespace,
                 b"shares/" + namespace id -> NamespaceShares (msgpack): one tenant's shares (kvcache.types.shares);
-                stores written before shares have none, and an older kvc ignores these keys
+                stores written before shares have none, and an older kvc ignores these keys;
+                b"serve/", b"drop/", b"drop_seq": the live caches serving it and its drop records (`serving`)
 
 The parts, one module each: `env` (the environment shared per process, map growth, fork, error translation),
 `registry` (registry counters, totals, limits and eviction inside write transactions), `put` (the write path:
@@ -59,11 +60,13 @@ from ..api import (
     CapacityPolicy,
     ChildInfo,
     DeleteResult,
+    DropRecord,
     LayoutRecord,
     NamespaceRecord,
     PageMeta,
     PageOrigin,
     PutResult,
+    ServeRecord,
     StoreCounters,
     StoreStats,
     VerifyReport,
@@ -112,6 +115,7 @@ from .registry import (  # noqa: F401
     set_limits,
     write_shares,
 )
+from .serving import add_drop, delete_serve, put_serve, read_drop_seq, read_drops, read_serves
 from .tree import children
 from .verify import REPAIR_BATCH_PAGES, VERIFY_CHUNK_PAGES, LMDBIntegrity  # noqa: F401
 
@@ -461,6 +465,41 @@ class LMDBStore(StoreHandle):
             raise InvalidInput(f"a namespace id is 16 bytes, got {ns_id!r:.60}")
         self.flush()
         return delete_namespace(self._live(), self._write, ns_id, self.fingerprint_key, self.progress)
+
+    # -- who serves the store, what was dropped from it (kvcache.storage.serving) --------------------------
+
+    def register_serve(self, record: ServeRecord) -> None:
+        """Record a live cache serving this store."""
+        self._check_writable()
+        dbs = self._live().dbs
+        self._write(lambda txn: put_serve(txn, dbs, record))
+
+    def unregister_serve(self, token: str) -> None:
+        """Remove a serving record (no error when it is gone)."""
+        self._check_writable()
+        dbs = self._live().dbs
+        self._write(lambda txn: delete_serve(txn, dbs, token))
+
+    def serves(self) -> list[ServeRecord]:
+        """Every serving record, stale ones included."""
+        return self._read(read_serves)
+
+    def record_drop(self, ns_id: bytes, extra_key: str | None, salt_fingerprint: str | None,
+                    by: str) -> DropRecord:
+        """Record a drop as the next of the store's drop sequence (before the namespace's pages go)."""
+        self._check_writable()
+        if not isinstance(ns_id, bytes) or len(ns_id) != 16:
+            raise InvalidInput(f"a namespace id is 16 bytes, got {ns_id!r:.60}")
+        dbs = self._live().dbs
+        return self._write(lambda txn: add_drop(txn, dbs, ns_id, extra_key, salt_fingerprint, by))
+
+    def drops(self, since: int = 0) -> list[DropRecord]:
+        """The drop records numbered above `since`, oldest first."""
+        return self._read(lambda txn, dbs: read_drops(txn, dbs, since))
+
+    def drop_seq(self) -> int:
+        """The number of the last drop recorded (0: none)."""
+        return self._read(read_drop_seq)
 
     # -- integrity ------------------------------------------------------------------------------------------
 

@@ -15,6 +15,9 @@ Key schema (P is the key prefix, default ``kvc:``; several deployments share one
     P ns:<ns id hex>     hash    the namespace record (identity, never the salt; counters; roots)
     P p:<page hash hex>  hash    one page: checksum + payload, PageMeta, namespace, parent, hits, last access
     P c:<hash hex>       set     raw 16-byte hashes of the stored children of a page or of a namespace root
+    P serves             hash    token -> ServeRecord (msgpack): the live caches serving the store, their sockets
+    P dropseq            string  the number of the last drop recorded (INCR)
+    P drops              zset    DropRecord (msgpack) scored by its number; the last DROPS_KEPT are kept
 
 A page and its metadata are fields of one hash, so no reader, and no eviction by the server, ever sees one
 without the other. On a standalone server a `put` batch is one Lua script: pages, children entries and
@@ -56,6 +59,7 @@ from redis.retry import Retry
 
 from kvcache.storage.kit import (
     CHECKSUMS,
+    DROPS_KEPT,
     FORMAT_MAGIC,
     FORMAT_VERSION,
     HEADER,
@@ -65,6 +69,7 @@ from kvcache.storage.kit import (
     CapacityPolicy,
     ChildInfo,
     DeleteResult,
+    DropRecord,
     Findings,
     Guard,
     InvalidInput,
@@ -82,6 +87,7 @@ from kvcache.storage.kit import (
     Removal,
     RepairOps,
     ScannedPage,
+    ServeRecord,
     Shares,
     Snapshot,
     StoreCounters,
@@ -145,6 +151,8 @@ class RedisOptions(msgspec.Struct, frozen=True):
 
 
 _dec_info = msgspec.msgpack.Decoder(NamespaceInfo)
+_dec_serve = msgspec.msgpack.Decoder(ServeRecord).decode
+_dec_drop = msgspec.msgpack.Decoder(DropRecord).decode
 
 
 def _page_value(page_hash: bytes, payload: memoryview) -> bytes:
@@ -267,6 +275,7 @@ class RedisStore(StoreHandle):
         p = self.prefix.encode()
         self._k_format, self._k_layouts, self._k_nsidx = p + b"format", p + b"layouts", p + b"nsidx"
         self._k_shares = p + b"shares"
+        self._k_serves, self._k_dropseq, self._k_drops = p + b"serves", p + b"dropseq", p + b"drops"
         self._p_page, self._p_children, self._p_ns = p + b"p:", p + b"c:", p + b"ns:"
         self._s_put_batch = client.register_script(scripts.PUT_BATCH)
         self._s_put_page = client.register_script(scripts.PUT_PAGE)
@@ -603,6 +612,62 @@ class RedisStore(StoreHandle):
         raw = self._admin(lambda c: c.hgetall(self._k_shares))
         records = (decode_or_none(decode_shares_record, v) for k, v in raw.items() if not k.startswith(b"b:"))
         return sorted((r for r in records if r is not None), key=lambda r: r.ns_id_hex)
+
+    # -- who serves the store, what was dropped from it (kvcache.storage.serving) --------------------------
+
+    def register_serve(self, record: ServeRecord) -> None:
+        """Record a live cache serving this store."""
+        self._check_writable()
+        self._admin(lambda c: c.hset(self._k_serves, record.token, encoder.encode(record)))
+
+    def unregister_serve(self, token: str) -> None:
+        """Remove a serving record (no error when it is gone)."""
+        self._check_writable()
+        self._admin(lambda c: c.hdel(self._k_serves, token))
+
+    def serves(self) -> list[ServeRecord]:
+        """Every serving record, stale ones included (one that does not decode is skipped)."""
+        raw = self._admin(lambda c: c.hgetall(self._k_serves))
+        found = (decode_or_none(_dec_serve, v) for v in raw.values())
+        return sorted((r for r in found if r is not None), key=lambda r: (r.started, r.token))
+
+    def record_drop(self, ns_id: bytes, extra_key: str | None, salt_fingerprint: str | None,
+                    by: str) -> DropRecord:
+        """Record a drop as the next of the store's drop sequence (INCR numbers it; writers on many machines get
+        distinct numbers), and forget those beyond DROPS_KEPT."""
+        self._check_writable()
+        if not isinstance(ns_id, bytes) or len(ns_id) != 16:
+            raise InvalidInput(f"a namespace id is 16 bytes, got {ns_id!r:.60}")
+
+        def write(c: Any) -> DropRecord:
+            seq = int(c.incr(self._k_dropseq))
+            record = DropRecord(seq, ns_id.hex(), extra_key, salt_fingerprint, time.time(), by)
+            c.zadd(self._k_drops, {encoder.encode(record): seq})
+            c.zremrangebyscore(self._k_drops, "-inf", seq - DROPS_KEPT)
+            return record
+
+        return self._admin(write)
+
+    def drops(self, since: int = 0) -> list[DropRecord]:
+        """The drop records numbered above `since`, oldest first."""
+        raw = self._admin(lambda c: c.zrangebyscore(self._k_drops, f"({max(0, since)}", "+inf"))
+        found = (decode_or_none(_dec_drop, v) for v in raw)
+        return [r for r in found if r is not None]
+
+    def drop_seq(self) -> int:
+        """The number of the last drop recorded (0: none). A live cache reads it before every put, so it is a data
+        call: a fault is a StoreError at once during the backoff pause (never a wait on a dead server per put),
+        counted in `read_errors`."""
+        client = self._live()
+        if not self._available():
+            raise StoreError(self.location, "redis: the server is not answering (backing off)")
+        try:
+            raw = client.get(self._k_dropseq)
+        except _FAULTS as exc:
+            self._fault("read_errors", exc)
+            raise StoreError(self.location, f"redis: {exc}") from None
+        self._ok()
+        return int(raw) if raw is not None else 0
 
     def capacity_bytes(self) -> int:
         """0: kvc keeps no payload limit here; the server's maxmemory bounds the store."""

@@ -648,3 +648,57 @@ def _replay_outcome(sock_path, trace):
             return c.replay(trace, ReplayOutcome, timeout=60)
     except AdminRemoteError as exc:
         return exc
+
+
+# --- a serving cache of a shared store: its record in the store, the drops it follows -----------------------------
+
+
+def _write_back_cache(store):
+    from kvcache.storage.serving import DropWatch, FencedStore
+    from kvcache.types.config import WritePolicy
+
+    return l3_cache(FencedStore(store, DropWatch(store, by="")), device_tokens=512, host_tokens=512,
+                    write_policy=WritePolicy.WRITE_BACK)
+
+
+def test_a_serving_cache_is_recorded_in_its_store_until_it_closes(tmp_path, sock_path):
+    store = make_store(tmp_path / "store", make_layout(4))
+    cache = _write_back_cache(store)
+    try:
+        with AdminServer(cache, sock_path) as server:
+            [record] = store.serves()
+            assert (record.pid, record.socket) == (os.getpid(), server.path) and server.watch.by == server.path
+        assert store.serves() == []
+    finally:
+        cache.close()
+        store.close()
+
+
+def test_a_drop_recorded_elsewhere_is_followed_before_the_next_request_and_nothing_is_written_back(tmp_path,
+                                                                                                   sock_path):
+    from kvcache.storage.serving import recorded_drop
+
+    store = make_store(tmp_path / "store", make_layout(4))
+    cache = _write_back_cache(store)
+    try:
+        req = Request("w", PROMPT + [1] * 8, T1)
+        forward(cache, req, cache.admit(req))
+        cache.commit(req.rid)
+        cache.flush()
+        assert store.namespaces() == []  # write-back: nothing in L3 before an eviction
+        with AdminServer(cache, sock_path) as server, AdminClient(server.path) as client:
+            recorded_drop(store, T1.id, by="another")  # an offline drop, or another live cache's
+            result = {}
+            asker = threading.Thread(target=lambda: result.update(
+                out=client.call(EvictRequest("t1", SALT, True, True), EvictOutcome)))
+            asker.start()
+            while "out" not in result:
+                server.poll(0.05)
+            asker.join()
+            assert result["out"].device_pages == result["out"].host_pages == 0  # dropped before the evict ran
+            cache.evict(device_tokens=10**6, host_tokens=10**6)
+            cache.flush()
+        assert store.namespaces() == [] and server.watch.pending() == []
+    finally:
+        cache.close()
+        store.close()

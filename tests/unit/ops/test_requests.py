@@ -24,7 +24,7 @@ WIRE = {
     "SnapshotRequest": ("snapshot", ()),
     "StatsRequest": ("stats", ()),
     "EvictRequest": ("evict", ("extra_key", "cache_salt", "device", "host")),
-    "DropRequest": ("ns_drop", ("extra_key", "cache_salt")),
+    "DropRequest": ("ns_drop", ("extra_key", "cache_salt", "id", "fingerprint", "dry_run")),
     "SharesRequest": ("ns_quota", ("shares", "extra_key", "cache_salt")),
     "ExpireRequest": ("ns_expire", ("extra_key", "cache_salt")),
     "ReplayRequest": ("replay", ("chunk", "more", "verify", "batch", "lookahead", "snapshot")),
