@@ -87,7 +87,7 @@ from ..codec import (  # noqa: F401
     encoder,
 )
 from ..handle import StoreHandle, count_read, new_counts
-from ..keyfile import ensure_key, read_key
+from ..keyfile import create_key, store_key
 from ..verify import removed_pages, verify
 from .access import AccessRecords
 from .delete import delete_namespace
@@ -178,7 +178,9 @@ class LMDBStore(StoreHandle):
                     durability, lock)
         try:
             # the salt fingerprints this store records and shows are keyed by its key file (kvcache.types.namespace)
-            store.fingerprint_key = read_key(path) if store.readonly else ensure_key(path)
+            # the key is part of the store: a missing or damaged one is refused (keyfile), never replaced here
+            made = create and not existed and not store.readonly
+            store.fingerprint_key = create_key(path) if made else store_key(path, writable=not store.readonly)
             if layout is not None:
                 store._bind_layout(layout, register=(create and not existed) or add_layout)
             if capacity is not None:
@@ -192,7 +194,7 @@ class LMDBStore(StoreHandle):
         return store
 
     _evict_headroom = CapacityPolicy().evict_headroom
-    fingerprint_key: bytes | None = None  # from the store's key file; None: a read-only store made without one
+    fingerprint_key: bytes | None = None  # from the store's key file; None: read-only, by a user who may not read it
 
     @property
     def lock_free(self) -> bool:
