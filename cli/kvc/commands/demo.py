@@ -93,7 +93,7 @@ def demo(
     location = str(root / "store") if root is not None else str(store)
     try:
         with contextlib.closing(open_store(location, DEMO_LAYOUT, create=True, durability="data")) as handle:
-            use_fingerprint_key(handle.fingerprint_key)  # what it shows is keyed by its store's key
+            use_fingerprint_key(getattr(handle, "fingerprint_key", None))  # what it shows: keyed by its store's key
             reports = []
             for run in ("cold", "warm"):
                 cache = offline_cache(handle, DEMO_LAYOUT, device_tokens, host_tokens, prefetch_policy="timeout")
