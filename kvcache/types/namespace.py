@@ -32,6 +32,7 @@ raises KeyFileError naming `where` and `why`, and `known_fingerprint_key()` says
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import os
 import threading
@@ -59,9 +60,11 @@ FINGERPRINT_KEY_BYTES = 32  # of a key drawn here; one given may be 16..64 bytes
 _KEY_RANGE = (16, 64)
 
 _key_lock = threading.Lock()
-_process_key: bytes | None = None
-# (where, why) while a random key is refused (`withhold_fingerprint_key`); None: one is drawn when needed
-_withheld: tuple[str, str] | None = None
+_process_key: bytes | None = None  # given by use_fingerprint_key
+_drawn_key: bytes | None = None  # the random key of this process, drawn on first need; never "known"
+# (where, why) while a random key is refused in this context (`withhold_fingerprint_key`): a context variable, so a
+# CLI command run inside a host process (an in-process server thread, a test) withholds it from itself only
+_withheld: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("kvc_withheld_key", default=None)
 
 
 def parse_fingerprint_key(text: str, source: str = FINGERPRINT_KEY_ENV) -> bytes:
@@ -93,14 +96,20 @@ def new_fingerprint_key() -> bytes:
 def fingerprint_key() -> bytes:
     """The fingerprint key of this process (see the module docstring for where it comes from). KeyFileError
     while the key is withheld (`withhold_fingerprint_key`) and none is at hand."""
-    global _process_key
+    global _drawn_key
     with _key_lock:
-        if _process_key is None:
-            env = env_fingerprint_key()
-            if env is None and _withheld is not None:
-                raise KeyFileError(*_withheld)
-            _process_key = env or os.urandom(FINGERPRINT_KEY_BYTES)
-        return _process_key
+        if _process_key is not None:
+            return _process_key
+    env = env_fingerprint_key()
+    if env is not None:
+        return env
+    withheld = _withheld.get()
+    if withheld is not None:
+        raise KeyFileError(*withheld)
+    with _key_lock:
+        if _drawn_key is None:
+            _drawn_key = os.urandom(FINGERPRINT_KEY_BYTES)
+        return _drawn_key
 
 
 def known_fingerprint_key() -> bytes | None:
@@ -114,22 +123,18 @@ def known_fingerprint_key() -> bytes | None:
 
 def use_fingerprint_key(key: bytes | None) -> None:
     """Make `key` the fingerprint key of this process (None: back to env KVC_FINGERPRINT_KEY or a random key)."""
-    global _process_key, _withheld
+    global _process_key
     if key is not None and not _KEY_RANGE[0] <= len(key) <= _KEY_RANGE[1]:
         raise InvalidInput(f"a fingerprint key is {_KEY_RANGE[0]} to {_KEY_RANGE[1]} bytes, got {len(key)}")
     with _key_lock:
         _process_key = key
-        if key is None:
-            _withheld = None
 
 
 def withhold_fingerprint_key(where: str, why: str) -> None:
-    """Never key by a random key: until `use_fingerprint_key` gives one, a fingerprint or display id derived here
-    raises KeyFileError(`where`, `why`) (env KVC_FINGERPRINT_KEY still counts). Forgets any key given before."""
-    global _process_key, _withheld
-    with _key_lock:
-        _process_key = None
-        _withheld = (where, why)
+    """Never key by a random key in this context (this thread, and what runs in it): until `use_fingerprint_key`
+    gives one, a fingerprint or display id derived here raises KeyFileError(`where`, `why`) (env
+    KVC_FINGERPRINT_KEY, and a key given before, still count)."""
+    _withheld.set((where, why))
 
 
 @contextlib.contextmanager
@@ -137,14 +142,16 @@ def fingerprint_key_scope() -> Iterator[None]:
     """Whatever `use_fingerprint_key` or `withhold_fingerprint_key` is called with inside, the process's key is
     restored on leaving (a CLI command run inside a test or a host process must not re-key the host's
     namespaces)."""
-    global _process_key, _withheld
+    global _process_key
     with _key_lock:
-        saved = _process_key, _withheld
+        saved = _process_key
+    token = _withheld.set(_withheld.get())
     try:
         yield
     finally:
         with _key_lock:
-            _process_key, _withheld = saved
+            _process_key = saved
+        _withheld.reset(token)
 
 
 def display_id(ns_id: NamespaceId, key: bytes | None = None) -> DisplayId:
