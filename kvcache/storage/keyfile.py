@@ -81,8 +81,14 @@ def _load(directory: str) -> tuple[KeyFileStatus, bytes | None]:
     except OSError:
         mode = None  # a directory this user may list but not search: the open below says what
     try:
-        with open(path, "rb") as f:
-            raw = f.read(_MAX_READ + 1)
+        # non-blocking: a FIFO put in its place must not hang every command; and only a regular file is a key file
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return KeyFileStatus(path, KeyState.CORRUPT, mode, "not a regular file"), None
+            raw = os.read(fd, _MAX_READ + 1)  # bounded: a huge file is not a key
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         return KeyFileStatus(path, KeyState.MISSING, None, "missing"), None
     except PermissionError:

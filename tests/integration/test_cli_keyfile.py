@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from read_only_user import NO_CAPS, read_only_store
 
 from kvcache import Namespace
-from read_only_user import NO_CAPS, read_only_store
 
 KVC = Path(sys.executable).with_name("kvc")
 SALT = "kf-salt-Qw3"

@@ -9,8 +9,8 @@ import stat
 
 import numpy as np
 import pytest
-
 from factories import make_layout
+
 from kvcache import KeyFileError, Namespace, open_store, page_origins
 from kvcache.storage.keyfile import KEY_FILE, KeyState, create_key, key_findings, key_status, read_key
 from kvcache.types.keys import pack_tokens
@@ -71,15 +71,14 @@ def test_an_empty_or_corrupt_key_file_is_refused_by_every_open(tmp_path, content
     assert (tmp_path / "s" / KEY_FILE).read_bytes() == content  # left as it was
 
 
-def test_a_key_file_the_os_cannot_read_is_refused_for_writing_and_read_as_no_key_for_reading(tmp_path):
+def test_a_key_file_that_is_a_directory_is_refused(tmp_path):
+    # (a key file this user may not read: tests/integration/test_cli_keyfile.py, run without root's capabilities)
     _put(tmp_path / "s", Namespace("t1", SALT))
     (tmp_path / "s" / KEY_FILE).unlink()
-    (tmp_path / "s" / KEY_FILE).mkdir()  # read() fails with EISDIR: an unreadable key, whoever runs this
-    assert key_status(str(tmp_path / "s")).state is KeyState.UNREADABLE
-    with pytest.raises(KeyFileError, match="not readable by this user"):
-        open_store(str(tmp_path / "s"), make_layout(4))
-    with open_store(str(tmp_path / "s"), readonly=True) as ro:  # read-only monitoring: the registry as recorded
-        assert ro.fingerprint_key is None and [r.extra_key for r in ro.namespaces()] == ["t1"]
+    (tmp_path / "s" / KEY_FILE).mkdir()
+    for kwargs in ({"readonly": True}, {"layout": make_layout(4)}):
+        with pytest.raises(KeyFileError, match="not a regular file"):
+            open_store(str(tmp_path / "s"), **kwargs)
 
 
 def test_racing_creators_agree_on_one_key(tmp_path):
@@ -124,3 +123,17 @@ def test_rekey_makes_a_new_key_and_re_records_fingerprints_on_the_next_write(tmp
         rec = next(r for r in store.namespaces() if r.extra_key == "t1")
     assert rec.salt_fingerprint == ns.fingerprint(key) != ns.fingerprint(old_key)
     assert display_id(ns.id, key) != display_id(ns.id, old_key)  # what the rekey said changes
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_key_file_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path, kind):
+    _put(tmp_path / "s", Namespace("t1", SALT))
+    path = tmp_path / "s" / KEY_FILE
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path, 0o600)  # read() of it would wait for a writer forever
+    else:
+        os.symlink("/dev/zero", path)  # read() of it never ends
+    assert key_status(str(tmp_path / "s")).state is KeyState.CORRUPT
+    with pytest.raises(KeyFileError, match="not a regular file"):
+        open_store(str(tmp_path / "s"), readonly=True)

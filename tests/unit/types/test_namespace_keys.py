@@ -7,8 +7,13 @@ import sys
 import pytest
 
 from kvcache import InvalidInput, InvalidNamespace, Namespace
-from kvcache.types.namespace import (FINGERPRINT_KEY_ENV, display_id, fingerprint_key, parse_fingerprint_key,
-                               use_fingerprint_key)
+from kvcache.types.namespace import (
+    FINGERPRINT_KEY_ENV,
+    display_id,
+    fingerprint_key,
+    parse_fingerprint_key,
+    use_fingerprint_key,
+)
 
 KEY_A, KEY_B = bytes(range(32)), bytes(range(1, 33))
 
