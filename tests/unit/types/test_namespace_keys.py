@@ -95,7 +95,7 @@ def test_a_withheld_key_is_never_replaced_by_a_random_one_in_that_context_only(m
         with pytest.raises(KeyFileError, match="here: no key"):
             ns.info()
         with pytest.raises(KeyFileError):
-            ns.display_id
+            _ = ns.display_id
         other: list = []
         thread = threading.Thread(target=lambda: other.append(ns.info().salt_fingerprint))  # another context
         thread.start()
