@@ -25,6 +25,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -241,14 +242,27 @@ def records(received: ReceivedBatch) -> list[EventRecord]:
     return out
 
 
+class MalformedMessage(msgspec.Struct, frozen=True):
+    """A message on the feed (or in a replay answer) that is not a KV-event batch: skipped and counted."""
+
+    seq: int | None  # its sequence number, when its sequence frame was one
+    replayed: bool  # it came in a replay answer
+    reason: str
+
+
 class KVEventSubscriber:
     """Subscribe to a KV-event feed at `endpoint` (the publisher's PUB address), `topic` being a prefix of the
     topics wanted (default: all). With `replay_endpoint`, a gap in the sequence is filled from the publisher's
     replay buffer; `start` (a sequence number) also fetches the batches before the first one received, from that
-    one on — `start=0` gives a late subscriber the whole feed still buffered. A context manager."""
+    one on — `start=0` gives a late subscriber the whole feed still buffered. A context manager.
+
+    A message that is not a KV-event batch (wrong frames, a payload that does not decode) never ends the reading:
+    it is skipped, counted in `malformed` and handed to `on_malformed` when given. A batch whose payload was bad is
+    not fetched again (its sequence number is passed)."""
 
     def __init__(self, endpoint: str, *, replay_endpoint: str | None = None, topic: str = "",
-                 start: int | None = None, replay_timeout: float = 5.0) -> None:
+                 start: int | None = None, replay_timeout: float = 5.0,
+                 on_malformed: Callable[[MalformedMessage], None] | None = None) -> None:
         self._ctx = zmq.Context()
         try:  # a subscriber that fails to start returns nothing to close: its context goes here
             self._sub = self._connect(zmq.SUB, endpoint)
@@ -262,8 +276,11 @@ class KVEventSubscriber:
         self.replay_timeout = replay_timeout
         self.next_seq = start  # the sequence number expected next; None until the first batch (no start)
         self._catch_up = start is not None and replay_endpoint is not None  # fetch from `start` at once
+        self._skipped_in_fetch = 0  # malformed answers of the last fetch: not missed, skipped
         self.missed = 0  # batches known missing that no replay could give back
         self.replayed = 0
+        self.malformed = 0  # messages skipped: not a KV-event batch
+        self.on_malformed = on_malformed
 
     def _connect(self, kind: int, endpoint: str) -> zmq.Socket:
         sock = self._ctx.socket(kind)
@@ -292,20 +309,25 @@ class KVEventSubscriber:
             return []
         frames = self._sub.recv_multipart()
         if len(frames) != 3 or len(frames[1]) != 8:
-            raise InvalidInput(f"a message of {len(frames)} frames on the KV-event feed: not a KV-event publisher")
+            self._skip(None, False, f"a message of {len(frames)} frames ({sum(map(len, frames))} bytes), not "
+                                    f"[topic, 8-byte sequence, batch]")
+            return []
         seq = int.from_bytes(frames[1], "big")
         out: list[ReceivedBatch] = []
         if self.next_seq is not None and seq > self.next_seq:
             out = self.fetch(self.next_seq, seq)
-            self.missed += seq - self.next_seq - len(out)
+            self.missed += seq - self.next_seq - len(out) - self._skipped_in_fetch
         if self.next_seq is None or seq >= self.next_seq:
-            out.append(ReceivedBatch(seq, _decode(frames[2]), False))
             self.next_seq = seq + 1
+            batch = self._decode(seq, frames[2], False)
+            if batch is not None:
+                out.append(ReceivedBatch(seq, batch, False))
         return out
 
     def fetch(self, start: int, stop: int | None = None) -> list[ReceivedBatch]:
         """The batches [start, stop) (stop None: all) still in the publisher's replay buffer, in order. [] without
         a replay socket, or when none answers within `replay_timeout`."""
+        self._skipped_in_fetch = 0
         if self._replay is None:
             return []
         self._replay.send_multipart((b"", start.to_bytes(8, "big")))
@@ -320,9 +342,26 @@ class KVEventSubscriber:
                 break
             seq = int.from_bytes(frames[1], "big")
             if seq >= start and (stop is None or seq < stop):
-                out.append(ReceivedBatch(seq, _decode(frames[2]), True))
+                batch = self._decode(seq, frames[2], True)
+                if batch is not None:
+                    out.append(ReceivedBatch(seq, batch, True))
+                else:
+                    self._skipped_in_fetch += 1
         self.replayed += len(out)
         return out
+
+    def _decode(self, seq: int, payload: bytes, replayed: bool) -> EventBatch | None:
+        """The batch of a message; None (skipped, counted) when its payload is not one."""
+        try:
+            return decode_batch(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self._skip(seq, replayed, f"a payload of {len(payload)} bytes that is not a KV-event batch ({exc})")
+            return None
+
+    def _skip(self, seq: int | None, replayed: bool, reason: str) -> None:
+        self.malformed += 1
+        if self.on_malformed is not None:
+            self.on_malformed(MalformedMessage(seq, replayed, reason))
 
     def close(self) -> None:
         """Close the sockets. Idempotent."""
@@ -334,9 +373,3 @@ class KVEventSubscriber:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _decode(payload: bytes) -> EventBatch:
-    try:
-        return decode_batch(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise InvalidInput(f"a payload on the KV-event feed is not a KV event batch: {exc}") from None
