@@ -152,6 +152,16 @@ class WorkloadSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if not 0.0 <= self.continue_prob <= 1.0:
             raise InvalidInput(f"WorkloadSpec.continue_prob={self.continue_prob} must be in [0, 1]")
 
+    def held_bytes(self) -> int:
+        """The most memory `iter_generate` holds for this spec, whatever the number of requests: every tenant's
+        system prompt and documents, and its open conversations at their longest (4 bytes a token)."""
+        user_hi = max(1, self.user_tokens + self.user_tokens // 2)
+        conversation = (self.shared_prefix_tokens + self.system_prompt_tokens + self.document_tokens
+                        + self.max_turns * (user_hi + self.output_tokens))
+        per_tenant = self.system_prompt_tokens + self.documents * self.document_tokens \
+            + self.open_conversations * conversation
+        return 4 * (self.shared_prefix_tokens + self.tenants * per_tenant)
+
     def tenant(self, i: int) -> tuple[str, str | None]:
         """extra_key and cache_salt of tenant `i`."""
         return f"tenant-{i}", (f"salt-{self.seed}-{i}" if self.salted else None)

@@ -172,3 +172,11 @@ def test_an_interrupted_generate_leaves_nothing(tmp_path):
     assert seen.is_set(), err
     assert proc.returncode == 130 and err == "kvc: interrupted\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_generate_refuses_tenants_and_documents_it_could_not_hold(tmp_path):
+    """What the generator holds grows with tenants x documents, not with requests: 100k of each would be 6 TB."""
+    result = kvc("generate", tmp_path / "out.jsonl", "--tenants", "100000", "--documents", "100000",
+                 "--requests", "1")
+    _one_line(result, "--tenants 100000 x --documents 100000: the generator would hold")
+    assert list(tmp_path.iterdir()) == []

@@ -32,7 +32,7 @@ from ..outputs import ForceOpt, is_stdout, output_target, write_file, writing
 from ..render.output import emit_json, say
 from ..render.progress import progress
 from ..render.replay import print_report
-from ..render.text import esc
+from ..render.text import esc, human_bytes
 from ..reporting import command
 
 if TYPE_CHECKING:
@@ -112,6 +112,9 @@ def _finish(report: "ReplayReport", requests: list[TraceRequest], title: str, js
         raise typer.Exit(EXIT_FOUND)
 
 
+MAX_GENERATOR_BYTES = 4 << 30  # what `generate` may hold whatever --requests is: 100k tenants of the defaults fit
+
+
 class GenerateOutput(msgspec.Struct):
     """`kvc generate --json`."""
 
@@ -148,6 +151,10 @@ def generate(
     target = output_target(out_path, "OUT", force)
     spec = WorkloadSpec(requests=requests, tenants=tenants, salted=salted, documents=documents,
                         continue_prob=continue_prob, seed=seed)
+    if spec.held_bytes() > MAX_GENERATOR_BYTES:  # the requests stream; the tenants' documents are held
+        raise UsageError(f"--tenants {tenants} x --documents {documents}: the generator would hold "
+                         f"{human_bytes(spec.held_bytes())} of prompts, documents and conversations (at most "
+                         f"{human_bytes(MAX_GENERATOR_BYTES)}); ask for fewer tenants or documents")
     with writing(target) as f:
         count = dump_trace(f, iter_generate(spec))
     result = GenerateOutput(str(out_path), count.requests, count.tokens, spec)
