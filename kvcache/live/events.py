@@ -22,6 +22,8 @@ replay of the missed batches when the publisher has a replay socket.
 
 from __future__ import annotations
 
+import os
+import stat
 import threading
 import time
 from collections import deque
@@ -186,6 +188,7 @@ class KVEventPublisher:
 
 
 def _bind(ctx: zmq.Context, kind: int, endpoint: str, hwm: int) -> tuple[zmq.Socket, str]:
+    _refuse_to_replace(endpoint)
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, hwm)
@@ -195,6 +198,20 @@ def _bind(ctx: zmq.Context, kind: int, endpoint: str, hwm: int) -> tuple[zmq.Soc
         sock.close(linger=0)
         raise EventEndpointError(endpoint, f"cannot bind: {exc.strerror}") from None
     return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def _refuse_to_replace(endpoint: str) -> None:
+    """EventEndpointError when an ipc:// endpoint names something that is not a socket: ZeroMQ unlinks whatever
+    is at the path before it binds, so a regular file, a link or a FIFO there would be replaced by the socket."""
+    if not endpoint.startswith("ipc://") or endpoint.startswith("ipc://@"):  # @: Linux's abstract namespace
+        return
+    path = endpoint[len("ipc://"):]
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return  # nothing there (or nothing this user may look at: the bind says why)
+    if not stat.S_ISSOCK(mode):
+        raise EventEndpointError(endpoint, "the path exists and is not a socket; refusing to replace it")
 
 
 # --- the subscriber ------------------------------------------------------------------------------------------

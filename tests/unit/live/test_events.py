@@ -173,3 +173,38 @@ def test_a_malformed_message_is_skipped_and_counted_and_the_reading_goes_on():
         server.join(timeout=60)
     finally:
         ctx.destroy(linger=0)
+
+
+@pytest.mark.parametrize("kind", ["file", "link", "fifo"])
+def test_an_ipc_endpoint_never_replaces_what_is_at_its_path(tmp_path, kind):
+    """Issue 26 #6: ZeroMQ unlinks whatever is at an ipc:// path before binding, so `kvc serve --events
+    ipc:///path` turned a file, a link or a FIFO there into its socket. Now it is refused, naming the endpoint;
+    a stale socket is still taken over."""
+    import os
+    import socket
+    import stat
+
+    from kvcache import EventEndpointError
+
+    path = tmp_path / "feed"
+    victim = tmp_path / "victim"
+    victim.write_text("kept\n")
+    {"file": lambda: path.write_text("kept\n"), "link": lambda: path.symlink_to(victim),
+     "fifo": lambda: os.mkfifo(path)}[kind]()
+    before = os.lstat(path)
+    cache = make_cache()
+    try:
+        bound = KVEventPublisher(cache, f"ipc://{path}")
+    except EventEndpointError as exc:
+        assert "exists and is not a socket; refusing to replace it" in str(exc)
+    else:  # close it, or its threads keep the test process alive
+        bound.close()
+        pytest.fail(f"bound over the {kind} at {path}")
+    after = os.lstat(path)
+    assert (after.st_ino, stat.S_IFMT(after.st_mode)) == (before.st_ino, stat.S_IFMT(before.st_mode))
+    assert victim.read_text() == "kept\n" and cache.tree.on_copy is None
+    stale = tmp_path / "stale"
+    with socket.socket(socket.AF_UNIX) as s:  # bound, then closed: a socket file nobody serves
+        s.bind(str(stale))
+    with KVEventPublisher(cache, f"ipc://{stale}") as publisher:
+        assert publisher.stats().endpoint == f"ipc://{stale}"
