@@ -110,7 +110,7 @@ def test_the_endpoint_is_off_unless_asked_for_and_its_options_are_checked(tmp_pa
                        (["--metrics-port", 0, "--metrics-socket", tmp_path / "m.sock"], "give one"),
                        (["--metrics-port", 0, "--metrics-idle-timeout", 0], "--metrics-idle-timeout 0"),
                        (["--metrics-port", 0, "--metrics-addr", "not an address"], "--metrics-port 0 on")):
-        bad = kvc("serve", "--store", server.store, "--socket", tmp_path / "b.sock", *args)
+        bad = kvc("serve", "--store", server.store, "--socket", tmp_path / "b.sock", *args, timeout=60)
         assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and says in bad.stderr, bad.stderr
 
 
@@ -143,7 +143,9 @@ def test_400_idle_connections_hold_no_thread_and_are_dropped_after_the_idle_time
         threads = server.threads()
         idle = [socket.create_connection(address, timeout=WAIT) for _ in range(400)]
         assert _scrape(lambda: socket.create_connection(address))[0] == 200  # served beside them
-        assert server.threads() == threads  # on fbee4ed: a thread per connection (405)
+        # not a thread per connection (on fbee4ed: 405 threads); the slack is for the admin socket's own connection
+        # threads, which the endpoint's reads of the figures start and end
+        assert server.threads() < threads + 8
         sel = selectors.DefaultSelector()
         for s in idle:
             sel.register(s, selectors.EVENT_READ)

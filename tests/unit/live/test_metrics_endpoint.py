@@ -156,7 +156,7 @@ def test_400_idle_connections_hold_no_thread_and_are_closed_after_the_idle_timeo
     idle = [_connect(endpoint) for _ in range(400)]
     try:
         assert _get(endpoint)[0] == 200  # a scrape after them: still served
-        assert threading.active_count() == threads  # 400 idle connections, not one thread more
+        assert threading.active_count() <= threads  # 400 idle connections, not one thread more
         assert endpoint.peak >= 401  # ... all held at once (the scrape's beside them)
         assert _wait_all_closed(idle) == 400  # every idle one closed by the server after its timeout
         assert endpoint.timed_out >= 400 and endpoint.open_connections == 0
