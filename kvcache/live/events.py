@@ -223,7 +223,7 @@ class KVEventPublisher:
                 wait = 0 if ready else int(_RETRY_S * 1000) if answers else 100
                 if router.poll(wait):
                     for _ in range(_REQUESTS_QUEUED):  # a bounded bite, so running answers keep moving
-                        self._take_request(router.recv_multipart(zmq.NOBLOCK), answers, stalled_peers)
+                        self._take_request(router, router.recv_multipart(zmq.NOBLOCK), answers, stalled_peers)
                         if not router.poll(0):
                             break
             except zmq.ZMQError:
@@ -235,8 +235,9 @@ class KVEventPublisher:
                     del answers[answer.peer]
             self._stats.replay_active = len(answers)
 
-    def _take_request(self, frames: list[bytes], answers: dict[bytes, _Answer],
+    def _take_request(self, router: zmq.Socket, frames: list[bytes], answers: dict[bytes, _Answer],
                       stalled_peers: dict[bytes, None]) -> None:
+        """Begin the answer to a request, or answer busy when `max_replays` are running."""
         st = self._stats
         if len(frames) != 3 or frames[1] != b"" or len(frames[2]) != 8:
             st.replay_malformed += 1
@@ -248,7 +249,7 @@ class KVEventPublisher:
         if len(answers) >= self._max_replays:
             st.replay_busy += 1
             with contextlib.suppress(zmq.ZMQError):  # a client whose queue is full misses the busy answer too
-                self._router.send_multipart((peer, b"", REPLAY_BUSY, b""), zmq.NOBLOCK)  # type: ignore[union-attr]
+                router.send_multipart((peer, b"", REPLAY_BUSY, b""), zmq.NOBLOCK)
             return
         st.replay_requests += 1
         answer = _Answer(peer, start)
