@@ -293,3 +293,24 @@ def test_a_huge_message_to_the_replay_socket_is_refused_unread():
     finally:
         ctx.destroy(linger=0)
         child.close()
+
+
+def test_a_subscription_larger_than_any_topic_disconnects_its_subscriber():
+    """The feed's socket reads subscriptions; one of 64 KiB (no topic is that long) is refused unread."""
+    from zmq.utils.monitor import recv_monitor_message
+
+    cache = make_cache()
+    ctx = zmq.Context()
+    with KVEventPublisher(cache, "tcp://127.0.0.1:*") as pub:
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        sub.setsockopt(zmq.SUBSCRIBE, b"x" * 65536)
+        sub.connect(pub.endpoint)
+        assert monitor.poll(60_000) and recv_monitor_message(monitor)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
+        assert monitor.poll(60_000), "the publisher kept a subscriber that sent a 64 KiB subscription"
+        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+        monitor.close(0)
+        sub.close(0)
+    ctx.term()
+    cache.close()
