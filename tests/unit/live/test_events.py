@@ -193,9 +193,14 @@ class _Child:
     def __init__(self, batches: int, tokens: int) -> None:
         import subprocess
         import sys
+        from pathlib import Path
 
+        import kvcache
+
+        # run where this kvcache lies: `python -c` looks in its working directory first
         self.proc = subprocess.Popen([sys.executable, "-c", PUBLISHER, str(batches), str(tokens)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     cwd=Path(kvcache.__file__).resolve().parents[1])
         first = self.stats()
         self.endpoint, self.replay_endpoint = first["endpoint"], first["replay_endpoint"]
 
