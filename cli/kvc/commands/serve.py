@@ -105,13 +105,20 @@ TTLSweepOpt = Annotated[float, typer.Option(
 EventsOpt = Annotated[str | None, typer.Option(
     "--events", show_default=False, metavar="ENDPOINT",
     help="Publish KV events (BlockStored / BlockRemoved / AllBlocksCleared, the batches vLLM and SGLang publish) "
-    "on a ZeroMQ PUB socket bound here, e.g. tcp://*:5557, tcp://127.0.0.1:* (any free port: the ready line "
-    "names it) or ipc:///run/kvc/events. One batch per step that changed the cache; salts never, only their "
-    "fingerprints. Follow it with `kvc events --follow`.")]
+    "on a ZeroMQ PUB socket bound here: a port alone (5557, or * for any free port: the ready line names it) "
+    "binds loopback, 127.0.0.1; any other address is bound as written, e.g. tcp://10.0.0.5:5557 or "
+    "ipc:///run/kvc/events. The feed has no authentication and names tenants and page hashes: a wildcard host "
+    "(tcp://*:5557, 0.0.0.0, ::) binds every interface and is warned about. One batch per step that changed "
+    "the cache; salts never, only their fingerprints. Follow it with `kvc events --follow`.")]
 EventsReplayOpt = Annotated[str | None, typer.Option(
     "--events-replay", show_default=False, metavar="ENDPOINT",
-    help="Also bind a ROUTER socket here that re-sends the batches a subscriber missed, from the sequence number "
-    "it asks for (the last --events-buffer batches are kept).")]
+    help="Also bind a ROUTER socket here (same forms as --events) that re-sends the batches a subscriber missed, "
+    "from the sequence number it asks for (the last --events-buffer batches are kept). Answers are bounded: "
+    "--events-max-replays run at once (one more is answered busy: the client asks again), each leaves as fast "
+    "as its client reads, and one whose client stops reading is abandoned.")]
+EventsMaxReplaysOpt = Annotated[int, typer.Option(
+    "--events-max-replays", min=1, max=1024,
+    help="Replay answers sent at once; a request beyond them is answered busy (the client asks again later).")]
 EventsTopicOpt = Annotated[str, typer.Option(
     "--events-topic", help="The topic frame of every KV-event message (subscribers filter on its prefix).")]
 EventsBufferOpt = Annotated[int, typer.Option(
@@ -151,6 +158,7 @@ def serve(
     events_replay: EventsReplayOpt = None,
     events_topic: EventsTopicOpt = "",
     events_buffer: EventsBufferOpt = 10_000,
+    events_max_replays: EventsMaxReplaysOpt = 8,
     events_medium_names: EventsMediaOpt = MediumNames.KVC,
     json: JsonOpt = False,
     debug: DebugOpt = False,
@@ -189,7 +197,8 @@ def serve(
         if events_replay is not None and events is None:
             cache.close()
             raise UsageError("--events-replay needs --events (the feed whose batches it re-sends)")
-        publisher = _events_publisher(cache, events, events_replay, events_topic, events_buffer, events_medium_names)
+        publisher = _events_publisher(cache, events, events_replay, events_topic, events_buffer, events_max_replays,
+                                      events_medium_names)
         # the server closes first (socket file removed, queued requests answered), then the cache flushes L3 (and
         # publishes AllBlocksCleared), then the event feed closes
         with _closing(publisher), contextlib.closing(cache), AdminServer(
@@ -207,14 +216,21 @@ def serve(
                 where += f", KV events on {publisher.endpoint}"
                 if publisher.replay_endpoint is not None:
                     where += f" (replay {publisher.replay_endpoint})"
+                if publisher.every_interface:
+                    where += ", on every interface"
             log = console(stderr=True)
+            if publisher is not None and publisher.every_interface:
+                log.print("kvc serve: warning: the KV-event feed is bound on every interface and has no "
+                          "authentication: whoever reaches this host reads its tenants and page hashes (give "
+                          "--events a port alone for loopback)", markup=False)
             log.print(f"kvc serve: serving on {server.path} (store {store}, L1 {device_tokens} tokens, "
                       f"L2 {host_tokens} tokens, {mode.value} mode, pid {os.getpid()}{where})", markup=False)
             if json:
                 emit_json({"event": "ready", "socket": server.path, "pid": os.getpid(), "store": str(store),
                            "metrics": metrics.url if metrics is not None else None, "ttl": ttl,
                            "events": publisher.endpoint if publisher is not None else None,
-                           "events_replay": publisher.replay_endpoint if publisher is not None else None})
+                           "events_replay": publisher.replay_endpoint if publisher is not None else None,
+                           "events_every_interface": publisher is not None and publisher.every_interface})
             try:
                 server.serve_forever(stop)
             finally:
@@ -242,16 +258,18 @@ def _ttl_policy(default_s: float | None, mode: TTLMode, max_s: float | None, nam
         raise UsageError(str(exc)) from None
 
 
-def _events_publisher(cache, endpoint: str | None, replay: str | None, topic: str, buffer: int,
+def _events_publisher(cache, endpoint: str | None, replay: str | None, topic: str, buffer: int, max_replays: int,
                       medium_names: MediumNames):
-    """The KV-event feed of `cache` (None without --events); the cache is closed when it cannot be bound."""
+    """The KV-event feed of `cache` (None without --events); the cache is closed when it cannot be bound. A port
+    alone binds loopback."""
     if endpoint is None:
         return None
-    from kvcache.live.events import KVEventPublisher
+    from kvcache.live.events import KVEventPublisher, endpoint_of
 
     try:
-        return KVEventPublisher(cache, endpoint, replay_endpoint=replay, topic=topic, buffer_batches=buffer,
-                                medium_names=medium_names)
+        return KVEventPublisher(cache, endpoint_of(endpoint),
+                                replay_endpoint=endpoint_of(replay) if replay is not None else None, topic=topic,
+                                buffer_batches=buffer, max_replays=max_replays, medium_names=medium_names)
     except BaseException:
         cache.close()
         raise
