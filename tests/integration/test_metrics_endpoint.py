@@ -117,14 +117,15 @@ def test_the_endpoint_is_off_unless_asked_for_and_its_options_are_checked(tmp_pa
 def test_loopback_by_default_and_one_warning_for_a_wildcard_address(tmp_path):
     quiet = Serve(tmp_path / "a", "--metrics-port", 0)
     try:
-        assert quiet.ready["metrics"].startswith("http://127.0.0.1:")
+        assert quiet.ready["metrics"].startswith("http://127.0.0.1:") and not quiet.ready["metrics_every_interface"]
     finally:
         assert quiet.stop() == 0
     assert "warning" not in quiet.stderr
     loud = Serve(tmp_path / "b", "--metrics-port", 0, "--metrics-addr", "0.0.0.0")
     try:
         host, port = _tcp(loud.ready["metrics"])
-        assert host == "0.0.0.0" and _scrape(lambda: socket.create_connection(("127.0.0.1", port)))[0] == 200
+        assert host == "0.0.0.0" and loud.ready["metrics_every_interface"]
+        assert _scrape(lambda: socket.create_connection(("127.0.0.1", port)))[0] == 200
     finally:
         assert loud.stop() == 0
     warnings = [line for line in loud.stderr.splitlines() if line.startswith("kvc: warning:")]

@@ -227,7 +227,8 @@ def serve(
                       f"L2 {host_tokens} tokens, {mode.value} mode, pid {os.getpid()}{where})", markup=False)
             if json:
                 emit_json({"event": "ready", "socket": server.path, "pid": os.getpid(), "store": str(store),
-                           "metrics": metrics.url if metrics is not None else None, "ttl": ttl,
+                           "metrics": metrics.url if metrics is not None else None,
+                           "metrics_every_interface": metrics is not None and metrics.wildcard, "ttl": ttl,
                            "events": publisher.endpoint if publisher is not None else None,
                            "events_replay": publisher.replay_endpoint if publisher is not None else None,
                            "events_every_interface": publisher is not None and publisher.every_interface})
