@@ -30,9 +30,12 @@ replay of the missed batches when the publisher has a replay socket.
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -319,6 +322,7 @@ def _bind(ctx: zmq.Context, kind: int, endpoint: str, options: dict[int, int]) -
     """A socket of `kind` bound to `endpoint`, `options` set before the bind (ZeroMQ gives a bound socket's
     connections the options it had when it was bound). MAXMSGSIZE: a larger inbound message disconnects its
     sender before it is read."""
+    _refuse_to_replace(endpoint)
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     for option, value in options.items():
@@ -329,6 +333,20 @@ def _bind(ctx: zmq.Context, kind: int, endpoint: str, options: dict[int, int]) -
         sock.close(linger=0)
         raise EventEndpointError(endpoint, f"cannot bind: {exc.strerror}") from None
     return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def _refuse_to_replace(endpoint: str) -> None:
+    """EventEndpointError when an ipc:// endpoint names something that is not a socket: ZeroMQ unlinks whatever
+    is at the path before it binds, so a regular file, a link or a FIFO there would be replaced by the socket."""
+    if not endpoint.startswith("ipc://") or endpoint.startswith("ipc://@"):  # @: Linux's abstract namespace
+        return
+    path = endpoint[len("ipc://"):]
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return  # nothing there (or nothing this user may look at: the bind says why)
+    if not stat.S_ISSOCK(mode):
+        raise EventEndpointError(endpoint, "the path exists and is not a socket; refusing to replace it")
 
 
 # --- the subscriber ------------------------------------------------------------------------------------------
@@ -376,14 +394,27 @@ def records(received: ReceivedBatch) -> list[EventRecord]:
     return out
 
 
+class MalformedMessage(msgspec.Struct, frozen=True):
+    """A message on the feed (or in a replay answer) that is not a KV-event batch: skipped and counted."""
+
+    seq: int | None  # its sequence number, when its sequence frame was one
+    replayed: bool  # it came in a replay answer
+    reason: str
+
+
 class KVEventSubscriber:
     """Subscribe to a KV-event feed at `endpoint` (the publisher's PUB address), `topic` being a prefix of the
     topics wanted (default: all). With `replay_endpoint`, a gap in the sequence is filled from the publisher's
     replay buffer; `start` (a sequence number) also fetches the batches before the first one received, from that
-    one on — `start=0` gives a late subscriber the whole feed still buffered. A context manager."""
+    one on — `start=0` gives a late subscriber the whole feed still buffered. A context manager.
+
+    A message that is not a KV-event batch (wrong frames, a payload that does not decode) never ends the reading:
+    it is skipped, counted in `malformed` and handed to `on_malformed` when given. A batch whose payload was bad is
+    not fetched again (its sequence number is passed)."""
 
     def __init__(self, endpoint: str, *, replay_endpoint: str | None = None, topic: str = "",
-                 start: int | None = None, replay_timeout: float = 5.0) -> None:
+                 start: int | None = None, replay_timeout: float = 5.0,
+                 on_malformed: Callable[[MalformedMessage], None] | None = None) -> None:
         self._ctx = zmq.Context()
         try:  # a subscriber that fails to start returns nothing to close: its context goes here
             self._sub = self._connect(zmq.SUB, endpoint)
@@ -397,8 +428,11 @@ class KVEventSubscriber:
         self.replay_timeout = replay_timeout
         self.next_seq = start  # the sequence number expected next; None until the first batch (no start)
         self._catch_up = start is not None and replay_endpoint is not None  # fetch from `start` at once
+        self._skipped_in_fetch = 0  # malformed answers of the last fetch: not missed, skipped
         self.missed = 0  # batches known missing that no replay could give back
         self.replayed = 0
+        self.malformed = 0  # messages skipped: not a KV-event batch
+        self.on_malformed = on_malformed
 
     def _connect(self, kind: int, endpoint: str) -> zmq.Socket:
         sock = self._ctx.socket(kind)
@@ -427,21 +461,26 @@ class KVEventSubscriber:
             return []
         frames = self._sub.recv_multipart()
         if len(frames) != 3 or len(frames[1]) != 8:
-            raise InvalidInput(f"a message of {len(frames)} frames on the KV-event feed: not a KV-event publisher")
+            self._skip(None, False, f"a message of {len(frames)} frames ({sum(map(len, frames))} bytes), not "
+                                    f"[topic, 8-byte sequence, batch]")
+            return []
         seq = int.from_bytes(frames[1], "big")
         out: list[ReceivedBatch] = []
         if self.next_seq is not None and seq > self.next_seq:
             out = self.fetch(self.next_seq, seq)
-            self.missed += seq - self.next_seq - len(out)
+            self.missed += seq - self.next_seq - len(out) - self._skipped_in_fetch
         if self.next_seq is None or seq >= self.next_seq:
-            out.append(ReceivedBatch(seq, _decode(frames[2]), False))
             self.next_seq = seq + 1
+            batch = self._decode(seq, frames[2], False)
+            if batch is not None:
+                out.append(ReceivedBatch(seq, batch, False))
         return out
 
     def fetch(self, start: int, stop: int | None = None) -> list[ReceivedBatch]:
         """The batches [start, stop) (stop None: all) still in the publisher's replay buffer, in order. [] without
         a replay socket, or when none answers within `replay_timeout`. A publisher busy with other answers says so
         (`REPLAY_BUSY`): the request is sent again, less and less often, until `replay_timeout`."""
+        self._skipped_in_fetch = 0
         if self._replay is None:
             return []
         while self._replay.poll(0):  # what is left of an earlier answer that timed out is not this one's
@@ -464,9 +503,26 @@ class KVEventSubscriber:
                 continue
             seq = int.from_bytes(frames[1], "big")
             if seq >= start and (stop is None or seq < stop) and (not out or seq > out[-1].seq):
-                out.append(ReceivedBatch(seq, _decode(frames[2]), True))
+                batch = self._decode(seq, frames[2], True)
+                if batch is not None:
+                    out.append(ReceivedBatch(seq, batch, True))
+                else:
+                    self._skipped_in_fetch += 1
         self.replayed += len(out)
         return out
+
+    def _decode(self, seq: int, payload: bytes, replayed: bool) -> EventBatch | None:
+        """The batch of a message; None (skipped, counted) when its payload is not one."""
+        try:
+            return decode_batch(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self._skip(seq, replayed, f"a payload of {len(payload)} bytes that is not a KV-event batch ({exc})")
+            return None
+
+    def _skip(self, seq: int | None, replayed: bool, reason: str) -> None:
+        self.malformed += 1
+        if self.on_malformed is not None:
+            self.on_malformed(MalformedMessage(seq, replayed, reason))
 
     def close(self) -> None:
         """Close the sockets. Idempotent."""
@@ -478,9 +534,3 @@ class KVEventSubscriber:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _decode(payload: bytes) -> EventBatch:
-    try:
-        return decode_batch(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise InvalidInput(f"a payload on the KV-event feed is not a KV event batch: {exc}") from None

@@ -343,3 +343,50 @@ def test_kvc_events_where_nothing_publishes_fails_within_its_timeout_in_one_line
     assert result.exit_code == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "nothing answered within 1 s" in result.stderr
     assert as_json.exit_code == 2 and msgspec.json.decode(as_json.stdout)["error"]["kind"] == "event_endpoint_error"
+
+
+@pytest.mark.parametrize("json_out", [True, False])
+def test_kvc_events_follow_survives_malformed_messages_and_counts_them(json_out):
+    """Issue 26 #7: `kvc events --follow` exited 2 on the first malformed payload. Now each is skipped and said
+    on stderr — one line for each of the first 10, then one at each power of ten — counted in the summary line
+    and (with --json) in the summary object, and the good batch after 150 bad messages is printed."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import zmq
+
+    from kvcache.types.events import EventBatch, encode_batch
+
+    ctx = zmq.Context()
+    try:
+        pub = ctx.socket(zmq.XPUB)  # the test is the publisher: it sends once kvc's subscription arrived
+        pub.bind("tcp://127.0.0.1:*")
+        endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        args = ["events", "--endpoint", endpoint, "--follow", "--count", "1", *(["--json"] if json_out else [])]
+        follower = subprocess.Popen([str(Path(sys.executable).with_name("kvc")), *args], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        with follower:
+            assert pub.poll(60_000) and pub.recv() == b"\x01"
+            for i in range(150):
+                pub.send_multipart([b"", i.to_bytes(8, "big"), b"\x1b[31m not msgpack"] if i % 2 else [b"junk"])
+            pub.send_multipart([b"", (150).to_bytes(8, "big"), encode_batch(EventBatch(1.0, [AllBlocksCleared()]))])
+            out, err = follower.communicate(timeout=120)
+        assert follower.returncode == 0, err
+    finally:
+        ctx.destroy(linger=0)
+    said = err.splitlines()
+    skipped = [x for x in said if x.startswith("kvc events: skipped")]
+    assert len(skipped) == 11 and "(100 so far)" in skipped[-1] and "further ones are counted" in skipped[9]
+    assert "skipped a message: a message of 1 frames" in skipped[0] and "skipped batch 1:" in skipped[1]
+    assert "\x1b" not in err  # a hostile payload's bytes are escaped, never sent to the terminal
+    assert said[-2:] == ["kvc events: 74 batches missed and no longer in the replay buffer",  # 0, 2, ... 148
+                         "kvc events: 150 malformed messages skipped (not KV-event batches)"]
+    lines = out.splitlines()
+    if json_out:
+        assert json.loads(lines[0])["type"] == "AllBlocksCleared" and json.loads(lines[0])["seq"] == 150
+        assert json.loads(lines[-1]) == {"type": "Summary", "batches": 1, "events": 1, "replayed": 0, "missed": 74,
+                                         "malformed": 150}
+    else:
+        assert lines[0].split()[:3] == ["seq", "time", "event"] and "AllBlocksCleared" in lines[1]

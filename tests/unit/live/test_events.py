@@ -126,6 +126,90 @@ def test_a_subscriber_that_fails_to_start_keeps_no_socket_or_context():
         gc.collect()  # a socket or context left open by the failed start would warn here
 
 
+def test_a_malformed_message_is_skipped_and_counted_and_the_reading_goes_on():
+    """Issue 26 #7: the subscriber raised InvalidInput on the first message that was not a KV-event batch, so
+    `kvc events --follow` (and a router) stopped there. Now it is skipped, counted and handed to on_malformed, on
+    the feed and in a replay answer alike; the good batches around it all arrive, none counted missed."""
+    import threading
+
+    from kvcache.live.events import MalformedMessage
+    from kvcache.types.events import EventBatch, encode_batch
+
+    ctx = zmq.Context()
+    try:
+        pub = ctx.socket(zmq.XPUB)  # a hostile publisher: it sees the subscription, so it sends after it
+        pub.bind("tcp://127.0.0.1:*")
+        router = ctx.socket(zmq.ROUTER)
+        router.bind("tcp://127.0.0.1:*")
+        good = encode_batch(EventBatch(1.0, [AllBlocksCleared()]))
+        seq = [i.to_bytes(8, "big") for i in range(5)]
+
+        def replay_answers_junk():  # the replay of batch 2 is no batch either
+            who, empty, start = router.recv_multipart()
+            assert int.from_bytes(start, "big") == 2
+            router.send_multipart([who, b"", seq[2], b"\xc1junk"])
+            router.send_multipart([who, b"", END_OF_REPLAY, b""])
+
+        server = threading.Thread(target=replay_answers_junk, daemon=True)
+        server.start()
+        notes: list[MalformedMessage] = []
+        sub = KVEventSubscriber(pub.getsockopt_string(zmq.LAST_ENDPOINT),
+                                replay_endpoint=router.getsockopt_string(zmq.LAST_ENDPOINT),
+                                on_malformed=notes.append)
+        with sub:
+            assert pub.poll(60_000) and pub.recv() == b"\x01"  # subscribed to everything
+            for frames in ([b"", seq[0], good], [b"", b"not a sequence"], [b"", seq[1], b"\x92garbage"],
+                           [b"", seq[3], good], [b"", seq[4], good]):
+                pub.send_multipart(frames)
+            got = []
+            for _ in range(50):  # each receive returns at least one message's worth; bounded, never timed
+                got += sub.receive(timeout=60)
+                if [b.seq for b in got] == [0, 3, 4]:
+                    break
+            assert [b.seq for b in got] == [0, 3, 4] and not any(b.replayed for b in got)
+            assert sub.malformed == 3 and sub.missed == 0
+            assert [(n.seq, n.replayed) for n in notes] == [(None, False), (1, False), (2, True)]
+            assert "2 frames" in notes[0].reason and "not a KV-event batch" in notes[1].reason
+        server.join(timeout=60)
+    finally:
+        ctx.destroy(linger=0)
+
+
+@pytest.mark.parametrize("kind", ["file", "link", "fifo"])
+def test_an_ipc_endpoint_never_replaces_what_is_at_its_path(tmp_path, kind):
+    """Issue 26 #6: ZeroMQ unlinks whatever is at an ipc:// path before binding, so `kvc serve --events
+    ipc:///path` turned a file, a link or a FIFO there into its socket. Now it is refused, naming the endpoint;
+    a stale socket is still taken over."""
+    import os
+    import socket
+    import stat
+
+    from kvcache import EventEndpointError
+
+    path = tmp_path / "feed"
+    victim = tmp_path / "victim"
+    victim.write_text("kept\n")
+    {"file": lambda: path.write_text("kept\n"), "link": lambda: path.symlink_to(victim),
+     "fifo": lambda: os.mkfifo(path)}[kind]()
+    before = os.lstat(path)
+    cache = make_cache()
+    try:
+        bound = KVEventPublisher(cache, f"ipc://{path}")
+    except EventEndpointError as exc:
+        assert "exists and is not a socket; refusing to replace it" in str(exc)
+    else:  # close it, or its threads keep the test process alive
+        bound.close()
+        pytest.fail(f"bound over the {kind} at {path}")
+    after = os.lstat(path)
+    assert (after.st_ino, stat.S_IFMT(after.st_mode)) == (before.st_ino, stat.S_IFMT(before.st_mode))
+    assert victim.read_text() == "kept\n" and cache.tree.on_copy is None
+    stale = tmp_path / "stale"
+    with socket.socket(socket.AF_UNIX) as s:  # bound, then closed: a socket file nobody serves
+        s.bind(str(stale))
+    with KVEventPublisher(cache, f"ipc://{stale}") as publisher:
+        assert publisher.stats().endpoint == f"ipc://{stale}"
+
+
 # --- bounded doors (issue 26 #4) -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("typed, endpoint", [
