@@ -28,7 +28,15 @@ import torch
 from ..diagnostics.audit import audit_cache
 from ..diagnostics.ownership import HolderState
 from ..diagnostics.snapshot import Snapshot, take_snapshot, write_snapshot
-from ..errors import CacheClosed, InvalidInput, InvariantViolation, LayoutMismatch, RequestIdInUse, UnknownRequest
+from ..errors import (
+    CacheClosed,
+    InvalidInput,
+    InvariantViolation,
+    LayoutMismatch,
+    RequestIdInUse,
+    StoreAccessDenied,
+    UnknownRequest,
+)
 from ..ledger.pools import SlotPool
 from ..storage.api import L3Store
 from ..tree import RadixTree, TreeMatch
@@ -71,6 +79,18 @@ _REQUEST = OwnerKind.REQUEST
 _DEVICE = Tier.DEVICE
 
 
+def _chain_key(store: L3Store | None) -> bytes | None:
+    """The chain key a cache wired to `store` chains its page hashes with (None: no store, the tree draws one).
+    A store whose secret this user may not read cannot back a cache: its pages could not be named."""
+    if store is None:
+        return None
+    key = store.chain_key
+    if key is None:
+        raise StoreAccessDenied(store.location, "a cache needs the store's key file to name its pages (the chain "
+                                                "roots are keyed by it), and this user cannot read it")
+    return key
+
+
 class TieredCache:
     """The tiered KV cache of one engine: L1 (device) and L2 (host) pools under one namespaced radix tree."""
 
@@ -88,7 +108,7 @@ class TieredCache:
         if config.host_pages:
             self.host_pool = SlotPool("host", config.host_pages, ps, bpt, device="cpu",
                                       pin_memory=torch.device(device).type == "cuda", ledger=config.ledger)
-        self.tree = RadixTree(ps, config.layout.layout_id)
+        self.tree = RadixTree(ps, config.layout.layout_id, _chain_key(store))
         self.counters, self.prefetch_stats, self.backup_stats = CacheCounters(), PrefetchStats(), BackupStats()
         self.holders = Holders()
         self._live = self.holders.live  # the hot path's own reference
@@ -376,6 +396,12 @@ class TieredCache:
             raise InvalidInput("this cache has no TTL policy (CacheConfig.ttl), so nothing expires; "
                                "drop_namespace offboards a namespace now")
         return self._expiry.expire(namespace, ExpiryCause.ON_DEMAND)
+
+    @property
+    def chain_key(self) -> bytes:
+        """The key of this cache's namespace roots (kvcache.types.keys): its store's, else its own random one.
+        What `page_hashes` needs to name this cache's pages: `page_hashes(layout_id, key, ps, cache.chain_key)`."""
+        return self.tree.chain_key
 
     @property
     def ttl_tracker(self) -> TTLTracker | None:

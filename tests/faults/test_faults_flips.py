@@ -50,7 +50,7 @@ class Template:
                 ns = Namespace(f"tenant-{t}", f"salt-{t}")
                 for doc in range(12):
                     tokens = [t * 1000 + doc * 10] * 4 + list(range(doc * 100, doc * 100 + 36))
-                    hashes, origins = page_origins(LAYOUT, pack_tokens(tokens), ns)
+                    hashes, origins = page_origins(LAYOUT, pack_tokens(tokens), ns, store.chain_key)
                     store.put(hashes, list(self.kv.pages(hashes).numpy()), origins)
                     self.hashes += hashes
         self.pages = lmdbpages.live_pages(path)

@@ -26,9 +26,9 @@ NS = Namespace("t1", "salt-1")
 FAST = "&timeout=0.5&connect_timeout=0.5&backoff_max=0.2"  # a dead server is noticed, and retried, quickly
 
 
-def chain(start: int, pages: int, ns: Namespace = NS):
+def chain(chain_key: bytes, start: int, pages: int, ns: Namespace = NS):
     """Hashes, payloads and origins of one chain of `pages` pages."""
-    hashes, origins = page_origins(LAYOUT, pack_tokens(range(start, start + pages * PAGE_SIZE)), ns)
+    hashes, origins = page_origins(LAYOUT, pack_tokens(range(start, start + pages * PAGE_SIZE)), ns, chain_key)
     payloads = [np.full(LAYOUT.bytes_per_page, i % 251, dtype=np.uint8) for i in range(len(hashes))]
     return hashes, payloads, origins
 
@@ -63,7 +63,7 @@ def test_server_killed_during_a_replay_then_restarted(own_redis):  # noqa: F811
     own_redis.restart()  # the AOF brings back every acknowledged write
     from kvcache.types.keys import page_hashes
 
-    wait_until_back(store, page_hashes(LAYOUT.layout_id, probe.key, PAGE_SIZE)[:24])
+    wait_until_back(store, page_hashes(LAYOUT.layout_id, probe.key, PAGE_SIZE, store.chain_key)[:24])
     # A fresh node on the same store handle: its first documents come from L3 again, bytes checked.
     fresh = l3_cache(store, page_size=PAGE_SIZE, device_tokens=1024, host_tokens=2048, io_thread=True,
                      prefetch_policy="wait_complete")
@@ -171,7 +171,7 @@ store = open_store({url!r}, layout, create=True, add_layout=True)
 for round_ in range(3):
     for k in range(20):
         ns = Namespace("t%d" % (k % 3), "s")
-        hashes, origins = page_origins(layout, pack_tokens(range(1000 * k, 1000 * k + 4 * (8 + k))), ns)
+        hashes, origins = page_origins(layout, pack_tokens(range(1000 * k, 1000 * k + 4 * (8 + k))), ns, store.chain_key)
         store.put(hashes, [np.full(layout.bytes_per_page, len(h) + k, dtype=np.uint8) for h in hashes], origins)
 c = store.counters()
 assert c.write_errors == 0 and c.pages_rejected == 0, c

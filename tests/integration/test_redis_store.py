@@ -38,7 +38,7 @@ def test_opening_rules(redis_server):  # noqa: F811
         open_store(url, LAYOUT, create=True, capacity=CapacityPolicy(capacity_bytes=1 << 20))
     store = open_store(url, LAYOUT, create=True)
     assert isinstance(store, RedisStore) and isinstance(store, L3Store)
-    hashes, origins = page_origins(LAYOUT, pack_tokens(range(8)), NS)
+    hashes, origins = page_origins(LAYOUT, pack_tokens(range(8)), NS, store.chain_key)
     store.put(hashes, [np.ones(LAYOUT.bytes_per_page, np.uint8)] * 2, origins)
     store.close()
     ro = open_store(url, readonly=True)
@@ -53,7 +53,7 @@ def test_opening_rules(redis_server):  # noqa: F811
 def test_cluster_store_reads_what_a_standalone_writer_would_and_verifies(redis_cluster):  # noqa: F811
     store = open_store(redis_cluster.store_url(), LAYOUT, create=True)
     assert store.cluster
-    hashes, origins = page_origins(LAYOUT, pack_tokens(range(64)), NS)
+    hashes, origins = page_origins(LAYOUT, pack_tokens(range(64)), NS, store.chain_key)
     pages = [np.full(LAYOUT.bytes_per_page, i, np.uint8) for i in range(len(hashes))]
     assert store.put(hashes, pages, origins).written == 16
     out = np.zeros((16, LAYOUT.bytes_per_page), np.uint8)

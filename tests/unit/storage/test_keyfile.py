@@ -16,7 +16,7 @@ SALT = "keyfile-salt-1"
 def _write(path, ns):
     layout = make_layout(4)
     with open_store(str(path), layout, create=True) as store:
-        hashes, origins = page_origins(layout, pack_tokens(np.arange(8, dtype=np.uint32)), ns)
+        hashes, origins = page_origins(layout, pack_tokens(np.arange(8, dtype=np.uint32)), ns, store.chain_key)
         store.put(hashes, [np.zeros(layout.bytes_per_page, np.uint8) for _ in hashes], origins)
         return store.fingerprint_key, store.namespaces()
 
