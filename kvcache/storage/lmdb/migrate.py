@@ -20,6 +20,7 @@ bytes per page).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -84,6 +85,9 @@ def migrate_location(location: str) -> MigrateReport:
         raise StoreError(path, "cannot migrate: this process has the store open; close it first")
     fmt = _format_of(path)
     if fmt.version >= FORMAT_VERSION:
+        # a migration killed after its swap left its work directory: removed when the store is free to take
+        with contextlib.suppress(StoreError), _exclusive(path):
+            _remove_leftovers(path)
         return MigrateReport(path, fmt.version, fmt.version, False, 0, 0)
     # The audit runs before the store is taken exclusively (its child opens the store as any reader does); what a
     # writer adds meanwhile keeps the store consistent, and a chain the rewrite cannot follow stops it unchanged.
