@@ -345,3 +345,30 @@ def test_a_store_share_bounds_its_namespace_and_no_other(store):
     write(store, range(40), NS_A)  # cleared: the namespace takes the rest
     assert store.exists_prefix(hashes) == 10
     assert store.verify().ok
+
+
+def test_the_chain_roots_are_keyed_by_the_stores_own_secret(factory, location, tmp_path, store):
+    """Every backend keys its page-hash chain roots by a secret of the store (LMDB: derived from its key file;
+    a shared store: a random one in its format record), the same for every handle on the store and another for
+    another store, so a page hash cannot be recomputed from a guessed salt without it (issue 26)."""
+    from kvcache.types.keys import UNKEYED_CHAIN, hash_root
+
+    key = store.chain_key
+    assert isinstance(key, bytes) and len(key) >= 16 and key != UNKEYED_CHAIN
+    assert store.root(NS_A) == hash_root(LAYOUT.layout_id, NS_A, key)
+    assert store.root(NS_A) != hash_root(LAYOUT.layout_id, NS_A, UNKEYED_CHAIN)
+    hashes, _ = write(store, range(8), NS_A)
+    again = factory.open(location, LAYOUT)
+    try:
+        assert again.chain_key == key and again.exists_prefix(hashes) == 2
+    finally:
+        again.close()
+    other = factory.open(factory.location(tmp_path / "other"), LAYOUT)
+    try:
+        assert other.chain_key not in (key, None, UNKEYED_CHAIN)
+        assert other.root(NS_A) != store.root(NS_A)
+    finally:
+        other.close()
+    # the roots its namespace records keep (what an audit without the key checks pages against)
+    [record] = [r for r in store.namespaces() if r.ns_id_hex == NS_A.id_hex]
+    assert record.roots == [store.root(NS_A).hex()]

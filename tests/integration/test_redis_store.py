@@ -61,3 +61,31 @@ def test_cluster_store_reads_what_a_standalone_writer_would_and_verifies(redis_c
     assert store.delete_namespace(NS.id).pages == 16
     assert store.verify().ok and store.namespaces() == []
     store.close()
+
+
+def test_the_chain_key_lives_in_the_format_record_and_a_format_1_store_is_refused(redis_server):  # noqa: F811
+    """A Redis store keeps its chain key, a random secret, in its format record (issue 26); a store of format 1
+    (unkeyed chain roots, written before) is refused in one line: kvc migrate rewrites LMDB stores only."""
+    import msgspec
+    import redis
+
+    from kvcache.storage.codec import FORMAT_VERSION, decode_format, encoder
+
+    client = redis.Redis(host="127.0.0.1", port=redis_server.port, db=0)
+    url = redis_server.store_url()
+    store = open_store(url, LAYOUT, create=True)
+    prefix = store.prefix
+    store.close()
+    raw = client.get(prefix.encode() + b"format")
+    fmt = decode_format(raw)
+    assert fmt.version == FORMAT_VERSION and len(bytes.fromhex(fmt.chain_key)) == 32
+    assert bytes.fromhex(fmt.chain_key) != bytes.fromhex(fmt.fingerprint_key)
+    with open_store(url, LAYOUT) as again:
+        assert again.chain_key == bytes.fromhex(fmt.chain_key)
+    old = msgspec.structs.replace(fmt, version=1, chain_key="")
+    client.set(prefix.encode() + b"format", encoder.encode(old))
+    with pytest.raises(StoreUnsupported) as info:
+        open_store(url, LAYOUT)
+    message = str(info.value)
+    assert "\n" not in message and "format 1" in message and "kvc migrate" in message and prefix in message
+    client.close()
