@@ -29,7 +29,7 @@ from collections.abc import Iterator
 import lmdb
 import msgspec
 
-from ...errors import InvalidInput, StoreError, StoreReadOnly
+from ...errors import InvalidInput, NotAStore, StoreError, StoreReadOnly
 from ...types.keys import TOKEN_BYTES, UNKEYED_CHAIN, derive_chain_key, extend_chain, hash_root_of_id
 from ..api import NamespaceRecord, PageMeta, VerifyReport
 from ..codec import (
@@ -42,6 +42,7 @@ from ..codec import (
     decode_format,
     decode_meta,
     decode_namespace,
+    decode_or_none,
     encoder,
 )
 from ..isolated import run_isolated
@@ -133,7 +134,10 @@ def _remove_leftovers(path: str) -> None:
 
 
 def _format_of(path: str) -> StoreFormat:
-    env = _raw_env(path)
+    try:
+        env = _raw_env(path)
+    except lmdb.Error as exc:
+        raise NotAStore(path, f"cannot migrate: the data file does not open as LMDB ({exc}); run `kvc audit`") from None
     try:
         with env.begin() as txn:
             raw = txn.get(b"format", db=_open_db(env, txn, "store"))
@@ -141,9 +145,10 @@ def _format_of(path: str) -> StoreFormat:
         raise StoreError(path, f"cannot migrate: the format record does not read ({exc}); run `kvc audit`") from None
     finally:
         env.close()
-    if raw is None:
-        raise StoreError(path, "cannot migrate: no format record (not a kvc store)")
-    fmt = decode_format(raw)
+    fmt = decode_or_none(decode_format, raw) if raw is not None else None
+    if fmt is None:
+        raise NotAStore(path, "cannot migrate: no kvc format record here (not a kvc store, or a damaged one: run "
+                              "`kvc audit`)")
     if fmt.checksum not in CHECKSUMS:
         raise InvalidInput(f"{path}: store checksums use {fmt.checksum!r}, which this install lacks")
     return fmt
