@@ -99,6 +99,7 @@ class TieredCache:
         """`clock`: what namespace deadlines (`config.ttl`) run on, in seconds; tests inject a fake one."""
         if store is not None and store.layout is not None and store.layout.layout_id != config.layout.layout_id:
             raise LayoutMismatch(store.location, config.layout.describe(), [store.layout.describe()])
+        chain_key = _chain_key(store)  # before anything is allocated
         self.config, self.store, self.layout = config, store, config.layout
         self.page_size = ps = config.layout.page_size
         device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -108,7 +109,7 @@ class TieredCache:
         if config.host_pages:
             self.host_pool = SlotPool("host", config.host_pages, ps, bpt, device="cpu",
                                       pin_memory=torch.device(device).type == "cuda", ledger=config.ledger)
-        self.tree = RadixTree(ps, config.layout.layout_id, _chain_key(store))
+        self.tree = RadixTree(ps, config.layout.layout_id, chain_key)
         self.counters, self.prefetch_stats, self.backup_stats = CacheCounters(), PrefetchStats(), BackupStats()
         self.holders = Holders()
         self._live = self.holders.live  # the hot path's own reference
