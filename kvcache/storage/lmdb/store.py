@@ -88,7 +88,7 @@ from ..codec import (  # noqa: F401
     encoder,
 )
 from ..handle import StoreHandle, count_read, new_counts
-from ..keyfile import ensure_key, read_key
+from ..keyfile import KEY_FILE, ensure_key, read_key
 from ..verify import removed_pages, verify
 from .access import AccessRecords
 from .delete import delete_namespace
@@ -179,6 +179,8 @@ class LMDBStore(StoreHandle):
                     durability, lock)
         try:
             # the salt fingerprints this store records and shows are keyed by its key file (kvcache.types.namespace)
+            if not store.readonly:
+                store._refuse_a_lost_chain_key()
             store.fingerprint_key = read_key(path) if store.readonly else ensure_key(path)
             store.chain_key = chain_key_of(shared.format, store.fingerprint_key)
             if layout is not None:
@@ -198,6 +200,17 @@ class LMDBStore(StoreHandle):
     # The key of the store's page-hash chain roots (`chain`): derived from the key file; b"" for a format-1 store;
     # None for a reader that may not read the key file (it verifies from the roots the namespace records keep).
     chain_key: bytes | None = None
+
+    def _refuse_a_lost_chain_key(self) -> None:
+        """A writer must not make a new key file for a keyed store that holds namespaces: the chain roots of every
+        page stored are keyed by the lost one, so under a new key none would be found again and an audit would
+        call them all orphans."""
+        if not self._shared.format.keyed_roots or os.path.lexists(os.path.join(self.path, KEY_FILE)):
+            return
+        if self._read(lambda txn, dbs: txn.stat(dbs.namespaces)["entries"]):
+            raise StoreError(self.path, f"{KEY_FILE} is missing, and the page hashes of this store are keyed by it: "
+                                        f"restore it from a backup (a new key would leave every stored page "
+                                        f"unreachable)")
 
     @property
     def format_version(self) -> int:

@@ -188,3 +188,19 @@ def _hashes(path: str) -> list[bytes]:
 def _data(path: str) -> bytes:
     with open(os.path.join(path, "data.mdb"), "rb") as f:
         return f.read()
+
+
+def test_a_writer_never_makes_a_new_key_for_a_keyed_store_that_holds_pages(tmp_path):
+    """Under a new key file no stored page could be found again (the chain roots are keyed by the old one)."""
+    path = str(tmp_path / "s")
+    build_format_1(path)
+    migrate_location(path)
+    os.rename(os.path.join(path, "fingerprint.key"), os.path.join(tmp_path, "kept.key"))
+    with pytest.raises(StoreError, match="fingerprint.key is missing"):
+        open_store(path, LAYOUT)
+    assert not os.path.exists(os.path.join(path, "fingerprint.key"))
+    with open_store(path, readonly=True) as reader:  # a reader goes on, keyless; its audit reads recorded roots
+        assert reader.chain_key is None and reader.verify().ok
+    os.rename(os.path.join(tmp_path, "kept.key"), os.path.join(path, "fingerprint.key"))
+    with open_store(path, LAYOUT) as store:
+        assert store.verify().ok and store.stats().pages == 2 * (1 + 4 * 6)
