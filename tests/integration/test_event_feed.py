@@ -231,12 +231,14 @@ def test_kvc_events_prints_what_kvc_serve_published(tmp_path):
     with open(tmp_path / "serve.err", "w") as err:
         server = subprocess.Popen([kvc, "serve", "--store", str(store), "--socket", str(sock), "--json",
                                    "--device-tokens", "1024", "--host-tokens", "2048",
-                                   "--events", "tcp://127.0.0.1:*", "--events-replay", "tcp://127.0.0.1:*",
+                                   "--events", "tcp://127.0.0.1:*", "--events-replay", "*",  # *: loopback
                                    "--events-medium-names", "sglang"],
                                   stdout=subprocess.PIPE, stderr=err, text=True)
     try:
         ready = json.loads(server.stdout.readline() or "{}")
         assert ready.get("events", "").startswith("tcp://127.0.0.1:"), (tmp_path / "serve.err").read_text()
+        assert ready["events_replay"].startswith("tcp://127.0.0.1:") and ready["events_every_interface"] is False
+        assert "warning" not in (tmp_path / "serve.err").read_text()
         feed = ["--endpoint", ready["events"], "--replay", ready["events_replay"]]
         assert _invoke("--socket", sock, "prefetch", "--extra-key", "t1", "--salt", CLI_SALT).exit_code == 0
         # a late follower: what it missed comes from the replay buffer at once, then the feed goes on live
@@ -269,6 +271,44 @@ def test_kvc_events_prints_what_kvc_serve_published(tmp_path):
         code = server.wait(timeout=60)
         server.stdout.close()  # read up to its ready line only
         assert code == 0
+
+
+def test_kvc_serve_binds_events_on_loopback_for_a_port_alone_and_warns_of_a_wildcard(tmp_path):
+    """Issue 26 #4: `--events tcp://*:PORT` bound every interface without a word. A port alone is loopback; a
+    wildcard host is one warning line on stderr and a field of the ready object."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    kvc = str(Path(sys.executable).with_name("kvc"))
+    store = tmp_path / "store"
+    assert _invoke("init", "--store", store, "--page-size", 4).exit_code == 0
+    for n, (events, replay, wide) in enumerate([("*", "tcp://*:*", True), ("0", None, False)]):
+        sock = tmp_path / f"s{n}.sock"
+        with open(tmp_path / "serve.err", "w") as err:
+            server = subprocess.Popen([kvc, "serve", "--store", str(store), "--socket", str(sock), "--json",
+                                       "--device-tokens", "64", "--host-tokens", "64", "--events", events,
+                                       *(("--events-replay", replay) if replay else ())],
+                                      stdout=subprocess.PIPE, stderr=err, text=True)
+        try:
+            ready = json.loads(server.stdout.readline() or "{}")
+            errors = (tmp_path / "serve.err").read_text()
+            assert ready.get("events", "").startswith("tcp://127.0.0.1:"), errors  # a port alone: loopback
+            assert ready["events_every_interface"] is wide
+            warnings = [line for line in errors.splitlines() if "warning" in line]
+            if wide:
+                assert ready["events_replay"].startswith("tcp://0.0.0.0:")
+                assert len(warnings) == 1 and "every interface" in warnings[0] and "authentication" in warnings[0]
+                assert "on every interface" in errors.splitlines()[-1]  # the serving line says it too
+            else:
+                assert ready["events_replay"] is None and warnings == []
+        finally:
+            server.send_signal(signal.SIGTERM)
+            code = server.wait(timeout=60)
+            server.stdout.close()
+            assert code == 0
 
 
 @pytest.mark.parametrize("args, says", [
