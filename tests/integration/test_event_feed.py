@@ -86,7 +86,8 @@ def expected(cache, snapshot) -> set[tuple]:
         if rec.namespace_root or (rec.device is None and rec.host is None):
             continue
         node = by_id[rec.id]
-        chain = page_hashes(cache.layout.layout_id, RadixKey.of(cache.tree.path_key(node), node.namespace), ps)
+        chain = page_hashes(cache.layout.layout_id, RadixKey.of(cache.tree.path_key(node), node.namespace), ps,
+                            cache.chain_key)
         mine = chain[len(chain) - rec.tokens // ps:]
         for tier, copy in (("device", rec.device), ("host", rec.host)):
             if copy is not None:

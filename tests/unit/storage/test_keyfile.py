@@ -6,6 +6,8 @@ import stat
 import numpy as np
 
 from factories import make_layout
+from unit.storage.lmdb.test_migrate import set_format_version
+
 from kvcache import Namespace, open_store, page_origins
 from kvcache.types.keys import pack_tokens
 from kvcache.storage.keyfile import KEY_FILE, ensure_key, read_key
@@ -16,7 +18,7 @@ SALT = "keyfile-salt-1"
 def _write(path, ns):
     layout = make_layout(4)
     with open_store(str(path), layout, create=True) as store:
-        hashes, origins = page_origins(layout, pack_tokens(np.arange(8, dtype=np.uint32)), ns)
+        hashes, origins = page_origins(layout, pack_tokens(np.arange(8, dtype=np.uint32)), ns, store.chain_key)
         store.put(hashes, [np.zeros(layout.bytes_per_page, np.uint8) for _ in hashes], origins)
         return store.fingerprint_key, store.namespaces()
 
@@ -45,6 +47,9 @@ def test_env_key_seeds_new_stores_so_a_deployment_shares_one(tmp_path, monkeypat
 def test_a_store_made_before_keys_gets_one_on_its_first_writable_open(tmp_path):
     _write(tmp_path / "s", Namespace("t1", SALT))
     (tmp_path / "s" / KEY_FILE).unlink()
+    # a store made before key files is of format 1 (its chain roots are keyed by nothing); a keyed store that
+    # lost its key file is refused instead (unit/storage/lmdb/test_migrate.py)
+    set_format_version(str(tmp_path / "s"), 1)
     with open_store(str(tmp_path / "s"), readonly=True) as ro:
         assert ro.fingerprint_key is None  # read-only: nothing written
     with open_store(str(tmp_path / "s"), make_layout(4)) as rw:
