@@ -60,6 +60,7 @@ FIGURES: list[tuple[str, str, str]] = [
     (r"^replay_ratio_with", "x (throughput ratio to no client)", "higher"),
     (r"_over_", "x (speed ratio)", "higher"),
     (r"_hit_rate_", "fraction of tokens found cached", "higher"),
+    (r"_mib$", "MiB", "lower"),
 ]
 
 

@@ -48,13 +48,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from _report import machine, publish, spread, table
 from kvcache import KVLayout, Namespace, open_store, page_origins
-from kvcache.types.keys import pack_tokens
+from kvcache.types.keys import new_chain_key, pack_tokens
 
 SIZES_KIB = (16, 64, 256)
 BATCH_BYTES = 4 << 20  # pages per put/get_into batch: about this many bytes
@@ -217,21 +218,28 @@ def run_size(page_kib: int, store_mb: int, repeat: int, scratch: str, server: Re
 
     # kvc: one namespace, one long token sequence per 256 pages (realistic chains, every page distinct).
     ns = Namespace("bench-tenant", "bench-salt")
-    hashes: list[bytes] = []
-    origins = []
     per_chain = 256
-    for c in range(0, n, per_chain):
-        k = min(per_chain, n - c)
-        tokens = pack_tokens(range(c * 4, (c + k) * 4))
-        h, o = page_origins(layout, tokens, ns)
-        hashes += h
-        origins += o
+
+    def chains(chain_key: bytes) -> tuple[list[bytes], list]:
+        """Every page's hash and origin, rooted under a store's chain key (each fresh store has its own)."""
+        hashes: list[bytes] = []
+        origins: list = []
+        for c in range(0, n, per_chain):
+            k = min(per_chain, n - c)
+            h, o = page_origins(layout, pack_tokens(range(c * 4, (c + k) * 4)), ns, chain_key)
+            hashes += h
+            origins += o
+        return hashes, origins
+
+    # The page names of the file passes: any chain key names n distinct pages alike.
+    hashes, origins = chains(new_chain_key())
     file_dir = os.path.join(scratch, f"files-{page_kib}k")
 
     def kvc_write_pass(durability: str) -> tuple[float, str]:
         """Write every page into a fresh store; (seconds, store path)."""
         store_dir = tempfile.mkdtemp(prefix=f"kvc-{page_kib}k-", dir=scratch)
         store = open_store(store_dir, layout, create=True, map_size=2 * n * (size + 4096), durability=durability)
+        hashes, origins = chains(store.chain_key)
         settle(warm_bytes=2 * n * size)
         start = time.perf_counter()
         for s in range(0, n, batch):
@@ -279,6 +287,7 @@ def run_size(page_kib: int, store_mb: int, repeat: int, scratch: str, server: Re
     t_files_write = min(write_times["files"])
 
     store = open_store(store_dir, layout)
+    hashes, origins = chains(store.chain_key)  # the names of the pages the kept store holds
     rows = list(dst_np)  # numpy rows of the torch tensor: the fast path of get_into (see kvcache.storage.checks.byte_view)
 
     def kvc_read() -> None:
@@ -312,7 +321,7 @@ def run_size(page_kib: int, store_mb: int, repeat: int, scratch: str, server: Re
 
     t_files_read = best(files_read, repeat)
     shutil.rmtree(file_dir)
-    figures = run_redis(server, layout, src, dst_np, hashes, origins, batch, redis_mb, repeat) if server else {}
+    figures = run_redis(server, layout, src, dst_np, chains, batch, redis_mb, repeat) if server else {}
     mapped.close()
     del src, dst, dst_np, rows, views, dst_views
     return {
@@ -324,17 +333,20 @@ def run_size(page_kib: int, store_mb: int, repeat: int, scratch: str, server: Re
     }
 
 
-def run_redis(server: RedisServer, layout: KVLayout, src: np.ndarray, dst_np: np.ndarray, hashes: list[bytes],
-              origins: list, batch: int, redis_mb: int, repeat: int) -> dict[str, float]:
+def run_redis(server: RedisServer, layout: KVLayout, src: np.ndarray, dst_np: np.ndarray,
+              chains: Callable[[bytes], tuple[list[bytes], list]], batch: int, redis_mb: int,
+              repeat: int) -> dict[str, float]:
     """The Redis plugin on loopback: write passes into an emptied database, then timed reads of what the last
     pass wrote; MB/s of payload."""
     size = layout.bytes_per_page
-    n = min(len(hashes), max(batch, (redis_mb << 20) // size))
+    n = min(len(src), max(batch, (redis_mb << 20) // size))
     mb = n * size / 1e6
+    hashes: list[bytes] = []
 
     def write_pass() -> float:
         server.client.flushdb()
         store = open_store(server.url, layout, create=True)
+        hashes[:], origins = chains(store.chain_key)  # a fresh store, a fresh chain key: the reads use the last
         settle()
         start = time.perf_counter()
         for s in range(0, n, batch):

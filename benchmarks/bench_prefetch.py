@@ -43,7 +43,7 @@ def load_back(pages: int, repeat: int, scratch: str) -> dict[str, float]:
     rng = np.random.default_rng(0)
     data = np.frombuffer(rng.bytes(pages * size), dtype=np.uint8).reshape(pages, size)
     store = open_store(f"{scratch}/loadback", layout, create=True, durability="none")
-    hashes, origins = page_origins(layout, tokens, ns)
+    hashes, origins = page_origins(layout, tokens, ns, store.chain_key)
     for i in range(0, pages, 64):
         store.put(hashes[i:i + 64], list(data[i:i + 64]), origins[i:i + 64])
     store.flush()

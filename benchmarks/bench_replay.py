@@ -28,6 +28,7 @@ from _report import machine, publish, table
 
 from kvcache import (CacheConfig, KVLayout, Namespace, RadixKey, SyntheticKV, TieredCache, WorkloadSpec, generate,
                      page_hashes, replay)
+from kvcache.types.keys import new_chain_key
 from kvcache.ledger.pools import SlotPool
 from kvcache.storage.registry import open_store
 from kvcache.ledger.copy import copy_pages
@@ -52,7 +53,8 @@ def verify_vs_copy(n_pages: int, repeat: int) -> dict[str, float]:
     rng = np.random.default_rng(0)
     src = rng.permutation(2 * n_pages)[:n_pages].astype(np.int64)
     dst = rng.permutation(2 * n_pages)[:n_pages].astype(np.int64)
-    hashes = page_hashes(LAYOUT.layout_id, RadixKey.of(range(n_pages * ps), Namespace("t1", "s")), ps)
+    hashes = page_hashes(LAYOUT.layout_id, RadixKey.of(range(n_pages * ps), Namespace("t1", "s")), ps,
+                         new_chain_key())
     kv = SyntheticKV(LAYOUT)
     kv.write(host.pages, src, hashes)
     copy_pages(host, src, device, dst)

@@ -59,7 +59,7 @@ while arrivals or waiting:
     # 3. the forward: check the reused pages, write the new ones
     ps = layout.page_size
     pages = adm.slots[::ps] // ps
-    hashes = page_hashes(layout.layout_id, request.key, ps)
+    hashes = page_hashes(layout.layout_id, request.key, ps, cache.chain_key)
     n_cached = adm.cached_tokens // ps
     bad += len(kv.mismatches(cache.device_pool.pages, pages[:n_cached], hashes[:n_cached]))
     checked += n_cached

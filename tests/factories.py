@@ -46,7 +46,7 @@ def forward(cache: TieredCache, request, admission) -> None:
     from kvcache.types.keys import page_hashes
 
     ps = cache.page_size
-    hashes = page_hashes(cache.layout.layout_id, request.key, ps)
+    hashes = page_hashes(cache.layout.layout_id, request.key, ps, cache.chain_key)
     storage = cache.device_pool.storage
     for p in range(admission.cached_tokens // ps, -(-len(request) // ps)):
         slots = torch.from_numpy(admission.slots[p * ps:(p + 1) * ps])
@@ -63,7 +63,7 @@ def device_bytes_ok(cache: TieredCache, request, slots, n_tokens: int) -> bool:
     from kvcache.types.keys import page_hashes
 
     ps = cache.page_size
-    hashes = page_hashes(cache.layout.layout_id, request.key, ps)
+    hashes = page_hashes(cache.layout.layout_id, request.key, ps, cache.chain_key)
     for p in range(n_tokens // ps):
         got = cache.device_pool.storage[torch.from_numpy(slots[p * ps:(p + 1) * ps])].reshape(-1)
         if not torch.equal(got, page_content(hashes[p], cache.device_pool.page_bytes)):

@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvcache.storage.api import L3Store, NamespaceRecord
+from kvcache.storage.codec import KEYED_ROOTS_VERSION
 from kvcache.storage.location import StoreLocation
 from kvcache.storage.registry import backend_class, open_store, scheme_of
 from kvcache.types.namespace import Namespace, use_fingerprint_key, withhold_fingerprint_key
 
 from .errors import UsageError
+from .formats import note_old_format
 from .render.text import human_bytes
 
 if TYPE_CHECKING:
@@ -63,6 +65,8 @@ def open_inspect(location: StoreLocation, writable: bool = False, read_only: boo
     store = _keyed(open_store(location.url, readonly=not writable, **options))
     if getattr(store, "lock_free", False):
         note_lock_free(location, read_only)
+    if writable:
+        note_old_format(location, getattr(store, "format_version", KEYED_ROOTS_VERSION))
     return store
 
 
@@ -94,7 +98,9 @@ def open_for_cache(location: StoreLocation) -> L3Store:
     if len(layouts) != 1:
         raise UsageError(f"{location}: the store holds {len(layouts)} layouts; kvc commands drive a cache of "
                          f"one layout (`kvc init` creates a store with one)")
-    return _keyed(open_store(location.url, layouts[0]))
+    store = _keyed(open_store(location.url, layouts[0]))
+    note_old_format(location, getattr(store, "format_version", KEYED_ROOTS_VERSION))
+    return store
 
 
 def namespace_record(store: L3Store, ns: Namespace) -> NamespaceRecord | None:

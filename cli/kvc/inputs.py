@@ -1,11 +1,10 @@
 """What a command reads from its command line beyond typer's types: a request's token ids (--tokens,
---tokens-file), its namespace (--extra-key with the salt from `kvc.secrets`), and a file it will write (checked
-before any work). Every failure is a `UsageError` naming the option and the first bad value: exit 2, one line.
+--tokens-file) and its namespace (--extra-key with the salt from `kvc.secrets`). Every failure is a `UsageError`
+naming the option and the first bad value: exit 2, one line. A file it writes is `kvc.outputs`'s.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +21,9 @@ if TYPE_CHECKING:
 
 _INT = re.compile(r"[0-9]+", re.ASCII)  # ASCII digits only: '٣' is a digit to Python, not a token id
 _TOKEN_MAX = 2**32 - 1
+# A --tokens-file holds one request: as long as the longest trace line (about two million token ids). /dev/zero
+# or a runaway pipe is refused at this many bytes instead of read until memory runs out.
+MAX_TOKENS_FILE_BYTES = 16 << 20
 
 
 def parse_tokens(text: str, source: str = "--tokens") -> "np.ndarray":
@@ -51,10 +53,23 @@ def tokens_arg(tokens: str | None, tokens_file: Path | None) -> "np.ndarray | No
     if tokens is not None and tokens_file is not None:
         raise UsageError("give --tokens or --tokens-file, not both")
     if tokens_file is not None:
-        return parse_tokens(Path(tokens_file).read_text(), str(tokens_file))
+        return parse_tokens(read_bounded(tokens_file, MAX_TOKENS_FILE_BYTES, "--tokens-file"), str(tokens_file))
     if tokens is not None:
         return parse_tokens(tokens)
     return None
+
+
+def read_bounded(path: Path, limit: int, option: str) -> str:
+    """The text of `path` (a file, or a pipe such as `<(...)`), at most `limit` bytes: UsageError beyond, or when
+    it cannot be read. Undecodable bytes are kept (surrogateescape) for the parser to name."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise UsageError(f"{option} {path}: more than {limit} bytes, the most {option} reads")
+    return data.decode("utf-8", errors="surrogateescape")
 
 
 def namespace_arg(extra_key: str | None, salt: str | None, salt_file: Path | None = None) -> Namespace:
@@ -62,14 +77,3 @@ def namespace_arg(extra_key: str | None, salt: str | None, salt_file: Path | Non
     --salt, --salt-file, stdin or KVC_SALT (kvc.secrets)."""
     return Namespace(extra_key, salt_from(salt, salt_file))
 
-
-def writable_target(path: Path, option: str) -> Path:
-    """Check, before any work, that a file can be written at `path` (its directory exists and is writable)."""
-    directory = Path(path).parent
-    if not directory.is_dir():
-        raise UsageError(f"{option} {path}: no directory {directory} to write into")
-    if Path(path).is_dir():
-        raise UsageError(f"{option} {path}: is a directory")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise UsageError(f"{option} {path}: directory {directory} is not writable")
-    return Path(path)

@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from kvcache.diagnostics.snapshot import decode_snapshot, write_snapshot
+from kvcache.diagnostics.snapshot import decode_snapshot
 from kvcache.live.client import AdminClient
 from kvcache.live.protocol import AuditRequest, ReplayOutcome, SnapshotData, SnapshotRequest, SnapshotResult
 from kvcache.types.reports import AuditReport
 from kvcache.workload.traces import parse_trace, trace_lines
 
 from .errors import UsageError
+from .outputs import OutputTarget, write_file
 from .render.audit import AuditOutput, findings_of
 
 if TYPE_CHECKING:
@@ -92,20 +93,20 @@ def audit(socket: str) -> AuditOutput:
                        msgspec.structs.asdict(report.checked))
 
 
-def snapshot_to(socket: str, path: Path) -> SnapshotResult:
-    """Fetch the live cache's ownership snapshot and write it to `path` (atomically, by this process: the server
-    writes no file a client names)."""
+def snapshot_to(socket: str, target: OutputTarget) -> SnapshotResult:
+    """Fetch the live cache's ownership snapshot and write it to `target` (by this process, as `kvc.outputs`
+    writes: the server writes no file a client names)."""
     snap = call(socket, SnapshotRequest(), SnapshotData)
-    return _write_snapshot(snap, path)
+    return _write_snapshot(snap, target)
 
 
-def _write_snapshot(snap: SnapshotData, path: Path) -> SnapshotResult:
-    decode_snapshot(snap.data, f"the snapshot from {path}")  # never write what is not a snapshot
-    target = write_snapshot(snap.data, Path(path).resolve())
-    return SnapshotResult(str(target), len(snap.data), snap.created, snap.nodes, snap.holders)
+def _write_snapshot(snap: SnapshotData, target: OutputTarget) -> SnapshotResult:
+    decode_snapshot(snap.data, f"the snapshot for {target.given}")  # never write what is not a snapshot
+    written = write_file(target, snap.data)
+    return SnapshotResult(str(written.resolve()), len(snap.data), snap.created, snap.nodes, snap.holders)
 
 
-def replay(socket: str, trace: Path, verify: bool, batch: int, snapshot_out: Path | None) -> ReplayReport:
+def replay(socket: str, trace: Path, verify: bool, batch: int, snapshot_out: OutputTarget | None) -> ReplayReport:
     """Have the live cache replay `trace` (validated here first, so a bad line names this file; streamed in
     chunks, never read whole) and return its report; write the snapshot taken right after it to `snapshot_out`."""
     with open(trace, "rb") as f:

@@ -42,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "ping": ("commands.ping", "ping", "Check that a live cache answers on its admin socket (exit 0, or 2)."),
     "events": ("commands.events", "events", "Follow a live cache's KV-event feed (kvc serve --events)."),
     "bench": ("commands.bench", "bench", "Run the benchmark scripts and print their ratios."),
+    "migrate": ("commands.migrate", "migrate", "Rewrite a store of an older format to the current one."),
     "version": ("commands.version", "version", "kvc, Python and library versions; store and protocol formats."),
     "ns": ("commands.ns", "app", "Namespaces in the store: list, show a prefix tree, drop (offboarding)."),
 }

@@ -60,7 +60,8 @@ SaltOpt = Annotated[str | None, typer.Option(
     "only to derive the namespace; never printed or stored.")]
 SaltFileOpt = Annotated[Path | None, typer.Option(
     "--salt-file", show_default=False,
-    help="Read the namespace's cache_salt from this file (its first line; keep it mode 0600).")]
+    help="Read the namespace's cache_salt from this file: its first line. A regular file of at most 4 KiB (a "
+    "pipe or device is refused); a warning says when its group or others can read it (keep it mode 0600).")]
 TokensOpt = Annotated[str | None, typer.Option(
     "--tokens", help="The request's token ids (ASCII digits), comma- or space-separated (1,2,3) or a JSON array.")]
 TokensFileOpt = Annotated[Path | None, typer.Option(

@@ -28,7 +28,15 @@ import torch
 from ..diagnostics.audit import audit_cache
 from ..diagnostics.ownership import HolderState
 from ..diagnostics.snapshot import Snapshot, take_snapshot, write_snapshot
-from ..errors import CacheClosed, InvalidInput, InvariantViolation, LayoutMismatch, RequestIdInUse, UnknownRequest
+from ..errors import (
+    CacheClosed,
+    InvalidInput,
+    InvariantViolation,
+    LayoutMismatch,
+    RequestIdInUse,
+    StoreAccessDenied,
+    UnknownRequest,
+)
 from ..ledger.pools import SlotPool
 from ..storage.api import L3Store
 from ..tree import RadixTree, TreeMatch
@@ -71,6 +79,18 @@ _REQUEST = OwnerKind.REQUEST
 _DEVICE = Tier.DEVICE
 
 
+def _chain_key(store: L3Store | None) -> bytes | None:
+    """The chain key a cache wired to `store` chains its page hashes with (None: no store, the tree draws one).
+    A store whose secret this user may not read cannot back a cache: its pages could not be named."""
+    if store is None:
+        return None
+    key = store.chain_key
+    if key is None:
+        raise StoreAccessDenied(store.location, "a cache needs the store's key file to name its pages (the chain "
+                                                "roots are keyed by it), and this user cannot read it")
+    return key
+
+
 class TieredCache:
     """The tiered KV cache of one engine: L1 (device) and L2 (host) pools under one namespaced radix tree."""
 
@@ -79,6 +99,7 @@ class TieredCache:
         """`clock`: what namespace deadlines (`config.ttl`) run on, in seconds; tests inject a fake one."""
         if store is not None and store.layout is not None and store.layout.layout_id != config.layout.layout_id:
             raise LayoutMismatch(store.location, config.layout.describe(), [store.layout.describe()])
+        chain_key = _chain_key(store)  # before anything is allocated
         self.config, self.store, self.layout = config, store, config.layout
         self.page_size = ps = config.layout.page_size
         device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -88,7 +109,7 @@ class TieredCache:
         if config.host_pages:
             self.host_pool = SlotPool("host", config.host_pages, ps, bpt, device="cpu",
                                       pin_memory=torch.device(device).type == "cuda", ledger=config.ledger)
-        self.tree = RadixTree(ps, config.layout.layout_id)
+        self.tree = RadixTree(ps, config.layout.layout_id, chain_key)
         self.counters, self.prefetch_stats, self.backup_stats = CacheCounters(), PrefetchStats(), BackupStats()
         self.holders = Holders()
         self._live = self.holders.live  # the hot path's own reference
@@ -376,6 +397,12 @@ class TieredCache:
             raise InvalidInput("this cache has no TTL policy (CacheConfig.ttl), so nothing expires; "
                                "drop_namespace offboards a namespace now")
         return self._expiry.expire(namespace, ExpiryCause.ON_DEMAND)
+
+    @property
+    def chain_key(self) -> bytes:
+        """The key of this cache's namespace roots (kvcache.types.keys): its store's, else its own random one.
+        What `page_hashes` needs to name this cache's pages: `page_hashes(layout_id, key, ps, cache.chain_key)`."""
+        return self.tree.chain_key
 
     @property
     def ttl_tracker(self) -> TTLTracker | None:

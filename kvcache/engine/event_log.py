@@ -186,7 +186,7 @@ class EventLog:
         ns_id = namespace.id
         root = self._roots.get(ns_id)
         if root is None:
-            root = self._roots[ns_id] = hash_root(self.tree.layout_id, namespace)
+            root = self._roots[ns_id] = hash_root(self.tree.layout_id, namespace, self.tree.chain_key)
         parent = origins[0].parent
         extra_key, fingerprint = self._name(namespace)
         tokens = np.frombuffer(b"".join(o.tokens for o in origins), dtype="<u4").tolist()

@@ -1,7 +1,7 @@
 """L3 -> L2 prefetch: the operation a request's prefetch creates, its I/O jobs, and its whole life.
 
 The prefetch key is built from the **request's** namespace: the page hashes of the span come from the request's
-own chain (`page_hashes(layout_id, request.key)`), never from a tree node. The anchor the span hangs from is only
+own chain (`page_hashes(layout_id, request.key, ps, chain_key)`), never from a tree node. The anchor the span hangs from is only
 checked — it must be the tree's root or of the request's namespace — and a disagreement is `NamespaceMismatch`,
 raised before any slot is taken.
 
@@ -246,7 +246,7 @@ class Prefetcher:
         span = min(span, room)
         end = start_page + span
         key = RadixKey(request.key.data[: end * ps * TOKEN_BYTES], ns)
-        hashes = page_hashes(self.tree.layout_id, key, ps)[start_page:]  # the request's own chain
+        hashes = page_hashes(self.tree.layout_id, key, ps, self.tree.chain_key)[start_page:]  # the request's own chain
         anchor = end_node if hold is not None else None
         if anchor is not None and hold is not None:
             self.tree.hold(anchor, hold)

@@ -6,7 +6,9 @@
 - `transport`: the socket's threads, which only move bytes and queue requests for the owner thread;
 - `kvcache.ops` (below live mode, shared with the offline CLI): what each request does to the cache it is given;
 - `client`: `AdminClient`, the other end, which imports neither torch nor the cache;
-- `metrics`: Prometheus families of a live cache's figures and of a store's.
+- `metrics`: Prometheus families of a live cache's figures and of a store's;
+- `metrics_endpoint`: `MetricsEndpoint`, which serves them over HTTP (TCP or a Unix socket with the uid
+  allow-list), with bounds on threads, connections and reads of the cache.
 
 Nothing here is imported by the cache: the engine (or `kvc serve`) hands a cache to a server.
 """

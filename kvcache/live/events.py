@@ -8,13 +8,20 @@ SGLang's publishers do, so KV-aware routers read it unchanged:
   sequence number (from 0, one per batch), the msgpack `EventBatch` (`kvcache.types.events`);
 - optionally a ROUTER socket bound to `replay_endpoint`: a client sends ``[b"", start]`` (start: 8 bytes, big
   endian) and gets back ``[b"", seq, payload]`` for every batch still in the bounded replay buffer from `start` on,
-  then ``[b"", -1 as 8 signed bytes, b""]``. A subscriber that sees a gap in the sequence fetches what it missed.
+  then ``[b"", -1 as 8 signed bytes, b""]``; or, when the publisher already runs its maximum of answers, the one
+  message ``[b"", -2 as 8 signed bytes, b""]`` (busy: ask again later). A subscriber that sees a gap in the
+  sequence fetches what it missed.
 
-The engine never waits for a subscriber. Sends are non-blocking; a PUB socket drops a message for a subscriber
-whose queue is at the high-water mark (ZeroMQ does not tell the publisher: the subscriber sees the gap and
-replays). The replay socket is served by a helper thread, which only reads the buffer; a client that stops reading
-loses the rest of its answer (counted), nobody else does. Batches are encoded and sent on the cache's owner thread,
-at the end of its `poll`, so their order is the cache's.
+Loopback is the default address: a feed names tenants and page hashes and has no authentication, so it reaches
+other hosts only when an address is written out (a wildcard host is flagged). The engine never waits for a
+subscriber, and no client can grow it: sends are non-blocking; a PUB socket drops a message for a subscriber whose
+queue is at the high-water mark (ZeroMQ does not tell the publisher: the subscriber sees the gap and replays). The
+replay socket is served by a helper thread, which only reads the buffer; each batch is encoded once into frames
+that the feed, the buffer and every answer share by reference, an answer leaves only as fast as its client takes
+it (at most `replay_hwm` messages queued per client), answers run a few at a time, and one whose client stops
+reading is abandoned (counted) — nobody else loses anything. A request is 8 bytes: anything much larger is refused
+by ZeroMQ before it is read. Batches are encoded and sent on the cache's owner thread, at the end of its `poll`,
+so their order is the cache's.
 
 `KVEventSubscriber` is the other end (what `kvc events` uses): a SUB socket, gap detection by sequence number, and
 replay of the missed batches when the publisher has a replay socket.
@@ -22,9 +29,13 @@ replay of the missed batches when the publisher has a replay socket.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import stat
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -37,7 +48,36 @@ if TYPE_CHECKING:
     from ..engine.cache import TieredCache
 
 END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)  # the sequence frame that ends a replay answer
+REPLAY_BUSY = (-2).to_bytes(8, "big", signed=True)  # the answer when --max-replays answers are running: ask again
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:*"  # loopback, any free port: the feed reaches this host only unless asked
 _LINGER_MS = 500  # on close, queued messages get this long to leave (the last batch is AllBlocksCleared)
+_REQUEST_MAX_BYTES = 64  # ZMQ_MAXMSGSIZE of the replay socket: a request is an empty frame and 8 bytes
+_SUBSCRIPTION_MAX_BYTES = 4096  # ZMQ_MAXMSGSIZE of the PUB socket: what it receives are topic subscriptions
+_REPLAY_SNDBUF = 256 * 1024  # the kernel's send buffer per replay client (not grown by autotuning for one that
+# does not read)
+_REQUESTS_QUEUED = 16  # RCVHWM of the replay socket: requests a peer may have waiting (it sends one at a time)
+_RETRY_S = 0.01  # while an answer waits on a full queue, how often the replay thread tries it again
+_REMEMBERED_STALLS = 4096  # peers whose queue was full when their answer was abandoned (bounded: oldest forgotten)
+_WILDCARD_HOSTS = ("*", "0.0.0.0", "::", "[::]", "")
+
+
+def endpoint_of(text: str) -> str:
+    """A ZeroMQ endpoint from what a user typed: a full endpoint as is; a bare port (``5557``) or ``*`` (any free
+    port) means TCP on loopback, ``tcp://127.0.0.1:PORT``. An address other than loopback is only ever bound when
+    it is written out."""
+    text = text.strip()
+    if text == "*" or text.isdigit():
+        return f"tcp://127.0.0.1:{text}"
+    return text
+
+
+def binds_every_interface(endpoint: str) -> bool:
+    """Whether a TCP `endpoint` binds every interface (``tcp://*:P``, ``tcp://0.0.0.0:P``, ``tcp://[::]:P``):
+    anyone who can reach the host can read, and ask, what is published there."""
+    if not endpoint.startswith("tcp://"):
+        return False
+    host = endpoint[len("tcp://"):].rpartition(":")[0]
+    return host in _WILDCARD_HOSTS
 
 
 class PublisherStats(msgspec.Struct):
@@ -45,48 +85,83 @@ class PublisherStats(msgspec.Struct):
 
     endpoint: str  # where the PUB socket is bound (the port chosen when the endpoint asked for any)
     replay_endpoint: str | None
+    every_interface: bool = False  # a socket is bound on every interface (a wildcard host), not one address
     batches: int = 0  # published
     events: int = 0
     bytes: int = 0  # payload bytes published
     send_failures: int = 0  # batches ZeroMQ refused to queue (kept in the replay buffer all the same)
-    replay_requests: int = 0  # answered
+    replay_requests: int = 0  # answered (begun)
     replayed_batches: int = 0
     replay_malformed: int = 0  # requests that were not [empty frame, 8-byte sequence]: ignored
-    replay_cut_short: int = 0  # answers stopped because the client did not read (its queue was full) or left
+    replay_busy: int = 0  # requests answered "busy" (REPLAY_BUSY): max_replays answers were running
+    replay_cut_short: int = 0  # answers abandoned: the client's queue stayed full (it did not read) or it left
+    replay_active: int = 0  # answers running now (at most max_replays)
     buffered: int = 0  # batches in the replay buffer now
     next_seq: int = 0  # the sequence number of the next batch
 
 
+class _Answer:
+    """A replay answer in progress: the next sequence number to send its peer, and since when its queue is full."""
+
+    __slots__ = ("peer", "cursor", "stalled_since")
+
+    def __init__(self, peer: bytes, cursor: int) -> None:
+        self.peer = peer
+        self.cursor = cursor
+        self.stalled_since: float | None = None
+
+
 class KVEventPublisher:
-    """Publish `cache`'s KV events on a ZeroMQ PUB socket bound to `endpoint` (``tcp://host:port``, ``tcp://*:port``,
-    ``tcp://127.0.0.1:*`` for any free port, ``ipc:///path``), with a replay ROUTER socket on `replay_endpoint` when
-    given. `buffer_batches` bounds the replay buffer; `hwm` is each socket's send high-water mark (messages queued
-    per peer). Creating it attaches to the cache, whose first batch (clear, then what it holds) goes out at once;
+    """Publish `cache`'s KV events on a ZeroMQ PUB socket bound to `endpoint` (``tcp://127.0.0.1:*``, loopback on
+    any free port, by default; ``tcp://host:port``, ``ipc:///path``; a wildcard host such as ``tcp://*:5557`` binds
+    every interface and is flagged in `stats().every_interface`), with a replay ROUTER socket on `replay_endpoint`
+    when given. `buffer_batches` bounds the replay buffer. Every door is bounded, whatever clients do:
+
+    - `hwm`: messages the PUB socket queues per subscriber (a slower one misses batches and replays them);
+    - `replay_hwm`: replay messages queued per client; an answer goes out as the client takes it, and one whose
+      client takes nothing for `replay_stall_s` seconds is abandoned (counted in `replay_cut_short`);
+    - `max_replays`: answers running at once; a request beyond them is answered `REPLAY_BUSY` (ask again later);
+    - a request is tiny: a larger message (``ZMQ_MAXMSGSIZE``) disconnects its client before it is read.
+
+    Batches are encoded once into ZeroMQ frames that the feed, the buffer and every answer share: an answer copies
+    nothing. Creating it attaches to the cache, whose first batch (clear, then what it holds) goes out at once;
     `close()` detaches. Create and close it on the cache's owner thread (between steps), like `AdminServer`. A
     context manager."""
 
-    def __init__(self, cache: "TieredCache", endpoint: str, *, replay_endpoint: str | None = None,
-                 topic: str = "", buffer_batches: int = 10_000, hwm: int = 100_000, data_parallel_rank: int = 0,
-                 medium_names: MediumNames = MediumNames.KVC) -> None:
+    def __init__(self, cache: "TieredCache", endpoint: str = DEFAULT_ENDPOINT, *,
+                 replay_endpoint: str | None = None, topic: str = "", buffer_batches: int = 10_000,
+                 hwm: int = 1_000, replay_hwm: int = 64, max_replays: int = 8, replay_stall_s: float = 1.0,
+                 data_parallel_rank: int = 0, medium_names: MediumNames = MediumNames.KVC) -> None:
         if buffer_batches < 1:
             raise InvalidInput(f"buffer_batches={buffer_batches} must be >= 1")
-        if hwm < 0:
-            raise InvalidInput(f"hwm={hwm} must be >= 0 (0: no limit)")
+        for name, value in (("hwm", hwm), ("replay_hwm", replay_hwm), ("max_replays", max_replays)):
+            if value < 1:  # 0 is ZeroMQ's "no limit": the door this bounds would be open
+                raise InvalidInput(f"{name}={value} must be >= 1")
+        if not 0 < replay_stall_s <= 3600:  # also refuses nan and inf
+            raise InvalidInput(f"replay_stall_s={replay_stall_s} must be > 0 and at most 3600 seconds")
         self.cache = cache
-        self._topic = topic.encode("utf-8")
+        self._topic = zmq.Frame(topic.encode("utf-8"))
+        self._max_replays = max_replays
+        self._stall_s = replay_stall_s
         self._ctx = zmq.Context()
         self._router: zmq.Socket | None = None
         try:
-            self._pub, bound = _bind(self._ctx, zmq.PUB, endpoint, hwm)
+            self._pub, bound = _bind(self._ctx, zmq.PUB, endpoint, {
+                zmq.SNDHWM: hwm, zmq.MAXMSGSIZE: _SUBSCRIPTION_MAX_BYTES})
             replay_bound = None
             if replay_endpoint is not None:
-                self._router, replay_bound = _bind(self._ctx, zmq.ROUTER, replay_endpoint, hwm)
-                self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full or gone client raises: we stop its answer
+                self._router, replay_bound = _bind(self._ctx, zmq.ROUTER, replay_endpoint, {
+                    zmq.SNDHWM: replay_hwm, zmq.MAXMSGSIZE: _REQUEST_MAX_BYTES, zmq.RCVHWM: _REQUESTS_QUEUED,
+                    zmq.SNDBUF: _REPLAY_SNDBUF,
+                    zmq.ROUTER_MANDATORY: 1})  # a full or gone client raises: its answer waits, or ends
         except BaseException:
             self._ctx.destroy(linger=0)
             raise
-        self._stats = PublisherStats(bound, replay_bound)
-        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_batches)
+        wide = binds_every_interface(endpoint) or (replay_endpoint is not None
+                                                   and binds_every_interface(replay_endpoint))
+        self._stats = PublisherStats(bound, replay_bound, wide)
+        # (seq, seq frame, payload frame): frames built once, sent by reference (ZeroMQ counts the references)
+        self._buffer: deque[tuple[int, zmq.Frame, zmq.Frame]] = deque(maxlen=buffer_batches)
         self._lock = threading.Lock()  # the buffer: appended by the owner thread, read by the replay thread
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -110,6 +185,11 @@ class KVEventPublisher:
         """The replay socket's bound address, or None without one."""
         return self._stats.replay_endpoint
 
+    @property
+    def every_interface(self) -> bool:
+        """Whether the feed or its replay socket is bound on every interface (a wildcard host)."""
+        return self._stats.every_interface
+
     def stats(self) -> PublisherStats:
         """A copy of the publisher's counters."""
         with self._lock:
@@ -122,10 +202,11 @@ class KVEventPublisher:
         payload = encode_batch(batch)
         seq = st.next_seq
         st.next_seq += 1
+        item = (seq, zmq.Frame(seq.to_bytes(8, "big")), zmq.Frame(payload))
         with self._lock:
-            self._buffer.append((seq, payload))
+            self._buffer.append(item)
         try:
-            self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload), zmq.NOBLOCK)
+            self._pub.send_multipart((self._topic, item[1], item[2]), zmq.NOBLOCK, copy=False)
         except zmq.ZMQError:  # the batch stays in the replay buffer: a subscriber fetches it from there
             st.send_failures += 1
         st.batches += 1
@@ -133,31 +214,84 @@ class KVEventPublisher:
         st.bytes += len(payload)
 
     def _serve_replay(self) -> None:
-        router, st = self._router, self._stats
+        """The replay thread: reads requests, and sends the answers running a little at a time, each as far as its
+        client's queue takes it, so no client can hold the thread or more than `replay_hwm` messages."""
+        router = self._router
         assert router is not None
+        answers: dict[bytes, _Answer] = {}  # by peer, in the order they began
+        stalled_peers: dict[bytes, None] = {}  # peers abandoned on a full queue (insertion-ordered, bounded)
         while not self._stop.is_set():
+            ready = any(a.stalled_since is None for a in answers.values())
             try:
-                if not router.poll(100):
-                    continue
-                frames = router.recv_multipart(zmq.NOBLOCK)
+                wait = 0 if ready else int(_RETRY_S * 1000) if answers else 100
+                if router.poll(wait):
+                    for _ in range(_REQUESTS_QUEUED):  # a bounded bite, so running answers keep moving
+                        self._take_request(router, router.recv_multipart(zmq.NOBLOCK), answers, stalled_peers)
+                        if not router.poll(0):
+                            break
             except zmq.ZMQError:
                 if self._stop.is_set():
                     return
-                continue
-            if len(frames) != 3 or frames[1] != b"" or len(frames[2]) != 8:
-                st.replay_malformed += 1
-                continue
-            client, start = frames[0], int.from_bytes(frames[2], "big")
-            with self._lock:
-                found = [item for item in self._buffer if item[0] >= start]
-            st.replay_requests += 1
-            try:
-                for seq, payload in found:
-                    router.send_multipart((client, b"", seq.to_bytes(8, "big"), payload), zmq.NOBLOCK)
-                    st.replayed_batches += 1
-                router.send_multipart((client, b"", END_OF_REPLAY, b""), zmq.NOBLOCK)
-            except zmq.ZMQError:  # the client's queue is full or it left: the rest of its answer is dropped
+            now = time.monotonic()
+            for answer in list(answers.values()):
+                if self._advance(router, answer, now, stalled_peers):
+                    del answers[answer.peer]
+            self._stats.replay_active = len(answers)
+
+    def _take_request(self, router: zmq.Socket, frames: list[bytes], answers: dict[bytes, _Answer],
+                      stalled_peers: dict[bytes, None]) -> None:
+        """Begin the answer to a request, or answer busy when `max_replays` are running."""
+        st = self._stats
+        if len(frames) != 3 or frames[1] != b"" or len(frames[2]) != 8:
+            st.replay_malformed += 1
+            return
+        peer, start = frames[0], int.from_bytes(frames[2], "big")
+        if peer in answers:  # the client asks again (it gave up waiting): the new request replaces the old one
+            answers[peer].cursor = start
+            return
+        if len(answers) >= self._max_replays:
+            st.replay_busy += 1
+            with contextlib.suppress(zmq.ZMQError):  # a client whose queue is full misses the busy answer too
+                router.send_multipart((peer, b"", REPLAY_BUSY, b""), zmq.NOBLOCK)
+            return
+        st.replay_requests += 1
+        answer = _Answer(peer, start)
+        if peer in stalled_peers:  # its queue was full last time: one more full queue ends this answer at once
+            answer.stalled_since = time.monotonic() - self._stall_s
+        answers[peer] = answer
+
+    def _advance(self, router: zmq.Socket, answer: _Answer, now: float, stalled_peers: dict[bytes, None]) -> bool:
+        """Send `answer`'s next batches until its client's queue is full; True when it is done or abandoned."""
+        st = self._stats
+        try:
+            for _ in range(256):  # a bounded bite: the other answers, and new requests, get their turn
+                with self._lock:
+                    first = self._buffer[0][0] if self._buffer else st.next_seq
+                    # a batch that left the buffer meanwhile is skipped: the client sees the gap
+                    at = max(answer.cursor, first) - first
+                    item = self._buffer[at] if at < len(self._buffer) else None
+                if item is None:
+                    router.send_multipart((answer.peer, b"", END_OF_REPLAY, b""), zmq.NOBLOCK)
+                    stalled_peers.pop(answer.peer, None)
+                    return True
+                router.send_multipart((answer.peer, b"", item[1], item[2]), zmq.NOBLOCK, copy=False)
+                answer.cursor = item[0] + 1
+                answer.stalled_since = None
+                st.replayed_batches += 1
+            return False
+        except zmq.Again:  # the client's queue is full: wait for it to read, up to replay_stall_s
+            if answer.stalled_since is None:
+                answer.stalled_since = now
+            elif now - answer.stalled_since >= self._stall_s:
                 st.replay_cut_short += 1
+                stalled_peers[answer.peer] = None
+                while len(stalled_peers) > _REMEMBERED_STALLS:
+                    del stalled_peers[next(iter(stalled_peers))]
+                return True
+            return False
+        except zmq.ZMQError:  # the client left (EHOSTUNREACH): nobody to answer
+            st.replay_cut_short += 1
+            return True
 
     def close(self) -> None:
         """Hand the cache's pending events out, detach from it, stop the replay thread and close the sockets
@@ -184,16 +318,35 @@ class KVEventPublisher:
         self.close()
 
 
-def _bind(ctx: zmq.Context, kind: int, endpoint: str, hwm: int) -> tuple[zmq.Socket, str]:
+def _bind(ctx: zmq.Context, kind: int, endpoint: str, options: dict[int, int]) -> tuple[zmq.Socket, str]:
+    """A socket of `kind` bound to `endpoint`, `options` set before the bind (ZeroMQ gives a bound socket's
+    connections the options it had when it was bound). MAXMSGSIZE: a larger inbound message disconnects its
+    sender before it is read."""
+    _refuse_to_replace(endpoint)
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SNDHWM, hwm)
+    for option, value in options.items():
+        sock.setsockopt(option, value)
     try:
         sock.bind(endpoint)
     except zmq.ZMQError as exc:
         sock.close(linger=0)
         raise EventEndpointError(endpoint, f"cannot bind: {exc.strerror}") from None
     return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def _refuse_to_replace(endpoint: str) -> None:
+    """EventEndpointError when an ipc:// endpoint names something that is not a socket: ZeroMQ unlinks whatever
+    is at the path before it binds, so a regular file, a link or a FIFO there would be replaced by the socket."""
+    if not endpoint.startswith("ipc://") or endpoint.startswith("ipc://@"):  # @: Linux's abstract namespace
+        return
+    path = endpoint[len("ipc://"):]
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return  # nothing there (or nothing this user may look at: the bind says why)
+    if not stat.S_ISSOCK(mode):
+        raise EventEndpointError(endpoint, "the path exists and is not a socket; refusing to replace it")
 
 
 # --- the subscriber ------------------------------------------------------------------------------------------
@@ -241,14 +394,27 @@ def records(received: ReceivedBatch) -> list[EventRecord]:
     return out
 
 
+class MalformedMessage(msgspec.Struct, frozen=True):
+    """A message on the feed (or in a replay answer) that is not a KV-event batch: skipped and counted."""
+
+    seq: int | None  # its sequence number, when its sequence frame was one
+    replayed: bool  # it came in a replay answer
+    reason: str
+
+
 class KVEventSubscriber:
     """Subscribe to a KV-event feed at `endpoint` (the publisher's PUB address), `topic` being a prefix of the
     topics wanted (default: all). With `replay_endpoint`, a gap in the sequence is filled from the publisher's
     replay buffer; `start` (a sequence number) also fetches the batches before the first one received, from that
-    one on — `start=0` gives a late subscriber the whole feed still buffered. A context manager."""
+    one on — `start=0` gives a late subscriber the whole feed still buffered. A context manager.
+
+    A message that is not a KV-event batch (wrong frames, a payload that does not decode) never ends the reading:
+    it is skipped, counted in `malformed` and handed to `on_malformed` when given. A batch whose payload was bad is
+    not fetched again (its sequence number is passed)."""
 
     def __init__(self, endpoint: str, *, replay_endpoint: str | None = None, topic: str = "",
-                 start: int | None = None, replay_timeout: float = 5.0) -> None:
+                 start: int | None = None, replay_timeout: float = 5.0,
+                 on_malformed: Callable[[MalformedMessage], None] | None = None) -> None:
         self._ctx = zmq.Context()
         try:  # a subscriber that fails to start returns nothing to close: its context goes here
             self._sub = self._connect(zmq.SUB, endpoint)
@@ -262,8 +428,11 @@ class KVEventSubscriber:
         self.replay_timeout = replay_timeout
         self.next_seq = start  # the sequence number expected next; None until the first batch (no start)
         self._catch_up = start is not None and replay_endpoint is not None  # fetch from `start` at once
+        self._skipped_in_fetch = 0  # malformed answers of the last fetch: not missed, skipped
         self.missed = 0  # batches known missing that no replay could give back
         self.replayed = 0
+        self.malformed = 0  # messages skipped: not a KV-event batch
+        self.on_malformed = on_malformed
 
     def _connect(self, kind: int, endpoint: str) -> zmq.Socket:
         sock = self._ctx.socket(kind)
@@ -292,25 +461,34 @@ class KVEventSubscriber:
             return []
         frames = self._sub.recv_multipart()
         if len(frames) != 3 or len(frames[1]) != 8:
-            raise InvalidInput(f"a message of {len(frames)} frames on the KV-event feed: not a KV-event publisher")
+            self._skip(None, False, f"a message of {len(frames)} frames ({sum(map(len, frames))} bytes), not "
+                                    f"[topic, 8-byte sequence, batch]")
+            return []
         seq = int.from_bytes(frames[1], "big")
         out: list[ReceivedBatch] = []
         if self.next_seq is not None and seq > self.next_seq:
             out = self.fetch(self.next_seq, seq)
-            self.missed += seq - self.next_seq - len(out)
+            self.missed += seq - self.next_seq - len(out) - self._skipped_in_fetch
         if self.next_seq is None or seq >= self.next_seq:
-            out.append(ReceivedBatch(seq, _decode(frames[2]), False))
             self.next_seq = seq + 1
+            batch = self._decode(seq, frames[2], False)
+            if batch is not None:
+                out.append(ReceivedBatch(seq, batch, False))
         return out
 
     def fetch(self, start: int, stop: int | None = None) -> list[ReceivedBatch]:
         """The batches [start, stop) (stop None: all) still in the publisher's replay buffer, in order. [] without
-        a replay socket, or when none answers within `replay_timeout`."""
+        a replay socket, or when none answers within `replay_timeout`. A publisher busy with other answers says so
+        (`REPLAY_BUSY`): the request is sent again, less and less often, until `replay_timeout`."""
+        self._skipped_in_fetch = 0
         if self._replay is None:
             return []
+        while self._replay.poll(0):  # what is left of an earlier answer that timed out is not this one's
+            self._replay.recv_multipart()
         self._replay.send_multipart((b"", start.to_bytes(8, "big")))
-        out = []
+        out: list[ReceivedBatch] = []
         deadline = time.monotonic() + self.replay_timeout
+        backoff = 0.02
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not self._replay.poll(int(left * 1000)):
@@ -318,11 +496,33 @@ class KVEventSubscriber:
             frames = self._replay.recv_multipart()
             if len(frames) != 3 or frames[1] == END_OF_REPLAY:
                 break
+            if frames[1] == REPLAY_BUSY:  # ask again once the publisher's running answers had time to go
+                time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
+                backoff = min(backoff * 2, 0.5)
+                self._replay.send_multipart((b"", start.to_bytes(8, "big")))
+                continue
             seq = int.from_bytes(frames[1], "big")
-            if seq >= start and (stop is None or seq < stop):
-                out.append(ReceivedBatch(seq, _decode(frames[2]), True))
+            if seq >= start and (stop is None or seq < stop) and (not out or seq > out[-1].seq):
+                batch = self._decode(seq, frames[2], True)
+                if batch is not None:
+                    out.append(ReceivedBatch(seq, batch, True))
+                else:
+                    self._skipped_in_fetch += 1
         self.replayed += len(out)
         return out
+
+    def _decode(self, seq: int, payload: bytes, replayed: bool) -> EventBatch | None:
+        """The batch of a message; None (skipped, counted) when its payload is not one."""
+        try:
+            return decode_batch(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self._skip(seq, replayed, f"a payload of {len(payload)} bytes that is not a KV-event batch ({exc})")
+            return None
+
+    def _skip(self, seq: int | None, replayed: bool, reason: str) -> None:
+        self.malformed += 1
+        if self.on_malformed is not None:
+            self.on_malformed(MalformedMessage(seq, replayed, reason))
 
     def close(self) -> None:
         """Close the sockets. Idempotent."""
@@ -334,9 +534,3 @@ class KVEventSubscriber:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _decode(payload: bytes) -> EventBatch:
-    try:
-        return decode_batch(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise InvalidInput(f"a payload on the KV-event feed is not a KV event batch: {exc}") from None

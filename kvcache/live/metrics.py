@@ -3,18 +3,22 @@
 Everything here reads values (`StoreStats`, the registry's `NamespaceRecord`s, a live cache's `LiveStats` and
 `NamespaceList`), never a cache: a scrape must not touch a cache outside its owner thread. `kvc stats --prom`
 prints `exposition(...)`; `kvc serve --metrics-port` serves the same families over HTTP, reading them through
-the admin socket (`SocketCollector`), so every scrape is answered between two scheduler steps.
+the admin socket, so the figures are read between two scheduler steps (`metrics_endpoint` serves them, with its
+bounds; `kvc serve --metrics-socket` serves them on a Unix socket, with the admin socket's uid allow-list).
 
 Values are exact: counts are integers, written in Prometheus' float syntax by prometheus_client (62275584 may
-print as 6.2275584e+07: every digit is kept). Label values (extra_key, the store location) are escaped by
-prometheus_client; a store location is printed with its credentials redacted. Offline, only what the store
-keeps is exported (totals, and per-namespace pages, bytes and served pages from its registry); the counters of
-one store handle (reads, misses, checksum failures) mean something only for a long-lived handle, so they come
-with a live cache's figures.
+print as 6.2275584e+07: every digit is kept). Label values a user or a tenant chose (extra_key, the store
+location) go through `label_value` first: prometheus_client escapes only backslash, double quote and newline, so
+an ESC, a carriage return or a bidi override would reach the exposition raw (and a scraper's terminal or log);
+they are written as `\\x1b`, `\\r`, `\\u202e` instead, as kvc's terminal output writes them. A store location is
+printed with its credentials redacted. Offline, only what the store keeps is exported (totals, and per-namespace
+pages, bytes and served pages from its registry); the counters of one store handle (reads, misses, checksum
+failures) mean something only for a long-lived handle, so they come with a live cache's figures.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
@@ -41,8 +45,20 @@ HANDLE_COUNTERS: dict[str, tuple[str, str]] = {
 }
 
 
+# C0/C1 controls but newline (prometheus_client escapes it as \n, and parsers read it back), soft hyphen, bidi and
+# zero-width format characters, BOM, lone surrogates (undecodable bytes, which UTF-8 cannot even encode)
+_UNSAFE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff"
+                     r"\ud800-\udfff]")
+
+
+def label_value(text: str) -> str:
+    """`text` as a label value: control and invisible format characters written as escapes (`\\x1b`, `\\u202e`),
+    so none reaches the exposition raw; prometheus_client then escapes backslash, double quote and newline."""
+    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
+
+
 def _ns(extra_key: str | None, fingerprint: str | None) -> list[str]:
-    return [extra_key or "", fingerprint or ""]
+    return [label_value(extra_key or ""), label_value(fingerprint or "")]
 
 
 def store_families(stats: "StoreStats", location: str, namespaces: Iterable["NamespaceRecord"] = (),
@@ -50,10 +66,10 @@ def store_families(stats: "StoreStats", location: str, namespaces: Iterable["Nam
     """A store's totals (labelled backend and store), its registry per namespace, and with `handle_counters`
     the counters of the handle that read them."""
     labels = ["backend", "store"]
-    values = [stats.backend, location]
+    values = [label_value(stats.backend), label_value(location)]
     info = GaugeMetricFamily("kvc_store_info", "The store: backend, location, format version, checksum (value 1).",
                              labels=[*labels, "format_version", "checksum"])
-    info.add_metric([*values, str(stats.format_version), stats.checksum], 1)
+    info.add_metric([*values, str(stats.format_version), label_value(stats.checksum)], 1)
     yield info
     for name, help_text, value in (
             ("kvc_store_pages", "Pages stored.", stats.pages),

@@ -295,7 +295,7 @@ def _compare_with_store(cache: "TieredCache", request: Request, slots: np.ndarra
     if not n_pages or cache.store is None:
         return _StoreCheck()
     store, ps = cache.store, cache.page_size
-    hashes = page_hashes(cache.layout.layout_id, request.key, ps)[:n_pages]
+    hashes = page_hashes(cache.layout.layout_id, request.key, ps, cache.chain_key)[:n_pages]
     want = np.empty((n_pages, cache.layout.bytes_per_page), dtype=np.uint8)
     device = cache.device_pool.pages[torch.from_numpy(slots[: n_pages * ps: ps] // ps)].cpu().numpy()
     rows = list(want)

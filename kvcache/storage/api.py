@@ -305,6 +305,10 @@ class L3Store(Protocol):
     location: str  # the path or URL it was opened at
     layout: KVLayout | None  # the layout this handle writes under (None: inspect/read only)
     readonly: bool
+    # The key of the store's page-hash chain roots (kvcache.types.keys): what a cache wired to this store chains
+    # its page hashes with. UNKEYED_CHAIN (b"") for a format-1 store; None for a reader that may not read the
+    # store's secret (it still verifies, from the roots the namespace records keep).
+    chain_key: bytes | None
 
     def exists_prefix(self, hashes: Sequence[bytes]) -> int:
         """How many pages from the start of `hashes` are stored (stops at the first gap)."""
@@ -375,12 +379,13 @@ class L3Store(Protocol):
         """Flush and release the handle. Idempotent."""
 
 
-def page_origins(layout: KVLayout, tokens: bytes, namespace: Namespace,
+def page_origins(layout: KVLayout, tokens: bytes, namespace: Namespace, chain_key: bytes,
                  parent: bytes | None = None) -> tuple[list[PageHash], list[PageOrigin]]:
     """Page hashes and origins of the whole pages of packed `tokens` in `namespace`, chained from `parent`
-    (default: the namespace root under `layout`). What a writer passes to `L3Store.put`."""
+    (default: the namespace root under `layout`, keyed by `chain_key`: the store's). What a writer passes to
+    `L3Store.put`."""
     step = layout.page_size * TOKEN_BYTES
-    start = hash_root(layout.layout_id, namespace) if parent is None else parent
+    start = hash_root(layout.layout_id, namespace, chain_key) if parent is None else parent
     hashes = extend_chain(start, tokens, layout.page_size)
     parents = [start, *hashes[:-1]]
     origins = [PageOrigin(namespace, parents[i], tokens[i * step:(i + 1) * step]) for i in range(len(hashes))]

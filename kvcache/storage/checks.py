@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidInput, LayoutMismatch
+from ..errors import InvalidInput, LayoutMismatch, StoreAccessDenied
 from ..types.keys import PAGE_HASH_BYTES, TOKEN_BYTES, extend_chain, hash_root
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace
@@ -82,11 +82,15 @@ def layout_to_register(location: str, layout: KVLayout, held: dict[bytes, Layout
     return True
 
 
-def namespace_root(namespace: Namespace, layout: KVLayout | None) -> bytes:
-    """`L3Store.root`: the hash root of `namespace` under `layout` (InvalidInput when the handle has none)."""
+def namespace_root(namespace: Namespace, layout: KVLayout | None, chain_key: bytes | None, location: str) -> bytes:
+    """`L3Store.root`: the hash root of `namespace` under `layout` keyed by the store's `chain_key` (InvalidInput
+    when the handle has no layout; StoreAccessDenied when this user may not read the store's secret)."""
     if layout is None:
         raise InvalidInput("root() needs a layout: open the store with one or pass it")
-    return hash_root(layout.layout_id, namespace)
+    if chain_key is None:
+        raise StoreAccessDenied(location, "the namespace roots of this store are keyed by its secret, which this "
+                                           "user cannot read: ask with the store owner's account")
+    return hash_root(layout.layout_id, namespace, chain_key)
 
 
 def byte_view(view: Any) -> memoryview:

@@ -23,7 +23,10 @@ from ..types.keys import PAGE_HASH_BYTES, TOKEN_BYTES, extend_chain
 from .api import LayoutRecord, NamespaceRecord, PageMeta
 
 FORMAT_MAGIC = "kvc-store"
-FORMAT_VERSION = 1
+# 2: page-hash chain roots are keyed by the store's secret (kvcache.types.keys); a format-1 store's roots are
+# unkeyed: it is read and written as before, and `kvc migrate` rewrites it (every page hash changes).
+FORMAT_VERSION = 2
+KEYED_ROOTS_VERSION = 2  # the first format whose chain roots are keyed
 
 CHECKSUM_FIELD = struct.Struct("<Q")  # the checksum before the payload in a stored page value
 HEADER = CHECKSUM_FIELD.size
@@ -77,6 +80,14 @@ class StoreFormat(msgspec.Struct, frozen=True, omit_defaults=True):
     # hex: the key of the salt fingerprints the store records (kvcache.types.namespace), where the store keeps it in
     # this record (Redis); "" where it does not (LMDB: a key file)
     fingerprint_key: str = ""
+    # hex: the key of the page-hash chain roots (kvcache.types.keys), where the store keeps it in this record (a
+    # shared store: Redis); "" where it does not (LMDB derives it from its key file) or has none (format 1)
+    chain_key: str = ""
+
+    @property
+    def keyed_roots(self) -> bool:
+        """Whether the store's chain roots are keyed (format 2 on); a format-1 store's are not."""
+        return self.version >= KEYED_ROOTS_VERSION
 
 
 encoder = msgspec.msgpack.Encoder()

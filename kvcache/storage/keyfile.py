@@ -176,6 +176,18 @@ def create_key(directory: str) -> bytes:
     return store_key(directory, writable=True)  # type: ignore[return-value]  # writable: a key or an error
 
 
+def ensure_key(directory: str) -> bytes:
+    """The key of the store in `directory`, writing a new one (0600) when there is no key file: what `kvc migrate`
+    gives a store made before key files (format 1). KeyFileError when the file is empty, not a key, or not
+    readable here (those are never replaced)."""
+    status, key = _load(directory)
+    if key is not None:
+        return key
+    if status.state is KeyState.MISSING:
+        return create_key(directory)
+    raise KeyFileError(status.path, status.refusal())
+
+
 def prepare_new_key(directory: str) -> tuple[bytes, str]:
     """A new key and the 0600 temp file holding it in `directory`, for `install_key` (the key a rekey makes)."""
     key = new_fingerprint_key()

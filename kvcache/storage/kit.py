@@ -20,7 +20,7 @@ from ..errors import (
     StoreUnsupported,
     UnknownBackend,
 )
-from ..types.keys import PAGE_HASH_BYTES, TOKEN_BYTES, extend_chain, hash_root, hash_root_of_id
+from ..types.keys import PAGE_HASH_BYTES, TOKEN_BYTES, extend_chain, hash_root, hash_root_of_id, new_chain_key
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace, NamespaceInfo, new_fingerprint_key
 from ..types.shares import NamespaceShares, Shares, decode_shares_record
@@ -47,6 +47,7 @@ from .api import (
     VerifyReport,
     page_origins,
 )
+from .chain import ChainRoots, chain_key_of
 from .checks import (
     byte_view,
     check_page_hashes,
@@ -63,6 +64,7 @@ from .codec import (
     FORMAT_MAGIC,
     FORMAT_VERSION,
     HEADER,
+    KEYED_ROOTS_VERSION,
     Checksum,
     StoreFormat,
     chains_to,
@@ -102,7 +104,9 @@ __all__ = [
     # the stored page value, checksums, the format record, record codecs (codec)
     "FORMAT_MAGIC", "FORMAT_VERSION", "CHECKSUM_FIELD", "HEADER", "Checksum", "CHECKSUMS", "DEFAULT_CHECKSUM",
     "StoreFormat", "stored_checksum", "encoder", "decode_meta", "decode_namespace", "decode_layout", "decode_format",
-    "decode_or_none", "chains_to",
+    "decode_or_none", "chains_to", "KEYED_ROOTS_VERSION",
+    # the key of a store's page-hash chain roots, and the roots an audit checks pages against (chain)
+    "chain_key_of", "ChainRoots",
     # the handle's counters and its log of reads not yet flushed (handle)
     "AccessLog", "StoreHandle", "count_read", "new_counts",
     # the shared integrity audit and repair, over the backend's IntegritySource (verify)
@@ -114,6 +118,6 @@ __all__ = [
     "InvalidInput", "LayoutMismatch", "NotAStore", "StoreError", "StoreFull", "StoreReadOnly", "StoreUnsupported",
     "UnknownBackend",
     # the values that name a page, a layout, a namespace and its shares (kvcache.types)
-    "PAGE_HASH_BYTES", "TOKEN_BYTES", "extend_chain", "hash_root", "hash_root_of_id", "KVLayout", "Namespace",
+    "PAGE_HASH_BYTES", "TOKEN_BYTES", "extend_chain", "hash_root", "hash_root_of_id", "new_chain_key", "KVLayout", "Namespace",
     "NamespaceInfo", "new_fingerprint_key", "NamespaceShares", "Shares", "decode_shares_record",
 ]

@@ -29,9 +29,9 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
-from ..types.keys import hash_root_of_id
 from ..types.layout import KVLayout
 from .api import LayoutRecord, NamespaceRecord, PageMeta, VerifyFinding, VerifyRemoval, VerifyReport
+from .chain import ChainRoots
 from .codec import HEADER, Checksum, chains_to, stored_checksum
 
 T = TypeVar("T")
@@ -130,6 +130,9 @@ class IntegritySource(Protocol):
     """What a backend implements so that `verify` can audit and repair it."""
 
     checksum: Checksum  # the algorithm the store's page values were written with
+    # the key of the store's chain roots (kvcache.storage.chain); None: this user may not read the store's
+    # secret, and roots are taken from the namespace records
+    chain_key: bytes | None
     batch_pages: int  # records removed per `repair_batch` at most
     recounts_after_removals: bool  # recount after any removal (cheap and exact in one transaction), or only on a
     #                                counter finding (a recount that is a racy scan of a shared store)
@@ -202,7 +205,7 @@ def verify(source: IntegritySource, repair: bool = False) -> VerifyReport:
         checked_bytes += max(len(page.value) - HEADER, 0)
         check_page(found, page, layouts, source.checksum)
     snap = source.snapshot(found)
-    kids = check_snapshot(found, snap, layouts)
+    kids = check_snapshot(found, snap, layouts, source.chain_key)
     if not repair:
         return VerifyReport(not found.items, checked, checked_bytes, found.items)
     removals = _repair(source, found, kids, snap.tree)
@@ -245,9 +248,11 @@ def check_page(found: Findings, page: ScannedPage, layouts: dict[bytes, KVLayout
         found.relink.setdefault(h, found.add("missing_index", h, "not listed under its parent in children"))
 
 
-def check_snapshot(found: Findings, snap: Snapshot, layouts: dict[bytes, KVLayout]) -> dict[bytes, list[bytes]]:
-    """The tree, index and counter checks of one snapshot. Returns parent -> children as the metadata says (what
-    repair walks, besides the children index)."""
+def check_snapshot(found: Findings, snap: Snapshot, layouts: dict[bytes, KVLayout],
+                   chain_key: bytes | None) -> dict[bytes, list[bytes]]:
+    """The tree, index and counter checks of one snapshot, namespace roots keyed by `chain_key` (None: the roots
+    the namespace records keep). Returns parent -> children as the metadata says (what repair walks, besides the
+    children index)."""
     tree = snap.tree
     for h in sorted(snap.bodiless):
         why = "metadata that does not decode, without a page" if h in snap.damaged else "metadata without a page"
@@ -260,7 +265,7 @@ def check_snapshot(found: Findings, snap: Snapshot, layouts: dict[bytes, KVLayou
             registry[ns_id] = record
     # Every root a page may hang from: each (layout, namespace) pair the pages or the records name.
     pairs = {(row.layout_id, row.ns_id) for row in tree.values()} | {(lay, ns) for lay in layouts for ns in registry}
-    roots: dict[bytes, tuple[bytes, bytes]] = {hash_root_of_id(lay, ns): (lay, ns) for lay, ns in pairs}
+    roots = ChainRoots(chain_key, pairs, registry)
     kids: dict[bytes, list[bytes]] = {}
     for h, row in tree.items():
         kids.setdefault(row.parent, []).append(h)
@@ -271,12 +276,15 @@ def check_snapshot(found: Findings, snap: Snapshot, layouts: dict[bytes, KVLayou
                 found.add("namespace_mismatch", h, f"tagged namespace {row.ns_id.hex()} / layout "
                                                    f"{row.layout_id.hex()}, its parent {row.parent.hex()} namespace "
                                                    f"{up.ns_id.hex()} / layout {up.layout_id.hex()}", remove=True)
-        elif row.parent in roots:
-            if roots[row.parent] != (row.layout_id, row.ns_id):
-                other_lay, other_ns = roots[row.parent]
+        elif (owner := roots.owner(row.parent)) is not None:
+            if not roots.belongs(row.parent, row.layout_id, row.ns_id):
+                other_lay, other_ns = owner
                 found.add("namespace_mismatch", h, f"tagged namespace {row.ns_id.hex()} / layout "
                                                    f"{row.layout_id.hex()}, its parent is the root of namespace "
-                                                   f"{other_ns.hex()} / layout {other_lay.hex()}", remove=True)
+                                                   f"{other_ns.hex()} / layout "
+                                                   f"{other_lay.hex() if other_lay else '(unknown)'}", remove=True)
+        elif not roots.keyed and row.ns_id not in registry:
+            pass  # no key and no record of its namespace to read roots from: its record's finding covers it
         elif row.parent not in snap.headless:  # parent bytes without metadata: that page's finding covers it
             below, below_bytes = subtree_size(h, kids, tree)
             found.add("orphan", h, f"parent {row.parent.hex()} is neither a stored page nor a namespace root: "

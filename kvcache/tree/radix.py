@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from ..errors import InvalidInput
-from ..types.keys import TOKEN_BYTES, RadixKey, extend_chain, hash_root
+from ..types.keys import TOKEN_BYTES, RadixKey, extend_chain, hash_root, new_chain_key
 from ..types.namespace import Namespace
 from ..types.owners import OwnerKind, owner_code
 from .check import check_tree
@@ -58,12 +58,16 @@ class RadixTree(BookKeeper):
     """Radix tree of page-aligned token keys, one subtree per namespace (module docstring); locks, holds, pins,
     copies and shares are `BookKeeper`'s."""
 
-    def __init__(self, page_size: int, layout_id: bytes = b"") -> None:
+    def __init__(self, page_size: int, layout_id: bytes = b"", chain_key: bytes | None = None) -> None:
+        """`chain_key`: the key of the namespace roots' page hashes (kvcache.types.keys), the L3 store's
+        `chain_key` when the cache has one; None draws a random one (a cache without a store shares its page
+        hashes with nobody, and nobody can test a guessed salt against them)."""
         if page_size < 1:
             raise InvalidInput(f"page_size must be >= 1, got {page_size}")
         super().__init__()
         self.page_size = page_size
         self.layout_id = layout_id  # seeds the page hash chains of every namespace root
+        self.chain_key = new_chain_key() if chain_key is None else chain_key  # ... and keys them
         self._page_bytes = page_size * TOKEN_BYTES
         self.root = TreeNode(0, owner_code(_NODE, 0), b"", None, None)
         self.root.device = self.root.host = EMPTY
@@ -219,7 +223,7 @@ class RadixTree(BookKeeper):
             return []
         if walk.is_namespace_root:
             assert walk.namespace is not None  # a namespace root carries its namespace
-            last: bytes = hash_root(self.layout_id, walk.namespace)
+            last: bytes = hash_root(self.layout_id, walk.namespace, self.chain_key)
         else:
             assert walk.page_hashes is not None  # the walk stopped at a node with its hashes
             last = walk.page_hashes[-1]
@@ -233,7 +237,7 @@ class RadixTree(BookKeeper):
         parent = node.parent
         if parent is None or parent.is_namespace_root or parent is self.root:
             assert node.namespace is not None  # below the root every node carries its namespace
-            return hash_root(self.layout_id, node.namespace)
+            return hash_root(self.layout_id, node.namespace, self.chain_key)
         return self.page_hashes(parent)[-1]
 
     def attached(self, node: TreeNode) -> bool:

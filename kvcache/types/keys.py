@@ -5,16 +5,24 @@ what makes radix-tree matching fast in Python. A page is `page_size` tokens = `4
 
 Page hash chain (16-byte blake2b digests)::
 
-    h_0 = H(layout_id || namespace.id)          the namespace's root in L3
+    h_0 = H_K(layout_id || namespace.id)        the namespace's root in L3, keyed by the chain key K
     h_i = H(h_{i-1} || tokens of page i)
 
 Namespace and layout are folded into the root, so two namespaces (or two layouts) never share a page hash, and
 a page hash alone names its whole prefix.
+
+The chain key K is the store's secret (`chain_key` of an L3 store: derived from an LMDB store's key file, a
+random secret in a shared store's format record; a cache without a store draws its own). A page hash comes with
+its tokens and extra_key wherever kvc shows or publishes it (the KV-event feed, `kvc ns show`): with a root keyed
+by a constant, anyone could recompute h_1 for every guessed salt and find a short salt in a second. Under K, a
+guess cannot be tested without K. A format-1 store was written with no key (`UNKEYED_CHAIN`, b""): blake2b with
+an empty key is the unkeyed digest, so such a store reads as it always did until `kvc migrate` rewrites it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 from array import array
 from collections.abc import Iterable, Sequence
@@ -29,6 +37,13 @@ from .namespace import Namespace
 TOKEN_BYTES = 4  # one token id packed as uint32
 PAGE_HASH_BYTES = 16
 _ROOT_PERSON = b"kvc.page.root.v1"
+# The chain key drawn for a store or a cache; one derived from a store's key file has this size too.
+CHAIN_KEY_BYTES = 32
+# The chain key of a format-1 store (roots under no key): blake2b keyed by b"" is the unkeyed digest.
+UNKEYED_CHAIN = b""
+# Personalisation of the chain key derived from a store's secret, apart from every other digest of that secret
+# (salt fingerprints, display ids), so knowing one never gives the other.
+_CHAIN_KEY_PERSON = b"kvc.chain.key.v1"
 _LE_U32 = np.dtype("<u4")
 _U32 = "I" if array("I").itemsize == 4 else "L"  # the array typecode of a C uint32 on this platform
 _SWAP = sys.byteorder != "little"  # array() packs in native order; keys are little-endian
@@ -149,15 +164,28 @@ class RadixKey(msgspec.Struct, frozen=True, gc=False):
         return self.namespace == prefix.namespace and self.data.startswith(prefix.data)
 
 
-def hash_root(layout_id: bytes, namespace: Namespace) -> PageHash:
-    """h_0 of the chain: the root of `namespace` under `layout_id`."""
-    return hash_root_of_id(layout_id, namespace.id)
+def hash_root(layout_id: bytes, namespace: Namespace, chain_key: bytes) -> PageHash:
+    """h_0 of the chain: the root of `namespace` under `layout_id`, keyed by `chain_key` (the store's or the
+    cache's `chain_key`; UNKEYED_CHAIN for a format-1 store)."""
+    return hash_root_of_id(layout_id, namespace.id, chain_key)
 
 
-def hash_root_of_id(layout_id: bytes, ns_id: bytes) -> PageHash:
-    """h_0 of the chain from a raw 16-byte `Namespace.id`: what a store that records ids (never salts) can
-    recompute on its own, e.g. to tell a namespace root from a missing parent page."""
-    return PageHash(hashlib.blake2b(layout_id + ns_id, digest_size=PAGE_HASH_BYTES, person=_ROOT_PERSON).digest())
+def hash_root_of_id(layout_id: bytes, ns_id: bytes, chain_key: bytes) -> PageHash:
+    """h_0 of the chain from a raw 16-byte `Namespace.id`: what a store that records ids (never salts) and holds
+    the chain key can recompute on its own, e.g. to tell a namespace root from a missing parent page."""
+    return PageHash(hashlib.blake2b(layout_id + ns_id, digest_size=PAGE_HASH_BYTES, key=chain_key,
+                                    person=_ROOT_PERSON).digest())
+
+
+def new_chain_key() -> bytes:
+    """A fresh random chain key: a shared store's (kept in its format record) or a cache's without a store."""
+    return os.urandom(CHAIN_KEY_BYTES)
+
+
+def derive_chain_key(secret: bytes) -> bytes:
+    """The chain key of a store whose secret is `secret` (an LMDB store's key file): a digest of it under its own
+    personalisation, so the chain key and the salt fingerprints keyed by `secret` never give each other away."""
+    return hashlib.blake2b(b"", digest_size=CHAIN_KEY_BYTES, key=secret, person=_CHAIN_KEY_PERSON).digest()
 
 
 def extend_chain(parent: bytes, data: bytes, page_size: int) -> list[PageHash]:
@@ -172,6 +200,7 @@ def extend_chain(parent: bytes, data: bytes, page_size: int) -> list[PageHash]:
     return out  # type: ignore[return-value]  # bytes, as PageHash is
 
 
-def page_hashes(layout_id: bytes, key: RadixKey, page_size: int) -> list[PageHash]:
-    """The page hash chain of `key`'s whole pages, rooted in the key's own namespace."""
-    return extend_chain(hash_root(layout_id, key.namespace), key.data, page_size)
+def page_hashes(layout_id: bytes, key: RadixKey, page_size: int, chain_key: bytes) -> list[PageHash]:
+    """The page hash chain of `key`'s whole pages, rooted in the key's own namespace under `chain_key` (the
+    store's `chain_key`, or the cache's: `TieredCache.chain_key`)."""
+    return extend_chain(hash_root(layout_id, key.namespace, chain_key), key.data, page_size)

@@ -207,7 +207,7 @@ class Replayer:
         cache, ps = self.cache, self.cache.page_size
         rows = cache.device_pool.pages
         pages = adm.slots[::ps] // ps  # device page of every (possibly partial) page of the request
-        hashes = page_hashes(cache.layout.layout_id, request.key, ps)
+        hashes = page_hashes(cache.layout.layout_id, request.key, ps, cache.chain_key)
         n_cached = adm.cached_tokens // ps
         if self.verify and n_cached:
             bad = self.kv.mismatches(rows, pages[:n_cached], hashes[:n_cached])

@@ -99,14 +99,27 @@ def trace_lines(f: IO[bytes]) -> Iterator[bytes]:
         yield line
 
 
+class TraceCount(msgspec.Struct, frozen=True):
+    """What was written of a trace."""
+
+    requests: int
+    tokens: int
+
+
+def dump_trace(f: IO[bytes], requests: Iterable[TraceRequest]) -> TraceCount:
+    """Write requests to a binary file as JSONL, one at a time: memory stays flat however many `requests` yields."""
+    n = tokens = 0
+    for item in requests:
+        f.write(_ENCODER.encode(item) + b"\n")
+        n += 1
+        tokens += len(item.tokens)
+    return TraceCount(n, tokens)
+
+
 def write_trace(path: str | Path, requests: Iterable[TraceRequest]) -> int:
     """Write requests as JSONL; returns how many were written."""
-    n = 0
     with open(path, "wb") as f:
-        for item in requests:
-            f.write(_ENCODER.encode(item) + b"\n")
-            n += 1
-    return n
+        return dump_trace(f, requests).requests
 
 
 class WorkloadSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -139,6 +152,16 @@ class WorkloadSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if not 0.0 <= self.continue_prob <= 1.0:
             raise InvalidInput(f"WorkloadSpec.continue_prob={self.continue_prob} must be in [0, 1]")
 
+    def held_bytes(self) -> int:
+        """The most memory `iter_generate` holds for this spec, whatever the number of requests: every tenant's
+        system prompt and documents, and its open conversations at their longest (4 bytes a token)."""
+        user_hi = max(1, self.user_tokens + self.user_tokens // 2)
+        conversation = (self.shared_prefix_tokens + self.system_prompt_tokens + self.document_tokens
+                        + self.max_turns * (user_hi + self.output_tokens))
+        per_tenant = self.system_prompt_tokens + self.documents * self.document_tokens \
+            + self.open_conversations * conversation
+        return 4 * (self.shared_prefix_tokens + self.tenants * per_tenant)
+
     def tenant(self, i: int) -> tuple[str, str | None]:
         """extra_key and cache_salt of tenant `i`."""
         return f"tenant-{i}", (f"salt-{self.seed}-{i}" if self.salted else None)
@@ -159,6 +182,12 @@ class _Conversation:
 
 def generate(spec: WorkloadSpec) -> list[TraceRequest]:
     """A deterministic (by `spec.seed`) multi-tenant trace."""
+    return list(iter_generate(spec))
+
+
+def iter_generate(spec: WorkloadSpec) -> Iterator[TraceRequest]:
+    """`generate`'s requests one at a time, the same ones: what it holds is the tenants' prompts, documents and
+    open conversations, never the requests already yielded (`kvc generate` streams them to its file)."""
     rng = np.random.default_rng(spec.seed)
 
     def tokens(n: int) -> np.ndarray:
@@ -171,7 +200,6 @@ def generate(spec: WorkloadSpec) -> list[TraceRequest]:
     doc_w = _zipf_weights(spec.documents, spec.zipf)
     conversations: list[list[_Conversation]] = [[] for _ in range(spec.tenants)]
     lo, hi = max(1, spec.user_tokens // 2), max(1, spec.user_tokens + spec.user_tokens // 2)
-    out: list[TraceRequest] = []
     for r in range(spec.requests):
         t = int(rng.choice(spec.tenants, p=tenant_w))
         user = tokens(int(rng.integers(lo, hi + 1)))
@@ -189,5 +217,4 @@ def generate(spec: WorkloadSpec) -> list[TraceRequest]:
             if len(open_) > spec.open_conversations:
                 open_.pop(0)
         extra_key, salt = spec.tenant(t)
-        out.append(TraceRequest(f"r{r:06d}", conv.tokens.tolist(), extra_key, salt, spec.output_tokens))
-    return out
+        yield TraceRequest(f"r{r:06d}", conv.tokens.tolist(), extra_key, salt, spec.output_tokens)

@@ -35,7 +35,7 @@ def test_suite_layouts_are_the_fixtures(layout, other_layout):
 
 def write(store, tokens, namespace, layout=LAYOUT):
     """Put the whole pages of `tokens`; return (hashes, payloads)."""
-    hashes, origins = page_origins(layout, pack_tokens(tokens), namespace)
+    hashes, origins = page_origins(layout, pack_tokens(tokens), namespace, store.chain_key)
     payloads = [page_payload(h, layout.bytes_per_page) for h in hashes]
     result = store.put(hashes, payloads, origins)
     assert result.written + result.existing == len(hashes)
@@ -73,7 +73,7 @@ def test_get_into_torch_views_of_one_host_tensor(store):
 
 def test_put_of_stored_pages_leaves_them_and_counts_them(store):
     hashes, _ = write(store, range(16), NS_A)
-    hashes2, origins = page_origins(LAYOUT, pack_tokens(range(24)), NS_A)
+    hashes2, origins = page_origins(LAYOUT, pack_tokens(range(24)), NS_A, store.chain_key)
     result = store.put(hashes2, [page_payload(h, LAYOUT.bytes_per_page) for h in hashes2], origins)
     assert (result.existing, result.written) == (4, 2)
     assert store.stats().pages == 6
@@ -81,7 +81,7 @@ def test_put_of_stored_pages_leaves_them_and_counts_them(store):
 
 def test_exists_prefix_counts_from_the_start_and_stops_at_the_first_gap(store):
     hashes, _ = write(store, range(32), NS_A)
-    gap = page_origins(LAYOUT, pack_tokens(range(500, 504)), NS_A)[0][0]  # a page never stored
+    gap = page_origins(LAYOUT, pack_tokens(range(500, 504)), NS_A, store.chain_key)[0][0]  # a page never stored
     asked = hashes[:3] + [gap] + hashes[4:]
     assert store.exists_prefix(asked) == 3
     assert store.exists_prefix(hashes[4:]) == 4
@@ -96,14 +96,14 @@ def test_put_refuses_a_chain_whose_parent_is_not_stored(store):
     namespace root. (A writer whose parent was evicted meanwhile gets the error and writes the path again.)"""
     from kvcache.errors import InvalidInput
 
-    hashes, origins = page_origins(LAYOUT, pack_tokens(range(32)), NS_A)
+    hashes, origins = page_origins(LAYOUT, pack_tokens(range(32)), NS_A, store.chain_key)
     with pytest.raises(InvalidInput, match="parent"):
         store.put(hashes[4:], [page_payload(h, LAYOUT.bytes_per_page) for h in hashes[4:]], origins[4:])
     assert store.exists_prefix(hashes[4:]) == 0 and store.verify().ok
 
 
 def test_a_miss_is_a_value(store):
-    hashes, _ = page_origins(LAYOUT, pack_tokens(range(8)), NS_A)
+    hashes, _ = page_origins(LAYOUT, pack_tokens(range(8)), NS_A, store.chain_key)
     assert store.exists_prefix(hashes) == 0
     n, out = read(store, hashes)
     assert n == 0 and not out.any()
@@ -112,7 +112,7 @@ def test_a_miss_is_a_value(store):
 def test_namespaces_never_see_each_others_pages_for_identical_tokens(store):
     tokens = list(range(100, 140))
     ha, pa = write(store, tokens, NS_A)
-    hb, _ = page_origins(LAYOUT, pack_tokens(tokens), NS_B)
+    hb, _ = page_origins(LAYOUT, pack_tokens(tokens), NS_B, store.chain_key)
     assert set(ha).isdisjoint(hb)
     assert store.exists_prefix(hb) == 0
     assert read(store, hb)[0] == 0
@@ -128,7 +128,7 @@ def test_namespaces_never_see_each_others_pages_for_identical_tokens(store):
 def test_only_the_salt_differs_and_still_no_sharing(store):
     plain = Namespace("tenant-a")
     hashes, _ = write(store, range(16), NS_A)
-    other, _ = page_origins(LAYOUT, pack_tokens(range(16)), plain)
+    other, _ = page_origins(LAYOUT, pack_tokens(range(16)), plain, store.chain_key)
     assert store.exists_prefix(other) == 0
 
 
@@ -138,7 +138,7 @@ def test_layouts_never_see_each_others_pages(factory, location):
     ha, _ = write(first, tokens, NS_A, LAYOUT)
     second = factory.open(location, OTHER_LAYOUT)
     try:
-        hb, _ = page_origins(OTHER_LAYOUT, pack_tokens(tokens), NS_A)
+        hb, _ = page_origins(OTHER_LAYOUT, pack_tokens(tokens), NS_A, second.chain_key)
         assert set(ha).isdisjoint(hb)
         assert second.exists_prefix(hb) == 0
         assert read(second, hb, OTHER_LAYOUT)[0] == 0
@@ -292,8 +292,8 @@ def test_put_refuses_a_page_whose_parent_is_another_namespaces_root(store):
 
     write(store, range(8), NS_A)
     tokens = pack_tokens(range(50, 54))
-    for foreign_root in (hash_root(LAYOUT.layout_id, NS_A),  # a root with pages under it
-                         hash_root(LAYOUT.layout_id, Namespace("tenant-c", SALT))):  # and one without
+    for foreign_root in (hash_root(LAYOUT.layout_id, NS_A, store.chain_key),  # a root with pages under it
+                         hash_root(LAYOUT.layout_id, Namespace("tenant-c", SALT), store.chain_key)):  # and one without
         h = extend_chain(foreign_root, tokens, LAYOUT.page_size)[0]
         with pytest.raises(InvalidInput, match="parent"):
             store.put([h], [page_payload(h, LAYOUT.bytes_per_page)], [PageOrigin(NS_B, foreign_root, tokens)])
@@ -333,7 +333,7 @@ def test_a_store_share_bounds_its_namespace_and_no_other(store):
 
     nbytes = LAYOUT.bytes_per_page
     store.set_shares(NS_A, Shares(store_bytes=3 * nbytes))
-    hashes, origins = page_origins(LAYOUT, pack_tokens(range(40)), NS_A)
+    hashes, origins = page_origins(LAYOUT, pack_tokens(range(40)), NS_A, store.chain_key)
     result = store.put(hashes, [page_payload(h, nbytes) for h in hashes], origins)
     assert result.written + result.existing + result.rejected == 10
     assert result.written <= 3
@@ -345,3 +345,30 @@ def test_a_store_share_bounds_its_namespace_and_no_other(store):
     write(store, range(40), NS_A)  # cleared: the namespace takes the rest
     assert store.exists_prefix(hashes) == 10
     assert store.verify().ok
+
+
+def test_the_chain_roots_are_keyed_by_the_stores_own_secret(factory, location, tmp_path, store):
+    """Every backend keys its page-hash chain roots by a secret of the store (LMDB: derived from its key file;
+    a shared store: a random one in its format record), the same for every handle on the store and another for
+    another store, so a page hash cannot be recomputed from a guessed salt without it (issue 26)."""
+    from kvcache.types.keys import UNKEYED_CHAIN, hash_root
+
+    key = store.chain_key
+    assert isinstance(key, bytes) and len(key) >= 16 and key != UNKEYED_CHAIN
+    assert store.root(NS_A) == hash_root(LAYOUT.layout_id, NS_A, key)
+    assert store.root(NS_A) != hash_root(LAYOUT.layout_id, NS_A, UNKEYED_CHAIN)
+    hashes, _ = write(store, range(8), NS_A)
+    again = factory.open(location, LAYOUT)
+    try:
+        assert again.chain_key == key and again.exists_prefix(hashes) == 2
+    finally:
+        again.close()
+    other = factory.open(factory.location(tmp_path / "other"), LAYOUT)
+    try:
+        assert other.chain_key not in (key, None, UNKEYED_CHAIN)
+        assert other.root(NS_A) != store.root(NS_A)
+    finally:
+        other.close()
+    # the roots its namespace records keep (what an audit without the key checks pages against)
+    [record] = [r for r in store.namespaces() if r.ns_id_hex == NS_A.id_hex]
+    assert record.roots == [store.root(NS_A).hex()]

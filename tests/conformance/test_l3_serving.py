@@ -97,8 +97,8 @@ def test_a_fenced_handle_refuses_a_namespace_dropped_elsewhere_until_it_applied_
         recorded_drop(elsewhere, NS_A.id, by="/run/kvc/b.sock")  # through the other cache
     finally:
         elsewhere.close()
-    hashes, origins = page_origins(LAYOUT, pack_tokens(range(16)), NS_A)
-    b_hashes, b_origins = page_origins(LAYOUT, pack_tokens(range(16)), NS_B)
+    hashes, origins = page_origins(LAYOUT, pack_tokens(range(16)), NS_A, store.chain_key)
+    b_hashes, b_origins = page_origins(LAYOUT, pack_tokens(range(16)), NS_B, store.chain_key)
     pages = [page_payload(h, LAYOUT.bytes_per_page) for h in hashes + b_hashes]
     got = fenced.put(hashes + b_hashes, pages, origins + b_origins)  # one batch, both namespaces
     assert (got.written, got.rejected) == (4, 4)
@@ -116,7 +116,7 @@ def test_a_fenced_handles_own_drop_is_recorded_for_the_others_and_never_fences_i
     assert fenced.delete_namespace(NS_A.id).pages == 4
     [record] = store.drops()
     assert record.by == "/run/kvc/a.sock" and record.extra_key == "tenant-a"
-    hashes, origins = page_origins(LAYOUT, pack_tokens(range(16)), NS_A)
+    hashes, origins = page_origins(LAYOUT, pack_tokens(range(16)), NS_A, store.chain_key)
     pages = [page_payload(h, LAYOUT.bytes_per_page) for h in hashes]
     assert fenced.put(hashes, pages, origins).written == 4  # its own drop: applied already
     other = DropWatch(store, by="/run/kvc/b.sock")  # a cache started after the drop: nothing to follow

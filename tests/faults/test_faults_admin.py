@@ -49,7 +49,7 @@ def store(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("admin-faults") / "store")
     kv = SyntheticKV(LAYOUT)
     with open_store(path, LAYOUT, create=True, durability="none") as s:
-        hashes, origins = page_origins(LAYOUT, pack_tokens(PROMPT), T1)
+        hashes, origins = page_origins(LAYOUT, pack_tokens(PROMPT), T1, s.chain_key)
         s.put(hashes, list(kv.pages(hashes).numpy()), origins)
     return path
 

@@ -20,6 +20,7 @@ import json
 import os
 import random
 import shutil
+from unittest import mock
 
 import faultkit
 import lmdbpages
@@ -45,12 +46,15 @@ class Template:
         self.path = path
         self.kv = SyntheticKV(LAYOUT)
         self.hashes: list[bytes] = []
-        with open_store(path, LAYOUT, create=True, durability="none") as store:
+        # A fixed key: the chain roots (so the page hashes, so where records lie in the file, so which byte each
+        # seeded flip hits) are then the same every run.
+        with mock.patch.dict(os.environ, {"KVC_FINGERPRINT_KEY": "f1" * 32}), \
+                open_store(path, LAYOUT, create=True, durability="none") as store:
             for t in range(2):
                 ns = Namespace(f"tenant-{t}", f"salt-{t}")
                 for doc in range(12):
                     tokens = [t * 1000 + doc * 10] * 4 + list(range(doc * 100, doc * 100 + 36))
-                    hashes, origins = page_origins(LAYOUT, pack_tokens(tokens), ns)
+                    hashes, origins = page_origins(LAYOUT, pack_tokens(tokens), ns, store.chain_key)
                     store.put(hashes, list(self.kv.pages(hashes).numpy()), origins)
                     self.hashes += hashes
         self.pages = lmdbpages.live_pages(path)

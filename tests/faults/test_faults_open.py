@@ -35,7 +35,7 @@ def _writer(path: str, ready_fd: int) -> None:
     while True:
         first = k * PAGES_PER_BATCH * LAYOUT.page_size
         hashes, origins = page_origins(LAYOUT, pack_tokens(range(first, first + PAGES_PER_BATCH * LAYOUT.page_size)),
-                                       NS)
+                                       NS, store.chain_key)
         store.put(hashes, [payload] * len(hashes), origins)
         k += 1
         time.sleep(0.002)  # ~16 MB/s: the file grows under every open, and the trial stays small on disk

@@ -35,7 +35,7 @@ def _keys(server: RedisServer, prefix: str) -> int:
 
 def _tails(store, ns: Namespace, first: int, pages: int, skip: int):
     """Put only the pages of a chain past `skip`: what a writer does that believes the first ones stored."""
-    hashes, origins = page_origins(LAYOUT, pack_tokens(range(first, first + pages * PAGE_SIZE)), ns)
+    hashes, origins = page_origins(LAYOUT, pack_tokens(range(first, first + pages * PAGE_SIZE)), ns, store.chain_key)
     payloads = [np.full(LAYOUT.bytes_per_page, 7, np.uint8)] * len(hashes)
     return store.put(hashes[skip:], payloads[skip:], origins[skip:])
 

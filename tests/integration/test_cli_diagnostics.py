@@ -193,9 +193,9 @@ def test_store_audit_finds_an_orphan_chain_and_repair_removes_only_it(store_path
     # a chain whose parent page is lost later (put refuses a parent the store does not hold, so the loss is
     # made by hand, as a damaged disk would)
     ns = Namespace("t1", SALTS["t1"])
-    top, top_origins = page_origins(store.layout, pack_tokens(range(600, 604)), ns)
+    top, top_origins = page_origins(store.layout, pack_tokens(range(600, 604)), ns, store.chain_key)
     store.put(top, [np.zeros(64, dtype=np.uint8)], top_origins)
-    hashes, origins = page_origins(store.layout, pack_tokens(range(500, 512)), ns, parent=top[0])
+    hashes, origins = page_origins(store.layout, pack_tokens(range(500, 512)), ns, store.chain_key, parent=top[0])
     store.put(hashes, [np.zeros(64, dtype=np.uint8)] * 3, origins)
     store.close()
     with raw(store_path) as r:

@@ -86,7 +86,8 @@ def expected(cache, snapshot) -> set[tuple]:
         if rec.namespace_root or (rec.device is None and rec.host is None):
             continue
         node = by_id[rec.id]
-        chain = page_hashes(cache.layout.layout_id, RadixKey.of(cache.tree.path_key(node), node.namespace), ps)
+        chain = page_hashes(cache.layout.layout_id, RadixKey.of(cache.tree.path_key(node), node.namespace), ps,
+                            cache.chain_key)
         mine = chain[len(chain) - rec.tokens // ps:]
         for tier, copy in (("device", rec.device), ("host", rec.host)):
             if copy is not None:
@@ -230,12 +231,14 @@ def test_kvc_events_prints_what_kvc_serve_published(tmp_path):
     with open(tmp_path / "serve.err", "w") as err:
         server = subprocess.Popen([kvc, "serve", "--store", str(store), "--socket", str(sock), "--json",
                                    "--device-tokens", "1024", "--host-tokens", "2048",
-                                   "--events", "tcp://127.0.0.1:*", "--events-replay", "tcp://127.0.0.1:*",
+                                   "--events", "tcp://127.0.0.1:*", "--events-replay", "*",  # *: loopback
                                    "--events-medium-names", "sglang"],
                                   stdout=subprocess.PIPE, stderr=err, text=True)
     try:
         ready = json.loads(server.stdout.readline() or "{}")
         assert ready.get("events", "").startswith("tcp://127.0.0.1:"), (tmp_path / "serve.err").read_text()
+        assert ready["events_replay"].startswith("tcp://127.0.0.1:") and ready["events_every_interface"] is False
+        assert "warning" not in (tmp_path / "serve.err").read_text()
         feed = ["--endpoint", ready["events"], "--replay", ready["events_replay"]]
         assert _invoke("--socket", sock, "prefetch", "--extra-key", "t1", "--salt", CLI_SALT).exit_code == 0
         # a late follower: what it missed comes from the replay buffer at once, then the feed goes on live
@@ -268,6 +271,44 @@ def test_kvc_events_prints_what_kvc_serve_published(tmp_path):
         code = server.wait(timeout=60)
         server.stdout.close()  # read up to its ready line only
         assert code == 0
+
+
+def test_kvc_serve_binds_events_on_loopback_for_a_port_alone_and_warns_of_a_wildcard(tmp_path):
+    """Issue 26 #4: `--events tcp://*:PORT` bound every interface without a word. A port alone is loopback; a
+    wildcard host is one warning line on stderr and a field of the ready object."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    kvc = str(Path(sys.executable).with_name("kvc"))
+    store = tmp_path / "store"
+    assert _invoke("init", "--store", store, "--page-size", 4).exit_code == 0
+    for n, (events, replay, wide) in enumerate([("*", "tcp://*:*", True), ("0", None, False)]):
+        sock = tmp_path / f"s{n}.sock"
+        with open(tmp_path / "serve.err", "w") as err:
+            server = subprocess.Popen([kvc, "serve", "--store", str(store), "--socket", str(sock), "--json",
+                                       "--device-tokens", "64", "--host-tokens", "64", "--events", events,
+                                       *(("--events-replay", replay) if replay else ())],
+                                      stdout=subprocess.PIPE, stderr=err, text=True)
+        try:
+            ready = json.loads(server.stdout.readline() or "{}")
+            errors = (tmp_path / "serve.err").read_text()
+            assert ready.get("events", "").startswith("tcp://127.0.0.1:"), errors  # a port alone: loopback
+            assert ready["events_every_interface"] is wide
+            warnings = [line for line in errors.splitlines() if "warning" in line]
+            if wide:
+                assert ready["events_replay"].startswith("tcp://0.0.0.0:")
+                assert len(warnings) == 1 and "every interface" in warnings[0] and "authentication" in warnings[0]
+                assert "on every interface" in errors.splitlines()[-1]  # the serving line says it too
+            else:
+                assert ready["events_replay"] is None and warnings == []
+        finally:
+            server.send_signal(signal.SIGTERM)
+            code = server.wait(timeout=60)
+            server.stdout.close()
+            assert code == 0
 
 
 @pytest.mark.parametrize("args, says", [
@@ -303,3 +344,50 @@ def test_kvc_events_where_nothing_publishes_fails_within_its_timeout_in_one_line
     assert result.exit_code == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "nothing answered within 1 s" in result.stderr
     assert as_json.exit_code == 2 and msgspec.json.decode(as_json.stdout)["error"]["kind"] == "event_endpoint_error"
+
+
+@pytest.mark.parametrize("json_out", [True, False])
+def test_kvc_events_follow_survives_malformed_messages_and_counts_them(json_out):
+    """Issue 26 #7: `kvc events --follow` exited 2 on the first malformed payload. Now each is skipped and said
+    on stderr — one line for each of the first 10, then one at each power of ten — counted in the summary line
+    and (with --json) in the summary object, and the good batch after 150 bad messages is printed."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import zmq
+
+    from kvcache.types.events import EventBatch, encode_batch
+
+    ctx = zmq.Context()
+    try:
+        pub = ctx.socket(zmq.XPUB)  # the test is the publisher: it sends once kvc's subscription arrived
+        pub.bind("tcp://127.0.0.1:*")
+        endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        args = ["events", "--endpoint", endpoint, "--follow", "--count", "1", *(["--json"] if json_out else [])]
+        follower = subprocess.Popen([str(Path(sys.executable).with_name("kvc")), *args], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        with follower:
+            assert pub.poll(60_000) and pub.recv() == b"\x01"
+            for i in range(150):
+                pub.send_multipart([b"", i.to_bytes(8, "big"), b"\x1b[31m not msgpack"] if i % 2 else [b"junk"])
+            pub.send_multipart([b"", (150).to_bytes(8, "big"), encode_batch(EventBatch(1.0, [AllBlocksCleared()]))])
+            out, err = follower.communicate(timeout=120)
+        assert follower.returncode == 0, err
+    finally:
+        ctx.destroy(linger=0)
+    said = err.splitlines()
+    skipped = [x for x in said if x.startswith("kvc events: skipped")]
+    assert len(skipped) == 11 and "(100 so far)" in skipped[-1] and "further ones are counted" in skipped[9]
+    assert "skipped a message: a message of 1 frames" in skipped[0] and "skipped batch 1:" in skipped[1]
+    assert "\x1b" not in err  # a hostile payload's bytes are escaped, never sent to the terminal
+    assert said[-2:] == ["kvc events: 74 batches missed and no longer in the replay buffer",  # 0, 2, ... 148
+                         "kvc events: 150 malformed messages skipped (not KV-event batches)"]
+    lines = out.splitlines()
+    if json_out:
+        assert json.loads(lines[0])["type"] == "AllBlocksCleared" and json.loads(lines[0])["seq"] == 150
+        assert json.loads(lines[-1]) == {"type": "Summary", "batches": 1, "events": 1, "replayed": 0, "missed": 74,
+                                         "malformed": 150}
+    else:
+        assert lines[0].split()[:3] == ["seq", "time", "event"] and "AllBlocksCleared" in lines[1]

@@ -28,11 +28,11 @@ PAGES_PER_BATCH = 8
 TRIALS = 20
 
 
-def batch(trial: int, k: int) -> tuple[list[bytes], list, list[np.ndarray]]:
+def batch(chain_key: bytes, trial: int, k: int) -> tuple[list[bytes], list, list[np.ndarray]]:
     """Hashes, origins and payloads of batch `k` of `trial` (deterministic: the checker rebuilds them)."""
     first = (trial * 100_000 + k) * PAGES_PER_BATCH * LAYOUT.page_size
     tokens = pack_tokens(range(first, first + PAGES_PER_BATCH * LAYOUT.page_size))
-    hashes, origins = page_origins(LAYOUT, tokens, NS)
+    hashes, origins = page_origins(LAYOUT, tokens, NS, chain_key)
     payloads = [np.frombuffer(hashlib.shake_128(h).digest(LAYOUT.bytes_per_page), np.uint8) for h in hashes]
     return hashes, origins, payloads
 
@@ -41,7 +41,7 @@ def writer(path: str, trial: int, ack_fd: int) -> None:
     """Put batches forever, acknowledging each committed one with its number on `ack_fd`."""
     store = open_store(path, LAYOUT)
     for k in range(100_000):
-        hashes, origins, payloads = batch(trial, k)
+        hashes, origins, payloads = batch(store.chain_key, trial, k)
         store.put(hashes, payloads, origins)
         os.write(ack_fd, f"{k}\n".encode())
 
@@ -104,17 +104,17 @@ def check_kills(path: str, trials: int, seed: int) -> None:
             report = store.verify()
             assert report.ok, (trial, report.findings)
             for k in acked:
-                hashes, _, payloads = batch(trial, k)
+                hashes, _, payloads = batch(store.chain_key, trial, k)
                 assert store.get_into(hashes, list(out)) == PAGES_PER_BATCH, (trial, k)
                 assert all(np.array_equal(out[i], payloads[i]) for i in range(PAGES_PER_BATCH)), (trial, k)
             # The batch in flight at the kill: committed whole or not at all, never half.
-            hashes, _, payloads = batch(trial, len(acked))
+            hashes, _, payloads = batch(store.chain_key, trial, len(acked))
             present = store.exists_prefix(hashes)
             assert present in (0, PAGES_PER_BATCH), (trial, present)
             in_flight_committed += bool(present)
             if present:
                 assert store.get_into(hashes, list(out)) == PAGES_PER_BATCH
                 assert all(np.array_equal(out[i], payloads[i]) for i in range(PAGES_PER_BATCH))
-            assert store.exists_prefix(batch(trial, len(acked) + 1)[0]) == 0
+            assert store.exists_prefix(batch(store.chain_key, trial, len(acked) + 1)[0]) == 0
     assert total_acked >= trials
     print(f"{trials} kills, {total_acked} acknowledged batches, {in_flight_committed} in-flight batches committed")

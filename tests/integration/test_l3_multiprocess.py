@@ -31,10 +31,10 @@ PAGES = 6
 TINY_MAP = 128 << 10
 
 
-def chain(ns: Namespace, seq: int) -> tuple[list[bytes], list, list[np.ndarray]]:
+def chain(chain_key: bytes, ns: Namespace, seq: int) -> tuple[list[bytes], list, list[np.ndarray]]:
     """Hashes, origins and payloads of sequence `seq` in `ns` (deterministic, so any process can check it)."""
     tokens = pack_tokens(range(seq * 10_000, seq * 10_000 + PAGES * LAYOUT.page_size))
-    hashes, origins = page_origins(LAYOUT, tokens, ns)
+    hashes, origins = page_origins(LAYOUT, tokens, ns, chain_key)
     payloads = [np.frombuffer(hashlib.shake_128(h).digest(LAYOUT.bytes_per_page), np.uint8) for h in hashes]
     return hashes, origins, payloads
 
@@ -55,10 +55,10 @@ def fork(body, *args) -> int:
 def writer(store_or_path, w: int) -> None:
     store = open_store(store_or_path, LAYOUT) if isinstance(store_or_path, str) else store_or_path
     for k in range(BATCHES):
-        hashes, origins, payloads = chain(OWN[w], k)
+        hashes, origins, payloads = chain(store.chain_key, OWN[w], k)
         store.put(hashes, payloads, origins)
         if k % 4 == 0:  # the same shared chain from both writers: one stores it, the other finds it
-            hashes, origins, payloads = chain(SHARED, k)
+            hashes, origins, payloads = chain(store.chain_key, SHARED, k)
             store.put(hashes, payloads, origins)
     store.close()
 
@@ -71,7 +71,7 @@ def reader(path: str, stop: str, report: str) -> None:
         rounds += 1
         for ns in (*OWN, SHARED):
             for k in range(BATCHES):
-                hashes, _, payloads = chain(ns, k)
+                hashes, _, payloads = chain(store.chain_key, ns, k)
                 n = store.get_into(hashes, list(out))
                 if n not in (0, PAGES):
                     raise AssertionError(f"{ns} batch {k}: {n} of {PAGES} pages, a half-visible batch")
@@ -119,7 +119,7 @@ def check_writers_and_reader(tmp_path: Path) -> None:
     out = np.zeros((PAGES, LAYOUT.bytes_per_page), np.uint8)
     for ns, seqs in ((OWN[0], range(BATCHES)), (OWN[1], range(BATCHES)), (SHARED, range(0, BATCHES, 4))):
         for k in seqs:
-            hashes, _, payloads = chain(ns, k)
+            hashes, _, payloads = chain(parent.chain_key, ns, k)
             assert parent.get_into(hashes, list(out)) == PAGES, (ns, k)
             assert all(np.array_equal(out[i], payloads[i]) for i in range(PAGES))
     stats = parent.stats()
@@ -137,14 +137,14 @@ def test_a_tiny_map_grows_through_many_batches(tmp_path):
     with open_store(path, LAYOUT, create=True, map_size=32 << 10) as store:
         start = store.map_size()
         for k in range(150):
-            hashes, origins, payloads = chain(OWN[0], k)
+            hashes, origins, payloads = chain(store.chain_key, OWN[0], k)
             assert store.put(hashes, payloads, origins).written == PAGES
         grown = store.map_size()
     assert grown >= 150 * PAGES * LAYOUT.bytes_per_page > start
     with open_store(path, LAYOUT) as store:
         out = np.zeros((PAGES, LAYOUT.bytes_per_page), np.uint8)
         for k in range(150):
-            hashes, _, payloads = chain(OWN[0], k)
+            hashes, _, payloads = chain(store.chain_key, OWN[0], k)
             assert store.get_into(hashes, list(out)) == PAGES
             assert all(np.array_equal(out[i], payloads[i]) for i in range(PAGES))
         assert store.verify().ok

@@ -61,6 +61,7 @@ def test_an_offline_drop_of_a_tenant_a_live_cache_holds_is_refused_and_one_throu
         t1_id = _store_rows(store)["t1"]["id"]
         salt_file = tmp_path / "t1.salt"
         salt_file.write_text(SALT)
+        salt_file.chmod(0o600)  # private, as a salt file must be: no warning line
         refused = kvc("ns", "drop", "--store", store, "t1", "--salt-file", salt_file, "--yes")
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
         assert f"held by a live cache serving this store ({sock})" in refused.stderr

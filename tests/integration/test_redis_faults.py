@@ -26,9 +26,9 @@ NS = Namespace("t1", "salt-1")
 FAST = "&timeout=0.5&connect_timeout=0.5&backoff_max=0.2"  # a dead server is noticed, and retried, quickly
 
 
-def chain(start: int, pages: int, ns: Namespace = NS):
+def chain(chain_key: bytes, start: int, pages: int, ns: Namespace = NS):
     """Hashes, payloads and origins of one chain of `pages` pages."""
-    hashes, origins = page_origins(LAYOUT, pack_tokens(range(start, start + pages * PAGE_SIZE)), ns)
+    hashes, origins = page_origins(LAYOUT, pack_tokens(range(start, start + pages * PAGE_SIZE)), ns, chain_key)
     payloads = [np.full(LAYOUT.bytes_per_page, i % 251, dtype=np.uint8) for i in range(len(hashes))]
     return hashes, payloads, origins
 
@@ -63,7 +63,7 @@ def test_server_killed_during_a_replay_then_restarted(own_redis):  # noqa: F811
     own_redis.restart()  # the AOF brings back every acknowledged write
     from kvcache.types.keys import page_hashes
 
-    wait_until_back(store, page_hashes(LAYOUT.layout_id, probe.key, PAGE_SIZE)[:24])
+    wait_until_back(store, page_hashes(LAYOUT.layout_id, probe.key, PAGE_SIZE, store.chain_key)[:24])
     # A fresh node on the same store handle: its first documents come from L3 again, bytes checked.
     fresh = l3_cache(store, page_size=PAGE_SIZE, device_tokens=1024, host_tokens=2048, io_thread=True,
                      prefetch_policy="wait_complete")
@@ -79,7 +79,7 @@ def test_server_killed_during_a_replay_then_restarted(own_redis):  # noqa: F811
 
 def test_refused_connections_are_misses_and_failed_writes_then_it_reconnects(own_redis):  # noqa: F811
     store = open_store(own_redis.store_url() + FAST, LAYOUT, create=True)
-    hashes, payloads, origins = chain(0, 8)
+    hashes, payloads, origins = chain(store.chain_key, 0, 8)
     assert store.put(hashes[:4], payloads[:4], origins[:4]).written == 4
     own_redis.kill()
     out = np.zeros((8, LAYOUT.bytes_per_page), dtype=np.uint8)
@@ -101,13 +101,13 @@ def test_refused_connections_are_misses_and_failed_writes_then_it_reconnects(own
 
 def test_a_hung_server_times_out_into_a_miss(own_redis):  # noqa: F811
     store = open_store(own_redis.store_url() + "&timeout=0.2&backoff_max=0.1", LAYOUT, create=True)
-    hashes, payloads, origins = chain(0, 4)
+    hashes, payloads, origins = chain(store.chain_key, 0, 4)
     store.put(hashes, payloads, origins)
     os.kill(own_redis.proc.pid, signal.SIGSTOP)
     try:
         out = np.zeros((4, LAYOUT.bytes_per_page), dtype=np.uint8)
         assert store.get_into(hashes, list(out)) == 0
-        assert store.put(*chain(100, 2)).rejected == 2
+        assert store.put(*chain(store.chain_key, 100, 2)).rejected == 2
     finally:
         os.kill(own_redis.proc.pid, signal.SIGCONT)
     assert store.counters().read_errors >= 1 and store.counters().write_errors >= 1
@@ -124,7 +124,7 @@ def test_oom_rejects_whole_batches_and_reads_go_on(own_redis):  # noqa: F811
     written: list[tuple] = []
     rejected = 0
     for i in range(400):  # 400 batches of 16 pages of 64 bytes + records: well past 512 KiB
-        hashes, payloads, origins = chain(10_000 * (i + 1), 16)
+        hashes, payloads, origins = chain(store.chain_key, 10_000 * (i + 1), 16)
         result = store.put(hashes, payloads, origins)
         assert result.written in (0, 16)  # a batch is stored whole or not at all
         if result.rejected:
@@ -146,12 +146,14 @@ def test_oom_rejects_whole_batches_and_reads_go_on(own_redis):  # noqa: F811
 def test_key_prefixes_keep_deployments_apart(redis_server):  # noqa: F811
     a = open_store(redis_server.store_url("kvc-a:"), LAYOUT, create=True)
     b = open_store(redis_server.store_url("kvc-b:"), LAYOUT, create=True)
-    hashes, payloads, origins = chain(0, 4)
+    hashes, payloads, origins = chain(a.chain_key, 0, 4)
     assert a.put(hashes, payloads, origins).written == 4
     assert b.exists_prefix(hashes) == 0 and b.namespaces() == []
-    assert b.put(hashes, payloads, origins).written == 4  # its own copy, counted in its own registry
+    b_hashes, b_payloads, b_origins = chain(b.chain_key, 0, 4)  # each store keys its own chain roots
+    assert not set(b_hashes) & set(hashes)
+    assert b.put(b_hashes, b_payloads, b_origins).written == 4  # its own copy, counted in its own registry
     assert a.delete_namespace(NS.id).pages == 4
-    assert b.exists_prefix(hashes) == 4 and a.exists_prefix(hashes) == 0
+    assert b.exists_prefix(b_hashes) == 4 and a.exists_prefix(hashes) == 0
     assert a.verify().ok and b.verify().ok
     a.close()
     b.close()
@@ -171,7 +173,7 @@ store = open_store({url!r}, layout, create=True, add_layout=True)
 for round_ in range(3):
     for k in range(20):
         ns = Namespace("t%d" % (k % 3), "s")
-        hashes, origins = page_origins(layout, pack_tokens(range(1000 * k, 1000 * k + 4 * (8 + k))), ns)
+        hashes, origins = page_origins(layout, pack_tokens(range(1000 * k, 1000 * k + 4 * (8 + k))), ns, store.chain_key)
         store.put(hashes, [np.full(layout.bytes_per_page, len(h) + k, dtype=np.uint8) for h in hashes], origins)
 c = store.counters()
 assert c.write_errors == 0 and c.pages_rejected == 0, c

@@ -38,7 +38,7 @@ def test_opening_rules(redis_server):  # noqa: F811
         open_store(url, LAYOUT, create=True, capacity=CapacityPolicy(capacity_bytes=1 << 20))
     store = open_store(url, LAYOUT, create=True)
     assert isinstance(store, RedisStore) and isinstance(store, L3Store)
-    hashes, origins = page_origins(LAYOUT, pack_tokens(range(8)), NS)
+    hashes, origins = page_origins(LAYOUT, pack_tokens(range(8)), NS, store.chain_key)
     store.put(hashes, [np.ones(LAYOUT.bytes_per_page, np.uint8)] * 2, origins)
     store.close()
     ro = open_store(url, readonly=True)
@@ -53,7 +53,7 @@ def test_opening_rules(redis_server):  # noqa: F811
 def test_cluster_store_reads_what_a_standalone_writer_would_and_verifies(redis_cluster):  # noqa: F811
     store = open_store(redis_cluster.store_url(), LAYOUT, create=True)
     assert store.cluster
-    hashes, origins = page_origins(LAYOUT, pack_tokens(range(64)), NS)
+    hashes, origins = page_origins(LAYOUT, pack_tokens(range(64)), NS, store.chain_key)
     pages = [np.full(LAYOUT.bytes_per_page, i, np.uint8) for i in range(len(hashes))]
     assert store.put(hashes, pages, origins).written == 16
     out = np.zeros((16, LAYOUT.bytes_per_page), np.uint8)
@@ -61,3 +61,31 @@ def test_cluster_store_reads_what_a_standalone_writer_would_and_verifies(redis_c
     assert store.delete_namespace(NS.id).pages == 16
     assert store.verify().ok and store.namespaces() == []
     store.close()
+
+
+def test_the_chain_key_lives_in_the_format_record_and_a_format_1_store_is_refused(redis_server):  # noqa: F811
+    """A Redis store keeps its chain key, a random secret, in its format record (issue 26); a store of format 1
+    (unkeyed chain roots, written before) is refused in one line: kvc migrate rewrites LMDB stores only."""
+    import msgspec
+    import redis
+
+    from kvcache.storage.codec import FORMAT_VERSION, decode_format, encoder
+
+    client = redis.Redis(host="127.0.0.1", port=redis_server.port, db=0)
+    url = redis_server.store_url()
+    store = open_store(url, LAYOUT, create=True)
+    prefix = store.prefix
+    store.close()
+    raw = client.get(prefix.encode() + b"format")
+    fmt = decode_format(raw)
+    assert fmt.version == FORMAT_VERSION and len(bytes.fromhex(fmt.chain_key)) == 32
+    assert bytes.fromhex(fmt.chain_key) != bytes.fromhex(fmt.fingerprint_key)
+    with open_store(url, LAYOUT) as again:
+        assert again.chain_key == bytes.fromhex(fmt.chain_key)
+    old = msgspec.structs.replace(fmt, version=1, chain_key="")
+    client.set(prefix.encode() + b"format", encoder.encode(old))
+    with pytest.raises(StoreUnsupported) as info:
+        open_store(url, LAYOUT)
+    message = str(info.value)
+    assert "\n" not in message and "format 1" in message and "kvc migrate" in message and prefix in message
+    client.close()

@@ -156,7 +156,7 @@ class CacheMachine(RuleBasedStateMachine):
 
     @staticmethod
     def _expected_for(cache, req: Request) -> list[bytes]:
-        return page_hashes(cache.layout.layout_id, req.key, cache.page_size)
+        return page_hashes(cache.layout.layout_id, req.key, cache.page_size, cache.chain_key)
 
     def teardown(self):
         RUN_LENGTHS.append(self.steps)
@@ -195,7 +195,7 @@ class CacheMachine(RuleBasedStateMachine):
         return self.store is not None and bool(self.committed)
 
     def _expected(self, req: Request) -> list[bytes]:
-        return page_hashes(self.cache.layout.layout_id, req.key, self.ps)
+        return page_hashes(self.cache.layout.layout_id, req.key, self.ps, self.cache.chain_key)
 
     def _rid(self, kind: str) -> str:
         self.counter += 1

@@ -20,6 +20,7 @@ from kvcache.storage.keyfile import KEY_FILE
 from .. import live
 from ..context import reads_lock_free, require_store
 from ..errors import EXIT_FOUND, EXIT_OK, UsageError
+from ..formats import note_old_format, recorded_version
 from ..options import DEFAULT_STORE, DebugOpt, JsonOpt, NoHeadersOpt, OutputOpt, ReadOnlyOpt, SocketOpt, StoreOpt
 from ..render.audit import AuditOutput, Finding, PlannedRepair, findings_of, render_audit
 from ..render.output import Output, emit_listing, output_format
@@ -97,6 +98,9 @@ def _store_audit(location, repair: bool, dry_run: bool, force: bool, read_only: 
     fix = repair and not dry_run
     lock = not reads_lock_free(location, read_only)  # a lock-free audit is said on stderr
     report = audit_store(location.url, repair=fix, force=force, lock=lock)
+    version = recorded_version(location)
+    if version is not None:
+        note_old_format(location, version)
     after = audit_store(location.url) if fix and not report.ok else None
     checked = {"pages": report.pages_checked, "bytes": report.bytes_checked}
     found = [Finding(f.kind, f.detail, page_hash=f.page_hash) for f in report.findings]

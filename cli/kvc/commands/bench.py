@@ -30,6 +30,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_startup": ["--runs", "3"],
     "bench_scale": ["--requests", "4000"],
     "bench_shares": ["--b-requests", "40"],
+    "bench_feed_flood": ["--seconds", "3", "--requests", "100"],
 }
 DEFAULT_DIR = Path(__file__).resolve().parents[3] / "benchmarks"  # cli/kvc/commands/ -> the checkout's benchmarks/
 

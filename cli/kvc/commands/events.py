@@ -5,6 +5,10 @@ object per line with --json — until Ctrl-C, --count batches or --idle-timeout 
 sequence numbers (the subscriber fell behind, or joined late with --from) is filled from the publisher's replay
 socket when --replay names it; events fetched that way are marked. Without --follow it prints what the replay
 buffer holds from --from on, and exits. Nothing here ever sees a salt: the feed carries fingerprints.
+
+A message that is not a KV-event batch never ends the reading (a router's feed must survive one bad message): it is
+skipped, said in one line on stderr (the first MALFORMED_SHOWN of them, then one line at each power of ten), and
+counted in the summary at the end — on stderr, and with --json as the last object on stdout (`EventsSummary`).
 """
 
 from __future__ import annotations
@@ -17,12 +21,12 @@ import typer
 import zmq
 
 from kvcache.errors import EventEndpointError
-from kvcache.live.events import EventRecord, KVEventSubscriber, ReceivedBatch, records
+from kvcache.live.events import EventRecord, KVEventSubscriber, MalformedMessage, ReceivedBatch, records
 
 from .. import live
 from ..errors import UsageError
 from ..options import DebugOpt
-from ..render.text import shown
+from ..render.text import escape_controls, shown
 from ..reporting import command
 
 EndpointOpt = Annotated[str | None, typer.Option(
@@ -33,6 +37,31 @@ ReplayOpt = Annotated[str | None, typer.Option(
     "--replay", envvar="KVC_EVENTS_REPLAY", show_default=False, metavar="ENDPOINT",
     help="The feed's replay address (`kvc serve --events-replay`): missed batches are fetched from it. "
     "Env: KVC_EVENTS_REPLAY.")]
+
+MALFORMED_SHOWN = 10  # malformed messages said one line each; after them, one line at 100, 1000, 10000, ...
+
+
+class EventsSummary(msgspec.Struct, tag="Summary", tag_field="type"):
+    """How a `kvc events` reading went: `--json` prints it last, as {"type": "Summary", ...}."""
+
+    batches: int = 0  # printed
+    events: int = 0  # printed
+    replayed: int = 0  # batches fetched from the replay socket
+    missed: int = 0  # batches known missing that no replay gave back
+    malformed: int = 0  # messages that were not KV-event batches: skipped
+
+
+def _malformed_line(count: int, bad: MalformedMessage) -> str | None:
+    """The stderr line for the `count`-th malformed message, or None when it is not one to say (rate limit)."""
+    if count > MALFORMED_SHOWN and 10 ** len(str(count - 1)) != count:
+        return None
+    where = f"batch {bad.seq}" if bad.seq is not None else "a message"
+    how = " (from the replay socket)" if bad.replayed else ""
+    later = "" if count < MALFORMED_SHOWN else (
+        " (further ones are counted; one line at each power of ten)" if count == MALFORMED_SHOWN else
+        f" ({count} so far)")
+    return escape_controls(f"kvc events: skipped {where}{how}: {bad.reason}{later}"[:400])
+
 
 HEADER = f"{'seq':>6}  {'time':<12}  {'event':<18}  {'medium':<10}  {'namespace':<24}  {'pages':>5}  " \
          f"{'first page':<12}  parent"
@@ -100,33 +129,41 @@ def events(
         "--idle-timeout", min=0.0, max=86400.0,
         help="Stop once no batch came for this many seconds (0: wait for ever).")] = 0.0,
     json: Annotated[bool, typer.Option("--json", help="One JSON object per event per line (hashes in hex) on "
-                                                      "stdout, nothing else.")] = False,
+                                                      "stdout, then one summary object ({\"type\": \"Summary\", "
+                                                      "batches, events, replayed, missed, malformed}), nothing "
+                                                      "else.")] = False,
     debug: DebugOpt = False,
 ) -> None:
     """Print a live cache's KV events (BlockStored / BlockRemoved / AllBlocksCleared per tier) from its feed: with
     --follow as they come, else what the replay buffer holds. Events fetched by replay are marked '*' (JSON:
-    "replayed"). Batches missed and no longer buffered are reported on stderr at the end. An address where no
-    publisher answers within the --timeout given before the command (`kvc --timeout S events ...`, default 30 s)
-    is one line on stderr and exit 2."""
+    "replayed"). Batches missed and no longer buffered are reported on stderr at the end. A message that is not
+    a KV-event batch is skipped, said on stderr (rate-limited) and counted; the reading goes on. An address where
+    no publisher answers within the --timeout given before the command (`kvc --timeout S events ...`, default
+    30 s) is one line on stderr and exit 2."""
     if endpoint is None:
         raise UsageError("kvc events needs --endpoint ENDPOINT (the address `kvc serve --events` publishes on; "
                          "env KVC_EVENTS)")
     if not follow and replay is None:
         raise UsageError("kvc events without --follow prints the replay buffer: give --replay ENDPOINT, or "
                          "--follow to subscribe")
-    shown_batches = 0
+    summary = EventsSummary()
 
     def show(batches: list[ReceivedBatch]) -> None:
-        nonlocal shown_batches
         for b in batches:
-            if count and shown_batches >= count:
+            if count and summary.batches >= count:
                 return
-            shown_batches += 1
+            summary.batches += 1
             for rec in records(b):
+                summary.events += 1
                 print(msgspec.json.encode(rec).decode() if json else line(rec), flush=True)
 
+    def malformed(bad: MalformedMessage) -> None:
+        said = _malformed_line(sub.malformed, bad)
+        if said is not None:
+            typer.echo(said, err=True)
+
     wait = live.timeout()
-    sub = KVEventSubscriber(endpoint, replay_endpoint=replay, topic=topic, start=start)
+    sub = KVEventSubscriber(endpoint, replay_endpoint=replay, topic=topic, start=start, on_malformed=malformed)
     try:
         # ZeroMQ connects in the background and retries for ever: make sure a publisher is there, within --timeout
         _wait_for_peer(endpoint, zmq.SUB, wait, "`kvc serve --events`")
@@ -142,7 +179,7 @@ def events(
             show(sub.fetch(start or 0))
             return
         last = time.monotonic()
-        while not count or shown_batches < count:
+        while not count or summary.batches < count:
             got = sub.receive(timeout=0.25)
             if got:
                 show(got)
@@ -150,8 +187,13 @@ def events(
             elif idle_timeout and time.monotonic() - last >= idle_timeout:
                 break
     except KeyboardInterrupt:
-        return  # Ctrl-C is how a follow ends: not an error
+        pass  # Ctrl-C is how a follow ends: not an error
     finally:
         sub.close()
-        if sub.missed:
-            typer.echo(f"kvc events: {sub.missed} batches missed and no longer in the replay buffer", err=True)
+    summary.replayed, summary.missed, summary.malformed = sub.replayed, sub.missed, sub.malformed
+    if sub.missed:
+        typer.echo(f"kvc events: {sub.missed} batches missed and no longer in the replay buffer", err=True)
+    if sub.malformed:
+        typer.echo(f"kvc events: {sub.malformed} malformed messages skipped (not KV-event batches)", err=True)
+    if json:
+        print(msgspec.json.encode(summary).decode(), flush=True)

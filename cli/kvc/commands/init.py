@@ -32,6 +32,7 @@ class RekeyOutput(msgspec.Struct):
     previous: str  # what the key file was: present (a rotation), missing, empty, corrupt or unreadable
     namespaces: int  # registry records: the display id of each changed
     fingerprints_unknown: int  # salted records whose fingerprint shows "?" until the namespace's next write
+    unreachable_pages: int  # pages hashed under the old key (--yes): never found again; `kvc audit --repair`
 
 
 class InitOutput(msgspec.Struct):
@@ -65,6 +66,10 @@ def init(
         "written by an older kvc; or to rotate it). Every display id and salt fingerprint changes: the registry's "
         "recorded fingerprints show '?' until each namespace's next write. Refused while a live cache serves the "
         "store. The layout options are not used.")] = False,
+    yes: Annotated[bool, typer.Option(
+        "--yes", help="With --rekey: go ahead even though the store's page hashes are keyed by its key (a format-2 "
+        "store holding pages): none of them would be found again (`kvc audit --repair` then removes them). Refused "
+        "without it.")] = False,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -72,8 +77,10 @@ def init(
     env KVC_FINGERPRINT_KEY, when set, is the key instead of a random one). Running it again with the same
     layout changes nothing; another layout is an error (exit 2): pages of different layouts must never mix. A
     store path whose parent directory is missing is refused unless --parents."""
+    if yes and not rekey:
+        raise UsageError("--yes goes with --rekey")
     if rekey:
-        _rekey(store, json)
+        _rekey(store, yes, json)
         return
     layout = KVLayout(model, layers=layers, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype,
                       page_size=page_size)
@@ -103,7 +110,7 @@ def init(
         f"of {page_size} tokens; layout id {layout.layout_id.hex()[:16]}; fingerprint key in {esc(key)}")
 
 
-def _rekey(store: StoreLocation, json: bool) -> None:
+def _rekey(store: StoreLocation, yes: bool, json: bool) -> None:
     """`kvc init --rekey`: a new key for an existing LMDB store, saying what changes."""
     if scheme_of(store.url) != "lmdb":
         raise UsageError(f"--rekey: {store} keeps its fingerprint key in its format record, not a key file; "
@@ -113,8 +120,9 @@ def _rekey(store: StoreLocation, json: bool) -> None:
     from kvcache.storage.lmdb.rekey import rekey
 
     me = socket.gethostname()
-    result = rekey(store.url, lambda records: [where(r) for r in records if r.host != me or alive(r.pid)])
-    out = RekeyOutput(str(store), result.path, str(result.previous), result.namespaces, result.fingerprints_unknown)
+    result = rekey(store.url, lambda records: [where(r) for r in records if r.host != me or alive(r.pid)], yes)
+    out = RekeyOutput(str(store), result.path, str(result.previous), result.namespaces, result.fingerprints_unknown,
+                      result.unreachable_pages)
     if json:
         emit_json(out)
         return
@@ -125,3 +133,6 @@ def _rekey(store: StoreLocation, json: bool) -> None:
         f"ones; ids noted before match nothing now), and every salt fingerprint: {out.fingerprints_unknown} "
         f"salted namespace(s) show fingerprint '?' until their next write records it under the new key "
         f"(meanwhile name them by --id, or by their extra_key and salt)")
+    if out.unreachable_pages:
+        say(f"  {out.unreachable_pages:,} stored pages were hashed under the old key and will not be found again: "
+            f"`kvc audit --repair --store {esc(str(store))}` removes them")

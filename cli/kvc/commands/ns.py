@@ -240,8 +240,11 @@ def show(
         if rec is None:
             raise UsageError(f"no namespace {_named(ns)} in {store} (check the extra_key and the salt)")
         roots, more = [], 0
-        for layout in st.layouts():
-            kids = st.children(st.root(ns, layout))
+        # a reader who may not read the store's key cannot key a root: the record keeps the roots it has
+        heads = ([st.root(ns, layout) for layout in st.layouts()] if st.chain_key is not None
+                 else [bytes.fromhex(r) for r in rec.roots])
+        for head in heads:
+            kids = st.children(head)
             roots += [_walk(st, c, depth - 1, width) for c in kids[:width]]
             more += max(0, len(kids) - width)
     finally:

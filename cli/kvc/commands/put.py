@@ -81,9 +81,9 @@ def put(
         from kvcache.workload.kvdata import SyntheticKV
 
         layout = handle.layout
-        assert layout is not None
+        assert layout is not None and handle.chain_key is not None  # a writer holds the store's chain key
         kv = _file_pages(kv_file, layout, len(ids)) if kv_file is not None else None
-        hashes, origins = page_origins(layout, pack_tokens(ids), ns)
+        hashes, origins = page_origins(layout, pack_tokens(ids), ns, handle.chain_key)
         synthetic = SyntheticKV(layout)
         start = time.perf_counter()
         written = existing = rejected = nbytes = 0

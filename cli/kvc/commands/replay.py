@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -18,7 +16,6 @@ from kvcache.workload.traces import TraceRequest, WorkloadSpec, read_trace
 from .. import live
 from ..context import offline_cache, open_for_cache
 from ..errors import EXIT_FOUND, UsageError
-from ..inputs import writable_target
 from ..options import (
     DEFAULT_STORE,
     DebugOpt,
@@ -31,10 +28,11 @@ from ..options import (
     StoreOpt,
     WritePolicyOpt,
 )
+from ..outputs import ForceOpt, is_stdout, output_target, write_file, writing
 from ..render.output import emit_json, say
 from ..render.progress import progress
 from ..render.replay import print_report
-from ..render.text import esc
+from ..render.text import esc, human_bytes
 from ..reporting import command
 
 if TYPE_CHECKING:
@@ -55,7 +53,9 @@ def replay(
     verify: VerifyOpt = False,
     snapshot_out: Annotated[Path | None, typer.Option(
         "--snapshot-out", help="After the replay, write the cache's ownership snapshot here "
-        "(check it with `kvc audit --snapshot`). Its directory is checked before the replay starts.")] = None,
+        "(check it with `kvc audit --snapshot`), atomically. The name is checked before the replay starts: a "
+        "symbolic link, FIFO or device there is refused unless --force.")] = None,
+    force: ForceOpt = False,
     device_tokens: DeviceOpt = 16384,
     host_tokens: HostOpt = 65536,
     prefetch_policy: PrefetchPolicyOpt = PrefetchPolicy.TIMEOUT,
@@ -72,11 +72,10 @@ def replay(
     the final ownership audit fails, or no L3 write succeeded (every one failed or was refused: nothing was
     backed up); a read-only store is refused before the replay starts (exit 2). With --socket, the live cache
     runs the trace with its own sizes and policies (the tier and policy options are then not used)."""
-    if snapshot_out is not None:
-        writable_target(snapshot_out, "--snapshot-out")
+    snapshot_target = output_target(snapshot_out, "--snapshot-out", force) if snapshot_out is not None else None
     requests = read_trace(trace)  # validated whole before anything runs: a bad line changes nothing
     if (sock := live.socket_path(socket)) is not None:
-        report = live.replay(sock, trace, verify, batch, snapshot_out)
+        report = live.replay(sock, trace, verify, batch, snapshot_target)
         _finish(report, requests, f"{trace} on the live cache at {sock}", json)
         return
     from kvcache.workload.replay import replay as run_replay
@@ -89,8 +88,10 @@ def replay(
         with contextlib.closing(cache):
             with progress("replay", len(requests), not json) as advance:
                 report = run_replay(cache, requests, verify=verify, batch=batch, progress=advance)
-            if snapshot_out is not None:
-                cache.snapshot(str(snapshot_out))
+            if snapshot_target is not None:
+                from kvcache.diagnostics.snapshot import encode_snapshot
+
+                write_file(snapshot_target, encode_snapshot(cache.snapshot()))
     _finish(report, requests, str(trace), json)
 
 
@@ -111,6 +112,9 @@ def _finish(report: "ReplayReport", requests: list[TraceRequest], title: str, js
         raise typer.Exit(EXIT_FOUND)
 
 
+MAX_GENERATOR_BYTES = 4 << 30  # what `generate` may hold whatever --requests is: 100k tenants of the defaults fit
+
+
 class GenerateOutput(msgspec.Struct):
     """`kvc generate --json`."""
 
@@ -122,8 +126,9 @@ class GenerateOutput(msgspec.Struct):
 
 @command
 def generate(
-    out_path: Annotated[Path, typer.Argument(metavar="OUT", help="Where to write the JSONL trace.",
-                                             show_default=False)],
+    out_path: Annotated[Path, typer.Argument(
+        metavar="OUT", help="Where to write the JSONL trace (atomically; a symbolic link, FIFO or device there is "
+        "refused unless --force).", show_default=False)],
     requests: Annotated[int, typer.Option(min=1, max=10_000_000, help="Requests in the trace.")] = 1000,
     tenants: Annotated[int, typer.Option(min=1, max=100_000,
                                          help="Tenants (namespaces: extra_key tenant-<i>).")] = 4,
@@ -134,29 +139,29 @@ def generate(
                                                  help="Chance a request continues an open conversation.")] = 0.5,
     seed: Annotated[int, typer.Option(min=0, max=2**63 - 1,
                                       help="Random seed: the same seed gives the same trace.")] = 0,
+    force: ForceOpt = False,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Write a synthetic multi-tenant trace: per-tenant system prompts and documents, a prefix with the same
-    token ids in every tenant, Zipf-like popularity, multi-turn conversations. The file appears whole (written
-    beside it, then renamed)."""
-    from kvcache.workload.traces import generate as generate_trace
-    from kvcache.workload.traces import write_trace
+    token ids in every tenant, Zipf-like popularity, multi-turn conversations. Requests are written as they are
+    made (memory does not grow with --requests), and the file appears whole (written beside it, then renamed)."""
+    from kvcache.workload.traces import dump_trace, iter_generate
 
-    writable_target(out_path, "OUT")
+    target = output_target(out_path, "OUT", force)
     spec = WorkloadSpec(requests=requests, tenants=tenants, salted=salted, documents=documents,
                         continue_prob=continue_prob, seed=seed)
-    trace = generate_trace(spec)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out_path.name}.", dir=out_path.parent)
-    os.close(fd)
-    try:
-        write_trace(tmp, trace)
-        os.replace(tmp, out_path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)  # interrupted or failed: no half-written trace is left behind
-    result = GenerateOutput(str(out_path), len(trace), sum(len(r.tokens) for r in trace), spec)
-    if json:
+    if spec.held_bytes() > MAX_GENERATOR_BYTES:  # the requests stream; the tenants' documents are held
+        raise UsageError(f"--tenants {tenants} x --documents {documents}: the generator would hold "
+                         f"{human_bytes(spec.held_bytes())} of prompts, documents and conversations (at most "
+                         f"{human_bytes(MAX_GENERATOR_BYTES)}); ask for fewer tenants or documents")
+    with writing(target) as f:
+        count = dump_trace(f, iter_generate(spec))
+    result = GenerateOutput(str(out_path), count.requests, count.tokens, spec)
+    if is_stdout(target):  # the trace went to stdout: the summary must not land in it
+        sys.stderr.write(msgspec.json.encode(result).decode() + "\n" if json else
+                         f"{out_path}: {result.requests} requests, {result.tokens} tokens, {tenants} tenants\n")
+    elif json:
         emit_json(result)
     else:
         say(f"{esc(str(out_path))}: {result.requests} requests, {result.tokens} tokens, {tenants} tenants")

@@ -55,6 +55,36 @@ MaxConnections = Annotated[int, typer.Option(
 IdleTimeout = Annotated[float, typer.Option(
     "--idle-timeout", help="Seconds a connection may stay silent, or take to send one request, before the server "
                            "closes it.")]
+MetricsPortOpt = Annotated[int | None, typer.Option(
+    "--metrics-port", min=0, max=65535, show_default=False,
+    help="Serve Prometheus metrics of the live cache over HTTP on this TCP port (0: any free port; the ready line "
+    "names it): tiers, hits per namespace and tier, prefetch and backup counters, the store's figures. Off unless "
+    "asked for. Anyone who reaches the port can scrape (there is no uid check over TCP), and the labels name "
+    "tenants: it listens on 127.0.0.1 unless --metrics-addr says otherwise; --metrics-socket serves it to "
+    "allowed uids only.")]
+MetricsAddrOpt = Annotated[str | None, typer.Option(
+    "--metrics-addr", show_default=False, metavar="ADDRESS",
+    help="Address the --metrics-port endpoint listens on. Default: 127.0.0.1 (loopback). A wildcard (0.0.0.0, ::) "
+    "opens it to every interface, with a warning.")]
+MetricsSocketOpt = Annotated[str | None, typer.Option(
+    "--metrics-socket", show_default=False, metavar="PATH",
+    help="Serve the metrics over HTTP on this Unix socket instead of a TCP port (`curl --unix-socket PATH "
+    "http://localhost/metrics`): only the uids of the admin socket's allow-list (--allow-uid, checked with "
+    "SO_PEERCRED) get figures, any other is answered 403.")]
+MetricsModeOpt = Annotated[str, typer.Option(
+    "--metrics-socket-mode", help="Permissions of the --metrics-socket file, octal (owner only by default); "
+    "whoever connects must also be on the allow-list.")]
+MetricsConnectionsOpt = Annotated[int, typer.Option(
+    "--metrics-max-connections", min=1, max=4096,
+    help="Metrics connections open at once; one more closes the one idle the longest. Connections hold no thread "
+    "(one event loop serves them all).")]
+MetricsIdleOpt = Annotated[float, typer.Option(
+    "--metrics-idle-timeout", metavar="SECONDS",
+    help="Seconds a metrics connection may stay silent, or take to send one request, before it is closed.")]
+MetricsRefreshOpt = Annotated[float, typer.Option(
+    "--metrics-refresh-s", metavar="SECONDS",
+    help="Read the cache's figures at most once per this many seconds, whatever the number of scrapers; scrapes "
+    "in between get the same exposition (0: a read per scrape, still one at a time).")]
 TTLDefaultOpt = Annotated[float | None, typer.Option(
     "--ttl-default-s", show_default=False, metavar="SECONDS",
     help="Turn namespace expiry on: a namespace's time to live, in seconds, when its requests ask for none. At "
@@ -75,13 +105,20 @@ TTLSweepOpt = Annotated[float, typer.Option(
 EventsOpt = Annotated[str | None, typer.Option(
     "--events", show_default=False, metavar="ENDPOINT",
     help="Publish KV events (BlockStored / BlockRemoved / AllBlocksCleared, the batches vLLM and SGLang publish) "
-    "on a ZeroMQ PUB socket bound here, e.g. tcp://*:5557, tcp://127.0.0.1:* (any free port: the ready line "
-    "names it) or ipc:///run/kvc/events. One batch per step that changed the cache; salts never, only their "
-    "fingerprints. Follow it with `kvc events --follow`.")]
+    "on a ZeroMQ PUB socket bound here: a port alone (5557, or * for any free port: the ready line names it) "
+    "binds loopback, 127.0.0.1; any other address is bound as written, e.g. tcp://10.0.0.5:5557 or "
+    "ipc:///run/kvc/events. The feed has no authentication and names tenants and page hashes: a wildcard host "
+    "(tcp://*:5557, 0.0.0.0, ::) binds every interface and is warned about. One batch per step that changed "
+    "the cache; salts never, only their fingerprints. Follow it with `kvc events --follow`.")]
 EventsReplayOpt = Annotated[str | None, typer.Option(
     "--events-replay", show_default=False, metavar="ENDPOINT",
-    help="Also bind a ROUTER socket here that re-sends the batches a subscriber missed, from the sequence number "
-    "it asks for (the last --events-buffer batches are kept).")]
+    help="Also bind a ROUTER socket here (same forms as --events) that re-sends the batches a subscriber missed, "
+    "from the sequence number it asks for (the last --events-buffer batches are kept). Answers are bounded: "
+    "--events-max-replays run at once (one more is answered busy: the client asks again), each leaves as fast "
+    "as its client reads, and one whose client stops reading is abandoned.")]
+EventsMaxReplaysOpt = Annotated[int, typer.Option(
+    "--events-max-replays", min=1, max=1024,
+    help="Replay answers sent at once; a request beyond them is answered busy (the client asks again later).")]
 EventsTopicOpt = Annotated[str, typer.Option(
     "--events-topic", help="The topic frame of every KV-event message (subscribers filter on its prefix).")]
 EventsBufferOpt = Annotated[int, typer.Option(
@@ -102,14 +139,13 @@ def serve(
     write_policy: WritePolicyOpt = WritePolicy.WRITE_THROUGH,
     mode: ModeOpt = HostMode.CACHE,
     socket_mode: ModeBits = "600",
-    metrics_port: Annotated[int | None, typer.Option(
-        "--metrics-port", min=0, max=65535, show_default=False,
-        help="Serve Prometheus metrics of the live cache over HTTP on this port (0: any free port; the ready "
-        "line names it): tiers, hits per namespace and tier, prefetch and backup counters, the store's "
-        "figures. Each scrape is answered between two scheduler steps.")] = None,
-    metrics_addr: Annotated[str, typer.Option(
-        "--metrics-addr", help="Address the metrics endpoint listens on (labels carry tenant names: keep it "
-        "off public interfaces).")] = "127.0.0.1",
+    metrics_port: MetricsPortOpt = None,
+    metrics_addr: MetricsAddrOpt = None,
+    metrics_socket: MetricsSocketOpt = None,
+    metrics_socket_mode: MetricsModeOpt = "600",
+    metrics_max_connections: MetricsConnectionsOpt = 64,
+    metrics_idle_timeout: MetricsIdleOpt = 10.0,
+    metrics_refresh_s: MetricsRefreshOpt = 1.0,
     allow_uid: AllowUids = None,
     max_connections: MaxConnections = 64,
     idle_timeout: IdleTimeout = 10.0,
@@ -122,13 +158,14 @@ def serve(
     events_replay: EventsReplayOpt = None,
     events_topic: EventsTopicOpt = "",
     events_buffer: EventsBufferOpt = 10_000,
+    events_max_replays: EventsMaxReplaysOpt = 8,
     events_medium_names: EventsMediaOpt = MediumNames.KVC,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Run a live cache on the store with an admin socket, until SIGTERM or SIGINT. Other kvc commands act on it
-    with --socket; `--metrics-port` adds a Prometheus endpoint. Prints "serving on SOCKET" on stderr when ready
-    (with --json, a ready object on stdout)."""
+    with --socket; `--metrics-port` or `--metrics-socket` adds a Prometheus endpoint. Prints "serving on SOCKET" on
+    stderr when ready (with --json, a ready object on stdout)."""
     path = live.socket_path(socket)
     if path is None:
         raise UsageError("kvc serve needs --socket PATH (or KVC_SOCKET)")
@@ -143,6 +180,9 @@ def serve(
     if any(uid < 0 for uid in allow_uid or ()):
         raise UsageError("--allow-uid: a uid is a number >= 0")
     allowed = {os.geteuid(), *allow_uid} if allow_uid else None
+    metrics = _metrics_endpoint(metrics_port, metrics_addr, metrics_socket, metrics_socket_mode,
+                                metrics_max_connections, metrics_idle_timeout, metrics_refresh_s, allowed,
+                                os.path.abspath(path))
     ttl = _ttl_policy(ttl_default_s, ttl_mode, ttl_max_s, ttl_max_namespaces, ttl_sweep_s)
     stop = threading.Event()
     with contextlib.closing(open_for_cache(store)) as handle:
@@ -157,7 +197,8 @@ def serve(
         if events_replay is not None and events is None:
             cache.close()
             raise UsageError("--events-replay needs --events (the feed whose batches it re-sends)")
-        publisher = _events_publisher(cache, events, events_replay, events_topic, events_buffer, events_medium_names)
+        publisher = _events_publisher(cache, events, events_replay, events_topic, events_buffer, events_max_replays,
+                                      events_medium_names)
         # the server closes first (socket file removed, queued requests answered), then the cache flushes L3 (and
         # publishes AllBlocksCleared), then the event feed closes
         with _closing(publisher), contextlib.closing(cache), AdminServer(
@@ -165,8 +206,9 @@ def serve(
                 idle_timeout=idle_timeout) as server:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: stop.set())
-            metrics = _serve_metrics(server.path, metrics_addr, metrics_port) if metrics_port is not None else None
-            where = f", metrics on {metrics[0]}" if metrics is not None else ""
+            if metrics is not None:
+                _start_metrics(metrics)
+            where = f", metrics on {metrics.url}" if metrics is not None else ""
             if ttl is not None:
                 where += (f", TTL {ttl.mode.value} {ttl.default_ttl_s:g} s (max {ttl.max_ttl_s:g} s, "
                           f"{ttl.max_namespaces} namespaces)")
@@ -174,19 +216,27 @@ def serve(
                 where += f", KV events on {publisher.endpoint}"
                 if publisher.replay_endpoint is not None:
                     where += f" (replay {publisher.replay_endpoint})"
+                if publisher.every_interface:
+                    where += ", on every interface"
             log = console(stderr=True)
+            if publisher is not None and publisher.every_interface:
+                log.print("kvc serve: warning: the KV-event feed is bound on every interface and has no "
+                          "authentication: whoever reaches this host reads its tenants and page hashes (give "
+                          "--events a port alone for loopback)", markup=False)
             log.print(f"kvc serve: serving on {server.path} (store {store}, L1 {device_tokens} tokens, "
                       f"L2 {host_tokens} tokens, {mode.value} mode, pid {os.getpid()}{where})", markup=False)
             if json:
                 emit_json({"event": "ready", "socket": server.path, "pid": os.getpid(), "store": str(store),
-                           "metrics": metrics[0] if metrics is not None else None, "ttl": ttl,
+                           "metrics": metrics.url if metrics is not None else None,
+                           "metrics_every_interface": metrics is not None and metrics.wildcard, "ttl": ttl,
                            "events": publisher.endpoint if publisher is not None else None,
-                           "events_replay": publisher.replay_endpoint if publisher is not None else None})
+                           "events_replay": publisher.replay_endpoint if publisher is not None else None,
+                           "events_every_interface": publisher is not None and publisher.every_interface})
             try:
                 server.serve_forever(stop)
             finally:
                 if metrics is not None:
-                    metrics[1].shutdown()
+                    metrics.close()
             served = server.served
     console(stderr=True).print(f"kvc serve: stopped after {served} requests; socket removed, L3 writes flushed",
                                markup=False)
@@ -209,16 +259,18 @@ def _ttl_policy(default_s: float | None, mode: TTLMode, max_s: float | None, nam
         raise UsageError(str(exc)) from None
 
 
-def _events_publisher(cache, endpoint: str | None, replay: str | None, topic: str, buffer: int,
+def _events_publisher(cache, endpoint: str | None, replay: str | None, topic: str, buffer: int, max_replays: int,
                       medium_names: MediumNames):
-    """The KV-event feed of `cache` (None without --events); the cache is closed when it cannot be bound."""
+    """The KV-event feed of `cache` (None without --events); the cache is closed when it cannot be bound. A port
+    alone binds loopback."""
     if endpoint is None:
         return None
-    from kvcache.live.events import KVEventPublisher
+    from kvcache.live.events import KVEventPublisher, endpoint_of
 
     try:
-        return KVEventPublisher(cache, endpoint, replay_endpoint=replay, topic=topic, buffer_batches=buffer,
-                                medium_names=medium_names)
+        return KVEventPublisher(cache, endpoint_of(endpoint),
+                                replay_endpoint=endpoint_of(replay) if replay is not None else None, topic=topic,
+                                buffer_batches=buffer, max_replays=max_replays, medium_names=medium_names)
     except BaseException:
         cache.close()
         raise
@@ -228,22 +280,45 @@ def _closing(thing):
     return contextlib.closing(thing) if thing is not None else contextlib.nullcontext()
 
 
-def _serve_metrics(socket: str, addr: str, port: int):
-    """Start the Prometheus endpoint (a thread): each scrape asks this cache's own admin socket, so the figures
-    are read on the owner thread between steps. Returns (its URL, its server)."""
-    from prometheus_client import start_http_server
-
-    from kvcache.live.metrics import cache_families, registry_of
+def _metrics_endpoint(port: int | None, addr: str | None, path: str | None, mode: str, max_connections: int,
+                      idle_timeout: float, refresh_s: float, allowed: set[int] | None, admin_socket: str):
+    """The metrics endpoint the --metrics-* options ask for, checked and not yet started; None for none (the
+    default). Each read of its figures asks this cache's own admin socket, so they are read on the owner thread
+    between two steps, at most once per --metrics-refresh-s."""
+    if addr is not None and port is None:
+        raise UsageError("--metrics-addr needs --metrics-port (the TCP endpoint it is the address of)")
+    if port is not None and path is not None:
+        raise UsageError("--metrics-port and --metrics-socket: give one (the metrics endpoint listens on one)")
+    if not 0 < idle_timeout <= 3600:  # also refuses nan and inf
+        raise UsageError(f"--metrics-idle-timeout {idle_timeout:g}: must be > 0 and at most 3600 seconds")
+    if not 0 <= refresh_s <= 3600:
+        raise UsageError(f"--metrics-refresh-s {refresh_s:g}: must be 0..3600 seconds")
+    try:
+        bits = int(mode, 8)
+    except ValueError:
+        raise UsageError(f"--metrics-socket-mode {mode!r}: not an octal mode such as 600") from None
+    if port is None and path is None:
+        return None
+    from kvcache.live.metrics import cache_families
+    from kvcache.live.metrics_endpoint import MetricsEndpoint
     from kvcache.live.protocol import LiveStats, NamespaceList, NamespacesRequest, StatsRequest
 
     def families():
-        return cache_families(live.call(socket, StatsRequest(), LiveStats),
-                              live.call(socket, NamespacesRequest(), NamespaceList))
+        return cache_families(live.call(admin_socket, StatsRequest(), LiveStats),
+                              live.call(admin_socket, NamespacesRequest(), NamespaceList))
 
+    if path is not None:
+        return MetricsEndpoint(families, path=path, mode=bits, allow_uids=allowed, max_connections=max_connections,
+                               idle_timeout=idle_timeout, refresh_s=refresh_s)
+    return MetricsEndpoint(families, addr="127.0.0.1" if addr is None else addr, port=port,
+                           max_connections=max_connections, idle_timeout=idle_timeout, refresh_s=refresh_s)
+
+
+def _start_metrics(endpoint):
+    """Start `endpoint` (bind, then serve on its own threads); a TCP address or port that cannot be bound is one
+    line (a Unix socket's refusals are typed errors already)."""
     try:
-        httpd, _ = start_http_server(port, addr=addr, registry=registry_of(families))
+        return endpoint.start()
     except OSError as exc:
-        raise UsageError(f"--metrics-port {port} on {addr}: {exc.strerror or exc}") from None
-    host, bound = httpd.server_address[:2]
-    assert isinstance(host, str)  # an AF_INET/AF_INET6 server's address: (host, port, ...)
-    return f"http://{host}:{bound}/metrics", httpd
+        endpoint.close()
+        raise UsageError(f"--metrics-port {endpoint.port} on {endpoint.addr}: {exc.strerror or exc}") from None

@@ -10,6 +10,7 @@ import typer
 from .. import live
 from ..errors import UsageError
 from ..options import DebugOpt, JsonOpt, SocketOpt
+from ..outputs import ForceOpt, output_target
 from ..render.output import emit_json, say
 from ..render.text import esc, human_bytes
 from ..reporting import command
@@ -18,8 +19,10 @@ from ..reporting import command
 @command
 def snapshot(
     path: Annotated[Path, typer.Argument(help="Where to write the snapshot (atomically; this command writes it, "
-                                         "the server only sends it).", show_default=False)],
+                                         "the server only sends it). A symbolic link, FIFO or device there is "
+                                         "refused unless --force.", show_default=False)],
     socket: SocketOpt = None,
+    force: ForceOpt = False,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -29,7 +32,8 @@ def snapshot(
     if sock is None:
         raise UsageError("kvc snapshot acts on a live cache: give --socket PATH (or KVC_SOCKET); an offline "
                          "replay writes one with `kvc replay --snapshot-out`")
-    result = live.snapshot_to(sock, path)
+    target = output_target(path, "PATH", force)  # before the server takes a snapshot for nothing
+    result = live.snapshot_to(sock, target)
     if json:
         emit_json(result)
     else:

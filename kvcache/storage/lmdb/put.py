@@ -36,14 +36,14 @@ class PutBatch:
 
     def __init__(self, dbs: Any, layout: KVLayout, checksum: Checksum, hashes: Sequence[bytes],
                  views: Sequence[Any], origins: Sequence[PageOrigin], evict_headroom: float,
-                 fingerprint_key: bytes | None) -> None:
+                 fingerprint_key: bytes | None, chain_key: bytes) -> None:
         self.dbs = dbs
         self.layout_id = layout.layout_id
         self.nbytes = layout.bytes_per_page
         self.hashes = hashes
         self.views = views  # the caller's pages as byte views, checked against the layout (base.put_views)
         self.origins = origins
-        self.roots = {ns.id: hash_root(self.layout_id, ns) for ns in {o.namespace for o in origins}}
+        self.roots = {ns.id: hash_root(self.layout_id, ns, chain_key) for ns in {o.namespace for o in origins}}
         # One page value reused for every page: [checksum][payload], the payload copied in and summed in place.
         self.scratch = bytearray(HEADER + self.nbytes)
         self.digest, self.seeds = checksum.digest, checksum.seeds(hashes)

@@ -7,6 +7,9 @@ keeps the ids) and every salt fingerprint. The registry's recorded fingerprints 
 the salt never being stored, cannot be made again without it: each salted record's is set to UNKNOWN_FINGERPRINT,
 and the namespace's next write records it under the new key (`registry.apply_deltas`). Nothing mixes two keys.
 
+A store whose chain roots are keyed by its key (format 2) and that holds pages loses them all under a new key
+(their hashes cannot be found again): that is refused unless asked for (`--yes`), and said.
+
 Crash-safe in this order: the new key is written to a 0600 temp file, the registry is changed in one write
 transaction, then the temp file is renamed over the key file. Killed between the two, the store holds the old key
 (or none) and records no fingerprint it could not show: running the rekey again finishes it.
@@ -37,12 +40,17 @@ class RekeyResult(msgspec.Struct, frozen=True):
     previous: KeyState  # what the key file was before (present: a rotation; missing, empty, corrupt: a lost key)
     namespaces: int  # registry records: each one's display id changed
     fingerprints_unknown: int  # salted records whose fingerprint is unknown until their next write
+    unreachable_pages: int = 0  # pages whose chain roots the old key keyed (format 2): none is found again
 
 
-def rekey(location: str, live: Callable[[list[ServeRecord]], list[str]] | None = None) -> RekeyResult:
+def rekey(location: str, live: Callable[[list[ServeRecord]], list[str]] | None = None,
+          unreachable_ok: bool = False) -> RekeyResult:
     """Give the LMDB store at `location` a new fingerprint key (see the module docstring). `live(records)`: the
     live caches among the store's serving records (they hold the old key in memory and would go on recording
-    under it): the rekey is refused while there are any. StoreReadOnly when this user cannot write the store."""
+    under it): the rekey is refused while there are any. A store whose page-hash chain roots are keyed by its key
+    (format 2, `kvcache.storage.chain`) and that holds pages is refused unless `unreachable_ok`: under a new key
+    none of its pages would be found again (an audit then reports them as orphans, and `--repair` removes them).
+    StoreReadOnly when this user cannot write the store."""
     path, existed, _ = resolve_location(location, False, DEFAULT_DURABILITY, DEFAULT_CHECKSUM)
     if not existed:
         raise StoreError(path, "no kvc store here to rekey (create one with `kvc init`)")
@@ -56,6 +64,12 @@ def rekey(location: str, live: Callable[[list[ServeRecord]], list[str]] | None =
         if serving:
             raise StoreError(path, f"cannot rekey while live caches serve the store ({', '.join(serving)}): they "
                                    f"hold its key; stop them first")
+        pages = shared.reading(lambda txn: txn.stat(shared.dbs.meta)["entries"])
+        if shared.format.keyed_roots and pages and not unreachable_ok:
+            raise StoreError(path, f"the page hashes of this store are keyed by its key: under a new key none of its "
+                                   f"{pages} pages would be found again. Restore the key file from a backup; or "
+                                   f"rekey anyway with --yes (then `kvc audit --repair` removes the pages); nothing "
+                                   f"was changed")
         _, temp = prepare_new_key(path)
         namespaces, unknown = shared.write(lambda txn: _forget_fingerprints(txn, shared.dbs))
         install_key(path, temp)
@@ -67,7 +81,7 @@ def rekey(location: str, live: Callable[[list[ServeRecord]], list[str]] | None =
             except OSError:
                 pass  # already gone
         release(shared)
-    return RekeyResult(previous.path, previous.state, namespaces, unknown)
+    return RekeyResult(previous.path, previous.state, namespaces, unknown, pages if shared.format.keyed_roots else 0)
 
 
 def _forget_fingerprints(txn: lmdb.Transaction, dbs: Any) -> tuple[int, int]:

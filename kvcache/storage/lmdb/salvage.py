@@ -87,7 +87,7 @@ from ..codec import (
     decode_or_none,
 )
 from ..isolated import Died, run_isolated
-from ..keyfile import key_findings
+from ..keyfile import KEY_FILE, key_findings
 from ..verify import verify
 from . import pagefile
 from .env import (
@@ -296,6 +296,7 @@ def _rebuild(path: str, check: VerifyReport, force: bool) -> VerifyReport:
         try:
             with _env_of(new, create=True):
                 pass
+            _share_key(path, new)
             if probe.catalogue is None:
                 source_kind, copied = "scan", _copy_scanned(data_file, new, probe)
             else:
@@ -638,6 +639,14 @@ def _exclusive(path: str) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)  # releases the lock (if _swap's LMDB open has not already)
+
+
+def _share_key(path: str, new: str) -> None:
+    """The store's key file beside the fresh store too, so its checks key the chain roots as the store does
+    (kvcache.storage.chain); it is not swapped in (the store keeps its own). A store without one: nothing."""
+    key = os.path.join(path, KEY_FILE)
+    if os.path.exists(key):
+        shutil.copyfile(key, os.path.join(new, KEY_FILE))
 
 
 def _raw_env(path: str) -> lmdb.Environment:

@@ -28,6 +28,7 @@ import lmdb
 from ...types.keys import PAGE_HASH_BYTES, hash_root_of_id
 from ...types.layout import KVLayout
 from ..api import LayoutRecord
+from ..chain import chain_key_of
 from ..codec import (
     CHECKSUMS,
     HEADER,
@@ -38,6 +39,7 @@ from ..codec import (
     decode_or_none,
     stored_checksum,
 )
+from ..keyfile import read_key
 from ..verify import Findings, Guard, PageRow, Removal, RepairOps, ScannedPage, Snapshot
 from .env import SharedEnv
 from .registry import NsDelta, adjust_totals, apply_deltas, decode_totals, drop_page, recount
@@ -61,6 +63,8 @@ class LMDBIntegrity:
                  progress: Progress | None = None) -> None:
         self.shared = shared
         self.checksum = CHECKSUMS[shared.format.checksum]
+        # the roots' key from the store's key file (None: this user may not read it; roots come from the records)
+        self.chain_key = chain_key_of(shared.format, read_key(shared.path))
         self.batch_pages = REPAIR_BATCH_PAGES
         self._write = write or shared.write  # a store passes its own (the handle's checks and counts)
         self._progress = progress
@@ -205,7 +209,7 @@ class LMDBIntegrity:
     def repair_batch(self, body: Callable[[RepairOps], T]) -> T:
         """`body` in one write transaction, with the counters of what it removed settled at its end."""
         def run(txn: lmdb.Transaction) -> T:
-            ops = _RepairOps(txn, self.shared.dbs, self._layouts, self.checksum)
+            ops = _RepairOps(txn, self.shared.dbs, self._layouts, self.checksum, self.chain_key)
             result = body(ops)
             ops.settle()
             return result
@@ -220,8 +224,10 @@ class LMDBIntegrity:
 class _RepairOps:
     """`verify.RepairOps` inside one LMDB write transaction."""
 
-    def __init__(self, txn: lmdb.Transaction, dbs: Any, layouts: dict[bytes, KVLayout], checksum: Any) -> None:
+    def __init__(self, txn: lmdb.Transaction, dbs: Any, layouts: dict[bytes, KVLayout], checksum: Any,
+                 chain_key: bytes | None) -> None:
         self.txn, self.dbs, self.layouts, self.checksum = txn, dbs, layouts, checksum
+        self.chain_key = chain_key
         self.deltas: dict[bytes, NsDelta] = {}
         self.freed_pages = self.freed_bytes = 0
 
@@ -310,11 +316,20 @@ class _RepairOps:
             if parent is None:
                 return False  # the parent's damaged metadata is its own finding; this page goes below it
             return (parent.ns_id, parent.layout_id) != (meta.ns_id, meta.layout_id)
-        if meta.parent == hash_root_of_id(meta.layout_id, meta.ns_id):
+        if self._own_root(meta.parent, meta.layout_id, meta.ns_id):
             return False
         # Not its own root: an orphan, or a child of another namespace's root; a parent with bytes but no
         # metadata is that page's defect, and this page goes as part of its subtree.
         return txn.get(meta.parent, db=dbs.pages) is None
+
+    def _own_root(self, root: bytes, layout_id: bytes, ns_id: bytes) -> bool:
+        """Whether `root` is the chain root of namespace `ns_id` under `layout_id`: recomputed with the chain key,
+        else as the namespace's record keeps it (a record that does not decode: assume so, and keep the page)."""
+        if self.chain_key is not None:
+            return root == hash_root_of_id(layout_id, ns_id, self.chain_key)
+        raw = self.txn.get(ns_id, db=self.dbs.namespaces)
+        record = decode_or_none(decode_namespace, raw) if raw is not None else None
+        return record is None or root.hex() in record.roots
 
     def _below_removed(self, h: bytes, via: bytes) -> bool:
         """Whether `h` is a child of the removed page `via` (so unreachable now), checked in this transaction."""

@@ -63,6 +63,7 @@ from kvcache.storage.kit import (
     FORMAT_MAGIC,
     FORMAT_VERSION,
     HEADER,
+    KEYED_ROOTS_VERSION,
     PAGE_HASH_BYTES,
     AccessLog,
     AccessPolicy,
@@ -98,6 +99,7 @@ from kvcache.storage.kit import (
     StoreStats,
     StoreUnsupported,
     VerifyReport,
+    chain_key_of,
     check_page_hashes,
     count_read,
     decode_format,
@@ -109,6 +111,7 @@ from kvcache.storage.kit import (
     hash_root,
     layout_to_register,
     namespace_root,
+    new_chain_key,
     new_counts,
     new_fingerprint_key,
     out_views_for,
@@ -261,6 +264,8 @@ class RedisStore(StoreHandle):
         self.access_policy = access
         self.format = fmt
         self.fingerprint_key = bytes.fromhex(fmt.fingerprint_key) if fmt.fingerprint_key else None
+        # the key of the page-hash chain roots: a random secret in the format record (kvcache.storage.chain)
+        self.chain_key = chain_key_of(fmt, self.fingerprint_key)
         self._client = client
         self._lock = threading.Lock()  # guards the access log, the corrupt set, the counters and the backoff
         # (when, deepest page, its ns hex, pages). A server away (or full) for long must not grow the log without
@@ -327,7 +332,8 @@ class RedisStore(StoreHandle):
                 if not create:
                     raise NotAStore(url.shown, f"no kvc store under prefix {url.options.prefix!r} (create=True "
                                                f"makes one)")
-                fmt = StoreFormat(FORMAT_MAGIC, FORMAT_VERSION, CHECKSUM, time.time(), new_fingerprint_key().hex())
+                fmt = StoreFormat(FORMAT_MAGIC, FORMAT_VERSION, CHECKSUM, time.time(), new_fingerprint_key().hex(),
+                                  new_chain_key().hex())
                 client.set(key, encoder.encode(fmt), nx=True)  # two creators race: one record wins, both read it
                 raw = client.get(key)
         except _FAULTS as exc:
@@ -343,6 +349,12 @@ class RedisStore(StoreHandle):
                                               f"({FORMAT_VERSION})")
         if fmt.checksum != CHECKSUM:
             raise StoreUnsupported(url.shown, f"store checksums use {fmt.checksum!r}, this backend {CHECKSUM!r}")
+        if fmt.version < KEYED_ROOTS_VERSION or not fmt.chain_key:
+            # Its page hashes are rooted under no key, so a salt could be tested against them; `kvc migrate`
+            # rewrites LMDB stores only (a swap by one rename), and a Redis store is a cache that refills.
+            raise StoreUnsupported(url.shown, f"store format {fmt.version} predates keyed page-hash roots and "
+                                              f"kvc migrate upgrades LMDB stores only: delete the keys under prefix "
+                                              f"{url.options.prefix!r} and let the cache refill")
         return fmt
 
     def _bind_layout(self, layout: KVLayout, register: bool) -> None:
@@ -553,7 +565,7 @@ class RedisStore(StoreHandle):
 
     def root(self, namespace: Namespace, layout: KVLayout | None = None) -> bytes:
         """The hash root of `namespace` under `layout` (default: this handle's layout)."""
-        return namespace_root(namespace, layout or self.layout)
+        return namespace_root(namespace, layout or self.layout, self.chain_key, self.location)
 
     def _layout_records(self) -> dict[bytes, LayoutRecord]:
         raw = self._admin(lambda c: c.hgetall(self._k_layouts))
@@ -719,7 +731,9 @@ class RedisStore(StoreHandle):
             return self._failed_put(len(hashes))  # inside a backoff pause: the server was gone a moment ago
         self._flush_quietly()  # logged reads ride with writes, as in the LMDB backend
         layout_id, now = layout.layout_id, time.time()
-        roots = {ns.id: hash_root(layout_id, ns) for ns in {o.namespace for o in origins}}
+        chain_key = self.chain_key
+        assert chain_key is not None  # every store this backend opens keeps one (`_open_format`)
+        roots = {ns.id: hash_root(layout_id, ns, chain_key) for ns in {o.namespace for o in origins}}
         metas = [encoder.encode(PageMeta(o.namespace.id, layout_id, o.parent, o.tokens, nbytes,
                                       int.from_bytes(v[:HEADER], "little"), now, now, 0))
                  for o, v in zip(origins, values, strict=True)]
@@ -1134,6 +1148,7 @@ class _RedisIntegrity:
 
     def __init__(self, store: "RedisStore") -> None:
         self.store = store
+        self.chain_key = store.chain_key  # the format record's: every handle holds it
         self.batch_pages = REPAIR_BATCH_PAGES
         self.registry: dict[str, NamespaceRecord] = {}
         self.rows: dict[bytes, PageRow] = {}

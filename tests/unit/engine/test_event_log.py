@@ -52,7 +52,7 @@ def holdings(cache) -> set[tuple]:
     for node in tree.nodes():
         ns = node.namespace
         name = (ns.extra_key, ns.salt_fingerprint)
-        chain = page_hashes(cache.layout.layout_id, RadixKey.of(tree.path_key(node), ns), ps)
+        chain = page_hashes(cache.layout.layout_id, RadixKey.of(tree.path_key(node), ns), ps, cache.chain_key)
         mine = chain[len(chain) - len(node.key) // (4 * ps):]
         for tier, present in (("device", node.device is not None), ("host", node.host is not None)):
             if present:
@@ -148,7 +148,7 @@ def test_a_split_moves_pages_without_an_event_and_parents_chain():
     events = [ev for b in feed.batches for ev in b.events if not isinstance(ev, AllBlocksCleared)]
     # a: one node of 6 pages; b: splits it after 3 pages (no event) and adds a 2-page leaf below the head
     assert [(type(ev).__name__, len(ev.block_hashes)) for ev in events] == [("BlockStored", 6), ("BlockStored", 2)]
-    head_last = page_hashes(cache.layout.layout_id, RadixKey.of(list(range(6)), ns), 2)[-1]
+    head_last = page_hashes(cache.layout.layout_id, RadixKey.of(list(range(6)), ns), 2, cache.chain_key)[-1]
     assert events[1].parent_block_hash == head_last
     assert feed.rebuilt() == holdings(cache)
 
@@ -206,7 +206,8 @@ def test_a_node_evicted_while_its_write_is_in_flight_is_announced_with_its_true_
     cache.flush()  # the prefix is in L3
     _serve(cache, "a", prefix + list(range(100, 116)), ns)  # a child node of 4 pages, its backup in flight
     _serve(cache, "b", list(range(200, 224)), ns)  # needs the room: completes the backup, evicts the child
-    child = page_hashes(cache.layout.layout_id, RadixKey.of(prefix + list(range(100, 116)), ns), 4)
+    child = page_hashes(cache.layout.layout_id, RadixKey.of(prefix + list(range(100, 116)), ns), 4,
+                        cache.chain_key)
     assert cache.match(Request("q", prefix + list(range(100, 116)), ns)).device_tokens == 16  # it was evicted
     cache.flush()
     assert store.exists_prefix(child) == 8  # ... and written all the same
@@ -214,7 +215,7 @@ def test_a_node_evicted_while_its_write_is_in_flight_is_announced_with_its_true_
     assert len(announced) == 1
     ev = announced[0]
     assert ev.block_hashes == child[4:] and ev.parent_block_hash == child[3]
-    assert page_hashes(cache.layout.layout_id, RadixKey.of(prefix + ev.token_ids, ns), 4)[4:] == ev.block_hashes
+    assert page_hashes(cache.layout.layout_id, RadixKey.of(prefix + ev.token_ids, ns), 4, cache.chain_key)[4:] == ev.block_hashes
     assert feed.rebuilt() == holdings(cache)
 
 
@@ -253,7 +254,8 @@ def test_a_drop_removes_only_pages_the_feed_announced(store):
     cache.poll()
     removed = [h for b in feed.batches for ev in b.events if isinstance(ev, BlockRemoved) and ev.medium == "storage"
                for h in ev.block_hashes]
-    assert sorted(removed) == sorted(page_hashes(cache.layout.layout_id, RadixKey.of(list(range(32)), ns), 4))
+    assert sorted(removed) == sorted(page_hashes(cache.layout.layout_id, RadixKey.of(list(range(32)), ns), 4,
+                                                       cache.chain_key))
     assert feed.rebuilt() == holdings(cache) == set()
 
 

@@ -307,8 +307,8 @@ def test_a_namespace_drop_never_writes_back(store, store_first):
     serve(c, Request("b", TOKENS[32:], T1))  # on the device only
     serve(c, Request("c", TOKENS, T2))  # another tenant stays
     c.flush()
-    a_hashes = page_hashes(c.layout.layout_id, Request("p", TOKENS[:32], T1).key, 4)
-    b_hashes = page_hashes(c.layout.layout_id, Request("p", TOKENS[32:], T1).key, 4)
+    a_hashes = page_hashes(c.layout.layout_id, Request("p", TOKENS[:32], T1).key, 4, c.chain_key)
+    b_hashes = page_hashes(c.layout.layout_id, Request("p", TOKENS[32:], T1).key, 4, c.chain_key)
     if store_first:
         store.delete_namespace(T1.id)
     dropped = c.drop_namespace(T1)

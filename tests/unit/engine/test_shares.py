@@ -99,7 +99,7 @@ def test_lmdb_keeps_a_store_share_by_evicting_the_namespaces_own_oldest_pages(tm
     store.set_shares(A, Shares(store_bytes=6 * nbytes))  # A's own limit replaces the uniform quota for A
 
     def put(tokens, ns):
-        hashes, origins = page_origins(layout, pack_tokens(tokens), ns)
+        hashes, origins = page_origins(layout, pack_tokens(tokens), ns, store.chain_key)
         return store.put(hashes, [np.full(nbytes, 7, np.uint8)] * len(hashes), origins)
 
     assert put(range(0, 24), A).written == 6  # 6 pages: within A's share

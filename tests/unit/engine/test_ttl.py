@@ -68,7 +68,7 @@ def held(cache, store, ns, tokens=TOKENS):
     key = Request("probe", tokens, ns).key
     m = cache.tree.match_prefix(key, touch=False)
     host = sum(len(n.host) for n in cache.tree.path(m.host_node) if n.host is not None)
-    return len(m.device_pages), host, store.exists_prefix(page_hashes(cache.layout.layout_id, key, 4))
+    return len(m.device_pages), host, store.exists_prefix(page_hashes(cache.layout.layout_id, key, 4, cache.chain_key))
 
 
 def listed(cache, store, ns) -> bool:

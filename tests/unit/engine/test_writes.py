@@ -56,7 +56,7 @@ def serve(cache, rid, tokens, ns=T1):
 
 
 def hashes_of(cache, tokens, ns=T1):
-    return page_hashes(cache.layout.layout_id, Request("h", tokens, ns).key, cache.page_size)
+    return page_hashes(cache.layout.layout_id, Request("h", tokens, ns).key, cache.page_size, cache.chain_key)
 
 
 def stored_flags_are_true(cache, store) -> None:
@@ -202,7 +202,7 @@ def test_the_store_names_the_pages_it_evicts_for_a_put(store):
     store.set_shares(T1, Shares(store_bytes=10 * layout.bytes_per_page))
     before = set()
     for start in (0, 1000):
-        hashes, origins = page_origins(layout, pack_tokens(range(start, start + 32)), T1)
+        hashes, origins = page_origins(layout, pack_tokens(range(start, start + 32)), T1, store.chain_key)
         result = store.put(hashes, [bytes(layout.bytes_per_page)] * len(hashes), origins)
         now = {h for _, h, _ in store_holdings(store)}
         assert result.evicted == len(result.evicted_hashes)

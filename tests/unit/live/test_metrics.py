@@ -78,3 +78,31 @@ def test_cache_families_show_each_namespace_share_beside_its_use(tmp_path):
     assert values[("kvc_cache_namespace_tokens", (*labels, ("tier", "device")))] == 32
     cache.close()
     store.close()
+
+
+def test_control_characters_in_label_values_never_reach_the_exposition_raw(tmp_path):
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+
+    from kvcache.live.metrics import registry_of
+
+    hostile = "\x1b[31mred\x1b[0m\rover\ttab\x00nul\u202eevil\nsplit"
+    ns = Namespace(hostile, "salt")
+    store, cache = _served(tmp_path, ns, 40)
+    families = list(cache_families(execute(cache, StatsRequest()), execute(cache, NamespacesRequest())))
+    text = exposition(families)
+    om = openmetrics_latest(registry_of(lambda: families)).decode()
+    for rendering in (text, om):
+        assert not any(c in rendering for c in "\x1b\r\t\x00\u202e")  # none raw, in either format
+        assert 'extra_key="\\\\x1b[31mred\\\\x1b[0m\\\\rover\\\\ttab\\\\x00nul\\\\u202eevil\\nsplit"' in rendering
+    from kvcache.live.metrics import label_value
+
+    shown = "\\x1b[31mred\\x1b[0m\\rover\\ttab\\x00nul\\u202eevil\nsplit"  # what a parser reads back
+    assert label_value(hostile) == shown
+    values = _samples(text)
+    fp = ns.salt_fingerprint
+    assert values[("kvc_cache_namespace_tokens", (("extra_key", shown), ("salt_fingerprint", fp),
+                                                   ("tier", "device")))] == 40
+    cache.close()
+    offline = exposition(store_families(store.stats(), "/srv/\x1bkvc", store.namespaces()))
+    assert "\x1b" not in offline and 'store="/srv/\\\\x1bkvc"' in offline
+    store.close()

@@ -44,7 +44,7 @@ def test_a_live_replay_whose_rids_collide_with_the_engines_holds_verifies_clean(
     adm = c.admit(engine)
     assert adm.cached_tokens == 48
     pages = adm.slots[::4] // 4
-    hashes = page_hashes(c.layout.layout_id, engine.key, 4)
+    hashes = page_hashes(c.layout.layout_id, engine.key, 4, c.chain_key)
     assert len(SyntheticKV(c.layout).mismatches(c.device_pool.pages, pages[:12], hashes[:12])) == 0
     c.release("r1")
     assert c.audit().ok
@@ -77,7 +77,7 @@ def test_load_back_counts_pages_the_store_lacks_as_absent_and_only_changed_bytes
     c = l3_cache(store, write_policy=WritePolicy.WRITE_BACK)
     tokens = PROMPT + [0] * 8 + [5] * 8  # 14 pages: the first 12 are in L3 (the fixture's), the last 2 are new
     replay(c, [TraceRequest("w", tokens, "t1", SALT)])  # committed on the device; write-back: not in L3 yet
-    assert store.exists_prefix(page_hashes(c.layout.layout_id, Request("k", tokens, T1).key, 4)) == 12
+    assert store.exists_prefix(page_hashes(c.layout.layout_id, Request("k", tokens, T1).key, 4, c.chain_key)) == 12
     clean = execute(c, LoadBackRequest(tokens, "t1", SALT))
     assert clean.pages == 14 and clean.hit_tokens == 56
     assert (clean.verify_absent, clean.verify_mismatches, clean.verified_tokens) == (2, 0, 48)

@@ -13,7 +13,7 @@ T1 = Namespace("t1", "s")
 
 def _put(store, tokens, ns=T1):
     layout = store.layout
-    hashes, origins = page_origins(layout, pack_tokens(tokens), ns)
+    hashes, origins = page_origins(layout, pack_tokens(tokens), ns, store.chain_key)
     store.put(hashes, [r.numpy() for r in SyntheticKV(layout).pages(hashes)], origins)
     return hashes
 

@@ -10,15 +10,16 @@ from kvcache.types.namespace import Namespace
 from kvcache.storage.api import VERIFY_KINDS, NamespaceRecord, PageMeta, VerifyFinding, VerifyReport, page_origins
 
 LAYOUT = KVLayout("unit-model@r1", layers=1, kv_heads=1, head_dim=8, dtype="float16", page_size=4)
+KEY = b"c" * 32  # a chain key
 
 
 def test_page_origins_match_the_key_chain():
     ns = Namespace("tenant", "salt")
     key = RadixKey.of(list(range(18)), ns)  # 4 whole pages and a partial tail
-    hashes, origins = page_origins(LAYOUT, key.data, ns)
-    assert hashes == page_hashes(LAYOUT.layout_id, key, LAYOUT.page_size)
+    hashes, origins = page_origins(LAYOUT, key.data, ns, KEY)
+    assert hashes == page_hashes(LAYOUT.layout_id, key, LAYOUT.page_size, KEY)
     assert len(origins) == 4
-    assert origins[0].parent == hash_root(LAYOUT.layout_id, ns)
+    assert origins[0].parent == hash_root(LAYOUT.layout_id, ns, KEY)
     assert [o.parent for o in origins[1:]] == hashes[:-1]
     assert b"".join(o.tokens for o in origins) == key.page_aligned(4).data
     assert all(o.namespace == ns for o in origins)
@@ -27,8 +28,8 @@ def test_page_origins_match_the_key_chain():
 def test_page_origins_continue_a_chain_from_a_parent():
     ns = Namespace("tenant")
     key = RadixKey.of(list(range(16)), ns)
-    hashes, _ = page_origins(LAYOUT, key.data, ns)
-    tail, origins = page_origins(LAYOUT, key.data[32:], ns, parent=hashes[1])
+    hashes, _ = page_origins(LAYOUT, key.data, ns, KEY)
+    tail, origins = page_origins(LAYOUT, key.data[32:], ns, KEY, parent=hashes[1])
     assert tail == hashes[2:]
     assert origins[0].parent == hashes[1]
 

@@ -13,7 +13,7 @@ from kvcache.storage.codec import (CHECKSUMS, HEADER, StoreFormat, chains_to, de
                                    stored_checksum)
 
 LAYOUT = KVLayout("codec-model", layers=1, kv_heads=1, head_dim=8, dtype="float16", page_size=4)
-HASHES, ORIGINS = page_origins(LAYOUT, pack_tokens(range(8)), Namespace("t", "s"))
+HASHES, ORIGINS = page_origins(LAYOUT, pack_tokens(range(8)), Namespace("t", "s"), b"c" * 32)
 
 
 def value_of(algo, page_hash: bytes, payload: bytes) -> bytes:

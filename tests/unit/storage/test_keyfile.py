@@ -10,8 +10,9 @@ import stat
 import numpy as np
 import pytest
 from factories import make_layout
+from unit.storage.lmdb.test_migrate import set_format_version
 
-from kvcache import KeyFileError, Namespace, open_store, page_origins
+from kvcache import KeyFileError, Namespace, StoreError, open_store, page_origins
 from kvcache.storage.keyfile import KEY_FILE, KeyState, create_key, key_findings, key_status, read_key
 from kvcache.types.keys import pack_tokens
 from kvcache.types.namespace import UNKNOWN_FINGERPRINT, display_id
@@ -22,7 +23,8 @@ SALT = "keyfile-salt-1"
 def _put(path, ns, create=True, first=0):
     layout = make_layout(4)
     with open_store(str(path), layout, create=create) as store:
-        hashes, origins = page_origins(layout, pack_tokens(np.arange(first, first + 8, dtype=np.uint32)), ns)
+        hashes, origins = page_origins(layout, pack_tokens(np.arange(first, first + 8, dtype=np.uint32)), ns,
+                                       store.chain_key)
         store.put(hashes, [np.zeros(layout.bytes_per_page, np.uint8) for _ in hashes], origins)
         return store.fingerprint_key, store.namespaces()
 
@@ -81,6 +83,36 @@ def test_a_key_file_that_is_a_directory_is_refused(tmp_path):
             open_store(str(tmp_path / "s"), **kwargs)
 
 
+def test_a_store_made_before_key_files_is_refused_until_rekey_or_migrate_gives_it_one(tmp_path):
+    # a store made before key files is of format 1 (its chain roots keyed by nothing): no key file, and nothing
+    # writes one behind anyone's back; `kvc init --rekey` (here) or `kvc migrate` (ensure_key) gives it one
+    from kvcache.storage.lmdb.rekey import rekey
+
+    _put(tmp_path / "s", Namespace("t1", SALT))
+    (tmp_path / "s" / KEY_FILE).unlink()
+    set_format_version(str(tmp_path / "s"), 1)
+    for kwargs in ({"readonly": True}, {"layout": make_layout(4)}):
+        with pytest.raises(KeyFileError, match="made before kvc kept one"):
+            open_store(str(tmp_path / "s"), **kwargs)
+    assert rekey(str(tmp_path / "s")).previous is KeyState.MISSING
+    with open_store(str(tmp_path / "s"), make_layout(4)) as rw:
+        assert rw.fingerprint_key == read_key(str(tmp_path / "s")) is not None
+        assert rw.stats().pages == 2 and rw.verify().ok  # unkeyed chain roots: every page still reachable
+
+
+def test_rekey_of_a_keyed_store_holding_pages_is_refused_unless_told_they_go(tmp_path):
+    from kvcache.storage.lmdb.rekey import rekey
+
+    _put(tmp_path / "s", Namespace("t1", SALT))
+    (tmp_path / "s" / KEY_FILE).unlink()
+    with pytest.raises(StoreError, match="none of its 2 pages would be found again"):
+        rekey(str(tmp_path / "s"))
+    assert not (tmp_path / "s" / KEY_FILE).exists()  # nothing changed
+    assert rekey(str(tmp_path / "s"), unreachable_ok=True).previous is KeyState.MISSING
+    with open_store(str(tmp_path / "s"), readonly=True) as ro:
+        assert {f.kind for f in ro.verify().findings} == {"orphan"}  # `kvc audit --repair` removes them
+
+
 def test_racing_creators_agree_on_one_key(tmp_path):
     keys = {create_key(str(tmp_path)) for _ in range(5)}
     assert len(keys) == 1 and [p.name for p in tmp_path.iterdir()] == [KEY_FILE]
@@ -111,6 +143,7 @@ def test_rekey_makes_a_new_key_and_re_records_fingerprints_on_the_next_write(tmp
     old_key, _ = _put(tmp_path / "s", ns)
     _put(tmp_path / "s", other, create=False)
     (tmp_path / "s" / KEY_FILE).unlink()
+    set_format_version(str(tmp_path / "s"), 1)  # its chain roots keyed by nothing: the pages outlive the key
     result = rekey(str(tmp_path / "s"))
     assert (result.previous, result.namespaces, result.fingerprints_unknown) == (KeyState.MISSING, 2, 1)
     assert stat.S_IMODE(os.stat(tmp_path / "s" / KEY_FILE).st_mode) == 0o600

@@ -44,7 +44,7 @@ def test_plain_path_and_lmdb_url_open_the_same_store(tmp_path):
     path = tmp_path / "s"
     with open_store(str(path), LAYOUT, create=True) as first:
         assert isinstance(first, LMDBStore) and isinstance(first, L3Store)
-        hashes, origins = page_origins(LAYOUT, b"\x01\x00\x00\x00" * 4, Namespace("t"))
+        hashes, origins = page_origins(LAYOUT, b"\x01\x00\x00\x00" * 4, Namespace("t"), first.chain_key)
         first.put(hashes, [bytes(LAYOUT.bytes_per_page)], origins)
     with open_store(f"lmdb://{path}") as second:
         assert second.layout is None

@@ -42,7 +42,7 @@ def payload(page_hash: bytes) -> np.ndarray:
 
 
 def write(store: LMDBStore, tokens, ns: Namespace = NS, parent: bytes | None = None) -> list[bytes]:
-    hashes, origins = page_origins(store.layout, pack_tokens(tokens), ns, parent)
+    hashes, origins = page_origins(store.layout, pack_tokens(tokens), ns, store.chain_key, parent)
     result = store.put(hashes, [payload(h) for h in hashes], origins)
     assert result.written + result.existing == len(hashes)
     return hashes

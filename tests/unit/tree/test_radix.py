@@ -75,7 +75,7 @@ def test_split_keeps_sizes_and_page_hashes():
     ins = t.insert(key(range(12)), pages(0, 6))
     t.set_host(ins.node, pages(40, 6))
     full = t.page_hashes(ins.node)
-    assert full == page_hashes(LAYOUT_ID, key(range(12)), 2)
+    assert full == page_hashes(LAYOUT_ID, key(range(12)), 2, t.chain_key)
     before = (t.device_evictable, t.host_evictable)
     t.insert(key(list(range(4)) + [77, 78]), pages(10, 3))  # splits after 2 pages
     head = ins.node.parent
@@ -86,7 +86,7 @@ def test_split_keeps_sizes_and_page_hashes():
     assert (t.device_evictable, t.host_evictable) == (before[0] + 1, before[1])
     # hashes computed after a split agree with a fresh computation
     other = t.match_prefix(key(list(range(4)) + [77, 78])).device_node
-    assert t.page_hashes(other) == page_hashes(LAYOUT_ID, key(list(range(4)) + [77, 78]), 2)[2:]
+    assert t.page_hashes(other) == page_hashes(LAYOUT_ID, key(list(range(4)) + [77, 78]), 2, t.chain_key)[2:]
 
 
 def test_split_reports_to_listener():

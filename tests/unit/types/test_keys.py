@@ -4,9 +4,18 @@ import numpy as np
 import pytest
 
 from kvcache import InvalidTokens, Namespace, RadixKey, page_hashes
-from kvcache.types.keys import extend_chain, hash_root, pack_tokens, unpack_tokens
+from kvcache.types.keys import (
+    UNKEYED_CHAIN,
+    derive_chain_key,
+    extend_chain,
+    hash_root,
+    new_chain_key,
+    pack_tokens,
+    unpack_tokens,
+)
 
 LAYOUT_A, LAYOUT_B = b"a" * 16, b"b" * 16
+KEY = b"k" * 32  # a chain key
 
 
 def test_pack_round_trip():
@@ -32,24 +41,51 @@ def test_page_aligned_drops_partial_tail():
 def test_chain_is_a_chain():
     ns = Namespace("t1", "s")
     key = RadixKey.of(range(12), ns)
-    h = page_hashes(LAYOUT_A, key, 4)
+    h = page_hashes(LAYOUT_A, key, 4, KEY)
     assert len(h) == 3 and all(len(x) == 16 for x in h)
     # h_i depends only on h_{i-1} and page i: extending from a middle hash gives the same tail
     assert extend_chain(h[0], key.data[16:], 4) == h[1:]
     # a shorter key is a prefix of the chain; the partial tail page has no hash
-    assert page_hashes(LAYOUT_A, RadixKey.of(range(9), ns), 4) == h[:2]
+    assert page_hashes(LAYOUT_A, RadixKey.of(range(9), ns), 4, KEY) == h[:2]
 
 
 def test_namespace_and_layout_are_in_the_root():
     toks = list(range(8))
-    chains = {tuple(page_hashes(lay, RadixKey.of(toks, ns), 4))
+    chains = {tuple(page_hashes(lay, RadixKey.of(toks, ns), 4, KEY))
               for lay in (LAYOUT_A, LAYOUT_B) for ns in (Namespace(), Namespace("t1"), Namespace("t1", "s"))}
     assert len(chains) == 6
-    assert hash_root(LAYOUT_A, Namespace("")) == hash_root(LAYOUT_A, Namespace(None))
+    assert hash_root(LAYOUT_A, Namespace(""), KEY) == hash_root(LAYOUT_A, Namespace(None), KEY)
     # no page hash of one namespace equals any of another's for the same tokens
-    a = set(page_hashes(LAYOUT_A, RadixKey.of(toks, Namespace("t1")), 1))
-    b = set(page_hashes(LAYOUT_A, RadixKey.of(toks, Namespace("t2")), 1))
+    a = set(page_hashes(LAYOUT_A, RadixKey.of(toks, Namespace("t1")), 1, KEY))
+    b = set(page_hashes(LAYOUT_A, RadixKey.of(toks, Namespace("t2")), 1, KEY))
     assert not a & b
+
+
+def test_the_chain_key_is_in_the_root():
+    """The root is keyed: another key gives another chain for the same tokens, layout and namespace, so a page
+    hash cannot be recomputed from a guessed salt without the key."""
+    ns, toks = Namespace("t1", "abc"), RadixKey.of(range(8), Namespace("t1", "abc"))
+    other = new_chain_key()
+    assert hash_root(LAYOUT_A, ns, KEY) != hash_root(LAYOUT_A, ns, other)
+    assert not set(page_hashes(LAYOUT_A, toks, 4, KEY)) & set(page_hashes(LAYOUT_A, toks, 4, other))
+    assert len(other) == 32 and other != new_chain_key()
+
+
+def test_the_unkeyed_chain_is_the_format_1_root():
+    """UNKEYED_CHAIN (b"") gives the root a format-1 store was written with: blake2b of layout || id, no key."""
+    import hashlib
+
+    ns = Namespace("t1", "s")
+    legacy = hashlib.blake2b(LAYOUT_A + ns.id, digest_size=16, person=b"kvc.page.root.v1").digest()
+    assert hash_root(LAYOUT_A, ns, UNKEYED_CHAIN) == legacy
+
+
+def test_a_derived_chain_key_is_its_own_digest_of_the_secret():
+    """The chain key derived from a store's secret is stable, differs per secret, and is never the secret."""
+    secret = bytes(range(32))
+    assert derive_chain_key(secret) == derive_chain_key(secret) != secret
+    assert derive_chain_key(secret) != derive_chain_key(bytes(32))
+    assert len(derive_chain_key(secret)) == 32
 
 
 @pytest.mark.parametrize("make", [

@@ -9,7 +9,7 @@ from kvcache import KVLayout, Namespace, RadixKey, SyntheticKV, page_hashes
 
 
 def _hashes(layout, tokens, ns=Namespace("t1", "s")):
-    return page_hashes(layout.layout_id, RadixKey.of(tokens, ns), layout.page_size)
+    return page_hashes(layout.layout_id, RadixKey.of(tokens, ns), layout.page_size, b"c" * 32)
 
 
 def _pool(layout, n_pages):

@@ -105,3 +105,22 @@ def test_an_endless_line_is_refused_at_the_cap_not_read_whole(tmp_path, monkeypa
         read_trace(path)
     with pytest.raises(InvalidTrace, match=":1: the line is longer"):
         list(parse_trace([b"y" * 1001]))
+
+
+def test_iter_generate_yields_generates_requests_one_at_a_time_and_dump_trace_counts_them():
+    """Issue 26 #7: `kvc generate` streams: the generator is lazy (its first request comes before any later one is
+    made) and yields exactly `generate`'s trace; dump_trace writes as it goes and counts requests and tokens."""
+    import io
+    import types
+
+    from kvcache.workload.traces import dump_trace, iter_generate
+
+    spec = WorkloadSpec(requests=300, tenants=3, seed=11)
+    lazy = iter_generate(spec)
+    assert isinstance(lazy, types.GeneratorType)
+    assert next(lazy) == generate(spec)[0]
+    assert [next(lazy)] + list(lazy) == generate(spec)[1:]
+    sink = io.BytesIO()
+    count = dump_trace(sink, iter_generate(spec))
+    assert count.requests == 300 and count.tokens == sum(len(r.tokens) for r in generate(spec))
+    assert sink.getvalue().count(b"\n") == 300

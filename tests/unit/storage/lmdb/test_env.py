@@ -23,7 +23,7 @@ layout = KVLayout("marker@r1", layers=1, kv_heads=1, head_dim=20, dtype="float16
 with open_store(sys.argv[1], layout, create=True) as store:
     for n in range(40):
         tokens = pack_tokens(np.arange(n * 1000, n * 1000 + 128, dtype=np.uint32))
-        hashes, origins = page_origins(layout, tokens, Namespace(f"t{n}", "s"))
+        hashes, origins = page_origins(layout, tokens, Namespace(f"t{n}", "s"), store.chain_key)
         store.put(hashes, [np.zeros(layout.bytes_per_page, np.uint8) for _ in hashes], origins)
 """
 
@@ -72,7 +72,8 @@ def filled(tmp_path: Path) -> Path:
     layout = KVLayout("lockfree@r1", **LAYOUT_ARGS)
     path = tmp_path / "s"
     with LMDBStore.open(str(path), layout, create=True) as store:
-        hashes, origins = page_origins(layout, pack_tokens(np.arange(12, dtype=np.uint32)), Namespace("t", "s"))
+        hashes, origins = page_origins(layout, pack_tokens(np.arange(12, dtype=np.uint32)), Namespace("t", "s"),
+                                       store.chain_key)
         store.put(hashes, [np.full(layout.bytes_per_page, 7, np.uint8) for _ in hashes], origins)
     return path
 

@@ -33,7 +33,7 @@ def build(path: str, docs: int = 10) -> dict[bytes, bytes]:
         for t, ns in enumerate(TENANTS):
             for doc in range(docs):
                 tokens = [t * 1000 + doc] * 4 + list(range(doc * 100, doc * 100 + 36))
-                hashes, origins = page_origins(LAYOUT, pack_tokens(tokens), ns)
+                hashes, origins = page_origins(LAYOUT, pack_tokens(tokens), ns, store.chain_key)
                 pages = list(kv.pages(hashes).numpy())
                 store.put(hashes, pages, origins)
                 written.update((h, bytes(p)) for h, p in zip(hashes, pages, strict=True))

@@ -38,7 +38,8 @@ with LMDBStore.open(sys.argv[1]) as store:
 def path(tmp_path: Path) -> str:
     where = str(tmp_path / "s")
     with LMDBStore.open(where, LAYOUT, create=True) as store:
-        hashes, origins = page_origins(LAYOUT, pack_tokens(np.arange(16, dtype=np.uint32)), Namespace("t", "s"))
+        hashes, origins = page_origins(LAYOUT, pack_tokens(np.arange(16, dtype=np.uint32)), Namespace("t", "s"),
+                                       store.chain_key)
         store.put(hashes, [np.full(LAYOUT.bytes_per_page, 3, np.uint8) for _ in hashes], origins)
     return where
 
@@ -119,7 +120,7 @@ def test_a_lock_free_audit_finds_what_a_locked_one_finds(path):
     with LMDBStore.open(path, LAYOUT) as store:  # more pages than a lock-free chunk: the scan crosses chunks
         for t in range(LOCK_FREE_CHUNK_PAGES // 4 + 2):
             hashes, origins = page_origins(LAYOUT, pack_tokens(np.arange(16, dtype=np.uint32) + 100 * t),
-                                           Namespace(f"n{t}", "s"))
+                                           Namespace(f"n{t}", "s"), store.chain_key)
             store.put(hashes, [np.full(LAYOUT.bytes_per_page, t, np.uint8) for _ in hashes], origins)
     env = lmdb.open(path, max_dbs=16, subdir=True)
     pages, meta = env.open_db(b"pages"), env.open_db(b"meta")

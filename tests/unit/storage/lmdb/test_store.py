@@ -38,7 +38,7 @@ def payload(page_hash: bytes, nbytes: int = PAGE) -> np.ndarray:
 
 
 def write(store, tokens, ns=NS, layout=LAYOUT):
-    hashes, origins = page_origins(layout, pack_tokens(tokens), ns)
+    hashes, origins = page_origins(layout, pack_tokens(tokens), ns, store.chain_key)
     result = store.put(hashes, [payload(h, layout.bytes_per_page) for h in hashes], origins)
     return hashes, result
 
@@ -229,7 +229,7 @@ def test_full_disk_is_store_full_and_loses_nothing_acknowledged(tmpfs):
 
 
 def test_put_rejects_malformed_batches(store, path):
-    hashes, origins = page_origins(LAYOUT, pack_tokens(range(8)), NS)
+    hashes, origins = page_origins(LAYOUT, pack_tokens(range(8)), NS, store.chain_key)
     good = [payload(h) for h in hashes]
     with pytest.raises(InvalidInput, match="bytes"):
         store.put(hashes, [good[0], good[1][:-1]], origins)
@@ -242,11 +242,11 @@ def test_put_rejects_malformed_batches(store, path):
         store.put(hashes, good, short)
     # A chain continued under another namespace than its stored parent's.
     store.put(hashes[:1], good[:1], origins[:1])
-    foreign, forigins = page_origins(LAYOUT, pack_tokens(range(4, 8)), NS2, parent=hashes[0])
+    foreign, forigins = page_origins(LAYOUT, pack_tokens(range(4, 8)), NS2, store.chain_key, parent=hashes[0])
     with pytest.raises(InvalidInput, match="another namespace"):
         store.put(foreign, [payload(foreign[0])], forigins)
     # ... and under another namespace than its parent's in the same batch (the parent not stored yet).
-    fresh, fresh_origins = page_origins(LAYOUT, pack_tokens(range(100, 108)), NS)
+    fresh, fresh_origins = page_origins(LAYOUT, pack_tokens(range(100, 108)), NS, store.chain_key)
     mixed = [fresh_origins[0], PageOrigin(NS2, fresh_origins[1].parent, fresh_origins[1].tokens)]
     with pytest.raises(InvalidInput, match="another namespace"):
         store.put(fresh, [payload(h) for h in fresh], mixed)
@@ -472,8 +472,8 @@ def test_a_namespace_over_its_quota_evicts_its_own_pages_first(path):
 def test_quota_rejects_only_the_namespace_over_it(path):
     policy = CapacityPolicy(namespace_quota_bytes=3 * PAGE)
     with LMDBStore.open(path, LAYOUT, create=True, capacity=policy) as s:
-        mine, origins = page_origins(LAYOUT, pack_tokens(range(20)), NS)  # five pages: two over the quota
-        theirs, their_origins = page_origins(LAYOUT, pack_tokens(range(8)), NS2)
+        mine, origins = page_origins(LAYOUT, pack_tokens(range(20)), NS, s.chain_key)  # five pages: two over the quota
+        theirs, their_origins = page_origins(LAYOUT, pack_tokens(range(8)), NS2, s.chain_key)
         hashes = [mine[0], theirs[0], *mine[1:], theirs[1]]  # interleaved in one batch
         origins = [origins[0], their_origins[0], *origins[1:], their_origins[1]]
         result = s.put(hashes, [payload(h) for h in hashes], origins)

@@ -1,0 +1,259 @@
+"""`kvc migrate`: rewrite an LMDB store of an older format to the current one (FORMAT_VERSION).
+
+Format 2 keys the page-hash chain roots by the store's secret (kvcache.types.keys; the chain key derived from the
+store's key file), so every page hash of a format-1 store changes: each page is filed under its new hash, its
+checksum (seeded by the hash) is taken again, its metadata names its new parent, the children index is rebuilt,
+and each namespace record keeps its new roots. Nothing else changes: layouts, namespace counters, limits, shares,
+serving and drop records are copied as they are.
+
+Crash-safe the way a repair's rebuild is (`salvage`, whose pieces it reuses): with the store to itself (LMDB's lock
+file held exclusively: a store open in another process is refused), the new store is built in a fresh environment
+in a work directory inside the store's, verified, and its data file replaces the store's with one rename; the lock
+file is then re-initialised by LMDB. Until the rename the store's data file is untouched, after it the new one is
+whole. A migration killed part-way leaves its work directory (a hidden name), which the next migration removes.
+Crash tests stop it at its named steps (`salvage._step`, env KVC_TEST_REPAIR_STOP) and kill it there.
+
+The store must audit clean first (a chain with a missing link has no new hash to go under): `kvc audit --repair`
+it, then migrate. All page metadata is held in memory during the rewrite (about 100 bytes plus the page's token
+bytes per page).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+import lmdb
+import msgspec
+
+from ...errors import InvalidInput, NotAStore, StoreError, StoreReadOnly
+from ...types.keys import TOKEN_BYTES, UNKEYED_CHAIN, derive_chain_key, extend_chain, hash_root_of_id
+from ..api import NamespaceRecord, PageMeta, VerifyReport
+from ..codec import (
+    CHECKSUM_FIELD,
+    CHECKSUMS,
+    FORMAT_VERSION,
+    HEADER,
+    KEYED_ROOTS_VERSION,
+    StoreFormat,
+    decode_format,
+    decode_meta,
+    decode_namespace,
+    decode_or_none,
+    encoder,
+)
+from ..isolated import run_isolated
+from ..keyfile import KEY_FILE, ensure_key
+from .env import DEFAULT_MAP_SIZE, ENVS, acquire, release
+from .salvage import (
+    Reached,
+    _check,
+    _exclusive,
+    _fsync_dir,
+    _open_db,
+    _raw_env,
+    _step,
+    _store_path,
+    _swap,
+    _verify_in,
+)
+
+MIGRATE_PREFIX = ".kvc-migrate-"  # the work directory of a migration, inside the store's
+MIGRATE_BATCH_PAGES = 256  # pages per write transaction of the new store
+
+
+class MigrateReport(msgspec.Struct, frozen=True):
+    """What `kvc migrate` did to a store."""
+
+    location: str
+    from_version: int  # the format the store had
+    to_version: int  # the format it has now (FORMAT_VERSION; the same as from_version when nothing was to do)
+    migrated: bool  # False: the store was already current, nothing was changed
+    pages: int  # pages rewritten under their new hashes
+    namespaces: int  # namespace records whose roots were rewritten
+
+
+def migrate_location(location: str) -> MigrateReport:
+    """Rewrite the LMDB store at `location` to FORMAT_VERSION (see the module docstring). A current store is left
+    as it is. StoreError when it is open in another process or does not audit clean; nothing is changed then."""
+    path = _store_path(location)
+    if not os.access(path, os.W_OK):
+        raise StoreReadOnly(path, "cannot migrate: the store's directory is not writable")
+    if path in ENVS:
+        raise StoreError(path, "cannot migrate: this process has the store open; close it first")
+    fmt = _format_of(path)
+    if fmt.version >= FORMAT_VERSION:
+        # a migration killed after its swap left its work directory: removed when the store is free to take
+        with contextlib.suppress(StoreError), _exclusive(path):
+            _remove_leftovers(path)
+        return MigrateReport(path, fmt.version, fmt.version, False, 0, 0)
+    # The audit runs before the store is taken exclusively (its child opens the store as any reader does); what a
+    # writer adds meanwhile keeps the store consistent, and a chain the rewrite cannot follow stops it unchanged.
+    check = _check(path)
+    if not check.ok:
+        raise StoreError(path, f"cannot migrate: the store does not audit clean ({len(check.findings)} "
+                               f"finding(s)); run `kvc audit --repair` first; nothing was changed")
+    with _exclusive(path) as lock_fd:
+        _remove_leftovers(path)
+        fmt = _format_of(path)  # again, holding the store: another migration may have run meanwhile
+        if fmt.version >= FORMAT_VERSION:
+            return MigrateReport(path, fmt.version, fmt.version, False, 0, 0)
+        chain_key = derive_chain_key(ensure_key(path))
+        work = tempfile.mkdtemp(prefix=MIGRATE_PREFIX, dir=path)
+        new = os.path.join(work, "store")
+        try:
+            os.mkdir(new, 0o700)
+            pages, namespaces = _rewrite(path, new, fmt, chain_key)
+            shutil.copyfile(os.path.join(path, KEY_FILE), os.path.join(new, KEY_FILE))  # its verify uses the key
+            _step("rewritten")
+            after, died = run_isolated(lambda r: _verify_in(new, r, repair=False), Reached, VerifyReport)
+            if died is not None or not after.ok:
+                why = died.describe() if died is not None else f"{len(after.findings)} finding(s)"
+                raise StoreError(path, f"cannot migrate: the rewritten store does not verify ({why}); the store "
+                                       f"was left as it was")
+            _step("verified")
+            _swap(path, new, lock_fd)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return MigrateReport(path, fmt.version, FORMAT_VERSION, True, pages, namespaces)
+
+
+def format_version_of(location: str) -> int:
+    """The format version the LMDB store at `location` records (read lock-free: nothing is written)."""
+    return _format_of(_store_path(location)).version
+
+
+def _remove_leftovers(path: str) -> None:
+    """The work directory of a migration killed part-way (the caller holds the store exclusively)."""
+    for name in os.listdir(path):
+        if name.startswith(MIGRATE_PREFIX):
+            shutil.rmtree(os.path.join(path, name), ignore_errors=True)
+
+
+def _format_of(path: str) -> StoreFormat:
+    try:
+        env = _raw_env(path)
+    except lmdb.Error as exc:
+        raise NotAStore(path, f"cannot migrate: the data file does not open as LMDB ({exc}); run `kvc audit`") from None
+    try:
+        with env.begin() as txn:
+            raw = txn.get(b"format", db=_open_db(env, txn, "store"))
+    except lmdb.Error as exc:
+        raise StoreError(path, f"cannot migrate: the format record does not read ({exc}); run `kvc audit`") from None
+    finally:
+        env.close()
+    fmt = decode_or_none(decode_format, raw) if raw is not None else None
+    if fmt is None:
+        raise NotAStore(path, "cannot migrate: no kvc format record here (not a kvc store, or a damaged one: run "
+                              "`kvc audit`)")
+    if fmt.checksum not in CHECKSUMS:
+        raise InvalidInput(f"{path}: store checksums use {fmt.checksum!r}, which this install lacks")
+    return fmt
+
+
+def _rewrite(path: str, new: str, fmt: StoreFormat, chain_key: bytes) -> tuple[int, int]:
+    """Build the format-`FORMAT_VERSION` store at `new` from the store at `path`: (pages, namespace records)."""
+    old_key = UNKEYED_CHAIN if fmt.version < KEYED_ROOTS_VERSION else None
+    assert old_key is not None  # the one older format there is
+    checksum = CHECKSUMS[fmt.checksum]
+    env = _raw_env(path)
+    shared = acquire(new, True, DEFAULT_MAP_SIZE, "none", fmt.checksum)
+    try:
+        with env.begin(buffers=True) as txn:
+            dbs = {name: _open_db(env, txn, name) for name in ("pages", "meta", "namespaces", "layouts", "store")}
+            metas = {bytes(k): decode_meta(v) for k, v in txn.cursor(db=dbs["meta"])}
+            records = {bytes(k): decode_namespace(v) for k, v in txn.cursor(db=dbs["namespaces"])}
+            store_records = {bytes(k): bytes(v) for k, v in txn.cursor(db=dbs["store"]) if bytes(k) != b"format"}
+            layouts = {bytes(k): bytes(v) for k, v in txn.cursor(db=dbs["layouts"])}
+        pairs = {(m.layout_id, m.ns_id) for m in metas.values()} | {(lay, ns) for lay in layouts for ns in records}
+        roots: dict[bytes, bytes] = {hash_root_of_id(lay, ns, old_key): hash_root_of_id(lay, ns, chain_key)
+                                     for lay, ns in pairs}
+        renamed = _new_hashes(path, metas, roots)
+        # each namespace's roots: those its pages hang from now (a store written before records kept roots too)
+        hung: dict[bytes, set[str]] = {}
+        for meta in metas.values():
+            if meta.parent in roots:
+                hung.setdefault(meta.ns_id, set()).add(roots[meta.parent].hex())
+        new_fmt = StoreFormat(fmt.magic, FORMAT_VERSION, fmt.checksum, fmt.created)
+        ndbs = shared.dbs
+
+        def records_body(w: lmdb.Transaction) -> None:
+            w.put(b"format", encoder.encode(new_fmt), db=ndbs.store)
+            for k, v in store_records.items():
+                w.put(k, v, db=ndbs.store)
+            for k, v in layouts.items():
+                w.put(k, v, db=ndbs.layouts)
+            for ns_id, record in records.items():
+                w.put(ns_id, encoder.encode(_new_roots(record, roots, hung.get(ns_id, set()))), db=ndbs.namespaces)
+
+        shared.write(records_body)
+        order = sorted(metas)
+        for at in range(0, len(order), MIGRATE_BATCH_PAGES):
+            batch = order[at:at + MIGRATE_BATCH_PAGES]
+            with env.begin(buffers=True) as txn:
+                pages_db = _open_db(env, txn, "pages")  # a handle opened in a read transaction lives with it
+                values = {h: _stored(path, txn.get(h, db=pages_db), h) for h in batch}
+
+            def pages_body(w: lmdb.Transaction, batch: list[bytes] = batch,
+                           values: dict[bytes, bytes] = values) -> None:
+                for h in batch:
+                    meta, value, nh = metas[h], values[h], renamed[h]
+                    payload = memoryview(value)[HEADER:]
+                    summed = checksum.of(payload, nh)
+                    w.put(nh, CHECKSUM_FIELD.pack(summed) + bytes(payload), db=ndbs.pages)
+                    parent = roots.get(meta.parent) or renamed[meta.parent]
+                    moved = msgspec.structs.replace(meta, parent=parent, checksum=summed)
+                    w.put(nh, encoder.encode(moved), db=ndbs.meta)
+                    w.put(parent, nh, db=ndbs.children)
+
+            shared.write(pages_body, grow_hint=len(batch) * (len(next(iter(values.values()), b"")) + 512))
+            _step("copied_pages", at + len(batch))
+        with open(os.path.join(new, "data.mdb"), "rb") as f:
+            os.fsync(f.fileno())
+        _fsync_dir(new)
+    finally:
+        env.close()
+        release(shared)
+    return len(metas), len(records)
+
+
+def _stored(path: str, value: memoryview | None, h: bytes) -> bytes:
+    """The page value under `h` (the audit found every page whole; one gone since is a writer's doing)."""
+    if value is None:
+        raise StoreError(path, f"cannot migrate: page {h.hex()} has metadata and no value (run `kvc audit "
+                               f"--repair`); nothing was changed")
+    return bytes(value)
+
+
+def _new_hashes(path: str, metas: dict[bytes, PageMeta], roots: dict[bytes, bytes]) -> dict[bytes, bytes]:
+    """Old page hash -> new, each chained from its parent's new hash or its namespace's new root."""
+    renamed: dict[bytes, bytes] = {}
+    for h in metas:
+        for page in reversed(list(_up(path, h, metas, renamed, roots))):
+            meta = metas[page]
+            parent = roots.get(meta.parent) or renamed[meta.parent]
+            n = len(meta.tokens) // TOKEN_BYTES
+            renamed[page] = extend_chain(parent, bytes(meta.tokens), n)[0]
+    return renamed
+
+
+def _up(path: str, h: bytes, metas: dict[bytes, PageMeta], renamed: dict[bytes, bytes],
+        roots: dict[bytes, bytes]) -> Iterator[bytes]:
+    """`h` and the pages above it that have no new hash yet, bottom up, to a renamed page or a root."""
+    while h not in renamed:
+        yield h
+        parent = metas[h].parent
+        if parent in roots:
+            return
+        if parent not in metas:
+            raise StoreError(path, f"cannot migrate: page {h.hex()}: its parent is neither a stored page nor a namespace root (run `kvc audit --repair`); nothing was changed")
+        h = parent
+
+
+def _new_roots(record: NamespaceRecord, roots: dict[bytes, bytes], hung: set[str]) -> NamespaceRecord:
+    """`record` with its roots renamed, and every root its pages hang from now recorded."""
+    renamed = {roots[bytes.fromhex(r)].hex() for r in record.roots if bytes.fromhex(r) in roots}
+    return msgspec.structs.replace(record, roots=sorted(renamed | hung))
