@@ -58,7 +58,7 @@ class KeyFileStatus(msgspec.Struct, frozen=True):
     def refusal(self) -> str:
         """The one line that refuses a command over this key file (not PRESENT), with the way out."""
         way_out = ("restore it from a backup of the store, or run `kvc init --rekey` to make a new key (display "
-                   "ids and salt fingerprints then change)")
+                   "ids and salt fingerprints then change, and pages hashed under the old key are not found again)")
         if self.state is KeyState.MISSING:
             return (f"the store's fingerprint key file is missing (a store made before kvc kept one has none "
                     f"either): {way_out}")

@@ -20,9 +20,13 @@ from kvcache.types.namespace import UNKNOWN_FINGERPRINT, display_id
 SALT = "keyfile-salt-1"
 
 
-def _put(path, ns, create=True, first=0):
+def _put(path, ns, create=True, first=0, format_1=False):
     layout = make_layout(4)
-    with open_store(str(path), layout, create=create) as store:
+    if create:
+        open_store(str(path), layout, create=True).close()
+    if format_1:  # as a kvc before keyed chain roots wrote it (unit/storage/lmdb/test_migrate.py)
+        set_format_version(str(path), 1)
+    with open_store(str(path), layout) as store:
         hashes, origins = page_origins(layout, pack_tokens(np.arange(first, first + 8, dtype=np.uint32)), ns,
                                        store.chain_key)
         store.put(hashes, [np.zeros(layout.bytes_per_page, np.uint8) for _ in hashes], origins)
@@ -88,9 +92,8 @@ def test_a_store_made_before_key_files_is_refused_until_rekey_or_migrate_gives_i
     # writes one behind anyone's back; `kvc init --rekey` (here) or `kvc migrate` (ensure_key) gives it one
     from kvcache.storage.lmdb.rekey import rekey
 
-    _put(tmp_path / "s", Namespace("t1", SALT))
+    _put(tmp_path / "s", Namespace("t1", SALT), format_1=True)
     (tmp_path / "s" / KEY_FILE).unlink()
-    set_format_version(str(tmp_path / "s"), 1)
     for kwargs in ({"readonly": True}, {"layout": make_layout(4)}):
         with pytest.raises(KeyFileError, match="made before kvc kept one"):
             open_store(str(tmp_path / "s"), **kwargs)
@@ -140,10 +143,9 @@ def test_rekey_makes_a_new_key_and_re_records_fingerprints_on_the_next_write(tmp
     from kvcache.storage.lmdb.rekey import rekey
 
     ns, other = Namespace("t1", SALT), Namespace("t2")
-    old_key, _ = _put(tmp_path / "s", ns)
+    old_key, _ = _put(tmp_path / "s", ns, format_1=True)  # chain roots keyed by nothing: the pages outlive the key
     _put(tmp_path / "s", other, create=False)
     (tmp_path / "s" / KEY_FILE).unlink()
-    set_format_version(str(tmp_path / "s"), 1)  # its chain roots keyed by nothing: the pages outlive the key
     result = rekey(str(tmp_path / "s"))
     assert (result.previous, result.namespaces, result.fingerprints_unknown) == (KeyState.MISSING, 2, 1)
     assert stat.S_IMODE(os.stat(tmp_path / "s" / KEY_FILE).st_mode) == 0o600
