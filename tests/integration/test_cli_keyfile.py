@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from read_only_user import NO_CAPS, read_only_store
+from unit.storage.lmdb.test_migrate import set_format_version
 
 from kvcache import Namespace
 
@@ -112,7 +113,33 @@ def test_the_audit_flags_a_key_file_others_may_read_and_repair_makes_it_0600(sto
     assert kvc("audit", "--store", store).returncode == 0
 
 
-def test_init_rekey_makes_a_new_key_says_what_changes_and_listed_ids_then_work(store):
+@pytest.fixture
+def format_1_store(tmp_path):
+    """A store as a kvc before keyed chain roots wrote it (format 1): its pages outlive a new key."""
+    s = tmp_path / "store1"
+    assert kvc("init", "--store", s, "--page-size", 4).returncode == 0
+    set_format_version(str(s), 1)
+    for args in (("--salt", SALT, "--extra-key", "t1"), ("--extra-key", "t2")):
+        put = kvc("put", "--store", s, "--tokens", TOKENS, *args)
+        assert put.returncode == 0, put.stderr
+    return s
+
+
+def test_init_rekey_of_a_keyed_store_holding_pages_is_refused_without_yes_and_says_they_go(store):
+    os.unlink(store / "fingerprint.key")
+    refused = kvc("init", "--store", store, "--rekey")
+    _refused_in_one_line(refused, "none of its 20 pages would be found again")
+    assert not (store / "fingerprint.key").exists()
+    rekey = kvc("init", "--store", store, "--rekey", "--yes")
+    assert rekey.returncode == 0, rekey.stderr
+    assert "20 stored pages were hashed under the old key" in rekey.stdout and "kvc audit --repair" in rekey.stdout
+    assert kvc("audit", "--store", store).returncode == 1  # the orphans it said
+    assert kvc("audit", "--store", store, "--repair").returncode == 1
+    assert kvc("audit", "--store", store).returncode == 0
+
+
+def test_init_rekey_makes_a_new_key_says_what_changes_and_listed_ids_then_work(format_1_store):
+    store = format_1_store
     before = {r["extra_key"]: r for r in json.loads(kvc("ns", "ls", "--store", store, "--json").stdout)["namespaces"]}
     os.unlink(store / "fingerprint.key")
     rekey = kvc("init", "--store", store, "--rekey")
