@@ -125,6 +125,12 @@ def read_key(directory: str) -> bytes | None:
     return key
 
 
+def key_if_any(directory: str) -> bytes | None:
+    """The key in `directory`'s key file, or None whatever keeps it from being read (missing, empty, not a key,
+    unreadable): for an audit, which reports the key file itself (`key_findings`) and goes on without it."""
+    return _load(directory)[1]
+
+
 def store_key(directory: str, writable: bool) -> bytes | None:
     """The key of the existing store in `directory`, as an open needs it: KeyFileError (one line, the way out)
     when the file is missing, empty or not a key, or when this user may not read it and `writable` (a writer
