@@ -28,6 +28,7 @@ from .errors import (
     InvalidTokens,
     InvalidTrace,
     InvariantViolation,
+    KeyFileError,
     KVCacheError,
     LayoutMismatch,
     LockUnderflow,
@@ -169,6 +170,7 @@ __all__ = [
     "InvalidTrace", "InvariantViolation", "KVCacheError", "LayoutMismatch", "LockUnderflow", "NamespaceMismatch",
     "NotAStore", "OwnershipError", "StoreError", "StoreFull", "StoreReadOnly", "StoreUnsupported", "UnknownBackend",
     "RequestIdInUse", "UnknownRequest", "EventEndpointError", "RepairRefused", "StoreAccessDenied", "StoreChanged",
+    "KeyFileError",
     "AdminBadFrame", "AdminError", "AdminProtocolMismatch", "AdminRemoteError", "AdminSocketInUse", "AdminTimeout",
     "AdminUnavailable", "AdminUntrusted", "AdminShuttingDown",
 ]

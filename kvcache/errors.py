@@ -27,6 +27,7 @@ either bad input from the caller, a broken invariant, or a storage fault the cal
         ├── StoreChanged              a lock-free read that writers overtook (its pages may have been reused)
         ├── StoreFull                 the disk (not the store's own capacity limit) has no room left
         ├── RepairRefused             a repair that would replace a file that is not LMDB, or keep no page
+        ├── KeyFileError              the store's fingerprint key is missing, not a key, or not readable here
         ├── LayoutMismatch            the KVLayout asked for is not one the store holds
         ├── StoreUnsupported          a kvc store this install cannot open (newer format, missing checksum)
         └── UnknownBackend            a URL scheme no installed L3 backend is registered for
@@ -255,3 +256,9 @@ class AdminRemoteError(AdminError):
 class RepairRefused(StoreError):
     """A repair that would destroy more than it saves: it would keep nothing, or the file is not LMDB (its owner
     may force it). The store is left as it was."""
+
+
+class KeyFileError(StoreError):
+    """The store's fingerprint key (an LMDB store's ``fingerprint.key``) is missing, empty, not a key, or not
+    readable by this user where the command needs it: the store's fingerprints and display ids cannot be derived.
+    Names the file and the way out (restore it, or `kvc init --rekey`)."""

@@ -18,7 +18,7 @@ from kvcache.storage.api import L3Store, NamespaceRecord
 from kvcache.storage.codec import KEYED_ROOTS_VERSION
 from kvcache.storage.location import StoreLocation
 from kvcache.storage.registry import backend_class, open_store, scheme_of
-from kvcache.types.namespace import Namespace, use_fingerprint_key
+from kvcache.types.namespace import Namespace, use_fingerprint_key, withhold_fingerprint_key
 
 from .errors import UsageError
 from .formats import note_old_format
@@ -36,10 +36,21 @@ def require_store(location: StoreLocation) -> None:
 
 
 def _keyed(store: L3Store) -> L3Store:
-    """Show fingerprints and namespace ids under the store's own key, as its registry records them."""
+    """Show fingerprints and namespace ids under the store's own key, as its registry records them. A store opened
+    without its key (read-only, by a user who may not read it: monitoring) shows what its registry recorded, and
+    anything that would derive a keyed value refuses in one line (KeyFileError)."""
     key = getattr(store, "fingerprint_key", None)
     if key is not None:
         use_fingerprint_key(key)
+        return store
+    path = getattr(store, "path", None)
+    if path is not None and getattr(store, "backend", "") == "lmdb":
+        from kvcache.storage.keyfile import key_status
+
+        status = key_status(path)
+        withhold_fingerprint_key(status.path, status.refusal())
+    else:
+        withhold_fingerprint_key(str(store.location), "the store records no fingerprint key: this needs one")
     return store
 
 

@@ -38,7 +38,7 @@ except ImportError:
 from typer.core import TyperGroup
 
 from kvcache.errors import KVCacheError
-from kvcache.types.namespace import fingerprint_key_scope
+from kvcache.types.namespace import fingerprint_key_scope, withhold_fingerprint_key
 
 from . import secrets
 from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Interrupted, UsageError
@@ -162,6 +162,9 @@ class KvcGroup(TyperGroup):
         secrets.forget()
         code = EXIT_OK
         with _sigint_unwinds(), collapsed_warnings(), fingerprint_key_scope():
+            # one key per store: what kvc prints is keyed by the store's key (context._keyed), never a random one
+            withhold_fingerprint_key("kvc", "no store's fingerprint key is at hand here to key a fingerprint or id "
+                                            "by (open the store: --store)")
             try:
                 result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
                 code = result if isinstance(result, int) and not isinstance(result, bool) else EXIT_OK

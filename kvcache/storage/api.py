@@ -205,11 +205,15 @@ VERIFY_KINDS: dict[str, str] = {
     "damaged_record": "a namespace, layout or store record that does not decode",
     "structure_corrupt": "the store's own structure (an LMDB B-tree page, its catalogue of sub-databases) is "
                          "damaged: the walk of it failed or died; the detail says where it got to",
+    "key_file": "the store's fingerprint key file is missing, empty, not a key, or not readable by a user who "
+                "writes the store: no id or fingerprint can be derived (restore it, or `kvc init --rekey`)",
+    "key_mode": "the store's fingerprint key file may be read or written by group or other (it should be 0600)",
 }
 # What verify(repair=True) does per kind. Removed pages go with their whole subtree (what was reachable only
 # through them). `unknown_layout` and `unknown_namespace` are reported, never repaired: the missing record cannot
 # be rebuilt from the pages, and the pages are not provably unreachable (re-registering the layout, or
-# delete_namespace, settles them).
+# delete_namespace, settles them). Nor is `key_file`: a lost key cannot be rebuilt (`kvc init --rekey` makes a new
+# one, knowingly).
 REPAIRS: dict[str, str] = {
     "checksum_mismatch": "remove the page and its subtree",
     "size_mismatch": "remove the page and its subtree",
@@ -227,6 +231,7 @@ REPAIRS: dict[str, str] = {
                          "when LMDB's meta pages are lost), verify it, keep the original file beside the store, and "
                          "swap the fresh one in atomically; every page that could not be copied is counted as lost; "
                          "a repair that would keep nothing, or a file that is not LMDB, is refused (--force)",
+    "key_mode": "chmod 600 the key file",
 }
 
 

@@ -242,7 +242,8 @@ def check_page(found: Findings, page: ScannedPage, layouts: dict[bytes, KVLayout
         found.add("size_mismatch", h, f"{size} bytes stored, layout {layout.describe()} pages are "
                                       f"{layout.bytes_per_page}", remove=True)
     if not page.registered:
-        found.add("unknown_namespace", h, f"namespace {meta.ns_id.hex()} not registered")
+        # never the raw namespace id: next to a page's tokens it would let a short salt be guessed back
+        found.add("unknown_namespace", h, "its namespace is not in the registry")
     if not page.indexed:
         found.relink.setdefault(h, found.add("missing_index", h, "not listed under its parent in children"))
 

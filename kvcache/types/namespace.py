@@ -23,11 +23,16 @@ The fingerprint key of this process: the one given to `use_fingerprint_key` (the
 and so should an engine that shows fingerprints: `use_fingerprint_key(store.fingerprint_key)`), else env
 `KVC_FINGERPRINT_KEY` (hex), else a random key drawn once per process (fingerprints then match nothing outside
 the process, which is safe but useless for correlation). A store records fingerprints under its own key.
+
+A process that must never show a value keyed by a random key (the kvc CLI: one key per store for every message)
+calls `withhold_fingerprint_key(where, why)` instead: until a key is given, deriving a fingerprint or display id
+raises KeyFileError naming `where` and `why`, and `known_fingerprint_key()` says whether one is at hand.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import os
 import threading
@@ -35,7 +40,7 @@ from collections.abc import Iterator
 
 import msgspec
 
-from ..errors import InvalidInput, InvalidNamespace
+from ..errors import InvalidInput, InvalidNamespace, KeyFileError
 from .ids import DisplayId, NamespaceId
 
 # The key of `id`: fixed, so ids agree across processes and machines (they seed the L3 page hashes). Not a
@@ -45,12 +50,21 @@ _ID_KEY = b"kvc.namespace.id.v1"
 _FINGERPRINT_PERSON = b"kvc.salt.fp.v2"
 _DISPLAY_PERSON = b"kvc.ns.shown.v1"
 
+# What a store's registry records as the salt fingerprint of a salted namespace registered under an earlier key
+# (`kvc init --rekey`): the salt is never stored, so its fingerprint under the new key is unknown until the
+# namespace's next write records it. Never a valid fingerprint (those are 12 hex digits).
+UNKNOWN_FINGERPRINT = "?"
+
 FINGERPRINT_KEY_ENV = "KVC_FINGERPRINT_KEY"
 FINGERPRINT_KEY_BYTES = 32  # of a key drawn here; one given may be 16..64 bytes (blake2b's key limit)
 _KEY_RANGE = (16, 64)
 
 _key_lock = threading.Lock()
-_process_key: bytes | None = None
+_process_key: bytes | None = None  # given by use_fingerprint_key
+_drawn_key: bytes | None = None  # the random key of this process, drawn on first need; never "known"
+# (where, why) while a random key is refused in this context (`withhold_fingerprint_key`): a context variable, so a
+# CLI command run inside a host process (an in-process server thread, a test) withholds it from itself only
+_withheld: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("kvc_withheld_key", default=None)
 
 
 def parse_fingerprint_key(text: str, source: str = FINGERPRINT_KEY_ENV) -> bytes:
@@ -80,12 +94,31 @@ def new_fingerprint_key() -> bytes:
 
 
 def fingerprint_key() -> bytes:
-    """The fingerprint key of this process (see the module docstring for where it comes from)."""
-    global _process_key
+    """The fingerprint key of this process (see the module docstring for where it comes from). KeyFileError
+    while the key is withheld (`withhold_fingerprint_key`) and none is at hand."""
+    global _drawn_key
     with _key_lock:
-        if _process_key is None:
-            _process_key = env_fingerprint_key() or os.urandom(FINGERPRINT_KEY_BYTES)
-        return _process_key
+        if _process_key is not None:
+            return _process_key
+    env = env_fingerprint_key()
+    if env is not None:
+        return env
+    withheld = _withheld.get()
+    if withheld is not None:
+        raise KeyFileError(*withheld)
+    with _key_lock:
+        if _drawn_key is None:
+            _drawn_key = os.urandom(FINGERPRINT_KEY_BYTES)
+        return _drawn_key
+
+
+def known_fingerprint_key() -> bytes | None:
+    """The key given to this process or in env KVC_FINGERPRINT_KEY; None when neither (never draws a random one):
+    what a message may key a fingerprint by when it must match what the store shows."""
+    with _key_lock:
+        if _process_key is not None:
+            return _process_key
+    return env_fingerprint_key()
 
 
 def use_fingerprint_key(key: bytes | None) -> None:
@@ -97,18 +130,28 @@ def use_fingerprint_key(key: bytes | None) -> None:
         _process_key = key
 
 
+def withhold_fingerprint_key(where: str, why: str) -> None:
+    """Never key by a random key in this context (this thread, and what runs in it): until `use_fingerprint_key`
+    gives one, a fingerprint or display id derived here raises KeyFileError(`where`, `why`) (env
+    KVC_FINGERPRINT_KEY, and a key given before, still count)."""
+    _withheld.set((where, why))
+
+
 @contextlib.contextmanager
 def fingerprint_key_scope() -> Iterator[None]:
-    """Whatever `use_fingerprint_key` is called with inside, the process's key is restored on leaving (a CLI
-    command run inside a test or a host process must not re-key the host's namespaces)."""
+    """Whatever `use_fingerprint_key` or `withhold_fingerprint_key` is called with inside, the process's key is
+    restored on leaving (a CLI command run inside a test or a host process must not re-key the host's
+    namespaces)."""
     global _process_key
     with _key_lock:
         saved = _process_key
+    token = _withheld.set(_withheld.get())
     try:
         yield
     finally:
         with _key_lock:
             _process_key = saved
+        _withheld.reset(token)
 
 
 def display_id(ns_id: NamespaceId, key: bytes | None = None) -> DisplayId:

@@ -76,12 +76,15 @@ class TierTokens(msgspec.Struct):
 
 
 class NamespaceReplay(msgspec.Struct):
-    """One namespace's share of a replay."""
+    """One namespace's share of a replay, counted by the process that ran it (its fingerprint under that
+    process's store key: a client never keys the rows itself)."""
 
     namespace: NamespaceInfo
-    requests: int = 0
+    requests: int = 0  # admitted and committed
     tokens: int = 0
     hit_tokens: TierTokens = msgspec.field(default_factory=TierTokens)
+    sent: int = 0  # requests of the namespace in the trace
+    refused: int = 0  # too large for L1 (never admitted)
 
 
 class VerifyMismatch(msgspec.Struct, frozen=True):

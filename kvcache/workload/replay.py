@@ -54,11 +54,17 @@ class _Tally:
         self.reissued = 0
         self.blocked = 0
 
-    def admitted(self, request: Request, adm) -> None:
+    def row(self, request: Request) -> NamespaceReplay:
+        """The namespace's row of `request` (made on its first request, with the namespace's info under this
+        process's key: the report's rows carry everything a table needs, so no client keys them again)."""
         ns = request.namespace
         row = self.by_ns.get(ns.id)
         if row is None:
             row = self.by_ns[ns.id] = NamespaceReplay(ns.info())
+        return row
+
+    def admitted(self, request: Request, adm) -> None:
+        row = self.row(request)
         for hits in (self.hits, row.hit_tokens):
             hits.device += adm.device_hit_tokens
             hits.host += adm.host_hit_tokens
@@ -115,6 +121,7 @@ class Replayer:
                 if item is None:
                     return
                 request = item.request()
+                tally.row(request).sent += 1
                 self._prefetch(request, tally)
                 waiting.append(request)
 
@@ -141,6 +148,7 @@ class Replayer:
                 self._forget(request.rid)
                 if adm.status is AdmitStatus.TOO_LARGE:
                     tally.refused += 1
+                    tally.row(request).refused += 1
                     continue
                 self._forward(request, adm, tally)
                 tally.admitted(request, adm)

@@ -13,7 +13,9 @@ from typing import Annotated
 import msgspec
 import typer
 
+from kvcache.errors import KeyFileError
 from kvcache.storage.api import REPAIRS
+from kvcache.storage.keyfile import KEY_FILE
 
 from .. import live
 from ..context import reads_lock_free, require_store
@@ -69,6 +71,12 @@ def audit(
     else:
         result = _store_audit(store, repair, dry_run, force, read_only)
     fmt = output_format(output, json)
+    lost = next((f for f in result.violations if f.kind == "key_file"), None)
+    if lost is not None and fmt not in (Output.JSON, Output.JSONL):
+        # the key file is part of the store: without it no command runs, and this one says so the same way (with
+        # --json it is a finding among the others)
+        path, _, why = lost.detail.partition(f"{KEY_FILE}: ")
+        raise KeyFileError(path + KEY_FILE, why)
     emit_listing(fmt, result, result.violations, lambda: render_audit(result, fmt, output is Output.TSV, no_headers))
     raise typer.Exit(EXIT_OK if result.ok else EXIT_FOUND)
 

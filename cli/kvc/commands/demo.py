@@ -13,7 +13,7 @@ import typer
 
 from kvcache.storage.registry import open_store
 from kvcache.types.layout import KVLayout
-from kvcache.types.namespace import NamespaceInfo
+from kvcache.types.namespace import NamespaceInfo, use_fingerprint_key
 from kvcache.workload.traces import WorkloadSpec, generate
 
 from ..context import offline_cache
@@ -93,6 +93,7 @@ def demo(
     location = str(root / "store") if root is not None else str(store)
     try:
         with contextlib.closing(open_store(location, DEMO_LAYOUT, create=True, durability="data")) as handle:
+            use_fingerprint_key(getattr(handle, "fingerprint_key", None))  # what it shows: keyed by its store's key
             reports = []
             for run in ("cold", "warm"):
                 cache = offline_cache(handle, DEMO_LAYOUT, device_tokens, host_tokens, prefetch_policy="timeout")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -11,14 +12,27 @@ import typer
 
 from kvcache.errors import NotAStore
 from kvcache.storage.keyfile import KEY_FILE
-from kvcache.storage.registry import open_store
+from kvcache.storage.location import StoreLocation
+from kvcache.storage.registry import open_store, scheme_of
 from kvcache.types.layout import KVLayout
 
+from ..context import require_store
 from ..errors import UsageError
 from ..options import DEFAULT_STORE, DebugOpt, JsonOpt, StoreOpt
 from ..render.output import emit_json, say
 from ..render.text import esc, human_bytes
 from ..reporting import command
+
+
+class RekeyOutput(msgspec.Struct):
+    """`kvc init --rekey --json`."""
+
+    store: str  # credentials redacted
+    key_file: str
+    previous: str  # what the key file was: present (a rotation), missing, empty, corrupt or unreadable
+    namespaces: int  # registry records: the display id of each changed
+    fingerprints_unknown: int  # salted records whose fingerprint shows "?" until the namespace's next write
+    unreachable_pages: int  # pages hashed under the old key (--yes): never found again; `kvc audit --repair`
 
 
 class InitOutput(msgspec.Struct):
@@ -47,6 +61,15 @@ def init(
     = "float16",
     parents: Annotated[bool, typer.Option("--parents", help="Create missing parent directories of the store "
                                                             "path (like mkdir -p).")] = False,
+    rekey: Annotated[bool, typer.Option(
+        "--rekey", help="Give the existing LMDB store a new fingerprint key (its key file lost, damaged, or never "
+        "written by an older kvc; or to rotate it). Every display id and salt fingerprint changes: the registry's "
+        "recorded fingerprints show '?' until each namespace's next write. Refused while a live cache serves the "
+        "store. The layout options are not used.")] = False,
+    yes: Annotated[bool, typer.Option(
+        "--yes", help="With --rekey: go ahead even though the store's page hashes are keyed by its key (a format-2 "
+        "store holding pages): none of them would be found again (`kvc audit --repair` then removes them). Refused "
+        "without it.")] = False,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -54,6 +77,11 @@ def init(
     env KVC_FINGERPRINT_KEY, when set, is the key instead of a random one). Running it again with the same
     layout changes nothing; another layout is an error (exit 2): pages of different layouts must never mix. A
     store path whose parent directory is missing is refused unless --parents."""
+    if yes and not rekey:
+        raise UsageError("--yes goes with --rekey")
+    if rekey:
+        _rekey(store, yes, json)
+        return
     layout = KVLayout(model, layers=layers, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype,
                       page_size=page_size)
     path = None if store.is_url else Path(store.url)
@@ -80,3 +108,31 @@ def init(
     say(f"{esc(str(store))}: {verb} {esc(layout.describe())}")
     say(f"  {human_bytes(layout.bytes_per_token)} per token, {human_bytes(layout.bytes_per_page)} per page "
         f"of {page_size} tokens; layout id {layout.layout_id.hex()[:16]}; fingerprint key in {esc(key)}")
+
+
+def _rekey(store: StoreLocation, yes: bool, json: bool) -> None:
+    """`kvc init --rekey`: a new key for an existing LMDB store, saying what changes."""
+    if scheme_of(store.url) != "lmdb":
+        raise UsageError(f"--rekey: {store} keeps its fingerprint key in its format record, not a key file; "
+                         f"--rekey gives an LMDB store a new key file")
+    require_store(store)
+    from kvcache.live.serves import alive, where
+    from kvcache.storage.lmdb.rekey import rekey
+
+    me = socket.gethostname()
+    result = rekey(store.url, lambda records: [where(r) for r in records if r.host != me or alive(r.pid)], yes)
+    out = RekeyOutput(str(store), result.path, str(result.previous), result.namespaces, result.fingerprints_unknown,
+                      result.unreachable_pages)
+    if json:
+        emit_json(out)
+        return
+    was = {"present": "replaced the previous key", "missing": "the key file was missing"}.get(
+        out.previous, f"the key file was {out.previous}")
+    say(f"{esc(str(store))}: new fingerprint key in {esc(out.key_file)} ({was})")
+    say(f"  what changes: the display id of each of the {out.namespaces} namespace(s) (`kvc ns ls` shows the new "
+        f"ones; ids noted before match nothing now), and every salt fingerprint: {out.fingerprints_unknown} "
+        f"salted namespace(s) show fingerprint '?' until their next write records it under the new key "
+        f"(meanwhile name them by --id, or by their extra_key and salt)")
+    if out.unreachable_pages:
+        say(f"  {out.unreachable_pages:,} stored pages were hashed under the old key and will not be found again: "
+            f"`kvc audit --repair --store {esc(str(store))}` removes them")

@@ -23,7 +23,7 @@ from kvcache.storage.api import DropRecord, L3Store, NamespaceRecord
 from kvcache.storage.location import StoreLocation
 from kvcache.types.ids import NamespaceId
 from kvcache.types.keys import unpack_tokens
-from kvcache.types.namespace import Namespace, NamespaceInfo, display_id
+from kvcache.types.namespace import Namespace, NamespaceInfo, display_id, known_fingerprint_key
 from kvcache.types.shares import Shares
 
 from .. import live
@@ -63,7 +63,8 @@ class NamespaceRow(msgspec.Struct):
 
     extra_key: str | None
     salt_fingerprint: str | None
-    id: str  # display_id: keyed by the store's fingerprint key; `kvc ns drop --id` takes it
+    id: str | None  # display_id: keyed by the store's fingerprint key (`kvc ns drop --id` takes it); None: this
+    # user may not read the key (read-only monitoring shows what the registry recorded, nothing derived)
     pages: int
     tokens: int
     bytes: int
@@ -94,8 +95,8 @@ class PrefixNode(msgspec.Struct):
 class NamespaceTree(msgspec.Struct):
     """`kvc ns show --json`."""
 
-    namespace: NamespaceInfo
-    id: str  # display_id
+    namespace: NamespaceInfo  # as the store's registry recorded it
+    id: str | None  # display_id; None: this user may not read the store's key (monitoring)
     pages: int
     bytes: int
     roots: list[PrefixNode]
@@ -135,6 +136,23 @@ def _shown_id(rec: NamespaceRecord) -> str:
     return display_id(NamespaceId(bytes.fromhex(rec.ns_id_hex)))
 
 
+def _listed_id(rec: NamespaceRecord) -> str | None:
+    """The display id of a listed record; None when the store's key is not at hand (a monitoring account that may
+    not read it: a listing shows what the registry recorded and derives nothing)."""
+    return _shown_id(rec) if known_fingerprint_key() is not None else None
+
+
+def _named(ns: Namespace) -> str:
+    """A namespace named by its extra_key and salt, for a message: ``extra_key/fingerprint`` under the store's key
+    when it is at hand (the store is open), else the extra_key alone, saying a salt was given: a fingerprint under
+    any other key would match nothing the store or a live cache shows."""
+    if not ns.has_salt:
+        return f"{shown(ns.extra_key)}/-"
+    key = known_fingerprint_key()
+    return f"{shown(ns.extra_key)}/{ns.fingerprint(key)}" if key is not None else \
+        f"{shown(ns.extra_key)} (with the salt given)"
+
+
 @app.command("ls", short_help="List the namespaces in the store (or a live cache), with their ids; PATTERN: a glob "
              "on extra_key.")
 @command
@@ -172,7 +190,7 @@ def ls(
     try:
         ps = _page_size(st)
         shares = {r.ns_id_hex: r.shares for r in st.shares()}
-        rows = [NamespaceRow(r.extra_key, r.salt_fingerprint, _shown_id(r), r.pages, r.pages * ps, r.bytes, r.hits,
+        rows = [NamespaceRow(r.extra_key, r.salt_fingerprint, _listed_id(r), r.pages, r.pages * ps, r.bytes, r.hits,
                              r.created, r.last_access, shares.get(r.ns_id_hex)) for r in st.namespaces()]
     finally:
         st.close()
@@ -220,8 +238,7 @@ def show(
     try:
         rec = namespace_record(st, ns)
         if rec is None:
-            raise UsageError(f"no namespace {shown(ns.extra_key)}/{ns.salt_fingerprint or '-'} in {store} "
-                             f"(check the extra_key and the salt)")
+            raise UsageError(f"no namespace {_named(ns)} in {store} (check the extra_key and the salt)")
         roots, more = [], 0
         # a reader who may not read the store's key cannot key a root: the record keeps the roots it has
         heads = ([st.root(ns, layout) for layout in st.layouts()] if st.chain_key is not None
@@ -232,7 +249,8 @@ def show(
             more += max(0, len(kids) - width)
     finally:
         st.close()
-    tree = NamespaceTree(ns.info(), ns.display_id, rec.pages, rec.bytes, roots, more)
+    tree = NamespaceTree(NamespaceInfo(rec.extra_key, rec.salt_fingerprint), _listed_id(rec), rec.pages, rec.bytes,
+                         roots, more)
     emit_listing(fmt, tree, prefix_rows(tree), lambda: render_prefix_tree(tree, fmt, no_headers))
 
 
@@ -316,21 +334,16 @@ def drop(
         raise UsageError("name the namespace: EXTRA_KEY (with its salt), --id ID or --fingerprint FP")
     salt_value = None if by_digest else salt_from(salt, salt_file)  # read once: it may come from stdin
     ns = None if by_digest else Namespace(extra_key, salt_value)
-    if ns_id is not None:
-        what = f"id {ns_id}"
-    elif fingerprint is not None:
-        what = f"fingerprint {fingerprint}" + (f" and extra_key {shown(extra_key)}" if extra_key else "")
-    else:
-        assert ns is not None  # named by EXTRA_KEY and its salt
-        what = f"{shown(ns.extra_key)}/{ns.salt_fingerprint or '-'}"
-    if not yes and not dry_run:
-        raise UsageError(f"refusing to drop namespace {what} without --yes (--dry-run shows what would go)")
+    if not yes and not dry_run:  # nothing is open yet: the name as given, no fingerprint (_named)
+        raise UsageError(f"refusing to drop namespace {_what(ns, ns_id, fingerprint, extra_key)} without --yes "
+                         f"(--dry-run shows what would go)")
     path = live.socket_path(socket)
     if path is not None:
         request = DropRequest(extra_key, salt_value, ns_id, fingerprint, dry_run)
-        return _drop_live(path, request, what, store, missing_ok, json)
+        return _drop_live(path, request, store, missing_ok, json)
     st = open_inspect(store, writable=not dry_run)
     try:
+        what = _what(ns, ns_id, fingerprint, extra_key)  # the store is open: a fingerprint under its key
         found = _targets(st, extra_key, ns, ns_id, fingerprint)
         if len(found) > 1:
             raise UsageError(f"{len(found)} namespaces have {what}: name one by --id (see `kvc ns ls`)")
@@ -353,6 +366,16 @@ def drop(
     finally:
         st.close()
     _say_dropped(output, what, store, json)
+
+
+def _what(ns: Namespace | None, ns_id: str | None, fingerprint: str | None, extra_key: str | None) -> str:
+    """How a drop names its namespace in messages: as the command line named it."""
+    if ns_id is not None:
+        return f"id {ns_id}"
+    if fingerprint is not None:
+        return f"fingerprint {fingerprint}" + (f" and extra_key {shown(extra_key)}" if extra_key else "")
+    assert ns is not None  # named by EXTRA_KEY and its salt
+    return _named(ns)
 
 
 def _drop_offline(st: L3Store, rec: NamespaceRecord, dry_run: bool) -> DropOutput:
@@ -428,16 +451,20 @@ def _say_dropped(output: DropOutput, what: str, store: object, json: bool) -> No
                     f"pages ({human_bytes(output.store_bytes)}){running}"))
 
 
-def _drop_live(path: str, request: DropRequest, what: str, store: StoreLocation, missing_ok: bool,
-               json: bool) -> None:
+def _drop_live(path: str, request: DropRequest, store: StoreLocation, missing_ok: bool, json: bool) -> None:
     """`kvc --socket S ns drop ...`: offboard a namespace from the live cache's L1 and L2 (nothing written back)
     and from its store, in one request (`TieredCache.drop_namespace`); every other live cache of the store
     follows. Named by --id or --fingerprint, the cache looks among what it holds and what its store records."""
     from kvcache.types.results import NamespaceDrop
 
+    ns = None
     if request.id is None and request.fingerprint is None:
-        Namespace(request.extra_key, request.cache_salt)  # checked here, before the request goes out
+        ns = Namespace(request.extra_key, request.cache_salt)  # checked here, before the request goes out
     outcome = live.call(path, request, NamespaceDrop)
+    # named by its salt, the namespace is said as the live cache shows it (its store's key); else as given
+    info = outcome.namespace
+    what = f"{shown(info.extra_key)}/{info.salt_fingerprint or '-'}" if ns is not None else _what(None, request.id, request.fingerprint,
+                                                                    request.extra_key)
     held = outcome.device_pages + outcome.host_pages + outcome.store_pages
     found = bool(held or outcome.live_requests)
     before = None
@@ -524,8 +551,7 @@ def expire(
     salt_value = salt_from(salt, salt_file)
     ns = Namespace(extra_key, salt_value)  # checked here, before the request goes out
     if not yes:
-        raise UsageError(f"refusing to expire namespace {shown(ns.extra_key)}/{ns.salt_fingerprint or '-'} "
-                         f"without --yes")
+        raise UsageError(f"refusing to expire namespace {_named(ns)} without --yes")
     from kvcache.types.results import NamespaceExpiry
 
     outcome = live.call(path, ExpireRequest(extra_key, salt_value), NamespaceExpiry)

@@ -16,23 +16,20 @@ if TYPE_CHECKING:
 
 
 def trace_counts(requests: "list[TraceRequest]") -> Counter:
-    """Requests per namespace in a trace."""
+    """Requests per namespace in a trace, keyed by the namespace's info under this process's key (only where a
+    store's key is in use here: `kvc demo`)."""
     return Counter(r.namespace().info() for r in requests)
 
 
 def hit_listing(report: "ReplayReport", title: str, requests: "list[TraceRequest]") -> Listing:
-    """Per namespace × tier hit tokens; `refused` from the trace (requests sent, not committed)."""
-    sent = trace_counts(requests)
+    """Per namespace × tier hit tokens, from the report's own rows (sent and refused included): a live replay's
+    rows carry the live cache's fingerprints, which this process could not make."""
     rows = []
-    for row in report.namespaces:
+    for row in sorted(report.namespaces, key=lambda r: (-r.tokens, r.namespace.extra_key or "",
+                                                        r.namespace.salt_fingerprint or "")):
         h = row.hit_tokens
-        rows.append([row.namespace.extra_key, row.namespace.salt_fingerprint, sent[row.namespace], row.requests,
-                     sent[row.namespace] - row.requests, row.tokens, h.device, h.host, h.storage,
-                     100 * h.total / row.tokens if row.tokens else None])
-    seen = {row.namespace for row in report.namespaces}
-    for info, n in sorted(sent.items(), key=lambda kv: (kv[0].extra_key or "", kv[0].salt_fingerprint or "")):
-        if info not in seen:  # every request of the namespace was refused
-            rows.append([info.extra_key, info.salt_fingerprint, n, 0, n, 0, 0, 0, 0, None])
+        rows.append([row.namespace.extra_key, row.namespace.salt_fingerprint, row.sent, row.requests, row.refused,
+                     row.tokens, h.device, h.host, h.storage, 100 * h.total / row.tokens if row.tokens else None])
     h = report.hit_tokens
     rows.append(["total", None, len(requests), report.requests, report.refused, report.tokens, h.device, h.host,
                  h.storage, 100 * h.total / report.tokens if report.tokens else None])

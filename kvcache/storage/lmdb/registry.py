@@ -19,7 +19,7 @@ import lmdb
 import msgspec
 import numpy as np
 
-from ...types.namespace import Namespace
+from ...types.namespace import UNKNOWN_FINGERPRINT, Namespace
 from ...types.shares import NamespaceShares, decode_shares_record
 from ..api import LayoutRecord, NamespaceRecord, PageMeta
 from ..codec import decode_layout, decode_meta, decode_namespace, decode_or_none, encoder
@@ -154,6 +154,10 @@ def apply_deltas(txn: lmdb.Transaction, dbs: Any, deltas: dict[bytes, NsDelta], 
             record = NamespaceRecord(ns_id.hex(), info.extra_key, info.salt_fingerprint, 0, 0, now, now, 0)
         else:
             record = decode_namespace(raw)
+            if d.info is not None and record.salt_fingerprint == UNKNOWN_FINGERPRINT:
+                # registered under an earlier key (a rekey): its writer knows the salt, so record it under this one
+                record = msgspec.structs.replace(record,
+                                                 salt_fingerprint=d.info.info(fingerprint_key).salt_fingerprint)
         roots = record.roots if not d.roots - set(record.roots) else sorted(set(record.roots) | d.roots)
         record = msgspec.structs.replace(
             record, pages=record.pages + d.pages, bytes=record.bytes + d.bytes, hits=record.hits + d.hits,

@@ -87,7 +87,7 @@ from ..codec import (
     decode_or_none,
 )
 from ..isolated import Died, run_isolated
-from ..keyfile import KEY_FILE
+from ..keyfile import KEY_FILE, key_findings
 from ..verify import verify
 from . import pagefile
 from .env import (
@@ -137,9 +137,23 @@ def audit_location(path: str, repair: bool = False, force: bool = False, lock: b
         raise StoreReadOnly(path, "cannot repair: the store's directory is not writable")
     if repair:
         _clean_after_killed_repair(path)
+    keys = key_findings(path, repair)  # the key file is part of the store (keyfile)
     check = _check(path, lock)
-    if not repair or check.ok:
-        return check
+    if repair and not check.ok:
+        check = _repair_pages(path, check, force)
+    return _with_key_findings(check, keys)
+
+
+def _with_key_findings(report: VerifyReport, keys: list[VerifyFinding]) -> VerifyReport:
+    """`report` with the key file's findings first."""
+    if not keys:
+        return report
+    return msgspec.structs.replace(report, ok=False, findings=[*keys, *report.findings],
+                                   repaired=report.repaired + sum(f.repaired for f in keys))
+
+
+def _repair_pages(path: str, check: VerifyReport, force: bool) -> VerifyReport:
+    """The repair of what `check` found in the store's data (not its key file)."""
     if not _structural(check):
         kept = _keep_consistent_copy(path)
         fixed, died = run_isolated(lambda report: _verify_in(path, report, repair=True), Reached, VerifyReport)

@@ -88,7 +88,7 @@ from ..codec import (  # noqa: F401
     encoder,
 )
 from ..handle import StoreHandle, count_read, new_counts
-from ..keyfile import KEY_FILE, ensure_key, read_key
+from ..keyfile import create_key, store_key
 from ..verify import removed_pages, verify
 from .access import AccessRecords
 from .delete import delete_namespace
@@ -179,9 +179,10 @@ class LMDBStore(StoreHandle):
                     durability, lock)
         try:
             # the salt fingerprints this store records and shows are keyed by its key file (kvcache.types.namespace)
-            if not store.readonly:
-                store._refuse_a_lost_chain_key()
-            store.fingerprint_key = read_key(path) if store.readonly else ensure_key(path)
+            # the key is part of the store (a keyed store's page hashes too: a new key would leave every page
+            # stored unreachable): a missing or damaged one is refused (keyfile), never replaced here
+            made = create and not existed and not store.readonly
+            store.fingerprint_key = create_key(path) if made else store_key(path, writable=not store.readonly)
             store.chain_key = chain_key_of(shared.format, store.fingerprint_key)
             if layout is not None:
                 store._bind_layout(layout, register=(create and not existed) or add_layout)
@@ -196,21 +197,10 @@ class LMDBStore(StoreHandle):
         return store
 
     _evict_headroom = CapacityPolicy().evict_headroom
-    fingerprint_key: bytes | None = None  # from the store's key file; None: a read-only store made without one
+    fingerprint_key: bytes | None = None  # from the store's key file; None: read-only, by a user who may not read it
     # The key of the store's page-hash chain roots (`chain`): derived from the key file; b"" for a format-1 store;
     # None for a reader that may not read the key file (it verifies from the roots the namespace records keep).
     chain_key: bytes | None = None
-
-    def _refuse_a_lost_chain_key(self) -> None:
-        """A writer must not make a new key file for a keyed store that holds namespaces: the chain roots of every
-        page stored are keyed by the lost one, so under a new key none would be found again and an audit would
-        call them all orphans."""
-        if not self._shared.format.keyed_roots or os.path.lexists(os.path.join(self.path, KEY_FILE)):
-            return
-        if self._read(lambda txn, dbs: txn.stat(dbs.namespaces)["entries"]):
-            raise StoreError(self.path, f"{KEY_FILE} is missing, and the page hashes of this store are keyed by it: "
-                                        f"restore it from a backup (a new key would leave every stored page "
-                                        f"unreachable)")
 
     @property
     def format_version(self) -> int:
@@ -452,7 +442,7 @@ class LMDBStore(StoreHandle):
             return PutResult(0, 0, 0, 0, 0)
         layout = self.layout
         assert layout is not None  # put_views refuses a handle without one
-        assert self.chain_key is not None  # a writer holds the key file (ensure_key), or the store is format 1
+        assert self.chain_key is not None  # a writer holds the key file (store_key), or the store is format 1
         batch = PutBatch(self._live().dbs, layout, self._checksum, hashes, views, origins, self._evict_headroom,
                          self.fingerprint_key, self.chain_key)
         access = self._access

@@ -39,7 +39,7 @@ from ..codec import (
     decode_or_none,
     stored_checksum,
 )
-from ..keyfile import read_key
+from ..keyfile import key_if_any
 from ..verify import Findings, Guard, PageRow, Removal, RepairOps, ScannedPage, Snapshot
 from .env import SharedEnv
 from .registry import NsDelta, adjust_totals, apply_deltas, decode_totals, drop_page, recount
@@ -64,7 +64,8 @@ class LMDBIntegrity:
         self.shared = shared
         self.checksum = CHECKSUMS[shared.format.checksum]
         # the roots' key from the store's key file (None: this user may not read it; roots come from the records)
-        self.chain_key = chain_key_of(shared.format, read_key(shared.path))
+        # a key file that does not read is the audit's `key_file` finding, never the death of its walk
+        self.chain_key = chain_key_of(shared.format, key_if_any(shared.path))
         self.batch_pages = REPAIR_BATCH_PAGES
         self._write = write or shared.write  # a store passes its own (the handle's checks and counts)
         self._progress = progress

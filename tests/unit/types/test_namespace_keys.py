@@ -7,8 +7,13 @@ import sys
 import pytest
 
 from kvcache import InvalidInput, InvalidNamespace, Namespace
-from kvcache.types.namespace import (FINGERPRINT_KEY_ENV, display_id, fingerprint_key, parse_fingerprint_key,
-                               use_fingerprint_key)
+from kvcache.types.namespace import (
+    FINGERPRINT_KEY_ENV,
+    display_id,
+    fingerprint_key,
+    parse_fingerprint_key,
+    use_fingerprint_key,
+)
 
 KEY_A, KEY_B = bytes(range(32)), bytes(range(1, 33))
 
@@ -68,3 +73,34 @@ def test_bad_keys_are_refused_without_echoing_them(text):
         parse_fingerprint_key(text)
     assert FINGERPRINT_KEY_ENV in str(info.value)
     assert parse_fingerprint_key("ab" * 32) == b"\xab" * 32
+
+
+def test_a_withheld_key_is_never_replaced_by_a_random_one_in_that_context_only(monkeypatch):
+    import threading
+
+    from kvcache.errors import KeyFileError
+    from kvcache.types.namespace import (
+        fingerprint_key_scope,
+        known_fingerprint_key,
+        use_fingerprint_key,
+        withhold_fingerprint_key,
+    )
+
+    monkeypatch.delenv("KVC_FINGERPRINT_KEY", raising=False)
+    ns = Namespace("t1", "withheld-salt")
+    with fingerprint_key_scope():
+        use_fingerprint_key(None)
+        withhold_fingerprint_key("here", "no key")
+        assert known_fingerprint_key() is None
+        with pytest.raises(KeyFileError, match="here: no key"):
+            ns.info()
+        with pytest.raises(KeyFileError):
+            _ = ns.display_id
+        other: list = []
+        thread = threading.Thread(target=lambda: other.append(ns.info().salt_fingerprint))  # another context
+        thread.start()
+        thread.join()
+        assert other[0] is not None and known_fingerprint_key() is None  # its random key is never "known"
+        use_fingerprint_key(b"k" * 32)
+        assert ns.info().salt_fingerprint == ns.fingerprint(b"k" * 32) and known_fingerprint_key() == b"k" * 32
+    ns.info()  # the scope ended: nothing withheld

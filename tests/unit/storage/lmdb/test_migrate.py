@@ -11,7 +11,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from kvcache.errors import StoreError
+from kvcache.errors import KeyFileError, StoreError
 from kvcache.storage.api import page_origins
 from kvcache.storage.codec import FORMAT_VERSION, decode_format, decode_meta, decode_namespace, encoder
 from kvcache.storage.lmdb.migrate import MIGRATE_PREFIX, migrate_location
@@ -196,11 +196,13 @@ def test_a_writer_never_makes_a_new_key_for_a_keyed_store_that_holds_pages(tmp_p
     build_format_1(path)
     migrate_location(path)
     os.rename(os.path.join(path, "fingerprint.key"), os.path.join(tmp_path, "kept.key"))
-    with pytest.raises(StoreError, match="fingerprint.key is missing"):
+    with pytest.raises(StoreError, match="fingerprint key file is missing"):
         open_store(path, LAYOUT)
     assert not os.path.exists(os.path.join(path, "fingerprint.key"))
-    with open_store(path, readonly=True) as reader:  # a reader goes on, keyless; its audit reads recorded roots
-        assert reader.chain_key is None and reader.verify().ok
+    # the key file is part of the store: a reader is refused too (i26-keyfile); a reader who may not read an
+    # existing key file (monitoring) goes on keyless, its audit reading recorded roots (test_cli_keyfile.py)
+    with pytest.raises(KeyFileError, match="fingerprint key file is missing"):
+        open_store(path, readonly=True)
     os.rename(os.path.join(tmp_path, "kept.key"), os.path.join(path, "fingerprint.key"))
     with open_store(path, LAYOUT) as store:
         assert store.verify().ok and store.stats().pages == 2 * (1 + 4 * 6)

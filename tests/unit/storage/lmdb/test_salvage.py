@@ -194,6 +194,8 @@ def _opened_copy(data_file: str, tmp_path):
     target = tmp_path / "copy"
     target.mkdir()
     os.link(data_file, target / "data.mdb")
+    # the key file is part of the store: a kept data file is read beside the store's key
+    os.link(os.path.join(os.path.dirname(data_file), "fingerprint.key"), target / "fingerprint.key")
     return open_store(str(target), readonly=True)
 
 
