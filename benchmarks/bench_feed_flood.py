@@ -128,6 +128,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=10.0, help="length of each phase (acceptance: 60)")
     ap.add_argument("--requests", type=int, default=300, help="requests in the replayed trace")
+    ap.add_argument("--events-buffer", type=int, default=EVENTS_BUFFER,
+                    help="batches the feed's replay buffer holds, filled before the flood (a toy run: fewer)")
     ap.add_argument("--no-write", action="store_true", help="print only, leave BENCHMARKS.md alone")
     args = ap.parse_args()
     scratch = tempfile.mkdtemp(prefix="kvc-bench-feed-flood-")
@@ -136,14 +138,14 @@ def main() -> int:
     kvc("generate", trace, "--requests", str(args.requests), "--seed", "7")
     server = subprocess.Popen([sys.executable, "-m", "kvc", "serve", "--store", store, "--socket", sock, "--json",
                                "--device-tokens", str(DEVICE_TOKENS), "--host-tokens", str(HOST_TOKENS), "--events", "*",
-                               "--events-replay", "*", "--events-buffer", str(EVENTS_BUFFER)],
+                               "--events-replay", "*", "--events-buffer", str(args.events_buffer)],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV)
     flooder = None
     try:
         ready = json.loads(server.stdout.readline())
         pid = server.pid
         buffered, still = 0, 0
-        while buffered < EVENTS_BUFFER and still < 3:  # warm-up: pools faulted in, store written, buffer filled
+        while buffered < args.events_buffer and still < 3:  # warm-up: pools faulted in, store written, buffer filled
             phase(sock, trace, 0, pid)
             was, buffered = buffered, len(fetch_all(ready)[0])
             still = still + 1 if buffered == was else 0  # a trace that fits the tiers stops making events
@@ -179,13 +181,13 @@ def main() -> int:
         "## KV-event feed under 64 replay flooders (`benchmarks/bench_feed_flood.py`)",
         "",
         f"Machine: {machine()}; load average {os.getloadavg()[0]:.2f} when the script ended (the machine may be "
-        f"shared). `kvc serve --events '*' --events-replay '*' --events-buffer {EVENTS_BUFFER}` (loopback) on a "
+        f"shared). `kvc serve --events '*' --events-replay '*' --events-buffer {args.events_buffer}` (loopback) on a "
         f"fresh LMDB store, L1 {DEVICE_TOKENS:,} / L2 {HOST_TOKENS:,} tokens, driven by `kvc --socket S replay` of a "
         f"{args.requests}-request, 4-tenant trace again and again: {args.seconds:g} s quiet, {args.seconds:g} s "
         f"under {FLOODERS} flooders, {args.seconds:g} s quiet again. Each flooder opens a new replay connection "
         f"every second that never reads (receive queue 1 message, 4 KiB buffer), asks for the whole buffer on it, "
         f"and keeps its two newest open ({flood['requests']:,} requests in all). The replay buffer held "
-        f"{buffered:,} of {EVENTS_BUFFER:,} batches before the flood (full: the growth is the flood's). RSS from /proc: the server's "
+        f"{buffered:,} of {args.events_buffer:,} batches before the flood (full: the growth is the flood's). RSS from /proc: the server's "
         f"VmRSS at the end of the first quiet phase, and its peak over the flood "
         f"({'VmHWM, reset at the start of the flood' if peak_reset else 'VmRSS sampled between replays'}). "
         f"Throughput: requests per second of the server's replay time over the replays completed in a phase.",
@@ -202,7 +204,7 @@ def main() -> int:
             ["live replay, flooded", f"{flooded['requests_per_s']:,.0f} requests/s ({flooded['runs']} replays)"],
             ["live replay throughput, flooded over quiet (target >= 0.8x)", f"**{ratio:.2f}x**"],
             ["a well-behaved client's fetch of the whole buffer during the flood",
-             f"{len(fetched):,} of {EVENTS_BUFFER:,} batches (seq {fetched[0].seq if fetched else '-'} on), "
+             f"{len(fetched):,} of {args.events_buffer:,} batches (seq {fetched[0].seq if fetched else '-'} on), "
              f"{'no gap' if gap_free else 'GAPS'}, {fetch_s:.2f} s"],
             ["busy answers found on the flooders' last two connections each (the cap on answers at once)",
              f"{flood['busy_seen']:,} of {2 * FLOODERS}"],

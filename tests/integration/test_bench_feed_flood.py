@@ -18,7 +18,7 @@ def test_a_toy_run_publishes_the_rss_growth_and_the_throughput_ratio(tmp_path):
     figures = tmp_path / "figures.jsonl"
     before = (ROOT / "BENCHMARKS.md").read_bytes()
     result = subprocess.run([sys.executable, "bench_feed_flood.py", "--seconds", "0", "--requests", "100",
-                             "--no-write"], cwd=ROOT / "benchmarks", capture_output=True, text=True, timeout=600,
+                             "--events-buffer", "100", "--no-write"], cwd=ROOT / "benchmarks", capture_output=True, text=True, timeout=600,
                             env=dict(os.environ, KVC_BENCH_JSON=str(figures)))
     assert result.returncode == 0, result.stderr[-2000:]
     assert (ROOT / "BENCHMARKS.md").read_bytes() == before  # --no-write
