@@ -26,7 +26,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check kvcache cli plugins
 	$(BIN)/mypy
 
-# The suite runs on every core (pytest-xdist; tests share no port, file or directory): ~3.5 min on 2 cores, ~5
+# The suite runs on every core (pytest-xdist; tests share no port, file or directory): ~4.5 min on 2 cores, ~6.5
 # serially. `make test XDIST=` runs it in one process. Warnings are errors (pyproject.toml).
 XDIST ?= -n auto --dist worksteal
 test: lint
