@@ -216,3 +216,11 @@ def test_fingerprints_are_keyed_by_each_store(tmp_path):
         _invoke("put", "--store", tmp_path / name, "--extra-key", "t1", "--tokens", TOKENS, KVC_SALT="wrong")
     c, d = (_first_row(tmp_path / n) for n in "cd")
     assert c["salt_fingerprint"] == d["salt_fingerprint"] == Namespace("t1", "wrong").fingerprint(b"\xab" * 32)
+
+
+def test_init_of_an_lmdb_url_names_the_key_file_it_wrote(tmp_path):
+    # an lmdb:// location is a directory like a plain path: its key is in its key file, not a "format record"
+    path = tmp_path / "s"
+    init = json.loads(_invoke("init", "--store", f"lmdb://{path}", "--json").stdout)
+    key_file = Path(init["fingerprint_key"])
+    assert key_file == path / "fingerprint.key" and stat.S_IMODE(key_file.stat().st_mode) == 0o600

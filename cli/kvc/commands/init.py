@@ -84,7 +84,7 @@ def init(
         return
     layout = KVLayout(model, layers=layers, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype,
                       page_size=page_size)
-    path = None if store.is_url else Path(store.url)
+    path = _directory(store)
     if path is not None and not path.parent.exists():
         if not parents:
             raise UsageError(f"{store}: the parent directory {path.parent} does not exist (typo? pass --parents "
@@ -108,6 +108,15 @@ def init(
     say(f"{esc(str(store))}: {verb} {esc(layout.describe())}")
     say(f"  {human_bytes(layout.bytes_per_token)} per token, {human_bytes(layout.bytes_per_page)} per page "
         f"of {page_size} tokens; layout id {layout.layout_id.hex()[:16]}; fingerprint key in {esc(key)}")
+
+
+def _directory(store: StoreLocation) -> Path | None:
+    """The directory of an LMDB store (a path, or an lmdb:// URL); None for a shared store's URL, which keeps its
+    key in its format record."""
+    if scheme_of(store.url) != "lmdb":
+        return None
+    url = store.url
+    return Path(url[len("lmdb://"):] if url[:len("lmdb://")].lower() == "lmdb://" else url)
 
 
 def _rekey(store: StoreLocation, yes: bool, json: bool) -> None:
