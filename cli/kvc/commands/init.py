@@ -98,7 +98,7 @@ def init(
             raise  # a directory with other things in it is not made into a store
         handle, created = open_store(store.url, layout, create=True), True
     handle.close()
-    key = str(path / KEY_FILE) if path is not None else "format record"
+    key = store.redact(str(path / KEY_FILE)) if path is not None else "format record"  # the path may hold a token
     result = InitOutput(str(store), created, layout, layout.layout_id.hex(), layout.bytes_per_token,
                         layout.bytes_per_page, key)
     if json:
