@@ -12,6 +12,7 @@ import contextlib
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -79,6 +80,20 @@ def table() -> str:
 def kvc(*args, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     """The installed kvc as a subprocess (text output)."""
     return subprocess.run([str(KVC), *map(str, args)], capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def stop_then_kill(args: list[str], stop_env: str, point: str, log: str) -> None:
+    """Run `kvc *args` with `stop_env=point` until the command stops itself there (SIGSTOP: the event, no timing),
+    then kill it with SIGKILL. Its output goes to `log`; a run that ends without stopping fails the test."""
+    env = dict(os.environ, **{stop_env: point})
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(KVC), *args], env=env, stdout=out, stderr=subprocess.STDOUT)
+    _, status = os.waitpid(proc.pid, os.WUNTRACED)
+    if not os.WIFSTOPPED(status):
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        pytest.fail(f"kvc {args[0]} never reached {point} (exit status {status}): {Path(log).read_text()}")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def in_ci() -> bool:

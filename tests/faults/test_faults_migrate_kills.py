@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 
 import faultkit
 import pytest
@@ -33,27 +31,12 @@ def template(tmp_path_factory):
     return path, contents(path), _data(path)
 
 
-def _stopped_then_killed(store: str, point: str, log: str) -> None:
-    """Run `kvc migrate` until it stops at `point`, then kill it with SIGKILL (its output goes to `log`)."""
-    env = dict(os.environ, **{STOP_ENV: point})
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([str(faultkit.KVC), "migrate", "--store", store], env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
-    _, status = os.waitpid(proc.pid, os.WUNTRACED)  # the event: the migration stopped itself at `point`
-    if not os.WIFSTOPPED(status):
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        with open(log, "rb") as f:
-            pytest.fail(f"the migration never reached {point} (exit status {status}): {f.read().decode()}")
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
 @pytest.mark.parametrize("step,at", KILL_POINTS, ids=[f"{s}@{a}" for s, a in KILL_POINTS])
 def test_a_migration_killed_at_any_step_leaves_the_old_or_the_new_store_whole(template, tmp_path, step, at):
     source, held, original = template
     store = str(tmp_path / "s")
     shutil.copytree(source, store)
-    _stopped_then_killed(store, f"{step}@{at}", str(tmp_path / "migrate.log"))
+    faultkit.stop_then_kill(["migrate", "--store", store], STOP_ENV, f"{step}@{at}", str(tmp_path / "migrate.log"))
     # Either the format-1 data file is untouched, byte for byte, or the migrated one is in place, whole.
     if _data(store) == original:
         assert step != "swapped", "killed after the swap, the data file is still the old one"

@@ -13,8 +13,6 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import signal
-import subprocess
 
 import faultkit
 import pytest
@@ -36,26 +34,13 @@ def template(tmp_path_factory):
     return path, written, zero_meta_pages(path)
 
 
-def _stopped_then_killed(store: str, point: str, log: str) -> None:
-    """Run the repair until it stops at `point`, then kill it with SIGKILL (its output goes to `log`)."""
-    env = dict(os.environ, **{STOP_ENV: point})
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([str(faultkit.KVC), "audit", "--store", store, "--repair"], env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
-    _, status = os.waitpid(proc.pid, os.WUNTRACED)  # the event: the repair stopped itself at `point`
-    if not os.WIFSTOPPED(status):
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        pytest.fail(f"the repair never reached {point} (exit status {status}): {data_of_file(log).decode()}")
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
 @pytest.mark.parametrize("step,at", KILL_POINTS, ids=[f"{s}@{a}" for s, a in KILL_POINTS])
 def test_a_repair_killed_at_any_step_leaves_the_original_or_the_result_intact(template, tmp_path, step, at):
     source, written, damaged = template
     store = str(tmp_path / "s")
     shutil.copytree(source, store)
-    _stopped_then_killed(store, f"{step}@{at}", str(tmp_path / "repair.log"))
+    faultkit.stop_then_kill(["audit", "--store", store, "--repair"], STOP_ENV, f"{step}@{at}",
+                            str(tmp_path / "repair.log"))
     # Either the damaged original is still the store's data file, byte for byte, or the rebuilt store is, whole.
     if data_of(store) != damaged:
         assert step == "swapped", f"the data file changed before the swap (killed at {step}@{at})"
