@@ -87,13 +87,17 @@ class LMDBIntegrity:
             yield from self._scan_pages_lock_free(found)
             return
         for txn, h, value in self.shared.scan(self.shared.dbs.pages, VERIFY_CHUNK_PAGES, self._progress, "pages"):
-            page = self._scanned(txn, h, value)
-            if page is None:
-                found.add("dangling_index", h, "a pages key that is not a page hash", remove=True)
-                continue
-            if page.meta is None and not page.damaged:
-                self._missed_meta.add(h)
-            yield page
+            yield from self._noted(found, h, self._scanned(txn, h, value))
+
+    def _noted(self, found: Findings, h: bytes, page: ScannedPage | None) -> Iterator[ScannedPage]:
+        """`page`, once what it says of the store is noted: a pages key that is no page hash is a finding (and no
+        page), a page without metadata is kept for the pass that looks for metadata elsewhere."""
+        if page is None:
+            found.add("dangling_index", h, "a pages key that is not a page hash", remove=True)
+            return
+        if page.meta is None and not page.damaged:
+            self._missed_meta.add(h)
+        yield page
 
     def _scanned(self, txn: lmdb.Transaction, h: bytes, value: Any) -> ScannedPage | None:
         """The page stored under `h`, read in `txn`; None for a key that is no page hash."""
@@ -131,12 +135,7 @@ class LMDBIntegrity:
                 self._progress("pages", walked, after)
             rows, more = shared.reading(chunk, buffers=True)
             for h, page in rows:
-                if page is None:
-                    found.add("dangling_index", h, "a pages key that is not a page hash", remove=True)
-                    continue
-                if page.meta is None and not page.damaged:
-                    self._missed_meta.add(h)
-                yield page
+                yield from self._noted(found, h, page)
             walked += len(rows)
             if not more or not rows:
                 return
