@@ -434,3 +434,39 @@ def test_an_engine_layouts_root_is_its_own(store):
     mla = VARIANTS["mla"]
     assert hash_root(mla.layout_id, ENGINE, store.chain_key) != store.root(ENGINE)
     assert mla.bytes_per_page == VARIANTS["plain"].bytes_per_page // 2  # one latent, no V
+
+
+def test_three_threads_write_and_read_engine_pages_at_once(store):
+    """SGLang calls its storage from several threads at once (prefetch, backup, the scheduler's exists): puts of
+    overlapping chains and reads of what was acknowledged interleave without an error or a wrong byte."""
+    import threading
+
+    errors: list[str] = []
+    acked: list[tuple[list[bytes], list[np.ndarray]]] = []
+    lock = threading.Lock()
+
+    def worker(seed: int) -> None:
+        try:
+            for round_ in range(12):
+                keys = engine_keys(6, f"shared/{round_ % 4}")[: 3 + seed]  # overlapping chains across threads
+                hashes, payloads, result = put_engine(store, keys)
+                if len(result.outcomes) != len(keys) or R in result.outcomes:
+                    errors.append(f"thread {seed}: outcomes {list(result.outcomes)}")
+                with lock:
+                    acked.append((hashes, payloads))
+                    done = list(acked)
+                for hashes, payloads in done[-3:]:
+                    n, out = read(store, hashes)
+                    if n != len(hashes) or not all(np.array_equal(x, y) for x, y in zip(out, payloads)):
+                        errors.append(f"thread {seed}: read {n}/{len(hashes)} or wrong bytes")
+        except Exception as exc:  # an exception in a thread must fail the test, not vanish
+            errors.append(f"thread {seed}: {exc!r}")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert store.stats().pages == 4 * 5  # four chains, five keys at most each
+    assert store.verify().ok
