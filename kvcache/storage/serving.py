@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..errors import StoreError
+from ..errors import InvariantViolation, StoreError
 from ..types.ids import NamespaceId
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace
@@ -47,6 +47,7 @@ from .api import (
     NamespaceRecord,
     PageMeta,
     PageOrigin,
+    PageOutcome,
     PutResult,
     ServeRecord,
     StoreStats,
@@ -185,10 +186,17 @@ class FencedStore:
         if keep is None or len(keep) == len(origins):
             return self._store.put(hashes, pages, origins)
         refused = len(origins) - len(keep)
+        outcomes = bytearray([PageOutcome.REJECTED]) * len(origins)  # a fenced page is rejected
         if not keep:
-            return PutResult(0, 0, refused, 0, 0)
+            return PutResult(0, 0, refused, 0, 0, outcomes=bytes(outcomes))
         got = self._store.put([hashes[i] for i in keep], [pages[i] for i in keep], [origins[i] for i in keep])
-        return PutResult(got.written, got.existing, got.rejected + refused, got.evicted, got.bytes_written)
+        if len(got.outcomes) != len(keep):
+            raise InvariantViolation(f"the store's put named {len(got.outcomes)} outcomes for {len(keep)} pages "
+                                     f"(every backend names one per page: PutResult.outcomes)")
+        for i, outcome in zip(keep, got.outcomes, strict=True):
+            outcomes[i] = outcome
+        return PutResult(got.written, got.existing, got.rejected + refused, got.evicted, got.bytes_written,
+                         got.evicted_hashes, bytes(outcomes))
 
     def delete_namespace(self, ns_id: NamespaceId) -> DeleteResult:
         """Record the drop (unless following another's), then the store's delete."""
