@@ -22,9 +22,14 @@ and one ``r:<root hex>`` field per layout root the namespace's pages hang from.
 #   "s"  a token page whose parent must be a stored page of its namespace: checked before anything is written,
 #        and the whole batch is refused (KVCNS) when it is not
 #   "e"  an engine page (named by its engine's key) whose parent is not the root: kept when the parent is a stored
-#        page of its namespace at the time it is written (an earlier page of the batch included), else the page
-#        hangs from its namespace root (the root metadata and root hash passed with it): an engine's parent link
-#        is a hint, never a condition (kvcache.storage.api)
+#        page of its namespace and layout at the time it is written (an earlier page of the batch included), else
+#        the page hangs from its namespace root (the root metadata and root hash passed with it): an engine's
+#        parent link is a hint, never a condition (kvcache.storage.api). Its root is recorded either way.
+#
+# The namespace and layout of a stored page are read from its `m` field without decoding it (Redis' cmsgpack
+# knows no bin type): PageMeta is array_like, so its msgpack is the array header, then ns_id and layout_id, each
+# a bin 8 of 16 bytes: bytes 2..37 (1-based) name both, and equal those of a page of the same namespace and
+# layout (tests pin this encoding). A parent whose `m` is damaged does not match: the page hangs from its root.
 #
 # KEYS: [1] namespace index, [2 .. 1+nns] namespace records, then per page (4): page record, children set of its
 # parent, parent page record, children set of its namespace root; then the shares hash; last, the store's format
@@ -84,15 +89,18 @@ for i = 0, np - 1 do
     outcomes[i + 1] = '\\2'
   else
     local kind, meta, parent, ck = ARGV[o + 6], ARGV[o + 3], ARGV[o + 5], KEYS[k + 2]
-    if kind == 'e' and redis.call('HGET', KEYS[k + 3], 'n') ~= nshex[j] then
-      kind, meta, parent, ck = 'r', ARGV[o + 7], ARGV[o + 8], KEYS[k + 4]
+    if kind == 'e' then
+      local up = redis.call('HGET', KEYS[k + 3], 'm')
+      if (not up) or string.sub(up, 2, 37) ~= string.sub(meta, 2, 37) then
+        meta, parent, ck = ARGV[o + 7], ARGV[o + 8], KEYS[k + 4]
+      end
     end
     room[j] = room[j] - size
     redis.call('HSET', pk, 'd', ARGV[o + 2], 'm', meta, 'n', nshex[j], 'p', parent, 'h', 0, 'a', now)
     redis.call('SADD', ck, ARGV[o + 1])
     pages[j] = pages[j] + 1
     bytes[j] = bytes[j] + size
-    if kind == 'r' then redis.call('HSET', KEYS[1 + j], 'r:' .. parent, 1) end
+    if kind ~= 'b' and kind ~= 's' then redis.call('HSET', KEYS[1 + j], 'r:' .. ARGV[o + 8], 1) end
     written = written + 1
     outcomes[i + 1] = '\\0'
   end

@@ -85,6 +85,7 @@ from kvcache.storage.kit import (
     PageOrigin,
     PageOutcome,
     PageRow,
+    PageView,
     PutResult,
     Removal,
     RepairOps,
@@ -163,12 +164,17 @@ _dec_serve = msgspec.msgpack.Decoder(ServeRecord).decode
 _dec_drop = msgspec.msgpack.Decoder(DropRecord).decode
 
 
-def _page_value(page_hash: bytes, payload: memoryview) -> bytes:
-    """A page record's `d` field: the checksum, then one copy of the caller's page, summed as copied (what is
-    summed is exactly what is sent)."""
-    value = bytearray(HEADER + len(payload))
-    value[HEADER:] = payload
-    value[:HEADER] = _XXH3.of(memoryview(value)[HEADER:], page_hash).to_bytes(HEADER, "little")
+def _page_value(page_hash: bytes, page: PageView) -> bytes:
+    """A page record's `d` field: the checksum, then one copy of the caller's page (its segments gathered in
+    order), summed as copied (what is summed is exactly what is sent)."""
+    value = bytearray(HEADER + len(page))
+    payload = memoryview(value)[HEADER:]
+    if type(page) is memoryview:
+        payload[:] = page
+    else:
+        page.gather(payload)
+    value[:HEADER] = _XXH3.of(payload, page_hash).to_bytes(HEADER, "little")
+    del payload  # a bytearray with a view on it cannot be copied out
     return bytes(value)
 
 
@@ -483,8 +489,13 @@ class RedisStore(StoreHandle):
             # what was verified.
             bad = len(value) - HEADER != len(out)
             if not bad:
-                out[:] = memoryview(value)[HEADER:]
-                bad = _XXH3.of(out, h) != int.from_bytes(value[:HEADER], "little")
+                if type(out) is memoryview:
+                    out[:] = memoryview(value)[HEADER:]
+                    summed = _XXH3.of(out, h)
+                else:  # a page in segments (checks.Segments): copied in order, summed as copied
+                    out.fill(memoryview(value)[HEADER:])
+                    summed = _XXH3.of_parts(out.views, h)
+                bad = summed != int.from_bytes(value[:HEADER], "little")
             if bad:
                 with self._lock:
                     corrupt[h] = hashlib.sha1(value).hexdigest()
@@ -729,7 +740,7 @@ class RedisStore(StoreHandle):
         must be (InvalidInput otherwise, nothing written).
         """
         self._check_writable()
-        views = put_views(self.layout, hashes, pages, origins)
+        views = put_views(self.layout, hashes, pages, origins, self.chain_key)
         values = [_page_value(h, mv) for h, mv in zip(hashes, views, strict=True)]
         if not hashes:
             return PutResult(0, 0, 0, 0, 0, outcomes=b"")
@@ -853,16 +864,19 @@ class RedisStore(StoreHandle):
         if to_check:
             pipe = client.pipeline(transaction=False)
             for i in to_check:
-                pipe.hget(self._pk(origins[i].parent), "n")
-            for i, up in zip(to_check, pipe.execute(), strict=True):
+                pipe.hmget(self._pk(origins[i].parent), "n", "m")
+            layout_id = self.layout.layout_id if self.layout is not None else b""
+            for i, (up, m) in zip(to_check, pipe.execute(), strict=True):
                 o = origins[i]
-                if up is not None and up.decode() == o.namespace.id_hex:
-                    continue
                 if not o.key:
-                    raise _foreign_parent(hashes[i], o, stored=up is not None)
-                parents[i], metas[i] = roots[o.namespace.id], batch.root_metas[i]
+                    if up is None or up.decode() != o.namespace.id_hex:
+                        raise _foreign_parent(hashes[i], o, stored=up is not None)
+                    continue
+                meta = None if m is None else decode_or_none(decode_meta, m)
+                if meta is None or (meta.ns_id, meta.layout_id) != (o.namespace.id, layout_id):
+                    parents[i], metas[i] = roots[o.namespace.id], batch.root_metas[i]
         values = batch.values
-        over = self._over_share(client, origins, len(values[0]) - HEADER if values else 0)
+        over = self._over_share(client, hashes, origins, len(values[0]) - HEADER if values else 0)
         pipe = client.pipeline(transaction=False)
         for i, (h, v, m, o) in enumerate(zip(hashes, values, metas, origins, strict=True)):
             if i in over:  # past its namespace's store share: only asked whether it is stored already
@@ -888,8 +902,8 @@ class RedisStore(StoreHandle):
             acc = per_ns.setdefault(o.namespace.id, [o.namespace, 0, 0, ""])
             acc[1] += 1
             acc[2] += len(values[i]) - HEADER
-            if parents[i] == roots[o.namespace.id]:
-                acc[3] = parents[i].hex()
+            if o.key or parents[i] == roots[o.namespace.id]:
+                acc[3] = roots[o.namespace.id].hex()  # an engine page's hash hangs on its root: recorded always
         for ns, n, b, root in per_ns.values():
             self._call(self._s_ns_adjust, [self._nk(ns.id_hex)],
                        [encoder.encode(ns.info(self.fingerprint_key)), repr(batch.now), n, b, root], pipe)
@@ -898,11 +912,13 @@ class RedisStore(StoreHandle):
             pipe.execute()
         return bytes(outcomes)
 
-    def _over_share(self, client: Any, origins: Sequence[PageOrigin], nbytes: int) -> set[int]:
-        """Cluster mode: indexes of the batch's pages past their namespace's store share, counting every page of
-        the batch as new (the shares hash and the counters live in other slots than the pages, so this is read
-        before the writes, not atomically with them: concurrent writers of one namespace can overshoot it by a
-        batch each)."""
+    def _over_share(self, client: Any, hashes: Sequence[bytes], origins: Sequence[PageOrigin],
+                    nbytes: int) -> set[int]:
+        """Cluster mode: indexes of the batch's pages past their namespace's store share. The pages of a
+        namespace with a share are asked whether they are stored (those take no room) in the round trip after
+        the limits. The shares hash and the counters live in other slots than the pages, so this is read before
+        the writes, not atomically with them: concurrent writers of one namespace can overshoot it by a batch
+        each."""
         ns_hexes = sorted({o.namespace.id_hex for o in origins})
         pipe = client.pipeline(transaction=False)
         pipe.hmget(self._k_shares, ["b:" + h for h in ns_hexes])
@@ -911,14 +927,24 @@ class RedisStore(StoreHandle):
         limits, *held = pipe.execute()
         room = {h: int(lim) - int(b or 0) for h, lim, b in zip(ns_hexes, limits, held, strict=True) if lim is not None}
         over: set[int] = set()
-        for i, o in enumerate(origins):
-            h = o.namespace.id_hex
-            if h in room:
-                if room[h] < nbytes:
-                    room[h] = -1  # the rest of the namespace's pages in the batch go too: a stored chain is a prefix
-                    over.add(i)
-                else:
-                    room[h] -= nbytes
+        if not room:
+            return over
+        limited = [i for i, o in enumerate(origins) if o.namespace.id_hex in room]
+        pipe = client.pipeline(transaction=False)
+        for i in limited:
+            pipe.exists(self._pk(hashes[i]))
+        stored = {i for i, there in zip(limited, pipe.execute(), strict=True) if there}
+        counted: set[bytes] = set()  # a repeat of a page in the batch takes its room once
+        for i in limited:
+            h = origins[i].namespace.id_hex
+            if i in stored or hashes[i] in counted:
+                continue
+            if room[h] < nbytes:
+                room[h] = -1  # the rest of the namespace's pages in the batch go too: a stored chain is a prefix
+                over.add(i)
+            else:
+                room[h] -= nbytes
+                counted.add(hashes[i])
         return over
 
     # -- access records -------------------------------------------------------------------------------------
