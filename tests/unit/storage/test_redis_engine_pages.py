@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import time
 
+import msgspec
+
 import numpy as np
 import pytest
 import redis
 
 from factories import make_layout
 from kvcache.storage.api import PageOutcome, engine_hashes, engine_origins, page_origins
-from kvcache.storage.codec import decode_meta
+from kvcache.storage.api import PageMeta
+from kvcache.storage.codec import decode_meta, encoder
 from kvcache.storage.registry import open_store
 from kvcache.types.keys import engine_page_hash, hash_root, pack_tokens
 from kvcache.types.namespace import Namespace
 from kvcache.types.shares import Shares
+from kvcache_redis.store import TOUCH_KEYS
 from redis_server import own_redis, redis_cluster, redis_server  # noqa: F401  (fixtures)
 
 LAYOUT = make_layout(4)
@@ -99,6 +103,38 @@ def test_an_unknown_parent_hangs_the_page_from_the_root_and_the_batch_is_kept(st
     assert store.exists_prefix(tok_hashes) == 0
 
 
+def test_an_engine_parent_of_another_layout_or_namespace_is_unknown_here(store):
+    """The put script reads a stored parent's namespace and layout from its metadata's leading bytes: a parent
+    stored under another layout (same page size) or in another namespace is no parent of this page, which hangs
+    from its own root; a parent of its namespace and layout is kept."""
+    other = make_layout(4, model="test-model@r2")
+    root = hash_root(LAYOUT.layout_id, NS, store.chain_key)
+    elsewhere = open_store(store.location, other, add_layout=True)
+    try:
+        (foreign,), foreign_origins = engine_origins(other, NS, elsewhere.chain_key, keys(1, 600))
+        assert elsewhere.put([foreign], pages(1), foreign_origins).written == 1
+    finally:
+        elsewhere.close()
+    (tenant,), tenant_origins = engine_origins(LAYOUT, Namespace("other"), store.chain_key, keys(1, 601))
+    (home,), home_origins = engine_origins(LAYOUT, NS, store.chain_key, keys(1, 602))
+    assert store.put([tenant, home], pages(2), [*tenant_origins, *home_origins]).written == 2
+    parents = {"layout": foreign, "namespace": tenant, "home": home}
+    for i, (why, parent) in enumerate(parents.items()):
+        (h,), (origin,) = engine_origins(LAYOUT, NS, store.chain_key, [keys(1, 610 + i)[0]])
+        origin = msgspec.structs.replace(origin, parent=parent)
+        assert store.put([h], pages(1), [origin]).written == 1, why
+        assert store.page_meta(h).parent == (home if why == "home" else root), why
+
+
+def test_the_put_script_reads_namespace_and_layout_from_these_bytes_of_a_page_meta():
+    """What PUT_BATCH relies on (scripts.py): PageMeta's msgpack is an array header, then its namespace id and
+    layout id as two bin 8 of 16 bytes; bytes 2..37 (1-based) are those two, with or without an engine key."""
+    ns, layout = bytes(range(16)), bytes(range(16, 32))
+    for key in (b"", b"k" * 32):
+        meta = encoder.encode(PageMeta(ns, layout, b"p" * 16, b"", 64, 2**64 - 1, 1.0, 2.0, 3, key))
+        assert meta[1:37] == b"\xc4\x10" + ns + b"\xc4\x10" + layout
+
+
 def test_outcomes_page_by_page_through_existing_written_and_share_rejected_pages(store):
     """One batch through the put script's three outcomes: pages already stored, new pages within the namespace's
     store share, and new pages past it (rejected, with every later page of the namespace in the batch)."""
@@ -116,19 +152,22 @@ def test_outcomes_page_by_page_through_existing_written_and_share_rejected_pages
 
 def test_a_read_gives_its_time_to_every_page_it_served_and_its_hit_to_the_deepest(store):
     """LRU must not evict what was just read: after a flush every served page's last access is the read's time
-    (written through the access script, 1 record a call on a cluster, many on a standalone server); the hit
-    count stays with the deepest page of the run. Pages the read did not reach keep their write time."""
-    ks = keys(5, 300)
-    hashes, origins = engine_origins(LAYOUT, NS, store.chain_key, ks)
-    assert store.put(hashes, pages(5), origins).written == 5
+    (written through the access script: one record a call on a cluster, TOUCH_KEYS a call on a standalone server,
+    so a read of more pages than that spans calls); the hit count stays with the deepest page of the run, the
+    namespace counts every page served. Pages the read did not reach keep their write time."""
+    n = TOUCH_KEYS + 20
+    hashes, origins = engine_origins(LAYOUT, NS, store.chain_key, keys(n + 2, 300))
+    assert store.put(hashes, pages(n + 2), origins).written == n + 2
     before = time.time()
-    out = np.zeros((3, LAYOUT.bytes_per_page), np.uint8)
-    assert store.get_into(hashes[:3], list(out)) == 3
+    out = np.zeros((n, LAYOUT.bytes_per_page), np.uint8)
+    assert store.get_into(hashes[:n], list(out)) == n
     store.flush()
     metas = [store.page_meta(h) for h in hashes]
-    assert all(m.last_access >= before for m in metas[:3])
-    assert all(m.last_access == m.created for m in metas[3:])
-    assert [m.hits for m in metas] == [0, 0, 1, 0, 0]
+    assert all(m.last_access >= before for m in metas[:n])
+    assert all(m.last_access == m.created < before for m in metas[n:])
+    assert [m.hits for m in metas] == [0] * (n - 1) + [1, 0, 0]
+    (record,) = store.namespaces()
+    assert record.hits == n and record.last_access >= before
 
 
 def test_a_fault_on_an_engine_page_read_is_a_counted_miss_then_reads_resume(own_redis):  # noqa: F811
