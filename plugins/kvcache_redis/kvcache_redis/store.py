@@ -850,17 +850,24 @@ class RedisStore(StoreHandle):
         checked first, not atomically with the writes (a loss between the check and the writes leaves pages
         that verify reports as orphans, as does a parent removed between its read and the child's write)."""
         hashes, origins, roots = batch.hashes, batch.origins, batch.roots
+        parents = [o.parent for o in origins]  # the parent each page is linked under
+        metas = list(batch.metas)
         if not client.exists(self._k_format):
             raise redis.ResponseError("KVCNOSTORE the format record is gone")
         fresh = set(hashes)
-        earlier: set[bytes] = set()
+        earlier: dict[bytes, bytes] = {}  # page hash -> namespace id, of the pages before the one looked at
         to_check: list[int] = []
         for i, (h, o) in enumerate(zip(hashes, origins, strict=True)):
-            if o.parent != roots[o.namespace.id] and o.parent not in (earlier if o.key else fresh):
+            if o.parent == roots[o.namespace.id]:
+                pass
+            elif o.key:  # linked under an earlier page of the batch only when that is of its namespace
+                if o.parent not in earlier:
+                    to_check.append(i)
+                elif earlier[o.parent] != o.namespace.id:
+                    parents[i], metas[i] = roots[o.namespace.id], batch.root_metas[i]
+            elif o.parent not in fresh:
                 to_check.append(i)
-            earlier.add(h)
-        parents = [o.parent for o in origins]
-        metas = list(batch.metas)
+            earlier.setdefault(h, o.namespace.id)
         if to_check:
             pipe = client.pipeline(transaction=False)
             for i in to_check:

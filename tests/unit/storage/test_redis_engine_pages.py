@@ -124,6 +124,12 @@ def test_an_engine_parent_of_another_layout_or_namespace_is_unknown_here(store):
         origin = msgspec.structs.replace(origin, parent=parent)
         assert store.put([h], pages(1), [origin]).written == 1, why
         assert store.page_meta(h).parent == (home if why == "home" else root), why
+    # the same within one batch: a parent written just before, in another namespace, is no parent either
+    (first,), first_origins = engine_origins(LAYOUT, Namespace("other"), store.chain_key, keys(1, 620))
+    (h,), (origin,) = engine_origins(LAYOUT, NS, store.chain_key, keys(1, 621))
+    result = store.put([first, h], pages(2), [*first_origins, msgspec.structs.replace(origin, parent=first)])
+    assert result.written == 2 and store.page_meta(h).parent == root
+    assert store.verify().ok
 
 
 def test_the_put_script_reads_namespace_and_layout_from_these_bytes_of_a_page_meta():
