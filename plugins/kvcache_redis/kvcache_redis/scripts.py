@@ -7,11 +7,13 @@ before it starts when the server is over `maxmemory`). The shebang needs Redis >
 
 Every key a script touches is declared in KEYS (what Redis Cluster needs to route it). The batch scripts
 (`PUT_BATCH`, `REMOVE_BATCH`) touch keys of many slots and run on a standalone server only; a cluster runs
-the one-key scripts (`PUT_PAGE`, `REMOVE_PAGE`, `NS_ADJUST`, `TOUCH`) instead (see README.md, cluster mode).
+the one-key scripts (`PUT_PAGE`, `REMOVE_PAGE`, `NS_ADJUST`) instead (see README.md, cluster mode). `TOUCH`
+takes many keys on a standalone server and one on a cluster.
 
 Page record fields (one hash per page, so a page and its metadata come and go together):
-``d`` u64 checksum + payload, ``m`` PageMeta (msgpack; hits and last access as of the write), ``n`` namespace id
-hex, ``p`` parent hash hex, ``h`` reads that ended at the page, ``a`` last access (unix seconds).
+``d`` u64 checksum + payload, ``m`` PageMeta (msgpack; hits and last access as of the write; an engine page's key),
+``n`` namespace id hex, ``p`` parent hash hex (as in ``m``), ``h`` reads that ended at the page, ``a`` last access
+(unix seconds: the latest read that served the page).
 Namespace record fields: ``info`` NamespaceInfo (msgpack), ``created``, ``last``, ``pages``, ``bytes``, ``hits``,
 and one ``r:<root hex>`` field per layout root the namespace's pages hang from.
 """

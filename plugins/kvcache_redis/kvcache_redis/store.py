@@ -26,6 +26,14 @@ nodes (pages are content-addressed: a page already stored is `existing`, counted
 page is written by a one-key script (the page still never appears without its metadata) and the indexes and
 counters follow in a pipeline (see README.md, "Cluster mode").
 
+Engine pages (`PageOrigin.key`: a page an engine names by its own key) are page records like token pages, under
+the hash of their key below their namespace root, so a reader needs the key alone. Their parent link is a hint:
+the put script keeps it when the parent is a stored page of the page's namespace and layout when it writes the
+page, and hangs the page from its namespace root otherwise (never refusing the batch, as it does a token page
+under an unknown parent). `put` reports an outcome per page (`PutResult.outcomes`), pages may come and go as
+segment lists (`checks.Segments`: gathered into the value sent, filled from the value read and summed as filled),
+and a read's time goes to every page it served (its hit to the deepest), folded in by `flush`.
+
 Faults: a refused connection, a timeout, a server killed mid-batch or an ``OOM`` reply make a read a miss and a
 write a failed (rejected) batch, counted in `stats().counters` (`read_errors`, `write_errors`, `flush_errors`);
 nothing is raised to the caller of the data path (`exists_prefix`, `get_into`, `put`, `flush`). After a
