@@ -220,3 +220,41 @@ def test_a_flipped_byte_in_an_engine_page_is_never_served_and_the_next_flush_dro
     assert store.put(hashes, data, origins).outcomes == bytes([PageOutcome.EXISTING, PageOutcome.WRITTEN])
     assert store.get_into(hashes, list(out)) == 2 and np.array_equal(out[1], data[1])
     assert store.verify().ok
+
+
+def test_a_full_server_refuses_whole_engine_batches_and_the_next_batch_hangs_from_the_root(own_redis):  # noqa: F811
+    """Under `maxmemory` (noeviction) the put script is refused whole before it starts: a batch of engine pages is
+    stored whole or not at all, every page of a refused one says REJECTED. The engine goes on chaining from its
+    last key; a batch whose parent was refused is kept, hanging from the root. What is stored audits clean."""
+    store = open_store(own_redis.store_url(), LAYOUT, create=True)
+    root = hash_root(LAYOUT.layout_id, NS, store.chain_key)
+    with redis.Redis(port=own_redis.port) as admin:
+        used = int(admin.info("memory")["used_memory"])
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", used + 512 * 1024)
+    stored = refused = 0
+    parent_key: bytes | None = None
+    parent_stored = True
+    for i in range(400):  # well past 512 KiB of records
+        ks = keys(16, 10_000 + 16 * i)
+        hashes, origins = engine_origins(LAYOUT, NS, store.chain_key, ks, parent_key=parent_key)
+        result = store.put(hashes, pages(16, i), origins)
+        if result.written:
+            assert result.outcomes == bytes([PageOutcome.WRITTEN]) * 16
+            stored += 1
+            if not parent_stored:
+                assert store.page_meta(hashes[0]).parent == root
+        else:
+            assert result.outcomes == bytes([PageOutcome.REJECTED]) * 16 and store.exists_prefix(hashes) == 0
+            refused += 1
+        parent_key, parent_stored = ks[-1], bool(result.written)
+    assert stored and refused
+    assert store.counters().pages_rejected == 16 * refused
+    with redis.Redis(port=own_redis.port) as admin:
+        admin.config_set("maxmemory", 0)  # room again: the audit's own reads and the engine's next batch fit
+    hashes, origins = engine_origins(LAYOUT, NS, store.chain_key, keys(16, 90_000), parent_key=parent_key)
+    assert store.put(hashes, pages(16), origins).written == 16
+    assert store.page_meta(hashes[0]).parent == (root if not parent_stored else engine_hashes(
+        LAYOUT, NS, store.chain_key, [parent_key])[0])
+    assert store.verify().ok and store.namespaces()[0].pages == 16 * (stored + 1)
+    store.close()
