@@ -743,9 +743,10 @@ class RedisStore(StoreHandle):
         Pages already stored are left as they are (`existing`). A batch the server refuses (OOM under
         `maxmemory`) or cannot answer (connection lost, timeout) is `rejected` whole and counted; nothing is
         raised (a lost reply may hide a batch that was stored: the next put of it finds it `existing`).
-        `outcomes` says which, page by page. An engine page (`PageOrigin.key`) whose parent is not a stored page
-        of its namespace hangs from the namespace root instead (its recorded parent is the root); a token page's
-        must be (InvalidInput otherwise, nothing written).
+        `outcomes` says which, page by page. Pages may be lists of segments (`checks.Segments`). An engine page
+        (`PageOrigin.key`) whose parent is not a stored page of its namespace and layout (nor an earlier one of
+        the batch) hangs from its namespace root instead (its recorded parent is the root); a token page's parent
+        must be one (InvalidInput otherwise, nothing written).
         """
         self._check_writable()
         views = put_views(self.layout, hashes, pages, origins, self.chain_key)
