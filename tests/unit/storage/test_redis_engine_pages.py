@@ -6,6 +6,10 @@ access folding (every page a read served gets its time, the deepest its hit) and
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 
 import msgspec
@@ -258,3 +262,47 @@ def test_a_full_server_refuses_whole_engine_batches_and_the_next_batch_hangs_fro
         LAYOUT, NS, store.chain_key, [parent_key])[0])
     assert store.verify().ok and store.namespaces()[0].pages == 16 * (stored + 1)
     store.close()
+
+
+ENGINE_WRITER = """
+import json, sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+from factories import make_layout
+from kvcache.storage.api import PageOutcome, engine_origins
+from kvcache.storage.registry import open_store
+from kvcache.types.namespace import Namespace
+layout = make_layout(4)
+store = open_store({url!r}, layout, create=True, add_layout=True)
+keys = [(i).to_bytes(4, "big") * 8 for i in range(96)]
+written = 0
+for b in [({start} + j) % 12 for j in range(12)]:  # each writer starts at another batch of the same chain
+    batch = keys[8 * b:8 * b + 8]
+    hashes, origins = engine_origins(layout, Namespace("sglang"), store.chain_key, batch,
+                                     parent_key=keys[8 * b - 1] if b else None)
+    result = store.put(hashes, [np.full(layout.bytes_per_page, b, np.uint8)] * 8, origins)
+    assert result.rejected == 0 and len(result.outcomes) == 8, result
+    written += result.outcomes.count(PageOutcome.WRITTEN)
+store.close()
+print(json.dumps(written))
+"""
+
+
+@pytest.mark.parametrize("kind", ["redis_server", "redis_cluster"])
+def test_writers_on_several_processes_store_each_engine_page_once(request, kind):
+    """Three processes put the same engine chain at once, batch by batch from different starting batches (so a
+    batch may come before its parent's): each page is WRITTEN by exactly one of them (a batch is one script on a
+    standalone server, a page one script on a cluster), the registry counts each once, and the store audits
+    clean whichever parent each page ended up linked under."""
+    url = request.getfixturevalue(kind).store_url()
+    tests = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    procs = [subprocess.Popen([sys.executable, "-c", ENGINE_WRITER.format(tests=tests, url=url, start=4 * w)],
+                              stdout=subprocess.PIPE, text=True) for w in range(3)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0]
+    assert sum(json.loads(out) for out in outs) == 96
+    with open_store(url, LAYOUT) as store:
+        report = store.verify()
+        assert report.ok, report.findings
+        assert report.pages_checked == 96 and store.namespaces()[0].pages == 96
+        assert store.exists_prefix(engine_hashes(LAYOUT, NS, store.chain_key, keys(96))) == 96
