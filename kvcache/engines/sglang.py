@@ -51,7 +51,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from ..errors import EngineUnsupported, InvalidInput
+from ..errors import EngineUnsupported, InvalidInput, StoreAccessDenied
 from ..storage.api import L3Store, PageOutcome, StoreCounters, engine_hashes, engine_origins
 from ..storage.registry import open_store
 from ..types.layout import KVLayout, Shard
@@ -181,6 +181,10 @@ class SGLangL3:
                 self._bound = _Bound(pages, bound.store, mem_pool_host)
                 return
             store = open_store(self.config.store, pages.layout, create=True, add_layout=True)
+            if store.chain_key is None:  # engine pages are hashed under the store's secret: no key, no page
+                store.close()
+                raise StoreAccessDenied(store.location, "this user cannot read the store's key, which names every "
+                                                        "engine page: run the engine as a user who may")
             self._bound = _Bound(pages, store, mem_pool_host)
         if bound is not None:
             bound.store.close()

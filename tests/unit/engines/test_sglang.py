@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from read_only_user import NO_CAPS, read_only_store
+from redis_server import own_redis  # noqa: F401  (fixture)
 
 from kvcache.engines import sglang as adapter_module
 from kvcache.engines.sglang import STORE_ENV, AdapterStats, SGLangL3, engine_key
@@ -23,8 +25,6 @@ from kvcache.storage.api import CapacityPolicy, engine_hashes
 from kvcache.storage.registry import open_store
 from kvcache.types.keys import engine_page_hash, hash_root
 from kvcache.types.namespace import Namespace
-from read_only_user import NO_CAPS, read_only_store
-from redis_server import own_redis  # noqa: F401  (fixture)
 from unit.engines.fake_sglang import FakeMHAHostPool, FakeMLAHostPool, FakeStorageConfig, fill
 
 KvcStorage = adapter_module.KvcStorage
@@ -39,6 +39,8 @@ def keys(tag: str, n: int) -> list[str]:
 def slots(pool, pages: list[int]) -> torch.Tensor:
     """SGLang's host_indices for whole pages of `pool` (page_size consecutive slots each)."""
     ps = pool.page_size
+    if not pages:
+        return torch.empty(0, dtype=torch.int64)
     return torch.cat([torch.arange(p * ps, (p + 1) * ps, dtype=torch.int64) for p in pages])
 
 
@@ -126,9 +128,8 @@ def test_mla_pages_round_trip_and_are_shared_by_every_tp_rank(tmp_path, layout, 
     assert second.batch_set_v1(ks, slots(rank1, [0, 1, 2, 3])) == [True] * 4
     assert second.kvc_stats().pages_not_writer == 4 and first.batch_exists(ks) == 0
     assert first.batch_set_v1(ks, slots(rank0, [0, 1, 2, 3])) == [True] * 4
-    reader = FakeMLAHostPool(layout, page_size)
-    assert second.batch_get_v1(ks, slots(reader, [4, 5, 6, 7])) == [True] * 4
-    assert [page(reader, p) for p in (4, 5, 6, 7)] == [page(rank0, p) for p in (0, 1, 2, 3)]
+    assert second.batch_get_v1(ks, slots(rank1, [4, 5, 6, 7])) == [True] * 4  # into its own pool
+    assert [page(rank1, p) for p in (4, 5, 6, 7)] == [page(rank0, p) for p in (0, 1, 2, 3)]
 
 
 def test_mha_tp_shards_never_read_each_others_pages(tmp_path):
@@ -166,10 +167,15 @@ def test_a_read_needs_nothing_but_the_keys_and_a_write_records_parents_when_know
     pool = mha("page_first", 4)
     fill(pool, 6)
     backend = storage(store, pool)
-    chain = keys("chain", 6)
+    chain = keys("chain", 8)
+    assert backend.batch_set_v1(chain[:2], slots(pool, [0, 1])) == [True, True]
     anchor = type("ExtraInfo", (), {"prefix_keys": chain[:2]})()
     assert backend.batch_set_v1(chain[2:4], slots(pool, [2, 3]), anchor) == [True, True]
-    assert backend.batch_set_v1(chain[4:], slots(pool, [4, 5])) == [True, True]  # no prefix keys: hangs from root
+    assert backend.batch_set_v1(chain[4:6], slots(pool, [4, 5])) == [True, True]  # no prefix keys: from the root
+    # a parent the store does not hold (written by another rank, evicted) refuses nothing: the page hangs from
+    # the root
+    unknown = type("ExtraInfo", (), {"prefix_keys": keys("never-stored", 2)})()
+    assert backend.batch_set_v1(chain[6:], slots(pool, [6, 7]), unknown) == [True, True]
     kvc = backend.store
     root = hash_root(backend.layout.layout_id, Namespace(extra_key="sglang"), kvc.chain_key)
     hashes = engine_hashes(backend.layout, Namespace(extra_key="sglang"), kvc.chain_key,
@@ -177,12 +183,15 @@ def test_a_read_needs_nothing_but_the_keys_and_a_write_records_parents_when_know
     assert hashes[2] == engine_page_hash(root, bytes.fromhex(chain[2]))
     assert kvc.page_meta(hashes[2]).parent == engine_page_hash(root, bytes.fromhex(chain[1]))  # prefix_keys[-1]
     assert kvc.page_meta(hashes[3]).parent == hashes[2]  # the previous key of the batch
-    assert kvc.page_meta(hashes[4]).parent == root
+    assert kvc.page_meta(hashes[4]).parent == root and kvc.page_meta(hashes[6]).parent == root
     assert kvc.page_meta(hashes[3]).key == bytes.fromhex(chain[3])
     # SGLang's prefetch anchored below the root passes prefix keys that do not chain with the call's keys: unused
     stray = type("ExtraInfo", (), {"prefix_keys": keys("unrelated", 3)})()
-    assert backend.batch_exists(chain[2:], stray) == 4
-    assert backend.batch_get_v1(chain[2:], slots(pool, [0, 1, 6, 7]), stray) == [True] * 4
+    assert backend.batch_exists(chain[2:], stray) == 6
+    dst = mha("page_first", 4)
+    reader = storage(store, dst)
+    assert reader.batch_get_v1(chain[2:], slots(dst, [0, 1, 2, 3, 4, 5]), stray) == [True] * 6
+    assert [page(dst, p) for p in range(6)] == [page(pool, p) for p in range(2, 8)]
 
 
 def test_batch_exists_counts_consecutive_pages_from_the_start(tmp_path):
@@ -333,7 +342,9 @@ def test_a_flipped_byte_on_disk_is_a_counted_miss_and_never_reported_read(tmp_pa
     assert stats.store.checksum_failures >= 1 and stats.pages_missed == 4 and stats.read_faults == 0
     # the page is quarantined: a miss on every later read, until a write replaces it
     assert reader.batch_exists(ks) == 1
-    assert reader.batch_set_v1(ks[1:2], slots(pool, [1]), type("E", (), {"prefix_keys": ks[:1]})()) == [True]
+    # SGLang recomputes the page, backs it up to the host and writes it again: that heals it
+    dst.set_from_flat_data_page(1 * 16, pool.get_data_page(1 * 16))
+    assert reader.batch_set_v1(ks[1:2], slots(dst, [1]), type("E", (), {"prefix_keys": ks[:1]})()) == [True]
     assert reader.batch_get_v1(ks, slots(dst, [3, 4, 5])) == [True] * 3
     assert page(dst, 4) == page(pool, 1)
 
@@ -391,6 +402,7 @@ def test_a_read_only_store_answers_false_to_writes_and_still_serves_reads(tmp_pa
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH",
                                                                                                        "")])}
     with read_only_store(store):
+        os.chmod(store / "fingerprint.key", 0o444)  # this engine may read the store's key, not write the store
         out = subprocess.run([*NO_CAPS, sys.executable, "-c", _READ_ONLY_SCRIPT, str(store), json.dumps(old),
                               json.dumps(keys("ro-new", 2))], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
