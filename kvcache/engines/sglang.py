@@ -9,7 +9,8 @@ Loaded by SGLang itself, with no change to SGLang::
 `kvc_store` is any kvc store location (a path: LMDB; `redis://...`: the Redis plugin, so several SGLang nodes share
 one L3), default env KVC_STORE. `kvc_namespace` (default "sglang") names the kvc namespace every page of this
 engine lives under (`Namespace(extra_key=kvc_namespace)`: `kvc ns ls`, shares, TTL and `kvc ns drop` act on it).
-`interface_v1` is SGLang's own switch to the zero-copy interface (`batch_get_v1`/`batch_set_v1`); without it SGLang
+`kvc_store_options` passes the store backend's own open options (e.g. `{"durability": "none"}`: LMDB commits
+without fsync, as SGLang's `file` backend writes; the default, "data", syncs each batch). `interface_v1` is SGLang's own switch to the zero-copy interface (`batch_get_v1`/`batch_set_v1`); without it SGLang
 uses the generic one (`batch_get`/`batch_set` with flat page tensors). Both store the same bytes (`sglang_pool`).
 
 How SGLang's calls map to the store:
@@ -79,6 +80,9 @@ class AdapterConfig(msgspec.Struct, frozen=True):
     mla: bool  # MLA model: one latent per token, replicated across TP ranks
     writer: bool  # this rank writes (SGLang's is_storage_writer); the others answer True without writing
     shard: Shard | None  # the part of the KV this rank holds; None when one rank holds it all
+    # the store backend's own open options ("kvc_store_options", e.g. {"durability": "none"} for LMDB,
+    # {"timeout": 2.0} for Redis): passed to open_store as they are
+    store_options: dict[str, Any] = {}
 
 
 def _get(config: Any, name: str, default: Any) -> Any:
@@ -97,6 +101,10 @@ def adapter_config(storage_config: Any) -> AdapterConfig:
     namespace = extra.get("kvc_namespace", DEFAULT_NAMESPACE)
     if not isinstance(namespace, str) or not namespace.strip():
         raise InvalidInput(f"{ENGINE}: \"kvc_namespace\" must be a non-empty string, got {namespace!r}")
+    options = extra.get("kvc_store_options", {})
+    if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+        raise InvalidInput(f"{ENGINE}: \"kvc_store_options\" must be an object of the store backend's open options, "
+                           f"got {options!r}")
     model = str(_get(storage_config, "model_name", "")).strip()
     if not model:
         raise InvalidInput(f"{ENGINE}: the storage config names no model (model_name): a layout needs one")
@@ -115,7 +123,8 @@ def adapter_config(storage_config: Any) -> AdapterConfig:
     writer = _get(storage_config, "is_storage_writer", None)
     if writer is None:  # SGLang's rule, for a config object without the property
         writer = not mla or int(_get(storage_config, "tp_rank", 0)) == 0
-    return AdapterConfig(store=store, namespace=namespace, model=model, mla=mla, writer=bool(writer), shard=shard)
+    return AdapterConfig(store=store, namespace=namespace, model=model, mla=mla, writer=bool(writer), shard=shard,
+                         store_options=options)
 
 
 def engine_key(key: str) -> bytes:
@@ -180,7 +189,12 @@ class SGLangL3:
             if bound is not None and bound.pages.layout == pages.layout:
                 self._bound = _Bound(pages, bound.store, mem_pool_host)
                 return
-            store = open_store(self.config.store, pages.layout, create=True, add_layout=True)
+            try:
+                store = open_store(self.config.store, pages.layout, create=True, add_layout=True,
+                                   **self.config.store_options)
+            except TypeError as exc:  # an option the backend does not take
+                raise InvalidInput(f"{ENGINE}: \"kvc_store_options\" {sorted(self.config.store_options)}: {exc}"
+                                   ) from None
             if store.chain_key is None:  # engine pages are hashed under the store's secret: no key, no page
                 store.close()
                 raise StoreAccessDenied(store.location, "this user cannot read the store's key, which names every "
@@ -280,6 +294,8 @@ class SGLangL3:
             for i in range(n):
                 if targets[i] is None:
                     targets[i] = b.pool.get_dummy_flat_data_page()
+                elif not targets[i].is_contiguous():  # read into a contiguous copy, and answer with it
+                    targets[i] = targets[i].contiguous()
             return b.store.get_into(self._hashes(b, keys), [[_byte_view(t)] for t in targets[:n]])
 
         got = self._run("read", 0, read)
@@ -404,8 +420,8 @@ class SGLangL3:
 
 
 def _byte_view(tensor: Any) -> Any:
-    """A flat page tensor as a uint8 numpy view of its memory (a copy when it is not contiguous: it is then
-    SGLang's own copy of the page, as the generic interface makes them)."""
+    """A flat page tensor as a uint8 numpy view of its memory (of a contiguous copy when it is not contiguous: a
+    page to write; `batch_get` makes its targets contiguous first)."""
     import torch  # here: see sglang_pool
 
     if not tensor.is_contiguous():

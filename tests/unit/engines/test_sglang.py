@@ -109,6 +109,10 @@ def test_the_generic_and_the_zero_copy_interface_store_the_same_bytes(tmp_path, 
     assert bytes(other.get(zero[1]).view(torch.uint8).numpy()) == page(src, 5)
     assert other.get(keys("never", 1)[0], dst.get_dummy_flat_data_page()) is None
     assert other.set(keys("one", 1)[0], src.get_data_page(0)) is True
+    # a target that is not contiguous is read into a contiguous copy, which is what comes back
+    strided = torch.zeros(2 * src.get_dummy_flat_data_page().numel(), dtype=src.dtype)[::2]
+    back = other.get(zero[2], strided)
+    assert back is not None and bytes(back.contiguous().view(torch.uint8).numpy()) == page(src, 6)
 
 
 @pytest.mark.parametrize("layout", sorted(POOL_FORMS))
@@ -461,3 +465,16 @@ def test_without_sglang_kvc_storage_is_the_adapter_itself_and_sglang_stays_unimp
     assert name == "KvcStorage" and "SGLangL3" in rest and rest.endswith("False")
     assert issubclass(KvcStorage, SGLangL3) and isinstance(SGLangL3(FakeStorageConfig(
         extra_config={"kvc_store": "unused"})).kvc_stats(), AdapterStats)
+
+
+def test_store_options_pass_to_the_backend_and_one_it_does_not_take_is_invalid_input(tmp_path):
+    pool = mha("page_first", 4)
+    fill(pool, 13)
+    backend = storage(str(tmp_path / "l3"), pool, extra={"kvc_store_options": {"durability": "none"}})
+    assert backend.batch_set_v1(keys("opt", 1), slots(pool, [0])) == [True]
+    with pytest.raises(InvalidInput, match="durability"):
+        storage(str(tmp_path / "l3b"), pool, extra={"kvc_store_options": {"durability": "sometimes"}})
+    with pytest.raises(InvalidInput, match="kvc_store_options"):
+        storage(str(tmp_path / "l3c"), pool, extra={"kvc_store_options": {"no_such_option": 1}})
+    with pytest.raises(InvalidInput, match="kvc_store_options"):
+        storage(str(tmp_path / "l3d"), pool, extra={"kvc_store_options": ["durability"]})
