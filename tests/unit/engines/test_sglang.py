@@ -116,7 +116,7 @@ def test_the_generic_and_the_zero_copy_interface_store_the_same_bytes(tmp_path, 
 
 
 @pytest.mark.parametrize("layout", sorted(POOL_FORMS))
-@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("page_size", [1, 16, 64])
 def test_mla_pages_round_trip_and_are_shared_by_every_tp_rank(tmp_path, layout, page_size):
     store = str(tmp_path / "l3")
     rank0, rank1 = FakeMLAHostPool(layout, page_size), FakeMLAHostPool(layout, page_size)
@@ -478,3 +478,20 @@ def test_store_options_pass_to_the_backend_and_one_it_does_not_take_is_invalid_i
         storage(str(tmp_path / "l3c"), pool, extra={"kvc_store_options": {"no_such_option": 1}})
     with pytest.raises(InvalidInput, match="kvc_store_options"):
         storage(str(tmp_path / "l3d"), pool, extra={"kvc_store_options": ["durability"]})
+
+
+def test_a_new_host_pool_rebinds_the_store_to_its_layout(tmp_path):
+    store = str(tmp_path / "l3")
+    small, large = mha("page_first", 4), mha("page_first", 16)
+    fill(small, 14)
+    fill(large, 15)
+    backend = storage(store, small)
+    first = backend.store
+    assert backend.batch_set_v1(keys("small", 1), slots(small, [0])) == [True]
+    backend.register_mem_pool_host(small)  # the same geometry again: the same handle
+    assert backend.store is first
+    backend.register_mem_pool_host(large)  # SGLang re-attached with another page size: its own layout
+    assert backend.store is not first and backend.layout.page_size == 16
+    assert backend.batch_exists(keys("small", 1)) == 0  # a page of the other layout is never read as this one
+    assert backend.batch_set_v1(keys("large", 1), slots(large, [0])) == [True]
+    assert {layout.page_size for layout in backend.store.layouts()} == {4, 16}
