@@ -28,8 +28,9 @@ How SGLang's calls map to the store:
   consecutive pages from the start.
 - Writers: only `storage_config.is_storage_writer` ranks write (MLA: one rank per shard); the others answer True
   for every page, as the writer rank stores them.
-- Faults: SGLang calls from its prefetch, backup and scheduler threads at once. The store handle is used under
-  one lock (its access log and counters are one handle's). A store fault (a server gone, a read-only store, an
+- Faults: SGLang calls from its prefetch, backup and scheduler threads at once. Store handles are safe to use
+  from several threads (every backend's rule), so calls run side by side (a prefetch is never queued behind a
+  backup's commit); the adapter's own counters and its binding to the pool are kept under a lock. A store fault (a server gone, a read-only store, an
   I/O error) becomes misses or False, counted in `kvc_stats()` and logged, never an exception into SGLang's
   threads. A page that fails its checksum is a miss (the store verifies what it copied): never reported read.
 - Unsupported: SGLang's v2 interface for hybrid models (`register_mem_host_pool_v2`, `batch_*_v2`), decode
@@ -170,7 +171,8 @@ class SGLangL3:
     def __init__(self, storage_config: Any, kwargs: Any = None) -> None:
         self.config = adapter_config(storage_config)
         self.namespace = Namespace(extra_key=self.config.namespace)
-        self._lock = threading.Lock()  # the store handle, the binding and the counters are used under it
+        self._lock = threading.Lock()  # guards the binding (`_bound`), the counters and `_last_fault`; never held
+        #                                across a store call
         self._bound: _Bound | None = None
         self._counts: dict[str, int] = dict.fromkeys(
             (f for f in AdapterStats.__struct_fields__ if f not in ("last_fault", "store")), 0)
@@ -184,23 +186,24 @@ class SGLangL3:
         own errors (a location that cannot be opened) propagate: SGLang's attach fails with them."""
         self.mem_pool_host = mem_pool_host
         pages = HostPages(mem_pool_host, self.config.model, self.config.mla, self.config.shard)
-        with self._lock:
-            bound = self._bound
-            if bound is not None and bound.pages.layout == pages.layout:
+        bound = self._bound
+        if bound is not None and bound.pages.layout == pages.layout:
+            with self._lock:
                 self._bound = _Bound(pages, bound.store, mem_pool_host)
-                return
-            try:
-                store = open_store(self.config.store, pages.layout, create=True, add_layout=True,
-                                   **self.config.store_options)
-            except TypeError as exc:  # an option the backend does not take
-                raise InvalidInput(f"{ENGINE}: \"kvc_store_options\" {sorted(self.config.store_options)}: {exc}"
-                                   ) from None
-            if store.chain_key is None:  # engine pages are hashed under the store's secret: no key, no page
-                store.close()
-                raise StoreAccessDenied(store.location, "this user cannot read the store's key, which names every "
-                                                        "engine page: run the engine as a user who may")
+            return
+        try:
+            store = open_store(self.config.store, pages.layout, create=True, add_layout=True,
+                               **self.config.store_options)
+        except TypeError as exc:  # an option the backend does not take
+            raise InvalidInput(f"{ENGINE}: \"kvc_store_options\" {sorted(self.config.store_options)}: {exc}"
+                               ) from None
+        if store.chain_key is None:  # engine pages are hashed under the store's secret: no key, no page
+            store.close()
+            raise StoreAccessDenied(store.location, "this user cannot read the store's key, which names every "
+                                                    "engine page: run the engine as a user who may")
+        with self._lock:
             self._bound = _Bound(pages, store, mem_pool_host)
-        if bound is not None:
+        if bound is not None:  # SGLang attached another pool: a call still on the old handle ends as a fault
             bound.store.close()
         logger.info("kvc L3 on %s: namespace %s, layout %s", store.location, self.config.namespace,
                     pages.layout.describe())
@@ -358,11 +361,11 @@ class SGLangL3:
         with self._lock:
             counts, last = dict(self._counts), self._last_fault
             store = self._bound.store if self._bound is not None else None
-            try:
-                counters = store.stats().counters if store is not None else None
-            except Exception as exc:  # a store gone away: the adapter's own counts still answer
-                logger.warning("kvc L3: store stats unavailable: %s", exc)
-                counters = None
+        try:
+            counters = store.stats().counters if store is not None else None
+        except Exception as exc:  # a store gone away: the adapter's own counts still answer
+            logger.warning("kvc L3: store stats unavailable: %s", exc)
+            counters = None
         return AdapterStats(**counts, last_fault=last, store=counters)
 
     def get_stats(self) -> Any:
@@ -384,32 +387,30 @@ class SGLangL3:
         outcomes = list(result.outcomes)
         if len(outcomes) != len(keys):  # a backend that does not report per page: all or nothing by its counts
             outcomes = [PageOutcome.REJECTED if result.rejected else PageOutcome.WRITTEN] * len(keys)
-        self._counts["pages_written"] += result.written
-        self._counts["pages_existing"] += result.existing
-        self._counts["pages_rejected"] += result.rejected
+        self._count(pages_written=result.written, pages_existing=result.existing, pages_rejected=result.rejected)
         return [o != PageOutcome.REJECTED for o in outcomes]
 
     def _run(self, kind: str, failed: T, body: Callable[[_Bound], T]) -> T:
-        """`body(bound)` under the lock; a store fault (any exception: SGLang's threads must not see one) is
-        counted as a `kind` fault and answers `failed`."""
-        with self._lock:
-            bound = self._bound
-            if bound is None:
-                self._bad_request("a call before register_mem_pool_host")
-                return failed
-            try:
-                return body(bound)
-            except Exception as exc:
+        """`body(bound)`; a store fault (any exception: SGLang's threads must not see one) is counted as a `kind`
+        fault and answers `failed`."""
+        bound = self._bound
+        if bound is None:
+            self._bad_request("a call before register_mem_pool_host")
+            return failed
+        try:
+            return body(bound)
+        except Exception as exc:
+            fault = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            with self._lock:
                 self._counts[f"{kind}_faults"] += 1
-                self._last_fault = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-                logger.warning("kvc L3 %s fault, served as %s: %s", kind, "misses" if kind == "read" else "False",
-                               self._last_fault)
-                return failed
+                self._last_fault = fault
+            logger.warning("kvc L3 %s fault, served as %s: %s", kind, "misses" if kind == "read" else "False", fault)
+            return failed
 
     def _bad_request(self, why: str) -> int:
-        # called under the lock, from a body run by _run
-        self._counts["bad_requests"] += 1
-        self._last_fault = why
+        with self._lock:
+            self._counts["bad_requests"] += 1
+            self._last_fault = why
         logger.warning("kvc L3: %s", why)
         return 0
 
