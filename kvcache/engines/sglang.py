@@ -159,8 +159,9 @@ class AdapterStats(msgspec.Struct, frozen=True):
 class _Bound(msgspec.Struct, frozen=True):
     """The registered host pool and the store handle opened for its layout."""
 
-    pages: Any  # HostPages of the pool
-    store: Any  # L3Store opened under pages.layout
+    pages: HostPages  # the pool's layout and page views
+    store: L3Store  # opened under pages.layout
+    chain_key: bytes  # the store's chain key (store.chain_key, checked present at registration): roots the pages
     pool: Any  # SGLang's host pool (for get_dummy_flat_data_page)
 
 
@@ -189,7 +190,7 @@ class SGLangL3:
         bound = self._bound
         if bound is not None and bound.pages.layout == pages.layout:
             with self._lock:
-                self._bound = _Bound(pages, bound.store, mem_pool_host)
+                self._bound = _Bound(pages, bound.store, bound.chain_key, mem_pool_host)
             return
         try:
             store = open_store(self.config.store, pages.layout, create=True, add_layout=True,
@@ -202,7 +203,7 @@ class SGLangL3:
             raise StoreAccessDenied(store.location, "this user cannot read the store's key, which names every "
                                                     "engine page: run the engine as a user who may")
         with self._lock:
-            self._bound = _Bound(pages, store, mem_pool_host)
+            self._bound = _Bound(pages, store, store.chain_key, mem_pool_host)
         if bound is not None:  # SGLang attached another pool: a call still on the old handle ends as a fault
             bound.store.close()
         logger.info("kvc L3 on %s: namespace %s, layout %s", store.location, self.config.namespace,
@@ -376,12 +377,12 @@ class SGLangL3:
     # -- internals ------------------------------------------------------------------------------------------
 
     def _hashes(self, b: _Bound, keys: Sequence[str]) -> list[Any]:
-        return engine_hashes(b.pages.layout, self.namespace, b.store.chain_key, [engine_key(k) for k in keys])
+        return engine_hashes(b.pages.layout, self.namespace, b.chain_key, [engine_key(k) for k in keys])
 
     def _put(self, b: _Bound, keys: Sequence[str], pages: list[Any], extra_info: Any) -> list[bool]:
         prefix = getattr(extra_info, "prefix_keys", None) if extra_info is not None else None
         parent = engine_key(prefix[-1]) if prefix else None
-        hashes, origins = engine_origins(b.pages.layout, self.namespace, b.store.chain_key,
+        hashes, origins = engine_origins(b.pages.layout, self.namespace, b.chain_key,
                                          [engine_key(k) for k in keys], parent)
         result = b.store.put(hashes, pages, origins)
         outcomes = list(result.outcomes)
@@ -403,8 +404,10 @@ class SGLangL3:
             fault = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             with self._lock:
                 self._counts[f"{kind}_faults"] += 1
-                self._last_fault = fault
-            logger.warning("kvc L3 %s fault, served as %s: %s", kind, "misses" if kind == "read" else "False", fault)
+                new, self._last_fault = fault != self._last_fault, fault
+            # a store gone away fails every call alike: say so once per new fault, not once per call
+            logger.log(logging.WARNING if new else logging.DEBUG, "kvc L3 %s fault, served as %s: %s", kind,
+                       "misses" if kind == "read" else "False", fault)
             return failed
 
     def _bad_request(self, why: str) -> int:
