@@ -377,7 +377,7 @@ def test_a_stopped_redis_server_makes_misses_and_false_never_an_exception(tmp_pa
 
 
 _READ_ONLY_SCRIPT = """
-import json, sys, torch
+import hashlib, json, sys, torch
 from kvcache.engines.sglang import KvcStorage
 from unit.engines.fake_sglang import FakeMHAHostPool, FakeStorageConfig, fill
 pool = FakeMHAHostPool("page_first", 4)
@@ -389,7 +389,10 @@ idx = lambda pages: torch.cat([torch.arange(p * 4, p * 4 + 4) for p in pages])
 wrote = backend.batch_set_v1(new, idx([0, 1]))
 read = backend.batch_get_v1(old, idx([2, 3]))
 s = backend.kvc_stats()
-print(json.dumps({"wrote": wrote, "read": read, "write_faults": s.write_faults, "last": s.last_fault}))
+digest = [hashlib.sha256(pool.get_data_page(p * 4).contiguous().view(torch.uint8).numpy()).hexdigest()
+          for p in (2, 3)]
+print(json.dumps({"wrote": wrote, "read": read, "digest": digest, "write_faults": s.write_faults,
+                  "last": s.last_fault}))
 """
 
 
@@ -413,7 +416,9 @@ def test_a_read_only_store_answers_false_to_writes_and_still_serves_reads(tmp_pa
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["wrote"] == [False, False] and result["write_faults"] == 1
     assert "read-only" in result["last"]
+    # another process read what this one wrote, byte for byte
     assert result["read"] == [True, True]
+    assert result["digest"] == [hashlib.sha256(page(pool, p)).hexdigest() for p in (0, 1)]
 
 
 def test_calls_naming_no_whole_pages_or_before_registration_are_counted_misses(tmp_path):
