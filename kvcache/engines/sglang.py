@@ -10,8 +10,9 @@ Loaded by SGLang itself, with no change to SGLang::
 one L3), default env KVC_STORE. `kvc_namespace` (default "sglang") names the kvc namespace every page of this
 engine lives under (`Namespace(extra_key=kvc_namespace)`: `kvc ns ls`, shares, TTL and `kvc ns drop` act on it).
 `kvc_store_options` passes the store backend's own open options (e.g. `{"durability": "none"}`: LMDB commits
-without fsync, as SGLang's `file` backend writes; the default, "data", syncs each batch). `interface_v1` is SGLang's own switch to the zero-copy interface (`batch_get_v1`/`batch_set_v1`); without it SGLang
-uses the generic one (`batch_get`/`batch_set` with flat page tensors). Both store the same bytes (`sglang_pool`).
+without fsync, as SGLang's `file` backend writes; the default, "data", syncs each batch). `interface_v1` is
+SGLang's own switch to the zero-copy interface (`batch_get_v1`/`batch_set_v1`); without it SGLang uses the generic
+one (`batch_get`/`batch_set` with flat page tensors). Both store the same bytes (`sglang_pool`).
 
 How SGLang's calls map to the store:
 
@@ -30,9 +31,11 @@ How SGLang's calls map to the store:
   for every page, as the writer rank stores them.
 - Faults: SGLang calls from its prefetch, backup and scheduler threads at once. Store handles are safe to use
   from several threads (every backend's rule), so calls run side by side (a prefetch is never queued behind a
-  backup's commit); the adapter's own counters and its binding to the pool are kept under a lock. A store fault (a server gone, a read-only store, an
-  I/O error) becomes misses or False, counted in `kvc_stats()` and logged, never an exception into SGLang's
-  threads. A page that fails its checksum is a miss (the store verifies what it copied): never reported read.
+  backup's commit); the adapter's own counters and its binding to the pool are kept under a lock. A store fault
+  (a server gone, a read-only store, an I/O error) becomes misses or False, counted in `kvc_stats()` and logged
+  (once per new fault), never an exception into SGLang's threads. A page that fails its checksum is a miss (the
+  store verifies what it copied): never reported read. The user SGLang runs as must read the store's key file
+  (engine pages are hashed under it): registration raises StoreAccessDenied otherwise.
 - Unsupported: SGLang's v2 interface for hybrid models (`register_mem_host_pool_v2`, `batch_*_v2`), decode
   context parallelism (`dcp_size > 1`), head splitting across heterogeneous TP and host-pool layouts no kvc
   arrangement names raise EngineUnsupported when SGLang registers them, never from an I/O call.
