@@ -20,6 +20,7 @@ from .errors import (
     AdminUntrusted,
     CacheClosed,
     DoubleFree,
+    EngineUnsupported,
     EventEndpointError,
     InvalidConfig,
     InvalidInput,
@@ -174,7 +175,7 @@ __all__ = [
     "InvalidTrace", "InvariantViolation", "KVCacheError", "LayoutMismatch", "LockUnderflow", "NamespaceMismatch",
     "NotAStore", "OwnershipError", "StoreError", "StoreFull", "StoreReadOnly", "StoreUnsupported", "UnknownBackend",
     "RequestIdInUse", "UnknownRequest", "EventEndpointError", "RepairRefused", "StoreAccessDenied", "StoreChanged",
-    "KeyFileError",
+    "KeyFileError", "EngineUnsupported",
     "AdminBadFrame", "AdminError", "AdminProtocolMismatch", "AdminRemoteError", "AdminSocketInUse", "AdminTimeout",
     "AdminUnavailable", "AdminUntrusted", "AdminShuttingDown",
 ]

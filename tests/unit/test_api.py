@@ -19,7 +19,7 @@ PUBLIC = {
     "DoubleFree", "InvalidConfig", "InvalidInput", "InvalidLayout", "InvalidNamespace", "InvalidTokens",
     "InvalidTrace", "InvariantViolation", "KVCacheError", "LayoutMismatch", "LockUnderflow", "NamespaceMismatch",
     "NotAStore", "OwnershipError", "StoreError", "StoreFull", "StoreReadOnly", "StoreUnsupported", "UnknownBackend",
-    "UnknownRequest", "RepairRefused", "StoreAccessDenied", "StoreChanged", "KeyFileError",
+    "UnknownRequest", "RepairRefused", "StoreAccessDenied", "StoreChanged", "KeyFileError", "EngineUnsupported",
     "CancelReason", "Headroom", "NamespaceDrop", "TierRoom", "CacheClosed", "RequestIdInUse",
     "AdminClient", "AdminServer", "KVEventPublisher", "KVEventSubscriber",
     "AllBlocksCleared", "BlockRemoved", "BlockStored", "EventBatch", "MediumNames", "EventEndpointError",
