@@ -1,4 +1,4 @@
-"""The layer contract: imports run one way, cli -> live -> ops -> workload -> engine -> diagnostics -> tree | ledger
+"""The layer contract: imports run one way, cli -> engines -> live -> ops -> workload -> engine -> diagnostics -> tree | ledger
 -> storage -> types, and no module imports itself back through others (no cycle). A plugin builds on the storage
 kit alone, and the kit on the storage modules and the values alone.
 
@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # Top to bottom. `kvcache` alone is the package facade (its public names load lazily from the layers below).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("cli", ("kvc",)),
+    # adapters that put kvc under an engine (SGLang): they may use the whole library, nothing in it uses them
+    ("engines", ("kvcache.engines",)),
     ("api", ("kvcache",)),
     ("live", ("kvcache.live",)),
     ("ops", ("kvcache.ops",)),
