@@ -1,6 +1,6 @@
 """The layer contract: imports run one way, cli -> engines -> live -> ops -> workload -> engine -> diagnostics ->
-tree | ledger -> storage -> types, and no module imports itself back through others (no cycle). A plugin builds on the storage
-kit alone, and the kit on the storage modules and the values alone.
+tree | ledger -> storage -> types, and no module imports itself back through others (no cycle). A plugin builds on
+the storage kit alone, and the kit on the storage modules and the values alone.
 
 Read with `ast` from the sources, so a function-level import counts like a top-level one; an import under
 `if TYPE_CHECKING:` is a type annotation only and does not. The layers are a table (`LAYERS`): a module belongs to
