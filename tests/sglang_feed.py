@@ -1,5 +1,6 @@
-"""SGLang's KV-event feed published again from the messages its own publisher sent (tests/goldens/sglang_events.json,
-written by tests/goldens/make_sglang_events.py), on real ZeroMQ sockets on loopback, without SGLang.
+"""SGLang's KV-event feed published again from the messages its own publisher sent
+(tests/goldens/sglang/sglang_events.json, written by tests/goldens/sglang/make_sglang_events.py), on real ZeroMQ
+sockets on loopback, without SGLang.
 
 `GoldenFeed` binds an XPUB socket (a PUB that also hands the publisher each subscription, so a test publishes once
 its subscriber is there: no sleep) and a ROUTER replay socket answering as SGLang's `ZmqEventPublisher` does:
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import zmq
 
-GOLDEN = json.loads((Path(__file__).resolve().parent / "goldens" / "sglang_events.json").read_text())
+GOLDEN = json.loads((Path(__file__).resolve().parent / "goldens" / "sglang" / "sglang_events.json").read_text())
 MESSAGES: list[list[bytes]] = [[bytes.fromhex(f) for f in m] for m in GOLDEN["messages"]]  # [topic, seq, payload]
 REPLAY_END: list[bytes] = [bytes.fromhex(f) for f in GOLDEN["replay_end"]]  # [b"", b"", -1, b""]
 SALTS = sorted({r["cache_salt"] for r in GOLDEN["requests"] if r["cache_salt"]})

@@ -14,7 +14,7 @@ seeded per namespace. Knowing how lets kvc say which of a prompt's pages an engi
 - the last page may be short: SGLang's function hashes it as it is. Its storage never holds one (prefetch and
   write-through take whole pages only), so `storage_keys` stops at the last whole page.
 
-Golden vectors written by SGLang's own functions (tests/goldens/make_sglang_keys.py) pin all of this.
+Golden vectors written by SGLang's own functions (tests/goldens/sglang/make_sglang_keys.py) pin all of this.
 Only plain token ids are covered: SGLang's EAGLE bigram keys and tuple tokens (multimodal) are not.
 """
 

@@ -1,5 +1,5 @@
 """`kvc events --engine sglang`: an SGLang engine's own KV-event feed, published again from the messages SGLang
-0.5.23's publisher sent (tests/goldens/sglang_events.json) on real ZeroMQ sockets, read by `kvc events` in a
+0.5.23's publisher sent (tests/goldens/sglang/sglang_events.json) on real ZeroMQ sockets, read by `kvc events` in a
 process of its own. The salts SGLang sends in clear never reach stdout or stderr: a keyed fingerprint stands in."""
 
 from __future__ import annotations

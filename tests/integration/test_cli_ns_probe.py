@@ -1,5 +1,5 @@
 """`kvc ns probe --engine sglang` and `kvc ns show` on a real LMDB store holding engine pages, written through the
-store's engine-page API (`engine_origins`) under SGLang's own keys (tests/goldens/sglang_keys.json, written by
+store's engine-page API (`engine_origins`) under SGLang's own keys (tests/goldens/sglang/sglang_keys.json, written by
 SGLang): the probe recomputes the chain for the prompt and namespace and counts what the store holds; `ns show`
 shows those pages by their keys. The salt never reaches stdout or stderr."""
 
@@ -19,7 +19,7 @@ from kvcache.storage.api import engine_origins
 from kvcache.storage.registry import open_store
 from kvcache.types.namespace import Namespace
 
-GOLDENS = json.loads((Path(__file__).resolve().parents[1] / "goldens" / "sglang_keys.json").read_text())
+GOLDENS = json.loads((Path(__file__).resolve().parents[1] / "goldens" / "sglang" / "sglang_keys.json").read_text())
 SALT = "s3cret-salt"
 CASE = next(c for c in GOLDENS["cases"] if c["prompt"] == "partial_last_page" and c["page_size"] == 16
             and c["extra_key"] == "tenant-a" and c["cache_salt"] == SALT)

@@ -1,5 +1,5 @@
 """SGLang's KV-event feed decoded by kvc (`kvcache.engines.sglang_events`) from messages SGLang 0.5.23's own
-publisher sent (tests/goldens/make_sglang_events.py), and read off real ZeroMQ sockets by `FeedSubscriber`,
+publisher sent (tests/goldens/sglang/make_sglang_events.py), and read off real ZeroMQ sockets by `FeedSubscriber`,
 SGLang's replay framing included; its salts never reach a record."""
 
 from __future__ import annotations

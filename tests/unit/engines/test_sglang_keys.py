@@ -1,5 +1,5 @@
 """SGLang's storage key chain recomputed by kvc (`kvcache.engines.sglang_keys`) against golden vectors SGLang 0.5.23
-wrote itself (tests/goldens/make_sglang_keys.py): every prompt, namespace and page size, without SGLang."""
+wrote itself (tests/goldens/sglang/make_sglang_keys.py): every prompt, namespace and page size, without SGLang."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from kvcache.engines.sglang_keys import page_keys, storage_keys, storage_namespace_seed
 from kvcache.errors import InvalidInput
 
-GOLDENS = json.loads((Path(__file__).resolve().parents[2] / "goldens" / "sglang_keys.json").read_text())
+GOLDENS = json.loads((Path(__file__).resolve().parents[2] / "goldens" / "sglang" / "sglang_keys.json").read_text())
 CASES = GOLDENS["cases"]
 
 

@@ -1,10 +1,10 @@
-"""Write tests/goldens/sglang_events.json: KV-event messages as SGLang 0.5.23's own publisher sends them, which
+"""Write tests/goldens/sglang/sglang_events.json: KV-event messages as SGLang 0.5.23's own publisher sends them, which
 tests/unit/engines/test_sglang_events.py and the `kvc events --engine sglang` tests publish again on a ZeroMQ PUB
 socket (without SGLang).
 
 Run once, with SGLang's venv (per ../shared/peer-bench/README.md), from the repository root:
 
-    PYTHONPATH=/work/shared/peer-bench/stubs /work/peer/venv/bin/python tests/goldens/make_sglang_events.py
+    PYTHONPATH=/work/shared/peer-bench/stubs /work/peer/venv/bin/python tests/goldens/sglang/make_sglang_events.py
 
 Everything is SGLang's: a `RadixCache` with KV events on (page size 4) records them as requests of two salted
 tenants, one with an extra_key, and an unsalted one are inserted, one node is backed up to the host pool

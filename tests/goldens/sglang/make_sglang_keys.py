@@ -1,9 +1,9 @@
-"""Write tests/goldens/sglang_keys.json: SGLang 0.5.23's own storage key chains, the golden vectors
+"""Write tests/goldens/sglang/sglang_keys.json: SGLang 0.5.23's own storage key chains, the golden vectors
 tests/unit/engines/test_sglang_keys.py checks `kvcache.engines.sglang_keys` against (without SGLang).
 
 Run once, with SGLang's venv (per ../shared/peer-bench/README.md), from the repository root:
 
-    /work/peer/venv/bin/python tests/goldens/make_sglang_keys.py
+    /work/peer/venv/bin/python tests/goldens/sglang/make_sglang_keys.py
 
 It imports nothing of kvc: every vector comes from SGLang's functions (`storage_namespace_seed`, `get_hash_str`,
 `get_storage_hash_str` with a RadixKey carrying the namespace, as HiCache's controller calls it). Re-run it when
