@@ -11,7 +11,9 @@ its subscriber is there: no sleep) and a ROUTER replay socket answering as SGLan
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
+import time
 from pathlib import Path
 
 import zmq
@@ -40,10 +42,14 @@ class GoldenFeed:
         self._thread = threading.Thread(target=self._serve_replay, daemon=True)
         self._thread.start()
 
-    def wait_for_subscriber(self, timeout_s: float = 60) -> bytes:
+    def wait_for_subscriber(self, timeout_s: float = 60, reader: subprocess.Popen | None = None) -> bytes:
         """Block until a subscription reaches the publisher (ZeroMQ hands XPUB ``\\x01`` + the topic); return it.
-        AssertionError when none came within `timeout_s`."""
-        assert self.pub.poll(int(timeout_s * 1000)), "no subscriber came"
+        AssertionError when none came within `timeout_s`, or as soon as the `reader` process (the subscriber to
+        be) has exited."""
+        deadline = time.monotonic() + timeout_s
+        while not self.pub.poll(100):
+            assert reader is None or reader.poll() is None, f"the reader exited ({reader.returncode}) unsubscribed"
+            assert time.monotonic() < deadline, "no subscriber came"
         return self.pub.recv()
 
     def publish(self, *seqs: int) -> None:

@@ -24,7 +24,7 @@ def _follow(feed: GoldenFeed, *args: str, live: tuple[int, ...] = tuple(range(le
                              "--idle-timeout", "60", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     with proc:
-        feed.wait_for_subscriber()
+        feed.wait_for_subscriber(reader=proc)
         feed.publish(*live)
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
