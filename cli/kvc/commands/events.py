@@ -64,9 +64,9 @@ class Engine(str, enum.Enum):
 EngineOpt = Annotated[Engine, typer.Option(
     "--engine", case_sensitive=False,
     help="Whose feed it is: kvc (`kvc serve --events`) or sglang (an SGLang engine started with "
-    "--kv-events-config '{\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\"}': --endpoint "
-    "tcp://127.0.0.1:5557, and --replay its replay_endpoint). SGLang sends each request's cache_salt in clear: "
-    "kvc prints a keyed fingerprint instead, never the salt.")]
+    "--kv-events-config '{\"publisher\": \"zmq\", \"endpoint\": \"tcp://127.0.0.1:5557\", \"bind\": true}': "
+    "--endpoint tcp://127.0.0.1:5557, and --replay its replay_endpoint). SGLang sends each request's cache_salt in "
+    "clear: kvc prints a keyed fingerprint instead, never the salt (see --store).")]
 FingerprintStoreOpt = Annotated[StoreLocation | None, typer.Option(
     "--store", parser=store_location, show_default=False, metavar="PATH|URL",
     help="--engine sglang: fingerprint salts under this store's fingerprint key, so they match what `kvc ns ls` "
