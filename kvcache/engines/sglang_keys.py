@@ -21,6 +21,7 @@ Only plain token ids are covered: SGLang's EAGLE bigram keys and tuple tokens (m
 from __future__ import annotations
 
 import hashlib
+import operator
 from collections.abc import Sequence
 
 import numpy as np
@@ -55,12 +56,15 @@ def storage_namespace_seed(extra_key: str | None, cache_salt: str | None) -> byt
 
 def _checked(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
     """The token ids as uint64, InvalidInput when one is not in 0 .. 2**63 - 1 (SGLang's range)."""
-    if isinstance(tokens, np.ndarray) and tokens.dtype.kind == "u" and tokens.dtype.itemsize <= 8:
+    if isinstance(tokens, np.ndarray) and tokens.dtype.kind == "u":  # unsigned: only the upper bound to check
         arr = tokens.astype(np.uint64, copy=False)
         if arr.size and int(arr.max()) >= _TOKEN_LIMIT:
             raise InvalidInput("an SGLang token id is a non-negative int64")
         return arr
-    values = [int(t) for t in tokens]
+    try:  # operator.index: an integer, never a float truncated into one
+        values = [operator.index(t) for t in tokens]
+    except TypeError:
+        raise InvalidInput("an SGLang token id is an integer") from None
     if any(not 0 <= t < _TOKEN_LIMIT for t in values):
         raise InvalidInput("an SGLang token id is a non-negative int64")
     return np.array(values, dtype=np.uint64)

@@ -71,10 +71,23 @@ def _probe(path, tmp_path, *args, salt: str = SALT, extra_key: str = "tenant-a")
                 _salt_file(tmp_path, salt), "--tokens-file", tokens, "--store", path, *args)
 
 
+def _metas(path, layout) -> list:
+    """Every engine page's metadata as the store records it (hits, access times), in key order."""
+    store = open_store(str(path), readonly=True)
+    try:
+        hashes, _ = engine_origins(layout, Namespace("sglang"), store.chain_key, KEYS)
+        return [store.page_meta(h) for h in hashes]
+    finally:
+        store.close()
+
+
 def test_probe_counts_consecutive_and_present_pages_per_layout(engine_store, tmp_path):
     path, first, second = engine_store
+    before = _metas(path, first)
     result = _probe(path, tmp_path, "--page-size", "16", "--json")
     assert result.exit_code == 0, result.stderr
+    assert _metas(path, first) == before  # a probe reads: no hit, no access time recorded
+    assert sum(m is not None for m in before) == 7
     out = json.loads(result.stdout)
     from kvcache.storage.keyfile import read_key
 

@@ -60,6 +60,8 @@ def test_bad_input_is_refused():
     with pytest.raises(InvalidInput):
         page_keys([2**63], 1)
     with pytest.raises(InvalidInput):
+        page_keys([1.5], 1)
+    with pytest.raises(InvalidInput):
         page_keys([1], 0)
     with pytest.raises(InvalidInput):
         page_keys([1], 1, b"short")
