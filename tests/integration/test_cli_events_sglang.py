@@ -5,6 +5,7 @@ process of its own. The salts SGLang sends in clear never reach stdout or stderr
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,12 +18,14 @@ from sglang_feed import MESSAGES, SALTS, GoldenFeed
 KVC = str(Path(sys.executable).with_name("kvc"))
 
 
-def _follow(feed: GoldenFeed, *args: str, live: tuple[int, ...] = tuple(range(len(MESSAGES)))):
+def _follow(feed: GoldenFeed, *args: str, live: tuple[int, ...] = tuple(range(len(MESSAGES))),
+            env: dict[str, str] | None = None):
     """Run `kvc events --engine sglang --follow` on `feed`, publish the messages `live` once it subscribed, and
     return (stdout, stderr); the salts are in neither."""
+    environ = {k: v for k, v in os.environ.items() if k != "KVC_FINGERPRINT_KEY"}
     proc = subprocess.Popen([KVC, "events", "--engine", "sglang", "--endpoint", feed.endpoint, "--follow",
                              "--idle-timeout", "60", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, env={**environ, **(env or {})})
     with proc:
         feed.wait_for_subscriber(reader=proc)
         feed.publish(*live)
@@ -69,6 +72,17 @@ def test_json_prints_kvcs_records_and_the_held_blocks_per_medium(tmp_path):
     assert "cache_salt" not in out
     assert lines[-1] == {"type": "Summary", "batches": 7, "events": 7, "replayed": 0, "missed": 0, "malformed": 0,
                          "blocks": {"CPU_PINNED": 2}}
+
+
+def test_without_a_store_the_key_is_the_deployments_or_one_drawn_per_run():
+    key = "ab" * 32
+    fingerprints = []
+    for env in ({"KVC_FINGERPRINT_KEY": key}, None, None):
+        with GoldenFeed() as feed:
+            out, _ = _follow(feed, "--count", "2", "--json", env=env)
+        fingerprints.append(json.loads(out.splitlines()[1])["salt_fingerprint"])
+    assert fingerprints[0] == Namespace(None, "golden-salt-A7q").fingerprint(bytes.fromhex(key))
+    assert len(set(fingerprints)) == 3  # each run without a key draws its own
 
 
 def test_a_gap_is_filled_from_the_engines_replay_socket():

@@ -7,8 +7,9 @@ sequence numbers (the subscriber fell behind, or joined late with --from) is fil
 socket when --replay names it; events fetched that way are marked. Without --follow it prints what the replay
 buffer holds from --from on, and exits. kvc's feed carries salt fingerprints, never salts. SGLang's sends each
 request's cache_salt in clear: it is fingerprinted as it is read (`kvcache.engines.sglang_events`), under the
-fingerprint key of --store when one is given (then it is what `kvc ns ls` shows for that salt), else under a key
-drawn at random for this run (fingerprints then compare within the run only), and never printed.
+fingerprint key of --store when one is given (then it is what `kvc ns ls` shows for that salt), else the
+deployment's key in env KVC_FINGERPRINT_KEY when set, else a key drawn at random for this run (fingerprints then
+compare within the run only), and never printed.
 
 Each line says how many blocks the event's medium holds after it, as the events read so far tell (from the last
 AllBlocksCleared, or from the start of the reading: a late reader counts only what it saw); --json gives the same
@@ -36,6 +37,7 @@ from kvcache.errors import EventEndpointError
 from kvcache.live.events import EventRecord, FeedSubscriber, MalformedMessage, ReceivedBatch, records
 from kvcache.storage.location import StoreLocation
 from kvcache.types.events import decode_batch
+from kvcache.types.namespace import FINGERPRINT_KEY_BYTES, env_fingerprint_key
 
 from .. import live
 from ..errors import UsageError
@@ -70,8 +72,9 @@ EngineOpt = Annotated[Engine, typer.Option(
 FingerprintStoreOpt = Annotated[StoreLocation | None, typer.Option(
     "--store", parser=store_location, show_default=False, metavar="PATH|URL",
     help="--engine sglang: fingerprint salts under this store's fingerprint key, so they match what `kvc ns ls` "
-    "shows for the same salt. Without it, a key drawn at random for this run: fingerprints compare within the "
-    "run only. Not read from KVC_STORE: the feed opens no store unless asked.")]
+    "shows for the same salt. Without it, env KVC_FINGERPRINT_KEY when set, else a key drawn at random for this "
+    "run: fingerprints then compare within the run only. Not read from KVC_STORE: the feed opens no store unless "
+    "asked.")]
 
 MALFORMED_SHOWN = 10  # malformed messages said one line each; after them, one line at 100, 1000, 10000, ...
 
@@ -184,10 +187,10 @@ class _Feed:
 
 
 def _fingerprint_key(engine: Engine, store: StoreLocation | None) -> bytes:
-    """The key SGLang's salts are fingerprinted under: --store's fingerprint key, else a random one of this run
-    (never this process's key: a fingerprint under it would pass for one the store shows)."""
+    """The key SGLang's salts are fingerprinted under: --store's fingerprint key, else the deployment's
+    (KVC_FINGERPRINT_KEY), else a random one of this run."""
     if store is None:
-        return os.urandom(32)
+        return env_fingerprint_key() or os.urandom(FINGERPRINT_KEY_BYTES)
     if engine is not Engine.SGLANG:
         raise UsageError("--store keys the fingerprints of an SGLang feed's salts: it goes with --engine sglang "
                          "(kvc's feed carries fingerprints under its store's key already)")
