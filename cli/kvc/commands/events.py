@@ -165,25 +165,25 @@ def sglang_line(rec: sglang_events.SGLangEventRecord, held: int) -> str:
             f"{held:>6}  {first:<16}  {parent}").rstrip()
 
 
-class _Feed:
-    """What differs between the engines' feeds: the batch decoder, the records of a batch, their line."""
+class FeedKind(msgspec.Struct, frozen=True):
+    """How `kvc events` reads one engine's feed (a row of FEEDS): the wire is the same, the batches are not."""
 
-    def __init__(self, engine: Engine, fingerprint_key: bytes) -> None:
-        self.engine = engine
-        self.decode: Callable[[bytes], Any]
-        self.to_records: Callable[[ReceivedBatch[Any]], list[Any]]
-        self.line: Callable[[Any, int], str]
-        if engine is Engine.SGLANG:
-            self.decode = sglang_events.decode_batch
-            self.to_records = lambda b: sglang_events.event_records(b.seq, b.batch, b.replayed, fingerprint_key)
-            self.line, self.header = sglang_line, SGLANG_HEADER
-            self.who = "an SGLang engine's KV-event publisher (--kv-events-config)"
-            self.replay_who = "an SGLang engine's replay socket (replay_endpoint)"
-        else:
-            self.decode = decode_batch
-            self.to_records = records
-            self.line, self.header = line, HEADER
-            self.who, self.replay_who = "`kvc serve --events`", "`kvc serve --events-replay`"
+    decode: Callable[[bytes], Any]  # a payload frame -> its batch (msgspec's errors when it is not one)
+    records: Callable[[ReceivedBatch[Any], bytes], list[Any]]  # a batch -> printable records (salts keyed by the key)
+    line: Callable[[Any, int], str]  # a record and the blocks its medium holds after it -> one plain line
+    header: str
+    who: str  # what publishes it, for the message when nothing answers
+    replay_who: str
+
+
+FEEDS: dict[Engine, FeedKind] = {
+    Engine.KVC: FeedKind(decode_batch, lambda b, _key: records(b), line, HEADER, "`kvc serve --events`",
+                         "`kvc serve --events-replay`"),
+    Engine.SGLANG: FeedKind(sglang_events.decode_batch,
+                            lambda b, key: sglang_events.event_records(b.seq, b.batch, b.replayed, key),
+                            sglang_line, SGLANG_HEADER, "an SGLang engine's KV-event publisher (--kv-events-config)",
+                            "an SGLang engine's replay socket (replay_endpoint)"),
+}
 
 
 def _fingerprint_key(engine: Engine, store: StoreLocation | None) -> bytes:
@@ -279,7 +279,7 @@ def events(
     if not follow and replay is None:
         raise UsageError("kvc events without --follow prints the replay buffer: give --replay ENDPOINT, or "
                          "--follow to subscribe")
-    feed = _Feed(engine, _fingerprint_key(engine, store))
+    feed, key = FEEDS[engine], _fingerprint_key(engine, store)
     summary = EventsSummary()
     tally = MediumTally()
 
@@ -288,7 +288,7 @@ def events(
             if count and summary.batches >= count:
                 return
             summary.batches += 1
-            for rec in feed.to_records(b):
+            for rec in feed.records(b, key):
                 summary.events += 1
                 held = tally.apply(rec)
                 print(msgspec.json.encode(rec).decode() if json else feed.line(rec, held), flush=True)
