@@ -8,7 +8,9 @@ it to the store API (`kvcache.storage`): the engine's page keys become engine-ke
 the store copies to and from without a bounce buffer.
 
 - `sglang`: `KvcStorage`, SGLang's `HiCacheStorage` on any kvc store (loaded through SGLang's
-  `--hicache-storage-backend dynamic`); `sglang_pool` reads SGLang's host pools (geometry, page segments).
+  `--hicache-storage-backend dynamic`); `sglang_pool` reads SGLang's host pools (geometry, page segments);
+  `sglang_keys` recomputes SGLang's storage key chain for a prompt (`kvc ns probe`); `sglang_events` decodes
+  SGLang's own KV-event feed (`kvc events --engine sglang`).
 
 The lazy-import rule: an engine is never a dependency of kvc. kvc imports and runs without any engine installed,
 so a module here imports its engine inside functions only (tests/test_layers.py checks it, and that no module

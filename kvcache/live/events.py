@@ -24,7 +24,10 @@ by ZeroMQ before it is read. Batches are encoded and sent on the cache's owner t
 so their order is the cache's.
 
 `KVEventSubscriber` is the other end (what `kvc events` uses): a SUB socket, gap detection by sequence number, and
-replay of the missed batches when the publisher has a replay socket.
+replay of the missed batches when the publisher has a replay socket. `FeedSubscriber` is the same for any engine's
+feed in this framing, with the payload decoder it is given: SGLang's own publisher (`--kv-events-config`) frames
+its feed alike, its replay answers with the topic frame in front of the sequence (``[b"", topic, seq, payload]``,
+accepted too), and its batches decode with `kvcache.engines.sglang_events`.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import msgspec
 import zmq
@@ -352,11 +355,14 @@ def _refuse_to_replace(endpoint: str) -> None:
 # --- the subscriber ------------------------------------------------------------------------------------------
 
 
-class ReceivedBatch(msgspec.Struct, gc=False):
+B = TypeVar("B")  # a decoded batch: EventBatch on kvc's feed, what the subscriber's decoder returns on another
+
+
+class ReceivedBatch(msgspec.Struct, Generic[B], gc=False):
     """A batch as a subscriber got it."""
 
     seq: int
-    batch: EventBatch
+    batch: B
     replayed: bool  # fetched from the replay socket (missed on the feed), not received live
 
 
@@ -377,7 +383,7 @@ class EventRecord(msgspec.Struct, omit_defaults=True):
     replayed: bool = False
 
 
-def records(received: ReceivedBatch) -> list[EventRecord]:
+def records(received: ReceivedBatch[EventBatch]) -> list[EventRecord]:
     """The events of a received batch as records."""
     out = []
     b = received.batch
@@ -402,19 +408,22 @@ class MalformedMessage(msgspec.Struct, frozen=True):
     reason: str
 
 
-class KVEventSubscriber:
+class FeedSubscriber(Generic[B]):
     """Subscribe to a KV-event feed at `endpoint` (the publisher's PUB address), `topic` being a prefix of the
-    topics wanted (default: all). With `replay_endpoint`, a gap in the sequence is filled from the publisher's
-    replay buffer; `start` (a sequence number) also fetches the batches before the first one received, from that
-    one on — `start=0` gives a late subscriber the whole feed still buffered. A context manager.
+    topics wanted (default: all), each payload turned into a batch by `decode` (which raises msgspec's
+    DecodeError or ValidationError on one that is not). With `replay_endpoint`, a gap in the sequence is filled
+    from the publisher's replay buffer; `start` (a sequence number) also fetches the batches before the first one
+    received, from that one on — `start=0` gives a late subscriber the whole feed still buffered. A context
+    manager.
 
     A message that is not a KV-event batch (wrong frames, a payload that does not decode) never ends the reading:
     it is skipped, counted in `malformed` and handed to `on_malformed` when given. A batch whose payload was bad is
     not fetched again (its sequence number is passed)."""
 
-    def __init__(self, endpoint: str, *, replay_endpoint: str | None = None, topic: str = "",
-                 start: int | None = None, replay_timeout: float = 5.0,
+    def __init__(self, endpoint: str, decode: Callable[[bytes], B], *, replay_endpoint: str | None = None,
+                 topic: str = "", start: int | None = None, replay_timeout: float = 5.0,
                  on_malformed: Callable[[MalformedMessage], None] | None = None) -> None:
+        self._decoder = decode
         self._ctx = zmq.Context()
         try:  # a subscriber that fails to start returns nothing to close: its context goes here
             self._sub = self._connect(zmq.SUB, endpoint)
@@ -444,7 +453,7 @@ class KVEventSubscriber:
             raise EventEndpointError(endpoint, f"cannot connect: {exc.strerror}") from None
         return sock
 
-    def receive(self, timeout: float | None = None) -> list[ReceivedBatch]:
+    def receive(self, timeout: float | None = None) -> list[ReceivedBatch[B]]:
         """Wait up to `timeout` seconds (None: for ever) for the next batch; return it, preceded by the batches
         missed before it that the replay buffer still had (the first call with a `start` returns what the buffer
         holds from there on at once). [] when nothing came in time."""
@@ -465,7 +474,7 @@ class KVEventSubscriber:
                                     f"[topic, 8-byte sequence, batch]")
             return []
         seq = int.from_bytes(frames[1], "big")
-        out: list[ReceivedBatch] = []
+        out: list[ReceivedBatch[B]] = []
         if self.next_seq is not None and seq > self.next_seq:
             out = self.fetch(self.next_seq, seq)
             self.missed += seq - self.next_seq - len(out) - self._skipped_in_fetch
@@ -476,7 +485,7 @@ class KVEventSubscriber:
                 out.append(ReceivedBatch(seq, batch, False))
         return out
 
-    def fetch(self, start: int, stop: int | None = None) -> list[ReceivedBatch]:
+    def fetch(self, start: int, stop: int | None = None) -> list[ReceivedBatch[B]]:
         """The batches [start, stop) (stop None: all) still in the publisher's replay buffer, in order. [] without
         a replay socket, or when none answers within `replay_timeout`. A publisher busy with other answers says so
         (`REPLAY_BUSY`): the request is sent again, less and less often, until `replay_timeout`."""
@@ -486,7 +495,7 @@ class KVEventSubscriber:
         while self._replay.poll(0):  # what is left of an earlier answer that timed out is not this one's
             self._replay.recv_multipart()
         self._replay.send_multipart((b"", start.to_bytes(8, "big")))
-        out: list[ReceivedBatch] = []
+        out: list[ReceivedBatch[B]] = []
         deadline = time.monotonic() + self.replay_timeout
         backoff = 0.02
         while True:
@@ -494,6 +503,8 @@ class KVEventSubscriber:
             if left <= 0 or not self._replay.poll(int(left * 1000)):
                 break
             frames = self._replay.recv_multipart()
+            if len(frames) == 4:  # SGLang's answers carry the topic before the sequence: [b"", topic, seq, payload]
+                del frames[1]
             if len(frames) != 3 or frames[1] == END_OF_REPLAY:
                 break
             if frames[1] == REPLAY_BUSY:  # ask again once the publisher's running answers had time to go
@@ -511,10 +522,10 @@ class KVEventSubscriber:
         self.replayed += len(out)
         return out
 
-    def _decode(self, seq: int, payload: bytes, replayed: bool) -> EventBatch | None:
+    def _decode(self, seq: int, payload: bytes, replayed: bool) -> B | None:
         """The batch of a message; None (skipped, counted) when its payload is not one."""
         try:
-            return decode_batch(payload)
+            return self._decoder(payload)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             self._skip(seq, replayed, f"a payload of {len(payload)} bytes that is not a KV-event batch ({exc})")
             return None
@@ -528,9 +539,23 @@ class KVEventSubscriber:
         """Close the sockets. Idempotent."""
         self._ctx.destroy(linger=0)
 
-    def __enter__(self) -> "KVEventSubscriber":
+    def __enter__(self) -> "FeedSubscriber[B]":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class KVEventSubscriber(FeedSubscriber[EventBatch]):
+    """A subscriber to kvc's own feed (`KVEventPublisher`, `kvc serve --events`): `FeedSubscriber` with kvc's
+    batch decoder."""
+
+    def __init__(self, endpoint: str, *, replay_endpoint: str | None = None, topic: str = "",
+                 start: int | None = None, replay_timeout: float = 5.0,
+                 on_malformed: Callable[[MalformedMessage], None] | None = None) -> None:
+        super().__init__(endpoint, decode_batch, replay_endpoint=replay_endpoint, topic=topic, start=start,
+                         replay_timeout=replay_timeout, on_malformed=on_malformed)
+
+    def __enter__(self) -> "KVEventSubscriber":
+        return self
 

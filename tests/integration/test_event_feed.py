@@ -388,6 +388,6 @@ def test_kvc_events_follow_survives_malformed_messages_and_counts_them(json_out)
     if json_out:
         assert json.loads(lines[0])["type"] == "AllBlocksCleared" and json.loads(lines[0])["seq"] == 150
         assert json.loads(lines[-1]) == {"type": "Summary", "batches": 1, "events": 1, "replayed": 0, "missed": 74,
-                                         "malformed": 150}
+                                         "malformed": 150, "blocks": {}}
     else:
         assert lines[0].split()[:3] == ["seq", "time", "event"] and "AllBlocksCleared" in lines[1]

@@ -1,10 +1,19 @@
-"""`kvc events`: read a live cache's KV-event feed (`kvc serve --events`), as a router would.
+"""`kvc events`: read a live cache's KV-event feed (`kvc serve --events`), or an SGLang engine's own (`--engine
+sglang`: its `--kv-events-config` publisher), as a router would.
 
 With --follow it subscribes to the feed and prints each event as it comes — one line per event, or one JSON
 object per line with --json — until Ctrl-C, --count batches or --idle-timeout seconds without one. A gap in the
 sequence numbers (the subscriber fell behind, or joined late with --from) is filled from the publisher's replay
 socket when --replay names it; events fetched that way are marked. Without --follow it prints what the replay
-buffer holds from --from on, and exits. Nothing here ever sees a salt: the feed carries fingerprints.
+buffer holds from --from on, and exits. kvc's feed carries salt fingerprints, never salts. SGLang's sends each
+request's cache_salt in clear: it is fingerprinted as it is read (`kvcache.engines.sglang_events`), under the
+fingerprint key of --store when one is given (then it is what `kvc ns ls` shows for that salt), else the
+deployment's key in env KVC_FINGERPRINT_KEY when set, else a key drawn at random for this run (fingerprints then
+compare within the run only), and never printed.
+
+Each line says how many blocks the event's medium holds after it, as the events read so far tell (from the last
+AllBlocksCleared, or from the start of the reading: a late reader counts only what it saw); --json gives the same
+per medium in the summary (`blocks`).
 
 A message that is not a KV-event batch never ends the reading (a router's feed must survive one bad message): it is
 skipped, said in one line on stderr (the first MALFORMED_SHOWN of them, then one line at each power of ten), and
@@ -13,21 +22,29 @@ counted in the summary at the end — on stderr, and with --json as the last obj
 
 from __future__ import annotations
 
+import enum
+import os
 import time
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import msgspec
 import typer
 import zmq
 
+from kvcache.engines import sglang_events
 from kvcache.errors import EventEndpointError
-from kvcache.live.events import EventRecord, KVEventSubscriber, MalformedMessage, ReceivedBatch, records
+from kvcache.live.events import EventRecord, FeedSubscriber, MalformedMessage, ReceivedBatch, records
+from kvcache.storage.location import StoreLocation
+from kvcache.types.events import decode_batch
+from kvcache.types.namespace import FINGERPRINT_KEY_BYTES, env_fingerprint_key
 
 from .. import live
 from ..errors import UsageError
 from ..options import DebugOpt
 from ..render.text import escape_controls, shown
 from ..reporting import command
+from ..secrets import store_location
 
 EndpointOpt = Annotated[str | None, typer.Option(
     "--endpoint", envvar="KVC_EVENTS", show_default=False, metavar="ENDPOINT",
@@ -37,6 +54,27 @@ ReplayOpt = Annotated[str | None, typer.Option(
     "--replay", envvar="KVC_EVENTS_REPLAY", show_default=False, metavar="ENDPOINT",
     help="The feed's replay address (`kvc serve --events-replay`): missed batches are fetched from it. "
     "Env: KVC_EVENTS_REPLAY.")]
+
+
+class Engine(str, enum.Enum):
+    """Whose feed `kvc events` reads: the wire is the same, the batches and what they carry are not."""
+
+    KVC = "kvc"  # `kvc serve --events` (kvcache.types.events)
+    SGLANG = "sglang"  # an SGLang engine's --kv-events-config publisher (kvcache.engines.sglang_events)
+
+
+EngineOpt = Annotated[Engine, typer.Option(
+    "--engine", case_sensitive=False,
+    help="Whose feed it is: kvc (`kvc serve --events`) or sglang (an SGLang engine started with "
+    "--kv-events-config '{\"publisher\": \"zmq\", \"endpoint\": \"tcp://127.0.0.1:5557\", \"bind\": true}': "
+    "--endpoint tcp://127.0.0.1:5557, and --replay its replay_endpoint). SGLang sends each request's cache_salt in "
+    "clear: kvc prints a keyed fingerprint instead, never the salt (see --store).")]
+FingerprintStoreOpt = Annotated[StoreLocation | None, typer.Option(
+    "--store", parser=store_location, show_default=False, metavar="PATH|URL",
+    help="--engine sglang: fingerprint salts under this store's fingerprint key, so they match what `kvc ns ls` "
+    "shows for the same salt. Without it, env KVC_FINGERPRINT_KEY when set, else a key drawn at random for this "
+    "run: fingerprints then compare within the run only. Not read from KVC_STORE: the feed opens no store unless "
+    "asked.")]
 
 MALFORMED_SHOWN = 10  # malformed messages said one line each; after them, one line at 100, 1000, 10000, ...
 
@@ -49,6 +87,8 @@ class EventsSummary(msgspec.Struct, tag="Summary", tag_field="type"):
     replayed: int = 0  # batches fetched from the replay socket
     missed: int = 0  # batches known missing that no replay gave back
     malformed: int = 0  # messages that were not KV-event batches: skipped
+    blocks: dict[str, int] = {}  # blocks each medium holds after the events printed (from the last
+    # AllBlocksCleared, else from the start of the reading); media without any left out
 
 
 def _malformed_line(count: int, bad: MalformedMessage) -> str | None:
@@ -64,20 +104,107 @@ def _malformed_line(count: int, bad: MalformedMessage) -> str | None:
 
 
 HEADER = f"{'seq':>6}  {'time':<12}  {'event':<18}  {'medium':<10}  {'namespace':<24}  {'pages':>5}  " \
-         f"{'first page':<12}  parent"
+         f"{'held':>6}  {'first page':<12}  parent"
+SGLANG_HEADER = f"{'seq':>6}  {'time':<12}  {'event':<18}  {'medium':<15}  {'salt':<12}  {'pages':>5}  " \
+                f"{'held':>6}  {'first block':<16}  parent"
 
 
-def line(rec: EventRecord) -> str:
-    """An event as one plain line (hashes shortened to 12 hex digits)."""
-    at = time.strftime("%H:%M:%S", time.localtime(rec.ts)) + f".{int(rec.ts * 1000) % 1000:03d}"
+class MediumTally:
+    """The blocks each medium holds, as the events read tell it: a BlockStored adds its hashes to its medium, a
+    BlockRemoved takes them away, AllBlocksCleared forgets all."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, set[str]] = {}
+
+    def apply(self, rec: Any) -> int:
+        """Count event `rec` (a record with type, medium, block_hashes); the blocks its medium holds after it."""
+        if rec.type == "AllBlocksCleared":
+            self._held.clear()
+            return 0
+        held = self._held.setdefault(rec.medium or "-", set())
+        if rec.type == "BlockStored":
+            held.update(rec.block_hashes)
+        else:
+            held.difference_update(rec.block_hashes)
+        return len(held)
+
+    def counts(self) -> dict[str, int]:
+        """Blocks per medium, media holding none left out."""
+        return {medium: len(held) for medium, held in sorted(self._held.items()) if held}
+
+
+def _at(ts: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts)) + f".{int(ts * 1000) % 1000:03d}"
+
+
+def line(rec: EventRecord, held: int) -> str:
+    """A kvc event as one plain line (hashes shortened to 12 hex digits); `held`: blocks its medium holds after
+    it."""
     kind = rec.type + (" *" if rec.replayed else "")
     if rec.type == "AllBlocksCleared":
-        return f"{rec.seq:>6}  {at:<12}  {kind:<18}  all"
+        return f"{rec.seq:>6}  {_at(rec.ts):<12}  {kind:<18}  all"
     ns = f"{shown(rec.extra_key)}/{rec.salt_fingerprint or '-'}"
     first = rec.block_hashes[0][:12] if rec.block_hashes else "-"
     parent = (rec.parent_block_hash or "-")[:12] if rec.type == "BlockStored" else ""
-    return (f"{rec.seq:>6}  {at:<12}  {kind:<18}  {rec.medium or '-':<10}  {ns:<24}  {len(rec.block_hashes):>5}  "
-            f"{first:<12}  {parent}").rstrip()
+    return (f"{rec.seq:>6}  {_at(rec.ts):<12}  {kind:<18}  {rec.medium or '-':<10}  {ns:<24}  "
+            f"{len(rec.block_hashes):>5}  {held:>6}  {first:<12}  {parent}").rstrip()
+
+
+def sglang_line(rec: sglang_events.SGLangEventRecord, held: int) -> str:
+    """An SGLang event as one plain line: the medium as SGLang names it with kvc's tier beside it, the salt as its
+    keyed fingerprint, block hashes as 16 hex digits (for a page without namespace seed, its storage key's
+    first 16)."""
+    kind = rec.type + (" *" if rec.replayed else "")
+    if rec.type == "AllBlocksCleared":
+        return f"{rec.seq:>6}  {_at(rec.ts):<12}  {kind:<18}  all"
+    medium = shown(rec.medium) + (f" ({rec.tier})" if rec.tier else "")
+    first = rec.block_hashes[0] if rec.block_hashes else "-"
+    parent = (rec.parent_block_hash or "-") if rec.type == "BlockStored" else ""
+    salt = (rec.salt_fingerprint or "-") if rec.type == "BlockStored" else ""
+    return (f"{rec.seq:>6}  {_at(rec.ts):<12}  {kind:<18}  {medium:<15}  {salt:<12}  {len(rec.block_hashes):>5}  "
+            f"{held:>6}  {first:<16}  {parent}").rstrip()
+
+
+class FeedKind(msgspec.Struct, frozen=True):
+    """How `kvc events` reads one engine's feed (a row of FEEDS): the wire is the same, the batches are not."""
+
+    decode: Callable[[bytes], Any]  # a payload frame -> its batch (msgspec's errors when it is not one)
+    records: Callable[[ReceivedBatch[Any], bytes], list[Any]]  # a batch -> printable records (salts keyed by the key)
+    line: Callable[[Any, int], str]  # a record and the blocks its medium holds after it -> one plain line
+    header: str
+    who: str  # what publishes it, for the message when nothing answers
+    replay_who: str
+
+
+FEEDS: dict[Engine, FeedKind] = {
+    Engine.KVC: FeedKind(decode_batch, lambda b, _key: records(b), line, HEADER, "`kvc serve --events`",
+                         "`kvc serve --events-replay`"),
+    Engine.SGLANG: FeedKind(sglang_events.decode_batch,
+                            lambda b, key: sglang_events.event_records(b.seq, b.batch, b.replayed, key),
+                            sglang_line, SGLANG_HEADER, "an SGLang engine's KV-event publisher (--kv-events-config)",
+                            "an SGLang engine's replay socket (replay_endpoint)"),
+}
+
+
+def _fingerprint_key(engine: Engine, store: StoreLocation | None) -> bytes:
+    """The key SGLang's salts are fingerprinted under: --store's fingerprint key, else the deployment's
+    (KVC_FINGERPRINT_KEY), else a random one of this run."""
+    if store is None:
+        return env_fingerprint_key() or os.urandom(FINGERPRINT_KEY_BYTES)
+    if engine is not Engine.SGLANG:
+        raise UsageError("--store keys the fingerprints of an SGLang feed's salts: it goes with --engine sglang "
+                         "(kvc's feed carries fingerprints under its store's key already)")
+    from ..context import open_inspect  # the store's modules load only when a store is asked for
+
+    st = open_inspect(store)
+    try:
+        key = getattr(st, "fingerprint_key", None)
+    finally:
+        st.close()
+    if key is None:
+        raise UsageError(f"{store}: this user cannot read the store's fingerprint key (leave out --store to "
+                         f"fingerprint under a key of this run)")
+    return key
 
 
 # the monitor events that end a wait for a peer: a ZMTP handshake that succeeded, or one that failed (no retry helps)
@@ -116,6 +243,8 @@ def _wait_for_peer(endpoint: str, kind: int, timeout: float, who: str) -> None:
 @command
 def events(
     endpoint: EndpointOpt = None,
+    engine: EngineOpt = Engine.KVC,
+    store: FingerprintStoreOpt = None,
     replay: ReplayOpt = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Subscribe and print events as they come.")] = False,
     start: Annotated[int | None, typer.Option(
@@ -130,12 +259,16 @@ def events(
         help="Stop once no batch came for this many seconds (0: wait for ever).")] = 0.0,
     json: Annotated[bool, typer.Option("--json", help="One JSON object per event per line (hashes in hex) on "
                                                       "stdout, then one summary object ({\"type\": \"Summary\", "
-                                                      "batches, events, replayed, missed, malformed}), nothing "
-                                                      "else.")] = False,
+                                                      "batches, events, replayed, missed, malformed, blocks: "
+                                                      "held per medium}), nothing else. --engine sglang: "
+                                                      "kvc's SGLangEventRecord, the salt as salt_fingerprint."
+                                      )] = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Print a live cache's KV events (BlockStored / BlockRemoved / AllBlocksCleared per tier) from its feed: with
-    --follow as they come, else what the replay buffer holds. Events fetched by replay are marked '*' (JSON:
+    """Print a live cache's KV events (BlockStored / BlockRemoved / AllBlocksCleared per tier) from its feed, or
+    an SGLang engine's (--engine sglang, per medium: GPU, CPU_PINNED, DISK, EXTERNAL, its salts as keyed
+    fingerprints): with --follow as they come, else what the replay buffer holds. Each line says how many
+    blocks the event's medium holds after it, as far as the events read tell. Events fetched by replay are marked '*' (JSON:
     "replayed"). Batches missed and no longer buffered are reported on stderr at the end. A message that is not
     a KV-event batch is skipped, said on stderr (rate-limited) and counted; the reading goes on. An address where
     no publisher answers within the --timeout given before the command (`kvc --timeout S events ...`, default
@@ -146,16 +279,19 @@ def events(
     if not follow and replay is None:
         raise UsageError("kvc events without --follow prints the replay buffer: give --replay ENDPOINT, or "
                          "--follow to subscribe")
+    feed, key = FEEDS[engine], _fingerprint_key(engine, store)
     summary = EventsSummary()
+    tally = MediumTally()
 
-    def show(batches: list[ReceivedBatch]) -> None:
+    def show(batches: list[ReceivedBatch[Any]]) -> None:
         for b in batches:
             if count and summary.batches >= count:
                 return
             summary.batches += 1
-            for rec in records(b):
+            for rec in feed.records(b, key):
                 summary.events += 1
-                print(msgspec.json.encode(rec).decode() if json else line(rec), flush=True)
+                held = tally.apply(rec)
+                print(msgspec.json.encode(rec).decode() if json else feed.line(rec, held), flush=True)
 
     def malformed(bad: MalformedMessage) -> None:
         said = _malformed_line(sub.malformed, bad)
@@ -163,17 +299,18 @@ def events(
             typer.echo(said, err=True)
 
     wait = live.timeout()
-    sub = KVEventSubscriber(endpoint, replay_endpoint=replay, topic=topic, start=start, on_malformed=malformed)
+    sub = FeedSubscriber(endpoint, feed.decode, replay_endpoint=replay, topic=topic, start=start,
+                         on_malformed=malformed)
     try:
         # ZeroMQ connects in the background and retries for ever: make sure a publisher is there, within --timeout
-        _wait_for_peer(endpoint, zmq.SUB, wait, "`kvc serve --events`")
+        _wait_for_peer(endpoint, zmq.SUB, wait, feed.who)
         if replay is not None:
-            _wait_for_peer(replay, zmq.DEALER, wait, "`kvc serve --events-replay`")
+            _wait_for_peer(replay, zmq.DEALER, wait, feed.replay_who)
     except BaseException:
         sub.close()
         raise
     if not json:
-        print(HEADER, flush=True)
+        print(feed.header, flush=True)
     try:
         if not follow:
             show(sub.fetch(start or 0))
@@ -191,6 +328,7 @@ def events(
     finally:
         sub.close()
     summary.replayed, summary.missed, summary.malformed = sub.replayed, sub.missed, sub.malformed
+    summary.blocks = tally.counts()
     if sub.missed:
         typer.echo(f"kvc events: {sub.missed} batches missed and no longer in the replay buffer", err=True)
     if sub.malformed:

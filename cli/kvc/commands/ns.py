@@ -1,5 +1,6 @@
 """`kvc ns`: the namespaces a store holds — list, show one's prefix tree, drop one — and, with a live cache, evict
-or expire one; their shares of each tier are the `kvc ns quota` group (`kvc.commands.ns_quota`).
+or expire one; their shares of each tier are the `kvc ns quota` group (`kvc.commands.ns_quota`), and what an
+engine's store holds of a prompt is `kvc ns probe` (`kvc.commands.ns_probe`).
 
 A namespace is named on the command line by its extra_key and salt (EXTRA_KEY with --salt / --salt-file /
 KVC_SALT), or, where the salt is not at hand (offboarding from a runbook), by the id or the salt fingerprint that
@@ -47,6 +48,7 @@ from ..render.output import Column, Kind, Listing, emit_json, emit_listing, outp
 from ..render.text import human_bytes, literal, ns_label, shown
 from ..reporting import command
 from ..secrets import salt_from
+from .ns_probe import probe
 from .ns_quota import app as quota_app
 
 app = typer.Typer(help="Namespaces in the store: list them, show one's prefix tree, drop one (offboarding); "
@@ -82,14 +84,17 @@ class NamespaceList(msgspec.Struct):
 
 
 class PrefixNode(msgspec.Struct):
-    """One stored page in `kvc ns show --json`: the edge's tokens, its heat, and its children (hottest first)."""
+    """One stored page in `kvc ns show --json`: the edge's tokens (an engine page: its engine key, and no
+    tokens), its heat, and its children (hottest first)."""
 
     page_hash: str
-    tokens: list[int]
+    tokens: list[int]  # [] for an engine page
     hits: int
     bytes: int
     children: list["PrefixNode"]
     more: int = 0  # children not shown (width limit)
+    # An engine page's own key in hex (SGLang: its 64-hex storage key); left out for a token page (unset)
+    key: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class NamespaceTree(msgspec.Struct):
@@ -230,8 +235,9 @@ def show(
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Show a namespace's prefix tree in the store, hottest branches first, depth- and width-limited. tsv: one
-    line per page (depth, page hash, hits, bytes, tokens)."""
+    """Show a namespace's prefix tree in the store, hottest branches first, depth- and width-limited. A page an
+    engine wrote under its own key (`kvc ns probe`) shows that key instead of tokens. tsv: one line per page
+    (depth, page hash, hits, bytes, tokens, and a key column when the tree has engine pages)."""
     ns = namespace_arg(extra_key, salt, salt_file)
     fmt = output_format(output, json)
     st = open_inspect(store, read_only=read_only)
@@ -256,6 +262,8 @@ def show(
 
 def _walk(store: L3Store, child, depth: int, width: int) -> PrefixNode:
     node = PrefixNode(child.page_hash.hex(), unpack_tokens(child.tokens), child.hits, child.nbytes, [])
+    if child.key:  # an engine page: named by the engine's key, it has no tokens
+        node.key = child.key.hex()
     if depth > 0:
         kids = store.children(child.page_hash)
         node.children = [_walk(store, c, depth - 1, width) for c in kids[:width]]
@@ -572,3 +580,5 @@ def expire(
 
 
 app.add_typer(quota_app, name="quota", short_help="A namespace's shares of L1, L2 and L3: set, show, clear.")
+app.command("probe", short_help="How many of a prompt's pages an engine's store holds (--engine sglang), its keys "
+            "recomputed.")(command(probe))

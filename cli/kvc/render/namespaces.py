@@ -87,7 +87,8 @@ class PrefixRow(msgspec.Struct, frozen=True):
     page_hash: str
     hits: int
     bytes: int
-    tokens: list[int]
+    tokens: list[int]  # [] for an engine page
+    key: str | msgspec.UnsetType = msgspec.UNSET  # an engine page's key in hex; left out for a token page
 
 
 def prefix_rows(tree: Any) -> list[PrefixRow]:
@@ -99,11 +100,16 @@ def prefix_rows(tree: Any) -> list[PrefixRow]:
 
 def render_prefix_tree(tree: Any, fmt: Output, no_headers: bool) -> None:
     """`kvc ns show` (a `kvc.commands.ns.NamespaceTree`) as a rich tree, hottest branches first; tsv: one line per
-    page (depth, page hash, hits, bytes, tokens)."""
+    page (depth, page hash, hits, bytes, tokens, and the engine key when the tree has engine pages). An engine
+    page is shown by its key: it has no tokens."""
     if fmt is Output.TSV:
-        rows = [[r.depth, r.page_hash, r.hits, r.bytes, ",".join(map(str, r.tokens))] for r in prefix_rows(tree)]
-        render(Listing("", [Column("depth", Kind.INT), Column("page_hash"), Column("hits", Kind.INT),
-                            Column("bytes", Kind.BYTES), Column("tokens")], rows), fmt, no_headers)
+        flat = prefix_rows(tree)
+        keyed = any(r.key is not msgspec.UNSET for r in flat)
+        rows = [[r.depth, r.page_hash, r.hits, r.bytes, ",".join(map(str, r.tokens))]
+                + ([r.key if r.key is not msgspec.UNSET else None] if keyed else []) for r in flat]
+        columns = [Column("depth", Kind.INT), Column("page_hash"), Column("hits", Kind.INT),
+                   Column("bytes", Kind.BYTES), Column("tokens")] + ([Column("key")] if keyed else [])
+        render(Listing("", columns, rows), fmt, no_headers)
         return
     from rich.tree import Tree
 
@@ -117,13 +123,17 @@ def render_prefix_tree(tree: Any, fmt: Output, no_headers: bool) -> None:
 
 def _flatten(nodes: list, depth: int, rows: list[PrefixRow]) -> None:
     for node in nodes:
-        rows.append(PrefixRow(depth, node.page_hash, node.hits, node.bytes, node.tokens))
+        rows.append(PrefixRow(depth, node.page_hash, node.hits, node.bytes, node.tokens, node.key))
         _flatten(node.children, depth + 1, rows)
 
 
 def _branch(parent: Any, node: Any) -> None:
-    toks = node.tokens if len(node.tokens) <= 8 else node.tokens[:8] + ["…"]
-    branch = parent.add(f"{' '.join(map(str, toks))}  [dim]hits {node.hits:,} · {node.page_hash[:12]}[/]")
+    if node.key is not msgspec.UNSET:  # an engine page: its key (hex, kvc's or the engine's own words) names it
+        label = f"key {node.key[:16]}…" if len(node.key) > 16 else f"key {node.key}"
+    else:
+        toks = node.tokens if len(node.tokens) <= 8 else node.tokens[:8] + ["…"]
+        label = " ".join(map(str, toks))
+    branch = parent.add(f"{label}  [dim]hits {node.hits:,} · {node.page_hash[:12]}[/]")
     for child in node.children:
         _branch(branch, child)
     if node.more:
