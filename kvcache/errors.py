@@ -14,7 +14,9 @@ either bad input from the caller, a broken invariant, or a storage fault the cal
     │   │                             request (other tokens or namespace): refused before anything moves
     │   ├── CacheClosed               a call on a TieredCache after its close()
     │   ├── InvalidTrace              a workload trace line that is not a valid request (names the line)
-    │   └── EventEndpointError        a KV-event endpoint that cannot be bound or connected to (names it)
+    │   ├── EventEndpointError        a KV-event endpoint that cannot be bound or connected to (names it)
+    │   └── EngineUnsupported         an engine's interface, pool layout or setting the kvc adapter does not
+    │                                 support (names the engine and what it asked for)
     ├── InvariantViolation            kvcache's own bookkeeping is broken: fail loudly, never continue silently
     │   ├── OwnershipError            a ledger move whose source owner is not the slot's current owner
     │   │   └── DoubleFree            ... because the slot is already FREE
@@ -107,6 +109,17 @@ class EventEndpointError(InvalidInput):
     def __init__(self, endpoint: str, why: str) -> None:
         self.endpoint = endpoint
         super().__init__(f"KV-event endpoint {endpoint!r}: {why}")
+
+
+class EngineUnsupported(InvalidInput):
+    """An engine adapter (`kvcache.engines`) was asked for an interface, a host-pool layout or a setting it does
+    not support, e.g. SGLang's hybrid-model v2 pools. Raised at construction or registration, never from an I/O
+    call. Names the engine and what it asked for."""
+
+    def __init__(self, engine: str, what: str) -> None:
+        self.engine = engine
+        self.what = what
+        super().__init__(f"{engine}: {what} is not supported by kvc's adapter")
 
 
 class InvariantViolation(KVCacheError):

@@ -1,6 +1,8 @@
 """The layer contract: imports run one way, cli -> live -> ops -> workload -> engine -> diagnostics -> tree | ledger
 -> storage -> types, and no module imports itself back through others (no cycle). A plugin builds on the storage
-kit alone, and the kit on the storage modules and the values alone.
+kit alone, and the kit on the storage modules and the values alone. The engine adapters (`kvcache.engines`) sit
+under the CLI and build on the store and the values alone; an inference engine (SGLang) is imported by them only,
+inside functions, and by nothing else of kvc.
 
 Read with `ast` from the sources, so a function-level import counts like a top-level one; an import under
 `if TYPE_CHECKING:` is a type annotation only and does not. The layers are a table (`LAYERS`): a module belongs to
@@ -20,6 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # Top to bottom. `kvcache` alone is the package facade (its public names load lazily from the layers below).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("cli", ("kvc",)),
+    # engine adapters (SGLang's L3 backend): loaded by the engine, built on the store and the values; the CLI
+    # alone may import them
+    ("engines", ("kvcache.engines",)),
     ("api", ("kvcache",)),
     ("live", ("kvcache.live",)),
     ("ops", ("kvcache.ops",)),
@@ -293,3 +298,64 @@ def raw_namespace_ids() -> list[str]:
 
 def test_no_user_facing_struct_carries_a_raw_namespace_id():
     assert raw_namespace_ids() == []
+
+
+# --- engine adapters: on the store and the values; an engine imported lazily, by them alone ---------------------
+
+ENGINES = "kvcache.engines"
+ENGINES_BASIS = ("kvcache.engines", "kvcache.storage", "kvcache.types", "kvcache.errors")
+FOREIGN_ENGINES = ("sglang",)  # inference engines kvc adapts to and never depends on
+
+
+def test_engine_adapters_build_on_the_store_and_the_values_alone():
+    edges = imports(modules(SOURCES))
+    assert {e.importer for e in edges if _within(e.imported, ENGINES) and not _within(e.importer, ENGINES)} <= {
+        m for m in modules(SOURCES) if m.startswith("kvc.")}
+    outside = {e.imported for e in edges if _within(e.importer, ENGINES)
+               and not any(_within(e.imported, p) for p in ENGINES_BASIS)}
+    assert outside == set()
+
+
+def engine_imports(known: dict[str, Path]) -> list[str]:
+    """Imports of a foreign engine (FOREIGN_ENGINES) that break the rule: any outside kvcache.engines, and any in it
+    that runs at import time (at module or class level). One under `if TYPE_CHECKING:` never runs."""
+    out = []
+    for name, path in known.items():
+        tree = ast.parse(path.read_text(), str(path))
+        skip = _type_only(tree)
+        in_function: set[int] = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                                 for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if id(node) in skip or not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            targets = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if isinstance(node, ast.ImportFrom) and node.level:
+                continue  # relative: one of kvc's own modules
+            foreign = [t for t in targets if t.split(".")[0] in FOREIGN_ENGINES]
+            if not foreign:
+                continue
+            if not _within(name, ENGINES):
+                out.append(f"{name}:{node.lineno} imports {foreign[0]} (only kvcache.engines may)")
+            elif id(node) not in in_function:
+                out.append(f"{name}:{node.lineno} imports {foreign[0]} at import time (import it inside a function)")
+    return out
+
+
+def test_no_module_outside_the_engine_adapters_imports_an_engine_and_they_import_it_lazily():
+    assert engine_imports(modules(SOURCES)) == []
+
+
+def test_the_engine_import_rule_catches_an_eager_import_and_one_outside_the_adapters(tmp_path):
+    known = _package(tmp_path, {
+        "__init__.py": "",
+        "engines/__init__.py": "",
+        "engines/lazy.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import sglang\n"
+                           "def f():\n    from sglang.srt import x\n",
+        "engines/eager.py": "import sglang.srt.mem_cache\nclass A:\n    from sglang import y\n",
+        "storage.py": "def g():\n    import sglang\n",
+    })
+    assert sorted(engine_imports(known)) == [
+        "kvcache.engines.eager:1 imports sglang.srt.mem_cache at import time (import it inside a function)",
+        "kvcache.engines.eager:3 imports sglang at import time (import it inside a function)",
+        "kvcache.storage:2 imports sglang (only kvcache.engines may)",
+    ]

@@ -1,0 +1,20 @@
+"""Engine adapters: kvc's store under an inference engine's own cache.
+
+An engine with a tiered KV cache of its own (SGLang's HiCache) can put kvc's L3 store underneath it: the engine
+keeps its device and host tiers and hands whole pages to kvc, which keeps them checksummed, namespaced, audited
+and shared between processes and nodes. Each adapter here speaks one engine's storage interface and translates
+it to the store API (`kvcache.storage`): the engine's page keys become engine-keyed pages
+(`kvcache.storage.api.engine_origins`), its host-pool geometry a `KVLayout`, its host pages segment lists that
+the store copies to and from without a bounce buffer.
+
+- `sglang`: `KvcStorage`, SGLang's `HiCacheStorage` on any kvc store (loaded through SGLang's
+  `--hicache-storage-backend dynamic`); `sglang_pool` reads SGLang's host pools (geometry, page segments).
+
+The lazy-import rule: an engine is never a dependency of kvc. kvc imports and runs without any engine installed,
+so a module here imports its engine inside functions only (tests/test_layers.py checks it, and that no module
+outside this package imports one). An adapter's class that must subclass an engine's base class is built on
+first use, from the engine found then.
+
+Layering: adapters build on the store and the values (`kvcache.storage`, `kvcache.types`, `kvcache.errors`)
+and on nothing else of the core; only the CLI imports them.
+"""
