@@ -26,6 +26,7 @@ import torch
 os.environ.setdefault("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "python")
 HEADS, HEAD_DIM, LAYERS = 2, 16, 2  # one token's K of one layer is 128 bytes: a unique needle to find a page by
 DTYPE = torch.float32
+MODEL = "kvc-engine-check/toy-mha"  # the served model name SGLang hands the backend: part of kvc's layout
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class Config:
     tenants: list[Tenant] = field(default_factory=list)
     stranger: Tenant = Tenant("never-wrote", None)  # a namespace that never wrote the prompts
     interface_v1: bool = False  # the zero-copy batch_get_v1/batch_set_v1 interface
-    layout: str = "layer_first"  # SGLang's host memory layout
+    layout: str = "layer_first"  # SGLang's host memory layout: layer_first or page_first_direct (its CPU-direct ones)
     pass_prefix_keys: bool = True  # SGLang's hicache_storage_pass_prefix_keys: parents' keys on every call
 
     @staticmethod
@@ -77,22 +78,24 @@ def _cpu_stand_ins() -> None:
 
     host_common.ALLOC_MEMORY_FUNCS["cpu"] = lambda dims, dtype, device, *a, **k: torch.zeros(dims, dtype=dtype)
 
+    def host_rows(self, host_indices, layer):
+        """The host pool's rows of `layer` at `host_indices`, per layout: (buffer index for K, for V)."""
+        if self.layout == "layer_first":  # [2, layers, size, heads, dim]
+            return (0, layer, host_indices), (1, layer, host_indices)
+        page, offset = host_indices // self.page_size, host_indices % self.page_size
+        # page_first_direct: [2, pages, layers, page_size, heads, dim]
+        return (0, page, layer, offset), (1, page, layer, offset)
+
     def backup_all_layers(self, device_pool, host_indices, device_indices, io_backend):
         for layer in range(self.layer_num):
-            if self.layout == "layer_first":
-                self.kv_buffer[0, layer, host_indices] = device_pool.k_buffer[layer][device_indices]
-                self.kv_buffer[1, layer, host_indices] = device_pool.v_buffer[layer][device_indices]
-            else:  # page_first: [2, size, layers, heads, dim]
-                self.kv_buffer[0, host_indices, layer] = device_pool.k_buffer[layer][device_indices]
-                self.kv_buffer[1, host_indices, layer] = device_pool.v_buffer[layer][device_indices]
+            k_at, v_at = host_rows(self, host_indices, layer)
+            self.kv_buffer[k_at] = device_pool.k_buffer[layer][device_indices]
+            self.kv_buffer[v_at] = device_pool.v_buffer[layer][device_indices]
 
     def load_layer(self, device_pool, host_indices, device_indices, layer_id, io_backend, *, is_draft=False):
-        if self.layout == "layer_first":
-            device_pool.k_buffer[layer_id][device_indices] = self.kv_buffer[0, layer_id, host_indices]
-            device_pool.v_buffer[layer_id][device_indices] = self.kv_buffer[1, layer_id, host_indices]
-        else:
-            device_pool.k_buffer[layer_id][device_indices] = self.kv_buffer[0, host_indices, layer_id]
-            device_pool.v_buffer[layer_id][device_indices] = self.kv_buffer[1, host_indices, layer_id]
+        k_at, v_at = host_rows(self, host_indices, layer_id)
+        device_pool.k_buffer[layer_id][device_indices] = self.kv_buffer[k_at]
+        device_pool.v_buffer[layer_id][device_indices] = self.kv_buffer[v_at]
 
     MHATokenToKVPoolHost.backup_from_device_all_layer = backup_all_layers
     MHATokenToKVPoolHost.load_to_device_per_layer = load_layer
@@ -123,7 +126,8 @@ def build(config: Config):
         backend = "file"
         extra = {"file_storage_path": config.store}
     extra.update(interface_v1=int(config.interface_v1), hicache_storage_pass_prefix_keys=config.pass_prefix_keys)
-    args = ServerArgs(model_path="dummy", page_size=config.page_size, enable_hierarchical_cache=True,
+    args = ServerArgs(model_path="dummy", served_model_name=MODEL, page_size=config.page_size,
+                      enable_hierarchical_cache=True,
                       hicache_io_backend="direct", hicache_mem_layout=config.layout,
                       hicache_write_policy="write_through", hicache_ratio=2.0,
                       hicache_storage_backend=backend, hicache_storage_prefetch_policy="wait_complete",
