@@ -7,25 +7,44 @@ before it starts when the server is over `maxmemory`). The shebang needs Redis >
 
 Every key a script touches is declared in KEYS (what Redis Cluster needs to route it). The batch scripts
 (`PUT_BATCH`, `REMOVE_BATCH`) touch keys of many slots and run on a standalone server only; a cluster runs
-the one-key scripts (`PUT_PAGE`, `REMOVE_PAGE`, `NS_ADJUST`, `TOUCH`) instead (see README.md, cluster mode).
+the one-key scripts (`PUT_PAGE`, `REMOVE_PAGE`, `NS_ADJUST`) instead (see README.md, cluster mode). `TOUCH`
+takes many keys on a standalone server and one on a cluster.
 
 Page record fields (one hash per page, so a page and its metadata come and go together):
-``d`` u64 checksum + payload, ``m`` PageMeta (msgpack; hits and last access as of the write), ``n`` namespace id
-hex, ``p`` parent hash hex, ``h`` reads that ended at the page, ``a`` last access (unix seconds).
+``d`` u64 checksum + payload, ``m`` PageMeta (msgpack; hits and last access as of the write; an engine page's key),
+``n`` namespace id hex, ``p`` parent hash hex (as in ``m``), ``h`` reads that ended at the page, ``a`` last access
+(unix seconds: the latest read that served the page).
 Namespace record fields: ``info`` NamespaceInfo (msgpack), ``created``, ``last``, ``pages``, ``bytes``, ``hits``,
 and one ``r:<root hex>`` field per layout root the namespace's pages hang from.
 """
 
-# KEYS: [1] namespace index, [2 .. 1+nns] namespace records, then per page: page record, children set of its
-# parent, parent page record; then the shares hash; last, the store's format record.
-# ARGV: [1] now, [2] nns, per namespace (2): id hex, NamespaceInfo msgpack; per page (7): child member (the raw
-# page hash), d, m, namespace number (1-based), parent hex, "1" when the parent is the namespace root, "1" when
-# the parent's namespace must be checked (a stored parent that is not new in this batch).
+# How a put batch's page hangs from its parent (the `kind` argument of each page of PUT_BATCH):
+#   "r"  its parent is its namespace's root
+#   "b"  a token page whose parent is an earlier page of this batch (the batch check saw it)
+#   "s"  a token page whose parent must be a stored page of its namespace: checked before anything is written,
+#        and the whole batch is refused (KVCNS) when it is not
+#   "e"  an engine page (named by its engine's key) whose parent is not the root: kept when the parent is a stored
+#        page of its namespace and layout at the time it is written (an earlier page of the batch included), else
+#        the page hangs from its namespace root (the root metadata and root hash passed with it): an engine's
+#        parent link is a hint, never a condition (kvcache.storage.api). Its root is recorded either way.
+#
+# The namespace and layout of a stored page are read from its `m` field without decoding it (Redis' cmsgpack
+# knows no bin type): PageMeta is array_like, so its msgpack is the array header, then ns_id and layout_id, each
+# a bin 8 of 16 bytes: bytes 2..37 (1-based) name both, and equal those of a page of the same namespace and
+# layout (tests pin this encoding). A parent whose `m` is damaged does not match: the page hangs from its root.
+#
+# KEYS: [1] namespace index, [2 .. 1+nns] namespace records, then per page (4): page record, children set of its
+# parent, parent page record, children set of its namespace root; then the shares hash; last, the store's format
+# record.
+# ARGV: [1] now, [2] nns, per namespace (2): id hex, NamespaceInfo msgpack; per page (8): child member (the raw
+# page hash), d, m, namespace number (1-based), parent hex, kind (above), m with the root as parent ("" unless
+# kind is "e"), root hex.
 # A namespace with a store share (field ``b:<id hex>`` of the shares hash) takes new pages while its bytes stay
 # within it; its later new pages in the batch are rejected (what is stored of a chain stays a prefix).
-# Returns {written, existing, rejected}; an error KVCNOSTORE when the format record is gone (the server lost its data:
-# nothing is written under a prefix that is no store), or KVCNS naming the first page whose parent is no stored page
-# of its namespace.
+# Returns {written, existing, rejected, outcomes}: outcomes one byte per page, in order, a PageOutcome
+# (0 written, 1 existing, 2 rejected); an error KVCNOSTORE when the format record is gone (the server lost its
+# data: nothing is written under a prefix that is no store), or KVCNS naming the first page of kind "s" whose
+# parent is no stored page of its namespace.
 PUT_BATCH = """#!lua
 if redis.call('EXISTS', KEYS[#KEYS]) == 0 then
   return redis.error_reply('KVCNOSTORE the format record is gone')
@@ -34,7 +53,7 @@ local now = ARGV[1]
 local nns = tonumber(ARGV[2])
 local kb = 1 + nns
 local ab = 2 + 2 * nns
-local np = (#KEYS - kb - 2) / 3
+local np = (#KEYS - kb - 2) / 4
 local nshex = {}
 for j = 1, nns do nshex[j] = ARGV[1 + 2 * j] end
 local room, limited, full = {}, {}, {}
@@ -45,35 +64,47 @@ for j = 1, nns do
   full[j] = false
 end
 for i = 0, np - 1 do
-  local o = ab + 7 * i
-  if ARGV[o + 7] == '1' then
-    local up = redis.call('HGET', KEYS[kb + 3 * i + 3], 'n')
+  local o = ab + 8 * i
+  if ARGV[o + 6] == 's' then
+    local up = redis.call('HGET', KEYS[kb + 4 * i + 3], 'n')
     if (not up) or up ~= nshex[tonumber(ARGV[o + 4])] then
       return redis.error_reply('KVCNS ' .. i .. (up and ' stored' or ' missing'))
     end
   end
 end
 local written, existing, rejected = 0, 0, 0
+local outcomes = {}
 local pages, bytes = {}, {}
 for j = 1, nns do pages[j] = 0; bytes[j] = 0 end
 for i = 0, np - 1 do
-  local o = ab + 7 * i
-  local pk = KEYS[kb + 3 * i + 1]
+  local o = ab + 8 * i
+  local k = kb + 4 * i
+  local pk = KEYS[k + 1]
   local j = tonumber(ARGV[o + 4])
   local size = string.len(ARGV[o + 2]) - 8
   if redis.call('EXISTS', pk) == 1 then
     existing = existing + 1
+    outcomes[i + 1] = '\\1'
   elseif full[j] or (limited[j] and room[j] < size) then
     full[j] = true
     rejected = rejected + 1
+    outcomes[i + 1] = '\\2'
   else
+    local kind, meta, parent, ck = ARGV[o + 6], ARGV[o + 3], ARGV[o + 5], KEYS[k + 2]
+    if kind == 'e' then
+      local up = redis.call('HGET', KEYS[k + 3], 'm')
+      if (not up) or string.sub(up, 2, 37) ~= string.sub(meta, 2, 37) then
+        meta, parent, ck = ARGV[o + 7], ARGV[o + 8], KEYS[k + 4]
+      end
+    end
     room[j] = room[j] - size
-    redis.call('HSET', pk, 'd', ARGV[o + 2], 'm', ARGV[o + 3], 'n', nshex[j], 'p', ARGV[o + 5], 'h', 0, 'a', now)
-    redis.call('SADD', KEYS[kb + 3 * i + 2], ARGV[o + 1])
+    redis.call('HSET', pk, 'd', ARGV[o + 2], 'm', meta, 'n', nshex[j], 'p', parent, 'h', 0, 'a', now)
+    redis.call('SADD', ck, ARGV[o + 1])
     pages[j] = pages[j] + 1
     bytes[j] = bytes[j] + size
-    if ARGV[o + 6] == '1' then redis.call('HSET', KEYS[1 + j], 'r:' .. ARGV[o + 5], 1) end
+    if kind ~= 'b' and kind ~= 's' then redis.call('HSET', KEYS[1 + j], 'r:' .. ARGV[o + 8], 1) end
     written = written + 1
+    outcomes[i + 1] = '\\0'
   end
 end
 for j = 1, nns do
@@ -88,7 +119,7 @@ for j = 1, nns do
     redis.call('SADD', KEYS[1], nshex[j])
   end
 end
-return {written, existing, rejected}
+return {written, existing, rejected, table.concat(outcomes)}
 """
 
 # KEYS: [1] page record. ARGV: d, m, namespace id hex, parent hex, now. Returns 1 when written, 0 when stored.
@@ -116,15 +147,24 @@ if ARGV[5] ~= '' then redis.call('HSET', nk, 'r:' .. ARGV[5], 1) end
 return 1
 """
 
-# KEYS: [1] a page or namespace record. ARGV: count field, increment, time field, time.
-# Adds to the count and raises the time to at least the given one, only when the record exists (a record
-# deleted meanwhile must not come back as a stub holding only these fields). Returns 1 when it existed.
+# KEYS: page or namespace records. ARGV: [1] count field, [2] time field, then per key (2): increment, time.
+# For each record that exists, adds to its count and raises its time to at least the given one (a record
+# deleted meanwhile must not come back as a stub holding only these fields). A standalone server folds many
+# records per call; a cluster calls it with one key (a call's keys must share a slot). Returns the records
+# that existed.
 TOUCH = """#!lua
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HINCRBY', KEYS[1], ARGV[1], ARGV[2])
-local t = tonumber(redis.call('HGET', KEYS[1], ARGV[3]) or '0')
-if tonumber(ARGV[4]) > t then redis.call('HSET', KEYS[1], ARGV[3], ARGV[4]) end
-return 1
+local n = 0
+for i = 1, #KEYS do
+  local k = KEYS[i]
+  if redis.call('EXISTS', k) == 1 then
+    local inc = ARGV[1 + 2 * i]
+    if inc ~= '0' then redis.call('HINCRBY', k, ARGV[1], inc) end
+    local t = tonumber(redis.call('HGET', k, ARGV[2]) or '0')
+    if tonumber(ARGV[2 + 2 * i]) > t then redis.call('HSET', k, ARGV[2], ARGV[2 + 2 * i]) end
+    n = n + 1
+  end
+end
+return n
 """
 
 # The guard a removal checks inside its script, against the record as it is then:

@@ -26,6 +26,14 @@ nodes (pages are content-addressed: a page already stored is `existing`, counted
 page is written by a one-key script (the page still never appears without its metadata) and the indexes and
 counters follow in a pipeline (see README.md, "Cluster mode").
 
+Engine pages (`PageOrigin.key`: a page an engine names by its own key) are page records like token pages, under
+the hash of their key below their namespace root, so a reader needs the key alone. Their parent link is a hint:
+the put script keeps it when the parent is a stored page of the page's namespace and layout when it writes the
+page, and hangs the page from its namespace root otherwise (never refusing the batch, as it does a token page
+under an unknown parent). `put` reports an outcome per page (`PutResult.outcomes`), pages may come and go as
+segment lists (`checks.Segments`: gathered into the value sent, filled from the value read and summed as filled),
+and a read's time goes to every page it served (its hit to the deepest), folded in by `flush`.
+
 Faults: a refused connection, a timeout, a server killed mid-batch or an ``OOM`` reply make a read a miss and a
 write a failed (rejected) batch, counted in `stats().counters` (`read_errors`, `write_errors`, `flush_errors`);
 nothing is raised to the caller of the data path (`exists_prefix`, `get_into`, `put`, `flush`). After a
@@ -83,7 +91,9 @@ from kvcache.storage.kit import (
     NotAStore,
     PageMeta,
     PageOrigin,
+    PageOutcome,
     PageRow,
+    PageView,
     PutResult,
     Removal,
     RepairOps,
@@ -124,6 +134,9 @@ from . import scripts
 
 log = logging.getLogger("kvcache_redis")
 T = TypeVar("T")
+# One logged read: (unix seconds, the pages it served in order (the last is the deepest), their namespace id hex,
+# how many): what `flush` folds into the page records and the namespace counters.
+_Read = tuple[float, tuple[bytes, ...], str, int]
 
 CHECKSUM = "xxh3_64"  # codec.CHECKSUMS: the same algorithm, under the same name, as the LMDB backend's default
 DEFAULT_PREFIX = "kvc:"
@@ -134,6 +147,7 @@ BACKOFF_START_S = 0.05
 SCAN_COUNT = 512  # keys per SCAN step (verify, delete_namespace): bounded work per round trip
 DELETE_BATCH_PAGES = 512  # pages removed per script when deleting a namespace (a script blocks the server)
 REPAIR_BATCH_PAGES = 512
+TOUCH_KEYS = 512  # records one access-folding script updates on a standalone server (a script blocks the server)
 MAX_PENDING_FACTOR = 16  # logged reads kept while flushes fail: this many times AccessPolicy.flush_reads
 _KVC_QUERY = ("prefix", "timeout", "connect_timeout", "backoff_max")
 _XXH3 = CHECKSUMS[CHECKSUM]  # a page's `d` field is a codec page value: [u64 checksum][payload]
@@ -158,12 +172,17 @@ _dec_serve = msgspec.msgpack.Decoder(ServeRecord).decode
 _dec_drop = msgspec.msgpack.Decoder(DropRecord).decode
 
 
-def _page_value(page_hash: bytes, payload: memoryview) -> bytes:
-    """A page record's `d` field: the checksum, then one copy of the caller's page, summed as copied (what is
-    summed is exactly what is sent)."""
-    value = bytearray(HEADER + len(payload))
-    value[HEADER:] = payload
-    value[:HEADER] = _XXH3.of(memoryview(value)[HEADER:], page_hash).to_bytes(HEADER, "little")
+def _page_value(page_hash: bytes, page: PageView) -> bytes:
+    """A page record's `d` field: the checksum, then one copy of the caller's page (its segments gathered in
+    order), summed as copied (what is summed is exactly what is sent)."""
+    value = bytearray(HEADER + len(page))
+    payload = memoryview(value)[HEADER:]
+    if type(page) is memoryview:
+        payload[:] = page
+    else:
+        page.gather(payload)
+    value[:HEADER] = _XXH3.of(payload, page_hash).to_bytes(HEADER, "little")
+    del payload  # a bytearray with a view on it cannot be copied out
     return bytes(value)
 
 
@@ -268,8 +287,8 @@ class RedisStore(StoreHandle):
         self.chain_key = chain_key_of(fmt, self.fingerprint_key)
         self._client = client
         self._lock = threading.Lock()  # guards the access log, the corrupt set, the counters and the backoff
-        # (when, deepest page, its ns hex, pages). A server away (or full) for long must not grow the log without
-        # bound: access figures are approximate, the oldest reads are the ones to forget.
+        # `_Read` entries. A server away (or full) for long must not grow the log without bound: access figures
+        # are approximate, the oldest reads are the ones to forget.
         self._log = AccessLog(access, keep=MAX_PENDING_FACTOR * access.flush_reads)
         self._corrupt: dict[bytes, str] = {}  # page -> SHA-1 hex of the bytes that failed their checksum
         self._counts = new_counts()
@@ -478,8 +497,13 @@ class RedisStore(StoreHandle):
             # what was verified.
             bad = len(value) - HEADER != len(out)
             if not bad:
-                out[:] = memoryview(value)[HEADER:]
-                bad = _XXH3.of(out, h) != int.from_bytes(value[:HEADER], "little")
+                if type(out) is memoryview:
+                    out[:] = memoryview(value)[HEADER:]
+                    summed = _XXH3.of(out, h)
+                else:  # a page in segments (checks.Segments): copied in order, summed as copied
+                    out.fill(memoryview(value)[HEADER:])
+                    summed = _XXH3.of_parts(out.views, h)
+                bad = summed != int.from_bytes(value[:HEADER], "little")
             if bad:
                 with self._lock:
                     corrupt[h] = hashlib.sha1(value).hexdigest()
@@ -489,12 +513,13 @@ class RedisStore(StoreHandle):
             ns_hex = ns.decode()
         count_read(self._counts, done, n, copied=True)
         if done and not self.readonly:
-            self._record_access(hashes[done - 1], ns_hex, done)
+            self._record_access(tuple(hashes[:done]), ns_hex)
         return done
 
-    def _record_access(self, deepest: bytes, ns_hex: str, pages: int) -> None:
-        # One entry per read, credited to the deepest page it reached (see kvcache.storage.api).
-        if self._log.record(time.time(), deepest, ns_hex, pages):
+    def _record_access(self, served: tuple[bytes, ...], ns_hex: str) -> None:
+        # One entry per read: its hit goes to the deepest page it reached, its time to every page it served
+        # (kvcache.storage.api: LRU must never evict what was just read, chained or not).
+        if self._log.record(time.time(), served, ns_hex, len(served)):
             self.flush()
 
     def page_meta(self, page_hash: bytes) -> PageMeta | None:
@@ -543,7 +568,7 @@ class RedisStore(StoreHandle):
             level = nxt
         for child, meta, _, _ in heads:
             hits, last = heat[child]
-            out.append(ChildInfo(child, meta.tokens, meta.nbytes, hits, last))
+            out.append(ChildInfo(child, meta.tokens, meta.nbytes, hits, last, key=meta.key))
         out.sort(key=lambda c: (-c.hits, -c.last_access))
         return out
 
@@ -718,12 +743,16 @@ class RedisStore(StoreHandle):
         Pages already stored are left as they are (`existing`). A batch the server refuses (OOM under
         `maxmemory`) or cannot answer (connection lost, timeout) is `rejected` whole and counted; nothing is
         raised (a lost reply may hide a batch that was stored: the next put of it finds it `existing`).
+        `outcomes` says which, page by page. Pages may be lists of segments (`checks.Segments`). An engine page
+        (`PageOrigin.key`) whose parent is not a stored page of its namespace and layout (nor an earlier one of
+        the batch) hangs from its namespace root instead (its recorded parent is the root); a token page's parent
+        must be one (InvalidInput otherwise, nothing written).
         """
         self._check_writable()
-        views = put_views(self.layout, hashes, pages, origins)
+        views = put_views(self.layout, hashes, pages, origins, self.chain_key)
         values = [_page_value(h, mv) for h, mv in zip(hashes, views, strict=True)]
         if not hashes:
-            return PutResult(0, 0, 0, 0, 0)
+            return PutResult(0, 0, 0, 0, 0, outcomes=b"")
         layout = self.layout
         nbytes = layout.bytes_per_page
         client = self._live()
@@ -734,14 +763,18 @@ class RedisStore(StoreHandle):
         chain_key = self.chain_key
         assert chain_key is not None  # every store this backend opens keeps one (`_open_format`)
         roots = {ns.id: hash_root(layout_id, ns, chain_key) for ns in {o.namespace for o in origins}}
-        metas = [encoder.encode(PageMeta(o.namespace.id, layout_id, o.parent, o.tokens, nbytes,
-                                      int.from_bytes(v[:HEADER], "little"), now, now, 0))
-                 for o, v in zip(origins, values, strict=True)]
+        metas: list[bytes] = []
+        root_metas: list[bytes] = []  # an engine page's metadata hanging from its root ("" for the others)
+        for o, v in zip(origins, values, strict=True):
+            meta = PageMeta(o.namespace.id, layout_id, o.parent, o.tokens, nbytes, int.from_bytes(v[:HEADER], "little"),
+                            now, now, 0, o.key)
+            metas.append(encoder.encode(meta))
+            root = roots[o.namespace.id]
+            hangs = o.key and o.parent != root
+            root_metas.append(encoder.encode(msgspec.structs.replace(meta, parent=root)) if hangs else b"")
+        batch = _Batch(hashes, values, metas, root_metas, origins, roots, now)
         try:
-            if self.cluster:
-                written, existing, rejected = self._put_cluster(client, hashes, values, metas, origins, roots, now)
-            else:
-                written, existing, rejected = self._put_batch(client, hashes, values, metas, origins, roots, now)
+            outcomes = self._put_cluster(client, batch) if self.cluster else self._put_batch(client, batch)
             self._ok()
         except redis.ResponseError as exc:
             if str(exc).startswith("KVCNOSTORE"):
@@ -755,6 +788,9 @@ class RedisStore(StoreHandle):
             return self._failed_put(len(hashes), error=exc)
         except _FAULTS as exc:
             return self._failed_put(len(hashes), error=exc)
+        written = outcomes.count(PageOutcome.WRITTEN)
+        existing = outcomes.count(PageOutcome.EXISTING)
+        rejected = len(outcomes) - written - existing
         with self._lock:
             c = self._counts
             c["pages_written"] += written
@@ -763,7 +799,7 @@ class RedisStore(StoreHandle):
             back, self._gone = self._gone, False
         if back:
             log.warning("%s: the store's format record is back; writing again", self.location)
-        return PutResult(written, existing, rejected, 0, written * nbytes)
+        return PutResult(written, existing, rejected, 0, written * nbytes, outcomes=outcomes)
 
     def _store_gone(self, n: int) -> PutResult:
         """The format record is gone (the server lost its data, or the store was deleted): the batch is refused
@@ -775,7 +811,7 @@ class RedisStore(StoreHandle):
         if first:
             log.error("%s: the store's format record under prefix %r is gone (the server lost its data?); writes "
                       "stop until `kvc init` creates the store again", self.location, self.prefix)
-        return PutResult(0, 0, n, 0, 0)
+        return _rejected(n)
 
     def _failed_put(self, n: int, error: BaseException | None = None, fault: bool = True) -> PutResult:
         """A batch not stored: `rejected` whole. `error`: the fault (counted in write_errors); None with `fault`
@@ -787,85 +823,118 @@ class RedisStore(StoreHandle):
                 self._counts["write_errors"] += 1
         with self._lock:
             self._counts["pages_rejected"] += n
-        return PutResult(0, 0, n, 0, 0)
+        return _rejected(n)
 
-    def _put_batch(self, client: Any, hashes: Sequence[bytes], values: list[bytes], metas: list[bytes],
-                   origins: Sequence[PageOrigin], roots: dict[bytes, bytes], now: float) -> tuple[int, int, int]:
+    def _put_batch(self, client: Any, batch: "_Batch") -> bytes:
+        """The standalone put: one PUT_BATCH script; the per-page outcomes."""
         ns_order: dict[bytes, int] = {}
         infos: list[Any] = []
-        for o in origins:
+        for o in batch.origins:
             if o.namespace.id not in ns_order:
                 ns_order[o.namespace.id] = len(ns_order) + 1
                 infos.append(o.namespace)
         keys: list[bytes] = [self._k_nsidx] + [self._nk(ns.id_hex) for ns in infos]
-        args: list[Any] = [repr(now), len(infos)]
+        args: list[Any] = [repr(batch.now), len(infos)]
         for ns in infos:
             args += [ns.id_hex, encoder.encode(ns.info(self.fingerprint_key))]
         fresh: set[bytes] = set()
-        for h, v, m, o in zip(hashes, values, metas, origins, strict=True):
-            is_root = o.parent == roots[o.namespace.id]
-            check = not is_root and o.parent not in fresh
+        for h, v, m, rm, o in zip(batch.hashes, batch.values, batch.metas, batch.root_metas, batch.origins,
+                                  strict=True):
+            root = batch.roots[o.namespace.id]
+            kind = ("r" if o.parent == root else "e" if o.key else "b" if o.parent in fresh else "s")
             fresh.add(h)
-            keys += [self._pk(h), self._ck(o.parent), self._pk(o.parent)]
-            args += [h, v, m, ns_order[o.namespace.id], o.parent.hex(), "1" if is_root else "0", "1" if check else "0"]
+            keys += [self._pk(h), self._ck(o.parent), self._pk(o.parent), self._ck(root)]
+            args += [h, v, m, ns_order[o.namespace.id], o.parent.hex(), kind, rm, root.hex()]
         keys += [self._k_shares, self._k_format]
-        written, existing, rejected = self._call(self._s_put_batch, keys, args, client)
-        return int(written), int(existing), int(rejected)
+        *_, outcomes = self._call(self._s_put_batch, keys, args, client)
+        return bytes(outcomes)
 
-    def _put_cluster(self, client: Any, hashes: Sequence[bytes], values: list[bytes], metas: list[bytes],
-                     origins: Sequence[PageOrigin], roots: dict[bytes, bytes], now: float) -> tuple[int, int, int]:
-        # The parent check reads first (another slot than the page): a race with a concurrent writer of the
-        # parent can only make it miss a wrong parent that a content-addressed hash already rules out.
-        # The format record lives in another slot than the pages: checked first, not atomically with the writes
-        # (a loss between the check and the writes leaves pages that verify reports as orphans).
+    def _put_cluster(self, client: Any, batch: "_Batch") -> bytes:
+        """The cluster put: one PUT_PAGE script per page, then the indexes and counters; the per-page outcomes.
+
+        Parents are read first (another slot than the page): a token page's must be a stored page of its
+        namespace (a race with a concurrent writer of the parent can only make it miss a wrong parent that a
+        content-addressed hash already rules out); an engine page whose parent is not one (nor an earlier page
+        of the batch) is written hanging from its root. The format record lives in another slot than the pages:
+        checked first, not atomically with the writes (a loss between the check and the writes leaves pages
+        that verify reports as orphans, as does a parent removed between its read and the child's write)."""
+        hashes, origins, roots = batch.hashes, batch.origins, batch.roots
+        parents = [o.parent for o in origins]  # the parent each page is linked under
+        metas = list(batch.metas)
         if not client.exists(self._k_format):
             raise redis.ResponseError("KVCNOSTORE the format record is gone")
         fresh = set(hashes)
-        to_check = [(i, o.parent) for i, o in enumerate(origins)
-                    if o.parent != roots[o.namespace.id] and o.parent not in fresh]
+        earlier: dict[bytes, bytes] = {}  # page hash -> namespace id, of the pages before the one looked at
+        to_check: list[int] = []
+        for i, (h, o) in enumerate(zip(hashes, origins, strict=True)):
+            if o.parent == roots[o.namespace.id]:
+                pass
+            elif o.key:  # linked under an earlier page of the batch only when that is of its namespace
+                if o.parent not in earlier:
+                    to_check.append(i)
+                elif earlier[o.parent] != o.namespace.id:
+                    parents[i], metas[i] = roots[o.namespace.id], batch.root_metas[i]
+            elif o.parent not in fresh:
+                to_check.append(i)
+            earlier.setdefault(h, o.namespace.id)
         if to_check:
             pipe = client.pipeline(transaction=False)
-            for _, parent in to_check:
-                pipe.hget(self._pk(parent), "n")
-            for (i, _), up in zip(to_check, pipe.execute(), strict=True):
-                if up is None or up.decode() != origins[i].namespace.id_hex:
-                    raise _foreign_parent(hashes[i], origins[i], stored=up is not None)
-        over = self._over_share(client, origins, len(values[0]) - HEADER if values else 0)
+            for i in to_check:
+                pipe.hmget(self._pk(origins[i].parent), "n", "m")
+            layout_id = self.layout.layout_id if self.layout is not None else b""
+            for i, (up, m) in zip(to_check, pipe.execute(), strict=True):
+                o = origins[i]
+                if not o.key:
+                    if up is None or up.decode() != o.namespace.id_hex:
+                        raise _foreign_parent(hashes[i], o, stored=up is not None)
+                    continue
+                meta = None if m is None else decode_or_none(decode_meta, m)
+                if meta is None or (meta.ns_id, meta.layout_id) != (o.namespace.id, layout_id):
+                    parents[i], metas[i] = roots[o.namespace.id], batch.root_metas[i]
+        values = batch.values
+        over = self._over_share(client, hashes, origins, len(values[0]) - HEADER if values else 0)
         pipe = client.pipeline(transaction=False)
         for i, (h, v, m, o) in enumerate(zip(hashes, values, metas, origins, strict=True)):
             if i in over:  # past its namespace's store share: only asked whether it is stored already
                 pipe.exists(self._pk(h))
             else:
-                self._call(self._s_put_page, [self._pk(h)], [v, m, o.namespace.id_hex, o.parent.hex(), repr(now)],
-                           client=pipe)
+                self._call(self._s_put_page, [self._pk(h)],
+                           [v, m, o.namespace.id_hex, parents[i].hex(), repr(batch.now)], client=pipe)
         flags = pipe.execute()
-        written_idx = [i for i, f in enumerate(flags) if int(f) == 1 and i not in over]
-        rejected = sum(1 for i in over if not int(flags[i]))
+        outcomes = bytearray(len(hashes))
+        for i, f in enumerate(flags):
+            if i in over:
+                outcomes[i] = PageOutcome.EXISTING if int(f) else PageOutcome.REJECTED
+            else:
+                outcomes[i] = PageOutcome.WRITTEN if int(f) == 1 else PageOutcome.EXISTING
+        written_idx = [i for i, out in enumerate(outcomes) if out == PageOutcome.WRITTEN]
         # Indexes and counters after the pages: a reader never finds a children entry without its page; a writer
         # that dies here leaves a missing_index / counter_mismatch that verify reports and repair fixes.
         per_ns: dict[bytes, list[Any]] = {}
         pipe = client.pipeline(transaction=False)
         for i in written_idx:
             o = origins[i]
-            pipe.sadd(self._ck(o.parent), hashes[i])
+            pipe.sadd(self._ck(parents[i]), hashes[i])
             acc = per_ns.setdefault(o.namespace.id, [o.namespace, 0, 0, ""])
             acc[1] += 1
             acc[2] += len(values[i]) - HEADER
-            if o.parent == roots[o.namespace.id]:
-                acc[3] = o.parent.hex()
+            if o.key or parents[i] == roots[o.namespace.id]:
+                acc[3] = roots[o.namespace.id].hex()  # an engine page's hash hangs on its root: recorded always
         for ns, n, b, root in per_ns.values():
             self._call(self._s_ns_adjust, [self._nk(ns.id_hex)],
-                       [encoder.encode(ns.info(self.fingerprint_key)), repr(now), n, b, root], pipe)
+                       [encoder.encode(ns.info(self.fingerprint_key)), repr(batch.now), n, b, root], pipe)
             pipe.sadd(self._k_nsidx, ns.id_hex)
         if written_idx:
             pipe.execute()
-        return len(written_idx), len(hashes) - len(written_idx) - rejected, rejected
+        return bytes(outcomes)
 
-    def _over_share(self, client: Any, origins: Sequence[PageOrigin], nbytes: int) -> set[int]:
-        """Cluster mode: indexes of the batch's pages past their namespace's store share, counting every page of
-        the batch as new (the shares hash and the counters live in other slots than the pages, so this is read
-        before the writes, not atomically with them: concurrent writers of one namespace can overshoot it by a
-        batch each)."""
+    def _over_share(self, client: Any, hashes: Sequence[bytes], origins: Sequence[PageOrigin],
+                    nbytes: int) -> set[int]:
+        """Cluster mode: indexes of the batch's pages past their namespace's store share. The pages of a
+        namespace with a share are asked whether they are stored (those take no room) in the round trip after
+        the limits. The shares hash and the counters live in other slots than the pages, so this is read before
+        the writes, not atomically with them: concurrent writers of one namespace can overshoot it by a batch
+        each."""
         ns_hexes = sorted({o.namespace.id_hex for o in origins})
         pipe = client.pipeline(transaction=False)
         pipe.hmget(self._k_shares, ["b:" + h for h in ns_hexes])
@@ -874,19 +943,29 @@ class RedisStore(StoreHandle):
         limits, *held = pipe.execute()
         room = {h: int(lim) - int(b or 0) for h, lim, b in zip(ns_hexes, limits, held, strict=True) if lim is not None}
         over: set[int] = set()
-        for i, o in enumerate(origins):
-            h = o.namespace.id_hex
-            if h in room:
-                if room[h] < nbytes:
-                    room[h] = -1  # the rest of the namespace's pages in the batch go too: a stored chain is a prefix
-                    over.add(i)
-                else:
-                    room[h] -= nbytes
+        if not room:
+            return over
+        limited = [i for i, o in enumerate(origins) if o.namespace.id_hex in room]
+        pipe = client.pipeline(transaction=False)
+        for i in limited:
+            pipe.exists(self._pk(hashes[i]))
+        stored = {i for i, there in zip(limited, pipe.execute(), strict=True) if there}
+        counted: set[bytes] = set()  # a repeat of a page in the batch takes its room once
+        for i in limited:
+            h = origins[i].namespace.id_hex
+            if i in stored or hashes[i] in counted:
+                continue
+            if room[h] < nbytes:
+                room[h] = -1  # the rest of the namespace's pages in the batch go too: a stored chain is a prefix
+                over.add(i)
+            else:
+                room[h] -= nbytes
+                counted.add(hashes[i])
         return over
 
     # -- access records -------------------------------------------------------------------------------------
 
-    def _take_pending(self) -> tuple[list[tuple[float, bytes, str, int]], dict[bytes, str]]:
+    def _take_pending(self) -> tuple[list[_Read], dict[bytes, str]]:
         pending = self._log.take()
         with self._lock:
             return pending, dict(self._corrupt)
@@ -922,23 +1001,36 @@ class RedisStore(StoreHandle):
         if self._log or self._corrupt:
             self.flush()
 
-    def _write_access(self, client: Any, pending: list[tuple[float, bytes, str, int]]) -> None:
-        """Fold logged reads into page records and namespace counters (TOUCH: only records that still exist)."""
+    def _write_access(self, client: Any, pending: list[_Read]) -> None:
+        """Fold logged reads into page records and namespace counters (TOUCH: only records that still exist).
+        Each read adds a hit to its deepest page and raises the last access of every page it served."""
         hits: Counter[bytes] = Counter()
         last: dict[bytes, float] = {}
         ns_pages: Counter[str] = Counter()
         ns_last: dict[str, float] = {}
-        for when, deepest, ns_hex, n in pending:
-            hits[deepest] += 1
-            last[deepest] = max(last.get(deepest, 0.0), when)
+        for when, served, ns_hex, n in pending:
+            hits[served[-1]] += 1
+            for h in served:
+                if last.get(h, 0.0) < when:
+                    last[h] = when
             ns_pages[ns_hex] += n
             ns_last[ns_hex] = max(ns_last.get(ns_hex, 0.0), when)
         pipe = client.pipeline(transaction=False)
-        for h, n in hits.items():
-            self._call(self._s_touch, [self._pk(h)], ["h", n, "a", repr(last[h])], pipe)
-        for ns_hex, n in ns_pages.items():
-            self._call(self._s_touch, [self._nk(ns_hex)], ["hits", n, "last", repr(ns_last[ns_hex])], pipe)
+        self._touch(pipe, [(self._pk(h), hits[h], t) for h, t in last.items()], "h", "a")
+        self._touch(pipe, [(self._nk(ns_hex), n, ns_last[ns_hex]) for ns_hex, n in ns_pages.items()], "hits",
+                    "last")
         pipe.execute()
+
+    def _touch(self, pipe: Any, records: list[tuple[bytes, int, float]], count: str, when: str) -> None:
+        """Queue TOUCH calls on `pipe` for (key, increment, time) records: TOUCH_KEYS records a call on a
+        standalone server, one on a cluster (a call's keys must share a slot)."""
+        step = 1 if self.cluster else TOUCH_KEYS
+        for start in range(0, len(records), step):
+            chunk = records[start:start + step]
+            args: list[Any] = [count, when]
+            for _, inc, t in chunk:
+                args += [inc, repr(t)]
+            self._call(self._s_touch, [k for k, _, _ in chunk], args, pipe)
 
     # -- removing -------------------------------------------------------------------------------------------
 
@@ -1348,6 +1440,23 @@ def _option_error(exc: BaseException) -> str:
     if m:
         return f"{m.group(1)} is not an option of this kind of connection (TLS options need rediss://)"
     return text
+
+
+class _Batch(msgspec.Struct, frozen=True):
+    """One put batch as the write paths take it: the caller's hashes and origins, and what `put` derived."""
+
+    hashes: Sequence[bytes]
+    values: list[bytes]  # each page's `d` field: checksum + payload
+    metas: list[bytes]  # each page's PageMeta (msgpack), parent as the origin says
+    root_metas: list[bytes]  # an engine page's PageMeta hanging from its namespace root; b"" for the others
+    origins: Sequence[PageOrigin]
+    roots: dict[bytes, bytes]  # namespace id -> its hash root under the handle's layout
+    now: float  # unix seconds of the write
+
+
+def _rejected(n: int) -> PutResult:
+    """A batch of `n` pages none of which was stored (a fault, a refused script, a lost format record)."""
+    return PutResult(0, 0, n, 0, 0, outcomes=bytes([PageOutcome.REJECTED]) * n)
 
 
 def _foreign_parent(page_hash: bytes, origin: PageOrigin, stored: bool) -> InvalidInput:
