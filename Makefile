@@ -41,14 +41,15 @@ bench: $(STAMP)
 # Opt-in, not part of `make test`: kvc as the L3 of SGLang's own HiCache (tests/engine). SGLang 0.5.23 lives in a venv
 # of its own (PEER_VENV; built here when it has no sglang, per the CPU recipe: sglang without its dependencies, the
 # CPU torch, its runtime libraries, no torchvision: tests/engine/stubs stands in). kvc goes in with --no-deps, so the
-# venv keeps SGLang's torch; then kvc's light dependencies. `PEER_VENV=/path/venv make engine-check` reuses a venv.
+# venv keeps SGLang's torch; then kvc's light dependencies (typer held below 0.25 as kvc holds it: transformers pulls
+# a later one, under which kvc's CLI fails). `PEER_VENV=/path/venv make engine-check` reuses a venv.
 PEER_VENV   ?= .peer-venv
 PEER_BIN    := $(PEER_VENV)/bin
 SGLANG      ?= sglang==0.5.23
 SGLANG_DEPS ?= numpy orjson psutil pybase64 requests triton packaging pillow starlette msgspec pydantic pyzmq tqdm \
                IPython aiohttp transformers dill "apache-tvm-ffi==0.1.11" sentencepiece compressed_tensors gguf openai \
                partial_json_parser
-KVC_LIGHT_DEPS ?= "msgspec>=0.18" "lmdb>=1.4" "typer>=0.12" "rich>=13" "prometheus_client>=0.20" "xxhash>=3" \
+KVC_LIGHT_DEPS ?= "msgspec>=0.18" "lmdb>=1.4" "typer>=0.12,<0.25" "rich>=13" "prometheus_client>=0.20" "xxhash>=3" \
                   "pyzmq>=25" "redis>=5" "pytest>=8"
 
 $(PEER_BIN)/python:

@@ -211,11 +211,15 @@ def write(config: Config) -> dict:
             cache.check_hicache_events()
     torch.save(expected, config.expected)
     pages = sum(len(t) // config.page_size for _, _, t in requests(config))
-    backend = controller.storage_backend
-    stats = backend.get_stats() if hasattr(backend, "get_stats") else None
-    controller.detach_storage_backend() if hasattr(controller, "detach_storage_backend") else None
-    return {"pages_written": pages, "tokens_written": pages * config.page_size,
-            "backend_stats": repr(stats)}
+    return {"pages_written": pages, "tokens_written": pages * config.page_size, "kvc_stats": kvc_stats(cache)}
+
+
+def kvc_stats(cache) -> dict | None:
+    """The kvc adapter's own counters (None for SGLang's file backend)."""
+    import msgspec
+
+    backend = cache.cache_controller.storage_backend
+    return msgspec.to_builtins(backend.kvc_stats()) if hasattr(backend, "kvc_stats") else None
 
 
 def prefetch(cache, rid: str, tenant: Tenant, tokens: list[int]) -> tuple[int, int]:
@@ -288,7 +292,7 @@ def read(config: Config) -> dict:
         _, loaded = prefetch(cache, rid + "/stranger", config.stranger, tokens)
         stranger[rid] = loaded
     return {"requests": per_request, "bytes_differing": differing, "stranger_l3_tokens": stranger,
-            "l3_tokens": sum(r["l3_tokens"] for r in per_request.values())}
+            "l3_tokens": sum(r["l3_tokens"] for r in per_request.values()), "kvc_stats": kvc_stats(cache)}
 
 
 def main(argv: list[str]) -> int:

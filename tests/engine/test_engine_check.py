@@ -81,8 +81,9 @@ def flip_one_page(store: str, needle: bytes) -> int:
 
 
 def _flip_redis(store: str, needle: bytes) -> int:
-    import redis
     from urllib.parse import parse_qs, urlsplit
+
+    import redis
 
     parts = urlsplit(store)
     prefix = parse_qs(parts.query)["prefix"][0]
@@ -125,7 +126,10 @@ def test_sglang_hicache_on_kvc_two_processes(request, tmp_path, backend, interfa
               "interface_v1": interface_v1, "layout": layout}
 
     written = run_worker("write", config, tmp_path)
+    stats = written["kvc_stats"]
+    assert stats["pages_written"] == written["pages_written"] and stats["write_faults"] == 0, stats
     read = run_worker("read", config, tmp_path)
+    assert read["kvc_stats"]["read_faults"] == 0, read["kvc_stats"]
     # Every token process 1 wrote is an L3 hit in process 2, byte for byte; another namespace gets nothing.
     assert read["l3_tokens"] == written["tokens_written"], read["requests"]
     assert read["bytes_differing"] == 0, read["requests"]
