@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint test demo bench clean
+.PHONY: install lint test demo bench clean engine-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,34 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	cd benchmarks && for script in bench_*.py; do ../$(BIN)/python $$script || exit 1; done
+
+# Opt-in, not part of `make test`: kvc as the L3 of SGLang's own HiCache (tests/engine). SGLang 0.5.23 lives in a venv
+# of its own (PEER_VENV; built here when it has no sglang, per the CPU recipe: sglang without its dependencies, the
+# CPU torch, its runtime libraries, no torchvision: tests/engine/stubs stands in). kvc goes in with --no-deps, so the
+# venv keeps SGLang's torch; then kvc's light dependencies (typer held below 0.25 as kvc holds it: transformers pulls
+# a later one, under which kvc's CLI fails). `PEER_VENV=/path/venv make engine-check` reuses a venv.
+PEER_VENV   ?= .peer-venv
+PEER_BIN    := $(PEER_VENV)/bin
+SGLANG      ?= sglang==0.5.23
+SGLANG_DEPS ?= numpy orjson psutil pybase64 requests triton packaging pillow starlette msgspec pydantic pyzmq tqdm \
+               IPython aiohttp transformers dill "apache-tvm-ffi==0.1.11" sentencepiece compressed_tensors gguf openai \
+               partial_json_parser
+KVC_LIGHT_DEPS ?= "msgspec>=0.18" "lmdb>=1.4" "typer>=0.12,<0.25" "rich>=13" "prometheus_client>=0.20" "xxhash>=3" \
+                  "pyzmq>=25" "redis>=5" "pytest>=8"
+
+$(PEER_BIN)/python:
+	$(PYTHON) -m venv $(PEER_VENV)
+
+engine-check: $(PEER_BIN)/python
+	@$(PEER_BIN)/python -c "import sglang" 2>/dev/null || { \
+	  $(PEER_BIN)/pip install --quiet --upgrade pip && \
+	  $(PEER_BIN)/pip install --quiet --no-deps "$(SGLANG)" && \
+	  $(PEER_BIN)/pip install --quiet "$(TORCH)" && \
+	  $(PEER_BIN)/pip install --quiet $(SGLANG_DEPS) && \
+	  $(PEER_BIN)/pip install --quiet "$(TORCH)"; }
+	$(PEER_BIN)/pip install --quiet $(KVC_LIGHT_DEPS)
+	$(PEER_BIN)/pip install --quiet --no-deps -e . -e plugins/kvcache_redis
+	PYTHONPATH=tests/engine/stubs $(PEER_BIN)/python -m pytest -p no:cacheprovider -v tests/engine $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
