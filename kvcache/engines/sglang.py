@@ -61,7 +61,7 @@ from ..storage.api import L3Store, PageOutcome, StoreCounters, engine_hashes, en
 from ..storage.registry import open_store
 from ..types.layout import KVLayout, Shard
 from ..types.namespace import Namespace
-from .sglang_pool import ENGINE, HostPages
+from .sglang_pool import ENGINE, KV_POOL, HostPages
 
 logger = logging.getLogger(__name__)
 
@@ -213,8 +213,16 @@ class SGLangL3:
                     pages.layout.describe())
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
-        """SGLang's hybrid-model pools: not supported (EngineUnsupported)."""
-        raise EngineUnsupported(ENGINE, f"the v2 host pool interface (hybrid models; pool {host_pool_name!s})")
+        """SGLang registers every host pool of its pool group here, the plain KV pool of an ordinary model too
+        (SGLang 0.5.23's `HybridCacheController.attach_storage_backend`): the KV pool is the one kvc holds (bound
+        as `register_mem_pool_host` binds it); any other pool (mamba, SWA, ... of a hybrid model) is
+        EngineUnsupported."""
+        name = getattr(host_pool_name, "value", host_pool_name)  # SGLang's PoolName is a str Enum
+        if name != KV_POOL:
+            raise EngineUnsupported(ENGINE, f"the v2 host pool interface (hybrid models; pool {name!s})")
+        bound = self._bound
+        if bound is None or bound.pool is not host_pool:
+            self.register_mem_pool_host(host_pool)
 
     def on_host_pools_registered(self) -> None:
         """Nothing to finalise: the store was opened at registration."""

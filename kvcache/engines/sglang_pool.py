@@ -33,6 +33,7 @@ from ..errors import EngineUnsupported
 from ..types.layout import DTYPE_BYTES, KVLayout, Shard
 
 ENGINE = "SGLang HiCache"
+KV_POOL = "kv"  # SGLang's PoolName.KV: the host pool of the KV itself, the one pool kvc holds
 
 
 class PoolForm(msgspec.Struct, frozen=True):

@@ -447,6 +447,22 @@ def test_calls_naming_no_whole_pages_or_before_registration_are_counted_misses(t
 
 # -- what kvc does not support: one clear error, at construction or registration ------------------------------
 
+def test_the_kv_pool_registered_through_v2_binds_the_store_as_sglang_0_5_23_attaches_every_model(tmp_path):
+    # SGLang 0.5.23's HybridCacheController registers each pool of its group through v2, the plain "kv" pool of
+    # an ordinary model included: refusing it would fail every launch.
+    store = str(tmp_path / "l3")
+    src, dst = mha("page_first", 4), mha("page_first", 4)
+    fill(src, 3)
+    writer, reader = storage(store), storage(store)
+    writer.register_mem_pool_host(src)
+    writer.register_mem_host_pool_v2(src, "kv")  # the same pool again: stays bound
+    reader.register_mem_host_pool_v2(dst, "kv")  # v2 alone binds too
+    ks = keys("v2", 3)
+    assert writer.batch_set_v1(ks, slots(src, [0, 1, 2])) == [True] * 3
+    assert reader.batch_get_v1(ks, slots(dst, [2, 1, 0])) == [True] * 3
+    assert [page(dst, d) for d in (2, 1, 0)] == [page(src, s) for s in (0, 1, 2)]
+
+
 def test_unsupported_interfaces_and_settings_raise_engine_unsupported(tmp_path):
     store = str(tmp_path / "l3")
     backend = storage(store, mha("page_first", 4))
