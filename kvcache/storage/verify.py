@@ -29,10 +29,20 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
+from ..errors import InvalidInput
 from ..types.layout import KVLayout
 from .api import LayoutRecord, NamespaceRecord, PageMeta, VerifyFinding, VerifyRemoval, VerifyReport
 from .chain import ChainRoots
 from .codec import HEADER, Checksum, chains_to, stored_checksum
+from .verify_parts import (
+    NOT_CHECKED,
+    AuditLog,
+    AuditScope,
+    PartContext,
+    PartedSource,
+    run_parts,
+    structure_proven,
+)
 
 T = TypeVar("T")
 
@@ -189,9 +199,31 @@ class Findings:
                                                                           f"decode")))
 
 
-def verify(source: IntegritySource, repair: bool = False) -> VerifyReport:
+def verify(source: IntegritySource, repair: bool = False, scope: AuditScope | None = None) -> VerifyReport:
     """Audit the store behind `source` (and with `repair`, apply api.REPAIRS): the body of `L3Store.verify`.
-    The caller checks that the store is writable before a repair."""
+    The caller checks that the store is writable before a repair.
+
+    `scope`: with more than one worker, or a `since`, a source that reads key ranges (`verify_parts.PartedSource`)
+    is read by forked children, or only its pages changed since then; any other source, and any repair, is
+    audited serially and whole. A source that records its audits (`verify_parts.AuditLog`) records this one."""
+    scope = scope or AuditScope()
+    log = source if isinstance(source, AuditLog) else None
+    since = scope.since
+    if scope.since_last:
+        since = log.last_clean() if log is not None else None
+    if repair and since is not None:
+        raise InvalidInput("a repair needs a full audit (it removes what the whole store's checks find)")
+    started = log.begin_audit() if log is not None else None
+    parted = source if isinstance(source, PartedSource) and not repair and (
+        since is not None or scope.workers > 1) else None
+    report = _audit(source, repair, parted, since, scope.workers)
+    if log is not None and started is not None:
+        report = msgspec.structs.replace(report, recorded=log.record_audit(started, report))
+    return report
+
+
+def _audit(source: IntegritySource, repair: bool, parted: PartedSource | None, since: float | None,
+           workers: int) -> VerifyReport:
     found = Findings()
     layouts: dict[bytes, KVLayout] = {}
     for key, record in source.layout_records().items():
@@ -199,6 +231,8 @@ def verify(source: IntegritySource, repair: bool = False) -> VerifyReport:
             found.damaged_record("layouts", key)
         else:
             layouts[key] = record.layout
+    if parted is not None:
+        return _audit_parts(source, parted, found, layouts, since, workers)
     checked = checked_bytes = 0
     for page in source.scan_pages(found):
         checked += 1
@@ -211,6 +245,30 @@ def verify(source: IntegritySource, repair: bool = False) -> VerifyReport:
     removals = _repair(source, found, kids, snap.tree)
     items = [msgspec.structs.replace(f, repaired=True) if i in found.fixed else f for i, f in enumerate(found.items)]
     return VerifyReport(not items, checked, checked_bytes, items, len(found.fixed), removals)
+
+
+def _audit_parts(source: IntegritySource, parted: PartedSource, found: Findings, layouts: dict[bytes, KVLayout],
+                 since: float | None, workers: int) -> VerifyReport:
+    """The audit read in key ranges (`verify_parts`): the ranges' findings in key order, then, for a full audit,
+    the structure checks unless the ranges proved them clean."""
+    cat = parted.catalogue()
+    registry = {k: r for k, r in cat.registry.items() if r is not None}
+    roots = ChainRoots(source.chain_key, {(lay, ns) for lay in layouts for ns in registry}, registry)
+    reports = run_parts(parted, PartContext(layouts, source.checksum, cat, roots, since), workers)
+    for r in reports:
+        for f in r.findings:
+            i = found.add(f.kind, f.page_hash, f.detail, Guard(f.guard) if f.guard is not None else False)
+            if f.relink and f.page_hash is not None:
+                found.relink.setdefault(f.page_hash, i)
+        parted.missed_meta(r.missed_meta)
+    checked, checked_bytes = sum(r.pages for r in reports), sum(r.nbytes for r in reports)
+    workers = max(1, min(workers, len(reports)))
+    if since is not None:
+        return VerifyReport(not found.items, checked, checked_bytes, found.items, scope="incremental", since=since,
+                            not_checked=list(NOT_CHECKED), workers=workers)
+    if not structure_proven(cat, reports):
+        check_snapshot(found, source.snapshot(found), layouts, source.chain_key)
+    return VerifyReport(not found.items, checked, checked_bytes, found.items, workers=workers)
 
 
 def check_page(found: Findings, page: ScannedPage, layouts: dict[bytes, KVLayout], checksum: Checksum) -> None:
