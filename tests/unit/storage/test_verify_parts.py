@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 import pytest
+from lmdb_surgery import Raw, raw
 
 from kvcache.errors import InvalidInput, StoreError
 from kvcache.storage.api import NamespaceRecord, PageMeta, page_origins
@@ -27,7 +28,6 @@ from kvcache.storage.verify_parts import NOT_CHECKED, AuditScope, KeyRange
 from kvcache.types.keys import pack_tokens
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import Namespace
-from lmdb_surgery import Raw, raw
 
 LAYOUT = KVLayout("parts-model@r1", layers=1, kv_heads=1, head_dim=8, dtype="float16", page_size=2)
 OTHER_LAYOUT = KVLayout("parts-model@r2", layers=1, kv_heads=1, head_dim=8, dtype="float16", page_size=2)
@@ -239,10 +239,7 @@ def test_since_last_finds_a_page_written_while_the_last_clean_audit_ran_and_dama
             hashes, origins = page_origins(LAYOUT, pack_tokens([i, 7]), NS, store.chain_key)
             if hashes[0] < after:
                 store.put(hashes, [payload(hashes[0])], origins)
-                dbs = store._live().dbs
-                value = bytearray(store._live().reading(lambda txn: bytes(txn.get(hashes[0], db=dbs.pages))))
-                value[-1] ^= 0xFF
-                store._live().write(lambda txn: txn.put(hashes[0], bytes(value), db=dbs.pages))
+                damage(store, hashes[0])
                 behind.append(hashes[0])
                 return
         raise AssertionError("no hash below the scan's position")
@@ -256,6 +253,14 @@ def test_since_last_finds_a_page_written_while_the_last_clean_audit_ran_and_dama
     finally:
         store.close()
     assert [(f.kind, f.page_hash) for f in again.findings] == [("checksum_mismatch", behind[0].hex())]
+
+
+def damage(store: LMDBStore, h: bytes) -> None:
+    """Flip the last payload byte of page `h` through the open store's own environment (a writer's fault)."""
+    shared = store._live()
+    value = bytearray(shared.reading(lambda txn: bytes(txn.get(h, db=shared.dbs.pages))))
+    value[-1] ^= 0xFF
+    shared.write(lambda txn: txn.put(h, bytes(value), db=shared.dbs.pages))
 
 
 def history_of(store: LMDBStore):
