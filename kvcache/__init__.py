@@ -86,6 +86,7 @@ from .types import (
     ReplayReport,
     Request,
     SettledPrefetch,
+    Shard,
     Shares,
     StagedView,
     TierHits,
@@ -99,6 +100,7 @@ from .types import (
     ViolationKind,
     WarmResult,
     WritePolicy,
+    engine_page_hash,
     page_hashes,
 )
 from .types import AuditChecked as AuditChecked  # kvcache.types has it too; not in __all__, never was
@@ -107,7 +109,7 @@ from .types import AuditChecked as AuditChecked  # kvcache.types has it too; not
 # command that only reads a store, does not pay for torch (seconds) and the cache behind it.
 _LAZY: dict[str, tuple[str, ...]] = {
     "engine.cache": ("TieredCache",),
-    "storage.api": ("L3Store", "page_origins"),
+    "storage.api": ("L3Store", "PageOutcome", "engine_hashes", "engine_origins", "page_origins"),
     "storage.registry": ("open_store",),
     "tree": ("TreeMatch",),
     "workload.kvdata": ("SyntheticKV",),
@@ -126,7 +128,7 @@ if TYPE_CHECKING:  # the same names for mypy, with their real types (at run time
     from .live.events import KVEventPublisher, KVEventSubscriber
     from .live.server import AdminServer
     from .ops.warm import warm_namespace
-    from .storage.api import L3Store, page_origins
+    from .storage.api import L3Store, PageOutcome, engine_hashes, engine_origins, page_origins
     from .storage.registry import open_store
     from .tree import TreeMatch
     from .workload.kvdata import SyntheticKV
@@ -155,6 +157,8 @@ __all__ = [
     "Request", "StagedView", "TierHits", "TieredCache", "TreeMatch", "Violation", "ViolationKind", "WritePolicy",
     "page_hashes", "L3Store", "open_store", "page_origins", "NamespaceShares", "Shares",
     "SettledPrefetch", "SyntheticKV", "WarmResult", "warm_namespace",
+    # engine-keyed pages and engines' layouts (an engine's own page keys in the store)
+    "Shard", "engine_page_hash", "engine_origins", "engine_hashes", "PageOutcome",
     # namespace time to live
     "ExpiryCause", "NamespaceExpiry", "NamespaceTTL", "TTLMode", "TTLPolicy", "TTLStats",
     # workloads and the replay driver

@@ -4,9 +4,22 @@ An L3 store maps page hashes to page bytes. A page hash names its whole prefix, 
 (see `kvcache.types.keys`), so a store needs no other key and two namespaces or two layouts can never read each other's
 pages. Everything is batched and everything is by page hash.
 
+A page is a token page or an engine page. A token page's hash chains its tokens (`page_origins`); an engine page
+is named by an engine's own key (SGLang's chain digests) and its hash is `engine_page_hash(root, key)` under its
+namespace/layout root (`engine_origins`), so a reader needs the key alone. Both kinds are stored, checked,
+quarantined, audited, limited, shared, expired and deleted alike.
+
 Rules every backend keeps (tests/conformance checks them for each registered backend):
 
 - `exists_prefix` and `get_into` count consecutive pages from the start of the batch and stop at the first gap.
+- A page given to `put` or read by `get_into` is one byte buffer or a list/tuple of buffers (segments) whose
+  lengths add up to a page: the page's bytes are the segments in order (an engine's host page is split across
+  its layers or K and V). A read verifies the checksum of exactly what it copied into the segments.
+- A token page hangs from its namespace root or a stored page of its namespace (an earlier page of the batch
+  counts); a batch with any other is refused whole. An engine page's parent is recorded when it is known (a
+  stored engine page of its namespace and layout, or one earlier in the batch) and never required: under an
+  unknown parent it is stored hanging from its namespace root.
+- `put` says what became of each page (`PutResult.outcomes`: a `PageOutcome` per page, in order).
 - A page whose bytes fail their checksum, or whose stored size is not a page's, is a miss: counted, quarantined
   (a miss again on every later read, until a write or `verify(repair=True)` removes it), reported by `verify()`,
   never served.
@@ -19,7 +32,8 @@ Rules every backend keeps (tests/conformance checks them for each registered bac
   `namespace_quota_bytes` for it: a put never leaves it holding more (the backend evicts its own least recently
   used pages, or rejects the pages over it).
 - Access times and hit counts are recorded in memory and written in batches (`flush()`), never one write per read.
-  A read of a run of pages counts once, at the deepest page it reached; a page's heat is its subtree's.
+  A read credits every page it served (each one's `last_access` is the read's time: LRU never evicts what was
+  just read); its hit counts once, at the deepest page it reached, and a page's heat is its subtree's.
 - A store knows who serves it and what was dropped from it (`kvcache.storage.serving`): each live cache records
   itself and its admin socket (`register_serve`, removed on exit), and every offboarding leaves a `DropRecord`
   (`record_drop`, numbered in order, the last DROPS_KEPT kept) that the other caches of the store follow, so
@@ -31,25 +45,30 @@ what a backend outside the core imports in `kit`.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
 from ..types.ids import NamespaceId, PageHash
-from ..types.keys import TOKEN_BYTES, extend_chain, hash_root
+from ..types.keys import TOKEN_BYTES, engine_page_hash, extend_chain, hash_root
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace
 from ..types.shares import NamespaceShares, Shares
 
 
 class PageOrigin(msgspec.Struct, frozen=True, gc=False):
-    """Where a page comes from, as given to `L3Store.put`: its namespace, parent and tokens. The store derives
-    the rest (size, checksum, times) itself; `page_origins` builds these for a token sequence."""
+    """Where a page comes from, as given to `L3Store.put`: its namespace, parent and tokens (a token page) or
+    engine key (an engine page). The store derives the rest (size, checksum, times) itself; `page_origins` builds
+    these for a token sequence, `engine_origins` for an engine's keys."""
 
     namespace: Namespace  # the namespace of the request that produced the page; its id is folded into the hash
     parent: bytes  # PAGE_HASH_BYTES: the previous page's hash, or the namespace root for a first page
-    tokens: bytes  # packed uint32 token ids of this page; len = TOKEN_BYTES * page_size
+    tokens: bytes  # packed uint32 token ids of a token page (len = TOKEN_BYTES * page_size); b"" for an engine page
+    # An engine page's own key (1..64 bytes; SGLang: 32 raw bytes); b"" for a token page. Its hash is then
+    # engine_page_hash(root, key), and an unknown parent hangs it from the root instead of refusing the batch.
+    key: bytes = b""
 
 
 class PageMeta(msgspec.Struct, frozen=True, array_like=True, gc=False):
@@ -62,8 +81,11 @@ class PageMeta(msgspec.Struct, frozen=True, array_like=True, gc=False):
     nbytes: int  # payload size in bytes, = layout.bytes_per_page
     checksum: int  # 64-bit checksum of the payload, seeded by the page hash (algorithm: StoreStats.checksum)
     created: float  # unix seconds of the first write
-    last_access: float  # unix seconds of the write or of the last read that ended at this page, as of the last flush
+    last_access: float  # unix seconds of the write or of the last read that served this page, as of the last flush
     hits: int  # reads that ended at this page (a read of a run is credited to its deepest page), as of the last flush
+    # An engine page's key (tokens are then b""); b"" for a token page. Last, with a default: records written
+    # before it (one element shorter) decode unchanged, and an older kvc reads these (it ignores the extra one).
+    key: bytes = b""
 
 
 class NamespaceRecord(msgspec.Struct, frozen=True):
@@ -95,10 +117,21 @@ class ChildInfo(msgspec.Struct, frozen=True, gc=False):
     nbytes: int  # payload bytes
     hits: int  # reads that reached the child: those that ended anywhere in its subtree, as of the last flush
     last_access: float  # unix seconds, the latest over its subtree, as of the last flush
+    key: bytes = b""  # the child's engine key when it is an engine page (`tokens` is then b"")
+
+
+class PageOutcome(enum.IntEnum):
+    """What `put` did with one page of its batch (`PutResult.outcomes`, one byte each). An engine that wants a
+    bool per page reads `outcome != REJECTED`."""
+
+    WRITTEN = 0  # stored by this put
+    EXISTING = 1  # already stored (content-addressed: left as it was), or a repeat of a page written earlier in it
+    REJECTED = 2  # over the capacity or its namespace's limit even after eviction, or the batch failed (a fault)
 
 
 class PutResult(msgspec.Struct, frozen=True):
-    """What one `put` batch did. `written + existing + rejected` = pages in the batch."""
+    """What one `put` batch did. `written + existing + rejected` = pages in the batch, and `outcomes` says which
+    page is which."""
 
     written: int  # new pages stored
     existing: int  # pages already stored (content-addressed: left as they were)
@@ -108,6 +141,9 @@ class PutResult(msgspec.Struct, frozen=True):
     # The hashes of the `evicted` pages, when the backend names them (LMDB does; a backend that evicts nothing
     # leaves it empty): a cache that wrote them marks them gone from L3 and reports them removed (KV events).
     evicted_hashes: list[bytes] = []
+    # One PageOutcome per page of the batch, in order (len == pages in the batch; every backend fills it): the
+    # counts above are the tallies of these bytes.
+    outcomes: bytes = b""
 
 
 class DeleteResult(msgspec.Struct, frozen=True):
@@ -190,7 +226,8 @@ class VerifyFinding(msgspec.Struct, frozen=True):
 VERIFY_KINDS: dict[str, str] = {
     "checksum_mismatch": "page bytes do not match their checksum",
     "size_mismatch": "page size differs from its metadata or its layout",
-    "hash_mismatch": "the page hash is not H(parent || tokens) of its metadata (a page filed under a wrong hash)",
+    "hash_mismatch": "the page hash is not H(parent || tokens) of its metadata, nor, for an engine page, the hash of "
+                     "its key under its namespace root (a page filed under a wrong hash)",
     "missing_meta": "a page without metadata",
     "missing_page": "metadata without a page",
     "orphan": "the head of a chain whose parent is neither a stored page nor its namespace root: it and every "
@@ -339,12 +376,14 @@ class L3Store(Protocol):
         """How many pages from the start of `hashes` are stored (stops at the first gap)."""
 
     def get_into(self, hashes: Sequence[bytes], out_views: Sequence[Any]) -> int:
-        """Copy pages into caller-provided writable byte views (numpy/torch uint8, memoryview); return how many
-        consecutive pages from the start were copied. A missing, corrupt or unreadable page ends the run."""
+        """Copy pages into caller-provided writable byte views (numpy/torch uint8, memoryview), one per page or a
+        list of segments per page; return how many consecutive pages from the start were copied. A missing,
+        corrupt or unreadable page ends the run. Every page served is credited (its last access)."""
 
     def put(self, hashes: Sequence[bytes], pages: Sequence[Any], origins: Sequence[PageOrigin]) -> PutResult:
-        """Store a batch of pages in one transaction; pages already stored are left as they are. A backend that
-        evicts pages to make room names them in `PutResult.evicted_hashes` (a cache marks them gone)."""
+        """Store a batch of pages (each one buffer or a list of segments) in one transaction; pages already stored
+        are left as they are; `outcomes` says what became of each. A backend that evicts pages to make room names
+        them in `PutResult.evicted_hashes` (a cache marks them gone)."""
 
     def delete_namespace(self, ns_id: NamespaceId) -> DeleteResult:
         """Remove every page of one namespace and its registry record, in bounded transactions."""
@@ -415,3 +454,26 @@ def page_origins(layout: KVLayout, tokens: bytes, namespace: Namespace, chain_ke
     parents = [start, *hashes[:-1]]
     origins = [PageOrigin(namespace, parents[i], tokens[i * step:(i + 1) * step]) for i in range(len(hashes))]
     return hashes, origins
+
+
+def engine_origins(layout: KVLayout, namespace: Namespace, chain_key: bytes, keys: Sequence[bytes],
+                   parent_key: bytes | None = None) -> tuple[list[PageHash], list[PageOrigin]]:
+    """Page hashes and origins of engine pages named by `keys` (an engine's own page keys, in chain order) in
+    `namespace` under `layout`, keyed by `chain_key` (the store's): each page's parent is the previous key's
+    page, the first one's `parent_key`'s page (the root when None). What a writer of engine pages passes to
+    `L3Store.put`; a parent the store does not hold is no error (the page then hangs from the root)."""
+    root = hash_root(layout.layout_id, namespace, chain_key)
+    hashes = [engine_page_hash(root, k) for k in keys]
+    parent = root if parent_key is None else engine_page_hash(root, parent_key)
+    origins = []
+    for key, h in zip(keys, hashes, strict=True):
+        origins.append(PageOrigin(namespace, parent, b"", key))
+        parent = h
+    return hashes, origins
+
+
+def engine_hashes(layout: KVLayout, namespace: Namespace, chain_key: bytes, keys: Sequence[bytes]) -> list[PageHash]:
+    """The page hashes of engine pages named by `keys` in `namespace` under `layout`, keyed by `chain_key`: all a
+    reader needs (`exists_prefix`, `get_into`); no parent is involved."""
+    root = hash_root(layout.layout_id, namespace, chain_key)
+    return [engine_page_hash(root, k) for k in keys]

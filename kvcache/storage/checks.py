@@ -1,5 +1,10 @@
 """The argument checks every L3 backend shares, so that every backend refuses bad input alike (InvalidInput,
-LayoutMismatch), and the conversions of callers' page buffers to flat byte views that those checks return."""
+LayoutMismatch), and the conversions of callers' page buffers to flat byte views that those checks return.
+
+A page is one buffer or a list/tuple of buffers (segments: an engine's host page split across layers, or K and
+V): the checks return a flat `memoryview` for the first and `Segments` for the second, and a backend's copy loop
+tells them apart by type (`type(view) is memoryview`, the common case first).
+"""
 
 from __future__ import annotations
 
@@ -9,10 +14,49 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidInput, LayoutMismatch, StoreAccessDenied
-from ..types.keys import PAGE_HASH_BYTES, TOKEN_BYTES, extend_chain, hash_root
+from ..types.keys import ENGINE_KEY_MAX, PAGE_HASH_BYTES, TOKEN_BYTES, engine_page_hash, extend_chain, hash_root
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace
 from .api import LayoutRecord, PageOrigin
+
+
+class Segments:
+    """One page given as segments (writable views for `get_into`, readable ones for `put`): the page's bytes are
+    `views` concatenated in order. What the checks return for a list/tuple page; a backend copies through
+    `fill`/`gather` and checksums through `Checksum.of_parts`."""
+
+    __slots__ = ("views", "nbytes")
+
+    def __init__(self, views: tuple[memoryview, ...]) -> None:
+        self.views = views  # flat byte memoryviews, in page order
+        self.nbytes = sum(len(v) for v in views)  # the page's size: the segments' lengths added up
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def fill(self, src: Any) -> None:
+        """Copy `src` (a flat byte view of `nbytes`) into the segments, in order: a read's copy out."""
+        at = 0
+        for v in self.views:
+            end = at + len(v)
+            v[:] = src[at:end]
+            at = end
+
+    def gather(self, dst: Any) -> None:
+        """Copy the segments, in order, into `dst` (a flat writable byte view of `nbytes`): a write's copy in."""
+        at = 0
+        for v in self.views:
+            end = at + len(v)
+            dst[at:end] = v
+            at = end
+
+    def tobytes(self) -> bytes:
+        """The page's bytes in one value (a backend that sends a page as one value)."""
+        return b"".join(self.views)
+
+
+PageView = memoryview | Segments  # one page as the checks return it: a flat byte view, or its segments
+_SEGMENTED = (list, tuple)  # a page given as these is a list of segments; any other object is one buffer
 
 
 def check_page_hashes(hashes: Sequence[bytes]) -> None:
@@ -25,14 +69,19 @@ def check_page_hashes(hashes: Sequence[bytes]) -> None:
 
 
 def out_views_for(hashes: Sequence[bytes], out_views: Sequence[Any], layout: KVLayout | None = None
-                  ) -> list[memoryview]:
-    """`get_into`'s argument checks, the same for every backend: valid page hashes and one writable byte view
-    per hash, of a page's size under `layout` when the handle has one (InvalidInput otherwise). Returns those
-    views."""
+                  ) -> list[PageView]:
+    """`get_into`'s argument checks, the same for every backend: valid page hashes and, per hash, one writable
+    byte view or a list of them (segments, returned as `Segments`), of a page's size under `layout` when the
+    handle has one (InvalidInput otherwise). Returns those views."""
     if len(out_views) < len(hashes):
         raise InvalidInput(f"get_into needs one out view per page hash: {len(out_views)} views, {len(hashes)} hashes")
     check_page_hashes(hashes)
-    outs = [byte_view(v) for v in out_views[:len(hashes)]]
+    views = out_views[:len(hashes)]
+    outs: list[PageView]
+    try:
+        outs = [byte_view(v) for v in views]  # the common case: one buffer per page (a list is refused here)
+    except TypeError:
+        outs = [_segments(v, byte_view) if type(v) in _SEGMENTED else _one(v, byte_view) for v in views]
     if layout is not None:
         want = layout.bytes_per_page  # a property: computed once, not per view
         if any(len(out) != want for out in outs):
@@ -42,10 +91,12 @@ def out_views_for(hashes: Sequence[bytes], out_views: Sequence[Any], layout: KVL
 
 
 def put_views(layout: KVLayout | None, hashes: Sequence[bytes], pages: Sequence[Any],
-              origins: Sequence[PageOrigin]) -> list[memoryview]:
-    """`put`'s argument checks, the same for every backend: a handle with a layout, one page and one origin per
-    valid page hash, each page of the layout's size and the hash of its origin's parent and tokens, and no page
-    whose parent in the same batch is in another namespace (InvalidInput otherwise). Returns the pages' bytes."""
+              origins: Sequence[PageOrigin], chain_key: bytes | None = None) -> list[PageView]:
+    """`put`'s argument checks, the same for every backend: a handle with a layout, one page (a buffer, or a list
+    of segments: returned as `Segments`) and one origin per valid page hash, each page of the layout's size, and
+    each hash what its origin names: H(parent || tokens) for a token page, `engine_page_hash` of its key under
+    its namespace root (keyed by `chain_key`, the store's) for an engine page; and no token page whose parent in
+    the same batch is in another namespace (InvalidInput otherwise). Returns the pages' bytes."""
     if layout is None:
         raise InvalidInput("put needs a layout: open the store with layout=...")
     if not (len(hashes) == len(pages) == len(origins)):
@@ -53,23 +104,49 @@ def put_views(layout: KVLayout | None, hashes: Sequence[bytes], pages: Sequence[
                            f"{len(pages)} pages, {len(origins)} origins")
     check_page_hashes(hashes)
     nbytes, step = layout.bytes_per_page, layout.page_size * TOKEN_BYTES
-    views = []
+    views: list[PageView] = []
+    engine_roots: dict[bytes, bytes] = {}  # namespace id -> its root under `layout`, for engine pages
     for h, page, origin in zip(hashes, pages, origins, strict=True):
-        mv = page_bytes(page)
+        mv = page_bytes(page) if type(page) not in _SEGMENTED else _segments(page, page_bytes)
         if len(mv) != nbytes:
             raise InvalidInput(f"page {h.hex()} has {len(mv)} bytes, layout {layout.describe()} needs {nbytes}")
-        if len(origin.tokens) != step:
+        if origin.key:
+            _check_engine_origin(h, origin, layout, chain_key, engine_roots)
+        elif len(origin.tokens) != step:
             raise InvalidInput(f"page {h.hex()}: {len(origin.tokens)} token bytes, a page holds {step}")
-        if extend_chain(origin.parent, origin.tokens, layout.page_size)[0] != h:
+        elif extend_chain(origin.parent, origin.tokens, layout.page_size)[0] != h:
             raise InvalidInput(f"page {h.hex()} is not the hash of its parent and tokens in this origin")
         views.append(mv)
     batch_ns = {h: o.namespace.id for h, o in zip(hashes, origins, strict=True)}
     for h, origin in zip(hashes, origins, strict=True):
         up = batch_ns.get(origin.parent)
-        if up is not None and up != origin.namespace.id:
+        if up is not None and up != origin.namespace.id and not origin.key:
+            # an engine page's parent is a link, never part of its hash: under a wrong one it hangs from its root
             raise InvalidInput(f"page {h.hex()}: its parent in this batch is in another namespace than "
                                f"{origin.namespace.label}")
     return views
+
+
+def _check_engine_origin(h: bytes, origin: PageOrigin, layout: KVLayout, chain_key: bytes | None,
+                         roots: dict[bytes, bytes]) -> None:
+    """An engine page's origin: a key of 1..ENGINE_KEY_MAX bytes, no tokens, a 16-byte parent, and `h` the hash
+    of the key under its namespace root (`roots` caches the roots per namespace)."""
+    if type(origin.key) is not bytes or len(origin.key) > ENGINE_KEY_MAX:
+        raise InvalidInput(f"page {h.hex()}: an engine key is 1..{ENGINE_KEY_MAX} bytes, got {origin.key!r:.80}")
+    if origin.tokens:
+        raise InvalidInput(f"page {h.hex()}: an engine page (a key) has no tokens, got {len(origin.tokens)} bytes")
+    if type(origin.parent) is not bytes or len(origin.parent) != PAGE_HASH_BYTES:
+        raise InvalidInput(f"page {h.hex()}: a parent is a {PAGE_HASH_BYTES}-byte page hash, got "
+                           f"{origin.parent!r:.60}")
+    if chain_key is None:
+        raise InvalidInput("an engine page needs the store's chain key to check its hash: this handle has none")
+    ns = origin.namespace
+    root = roots.get(ns.id)
+    if root is None:
+        root = roots[ns.id] = hash_root(layout.layout_id, ns, chain_key)
+    if engine_page_hash(root, origin.key) != h:
+        raise InvalidInput(f"page {h.hex()} is not the hash of its engine key under the root of namespace "
+                           f"{ns.label} and layout {layout.describe()}")
 
 
 def layout_to_register(location: str, layout: KVLayout, held: dict[bytes, LayoutRecord], register: bool) -> bool:
@@ -107,6 +184,25 @@ def byte_view(view: Any) -> memoryview:
     if not mv.c_contiguous:
         raise InvalidInput("page views must be contiguous (one page is one span)")
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+
+
+def _segments(page: Any, view: Any) -> Segments | memoryview:
+    """A list/tuple page as `Segments` of `view`'s (byte_view or page_bytes) views; one segment is that view."""
+    if not page:
+        raise InvalidInput("a page given as segments needs at least one segment")
+    views = tuple(_one(v, view) for v in page)
+    return views[0] if len(views) == 1 else Segments(views)
+
+
+def _one(buffer: Any, view: Any) -> memoryview:
+    """`view(buffer)`, with InvalidInput for an object that is no buffer (a list inside a list, a number)."""
+    if type(buffer) in _SEGMENTED:
+        raise InvalidInput("a page's segments must be buffers, not lists")
+    try:
+        return view(buffer)
+    except TypeError:
+        raise InvalidInput(f"a page must be a buffer (numpy, a CPU tensor, bytes...) or a list of buffers, got "
+                           f"{type(buffer).__name__}") from None
 
 
 def page_bytes(page: Any) -> memoryview:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import msgspec
 import numpy as np
 
-from ..types.keys import PAGE_HASH_BYTES, TOKEN_BYTES, extend_chain
+from ..types.keys import ENGINE_KEY_MAX, PAGE_HASH_BYTES, TOKEN_BYTES, engine_page_hash, extend_chain
 from .api import LayoutRecord, NamespaceRecord, PageMeta
 
 FORMAT_MAGIC = "kvc-store"
@@ -34,14 +34,20 @@ HEADER = CHECKSUM_FIELD.size
 
 class Checksum(msgspec.Struct, frozen=True):
     """A checksum algorithm: `digest(payload, seed)`, seeded with the first `seed_bytes` of the page hash
-    (little-endian) so a payload filed under the wrong key fails too."""
+    (little-endian) so a payload filed under the wrong key fails too; `digest_parts(parts, seed)` is the digest
+    of the parts concatenated, taken part by part (a page held as segments is never joined to be summed)."""
 
     digest: Callable[[Any, int], int]
     seed_bytes: int  # 4 or 8
+    digest_parts: Callable[[Sequence[Any], int], int]
 
     def of(self, payload: Any, page_hash: bytes) -> int:
         """The checksum of `payload` stored under `page_hash`."""
         return self.digest(payload, int.from_bytes(page_hash[:self.seed_bytes], "little"))
+
+    def of_parts(self, parts: Sequence[Any], page_hash: bytes) -> int:
+        """The checksum of `parts` concatenated, stored under `page_hash` (= `of` of the joined bytes)."""
+        return self.digest_parts(parts, int.from_bytes(page_hash[:self.seed_bytes], "little"))
 
     def seeds(self, hashes: Sequence[bytes]) -> list[int]:
         """The seeds of a batch of page hashes, in one vectorised step (the read loop then makes one call)."""
@@ -54,14 +60,28 @@ class Checksum(msgspec.Struct, frozen=True):
                 and self.of(memoryview(value)[HEADER:], page_hash) == CHECKSUM_FIELD.unpack_from(value)[0])
 
 
+def _crc32_parts(parts: Sequence[Any], seed: int) -> int:
+    """crc32 of the parts concatenated: each part's crc continues from the previous one's."""
+    for part in parts:
+        seed = zlib.crc32(part, seed)
+    return seed
+
+
 # Checksum name -> algorithm. The name is recorded in the store; a store is read with the one it was written with.
-CHECKSUMS: dict[str, Checksum] = {"crc32": Checksum(zlib.crc32, 4)}
+CHECKSUMS: dict[str, Checksum] = {"crc32": Checksum(zlib.crc32, 4, _crc32_parts)}
 try:  # xxh3 runs ~8x faster than zlib's crc32 here: it is what keeps the checked read path near memcpy speed
     import xxhash
 except ImportError:  # pragma: no cover - depends on the install
     pass
 else:
-    CHECKSUMS["xxh3_64"] = Checksum(xxhash.xxh3_64_intdigest, 8)
+    def _xxh3_parts(parts: Sequence[Any], seed: int) -> int:
+        """xxh3-64 of the parts concatenated, streamed part by part."""
+        state = xxhash.xxh3_64(seed=seed)
+        for part in parts:
+            state.update(part)
+        return state.intdigest()
+
+    CHECKSUMS["xxh3_64"] = Checksum(xxhash.xxh3_64_intdigest, 8, _xxh3_parts)
 DEFAULT_CHECKSUM = "xxh3_64" if "xxh3_64" in CHECKSUMS else "crc32"
 
 
@@ -106,6 +126,17 @@ def decode_or_none(decode: Callable[[Any], Any], raw: Any) -> Any:
 
 
 def chains_to(page_hash: bytes, meta: PageMeta) -> bool:
-    """Whether `page_hash` is H(parent || tokens) of its metadata: the chain step of kvcache.types.keys."""
+    """Whether `page_hash` is H(parent || tokens) of its metadata: the chain step of kvcache.types.keys. Never
+    for an engine page (no tokens): its hash is its key's under its root (`engine_keyed`)."""
     n = len(meta.tokens) // TOKEN_BYTES
     return n > 0 and n * TOKEN_BYTES == len(meta.tokens) and extend_chain(meta.parent, meta.tokens, n) == [page_hash]
+
+
+def engine_keyed(page_hash: bytes, meta: PageMeta, roots: Iterable[bytes]) -> bool:
+    """Whether `page_hash` is the hash of its metadata's engine key under one of `roots` (its namespace/layout
+    root; several when it is known only as one of its namespace's recorded roots): an engine page's hash check.
+    False for a key no engine page can have (empty, too long) or tokens beside it (damaged metadata)."""
+    key = meta.key
+    if type(key) is not bytes or not 0 < len(key) <= ENGINE_KEY_MAX or meta.tokens:
+        return False
+    return any(engine_page_hash(root, key) == page_hash for root in roots)

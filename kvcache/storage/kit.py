@@ -20,8 +20,17 @@ from ..errors import (
     StoreUnsupported,
     UnknownBackend,
 )
-from ..types.keys import PAGE_HASH_BYTES, TOKEN_BYTES, extend_chain, hash_root, hash_root_of_id, new_chain_key
-from ..types.layout import KVLayout
+from ..types.keys import (
+    ENGINE_KEY_MAX,
+    PAGE_HASH_BYTES,
+    TOKEN_BYTES,
+    engine_page_hash,
+    extend_chain,
+    hash_root,
+    hash_root_of_id,
+    new_chain_key,
+)
+from ..types.layout import ARRANGEMENTS, KVLayout, Shard
 from ..types.namespace import Namespace, NamespaceInfo, new_fingerprint_key
 from ..types.shares import NamespaceShares, Shares, decode_shares_record
 from .api import (
@@ -38,6 +47,7 @@ from .api import (
     NamespaceRecord,
     PageMeta,
     PageOrigin,
+    PageOutcome,
     PutResult,
     ServeRecord,
     StoreCounters,
@@ -45,10 +55,14 @@ from .api import (
     VerifyFinding,
     VerifyRemoval,
     VerifyReport,
+    engine_hashes,
+    engine_origins,
     page_origins,
 )
 from .chain import ChainRoots, chain_key_of
 from .checks import (
+    PageView,
+    Segments,
     byte_view,
     check_page_hashes,
     layout_to_register,
@@ -74,6 +88,7 @@ from .codec import (
     decode_namespace,
     decode_or_none,
     encoder,
+    engine_keyed,
     stored_checksum,
 )
 from .handle import AccessLog, StoreHandle, count_read, new_counts
@@ -96,15 +111,17 @@ __all__ = [
     "L3Store", "PageOrigin", "PageMeta", "NamespaceRecord", "LayoutRecord", "ChildInfo", "PutResult", "DeleteResult",
     "StoreCounters", "StoreStats", "VerifyFinding", "VerifyRemoval", "VerifyReport", "CapacityPolicy",
     "AccessPolicy", "VERIFY_KINDS", "REPAIRS", "page_origins",
+    # engine-keyed pages: what becomes of each page of a put, the origins and hashes of an engine's keys (api)
+    "PageOutcome", "engine_origins", "engine_hashes",
     # who serves a store and what was dropped from it (api; kvcache.storage.serving follows them)
     "ServeRecord", "DropRecord", "DROPS_KEPT",
     # the argument checks every backend shares (checks)
     "check_page_hashes", "out_views_for", "put_views", "layout_to_register", "namespace_root", "byte_view",
-    "page_bytes",
+    "page_bytes", "Segments", "PageView",
     # the stored page value, checksums, the format record, record codecs (codec)
     "FORMAT_MAGIC", "FORMAT_VERSION", "CHECKSUM_FIELD", "HEADER", "Checksum", "CHECKSUMS", "DEFAULT_CHECKSUM",
     "StoreFormat", "stored_checksum", "encoder", "decode_meta", "decode_namespace", "decode_layout", "decode_format",
-    "decode_or_none", "chains_to", "KEYED_ROOTS_VERSION",
+    "decode_or_none", "chains_to", "engine_keyed", "KEYED_ROOTS_VERSION",
     # the key of a store's page-hash chain roots, and the roots an audit checks pages against (chain)
     "chain_key_of", "ChainRoots",
     # the handle's counters and its log of reads not yet flushed (handle)
@@ -118,6 +135,7 @@ __all__ = [
     "InvalidInput", "LayoutMismatch", "NotAStore", "StoreError", "StoreFull", "StoreReadOnly", "StoreUnsupported",
     "UnknownBackend",
     # the values that name a page, a layout, a namespace and its shares (kvcache.types)
-    "PAGE_HASH_BYTES", "TOKEN_BYTES", "extend_chain", "hash_root", "hash_root_of_id", "new_chain_key", "KVLayout", "Namespace",
+    "PAGE_HASH_BYTES", "TOKEN_BYTES", "extend_chain", "hash_root", "hash_root_of_id",
+    "engine_page_hash", "ENGINE_KEY_MAX", "Shard", "ARRANGEMENTS", "new_chain_key", "KVLayout", "Namespace",
     "NamespaceInfo", "new_fingerprint_key", "NamespaceShares", "Shares", "decode_shares_record",
 ]

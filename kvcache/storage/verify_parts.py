@@ -33,7 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 import msgspec
 
 from ..types.layout import KVLayout
-from .api import NamespaceRecord, VerifyFinding
+from .api import NamespaceRecord, PageMeta, VerifyFinding
 from .chain import ChainRoots
 from .codec import Checksum
 
@@ -81,6 +81,14 @@ class NsSum(msgspec.Struct, frozen=True, array_like=True):
     nbytes: int
 
 
+class HeldPage(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """An engine page a child could not judge without the chain key (`verify.EngineHashes.held`): the parent
+    judges it with the registry."""
+
+    page_hash: bytes
+    meta: PageMeta
+
+
 class PartReport(msgspec.Struct, array_like=True):
     """What a child read of its key range."""
 
@@ -93,6 +101,7 @@ class PartReport(msgspec.Struct, array_like=True):
     sums: list[NsSum] = []  # full: pages per namespace
     unsure: str = ""  # full: why the range's structure is not proven clean ("": it is)
     changed: int = 0  # incremental: metadata records found changed
+    held: list[HeldPage] = []  # engine pages held for the registry (no chain key), in key order
 
 
 class PartProgress(msgspec.Struct, frozen=True, array_like=True):

@@ -4,8 +4,8 @@ rule tables, statistics, KV events, results and reports. No torch and no I/O: an
 
 from .config import CacheConfig, HostMode, PrefetchPolicy, TTLMode, TTLPolicy, WritePolicy
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, MediumNames
-from .keys import RadixKey, page_hashes
-from .layout import KVLayout
+from .keys import RadixKey, engine_page_hash, page_hashes
+from .layout import KVLayout, Shard
 from .namespace import Namespace, NamespaceInfo
 from .owners import Owner, OwnerKind
 from .reports import (
@@ -47,7 +47,7 @@ __all__ = [
     "DropReason", "EventBatch", "EvictResult", "ExpiryCause", "Headroom", "HostMode", "KVLayout", "MediumNames",
     "Namespace", "NamespaceDrop", "NamespaceExpiry", "NamespaceInfo", "NamespaceReplay", "NamespaceShares",
     "NamespaceTTL", "Owner", "OwnerKind", "PrefetchOutcome", "PrefetchPolicy", "PrefetchStats", "RadixKey",
-    "ReplayReport", "Request", "SettledPrefetch", "Shares", "StagedView", "TTLMode", "TTLPolicy", "TTLStats",
+    "ReplayReport", "Request", "SettledPrefetch", "Shard", "Shares", "StagedView", "TTLMode", "TTLPolicy", "TTLStats",
     "TierHits", "TierRoom", "TierTokens", "VerifyMismatch", "Violation", "ViolationKind", "WarmResult",
-    "WritePolicy", "page_hashes",
+    "WritePolicy", "engine_page_hash", "page_hashes",
 ]

@@ -11,6 +11,10 @@ Page hash chain (16-byte blake2b digests)::
 Namespace and layout are folded into the root, so two namespaces (or two layouts) never share a page hash, and
 a page hash alone names its whole prefix.
 
+A page an engine names by its own key (SGLang's 64-hex chain digests: the engine already chains them) is not
+chained again: its hash is `engine_page_hash(h_0, key)`, keyed by its namespace/layout root alone, so a reader
+needs nothing but the key, and a digest of its own personalisation, so it never equals a token chain hash.
+
 The chain key K is the store's secret (`chain_key` of an L3 store: derived from an LMDB store's key file, a
 random secret in a shared store's format record; a cache without a store draws its own). A page hash comes with
 its tokens and extra_key wherever kvc shows or publishes it (the KV-event feed, `kvc ns show`): with a root keyed
@@ -30,13 +34,15 @@ from collections.abc import Iterable, Sequence
 import msgspec
 import numpy as np
 
-from ..errors import InvalidTokens
+from ..errors import InvalidInput, InvalidTokens
 from .ids import PageHash
 from .namespace import Namespace
 
 TOKEN_BYTES = 4  # one token id packed as uint32
 PAGE_HASH_BYTES = 16
 _ROOT_PERSON = b"kvc.page.root.v1"
+_ENGINE_PERSON = b"kvc.page.engine1"  # engine-keyed pages: apart from roots and from the (unpersonalised) chain
+ENGINE_KEY_MAX = 64  # bytes of an engine's page key at most (a blake2b key's limit; SGLang's are 32)
 # The chain key drawn for a store or a cache; one derived from a store's key file has this size too.
 CHAIN_KEY_BYTES = 32
 # The chain key of a format-1 store (roots under no key): blake2b keyed by b"" is the unkeyed digest.
@@ -204,3 +210,13 @@ def page_hashes(layout_id: bytes, key: RadixKey, page_size: int, chain_key: byte
     """The page hash chain of `key`'s whole pages, rooted in the key's own namespace under `chain_key` (the
     store's `chain_key`, or the cache's: `TieredCache.chain_key`)."""
     return extend_chain(hash_root(layout_id, key.namespace, chain_key), key.data, page_size)
+
+
+def engine_page_hash(root: bytes, key: bytes) -> PageHash:
+    """The page hash of a page an engine names by its own `key` (1..ENGINE_KEY_MAX bytes; SGLang: the 32 raw
+    bytes of its 64-hex key) under the namespace/layout `root` (`hash_root`). A blake2b of the key keyed by the
+    root, with its own personalisation: it never equals a token chain hash, and it is as unguessable as the root
+    (the store's chain key is in it). InvalidInput for a key that is not such bytes."""
+    if type(key) is not bytes or not 0 < len(key) <= ENGINE_KEY_MAX:
+        raise InvalidInput(f"an engine page key is 1..{ENGINE_KEY_MAX} bytes, got {key!r:.80}")
+    return PageHash(hashlib.blake2b(key, digest_size=PAGE_HASH_BYTES, key=root, person=_ENGINE_PERSON).digest())

@@ -3,6 +3,12 @@
 A layout names the model that produced the KV (`model`: name + revision) and its geometry. Its `layout_id`
 is folded into the root of every page hash chain, so KV written under one model, dtype or page size can never be
 read back under another, in any tier.
+
+What an engine's own host pages need is part of the layout too: MLA (one latent vector per token), K and V of
+different widths, the byte order of a page (`arrangement`, a key of ARRANGEMENTS) and the shard of the model the
+KV comes from (`Shard`: two tensor-parallel ranks hold different heads, so they must never read each other's
+pages). Every such field has a default and defaults are left out of the encoding a `layout_id` digests
+(`omit_defaults`), so a layout that uses none of them keeps the id it always had, bit for bit.
 """
 
 from __future__ import annotations
@@ -25,9 +31,54 @@ DTYPE_BYTES: dict[str, int] = {
 }
 
 
-class KVLayout(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Model identity and KV geometry. K and V of every layer are stored token-major: one token is
-    `bytes_per_token` contiguous bytes, one page is `page_size` consecutive tokens."""
+# arrangement -> how a page's bytes are ordered. kvc's own pools use "token"; the others are engines' host pages.
+ARRANGEMENTS: dict[str, str] = {
+    "token": "token-major: each token's K then V of every layer (kvc's own pools); MLA: each token's latents",
+    "kv_token": "the page's K token-major, then its V token-major (SGLang page_first host pools); MLA: the latents "
+                "token-major",
+    "kv_layer": "K layer by layer, then V layer by layer, each page_size tokens (SGLang layer_first); MLA: the "
+                "latents layer by layer",
+}
+
+
+def _check_count(name: str, value: object, least: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise InvalidLayout(f"{name} must be an integer >= {least}, got {value!r}")
+
+
+class Shard(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Which part of a sharded model the KV comes from: its tensor-, pipeline- and context-parallel rank and size.
+    Part of a layout's identity: two shards never share a layout_id, hence never a page."""
+
+    tp_rank: int  # tensor-parallel rank, 0 <= tp_rank < tp_size
+    tp_size: int  # tensor-parallel size, >= 1
+    pp_rank: int = 0  # pipeline-parallel rank, 0 <= pp_rank < pp_size
+    pp_size: int = 1
+    cp_rank: int = 0  # context-parallel rank, 0 <= cp_rank < cp_size
+    cp_size: int = 1
+
+    def __post_init__(self) -> None:
+        for axis in ("tp", "pp", "cp"):
+            rank, size = getattr(self, f"{axis}_rank"), getattr(self, f"{axis}_size")
+            _check_count(f"{axis}_size", size, 1)
+            _check_count(f"{axis}_rank", rank, 0)
+            if rank >= size:
+                raise InvalidLayout(f"{axis}_rank must be below {axis}_size, got {rank} of {size}")
+
+    def describe(self) -> str:
+        """`tp=R/S` (and pp, cp when sharded), for listings."""
+        parts = [f"tp={self.tp_rank}/{self.tp_size}"]
+        parts += [f"{axis}={getattr(self, f'{axis}_rank')}/{getattr(self, f'{axis}_size')}" for axis in ("pp", "cp")
+                  if getattr(self, f"{axis}_size") > 1]
+        return " ".join(parts)
+
+
+class KVLayout(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Model identity and KV geometry. One page is `page_size` tokens, `bytes_per_page` contiguous bytes in the
+    order `arrangement` names (kvc's own pools: token-major, one token `bytes_per_token` contiguous bytes).
+
+    The fields after `page_size` describe engines' pages; their defaults are kvc's own pools, and a default is
+    left out of the encoding, so a layout that keeps them has the `layout_id` it had before they existed."""
 
     model: str  # model name + revision, e.g. "llama-3-8b@a1b2c3"; part of the identity, not just a label
     layers: int  # transformer layers, >= 1
@@ -35,6 +86,10 @@ class KVLayout(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     head_dim: int  # elements per head, >= 1
     dtype: str  # a key of DTYPE_BYTES
     page_size: int  # tokens per page, >= 1; the unit of allocation, L2/L3 movement and page hashes
+    v_head_dim: int = 0  # elements per head of V when it differs from K's head_dim; 0 = the same as head_dim
+    mla: bool = False  # one latent vector of head_dim elements per token per layer (MLA): kv_heads 1, no V width
+    arrangement: str = "token"  # the byte order of a page: a key of ARRANGEMENTS
+    shard: Shard | None = None  # the shard of the model the KV comes from; None = not sharded
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
@@ -45,11 +100,23 @@ class KVLayout(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 raise InvalidLayout(f"{name} must be a positive integer, got {value!r}")
         if self.dtype not in DTYPE_BYTES:
             raise InvalidLayout(f"dtype {self.dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+        _check_count("v_head_dim", self.v_head_dim, 0)
+        if not isinstance(self.mla, bool):
+            raise InvalidLayout(f"mla must be a bool, got {self.mla!r}")
+        if self.mla and (self.kv_heads != 1 or self.v_head_dim):
+            raise InvalidLayout(f"an MLA layout has one latent per token: kv_heads must be 1 and v_head_dim 0, got "
+                                f"kv_heads={self.kv_heads} v_head_dim={self.v_head_dim}")
+        if self.arrangement not in ARRANGEMENTS:
+            raise InvalidLayout(f"arrangement {self.arrangement!r} is not one of {', '.join(ARRANGEMENTS)}")
+        if self.shard is not None and not isinstance(self.shard, Shard):
+            raise InvalidLayout(f"shard must be a Shard or None, got {self.shard!r}")
 
     @property
     def bytes_per_token(self) -> int:
-        """K and V of every layer for one token, in bytes."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * DTYPE_BYTES[self.dtype]
+        """K and V (MLA: the latent) of every layer for one token, in bytes."""
+        if self.mla:
+            return self.layers * self.head_dim * DTYPE_BYTES[self.dtype]
+        return self.layers * self.kv_heads * (self.head_dim + (self.v_head_dim or self.head_dim)) * DTYPE_BYTES[self.dtype]
 
     @property
     def bytes_per_page(self) -> int:
@@ -63,5 +130,8 @@ class KVLayout(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def describe(self) -> str:
         """One line naming the layout, for error messages and listings."""
+        extra = (f" v_head_dim={self.v_head_dim}" * bool(self.v_head_dim) + " mla" * self.mla
+                 + f" arrangement={self.arrangement}" * (self.arrangement != "token")
+                 + (f" {self.shard.describe()}" if self.shard is not None else ""))
         return (f"{self.model} layers={self.layers} kv_heads={self.kv_heads} head_dim={self.head_dim} "
-                f"dtype={self.dtype} page_size={self.page_size}")
+                f"dtype={self.dtype} page_size={self.page_size}{extra}")

@@ -12,6 +12,7 @@ PUBLIC = {
     "Request", "StagedView", "TierHits", "TieredCache", "TreeMatch", "Violation", "ViolationKind", "WritePolicy",
     "page_hashes", "L3Store", "open_store", "page_origins", "NamespaceShares", "Shares",
     "SettledPrefetch", "SyntheticKV", "WarmResult", "warm_namespace",
+    "Shard", "engine_page_hash", "engine_origins", "engine_hashes", "PageOutcome",
     "ExpiryCause", "NamespaceExpiry", "NamespaceTTL", "TTLMode", "TTLPolicy", "TTLStats",
     "TraceRequest", "WorkloadSpec", "generate", "read_trace", "write_trace",
     "NamespaceReplay", "Replayer", "ReplayReport", "TierTokens", "VerifyMismatch", "replay",

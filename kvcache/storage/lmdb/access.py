@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import lmdb
@@ -24,7 +24,7 @@ from ..codec import HEADER, Checksum, decode_meta, decode_or_none, encoder
 from ..handle import AccessLog
 from .registry import NsDelta, adjust_totals, apply_deltas, delta, drop_page
 
-Reads = list[tuple[float, bytes, int]]  # logged reads: (unix seconds, deepest page hash, pages served)
+Reads = list[tuple[float, Sequence[bytes], int]]  # logged reads: (unix seconds, the pages served in order, how many)
 Taken = tuple[Reads, set[bytes]]  # what one write transaction folds in: the reads and the quarantined pages
 
 
@@ -54,11 +54,10 @@ class AccessRecords:
         with self._lock:
             self.corrupt -= pages
 
-    def record(self, deepest: bytes, pages: int, flush: Callable[[], None]) -> None:
-        """Log one read that served `pages` pages, `deepest` the last (one entry per read, not per page: its
-        ancestors were read with it; see `apply_access`), and run `flush` (the handle's) when the policy says one
-        is due."""
-        if self.log.record(time.time(), deepest, pages):
+    def record(self, served: Sequence[bytes], flush: Callable[[], None]) -> None:
+        """Log one read that served the pages `served` (in order, the deepest last; one entry per read, see
+        `apply_access`), and run `flush` (the handle's) when the policy says one is due."""
+        if self.log.record(time.time(), served, len(served)):
             try:
                 flush()
             except StoreError:
@@ -118,31 +117,36 @@ class AccessRecords:
 def apply_access(txn: lmdb.Transaction, meta_db: Any, reads: Reads, deltas: dict[bytes, NsDelta]) -> int:
     """Fold logged reads into page metadata and namespace counters; pages updated.
 
-    A read of a run of pages is credited to the deepest page of the run: its `hits` count the reads that ended
-    there and its `last_access` is the last of them. Ancestors are not rewritten (that would cost a write per
-    page read, as much as the read itself at small pages); a page's heat is that of its subtree, which is what
-    eviction (a parent inherits the time of the child it loses) and `children()` use.
+    Every page a read served gets its time as `last_access` (the latest of the reads that served it), so LRU
+    never takes a page that was just read, chained or not (an engine's pages may hang from their root side by
+    side). A read counts one hit, at the deepest page of its run: a page's `hits` are the reads that ended there,
+    and its heat is that of its subtree, which is what `children()` reports. Each page is rewritten once per fold
+    however many reads served it, and not at all when neither changes.
     """
     if not reads:
         return 0
     hits: Counter[bytes] = Counter()
     pages: Counter[bytes] = Counter()
     last: dict[bytes, float] = {}
-    for when, deepest, n in reads:
+    for when, served, n in reads:  # oldest first: a later read's time replaces an earlier one's
+        deepest = served[-1]
         hits[deepest] += 1
         pages[deepest] += n
-        last[deepest] = when
+        last.update(dict.fromkeys(served, when))
     cur = txn.cursor(db=meta_db)
     updated = []
-    for key, raw in cur.getmulti(list(hits)):  # the pages still stored
+    for key, raw in cur.getmulti(list(last)):  # the pages still stored
         h = bytes(key)
         meta = decode_meta(raw)
         when = max(meta.last_access, last[h])
-        touched = msgspec.structs.replace(meta, hits=meta.hits + hits[h], last_access=when)
-        updated.append((h, encoder.encode(touched)))
-        d = delta(deltas, meta.ns_id)
-        d.hits += pages[h]
-        d.last_access = max(d.last_access, when)
+        n_hits = hits.get(h, 0)
+        if n_hits:
+            d = delta(deltas, meta.ns_id)
+            d.hits += pages[h]
+            d.last_access = max(d.last_access, when)
+        elif when == meta.last_access:
+            continue
+        updated.append((h, encoder.encode(msgspec.structs.replace(meta, hits=meta.hits + n_hits, last_access=when))))
     cur.putmulti(updated)
     return len(updated)
 

@@ -4,11 +4,14 @@ Pages, metadata, indexes and registry counters commit together or not at all, so
 half page, a page without its metadata, or counters that disagree. The handle's logged reads and quarantined
 pages are folded into the same transaction (`access`).
 
-A page is taken only under a parent that is its namespace's root or a stored page of its namespace (one earlier
-in the batch counts); a batch with any other page is refused whole (InvalidInput). Room is made by evicting least
+A token page is taken only under a parent that is its namespace's root or a stored page of its namespace (one
+earlier in the batch counts); a batch with any other token page is refused whole (InvalidInput). An engine page
+(`PageOrigin.key`) is linked under its parent when that is such a page of its namespace and layout, and under its
+namespace root otherwise: its hash is its key's under that root, so it reads the same wherever it hangs. Room is made by evicting least
 recently used leaves (`registry.evict`): within a namespace over its limit (its share, else the quota), then
 across the store over its capacity; the evicted pages are named in the result (`PutResult.evicted_hashes`). What
-still does not fit is rejected, so what is stored of a chain stays a prefix.
+still does not fit is rejected, so what is stored of a chain stays a prefix. The result says what became of
+each page (`PutResult.outcomes`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import lmdb
 from ...errors import InvalidInput
 from ...types.keys import hash_root
 from ...types.layout import KVLayout
-from ..api import PageMeta, PageOrigin, PutResult
+from ..api import PageMeta, PageOrigin, PageOutcome, PutResult
 from ..codec import CHECKSUM_FIELD, HEADER, Checksum, decode_meta, decode_namespace, encoder
 from .access import AccessRecords, Taken
 from .registry import NsDelta, StoreTotals, apply_deltas, delta, evict, limits, read_totals, store_share
@@ -44,6 +47,9 @@ class PutBatch:
         self.views = views  # the caller's pages as byte views, checked against the layout (base.put_views)
         self.origins = origins
         self.roots = {ns.id: hash_root(self.layout_id, ns, chain_key) for ns in {o.namespace for o in origins}}
+        # The parent each new page is linked under: its origin's, but the root for an engine page whose parent is
+        # not a page of its namespace and layout (filled by `_new_pages`, inside the transaction).
+        self.parents: dict[int, bytes] = {}
         # One page value reused for every page: [checksum][payload], the payload copied in and summed in place.
         self.scratch = bytearray(HEADER + self.nbytes)
         self.digest, self.seeds = checksum.digest, checksum.seeds(hashes)
@@ -58,35 +64,57 @@ class PutBatch:
         totals = read_totals(txn, dbs)
         capacity, quota = limits(txn, dbs)
         dropped = access.fold(txn, dbs, taken, deltas)
-        new = self._new_pages(txn)
-        gone: list[bytes] = []  # built inside the transaction: the body may run again (a full map grows)
+        # What became of each page; WRITTEN (0) until found stored or refused room. Built inside the transaction,
+        # like everything below: the body may run again (a full map grows).
+        outcomes = bytearray(len(self.hashes))
+        new, repeats = self._new_pages(txn, outcomes)
+        gone: list[bytes] = []
         evicted, stored_bytes, ns_room = self._make_room(txn, new, deltas, totals.bytes - dropped[1], capacity,
                                                          quota, gone)
         room = capacity - stored_bytes if capacity else len(new) * nbytes
         accepted = self._admit(new, room, ns_room)
+        if len(accepted) < len(new):
+            for i in set(new).difference(accepted):
+                outcomes[i] = PageOutcome.REJECTED
+        for i, first in repeats:  # a repeat is what its first copy became: existing once written, else rejected
+            outcomes[i] = PageOutcome.EXISTING if outcomes[first] != PageOutcome.REJECTED else PageOutcome.REJECTED
         self._store(txn, accepted, deltas, now)
         written = len(accepted)
         apply_deltas(txn, dbs, deltas, now, self.fingerprint_key)
         pages_now = totals.pages - dropped[0] - evicted + written
         txn.put(b"totals", encoder.encode(StoreTotals(pages_now, stored_bytes + written * nbytes)), db=dbs.store)
-        return PutResult(written, len(self.hashes) - len(new), len(new) - written, evicted, written * nbytes, gone)
+        rejected = outcomes.count(PageOutcome.REJECTED)
+        return PutResult(written, len(self.hashes) - written - rejected, rejected, evicted, written * nbytes, gone,
+                         bytes(outcomes))
 
-    def _new_pages(self, txn: lmdb.Transaction) -> list[int]:
-        """Indexes of the pages not stored yet (the first of each hash), each checked to hang from its namespace
-        root or a stored page of its namespace."""
-        dbs, hashes, origins, roots = self.dbs, self.hashes, self.origins, self.roots
-        seen: set[bytes] = set()
+    def _new_pages(self, txn: lmdb.Transaction, outcomes: bytearray) -> tuple[list[int], list[tuple[int, int]]]:
+        """Indexes of the pages not stored yet (the first of each hash), each token page checked to hang from its
+        namespace root or a stored page of its namespace, each engine page's link settled (`parents`); and the
+        repeats of a new page later in the batch, (index, index of the first). Pages stored already are marked
+        EXISTING in `outcomes`."""
+        dbs, hashes, origins, roots, parents = self.dbs, self.hashes, self.origins, self.roots, self.parents
+        first: dict[bytes, int] = {}  # page hash -> its first index in the batch
         fresh: set[bytes] = set()  # pages of this batch not stored before it
-        new = []
+        new: list[int] = []
+        repeats: list[tuple[int, int]] = []
+        parents.clear()
         for i, h in enumerate(hashes):
-            if h in seen or txn.get(h, db=dbs.meta) is not None:
-                seen.add(h)
+            if h in first:
+                if h in fresh:
+                    repeats.append((i, first[h]))
+                else:
+                    outcomes[i] = PageOutcome.EXISTING
                 continue
-            seen.add(h)
+            first[h] = i
+            if txn.get(h, db=dbs.meta) is not None:
+                outcomes[i] = PageOutcome.EXISTING
+                continue
             fresh.add(h)
             new.append(i)
             origin = origins[i]
-            if origin.parent != roots[origin.namespace.id] and origin.parent not in fresh:
+            if origin.key:
+                parents[i] = self._engine_parent(txn, origin, first, fresh)
+            elif origin.parent != roots[origin.namespace.id] and origin.parent not in fresh:
                 # The chain check of put_views cannot see the namespace; a stored parent can (a parent new in this
                 # batch was checked against the batch before the transaction). A parent that is no stored page
                 # may be another namespace's root: that page would be read in the other namespace's chain, so it
@@ -98,7 +126,25 @@ class PutBatch:
                 if decode_meta(raw).ns_id != origin.namespace.id:
                     raise InvalidInput(f"page {h.hex()}: its parent is in another namespace than "
                                        f"{origin.namespace.label}")
-        return new
+        return new, repeats
+
+    def _engine_parent(self, txn: lmdb.Transaction, origin: PageOrigin, first: dict[bytes, int],
+                       fresh: set[bytes]) -> bytes:
+        """Where an engine page is linked: its origin's parent when that is its root, a page new earlier in the
+        batch of its namespace (put_views checked the batch; the whole batch has this handle's layout) or a stored
+        page of its namespace and layout; its root otherwise (the engine's parent is a hint, never required)."""
+        root = self.roots[origin.namespace.id]
+        parent = origin.parent
+        if parent == root:
+            return root
+        if parent in fresh:
+            up = self.origins[first[parent]]
+            return parent if up.namespace.id == origin.namespace.id else root
+        raw = txn.get(parent, db=self.dbs.meta)
+        if raw is None:
+            return root
+        meta = decode_meta(raw)
+        return parent if (meta.ns_id, meta.layout_id) == (origin.namespace.id, self.layout_id) else root
 
     def _make_room(self, txn: lmdb.Transaction, new: list[int], deltas: dict[bytes, NsDelta], stored_bytes: int,
                    capacity: int, quota: int, gone: list[bytes]) -> tuple[int, int, dict[bytes, int]]:
@@ -154,7 +200,7 @@ class PutBatch:
 
     def _store(self, txn: lmdb.Transaction, accepted: list[int], deltas: dict[bytes, NsDelta], now: float) -> None:
         """Write the accepted pages, their metadata and their child links; their counters go into `deltas`."""
-        dbs, nbytes, layout_id, roots = self.dbs, self.nbytes, self.layout_id, self.roots
+        dbs, nbytes, layout_id, roots, parents = self.dbs, self.nbytes, self.layout_id, self.roots, self.parents
         hashes, views, origins, digest, seeds = self.hashes, self.views, self.origins, self.digest, self.seeds
         scratch = self.scratch
         value = memoryview(scratch)
@@ -165,21 +211,33 @@ class PutBatch:
             h, origin = hashes[i], origins[i]
             # The checksum is taken of the copy, still in cache: one read of the caller's page instead of two,
             # and what is summed is exactly what is stored even if the caller's buffer changes meanwhile.
-            payload[:] = views[i]
+            view = views[i]
+            if type(view) is memoryview:
+                payload[:] = view
+            else:  # a page in segments (checks.Segments), gathered in order
+                view.gather(payload)
             checksum = digest(payload, seeds[i])
             CHECKSUM_FIELD.pack_into(scratch, 0, checksum)
             txn.put(h, value, db=dbs.pages)
             ns_id = origin.namespace.id
-            meta = PageMeta(ns_id, layout_id, origin.parent, origin.tokens, nbytes, checksum, now, now, 0)
-            metas.append((h, encoder.encode(meta)))
-            links.append((origin.parent, h))
             d = delta(deltas, ns_id)
+            if origin.key:
+                # An engine page's hash hangs on its root wherever it is linked: the root is recorded for it
+                # (an audit without the chain key checks the hash against the recorded roots).
+                parent = parents[i]
+                meta = PageMeta(ns_id, layout_id, parent, b"", nbytes, checksum, now, now, 0, origin.key)
+                d.roots.add(roots[ns_id].hex())
+            else:
+                parent = origin.parent
+                meta = PageMeta(ns_id, layout_id, parent, origin.tokens, nbytes, checksum, now, now, 0)
+                if parent == roots[ns_id]:
+                    d.roots.add(parent.hex())
+            metas.append((h, encoder.encode(meta)))
+            links.append((parent, h))
             d.info = origin.namespace
             d.pages += 1
             d.bytes += nbytes
             d.last_access = now
-            if origin.parent == roots[ns_id]:
-                d.roots.add(origin.parent.hex())
         # Index records go in with putmulti: one C loop per sub-database instead of a Python call per record.
         txn.cursor(db=dbs.meta).putmulti(metas)
         txn.cursor(db=dbs.children).putmulti(links)

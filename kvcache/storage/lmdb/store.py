@@ -23,10 +23,11 @@ checksums, the format record) is shared with other backends. This module is the 
 the read path and the registry views.
 
 Integrity (`verify`): every stored page should hang from its namespace root through stored pages of the same
-namespace and layout. `put` keeps that (it refuses a page whose parent is neither its namespace root nor a stored
-page of its namespace) and so does eviction (it takes leaves only). A page dropped after failing its checksum, a
-parent whose records were lost to damage, or a chain an older kvc stored (its `put` took a page whose parent was
-not stored) leaves pages below a gap. Those are reported as `orphan` (one finding per chain head, its subtree
+namespace and layout. `put` keeps that: it refuses a token page whose parent is neither its namespace root nor a
+stored page of its namespace (the whole batch), and links an engine page whose parent is unknown under its
+namespace root instead (an engine page's hash is its key's under that root: it needs no parent to be read).
+Eviction keeps it too (it takes leaves only). A page dropped after failing its checksum, a parent whose records
+were lost to damage, or a chain written before `put` refused unknown parents leaves pages below a gap. Those are reported as `orphan` (one finding per chain head, its subtree
 counted in the detail) and stay until a writer stores the missing page again (which heals the chain) or
 `verify(repair=True)` removes them.
 
@@ -309,6 +310,7 @@ class LMDBStore(StoreHandle):
             return 0
         shared = self._live()
         digest, seeds, stored = self._checksum.digest, self._checksum.seeds(hashes), CHECKSUM_FIELD.unpack_from
+        digest_parts = self._checksum.digest_parts
         corrupt = self._access.corrupt
         suspect: list[bytes] = []  # failed their checks: quarantined once the read is known sound (lock-free)
         done = 0  # pages copied and verified so far: what a read that fails midway still delivered
@@ -329,8 +331,13 @@ class LMDBStore(StoreHandle):
                 if len(value) - HEADER != len(out):
                     suspect.append(h)
                     break
-                out[:] = value[HEADER:]
-                if digest(out, seed) != stored(value)[0]:
+                if type(out) is memoryview:
+                    out[:] = value[HEADER:]
+                    summed = digest(out, seed)
+                else:  # a page in segments (checks.Segments): copied in order, summed as copied
+                    out.fill(value[HEADER:])
+                    summed = digest_parts(out.views, seed)
+                if summed != stored(value)[0]:
                     suspect.append(h)
                     break
                 done += 1
@@ -347,7 +354,7 @@ class LMDBStore(StoreHandle):
             done = 0
         count_read(self._counts, done, n, copied=True)
         if done and not self.readonly:
-            self._access.record(hashes[done - 1], done, self.flush)
+            self._access.record(hashes[:done], self.flush)
         return done
 
     def page_meta(self, page_hash: bytes) -> PageMeta | None:
@@ -432,16 +439,18 @@ class LMDBStore(StoreHandle):
     def put(self, hashes: Sequence[bytes], pages: Sequence[Any], origins: Sequence[PageOrigin]) -> PutResult:
         """Store a batch of pages in one write transaction (metadata, indexes and counters with it; see `put`).
 
-        Every page's parent must be its namespace's root or a stored page of its namespace (one earlier in the
-        batch counts): a batch with any other page is refused whole (InvalidInput). Pages already stored are
-        left as they are (`existing`). Over a namespace's limit (its store share, else the quota), the oldest
+        Every token page's parent must be its namespace's root or a stored page of its namespace (one earlier in
+        the batch counts): a batch with any other token page is refused whole (InvalidInput). An engine page
+        (`PageOrigin.key`) under a parent that is no such page is stored under its namespace root. Pages may be
+        given as lists of segments (`checks.Segments`). Pages already stored are left as they are (`existing`);
+        `outcomes` says what became of each page. Over a namespace's limit (its store share, else the quota), the oldest
         leaf pages (no stored children) of that namespace are evicted to make room; over the capacity, the
         oldest leaf pages of any namespace. Pages that still do not fit are `rejected`: once a page of a
         namespace is rejected, so are the namespace's later pages in the batch (all of them, at the capacity),
         so what is stored of a chain stays a prefix. Logged reads are written in the same transaction.
         """
         self._check_writable()
-        views = put_views(self.layout, hashes, pages, origins)
+        views = put_views(self.layout, hashes, pages, origins, self.chain_key)
         if not hashes:
             return PutResult(0, 0, 0, 0, 0)
         layout = self.layout

@@ -42,12 +42,24 @@ from ..codec import (
     decode_namespace,
     decode_or_none,
     encoder,
+    engine_keyed,
     stored_checksum,
 )
 from ..isolated import Died
 from ..keyfile import key_if_any
-from ..verify import Findings, Guard, PageRow, Removal, RepairOps, ScannedPage, Snapshot, check_page
-from ..verify_parts import Catalogue, KeyRange, NsSum, PartContext, PartProgress, PartReport, replays
+from ..verify import (
+    EngineHashes,
+    Findings,
+    Guard,
+    PageRow,
+    Removal,
+    RepairOps,
+    ScannedPage,
+    Snapshot,
+    check_page,
+    recorded_roots,
+)
+from ..verify_parts import Catalogue, HeldPage, KeyRange, NsSum, PartContext, PartProgress, PartReport, replays
 from .env import DEFAULT_MAP_SIZE, SharedEnv, acquire, release
 from .registry import NsDelta, adjust_totals, apply_deltas, decode_totals, drop_page, recount
 
@@ -412,7 +424,7 @@ class _RepairOps:
         size = len(value) - HEADER
         layout = self.layouts.get(meta.layout_id)
         if (not self.checksum.sound(value, h) or meta.checksum != stored_sum or meta.nbytes != size
-                or (layout is not None and layout.bytes_per_page != size) or not chains_to(h, meta)):
+                or (layout is not None and layout.bytes_per_page != size) or not self._hash_sound(h, meta)):
             return True
         up = txn.get(meta.parent, db=dbs.meta)
         if up is not None:
@@ -425,6 +437,18 @@ class _RepairOps:
         # Not its own root: an orphan, or a child of another namespace's root; a parent with bytes but no
         # metadata is that page's defect, and this page goes as part of its subtree.
         return txn.get(meta.parent, db=dbs.pages) is None
+
+    def _hash_sound(self, h: bytes, meta: PageMeta) -> bool:
+        """Whether `h` is the hash its metadata gives: H(parent || tokens), or an engine page's key under its root
+        (recomputed with the chain key, else one its namespace's record keeps; no record that decodes: assume
+        so, and keep the page)."""
+        if not meta.key:
+            return chains_to(h, meta)
+        if self.chain_key is not None:
+            return engine_keyed(h, meta, (hash_root_of_id(meta.layout_id, meta.ns_id, self.chain_key),))
+        raw = self.txn.get(meta.ns_id, db=self.dbs.namespaces)
+        record = decode_or_none(decode_namespace, raw) if raw is not None else None
+        return record is None or engine_keyed(h, meta, recorded_roots(record))
 
     def _own_root(self, root: bytes, layout_id: bytes, ns_id: bytes) -> bool:
         """Whether `root` is the chain root of namespace `ns_id` under `layout_id`: recomputed with the chain key,
@@ -483,6 +507,7 @@ class _PartReader:
         self.chunk = LOCK_FREE_CHUNK_PAGES if source.shared.lock_free else VERIFY_CHUNK_PAGES
         self.out = PartReport([], [], 0, 0, [])
         self.txnids: set[int] = set()
+        self.roots: dict[tuple[bytes, bytes], bytes] = {}  # EngineHashes.roots, computed once per range
 
     def _first(self, cur: Any, after: bytes | None) -> bool:
         """Position `cur` on the first key of the range past `after` (None: from the range's start)."""
@@ -497,9 +522,16 @@ class _PartReader:
     def _inside(self, key: bytes) -> bool:
         return self.part.hi is None or key < self.part.hi
 
-    def _done(self, found: Findings, missed: list[bytes], txn_id: int) -> None:
+    def _engine(self) -> EngineHashes:
+        """The engine-page hash check of one chunk (the roots it computes are kept for the next)."""
+        engine = EngineHashes(self.source.chain_key)
+        engine.roots = self.roots
+        return engine
+
+    def _done(self, found: Findings, missed: list[bytes], txn_id: int, engine: EngineHashes) -> None:
         self.out.findings += replays(found.items, {h.hex(): h for h in found.by_page}, found.remove, found.relink)
         self.out.missed_meta += missed
+        self.out.held += [HeldPage(h, meta) for h, meta in engine.held]
         self.txnids.add(txn_id)
 
     def full(self, report: Callable[[PartProgress], None]) -> PartReport:
@@ -511,6 +543,7 @@ class _PartReader:
 
         def chunk(txn: lmdb.Transaction) -> tuple[Any, ...]:
             found = Findings()
+            engine = self._engine()
             missed: list[bytes] = []
             unsure = ""
             children = txn.cursor(db=dbs.children)
@@ -533,7 +566,7 @@ class _PartReader:
                         missed.append(h)
                     pages += 1
                     nbytes += max(len(value) - HEADER, 0)
-                    check_page(found, page, ctx.layouts, ctx.checksum)
+                    check_page(found, page, ctx.layouts, ctx.checksum, engine)
                     if len(found.items) == before and page.meta is not None:
                         unsure = unsure or self._parent_unsure(txn, page.meta)
                         acc = chunk_sums.setdefault(page.meta.ns_id, [0, 0])
@@ -555,13 +588,13 @@ class _PartReader:
                 if k not in seen:
                     unsure = unsure or "metadata without a page"
                 at = metas.next() and self._inside(bytes(metas.key()))
-            return found, missed, keys, pages, nbytes, chunk_sums, unsure, meta_keys, txn.id(), positioned
+            return found, engine, missed, keys, pages, nbytes, chunk_sums, unsure, meta_keys, txn.id(), positioned
 
         while True:
             report(PartProgress(out.pages, after or b""))
-            found, missed, keys, pages, nbytes, chunk_sums, unsure, meta_keys, txn_id, more = self.shared.reading(
-                chunk, buffers=True)
-            self._done(found, missed, txn_id)
+            found, engine, missed, keys, pages, nbytes, chunk_sums, unsure, meta_keys, txn_id, more = \
+                self.shared.reading(chunk, buffers=True)
+            self._done(found, missed, txn_id, engine)
             out.pages += pages
             out.nbytes += nbytes
             out.meta_keys += meta_keys
@@ -602,6 +635,7 @@ class _PartReader:
 
         def chunk(txn: lmdb.Transaction) -> tuple[Any, ...]:
             found = Findings()
+            engine = self._engine()
             missed: list[bytes] = []
             cur = txn.cursor(db=dbs.meta)
             positioned = self._first(cur, after)
@@ -626,14 +660,15 @@ class _PartReader:
                                 missed.append(h)
                             pages += 1
                             nbytes += max(len(value) - HEADER, 0)
-                            check_page(found, page, ctx.layouts, ctx.checksum)
+                            check_page(found, page, ctx.layouts, ctx.checksum, engine)
                 positioned = cur.next() and self._inside(bytes(cur.key()))
-            return found, missed, keys, changed, pages, nbytes, txn.id(), positioned
+            return found, engine, missed, keys, changed, pages, nbytes, txn.id(), positioned
 
         while True:
             report(PartProgress(walked, after or b""))
-            found, missed, keys, changed, pages, nbytes, txn_id, more = self.shared.reading(chunk, buffers=True)
-            self._done(found, missed, txn_id)
+            found, engine, missed, keys, changed, pages, nbytes, txn_id, more = self.shared.reading(chunk,
+                                                                                                    buffers=True)
+            self._done(found, missed, txn_id, engine)
             walked += len(keys)
             out.changed += changed
             out.pages += pages
