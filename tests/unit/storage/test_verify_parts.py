@@ -18,14 +18,15 @@ import pytest
 from lmdb_surgery import Raw, raw
 
 from kvcache.errors import InvalidInput, StoreError
-from kvcache.storage.api import NamespaceRecord, PageMeta, page_origins
+from kvcache.storage.api import NamespaceRecord, PageMeta, engine_origins, page_origins
 from kvcache.storage.lmdb import salvage
+from kvcache.storage.lmdb import store as lmdb_store
 from kvcache.storage.lmdb.env import DEFAULT_MAP_SIZE, acquire, release
 from kvcache.storage.lmdb.store import LMDBStore
 from kvcache.storage.lmdb.verify import LMDBIntegrity, read_history
 from kvcache.storage.verify import verify
 from kvcache.storage.verify_parts import NOT_CHECKED, AuditScope, KeyRange
-from kvcache.types.keys import pack_tokens
+from kvcache.types.keys import engine_page_hash, hash_root, pack_tokens
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import Namespace
 
@@ -308,3 +309,41 @@ def test_a_clean_store_is_proven_clean_by_the_workers_without_the_serial_structu
         assert r.txn.delete(r.meta(built.chains[0][1]).parent, built.chains[0][1], db=r.db["children"])
     with pytest.raises(AssertionError, match="the serial structure pass ran"):
         audit(path, AuditScope(workers=2))
+
+
+ENGINE_KEYS = [hashlib.sha256(bytes([i])).digest() for i in range(40)]
+
+
+@pytest.mark.parametrize("with_key", [True, False])
+def test_engine_pages_are_judged_by_workers_as_by_a_serial_audit_with_the_chain_key_or_without(path, built, with_key):
+    """Without the chain key an engine page's hash is judged with the registry (held by the worker, settled by the
+    parent): a page re-filed under another namespace's key hash is found all the same, in the serial order."""
+    with LMDBStore.open(path, LAYOUT) as s:
+        hashes, origins = engine_origins(s.layout, NS, s.chain_key, ENGINE_KEYS)
+        s.put(hashes, [payload(h) for h in hashes], origins)
+        chain_key = s.chain_key
+
+    def keyless_audit(scope=None):
+        shared = acquire(path, False, DEFAULT_MAP_SIZE, "none")
+        try:
+            source = LMDBIntegrity(shared)
+            if not with_key:
+                source.chain_key = None
+            return verify(source, scope=scope)
+        finally:
+            release(shared)
+
+    assert keyless_audit().ok and keyless_audit(AuditScope(workers=2)).ok
+    wrong = engine_page_hash(hash_root(LAYOUT.layout_id, NS2, chain_key), ENGINE_KEYS[-1])
+    with raw(path) as r:
+        meta = r.meta(hashes[-1])
+        value = r.txn.get(hashes[-1], db=r.db["pages"])
+        checksum = lmdb_store.CHECKSUMS[lmdb_store.DEFAULT_CHECKSUM].of(value[8:], wrong)
+        r.drop(hashes[-1])
+        r.txn.put(wrong, checksum.to_bytes(8, "little") + value[8:], db=r.db["pages"])
+        r.put_meta(wrong, msgspec.structs.replace(meta, checksum=checksum, created=time.time() + 3600))
+        r.txn.put(meta.parent, wrong, db=r.db["children"])
+    serial = keyless_audit()
+    assert [(f.kind, f.page_hash) for f in serial.findings] == [("hash_mismatch", wrong.hex())]
+    assert keyless_audit(AuditScope(workers=2)).findings == serial.findings
+    assert keyless_audit(AuditScope(workers=2, since=time.time() + 1800)).findings == serial.findings
