@@ -7,6 +7,9 @@ a possibly damaged store therefore runs in a child (`run_isolated`): the child r
 it reported (`Died`). The child's stderr (where LMDB prints its assertion) is kept, not shown, and it dumps no
 core.
 
+`run_isolated_all` runs several functions at once, one child each (the integrity audit's workers,
+`verify_parts`), and reads them as they report.
+
 The child is a fork: it starts at once, shares nothing writable with the parent, and ends with `os._exit` (no
 atexit handlers, no flush of the parent's buffers). Only the forking thread exists in it; the function must not
 need the parent's other threads (LMDB handles of the parent are closed in the child by the LMDB backend's fork hook).
