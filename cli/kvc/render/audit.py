@@ -65,11 +65,12 @@ class AuditOutput(msgspec.Struct):
     planned: list[PlannedRepair] = []  # with --repair --dry-run: what --repair would do, per finding
     original_kept: str | None = None  # with --repair: the data file as it was, kept beside the store
     salvage: SalvageReport | None = None  # with --repair of a damaged structure: pages kept, lost, unreadable bytes
-    scope: str = "full"  # a store's audit: "full" (every page, every check) or "incremental" (see `since`)
+    # a store's audit only (None for a snapshot's or a live cache's):
+    scope: str | None = None  # "full" (every page, every check) or "incremental" (see `since`)
     since: float | None = None  # incremental: unix seconds; the pages written or read back since then were checked
     not_checked: list[str] = []  # incremental: the checks it left out (keys of verify_parts.NOT_CHECKED)
-    workers: int = 1  # processes that read the store's pages
-    recorded: bool = False  # this audit was recorded in the store (what `--since last` reads)
+    workers: int | None = None  # processes that read the store's pages
+    recorded: bool | None = None  # this audit was recorded in the store (what `--since last` reads)
 
 
 def findings_of(violations: list[Any]) -> list[Finding]:

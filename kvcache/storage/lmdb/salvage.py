@@ -146,7 +146,7 @@ def audit_location(path: str, repair: bool = False, force: bool = False, lock: b
     if repair:
         _clean_after_killed_repair(path)
     keys = key_findings(path, repair)  # the key file is part of the store (keyfile)
-    check = _check(path, lock, scope, progress)
+    check = _check(path, lock, scope, progress, record=True)
     if repair and not check.ok:
         check = _repair_pages(path, check, force, scope.workers)
     return _with_key_findings(check, keys)
@@ -167,7 +167,7 @@ def _repair_pages(path: str, check: VerifyReport, force: bool, workers: int = 1)
         kept = _keep_consistent_copy(path)
         fixed, died = run_isolated(lambda report: _verify_in(path, report, repair=True), Reached, VerifyReport)
         if died is None:
-            after = _check(path, scope=AuditScope(workers=workers))
+            after = _check(path, scope=AuditScope(workers=workers), record=True)
             if after.ok or all(f.kind in _UNREPAIRED_KINDS for f in after.findings):
                 return msgspec.structs.replace(fixed, original_kept=kept)
     return _rebuild(path, check, force)
@@ -188,13 +188,14 @@ def _structural(report: VerifyReport) -> bool:
 
 
 def _verify_in(path: str, report: Callable[[Any], None], repair: bool, lock: bool = True,
-               scope: AuditScope | None = None) -> VerifyReport:
-    """In a child: open the store and verify it (and record the audit), reporting the walk's progress."""
+               scope: AuditScope | None = None, record: bool = False) -> VerifyReport:
+    """In a child: open the store and verify it, reporting the walk's progress; `record`: in the store's audit
+    record too (`kvc audit`; never a migration's check, which leaves the old data file untouched)."""
     with _env_of(path, durability=DEFAULT_DURABILITY, lock=lock) as shared:
         if repair and not shared.writable:
             raise StoreReadOnly(path, "cannot repair: the store is at a read-only location")
         progress = lambda db, n, key: report(Reached(db, n, key.hex() if key else ""))  # noqa: E731
-        return verify(LMDBIntegrity(shared, progress=progress, record=True), repair, scope)
+        return verify(LMDBIntegrity(shared, progress=progress, record=record), repair, scope)
 
 
 @contextlib.contextmanager
@@ -209,7 +210,7 @@ def _env_of(path: str, create: bool = False, durability: str = "none", lock: boo
 
 
 def _check(path: str, lock: bool = True, scope: AuditScope | None = None,
-           progress: Callable[[str, int], None] | None = None) -> VerifyReport:
+           progress: Callable[[str, int], None] | None = None, record: bool = False) -> VerifyReport:
     """verify() in a child; its death (or a fault inside LMDB) is a `structure_corrupt` finding whose detail says
     what `--repair` would do (`_survey`). A lock-free
     check (`env`) is run again when writers overtook it: a read that failed, or a child that died, while the
@@ -217,7 +218,8 @@ def _check(path: str, lock: bool = True, scope: AuditScope | None = None,
     lock_free = not lock or not lock_file_writable(path)
     for _ in range(LOCK_FREE_CHECKS if lock_free else 1):
         before = committed_txnid(path) if lock_free else 0
-        report, died = run_isolated(lambda r: _verify_in(path, r, repair=False, lock=lock, scope=scope), Reached,
+        report, died = run_isolated(lambda r: _verify_in(path, r, repair=False, lock=lock, scope=scope,
+                                                         record=record), Reached,
                                     VerifyReport, on_progress=None if progress is None else
                                     lambda reached: progress(reached.db, reached.records))
         if died is None:

@@ -35,6 +35,7 @@ from ..api import AuditHistory, AuditRecord, LayoutRecord, PageMeta, VerifyRepor
 from ..chain import chain_key_of
 from ..codec import (
     CHECKSUMS,
+    FORMAT_VERSION,
     HEADER,
     chains_to,
     decode_layout,
@@ -84,8 +85,10 @@ class LMDBIntegrity:
     def __init__(self, shared: SharedEnv, write: Callable[[Callable[[lmdb.Transaction], Any]], Any] | None = None,
                  progress: Progress | None = None, record: bool = False) -> None:
         self.shared = shared
-        # record this audit in the store (`AuditHistory`): only an audit of a store it may write says so
-        self._record = record and shared.writable and not shared.lock_free
+        # record this audit in the store (`AuditHistory`): only an audit of a store it may write, in the current
+        # format (an older one is left as it is until `kvc migrate`)
+        self._record = record and shared.writable and not shared.lock_free and \
+            shared.format.version == FORMAT_VERSION
         self.checksum = CHECKSUMS[shared.format.checksum]
         # the roots' key from the store's key file (None: this user may not read it; roots come from the records)
         # a key file that does not read is the audit's `key_file` finding, never the death of its walk
