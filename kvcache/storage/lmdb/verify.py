@@ -495,6 +495,11 @@ class _RepairOps:
         return "page", meta.nbytes
 
 
+def _below(key: Any, hi: int) -> bool:
+    """Whether `key` sorts below a range that ends at first key byte `hi` (256: none)."""
+    return not len(key) or key[0] < hi
+
+
 def read_history(txn: lmdb.Transaction, dbs: Any) -> AuditHistory:
     """The store's audit record (empty when none, or when it does not decode: the next audit writes it anew)."""
     raw = txn.get(AUDIT_KEY, db=dbs.store)
@@ -522,9 +527,6 @@ class _PartReader:
                 positioned = cur.next()
         return positioned and (self.part.hi is None or bytes(cur.key()) < self.part.hi)
 
-    def _inside(self, key: bytes) -> bool:
-        return self.part.hi is None or key < self.part.hi
-
     def _engine(self) -> EngineHashes:
         """The engine-page hash check of one chunk (the roots it computes are kept for the next)."""
         engine = EngineHashes(self.source.chain_key)
@@ -543,6 +545,7 @@ class _PartReader:
         out, ctx, dbs = self.out, self.ctx, self.dbs
         sums: dict[bytes, list[int]] = {}
         after: bytes | None = None
+        hi = self.part.hi[0] if self.part.hi is not None else 256  # ranges split on the first key byte
 
         def chunk(txn: lmdb.Transaction) -> tuple[Any, ...]:
             found = Findings()
@@ -575,22 +578,23 @@ class _PartReader:
                         acc = chunk_sums.setdefault(page.meta.ns_id, [0, 0])
                         acc[0] += 1
                         acc[1] += page.meta.nbytes
-                positioned = cur.next() and self._inside(bytes(cur.key()))
+                positioned = cur.next() and _below(cur.key(), hi)
             # the metadata keys from where this chunk began up to its last page (the range's end when it is the
             # last chunk): each must be a page read here
             last = keys[-1] if positioned and keys else None
             metas = txn.cursor(db=dbs.meta)
-            at = self._first(metas, after)
             seen = set(keys)
             meta_keys = 0
-            while at:
-                k = bytes(metas.key())
-                if last is not None and k > last:
-                    break
-                meta_keys += 1
-                if k not in seen:
-                    unsure = unsure or "metadata without a page"
-                at = metas.next() and self._inside(bytes(metas.key()))
+            if self._first(metas, after):
+                for key in metas.iternext(keys=True, values=False):
+                    if not _below(key, hi):
+                        break
+                    k = bytes(key)
+                    if last is not None and k > last:
+                        break
+                    meta_keys += 1
+                    if k not in seen:
+                        unsure = unsure or "metadata without a page"
             return found, engine, missed, keys, pages, nbytes, chunk_sums, unsure, meta_keys, txn.id(), positioned
 
         while True:
@@ -633,7 +637,9 @@ class _PartReader:
         (a changed page without bytes: `missing_page`)."""
         out, ctx, dbs, since = self.out, self.ctx, self.dbs, self.ctx.since
         assert since is not None
-        after: bytes | None = None
+        resume: bytes | None = self.part.lo  # the first key of the next chunk (None: the first of the database)
+        hi = self.part.hi[0] if self.part.hi is not None else 256  # ranges split on the first key byte
+        limit = self.chunk * 64  # metadata records per read transaction: no payload is read unless changed
         walked = 0
 
         def chunk(txn: lmdb.Transaction) -> tuple[Any, ...]:
@@ -641,43 +647,51 @@ class _PartReader:
             engine = self._engine()
             missed: list[bytes] = []
             cur = txn.cursor(db=dbs.meta)
-            positioned = self._first(cur, after)
-            keys: list[bytes] = []
-            changed = pages = nbytes = 0
-            while positioned and len(keys) < self.chunk * 16:  # metadata only: no payload is read unless changed
-                h = bytes(cur.key())
-                keys.append(h)
-                meta = decode_or_none(decode_meta, cur.value())
-                if meta is None or meta.created >= since or meta.last_access >= since:
+            changed = pages = nbytes = n = 0
+            stop: bytes | None = None  # the first key left for the next chunk
+            if cur.set_range(resume) if resume is not None else cur.first():
+                # the hot loop: one decode per record, the key copied only for a changed page
+                for key, raw in cur.iternext():
+                    if len(key) and key[0] >= hi:
+                        break
+                    if n == limit:
+                        stop = bytes(key)
+                        break
+                    n += 1
+                    try:
+                        meta: PageMeta | None = decode_meta(raw)
+                    except (msgspec.DecodeError, msgspec.ValidationError):
+                        meta = None
+                    if meta is not None and meta.created < since and meta.last_access < since:
+                        continue
+                    h = bytes(key)
                     changed += 1
                     value = txn.get(h, db=dbs.pages)
                     if value is None:
                         found.add("missing_page", h, "metadata that does not decode, without a page" if meta is None
                                   else "metadata without a page", remove=True)
-                    else:
-                        page = self.source._scanned(txn, h, value)
-                        if page is None:
-                            found.add("dangling_index", h, "a pages key that is not a page hash", remove=True)
-                        else:
-                            if page.meta is None and not page.damaged:
-                                missed.append(h)
-                            pages += 1
-                            nbytes += max(len(value) - HEADER, 0)
-                            check_page(found, page, ctx.layouts, ctx.checksum, engine)
-                positioned = cur.next() and self._inside(bytes(cur.key()))
-            return found, engine, missed, keys, changed, pages, nbytes, txn.id(), positioned
+                        continue
+                    page = self.source._scanned(txn, h, value)
+                    if page is None:
+                        found.add("dangling_index", h, "a pages key that is not a page hash", remove=True)
+                        continue
+                    if page.meta is None and not page.damaged:
+                        missed.append(h)
+                    pages += 1
+                    nbytes += max(len(value) - HEADER, 0)
+                    check_page(found, page, ctx.layouts, ctx.checksum, engine)
+            return found, engine, missed, n, stop, changed, pages, nbytes, txn.id()
 
         while True:
-            report(PartProgress(walked, after or b""))
-            found, engine, missed, keys, changed, pages, nbytes, txn_id, more = self.shared.reading(chunk,
-                                                                                                    buffers=True)
+            report(PartProgress(walked, resume or b""))
+            found, engine, missed, n, stop, changed, pages, nbytes, txn_id = self.shared.reading(chunk, buffers=True)
             self._done(found, missed, txn_id, engine)
-            walked += len(keys)
+            walked += n
             out.changed += changed
             out.pages += pages
             out.nbytes += nbytes
-            if not more or not keys:
+            if stop is None:
                 break
-            after = keys[-1]
+            resume = stop
         out.txnids = sorted(self.txnids)
         return out
