@@ -35,7 +35,10 @@ from .ownership import NodeState, OwnershipSource, OwnershipState, PoolState, co
 from .snapshot import Snapshot, decode_snapshot
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..storage.api import VerifyReport
+    from ..storage.verify_parts import AuditScope
 
 _MAX_LISTED = 32  # pages listed per violation; `count` has the full number
 
@@ -53,20 +56,28 @@ def audit_snapshot(doc: Snapshot | bytes) -> AuditReport:
     return check_state(doc.state)
 
 
-def audit_store(location: str, repair: bool = False, force: bool = False, lock: bool = True) -> "VerifyReport":
+def audit_store(location: str, repair: bool = False, force: bool = False, lock: bool = True,
+                scope: "AuditScope | None" = None,
+                progress: "Callable[[str, int], None] | None" = None) -> "VerifyReport":
     """The L3 integrity audit of the store at `location` (`L3Store.verify`), with `repair` what base.REPAIRS
     allows. A backend that can run it isolated (LMDB: in child processes, so that a B-tree damaged enough to make
     LMDB abort yields a `structure_corrupt` finding instead of killing the caller, and a repair rebuilds it) does;
     any other is opened here and verified. `force`: let an LMDB rebuild replace a file that is not LMDB, or keep
     nothing (RepairRefused otherwise). `lock` False: LMDB reads the store lock-free, writing nothing to its
-    directory (any other backend is opened read-only as it is without `repair`)."""
+    directory (any other backend is opened read-only as it is without `repair`).
+
+    `scope` (`kvcache.storage.verify_parts.AuditScope`): how many worker processes read the pages, and whether
+    only the pages changed since a time (or since the store's last clean audit) are checked; a backend that
+    cannot (any but LMDB) runs its full serial audit, and the report's `scope` says which ran. `progress(what,
+    records)`: called as the audit walks the store (LMDB). An LMDB store records each audit it may write
+    (`AuditHistory`): `since_last` reads it."""
     import contextlib
 
     from ..storage.registry import backend_class, open_store, scheme_of
 
     isolated = getattr(backend_class(scheme_of(location)), "verify_location", None)
     if isolated is not None:
-        return isolated(location, repair=repair, force=force, lock=lock)
+        return isolated(location, repair=repair, force=force, lock=lock, scope=scope, progress=progress)
     with contextlib.closing(open_store(location, readonly=not repair)) as store:
         return store.verify(repair=repair)
 

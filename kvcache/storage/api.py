@@ -320,6 +320,31 @@ class VerifyReport(msgspec.Struct, frozen=True):
     removals: list[VerifyRemoval] = []  # every record verify(repair=True) removed
     original_kept: str | None = None  # with repair: where the data file was kept before anything was rewritten
     salvage: SalvageReport | None = None  # with repair of a damaged structure: what the rebuild kept and lost
+    scope: str = "full"  # "full": every page and every check; "incremental": only pages changed since `since`
+    since: float | None = None  # incremental: unix seconds; pages written (or read back) since then were checked
+    not_checked: list[str] = []  # incremental: the checks it did not do (keys of verify.NOT_CHECKED)
+    workers: int = 1  # processes that read the store's pages (1: one pass in the auditing process)
+    recorded: bool = False  # written to the store's audit record (`AuditHistory`); False when read-only or lock-free
+
+
+class AuditRecord(msgspec.Struct, frozen=True):
+    """One integrity audit as a store records it (`AuditHistory`)."""
+
+    started: float  # unix seconds, taken in a write transaction before the first page was read: every page
+    #                 written later carries a later `PageMeta.created`
+    finished: float  # unix seconds
+    ok: bool  # nothing found
+    scope: str  # "full" or "incremental" (VerifyReport.scope)
+    since: float | None  # incremental: the pages changed since then were checked
+    pages_checked: int
+
+
+class AuditHistory(msgspec.Struct, frozen=True):
+    """A store's record of its integrity audits: `kvc audit --since last` checks the pages changed since
+    `last_clean.started`."""
+
+    last: AuditRecord | None = None  # the latest audit recorded, clean or not
+    last_clean: AuditRecord | None = None  # the latest that found nothing (it only ever moves on a clean audit)
 
 
 class CapacityPolicy(msgspec.Struct, frozen=True):

@@ -7,6 +7,9 @@ a possibly damaged store therefore runs in a child (`run_isolated`): the child r
 it reported (`Died`). The child's stderr (where LMDB prints its assertion) is kept, not shown, and it dumps no
 core.
 
+`run_isolated_all` runs several functions at once, one child each (the integrity audit's workers,
+`verify_parts`), and reads them as they report.
+
 The child is a fork: it starts at once, shares nothing writable with the parent, and ends with `os._exit` (no
 atexit handlers, no flush of the parent's buffers). Only the forking thread exists in it; the function must not
 need the parent's other threads (LMDB handles of the parent are closed in the child by the LMDB backend's fork hook).
@@ -14,6 +17,7 @@ need the parent's other threads (LMDB handles of the parent are closed in the ch
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import resource
@@ -21,7 +25,7 @@ import select
 import signal
 import struct
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -94,6 +98,105 @@ def run_isolated(fn: Callable[[Callable[[Any], None]], Any], progress_type: Any 
     finally:
         os.close(read_fd)
         _, status = os.waitpid(pid, 0)
+    return _outcome(status, got_result, result, error, last, err_file, progress_type, result_type)
+
+
+def run_isolated_all(fns: Sequence[Callable[[Callable[[Any], None]], Any]], progress_type: Any = Any,
+                     result_type: Any = Any, on_progress: Callable[[int, Any], None] | None = None,
+                     stall_s: float = STALL_S) -> list[tuple[Any, Died | None]]:
+    """`run_isolated` of every function at once, each in its own forked child (all forked before any is read, from
+    this thread): per function, in order, (result, None) or (None, Died). `on_progress(i, value)` sees the
+    progress values of child `i` as they arrive. Children that all stay silent for `stall_s` seconds are killed."""
+    children: list[_Running] = []
+    try:
+        for fn in fns:
+            children.append(_Running.fork(fn))
+    except BaseException:
+        for child in children:
+            child.kill()
+            child.finish(progress_type, result_type)
+        raise
+    open_fds = {c.fd: i for i, c in enumerate(children)}
+    try:
+        while open_fds:
+            ready = select.select(list(open_fds), [], [], stall_s)[0]
+            if not ready:
+                raise _Stalled()
+            for fd in ready:
+                i = open_fds[fd]
+                for kind, payload in children[i].take():
+                    if kind == "progress" and on_progress is not None:
+                        on_progress(i, msgspec.convert(payload, progress_type))
+                if children[i].ended:
+                    del open_fds[fd]
+    except _Stalled:
+        for i in open_fds.values():
+            children[i].kill()
+    return [c.finish(progress_type, result_type) for c in children]
+
+
+class _Running:
+    """One child of `run_isolated_all`: its pipe, what it sent so far, its stderr file."""
+
+    def __init__(self, pid: int, fd: int, err_file: Any) -> None:
+        self.pid, self.fd, self.err_file = pid, fd, err_file
+        self.buf = bytearray()
+        self.ended = False
+        self.last: Any = None  # the last progress value
+        self.result: Any = None
+        self.got_result = False
+        self.error: tuple[str, str] | None = None
+
+    @classmethod
+    def fork(cls, fn: Callable[[Callable[[Any], None]], Any]) -> "_Running":
+        read_fd, write_fd = os.pipe()
+        err_file = tempfile.TemporaryFile(prefix="kvc-isolated-")
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            _child(fn, read_fd, write_fd, err_file.fileno())
+        os.close(write_fd)
+        return cls(pid, read_fd, err_file)
+
+    def take(self) -> list[tuple[str, Any]]:
+        """The whole messages readable now (the pipe is readable); `ended` once it is closed."""
+        part = os.read(self.fd, 1 << 16)
+        if not part:
+            self.ended = True
+            os.close(self.fd)
+        self.buf += part
+        out = []
+        while len(self.buf) >= _LENGTH.size:
+            (size,) = _LENGTH.unpack_from(self.buf)
+            if len(self.buf) < _LENGTH.size + size:
+                break
+            kind, payload = msgspec.msgpack.decode(bytes(self.buf[_LENGTH.size:_LENGTH.size + size]))
+            del self.buf[:_LENGTH.size + size]
+            if kind == "progress":
+                self.last = payload
+            elif kind == "result":
+                self.result, self.got_result = payload, True
+            elif kind == "error":
+                self.error = (payload[0], payload[1])
+            out.append((kind, payload))
+        return out
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    def finish(self, progress_type: Any, result_type: Any) -> tuple[Any, Died | None]:
+        """Reap the child: (result, None) or (None, Died), as `run_isolated`."""
+        if not self.ended:
+            os.close(self.fd)
+            self.ended = True
+        _, status = os.waitpid(self.pid, 0)
+        return _outcome(status, self.got_result, self.result, self.error, self.last, self.err_file, progress_type,
+                        result_type)
+
+
+def _outcome(status: int, got_result: bool, result: Any, error: tuple[str, str] | None, last: Any, err_file: Any,
+             progress_type: Any, result_type: Any) -> tuple[Any, Died | None]:
+    """How a reaped child ended: (result, None) or (None, Died), its stderr file closed."""
     err_file.seek(0, os.SEEK_END)
     size = err_file.tell()
     err_file.seek(max(0, size - _STDERR_KEPT))

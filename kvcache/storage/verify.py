@@ -30,11 +30,21 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
+from ..errors import InvalidInput
 from ..types.keys import hash_root_of_id
 from ..types.layout import KVLayout
 from .api import LayoutRecord, NamespaceRecord, PageMeta, VerifyFinding, VerifyRemoval, VerifyReport
 from .chain import ChainRoots
 from .codec import HEADER, Checksum, chains_to, engine_keyed, stored_checksum
+from .verify_parts import (
+    NOT_CHECKED,
+    AuditLog,
+    AuditScope,
+    PartContext,
+    PartedSource,
+    run_parts,
+    structure_proven,
+)
 
 T = TypeVar("T")
 
@@ -248,9 +258,31 @@ def _hash_mismatch(found: Findings, h: bytes, meta: PageMeta) -> None:
                                       f"bytes): a page filed under a wrong hash", remove=True)
 
 
-def verify(source: IntegritySource, repair: bool = False) -> VerifyReport:
+def verify(source: IntegritySource, repair: bool = False, scope: AuditScope | None = None) -> VerifyReport:
     """Audit the store behind `source` (and with `repair`, apply api.REPAIRS): the body of `L3Store.verify`.
-    The caller checks that the store is writable before a repair."""
+    The caller checks that the store is writable before a repair.
+
+    `scope`: with more than one worker, or a `since`, a source that reads key ranges (`verify_parts.PartedSource`)
+    is read by forked children, or only its pages changed since then; any other source, and any repair, is
+    audited serially and whole. A source that records its audits (`verify_parts.AuditLog`) records this one."""
+    scope = scope or AuditScope()
+    log = source if isinstance(source, AuditLog) else None
+    since = scope.since
+    if scope.since_last:
+        since = log.last_clean() if log is not None else None
+    if repair and since is not None:
+        raise InvalidInput("a repair needs a full audit (it removes what the whole store's checks find)")
+    started = log.begin_audit() if log is not None else None
+    parted = source if isinstance(source, PartedSource) and not repair and (
+        since is not None or scope.workers > 1) else None
+    report = _audit(source, repair, parted, since, scope.workers)
+    if log is not None and started is not None:
+        report = msgspec.structs.replace(report, recorded=log.record_audit(started, report))
+    return report
+
+
+def _audit(source: IntegritySource, repair: bool, parted: PartedSource | None, since: float | None,
+           workers: int) -> VerifyReport:
     found = Findings()
     layouts: dict[bytes, KVLayout] = {}
     for key, record in source.layout_records().items():
@@ -258,6 +290,8 @@ def verify(source: IntegritySource, repair: bool = False) -> VerifyReport:
             found.damaged_record("layouts", key)
         else:
             layouts[key] = record.layout
+    if parted is not None:
+        return _audit_parts(source, parted, found, layouts, since, workers)
     checked = checked_bytes = 0
     engine = EngineHashes(source.chain_key)
     for page in source.scan_pages(found):
@@ -271,6 +305,38 @@ def verify(source: IntegritySource, repair: bool = False) -> VerifyReport:
     removals = _repair(source, found, kids, snap.tree)
     items = [msgspec.structs.replace(f, repaired=True) if i in found.fixed else f for i, f in enumerate(found.items)]
     return VerifyReport(not items, checked, checked_bytes, items, len(found.fixed), removals)
+
+
+def _audit_parts(source: IntegritySource, parted: PartedSource, found: Findings, layouts: dict[bytes, KVLayout],
+                 since: float | None, workers: int) -> VerifyReport:
+    """The audit read in key ranges (`verify_parts`): the ranges' findings in key order, then, for a full audit,
+    the structure checks unless the ranges proved them clean."""
+    cat = parted.catalogue()
+    registry = {k: r for k, r in cat.registry.items() if r is not None}
+    roots = ChainRoots(source.chain_key, {(lay, ns) for lay in layouts for ns in registry}, registry)
+    reports = run_parts(parted, PartContext(layouts, source.checksum, cat, roots, since), workers)
+    engine = EngineHashes(source.chain_key)
+    for r in reports:
+        for f in r.findings:
+            i = found.add(f.kind, f.page_hash, f.detail, Guard(f.guard) if f.guard is not None else False)
+            if f.relink and f.page_hash is not None:
+                found.relink.setdefault(f.page_hash, i)
+        parted.missed_meta(r.missed_meta)
+        engine.held += [(p.page_hash, p.meta) for p in r.held]  # in key order, as a serial scan holds them
+    checked, checked_bytes = sum(r.pages for r in reports), sum(r.nbytes for r in reports)
+    workers = max(1, min(workers, len(reports)))
+    if since is not None:
+        for h, meta in engine.settle(registry):
+            _hash_mismatch(found, h, meta)
+        return VerifyReport(not found.items, checked, checked_bytes, found.items, scope="incremental", since=since,
+                            not_checked=list(NOT_CHECKED), workers=workers)
+    held = list(engine.held)  # judged with the registry: by the catalogue's here, by the snapshot's if it runs
+    if not structure_proven(cat, reports) or engine.settle(registry):
+        engine.held = held
+        check_snapshot(found, source.snapshot(found), layouts, source.chain_key, engine)
+    return VerifyReport(not found.items, checked, checked_bytes, found.items, workers=workers)
+
+
 
 
 def check_page(found: Findings, page: ScannedPage, layouts: dict[bytes, KVLayout], checksum: Checksum,

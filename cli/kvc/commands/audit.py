@@ -7,6 +7,8 @@ cron job must hear about a store that needed repairing); 2 when the audit could 
 
 from __future__ import annotations
 
+import datetime
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -16,6 +18,7 @@ import typer
 from kvcache.errors import KeyFileError
 from kvcache.storage.api import REPAIRS
 from kvcache.storage.keyfile import KEY_FILE
+from kvcache.storage.verify_parts import AuditScope
 
 from .. import live
 from ..context import reads_lock_free, require_store
@@ -24,6 +27,7 @@ from ..formats import note_old_format, recorded_version
 from ..options import DEFAULT_STORE, DebugOpt, JsonOpt, NoHeadersOpt, OutputOpt, ReadOnlyOpt, SocketOpt, StoreOpt
 from ..render.audit import AuditOutput, Finding, PlannedRepair, findings_of, render_audit
 from ..render.output import Output, emit_listing, output_format
+from ..render.progress import progress
 from ..reporting import command
 
 
@@ -43,6 +47,14 @@ def audit(
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="With --repair: change nothing, print what --repair would do about each finding.")]
     = False,
+    since: Annotated[str | None, typer.Option(
+        "--since", help="Incremental audit: check only the pages written or read back since the start of the "
+        "store's last clean audit ('last'; a full audit when none is recorded) or since a time (unix seconds, or "
+        "ISO 8601 such as 2026-12-03T20:00:00+00:00). What needs the whole store (orphans, the children index, "
+        "counters) is not checked, and the output says so. LMDB stores; any other is audited in full.")] = None,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", min=1, help="Processes reading the store's pages (default: the cores this process may use). "
+        "Findings and their order do not depend on it; a repair itself runs in one.")] = None,
     socket: SocketOpt = None,
     read_only: ReadOnlyOpt = False,
     output: OutputOpt = None,
@@ -61,15 +73,20 @@ def audit(
         raise UsageError("--force goes with --repair")
     if read_only and repair and not dry_run:
         raise UsageError("--read-only cannot go with --repair (a repair writes the store)")
+    if since is not None and repair:
+        raise UsageError("--since cannot go with --repair (a repair needs a full audit)")
     sock = live.socket_path(socket)
     if repair and (snapshot is not None or sock is not None):
         raise UsageError("--repair works on a store, not on a snapshot or a live cache")
+    if (since is not None or workers is not None) and (snapshot is not None or sock is not None):
+        raise UsageError("--since and --workers go with a store's audit, not a snapshot's or a live cache's")
     if snapshot is not None:
         result = _snapshot_audit(snapshot)
     elif sock is not None:
         result = live.audit(sock)
     else:
-        result = _store_audit(store, repair, dry_run, force, read_only)
+        scope = AuditScope(workers or default_workers(), *_since(since))
+        result = _store_audit(store, repair, dry_run, force, read_only, scope, output_format(output, json))
     fmt = output_format(output, json)
     lost = next((f for f in result.violations if f.kind == "key_file"), None)
     if lost is not None and fmt not in (Output.JSON, Output.JSONL):
@@ -90,21 +107,52 @@ def _snapshot_audit(path: Path) -> AuditOutput:
                        msgspec.structs.asdict(report.checked))
 
 
-def _store_audit(location, repair: bool, dry_run: bool, force: bool, read_only: bool) -> AuditOutput:
+def default_workers() -> int:
+    """The cores this process may run on: `--workers`' default."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _since(text: str | None) -> tuple[float | None, bool]:
+    """`--since` as AuditScope's (since, since_last); a value that is neither 'last' nor a time is exit 2."""
+    if text is None:
+        return None, False
+    text = text.strip()
+    if text.lower() == "last":
+        return None, True
+    try:
+        return float(text), False
+    except ValueError:
+        pass
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(f"--since {text!r}: expected 'last', unix seconds or an ISO 8601 time") from None
+    if when.tzinfo is None:
+        raise UsageError(f"--since {text!r}: give the time zone (2026-12-03T20:00:00+00:00, or ...Z)")
+    return when.timestamp(), False
+
+
+def _store_audit(location, repair: bool, dry_run: bool, force: bool, read_only: bool, scope: AuditScope,
+                 fmt: Output) -> AuditOutput:
     from kvcache.diagnostics.audit import audit_store
 
     require_store(location)
     # audit_store survives a damaged store (LMDB: its walks run in child processes; see kvcache.diagnostics.audit)
     fix = repair and not dry_run
     lock = not reads_lock_free(location, read_only)  # a lock-free audit is said on stderr
-    report = audit_store(location.url, repair=fix, force=force, lock=lock)
+    # the bar counts the pages read (a terminal only; KVC_PROGRESS_FD lines either way)
+    with progress("audit pages", None, enabled=fmt is Output.TABLE) as advance:
+        report = audit_store(location.url, repair=fix, force=force, lock=lock, scope=scope,
+                             progress=lambda what, n: advance(n) if what == "pages" else None)
     version = recorded_version(location)
     if version is not None:
         note_old_format(location, version)
-    after = audit_store(location.url) if fix and not report.ok else None
+    after = audit_store(location.url, scope=AuditScope(scope.workers)) if fix and not report.ok else None
     checked = {"pages": report.pages_checked, "bytes": report.bytes_checked}
     found = [Finding(f.kind, f.detail, page_hash=f.page_hash) for f in report.findings]
-    result = AuditOutput("store", str(location), ["l3_integrity"], report.ok, found, checked)
+    result = AuditOutput("store", str(location), ["l3_integrity"], report.ok, found, checked, scope=report.scope,
+                         since=report.since, not_checked=report.not_checked, workers=report.workers,
+                         recorded=report.recorded)
     if dry_run:
         result.repair = "dry_run"
         result.planned = [PlannedRepair(f.kind, f.page_hash, REPAIRS.get(f.kind, "reported only")) for f in found]

@@ -7,12 +7,14 @@ alike.
 
 from __future__ import annotations
 
+import datetime
 from collections import defaultdict
 from typing import Any
 
 import msgspec
 
 from kvcache.storage.api import VERIFY_KINDS, SalvageReport, VerifyRemoval
+from kvcache.storage.verify_parts import NOT_CHECKED
 
 from .output import Column, Kind, Listing, Output, render
 from .text import human_bytes
@@ -63,6 +65,12 @@ class AuditOutput(msgspec.Struct):
     planned: list[PlannedRepair] = []  # with --repair --dry-run: what --repair would do, per finding
     original_kept: str | None = None  # with --repair: the data file as it was, kept beside the store
     salvage: SalvageReport | None = None  # with --repair of a damaged structure: pages kept, lost, unreadable bytes
+    # a store's audit only (None for a snapshot's or a live cache's):
+    scope: str | None = None  # "full" (every page, every check) or "incremental" (see `since`)
+    since: float | None = None  # incremental: unix seconds; the pages written or read back since then were checked
+    not_checked: list[str] = []  # incremental: the checks it left out (keys of verify_parts.NOT_CHECKED)
+    workers: int | None = None  # processes that read the store's pages
+    recorded: bool | None = None  # this audit was recorded in the store (what `--since last` reads)
 
 
 def findings_of(violations: list[Any]) -> list[Finding]:
@@ -84,6 +92,9 @@ def render_audit(result: AuditOutput, fmt: Output, findings_only: bool, no_heade
                ["result", "ok" if result.ok else f"{len(result.violations)} violation(s) found"]]
     summary += [[f"checked {name}", human_bytes(value) if name == "bytes" else f"{value:,}"]
                 for name, value in result.checked.items()]
+    if result.source == "store":
+        summary.append(["scope", _scope(result)])
+        summary += [["not checked", NOT_CHECKED[key]] for key in result.not_checked]
     if result.repair == "done":
         summary.append(["repair", f"{result.repaired} repaired, {len(result.removals)} records removed, "
                                   f"{len(result.remaining)} violation(s) left"])
@@ -114,6 +125,17 @@ def render_audit(result: AuditOutput, fmt: Output, findings_only: bool, no_heade
                                  Column("below")], removed))
     for section in sections:
         render(section, fmt, titled=True)
+
+
+def _scope(result: AuditOutput) -> str:
+    """How much of the store the audit read, with how many processes, and whether the store recorded it."""
+    if result.scope == "incremental" and result.since is not None:
+        when = datetime.datetime.fromtimestamp(result.since, datetime.timezone.utc).isoformat(timespec="seconds")
+        what = f"incremental: the pages written or read back since {when}"
+    else:
+        what = "full: every page"
+    return (f"{what}; {result.workers} worker process(es); "
+            + ("recorded in the store" if result.recorded else "not recorded in the store"))
 
 
 def _groups(findings: list[Finding], prefix: str) -> list[Listing]:

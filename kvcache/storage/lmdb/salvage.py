@@ -90,6 +90,7 @@ from ..codec import (
 from ..isolated import Died, run_isolated
 from ..keyfile import KEY_FILE, key_findings, key_if_any
 from ..verify import verify
+from ..verify_parts import AuditScope
 from . import pagefile
 from .env import (
     DB_NAMES,
@@ -126,11 +127,17 @@ class Reached(msgspec.Struct, frozen=True, array_like=True):
     last_key: str
 
 
-def audit_location(path: str, repair: bool = False, force: bool = False, lock: bool = True) -> VerifyReport:
+def audit_location(path: str, repair: bool = False, force: bool = False, lock: bool = True,
+                   scope: AuditScope | None = None, progress: Callable[[str, int], None] | None = None) -> VerifyReport:
     """The integrity audit of the LMDB store at `path`, run in child processes (see the module docstring).
     `force`: let a repair replace a data file that is not LMDB, or one from which it would keep nothing. `lock`
     False: read it lock-free, writing nothing to its directory (as a user who cannot write its lock file does
-    anyway; `env`)."""
+    anyway; `env`). `scope`: the workers and the incremental `since` of the check (`verify_parts`; a repair,
+    and the checks after it, read the whole store). `progress(sub-database, records)` as the check walks it.
+    Every audit of a store it may write is recorded in it (`AuditHistory`)."""
+    scope = scope or AuditScope()
+    if repair and (scope.since is not None or scope.since_last):
+        raise InvalidInput("a repair needs a full audit: it cannot go with an incremental one (since)")
     if repair and not lock:
         raise InvalidInput("a repair writes the store: it cannot run lock-free (read-only)")
     path = _store_path(path)
@@ -139,9 +146,9 @@ def audit_location(path: str, repair: bool = False, force: bool = False, lock: b
     if repair:
         _clean_after_killed_repair(path)
     keys = key_findings(path, repair)  # the key file is part of the store (keyfile)
-    check = _check(path, lock)
+    check = _check(path, lock, scope, progress, record=True)
     if repair and not check.ok:
-        check = _repair_pages(path, check, force)
+        check = _repair_pages(path, check, force, scope.workers)
     return _with_key_findings(check, keys)
 
 
@@ -153,13 +160,14 @@ def _with_key_findings(report: VerifyReport, keys: list[VerifyFinding]) -> Verif
                                    repaired=report.repaired + sum(f.repaired for f in keys))
 
 
-def _repair_pages(path: str, check: VerifyReport, force: bool) -> VerifyReport:
-    """The repair of what `check` found in the store's data (not its key file)."""
+def _repair_pages(path: str, check: VerifyReport, force: bool, workers: int = 1) -> VerifyReport:
+    """The repair of what `check` found in the store's data (not its key file); the check after it with
+    `workers`."""
     if not _structural(check):
         kept = _keep_consistent_copy(path)
         fixed, died = run_isolated(lambda report: _verify_in(path, report, repair=True), Reached, VerifyReport)
         if died is None:
-            after = _check(path)
+            after = _check(path, scope=AuditScope(workers=workers), record=True)
             if after.ok or all(f.kind in _UNREPAIRED_KINDS for f in after.findings):
                 return msgspec.structs.replace(fixed, original_kept=kept)
     return _rebuild(path, check, force)
@@ -179,13 +187,15 @@ def _structural(report: VerifyReport) -> bool:
     return any(f.kind == "structure_corrupt" for f in report.findings)
 
 
-def _verify_in(path: str, report: Callable[[Any], None], repair: bool, lock: bool = True) -> VerifyReport:
-    """In a child: open the store and verify it, reporting the walk's progress."""
+def _verify_in(path: str, report: Callable[[Any], None], repair: bool, lock: bool = True,
+               scope: AuditScope | None = None, record: bool = False) -> VerifyReport:
+    """In a child: open the store and verify it, reporting the walk's progress; `record`: in the store's audit
+    record too (`kvc audit`; never a migration's check, which leaves the old data file untouched)."""
     with _env_of(path, durability=DEFAULT_DURABILITY, lock=lock) as shared:
         if repair and not shared.writable:
             raise StoreReadOnly(path, "cannot repair: the store is at a read-only location")
         progress = lambda db, n, key: report(Reached(db, n, key.hex() if key else ""))  # noqa: E731
-        return verify(LMDBIntegrity(shared, progress=progress), repair)
+        return verify(LMDBIntegrity(shared, progress=progress, record=record), repair, scope)
 
 
 @contextlib.contextmanager
@@ -199,7 +209,8 @@ def _env_of(path: str, create: bool = False, durability: str = "none", lock: boo
         release(shared)
 
 
-def _check(path: str, lock: bool = True) -> VerifyReport:
+def _check(path: str, lock: bool = True, scope: AuditScope | None = None,
+           progress: Callable[[str, int], None] | None = None, record: bool = False) -> VerifyReport:
     """verify() in a child; its death (or a fault inside LMDB) is a `structure_corrupt` finding whose detail says
     what `--repair` would do (`_survey`). A lock-free
     check (`env`) is run again when writers overtook it: a read that failed, or a child that died, while the
@@ -207,7 +218,10 @@ def _check(path: str, lock: bool = True) -> VerifyReport:
     lock_free = not lock or not lock_file_writable(path)
     for _ in range(LOCK_FREE_CHECKS if lock_free else 1):
         before = committed_txnid(path) if lock_free else 0
-        report, died = run_isolated(lambda r: _verify_in(path, r, repair=False, lock=lock), Reached, VerifyReport)
+        report, died = run_isolated(lambda r: _verify_in(path, r, repair=False, lock=lock, scope=scope,
+                                                         record=record), Reached,
+                                    VerifyReport, on_progress=None if progress is None else
+                                    lambda reached: progress(reached.db, reached.records))
         if died is None:
             return report
         overtaken = died.error_type == "StoreChanged" or (

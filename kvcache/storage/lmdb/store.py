@@ -91,6 +91,7 @@ from ..codec import (  # noqa: F401
 from ..handle import StoreHandle, count_read, new_counts
 from ..keyfile import create_key, store_key
 from ..verify import removed_pages, verify
+from ..verify_parts import AuditScope
 from .access import AccessRecords
 from .delete import delete_namespace
 from .env import (  # noqa: F401
@@ -215,17 +216,20 @@ class LMDBStore(StoreHandle):
         return self._shared.lock_free
 
     @classmethod
-    def verify_location(cls, location: str, repair: bool = False, force: bool = False,
-                        lock: bool = True) -> VerifyReport:
+    def verify_location(cls, location: str, repair: bool = False, force: bool = False, lock: bool = True,
+                        scope: AuditScope | None = None,
+                        progress: Callable[[str, int], None] | None = None) -> VerifyReport:
         """`verify(repair)` of the store at `location`, safe against a damaged store: every pass runs in a child
         process, a walk that dies in a damaged B-tree is a `structure_corrupt` finding, and `repair` rebuilds
         such a store from what still reads back sound (see `salvage`), keeping the original data file beside it.
         `force`: replace a file that is not LMDB, or one a rebuild keeps nothing of (refused otherwise). `lock`
-        False: read it lock-free, writing nothing to its directory (no repair then). Opens nothing in this
+        False: read it lock-free, writing nothing to its directory (no repair then). `scope`: the check's workers
+        and incremental `since` (`kvcache.storage.verify_parts`); `progress(sub-database, records)` as it walks.
+        The audit is recorded in the store when it may be written (`AuditHistory`). Opens nothing in this
         process."""
         from .salvage import audit_location  # here: start-up of the commands that never audit skips it
 
-        return audit_location(location, repair, force, lock)
+        return audit_location(location, repair, force, lock, scope, progress)
 
     @classmethod
     def reads_lock_free(cls, location: str) -> bool:
@@ -526,7 +530,7 @@ class LMDBStore(StoreHandle):
 
     # -- integrity ------------------------------------------------------------------------------------------
 
-    def verify(self, repair: bool = False) -> VerifyReport:
+    def verify(self, repair: bool = False, scope: AuditScope | None = None) -> VerifyReport:
         """Scan every page (checksum, size, hash, metadata, indexes), the prefix trees and the registry counters
         (`kvcache.storage.verify`, read as this backend's `verify` module describes: payloads in short read
         transactions, the tree, index and counter checks on one snapshot of the metadata).
@@ -535,10 +539,14 @@ class LMDBStore(StoreHandle):
         page below it, dangling index entries, and recounts the registry. Every removal is rechecked inside its
         write transaction (at most REPAIR_BATCH_PAGES records each) and listed in the report's `removals`; a
         page that is sound and reachable from its namespace root is never removed.
+
+        `scope`: read the pages in forked worker processes, or only those changed since a time
+        (`kvcache.storage.verify_parts`); findings are a serial audit's. This call records nothing in the store
+        (`kvc audit` does: `verify_location`).
         """
         if repair:
             self._check_writable()
-        report = verify(LMDBIntegrity(self._live(), self._write, self.progress), repair)
+        report = verify(LMDBIntegrity(self._live(), self._write, self.progress), repair, scope)
         gone = removed_pages(report)
         if gone:
             self._access.unquarantine(gone)  # a writer may store them again

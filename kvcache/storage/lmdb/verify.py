@@ -19,30 +19,49 @@ repairing the records one by one would remove sound pages (`salvage` rebuilds su
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import lmdb
+import msgspec
 
+from ... import errors
+from ...errors import StoreError
 from ...types.keys import PAGE_HASH_BYTES, hash_root_of_id
 from ...types.layout import KVLayout
-from ..api import LayoutRecord, PageMeta
+from ..api import AuditHistory, AuditRecord, LayoutRecord, PageMeta, VerifyReport
 from ..chain import chain_key_of
 from ..codec import (
     CHECKSUMS,
+    FORMAT_VERSION,
     HEADER,
     chains_to,
     decode_layout,
     decode_meta,
     decode_namespace,
     decode_or_none,
+    encoder,
     engine_keyed,
     stored_checksum,
 )
+from ..isolated import Died
 from ..keyfile import key_if_any
-from ..verify import Findings, Guard, PageRow, Removal, RepairOps, ScannedPage, Snapshot, recorded_roots
-from .env import SharedEnv
+from ..verify import (
+    EngineHashes,
+    Findings,
+    Guard,
+    PageRow,
+    Removal,
+    RepairOps,
+    ScannedPage,
+    Snapshot,
+    check_page,
+    recorded_roots,
+)
+from ..verify_parts import Catalogue, HeldPage, KeyRange, NsSum, PartContext, PartProgress, PartReport, replays
+from .env import DEFAULT_MAP_SIZE, SharedEnv, acquire, release
 from .registry import NsDelta, adjust_totals, apply_deltas, decode_totals, drop_page, recount
 
 T = TypeVar("T")
@@ -50,6 +69,9 @@ T = TypeVar("T")
 VERIFY_CHUNK_PAGES = 256  # pages per read transaction when verifying (short read transactions, see above)
 LOCK_FREE_CHUNK_PAGES = 32  # ... when reading lock-free: copied out whole, and the shorter, the less overtaken
 REPAIR_BATCH_PAGES = 1024  # records removed per write transaction by verify(repair=True)
+
+AUDIT_KEY = b"audit"  # the store's AuditHistory, in the `store` sub-database
+_decode_history = msgspec.msgpack.Decoder(AuditHistory).decode
 
 Progress = Callable[[str, int, bytes | None], None]  # (sub-database, records walked, last key)
 
@@ -61,8 +83,12 @@ class LMDBIntegrity:
     recounts_after_removals = True  # one write transaction recounts exactly
 
     def __init__(self, shared: SharedEnv, write: Callable[[Callable[[lmdb.Transaction], Any]], Any] | None = None,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, record: bool = False) -> None:
         self.shared = shared
+        # record this audit in the store (`AuditHistory`): only an audit of a store it may write, in the current
+        # format (an older one is left as it is until `kvc migrate`)
+        self._record = record and shared.writable and not shared.lock_free and \
+            shared.format.version == FORMAT_VERSION
         self.checksum = CHECKSUMS[shared.format.checksum]
         # the roots' key from the store's key file (None: this user may not read it; roots come from the records)
         # a key file that does not read is the audit's `key_file` finding, never the death of its walk
@@ -100,8 +126,11 @@ class LMDBIntegrity:
             self._missed_meta.add(h)
         yield page
 
-    def _scanned(self, txn: lmdb.Transaction, h: bytes, value: Any) -> ScannedPage | None:
-        """The page stored under `h`, read in `txn`; None for a key that is no page hash."""
+    def _scanned(self, txn: lmdb.Transaction, h: bytes, value: Any, children: Any = None,
+                 registry: Any = None) -> ScannedPage | None:
+        """The page stored under `h`, read in `txn`; None for a key that is no page hash. `children`: a cursor
+        on the children index in `txn` to reuse; `registry`: the namespace ids recorded as of `txn`'s snapshot
+        (None: look each up)."""
         dbs = self.shared.dbs
         if len(h) != PAGE_HASH_BYTES:
             return None
@@ -111,8 +140,10 @@ class LMDBIntegrity:
         meta = decode_or_none(decode_meta, raw)
         if meta is None:
             return ScannedPage(h, value, None, damaged=True)
-        return ScannedPage(h, value, meta, indexed=txn.cursor(db=dbs.children).set_key_dup(meta.parent, h),
-                           registered=txn.get(meta.ns_id, db=dbs.namespaces) is not None)
+        registered = (meta.ns_id in registry if registry is not None
+                      else txn.get(meta.ns_id, db=dbs.namespaces) is not None)
+        return ScannedPage(h, value, meta, registered=registered,
+                           indexed=(children or txn.cursor(db=dbs.children)).set_key_dup(meta.parent, h))
 
     def _scan_pages_lock_free(self, found: Findings) -> Iterator[ScannedPage]:
         """scan_pages of a lock-free environment: each chunk copied out in one read transaction, run again when
@@ -204,6 +235,93 @@ class LMDBIntegrity:
                                                      f"of it finds: a damaged branch page misroutes them")
         return Snapshot(tree, bodiless, damaged, headless, registry, links,
                         (totals.pages, totals.bytes) if totals is not None else (-1, -1))
+
+    # -- reading in key ranges (verify_parts) ---------------------------------------------------------------
+
+    def key_ranges(self, n: int) -> list[KeyRange]:
+        """`n` ranges split on the first key byte (page hashes are uniform: the ranges hold alike)."""
+        n = max(1, min(n, 256))
+        cuts = [bytes([i * 256 // n]) for i in range(1, n)]
+        return [KeyRange(lo, hi) for lo, hi in zip([None, *cuts], [*cuts, None], strict=True)]
+
+    def catalogue(self) -> Catalogue:
+        """The registry, the totals and the catalogue counts in one read transaction, with its id."""
+        dbs = self.shared.dbs
+
+        def take(txn: lmdb.Transaction) -> Catalogue:
+            registry = {bytes(k): decode_or_none(decode_namespace, v) for k, v in txn.cursor(db=dbs.namespaces)}
+            totals = decode_or_none(decode_totals, txn.get(b"totals", db=dbs.store))
+            entries = {db: txn.stat(getattr(dbs, db))["entries"] for db in ("pages", "meta", "children")}
+            return Catalogue(txn.id(), registry, (totals.pages, totals.bytes) if totals is not None else (-1, -1),
+                             entries)
+
+        return self.shared.reading(take, buffers=True)
+
+    def scan_part(self, part: KeyRange, ctx: PartContext, report: Callable[[PartProgress], None]) -> PartReport:
+        """The pages of `part` (see verify_parts), read through a handle of this process: its own, opened here,
+        in a forked child."""
+        if self.shared.pid == os.getpid():
+            reader = _PartReader(self, part, ctx)
+            return reader.incremental(report) if ctx.since is not None else reader.full(report)
+        # a forked child: this copy of the source reads through the child's own handle from now on
+        self.shared = acquire(self.shared.path, False, DEFAULT_MAP_SIZE, "none", lock=not self.shared.lock_free)
+        try:
+            return self.scan_part(part, ctx, report)
+        finally:
+            release(self.shared)
+
+    def missed_meta(self, hashes: Sequence[bytes]) -> None:
+        """Pages whose metadata a lookup in a child did not find (the snapshot's misrouted-lookup check)."""
+        self._missed_meta.update(hashes)
+
+    def parts_progress(self, records: int, last_key: bytes | None) -> None:
+        """The children's progress, as the serial scan reports its own."""
+        if self._progress is not None:
+            self._progress("pages", records, last_key)
+
+    def part_failed(self, part: KeyRange, died: Died) -> None:
+        """A child that died reading `part`: the error it raised when that is a store's (a lock-free read
+        overtaken: StoreChanged, read again by the caller), else a StoreError naming how it died (the audit's
+        caller reports that as damage, `salvage`)."""
+        reached: PartProgress | None = died.progress
+        if self._progress is not None and reached is not None:
+            self._progress("pages", reached.records, reached.last_key or None)
+        kind = getattr(errors, died.error_type or "", None)
+        if isinstance(kind, type) and issubclass(kind, StoreError) and died.error is not None:
+            message = died.error.split(": ", 1)[1] if ": " in died.error else died.error
+            prefix = self.shared.path + ": "
+            raise kind(self.shared.path, message[len(prefix):] if message.startswith(prefix) else message)
+        where = "from the start" if part.lo is None else f"from key {part.lo.hex()}"
+        raise StoreError(self.shared.path, f"an audit worker reading the pages {where} {died.describe()}")
+
+    # -- the audit record (AuditHistory) ---------------------------------------------------------------------
+
+    def begin_audit(self) -> float | None:
+        """The audit's start, taken in a write transaction (a put takes its pages' `created` in its own, so every
+        page committed after this one carries a later stamp); None when this audit is not recorded."""
+        if not self._record:
+            return None
+        return self._write(lambda txn: time.time())
+
+    def last_clean(self) -> float | None:
+        """When the store's last clean audit began (None: none recorded)."""
+        history = self.shared.reading(lambda txn: read_history(txn, self.shared.dbs))
+        return history.last_clean.started if history.last_clean is not None else None
+
+    def record_audit(self, started: float, report: VerifyReport) -> bool:
+        """Record the audit begun at `started` as the store's last, and as its last clean one when it is."""
+        if not self._record:
+            return False
+        record = AuditRecord(started, time.time(), report.ok, report.scope, report.since, report.pages_checked)
+        dbs = self.shared.dbs
+
+        def put(txn: lmdb.Transaction) -> None:
+            old = read_history(txn, dbs)
+            history = AuditHistory(record, record if record.ok else old.last_clean)
+            txn.put(AUDIT_KEY, encoder.encode(history), db=dbs.store)
+
+        self._write(put)
+        return True
 
     # -- repairing ------------------------------------------------------------------------------------------
 
@@ -376,3 +494,204 @@ class _RepairOps:
         self.freed_bytes += meta.nbytes
         return "page", meta.nbytes
 
+
+def _below(key: Any, hi: int) -> bool:
+    """Whether `key` sorts below a range that ends at first key byte `hi` (256: none)."""
+    return not len(key) or key[0] < hi
+
+
+def read_history(txn: lmdb.Transaction, dbs: Any) -> AuditHistory:
+    """The store's audit record (empty when none, or when it does not decode: the next audit writes it anew)."""
+    raw = txn.get(AUDIT_KEY, db=dbs.store)
+    return (decode_or_none(_decode_history, raw) if raw is not None else None) or AuditHistory()
+
+
+class _PartReader:
+    """One key range of `LMDBIntegrity.scan_part`: read in short read transactions (run again when a lock-free
+    one was overtaken), each chunk's findings recorded in a `Findings` of its own and kept once it is sound."""
+
+    def __init__(self, source: LMDBIntegrity, part: KeyRange, ctx: PartContext) -> None:
+        self.source, self.shared, self.dbs, self.part, self.ctx = source, source.shared, source.shared.dbs, part, ctx
+        self.chunk = LOCK_FREE_CHUNK_PAGES if source.shared.lock_free else VERIFY_CHUNK_PAGES
+        self.out = PartReport([], [], 0, 0, [])
+        self.txnids: set[int] = set()
+        self.roots: dict[tuple[bytes, bytes], bytes] = {}  # EngineHashes.roots, computed once per range
+
+    def _first(self, cur: Any, after: bytes | None) -> bool:
+        """Position `cur` on the first key of the range past `after` (None: from the range's start)."""
+        if after is None:
+            positioned = cur.set_range(self.part.lo) if self.part.lo is not None else cur.first()
+        else:
+            positioned = cur.set_range(after)
+            if positioned and bytes(cur.key()) == after:
+                positioned = cur.next()
+        return positioned and (self.part.hi is None or bytes(cur.key()) < self.part.hi)
+
+    def _engine(self) -> EngineHashes:
+        """The engine-page hash check of one chunk (the roots it computes are kept for the next)."""
+        engine = EngineHashes(self.source.chain_key)
+        engine.roots = self.roots
+        return engine
+
+    def _done(self, found: Findings, missed: list[bytes], txn_id: int, engine: EngineHashes) -> None:
+        self.out.findings += replays(found.items, {h.hex(): h for h in found.by_page}, found.remove, found.relink)
+        self.out.missed_meta += missed
+        self.out.held += [HeldPage(h, meta) for h, meta in engine.held]
+        self.txnids.add(txn_id)
+
+    def full(self, report: Callable[[PartProgress], None]) -> PartReport:
+        """Every page of the range with `check_page`, and the range's side of the structure checks (see
+        verify_parts): its parent, the metadata keys, the sums per namespace."""
+        out, ctx, dbs = self.out, self.ctx, self.dbs
+        sums: dict[bytes, list[int]] = {}
+        after: bytes | None = None
+        hi = self.part.hi[0] if self.part.hi is not None else 256  # ranges split on the first key byte
+
+        def chunk(txn: lmdb.Transaction) -> tuple[Any, ...]:
+            found = Findings()
+            engine = self._engine()
+            missed: list[bytes] = []
+            unsure = ""
+            children = txn.cursor(db=dbs.children)
+            registry = ctx.recorded if txn.id() == ctx.txnid else None  # the catalogue's, when the same snapshot
+            cur = txn.cursor(db=dbs.pages)
+            positioned = self._first(cur, after)
+            keys: list[bytes] = []
+            pages = nbytes = 0
+            chunk_sums: dict[bytes, list[int]] = {}
+            while positioned and len(keys) < self.chunk:
+                h = bytes(cur.key())
+                keys.append(h)
+                value = cur.value()
+                before = len(found.items)
+                page = self.source._scanned(txn, h, value, children, registry)
+                if page is None:
+                    found.add("dangling_index", h, "a pages key that is not a page hash", remove=True)
+                else:
+                    if page.meta is None and not page.damaged:
+                        missed.append(h)
+                    pages += 1
+                    nbytes += max(len(value) - HEADER, 0)
+                    check_page(found, page, ctx.layouts, ctx.checksum, engine)
+                    if len(found.items) == before and page.meta is not None:
+                        unsure = unsure or self._parent_unsure(txn, page.meta)
+                        acc = chunk_sums.setdefault(page.meta.ns_id, [0, 0])
+                        acc[0] += 1
+                        acc[1] += page.meta.nbytes
+                positioned = cur.next() and _below(cur.key(), hi)
+            # the metadata keys from where this chunk began up to its last page (the range's end when it is the
+            # last chunk): each must be a page read here
+            last = keys[-1] if positioned and keys else None
+            metas = txn.cursor(db=dbs.meta)
+            seen = set(keys)
+            meta_keys = 0
+            if self._first(metas, after):
+                for key in metas.iternext(keys=True, values=False):
+                    if not _below(key, hi):
+                        break
+                    k = bytes(key)
+                    if last is not None and k > last:
+                        break
+                    meta_keys += 1
+                    if k not in seen:
+                        unsure = unsure or "metadata without a page"
+            return found, engine, missed, keys, pages, nbytes, chunk_sums, unsure, meta_keys, txn.id(), positioned
+
+        while True:
+            report(PartProgress(out.pages, after or b""))
+            found, engine, missed, keys, pages, nbytes, chunk_sums, unsure, meta_keys, txn_id, more = \
+                self.shared.reading(chunk, buffers=True)
+            self._done(found, missed, txn_id, engine)
+            out.pages += pages
+            out.nbytes += nbytes
+            out.meta_keys += meta_keys
+            out.unsure = out.unsure or unsure
+            for ns_id, (n, b) in chunk_sums.items():
+                acc = sums.setdefault(ns_id, [0, 0])
+                acc[0] += n
+                acc[1] += b
+            if not more or not keys:
+                break
+            after = keys[-1]
+        out.sums = [NsSum(ns_id, n, b) for ns_id, (n, b) in sums.items()]
+        out.txnids = sorted(self.txnids)
+        return out
+
+    def _parent_unsure(self, txn: lmdb.Transaction, meta: PageMeta) -> str:
+        """Why the page of `meta` may be an orphan or a mismatch by `check_snapshot`'s rules ("": it is not)."""
+        ctx = self.ctx
+        raw = txn.get(meta.parent, db=self.dbs.meta)
+        if raw is not None:
+            up = decode_or_none(decode_meta, raw)
+            if up is None:
+                return "a parent whose metadata does not decode"
+            return "" if (up.ns_id, up.layout_id) == (meta.ns_id, meta.layout_id) else "a namespace mismatch"
+        if ctx.roots.owner(meta.parent) is not None:
+            return "" if ctx.roots.belongs(meta.parent, meta.layout_id, meta.ns_id) else "a namespace mismatch"
+        if not ctx.roots.keyed and meta.ns_id not in ctx.registry:
+            return ""
+        return "an orphan"
+
+    def incremental(self, report: Callable[[PartProgress], None]) -> PartReport:
+        """The pages of the range whose metadata was written or read back since `ctx.since`, with `check_page`
+        (a changed page without bytes: `missing_page`)."""
+        out, ctx, dbs, since = self.out, self.ctx, self.dbs, self.ctx.since
+        assert since is not None
+        resume: bytes | None = self.part.lo  # the first key of the next chunk (None: the first of the database)
+        hi = self.part.hi[0] if self.part.hi is not None else 256  # ranges split on the first key byte
+        limit = self.chunk * 64  # metadata records per read transaction: no payload is read unless changed
+        walked = 0
+
+        def chunk(txn: lmdb.Transaction) -> tuple[Any, ...]:
+            found = Findings()
+            engine = self._engine()
+            missed: list[bytes] = []
+            cur = txn.cursor(db=dbs.meta)
+            changed = pages = nbytes = n = 0
+            stop: bytes | None = None  # the first key left for the next chunk
+            if cur.set_range(resume) if resume is not None else cur.first():
+                # the hot loop: one decode per record, the key copied only for a changed page
+                for key, raw in cur.iternext():
+                    if len(key) and key[0] >= hi:
+                        break
+                    if n == limit:
+                        stop = bytes(key)
+                        break
+                    n += 1
+                    try:
+                        meta: PageMeta | None = decode_meta(raw)
+                    except (msgspec.DecodeError, msgspec.ValidationError):
+                        meta = None
+                    if meta is not None and meta.created < since and meta.last_access < since:
+                        continue
+                    h = bytes(key)
+                    changed += 1
+                    value = txn.get(h, db=dbs.pages)
+                    if value is None:
+                        found.add("missing_page", h, "metadata that does not decode, without a page" if meta is None
+                                  else "metadata without a page", remove=True)
+                        continue
+                    page = self.source._scanned(txn, h, value)
+                    if page is None:
+                        found.add("dangling_index", h, "a pages key that is not a page hash", remove=True)
+                        continue
+                    if page.meta is None and not page.damaged:
+                        missed.append(h)
+                    pages += 1
+                    nbytes += max(len(value) - HEADER, 0)
+                    check_page(found, page, ctx.layouts, ctx.checksum, engine)
+            return found, engine, missed, n, stop, changed, pages, nbytes, txn.id()
+
+        while True:
+            report(PartProgress(walked, resume or b""))
+            found, engine, missed, n, stop, changed, pages, nbytes, txn_id = self.shared.reading(chunk, buffers=True)
+            self._done(found, missed, txn_id, engine)
+            walked += n
+            out.changed += changed
+            out.pages += pages
+            out.nbytes += nbytes
+            if stop is None:
+                break
+            resume = stop
+        out.txnids = sorted(self.txnids)
+        return out

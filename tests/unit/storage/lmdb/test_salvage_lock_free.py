@@ -49,14 +49,14 @@ def _dying(path: str, marker: Path, commits: int, times: int):
     transactions commit and then die of SIGSEGV, as a lock-free walk of reused pages may."""
     real = salvage._verify_in
 
-    def verify_in(where, report, repair, lock=True):
+    def verify_in(where, report, repair, lock=True, scope=None, record=False):
         runs = marker.stat().st_size if marker.exists() else 0
         if runs < times:
             with open(marker, "ab") as f:
                 f.write(b".")
             subprocess.run([sys.executable, "-c", COMMIT, path, str(commits)], check=True, timeout=120)
             os.kill(os.getpid(), signal.SIGSEGV)
-        return real(where, report, repair, lock)
+        return real(where, report, repair, lock, scope, record)
 
     return verify_in
 
