@@ -53,6 +53,8 @@ def hottest_prefixes(store: L3Store, layout: KVLayout, namespace: Namespace, max
     def push(parent: int, page_hash: bytes) -> None:
         nonlocal order
         for child in store.children(page_hash):
+            if child.key:  # an engine's page: named by its key, it has no tokens a request could warm
+                continue
             heapq.heappush(frontier, (-child.hits, -child.last_access, order, parent, child))
             order += 1
 

@@ -3,7 +3,7 @@
 import numpy as np
 
 from factories import l3_cache, make_layout, make_store
-from kvcache import Namespace, SyntheticKV, page_origins, warm_namespace
+from kvcache import Namespace, SyntheticKV, engine_origins, page_origins, warm_namespace
 from kvcache.types.keys import pack_tokens
 from kvcache.ops.warm import hottest_prefixes
 
@@ -51,6 +51,19 @@ def test_hottest_prefix_first_and_budget_in_pages(tmp_path):
 def test_unknown_namespace_has_nothing_to_warm(tmp_path):
     store, _ = _seeded_store(tmp_path)
     assert hottest_prefixes(store, store.layout, Namespace("t1", "other"), 100).prefixes == []
+
+
+def test_engine_pages_of_the_namespace_are_never_warm_prefixes(tmp_path):
+    # An engine's pages name no tokens: a prefix built from them would be a request of no tokens (or of the
+    # engine keys' bytes taken as token ids).
+    store, _ = _seeded_store(tmp_path)
+    hashes, origins = engine_origins(store.layout, T1, store.chain_key, [bytes([i]) * 32 for i in range(3)])
+    store.put(hashes, [r.numpy() for r in SyntheticKV(store.layout).pages(hashes)], origins)
+    _read(store, hashes, 9)  # hotter than every token prefix
+    store.flush()
+    plan = hottest_prefixes(store, store.layout, T1, max_pages=100)
+    assert [len(p.tokens) // 4 for p in plan.prefixes] == [20, 16]
+    assert all(p.tokens for p in plan.prefixes)
 
 
 def test_warm_lands_pages_as_host_only_nodes_of_the_namespace(tmp_path):
