@@ -49,7 +49,8 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 @pytest.mark.parametrize("args, groups", [
     (["--version"], set()),
     (["--help"], set()),
-    (["ns", "ls", "--store"], {"kvc.commands.ns", "kvc.commands.ns_quota"}),  # ns quota is a subgroup of ns
+    # ns quota is a subgroup of ns, and ns probe a command of it in its own module (light: no store, no torch)
+    (["ns", "ls", "--store"], {"kvc.commands.ns", "kvc.commands.ns_quota", "kvc.commands.ns_probe"}),
     (["stats", "--store"], {"kvc.commands.stats"}),
 ])
 def test_a_command_loads_its_own_module_and_no_torch(store, tmp_path, args, groups):

@@ -26,16 +26,18 @@ and one ``r:<root hex>`` field per layout root the namespace's pages hang from.
 #   "e"  an engine page (named by its engine's key) whose parent is not the root: kept when the parent is a stored
 #        page of its namespace and layout at the time it is written (an earlier page of the batch included), else
 #        the page hangs from its namespace root (the root metadata and root hash passed with it): an engine's
-#        parent link is a hint, never a condition (kvcache.storage.api). Its root is recorded either way.
+#        parent link is a hint, never a condition (kvcache.storage.api). Its root is recorded either way. It hangs
+#        from its root too when pages already hang below it (a dropped corrupt copy of it left them): linked under
+#        one of them it would be its own ancestor, a cycle no eviction or walk from the root ever ends.
 #
 # The namespace and layout of a stored page are read from its `m` field without decoding it (Redis' cmsgpack
 # knows no bin type): PageMeta is array_like, so its msgpack is the array header, then ns_id and layout_id, each
 # a bin 8 of 16 bytes: bytes 2..37 (1-based) name both, and equal those of a page of the same namespace and
 # layout (tests pin this encoding). A parent whose `m` is damaged does not match: the page hangs from its root.
 #
-# KEYS: [1] namespace index, [2 .. 1+nns] namespace records, then per page (4): page record, children set of its
-# parent, parent page record, children set of its namespace root; then the shares hash; last, the store's format
-# record.
+# KEYS: [1] namespace index, [2 .. 1+nns] namespace records, then per page (5): page record, children set of its
+# parent, parent page record, children set of its namespace root, its own children set; then the shares hash;
+# last, the store's format record.
 # ARGV: [1] now, [2] nns, per namespace (2): id hex, NamespaceInfo msgpack; per page (8): child member (the raw
 # page hash), d, m, namespace number (1-based), parent hex, kind (above), m with the root as parent ("" unless
 # kind is "e"), root hex.
@@ -53,7 +55,7 @@ local now = ARGV[1]
 local nns = tonumber(ARGV[2])
 local kb = 1 + nns
 local ab = 2 + 2 * nns
-local np = (#KEYS - kb - 2) / 4
+local np = (#KEYS - kb - 2) / 5
 local nshex = {}
 for j = 1, nns do nshex[j] = ARGV[1 + 2 * j] end
 local room, limited, full = {}, {}, {}
@@ -66,7 +68,7 @@ end
 for i = 0, np - 1 do
   local o = ab + 8 * i
   if ARGV[o + 6] == 's' then
-    local up = redis.call('HGET', KEYS[kb + 4 * i + 3], 'n')
+    local up = redis.call('HGET', KEYS[kb + 5 * i + 3], 'n')
     if (not up) or up ~= nshex[tonumber(ARGV[o + 4])] then
       return redis.error_reply('KVCNS ' .. i .. (up and ' stored' or ' missing'))
     end
@@ -78,7 +80,7 @@ local pages, bytes = {}, {}
 for j = 1, nns do pages[j] = 0; bytes[j] = 0 end
 for i = 0, np - 1 do
   local o = ab + 8 * i
-  local k = kb + 4 * i
+  local k = kb + 5 * i
   local pk = KEYS[k + 1]
   local j = tonumber(ARGV[o + 4])
   local size = string.len(ARGV[o + 2]) - 8
@@ -93,7 +95,8 @@ for i = 0, np - 1 do
     local kind, meta, parent, ck = ARGV[o + 6], ARGV[o + 3], ARGV[o + 5], KEYS[k + 2]
     if kind == 'e' then
       local up = redis.call('HGET', KEYS[k + 3], 'm')
-      if (not up) or string.sub(up, 2, 37) ~= string.sub(meta, 2, 37) then
+      if (not up) or string.sub(up, 2, 37) ~= string.sub(meta, 2, 37)
+          or redis.call('EXISTS', KEYS[k + 5]) == 1 then
         meta, parent, ck = ARGV[o + 7], ARGV[o + 8], KEYS[k + 4]
       end
     end

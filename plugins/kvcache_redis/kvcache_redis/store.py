@@ -843,7 +843,7 @@ class RedisStore(StoreHandle):
             root = batch.roots[o.namespace.id]
             kind = ("r" if o.parent == root else "e" if o.key else "b" if o.parent in fresh else "s")
             fresh.add(h)
-            keys += [self._pk(h), self._ck(o.parent), self._pk(o.parent), self._ck(root)]
+            keys += [self._pk(h), self._ck(o.parent), self._pk(o.parent), self._ck(root), self._ck(h)]
             args += [h, v, m, ns_order[o.namespace.id], o.parent.hex(), kind, rm, root.hex()]
         keys += [self._k_shares, self._k_format]
         *_, outcomes = self._call(self._s_put_batch, keys, args, client)
@@ -891,6 +891,16 @@ class RedisStore(StoreHandle):
                 meta = None if m is None else decode_or_none(decode_meta, m)
                 if meta is None or (meta.ns_id, meta.layout_id) != (o.namespace.id, layout_id):
                     parents[i], metas[i] = roots[o.namespace.id], batch.root_metas[i]
+        # An engine page with pages already below it (a dropped corrupt copy of it left them) hangs from its root:
+        # linked under one of them it would be its own ancestor, a cycle no eviction or walk ever ends.
+        linked = [i for i, o in enumerate(origins) if o.key and parents[i] != roots[o.namespace.id]]
+        if linked:
+            pipe = client.pipeline(transaction=False)
+            for i in linked:
+                pipe.exists(self._ck(hashes[i]))
+            for i, below in zip(linked, pipe.execute(), strict=True):
+                if int(below):
+                    parents[i], metas[i] = roots[origins[i].namespace.id], batch.root_metas[i]
         values = batch.values
         over = self._over_share(client, hashes, origins, len(values[0]) - HEADER if values else 0)
         pipe = client.pipeline(transaction=False)
