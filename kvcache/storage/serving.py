@@ -47,6 +47,7 @@ from .api import (
     NamespaceRecord,
     PageMeta,
     PageOrigin,
+    PageOutcome,
     PutResult,
     ServeRecord,
     StoreStats,
@@ -185,10 +186,14 @@ class FencedStore:
         if keep is None or len(keep) == len(origins):
             return self._store.put(hashes, pages, origins)
         refused = len(origins) - len(keep)
+        outcomes = bytearray([PageOutcome.REJECTED]) * len(origins)  # a fenced page is rejected
         if not keep:
-            return PutResult(0, 0, refused, 0, 0)
+            return PutResult(0, 0, refused, 0, 0, outcomes=bytes(outcomes))
         got = self._store.put([hashes[i] for i in keep], [pages[i] for i in keep], [origins[i] for i in keep])
-        return PutResult(got.written, got.existing, got.rejected + refused, got.evicted, got.bytes_written)
+        for i, outcome in zip(keep, got.outcomes, strict=True):
+            outcomes[i] = outcome
+        return PutResult(got.written, got.existing, got.rejected + refused, got.evicted, got.bytes_written,
+                         got.evicted_hashes, bytes(outcomes))
 
     def delete_namespace(self, ns_id: NamespaceId) -> DeleteResult:
         """Record the drop (unless following another's), then the store's delete."""

@@ -8,7 +8,7 @@ a page removable, which pages go with it, and what a repair does per kind (api.R
 The checks:
 
 - every stored page value: its checksum, its size against its metadata and its layout, its hash against its
-  metadata's parent and tokens, whether its layout and namespace are recorded and whether the children index
+  metadata's parent and tokens (an engine page's: against its key under its namespace root, `EngineHashes`), whether its layout and namespace are recorded and whether the children index
   lists it under its parent (`check_page`, fed by `IntegritySource.scan_pages`);
 - the prefix trees, read as one snapshot where the backend has one (`Snapshot`): metadata without bytes, chains
   whose head hangs from neither a stored page nor its namespace root (`orphan`), pages tagged with another
@@ -29,10 +29,11 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
+from ..types.keys import hash_root_of_id
 from ..types.layout import KVLayout
 from .api import LayoutRecord, NamespaceRecord, PageMeta, VerifyFinding, VerifyRemoval, VerifyReport
 from .chain import ChainRoots
-from .codec import HEADER, Checksum, chains_to, stored_checksum
+from .codec import HEADER, Checksum, chains_to, engine_keyed, stored_checksum
 
 T = TypeVar("T")
 
@@ -189,6 +190,63 @@ class Findings:
                                                                           f"decode")))
 
 
+class EngineHashes:
+    """The hash check of engine pages in one audit: a page's hash is its key's under its namespace/layout root
+    (`codec.engine_keyed`). With the chain key each (layout, namespace) root is computed once and a page is judged
+    as it is scanned; without it (a reader who may not read the store's secret) a root is one its namespace's
+    record keeps, known with the snapshot only, so the page is held until then (`settle`)."""
+
+    __slots__ = ("chain_key", "roots", "held")
+
+    def __init__(self, chain_key: bytes | None) -> None:
+        self.chain_key = chain_key
+        self.roots: dict[tuple[bytes, bytes], bytes] = {}  # (layout id, namespace id) -> its root
+        self.held: list[tuple[bytes, PageMeta]] = []  # pages to judge once the registry is read (no chain key)
+
+    def sound(self, page_hash: bytes, meta: PageMeta) -> bool | None:
+        """Whether engine page `page_hash` is its key's under its root; None: held for `settle`."""
+        if self.chain_key is None:
+            self.held.append((page_hash, meta))
+            return None
+        pair = (meta.layout_id, meta.ns_id)
+        root = self.roots.get(pair)
+        if root is None:
+            root = self.roots[pair] = hash_root_of_id(meta.layout_id, meta.ns_id, self.chain_key)
+        return engine_keyed(page_hash, meta, (root,))
+
+    def settle(self, registry: dict[bytes, NamespaceRecord]) -> list[tuple[bytes, PageMeta]]:
+        """The held pages whose hash is their key's under none of the roots their namespace's record keeps. A page
+        of a namespace without a record that decodes is not judged: that record's own finding covers it."""
+        bad = []
+        for h, meta in self.held:
+            record = registry.get(meta.ns_id)
+            if record is not None and not engine_keyed(h, meta, recorded_roots(record)):
+                bad.append((h, meta))
+        self.held = []
+        return bad
+
+
+def recorded_roots(record: NamespaceRecord) -> list[bytes]:
+    """The roots a namespace record keeps (a damaged entry names none)."""
+    roots = []
+    for root in record.roots:
+        try:
+            roots.append(bytes.fromhex(root))
+        except ValueError:
+            continue
+    return roots
+
+
+def _hash_mismatch(found: Findings, h: bytes, meta: PageMeta) -> None:
+    """A page filed under a hash its metadata does not give."""
+    if meta.key:
+        found.add("hash_mismatch", h, f"not the hash of its {len(meta.key)}-byte engine key under the root of its "
+                                      f"namespace and layout: a page filed under a wrong hash", remove=True)
+    else:
+        found.add("hash_mismatch", h, f"not H(parent {meta.parent.hex()} || its {len(meta.tokens)} token "
+                                      f"bytes): a page filed under a wrong hash", remove=True)
+
+
 def verify(source: IntegritySource, repair: bool = False) -> VerifyReport:
     """Audit the store behind `source` (and with `repair`, apply api.REPAIRS): the body of `L3Store.verify`.
     The caller checks that the store is writable before a repair."""
@@ -200,12 +258,13 @@ def verify(source: IntegritySource, repair: bool = False) -> VerifyReport:
         else:
             layouts[key] = record.layout
     checked = checked_bytes = 0
+    engine = EngineHashes(source.chain_key)
     for page in source.scan_pages(found):
         checked += 1
         checked_bytes += max(len(page.value) - HEADER, 0)
-        check_page(found, page, layouts, source.checksum)
+        check_page(found, page, layouts, source.checksum, engine)
     snap = source.snapshot(found)
-    kids = check_snapshot(found, snap, layouts, source.chain_key)
+    kids = check_snapshot(found, snap, layouts, source.chain_key, engine)
     if not repair:
         return VerifyReport(not found.items, checked, checked_bytes, found.items)
     removals = _repair(source, found, kids, snap.tree)
@@ -213,8 +272,10 @@ def verify(source: IntegritySource, repair: bool = False) -> VerifyReport:
     return VerifyReport(not items, checked, checked_bytes, items, len(found.fixed), removals)
 
 
-def check_page(found: Findings, page: ScannedPage, layouts: dict[bytes, KVLayout], checksum: Checksum) -> None:
-    """The checks of one stored page value against its checksum, its metadata and its layout."""
+def check_page(found: Findings, page: ScannedPage, layouts: dict[bytes, KVLayout], checksum: Checksum,
+               engine: EngineHashes) -> None:
+    """The checks of one stored page value against its checksum, its metadata and its layout (an engine page's
+    hash through `engine`)."""
     h, value, meta = page.page_hash, page.value, page.meta
     if len(value) < HEADER:
         found.add("size_mismatch", h, f"{len(value)} bytes stored: not even a checksum", remove=True)
@@ -232,9 +293,8 @@ def check_page(found: Findings, page: ScannedPage, layouts: dict[bytes, KVLayout
         found.add("checksum_mismatch", h, "metadata checksum differs from the page's", remove=True)
     if meta.nbytes != size:
         found.add("size_mismatch", h, f"{size} bytes stored, metadata says {meta.nbytes}", remove=True)
-    if not chains_to(h, meta):
-        found.add("hash_mismatch", h, f"not H(parent {meta.parent.hex()} || its {len(meta.tokens)} token "
-                                      f"bytes): a page filed under a wrong hash", remove=True)
+    if (engine.sound(h, meta) if meta.key else chains_to(h, meta)) is False:
+        _hash_mismatch(found, h, meta)
     layout = layouts.get(meta.layout_id)
     if layout is None:
         found.add("unknown_layout", h, f"layout {meta.layout_id.hex()} is not recorded")
@@ -249,10 +309,10 @@ def check_page(found: Findings, page: ScannedPage, layouts: dict[bytes, KVLayout
 
 
 def check_snapshot(found: Findings, snap: Snapshot, layouts: dict[bytes, KVLayout],
-                   chain_key: bytes | None) -> dict[bytes, list[bytes]]:
+                   chain_key: bytes | None, engine: EngineHashes | None = None) -> dict[bytes, list[bytes]]:
     """The tree, index and counter checks of one snapshot, namespace roots keyed by `chain_key` (None: the roots
-    the namespace records keep). Returns parent -> children as the metadata says (what repair walks, besides the
-    children index)."""
+    the namespace records keep), and the hash checks of the engine pages `engine` held for the registry. Returns
+    parent -> children as the metadata says (what repair walks, besides the children index)."""
     tree = snap.tree
     for h in sorted(snap.bodiless):
         why = "metadata that does not decode, without a page" if h in snap.damaged else "metadata without a page"
@@ -263,6 +323,8 @@ def check_snapshot(found: Findings, snap: Snapshot, layouts: dict[bytes, KVLayou
             found.damaged_record("namespaces", ns_id)
         else:
             registry[ns_id] = record
+    for h, meta in engine.settle(registry) if engine is not None else ():
+        _hash_mismatch(found, h, meta)
     # Every root a page may hang from: each (layout, namespace) pair the pages or the records name.
     pairs = {(row.layout_id, row.ns_id) for row in tree.values()} | {(lay, ns) for lay in layouts for ns in registry}
     roots = ChainRoots(chain_key, pairs, registry)

@@ -70,7 +70,7 @@ from ...errors import (
     StoreReadOnly,
     StoreUnsupported,
 )
-from ...types.keys import PAGE_HASH_BYTES
+from ...types.keys import PAGE_HASH_BYTES, UNKEYED_CHAIN, derive_chain_key, hash_root_of_id
 from ...types.shares import decode_shares_record
 from ..api import SalvageReport, VerifyFinding, VerifyRemoval, VerifyReport
 from ..codec import (
@@ -85,9 +85,10 @@ from ..codec import (
     decode_meta,
     decode_namespace,
     decode_or_none,
+    engine_keyed,
 )
 from ..isolated import Died, run_isolated
-from ..keyfile import KEY_FILE, key_findings
+from ..keyfile import KEY_FILE, key_findings, key_if_any
 from ..verify import verify
 from . import pagefile
 from .env import (
@@ -443,6 +444,7 @@ def _copy_scanned(data_file: str, new: str, probe: pagefile.Probe) -> _Copied:
 def _scan_records(data_file: str, new: str, probe: pagefile.Probe) -> _Copied:
     """In a child: `_copy_scanned`."""
     algos = list(CHECKSUMS.values())
+    chain_keys = _chain_keys(new)
     got: dict[str, dict[bytes, bytes]] = {db: {} for db in ("pages", "meta", "namespaces", "layouts", "store")}
     freed = set(probe.freed)
     with pagefile.mapped(data_file) as data:
@@ -450,7 +452,7 @@ def _scan_records(data_file: str, new: str, probe: pagefile.Probe) -> _Copied:
             if len(key) == PAGE_HASH_BYTES:
                 if key not in got["pages"] and _page_proves(key, value, algos):
                     got["pages"][key] = value
-                elif key not in got["meta"] and _meta_proves(key, value):
+                elif key not in got["meta"] and _meta_proves(key, value, chain_keys):
                     got["meta"][key] = value
                 elif key not in got["layouts"] and _layout_proves(key, value):
                     got["layouts"][key] = value
@@ -808,10 +810,12 @@ def _drop_unsound(new: str, store_records: dict[bytes, bytes]) -> dict[str, list
     """In a child, on the fresh store: remove copied page and metadata records that do not prove themselves (a
     walk of a damaged leaf can return garbage); returns the keys of those that do, per sub-database."""
     algos = _algorithms(store_records)
+    chain_keys = _chain_keys(new)
     kept: dict[str, list[bytes]] = {"pages": [], "meta": []}
 
     def body(txn: lmdb.Transaction) -> None:
-        for db, proves in (("pages", lambda k, v: _page_proves(k, v, algos)), ("meta", _meta_proves)):
+        for db, proves in (("pages", lambda k, v: _page_proves(k, v, algos)),
+                           ("meta", lambda k, v: _meta_proves(k, v, chain_keys))):
             target = getattr(dbs, db)
             for key, value in list(txn.cursor(db=target)):
                 if proves(bytes(key), value):
@@ -838,10 +842,23 @@ def _page_proves(key: bytes, value: Any, algos: list[Checksum]) -> bool:
     return len(key) == PAGE_HASH_BYTES and any(a.sound(value, key) for a in algos)
 
 
-def _meta_proves(key: bytes, value: Any) -> bool:
-    """A metadata record that decodes and chains to its key."""
+def _meta_proves(key: bytes, value: Any, chain_keys: list[bytes]) -> bool:
+    """A metadata record that decodes and chains to its key: a token page's H(parent || tokens), an engine page's
+    key under its namespace/layout root keyed by one of `chain_keys` (`_chain_keys`)."""
     meta = decode_or_none(decode_meta, value)
-    return meta is not None and chains_to(key, meta)
+    if meta is None:
+        return False
+    if not meta.key:
+        return chains_to(key, meta)
+    return engine_keyed(key, meta, [hash_root_of_id(meta.layout_id, meta.ns_id, k) for k in chain_keys])
+
+
+def _chain_keys(directory: str) -> list[bytes]:
+    """The chain keys a store's roots may be keyed by, for the engine pages' proof: the one derived from the key
+    file in `directory` (the fresh store holds a copy) and a format-1 store's (none), since the format record
+    that says which may be lost."""
+    secret = key_if_any(directory)
+    return ([derive_chain_key(secret)] if secret is not None else []) + [UNKEYED_CHAIN]
 
 
 def _scan_file(path: str, new: str, want_pages: set[bytes], want_meta: set[bytes],
@@ -855,6 +872,7 @@ def _scan_file(path: str, new: str, want_pages: set[bytes], want_meta: set[bytes
     if not (want_pages or want_meta):
         return {}
     algos = _algorithms(store_records)
+    chain_keys = _chain_keys(new)
     pages: dict[bytes, bytes] = {}
     metas: dict[bytes, bytes] = {}
     with open(os.path.join(path, "data.mdb"), "rb") as f:
@@ -885,7 +903,7 @@ def _scan_file(path: str, new: str, want_pages: set[bytes], want_meta: set[bytes
                 continue
             if key in want_pages and key not in pages and _page_proves(key, value, algos):
                 pages[key] = value
-            if key in want_meta and key not in metas and _meta_proves(key, value):
+            if key in want_meta and key not in metas and _meta_proves(key, value, chain_keys):
                 metas[key] = value
     with _env_of(new) as store:
         _put_raw(store, store.dbs.pages, list(pages.items()))

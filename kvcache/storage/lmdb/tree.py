@@ -28,7 +28,7 @@ def children(shared: SharedEnv, page_hash: bytes) -> list[ChildInfo]:
             if raw is not None:
                 m = decode_meta(raw)
                 last_access, hits = subtree_heat(txn, cur, meta_db, child, m)
-                found.append(ChildInfo(child, m.tokens, m.nbytes, hits, last_access))
+                found.append(ChildInfo(child, m.tokens, m.nbytes, hits, last_access, m.key))
         return found
 
     out = shared.reading(walk)  # run again if writers overtook a lock-free read

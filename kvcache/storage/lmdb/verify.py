@@ -27,7 +27,7 @@ import lmdb
 
 from ...types.keys import PAGE_HASH_BYTES, hash_root_of_id
 from ...types.layout import KVLayout
-from ..api import LayoutRecord
+from ..api import LayoutRecord, PageMeta
 from ..chain import chain_key_of
 from ..codec import (
     CHECKSUMS,
@@ -37,10 +37,11 @@ from ..codec import (
     decode_meta,
     decode_namespace,
     decode_or_none,
+    engine_keyed,
     stored_checksum,
 )
 from ..keyfile import key_if_any
-from ..verify import Findings, Guard, PageRow, Removal, RepairOps, ScannedPage, Snapshot
+from ..verify import Findings, Guard, PageRow, Removal, RepairOps, ScannedPage, Snapshot, recorded_roots
 from .env import SharedEnv
 from .registry import NsDelta, adjust_totals, apply_deltas, decode_totals, drop_page, recount
 
@@ -308,7 +309,7 @@ class _RepairOps:
         size = len(value) - HEADER
         layout = self.layouts.get(meta.layout_id)
         if (not self.checksum.sound(value, h) or meta.checksum != stored_sum or meta.nbytes != size
-                or (layout is not None and layout.bytes_per_page != size) or not chains_to(h, meta)):
+                or (layout is not None and layout.bytes_per_page != size) or not self._hash_sound(h, meta)):
             return True
         up = txn.get(meta.parent, db=dbs.meta)
         if up is not None:
@@ -321,6 +322,18 @@ class _RepairOps:
         # Not its own root: an orphan, or a child of another namespace's root; a parent with bytes but no
         # metadata is that page's defect, and this page goes as part of its subtree.
         return txn.get(meta.parent, db=dbs.pages) is None
+
+    def _hash_sound(self, h: bytes, meta: PageMeta) -> bool:
+        """Whether `h` is the hash its metadata gives: H(parent || tokens), or an engine page's key under its root
+        (recomputed with the chain key, else one its namespace's record keeps; no record that decodes: assume
+        so, and keep the page)."""
+        if not meta.key:
+            return chains_to(h, meta)
+        if self.chain_key is not None:
+            return engine_keyed(h, meta, (hash_root_of_id(meta.layout_id, meta.ns_id, self.chain_key),))
+        raw = self.txn.get(meta.ns_id, db=self.dbs.namespaces)
+        record = decode_or_none(decode_namespace, raw) if raw is not None else None
+        return record is None or engine_keyed(h, meta, recorded_roots(record))
 
     def _own_root(self, root: bytes, layout_id: bytes, ns_id: bytes) -> bool:
         """Whether `root` is the chain root of namespace `ns_id` under `layout_id`: recomputed with the chain key,
@@ -362,3 +375,4 @@ class _RepairOps:
         self.freed_pages += 1
         self.freed_bytes += meta.nbytes
         return "page", meta.nbytes
+

@@ -47,3 +47,32 @@ def test_value_types_round_trip_through_msgpack_and_json():
 def test_verify_kinds_are_documented():
     assert all(isinstance(k, str) and v for k, v in VERIFY_KINDS.items())
     assert {"checksum_mismatch", "missing_meta", "counter_mismatch"} <= set(VERIFY_KINDS)
+
+
+# --- engine-keyed pages ----------------------------------------------------------------------------------------
+
+from kvcache.storage.api import ChildInfo, PageOutcome, PutResult, engine_hashes, engine_origins  # noqa: E402
+from kvcache.types.keys import engine_page_hash  # noqa: E402
+
+
+def test_engine_origins_chain_the_keys_and_hash_each_under_the_root():
+    ns = Namespace("sglang")
+    keys = [bytes([i]) * 32 for i in range(4)]
+    root = hash_root(LAYOUT.layout_id, ns, KEY)
+    hashes, origins = engine_origins(LAYOUT, ns, KEY, keys)
+    assert hashes == [engine_page_hash(root, k) for k in keys] == engine_hashes(LAYOUT, ns, KEY, keys)
+    assert [o.parent for o in origins] == [root, *hashes[:-1]]
+    assert [o.key for o in origins] == keys and all(o.tokens == b"" and o.namespace == ns for o in origins)
+    tail, tail_origins = engine_origins(LAYOUT, ns, KEY, keys[2:], parent_key=keys[1])
+    assert tail == hashes[2:] and tail_origins[0].parent == hashes[1]
+    assert engine_origins(LAYOUT, ns, KEY, []) == ([], [])
+
+
+def test_a_put_result_names_each_pages_outcome_in_one_byte():
+    assert [int(o) for o in PageOutcome] == [0, 1, 2]
+    assert PutResult(0, 0, 0, 0, 0).outcomes == b""
+    outcomes = bytes([PageOutcome.WRITTEN, PageOutcome.REJECTED, PageOutcome.EXISTING])
+    result = PutResult(1, 1, 1, 0, 1024, outcomes=outcomes)
+    assert [o != PageOutcome.REJECTED for o in result.outcomes] == [True, False, True]  # SGLang's bool per page
+    assert msgspec.json.decode(msgspec.json.encode(result), type=PutResult) == result
+    assert ChildInfo(bytes(16), b"", 1024, 0, 0.0).key == b""

@@ -3,8 +3,9 @@ from array import array
 import numpy as np
 import pytest
 
-from kvcache import InvalidTokens, Namespace, RadixKey, page_hashes
+from kvcache import InvalidInput, InvalidTokens, Namespace, RadixKey, engine_page_hash, page_hashes
 from kvcache.types.keys import (
+    ENGINE_KEY_MAX,
     UNKEYED_CHAIN,
     derive_chain_key,
     extend_chain,
@@ -108,3 +109,31 @@ def test_every_accepted_container_packs_the_same_bytes(make):
 def test_bad_tokens_in_any_container_name_the_token(bad, fact):
     with pytest.raises(InvalidTokens, match=fact):
         pack_tokens(bad)
+
+
+# --- engine-keyed pages ----------------------------------------------------------------------------------------
+
+
+def test_an_engine_page_hash_is_pinned():
+    """The Redis plugin, the SGLang adapter and every stored engine page depend on these bytes."""
+    assert engine_page_hash(bytes(range(16)), bytes(range(32))).hex() == "158eec1f176bdf45f55e2fa6265cb83a"
+    assert engine_page_hash(b"r" * 16, b"\x01").hex() == "ee095eca158d852f6720622e4f4386d9"
+
+
+def test_an_engine_page_hash_is_keyed_by_its_root_and_never_a_chain_step():
+    root = hash_root(LAYOUT_A, Namespace("sglang"), KEY)
+    key = bytes(range(32))
+    h = engine_page_hash(root, key)
+    assert len(h) == 16
+    assert h != extend_chain(root, key, 8)[0]  # the same bytes as a token page's: another digest
+    assert h != engine_page_hash(hash_root(LAYOUT_B, Namespace("sglang"), KEY), key)
+    assert h != engine_page_hash(hash_root(LAYOUT_A, Namespace("sglang", "salt"), KEY), key)
+    assert h != engine_page_hash(hash_root(LAYOUT_A, Namespace("sglang"), new_chain_key()), key)
+    assert h != engine_page_hash(root, key[:-1] + b"\x00")
+    assert len(engine_page_hash(root, bytes(ENGINE_KEY_MAX))) == 16
+
+
+@pytest.mark.parametrize("bad", [b"", bytes(ENGINE_KEY_MAX + 1), "00" * 32, bytearray(32), None])
+def test_an_engine_page_key_is_1_to_64_bytes(bad):
+    with pytest.raises(InvalidInput):
+        engine_page_hash(b"r" * 16, bad)

@@ -27,3 +27,81 @@ def test_layout_id_covers_every_field(change):
 def test_invalid(bad):
     with pytest.raises(InvalidLayout):
         base(**bad)
+
+
+# --- what engines' pages need: MLA, V's width, the byte order of a page, the shard ---------------------------
+
+from kvcache import Shard  # noqa: E402
+from kvcache.types.layout import ARRANGEMENTS  # noqa: E402
+
+# layout ids computed on main before these fields existed: a layout that uses none of them keeps its id, bit for bit
+GOLDEN_IDS = {
+    "8f3143e534da60b5981e4573f87c6f69": dict(),
+    "ea6127108fdebe61f0f329e8df9d8626": dict(model="Qwen/Qwen3-0.6B@main", layers=28, kv_heads=8, head_dim=128,
+                                             dtype="float16", page_size=64),
+}
+
+
+@pytest.mark.parametrize("golden", sorted(GOLDEN_IDS))
+def test_an_existing_layout_keeps_its_id(golden):
+    assert base(**GOLDEN_IDS[golden]).layout_id.hex() == golden
+    explicit = base(**GOLDEN_IDS[golden], v_head_dim=0, mla=False, arrangement="token", shard=None)
+    assert explicit.layout_id.hex() == golden  # the defaults spelled out are the same layout
+
+
+@pytest.mark.parametrize("change", [dict(v_head_dim=16), dict(arrangement="kv_token"), dict(arrangement="kv_layer"),
+                                    dict(shard=Shard(0, 1)), dict(shard=Shard(0, 2)), dict(shard=Shard(1, 2)),
+                                    dict(shard=Shard(0, 2, pp_rank=1, pp_size=2)),
+                                    dict(shard=Shard(0, 2, cp_rank=1, cp_size=2)),
+                                    dict(kv_heads=1, mla=True)])
+def test_each_engine_field_is_part_of_the_identity(change):
+    plain = base(kv_heads=change.get("kv_heads", 4))
+    assert base(**change).layout_id != plain.layout_id
+
+
+def test_two_shards_never_share_an_id():
+    ids = {base(shard=Shard(tp, 4, pp_rank=pp, pp_size=2)).layout_id for tp in range(4) for pp in range(2)}
+    assert len(ids) == 8 and base().layout_id not in ids
+
+
+def test_sizes_with_a_v_width_and_mla():
+    assert base(v_head_dim=4).bytes_per_token == 2 * 4 * (8 + 4) * 2  # layers * kv_heads * (K + V widths) * bytes
+    assert base(v_head_dim=8).bytes_per_token == base().bytes_per_token
+    mla = base(kv_heads=1, head_dim=576, mla=True)
+    assert mla.bytes_per_token == 2 * 576 * 2  # one latent per token per layer, no V
+    assert mla.bytes_per_page == mla.bytes_per_token * 16
+
+
+@pytest.mark.parametrize("bad", [dict(mla=True), dict(kv_heads=1, mla=True, v_head_dim=4), dict(mla=1),
+                                 dict(v_head_dim=-1), dict(v_head_dim=True), dict(arrangement="layer"),
+                                 dict(shard=(0, 2))])
+def test_invalid_engine_fields(bad):
+    with pytest.raises(InvalidLayout):
+        base(**bad)
+
+
+@pytest.mark.parametrize("bad", [dict(tp_rank=2, tp_size=2), dict(tp_rank=-1, tp_size=2), dict(tp_rank=0, tp_size=0),
+                                 dict(tp_rank=0, tp_size=1, pp_rank=1), dict(tp_rank=0, tp_size=1, cp_size=0),
+                                 dict(tp_rank=True, tp_size=2)])
+def test_invalid_shards(bad):
+    with pytest.raises(InvalidLayout):
+        Shard(**bad)
+
+
+def test_engine_layouts_round_trip_and_describe_themselves():
+    import msgspec
+
+    lay = base(kv_heads=1, mla=True, arrangement="kv_layer", shard=Shard(1, 2, pp_rank=0, pp_size=2))
+    for codec in (msgspec.msgpack, msgspec.json):
+        assert codec.decode(codec.encode(lay), type=KVLayout) == lay
+    assert msgspec.json.decode(b'{"model":"llama@r1","layers":2,"kv_heads":4,"head_dim":8,"dtype":"bfloat16",'
+                               b'"page_size":16}', type=KVLayout) == base()  # a record written before them
+    text = lay.describe()
+    assert "mla" in text and "arrangement=kv_layer" in text and "tp=1/2 pp=0/2" in text
+    assert base().describe() == "llama@r1 layers=2 kv_heads=4 head_dim=8 dtype=bfloat16 page_size=16"
+    assert "v_head_dim=4" in base(v_head_dim=4).describe()
+
+
+def test_every_arrangement_is_described():
+    assert set(ARRANGEMENTS) == {"token", "kv_token", "kv_layer"}
+    assert all(text.strip() for text in ARRANGEMENTS.values())

@@ -215,3 +215,29 @@ def test_the_newer_meta_page_zeroed_loses_no_committed_transaction(tmp_path):
     assert report.salvage is not None and report.salvage.source == "catalogue"
     assert (report.salvage.kept, report.salvage.lost) == (len(written), 0)
     assert stored(path) == written
+
+
+def test_a_rebuild_keeps_engine_pages(tmp_path):
+    """An engine page's metadata proves itself by its key's hash under its root (keyed by the store's key file):
+    a rebuild keeps every one, as it keeps token pages."""
+    import hashlib
+
+    from kvcache.storage.api import engine_origins
+
+    path = str(tmp_path / "s")
+    written = build(path, docs=2)
+    kv = SyntheticKV(LAYOUT)
+    with open_store(path, LAYOUT) as store:
+        keys = [hashlib.sha256(bytes([i])).digest() for i in range(12)]
+        hashes, origins = engine_origins(LAYOUT, Namespace("sglang"), store.chain_key, keys)
+        pages = list(kv.pages(hashes).numpy())
+        assert store.put(hashes, pages, origins).written == 12
+        written.update((h, bytes(p)) for h, p in zip(hashes, pages, strict=True))
+    zero_meta_pages(path)
+    report = audit_location(path, repair=True)
+    assert report.salvage is not None
+    assert (report.salvage.kept, report.salvage.lost) == (len(written), 0)
+    assert stored(path) == written
+    assert audit_location(path).ok
+    with open_store(path, LAYOUT) as store:
+        assert store.page_meta(hashes[5]).key == keys[5]

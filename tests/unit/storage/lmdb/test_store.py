@@ -526,3 +526,24 @@ def test_records_that_do_not_decode_are_findings_and_one_repair_clears_them(path
         assert report.repaired == len(report.findings)
         assert store.verify().ok  # one pass
         assert store.stats().pages == 2  # the first two pages of NS; the rest hung below the damaged one or was NS2's
+
+
+@pytest.mark.parametrize("checksum", sorted(lmdb_store.CHECKSUMS))
+def test_pages_in_segments_are_summed_as_copied_with_either_checksum(path, checksum):
+    """A page given or read as segments (an engine's host page split by layer) is checksummed part by part: the
+    value stored is the contiguous page's, and a flipped byte is caught in whichever segment it lands."""
+    def segments(pool, i):
+        return [pool[i, part] for part in range(4)]
+
+    src = np.stack([payload(bytes([i]) * 16).reshape(4, PAGE // 4) for i in range(4)])
+    with LMDBStore.open(path, LAYOUT, create=True, checksum=checksum) as s:
+        hashes, origins = page_origins(LAYOUT, pack_tokens(range(16)), NS, s.chain_key)
+        assert s.put(hashes, [segments(src, i) for i in range(4)], origins).written == 4
+        flat = np.zeros((4, PAGE), np.uint8)
+        assert s.get_into(hashes, list(flat)) == 4 and np.array_equal(flat, src.reshape(4, PAGE))
+        assert s.verify().ok
+    _flip_payload_byte(path, src[2].reshape(PAGE))
+    with LMDBStore.open(path, LAYOUT) as s:
+        dst = np.zeros_like(src)
+        assert s.get_into(hashes, [segments(dst, i) for i in range(4)]) == 2
+        assert np.array_equal(dst[:2], src[:2]) and s.counters().checksum_failures == 1
