@@ -311,43 +311,33 @@ class LMDBStore(StoreHandle):
         suspect: list[bytes] = []  # failed their checks: quarantined once the read is known sound (lock-free)
         done = 0  # pages copied and verified so far: what a read that fails midway still delivered
 
-        # Every out view is a page's size when the handle has a layout (checked above): one length to compare
-        # each stored value with; without one, each view's own.
-        sized = None if self.layout is None else self.layout.bytes_per_page + HEADER
-
         def copy(txn: lmdb.Transaction) -> int:
-            # The per-page loop is the read's only Python per page (at 16 KiB it is ~25% of a read): locals only,
-            # one length per value, the count kept in a local and published once (`finally`: a read that faults
-            # midway still reports what it delivered).
             nonlocal done
             get, db = txn.get, shared.dbs.pages
             suspect.clear()
-            got = 0
-            try:
-                for h, out, seed in zip(hashes, outs, seeds, strict=True):
-                    value = get(h, None, db)
-                    if value is None or (corrupt and h in corrupt):
-                        break
-                    # A stored size other than a page's (the out views were checked above) is a damaged record: a
-                    # miss, quarantined like a checksum failure. The copy happens inside the transaction (see the
-                    # module docstring), and is checked on the copy, still in cache: what the caller got is what
-                    # was verified.
-                    if len(value) != (sized or len(out) + HEADER):
-                        suspect.append(h)
-                        break
-                    if type(out) is memoryview:
-                        out[:] = value[HEADER:]
-                        summed = digest(out, seed)
-                    else:  # a page in segments (checks.Segments): copied in order, summed as copied
-                        out.fill(value[HEADER:])
-                        summed = digest_parts(out.views, seed)
-                    if summed != stored(value)[0]:
-                        suspect.append(h)
-                        break
-                    got += 1
-            finally:
-                done = got
-            return got
+            done = 0
+            for h, out, seed in zip(hashes, outs, seeds, strict=True):
+                value = get(h, None, db)
+                if value is None or (corrupt and h in corrupt):
+                    break
+                # A stored size other than a page's (the out views were checked above) is a damaged record: a
+                # miss, quarantined like a checksum failure. The copy happens inside the transaction (see the
+                # module docstring), and is checked on the copy, still in cache: what the caller got is what was
+                # verified.
+                if len(value) - HEADER != len(out):
+                    suspect.append(h)
+                    break
+                if type(out) is memoryview:
+                    out[:] = value[HEADER:]
+                    summed = digest(out, seed)
+                else:  # a page in segments (checks.Segments): copied in order, summed as copied
+                    out.fill(value[HEADER:])
+                    summed = digest_parts(out.views, seed)
+                if summed != stored(value)[0]:
+                    suspect.append(h)
+                    break
+                done += 1
+            return done
 
         try:
             shared.reading(copy, buffers=True)
