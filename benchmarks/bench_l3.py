@@ -221,6 +221,59 @@ class HiCacheFilePeer:
             self.proc = None
 
 
+def read_anatomy(store_dir: str, hashes: list[bytes], outs: list[memoryview], batch: int,
+                 memcpy: Callable[[], None], fastest: Callable[[Callable[[], None]], float],
+                 repeat: int) -> dict[str, float]:
+    """Where a kvc read's time goes: the closed store's data file opened with py-lmdb directly (read-only, no
+    lock), its page values copied into the same rows in three ways, each timed in the same rounds as memcpy:
+
+      map          from views into LMDB's map taken beforehand and held: the copy alone;
+      get          one `txn.get` per page in one transaction per batch, then the copy: get_into's lookups;
+      get_verify   the same, and the checksum computed on the copy: get_into's work less its argument checks,
+                   damage handling and access bookkeeping.
+
+    Seconds of the fastest pass of each, memcpy's included."""
+    import lmdb
+
+    from kvcache.storage.codec import CHECKSUMS, DEFAULT_CHECKSUM, HEADER
+
+    checksum = CHECKSUMS[DEFAULT_CHECKSUM]
+    digest, seeds = checksum.digest, checksum.seeds(hashes)
+    env = lmdb.open(store_dir, readonly=True, lock=False, max_dbs=16)
+    try:
+        db = env.open_db(b"pages", create=False)  # in a transaction of its own: the handle outlives it
+        held = env.begin(buffers=True)
+        values = [held.get(h, None, db)[HEADER:] for h in hashes]
+
+        def from_map() -> None:
+            for out, value in zip(outs, values, strict=True):
+                out[:] = value
+
+        def lookups(verify: bool) -> Callable[[], None]:
+            def run() -> None:
+                for s in range(0, len(hashes), batch):
+                    with env.begin(buffers=True) as txn:
+                        get = txn.get
+                        for h, out, seed in zip(hashes[s:s + batch], outs[s:s + batch], seeds[s:s + batch],
+                                                strict=True):
+                            out[:] = get(h, None, db)[HEADER:]
+                            if verify:
+                                digest(out, seed)
+            return run
+
+        cases = {"memcpy": memcpy, "map": from_map, "get": lookups(False), "get_verify": lookups(True)}
+        times: dict[str, list[float]] = {name: [] for name in cases}
+        for _ in range(repeat):
+            for name, fn in cases.items():
+                times[name].append(fastest(fn))
+        for value in values:
+            value.release()
+        held.abort()
+    finally:
+        env.close()
+    return {name: min(t) for name, t in times.items()}
+
+
 def layout_for(page_kib: int) -> KVLayout:
     # 8 KV heads x 128 dims x fp16 x (K, V) = 4 KiB per token per layer; 4 tokens per page.
     return KVLayout(f"bench-{page_kib}k@r1", layers=page_kib // 16, kv_heads=8, head_dim=128, dtype="float16",
@@ -391,6 +444,7 @@ def run_size(page_kib: int, store_mb: int, repeat: int, scratch: str, server: Re
     assert store.verify().ok if n <= 4096 else True
     footprint = store.stats().footprint_bytes
     store.close()
+    anatomy = read_anatomy(store_dir, hashes, dst_views, batch, memcpy, fastest, repeat)
     shutil.rmtree(store_dir)
 
     views = [memoryview(dst_np[i]) for i in range(n)]
@@ -407,6 +461,7 @@ def run_size(page_kib: int, store_mb: int, repeat: int, scratch: str, server: Re
     del src, dst, dst_np, rows, views, dst_views
     return {
         **figures, **peer_figures,
+        **{f"anatomy_{name}": anatomy["memcpy"] / t for name, t in anatomy.items() if name != "memcpy"},
         "pages": n, "mb": mb, "memcpy": mb / t_memcpy, "bulk": mb / t_bulk, "kvc_read": mb / t_kvc_read,
         "files_read": mb / t_files_read, "kvc_write": mb / t_kvc_write["data"],
         "kvc_write_nosync": mb / t_kvc_write["none"], "files_write": mb / t_files_write,
@@ -522,6 +577,9 @@ def main() -> int:
                       f"{r['kvc_write_nosync'] / r['files_write']:.2f}x files) / {r['kvc_write']:6.0f} fsync  "
                       f"files write {r['files_write']:6.0f} MB/s  footprint {r['footprint'] / r['mb']:.3f}x",
                       flush=True)
+                print(f"run {run + 1}/{args.runs} {kib:>4} KiB: anatomy (/ memcpy): copy from LMDB's map "
+                      f"{r['anatomy_map']:.2f}x, get + copy {r['anatomy_get']:.2f}x, get + copy + verify "
+                      f"{r['anatomy_get_verify']:.2f}x", flush=True)
                 if peer:
                     hicache = r["hicache_read"]
                     print(f"run {run + 1}/{args.runs} {kib:>4} KiB: HiCacheFile read {hicache:6.0f} "
@@ -571,6 +629,10 @@ def main() -> int:
             f"({statistics.median(ratios_of(runs, 'kvc_write', 'memcpy')):.2f}x)",
             f"{median_of(runs, 'files_write'):,.0f}", f"{spread(footprint, 3)}", "; ".join(verdict),
         ])
+    anatomy_rows = []
+    for kib, runs in results.items():
+        cases = [f"{median_of(runs, f'anatomy_{case}'):.2f}x" for case in ("map", "get", "get_verify")]
+        anatomy_rows.append([f"{kib} KiB", *cases, f"{statistics.median(ratios_of(runs, 'kvc_read', 'memcpy')):.2f}x"])
     redis_rows = []
     for kib, runs in results.items():
         if "redis_read" not in runs[0]:
@@ -651,19 +713,24 @@ def main() -> int:
         "of a preallocated tensor, read passes in the same rounds as memcpy's and kvc's; it verifies nothing. "
         "Footprint: the store's `data.mdb` against the payload (`StoreStats.footprint_bytes`).",
         "",
-        "Where a read's time goes (measured on this machine with the store above, interleaved rounds): copying "
-        "out of LMDB's map costs what the baseline's copy costs (the same pages copied from views into the map "
-        "held open ran at 1.00x memcpy at 16 KiB and 1.02x at 256 KiB: no faults and no alignment penalty "
-        "(LMDB's values start 24 bytes into a page: no different from 0), and the environment opened with "
-        "`readahead=False` read the same (0.64-0.66x both ways at 16 KiB, cached). The gap is "
-        "the checksum and the per-page lookup: xxh3 on the destination right after its copy, with no store at "
-        "all, runs at 0.85-0.87x the plain copy at every size (xxh3 does ~55 GB/s on cached data, the copy "
-        "~7 GB/s), and `txn.get` plus the loop add ~0.6 us per page (~20% at 16 KiB, 1-2% at 256 KiB). Hashing "
-        "the source before the copy, hashing in 64 KiB chunks, `getmulti` (it copies values) and verifying in a "
-        "second thread (2 shared cores) all measured slower. Footprint: LMDB keeps a value over ~2 KiB in "
-        "overflow pages behind a 16-byte page header, so a value takes ceil((len + 16) / 4096) pages: a 16 KiB "
-        "page with its 8-byte checksum takes 5 pages (and would without the checksum: 16,384 + 16 > 4 x 4,096); "
-        "the overhead is 1/n of a page for pages of n x 4 KiB (see docs/capacity.md).",
+        "Where a read's time goes (`read_anatomy`: the same store's data file opened with py-lmdb directly, "
+        "its values copied into the same rows, each case in the same rounds as memcpy, best of "
+        f"{args.read_passes} x {args.repeat}; medians of the runs):",
+        "",
+        table(["page", "copy from views into LMDB's map, held", "+ one txn.get per page", "+ xxh3 of the copy",
+               "get_into (+ argument checks, bookkeeping)"], anatomy_rows),
+        "",
+        "Copying out of LMDB's map costs what the baseline's copy costs: no faults, no alignment penalty (a value "
+        "starts 24 bytes into its first page; copies from offsets 0, 8, 16, 24 and 64 of a mapping measured "
+        "alike), and an environment opened with `readahead=False` read the same (0.64-0.66x both ways at 16 KiB, "
+        "cached). The gap is the checksum and the lookups: xxh3 of each page right after its copy, hot in cache "
+        "(~55 GB/s against the copy's ~7), cost 0.13-0.15x with no store at all, and a lookup plus the loop is "
+        "~0.7 us a page, a quarter of a 16 KiB page's copy. Hashing the source before the copy, hashing in 64 KiB "
+        "chunks, `getmulti` (it copies each value), all lookups before the copies, and verifying in a second "
+        "thread (2 shared cores) all measured slower. Footprint: LMDB keeps a value over ~2 KiB in overflow "
+        "pages behind a 16-byte header, a value of `len` bytes in ceil((len + 16) / 4096) pages: a 16 KiB page "
+        "with its 8-byte checksum takes 5 (as would 16 KiB alone: 16,384 + 16 > 4 x 4,096); see "
+        "docs/capacity.md.",
         "",
         "Where a kvc write goes (cProfile of `put`, 64 KiB pages, 512 MB, durability \"none\"): ~35% the commit "
         "(LMDB's `pwritev` of its dirty pages into the page cache: the one copy the file store also pays), ~20% "
