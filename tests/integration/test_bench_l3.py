@@ -25,10 +25,15 @@ def test_two_toy_runs_publish_ratios_against_memcpy_with_their_spread(tmp_path):
         env=dict(os.environ, KVC_BENCH_JSON=str(figures)))
     assert result.returncode == 0, result.stderr[-2000:]
     assert (ROOT / "BENCHMARKS.md").read_bytes() == before  # --no-write
-    per_run = [line for line in result.stdout.splitlines() if line.startswith("run ")]
+    per_run = [line for line in result.stdout.splitlines() if line.startswith("run ") and "kvc read" in line]
     assert len(per_run) == 6 and all("memcpy" in line for line in per_run)  # 2 runs x 3 page sizes
+    # where a read's time goes, per run and size, and its table: the copy out of LMDB's map, + lookups, + xxh3
+    anatomy = [line for line in result.stdout.splitlines() if line.startswith("run ") and "anatomy" in line]
+    assert len(anatomy) == 6 and all("copy from LMDB's map" in line for line in anatomy)
+    assert "| page | copy from views into LMDB's map, held |" in result.stdout
     rows = [line for line in result.stdout.splitlines() if line.startswith(("| 16 KiB", "| 64 KiB", "| 256 KiB"))]
-    assert len(rows) == 3
+    assert len(rows) == 6
+    rows = rows[:3]  # the main table (the anatomy table's rows follow)
     for row in rows:  # the read and write ratios against memcpy, each a median with its (min-max)
         cells = [c.strip() for c in row.strip("|").split("|")]
         for cell in (cells[4], cells[9]):
