@@ -12,7 +12,8 @@ For each page size (16, 64 and 256 KiB) the same pages (random bytes, ~--store-m
   kvc      written with LMDBStore.put into a fresh store per pass, batches of ~4 MiB (one transaction each), with
            durability "none" (no fsync) and the default "data" (one fsync per batch); then read back with get_into
            into the rows of a preallocated host torch tensor (numpy views), batches of ~4 MiB, the checksum
-           verified on every page and the access bookkeeping included (the full read path);
+           verified on every page and the access bookkeeping included (the full read path); its data file against
+           the payload (the footprint);
   files    written one file per page (temp file + rename, no fsync) and read back with readinto into the same
            rows (open, readinto, close per page).
   hicache  SGLang's file-per-page L3 (`HiCacheFile`, sglang 0.5.x), in the peer's interpreter
@@ -20,8 +21,10 @@ For each page size (16, 64 and 256 KiB) the same pages (random bytes, ~--store-m
            $KVC_PEER_PYTHONPATH, e.g. the torchvision stub of /work/shared/peer-bench): the same pages from the
            baseline's file, stored with `batch_set`, read with `batch_get` in the same ~4 MiB batches into the rows
            of a preallocated uint8 tensor; it verifies nothing. Its read passes run in the same rounds as memcpy's
-           and kvc's (same number of tries). Skipped, and said so, without a peer interpreter or with --no-peer.
-
+           and kvc's (same number of tries). Skipped, and said so, without a peer interpreter or with --no-peer;
+  anatomy  where a kvc read's time goes (`read_anatomy`): the kept store's values copied into the same rows from
+           views into LMDB's map held open, then with one txn.get per page, then with the checksum of each copy,
+           each in the same rounds as memcpy;
   redis    the first --redis-mb of the same pages written with the Redis plugin (kvcache_redis, one Lua script
            per ~4 MiB batch) into a redis-server this script starts on 127.0.0.1 (loopback TCP, no persistence,
            the database emptied before each write pass), then read back with get_into into the same rows
@@ -38,7 +41,7 @@ their min and max (each run's ratio is against that run's own baseline). Scratch
 directory removed at exit.
 
 Run: ``python benchmarks/bench_l3.py [--store-mb 256] [--runs 3] [--redis-mb 64] [--quick] [--no-write]
-[--no-redis]``.
+[--no-redis] [--no-peer] [--peer-python PY] [--peer-pythonpath DIR]``.
 """
 
 from __future__ import annotations
