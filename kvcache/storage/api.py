@@ -32,8 +32,10 @@ Rules every backend keeps (tests/conformance checks them for each registered bac
   `namespace_quota_bytes` for it: a put never leaves it holding more (the backend evicts its own least recently
   used pages, or rejects the pages over it).
 - Access times and hit counts are recorded in memory and written in batches (`flush()`), never one write per read.
-  A read credits every page it served (each one's `last_access` is the read's time: LRU never evicts what was
-  just read); its hit counts once, at the deepest page it reached, and a page's heat is its subtree's.
+  A read credits every page it served with its time, so LRU never evicts what was just read: in the page's own
+  `last_access`, or, for a page the read went through to its child (a chain), in that child's (a page's heat,
+  which eviction and `children()` use, is its subtree's); a backend may credit every page in its own record.
+  The read's hit counts once, at the deepest page it reached.
 - A store knows who serves it and what was dropped from it (`kvcache.storage.serving`): each live cache records
   itself and its admin socket (`register_serve`, removed on exit), and every offboarding leaves a `DropRecord`
   (`record_drop`, numbered in order, the last DROPS_KEPT kept) that the other caches of the store follow, so
@@ -81,7 +83,7 @@ class PageMeta(msgspec.Struct, frozen=True, array_like=True, gc=False):
     nbytes: int  # payload size in bytes, = layout.bytes_per_page
     checksum: int  # 64-bit checksum of the payload, seeded by the page hash (algorithm: StoreStats.checksum)
     created: float  # unix seconds of the first write
-    last_access: float  # unix seconds of the write or of the last read that served this page, as of the last flush
+    last_access: float  # unix seconds of the write or of the last read credited here (see the rules), as of the last flush
     hits: int  # reads that ended at this page (a read of a run is credited to its deepest page), as of the last flush
     # An engine page's key (tokens are then b""); b"" for a token page. Last, with a default: records written
     # before it (one element shorter) decode unchanged, and an older kvc reads these (it ignores the extra one).
@@ -353,7 +355,7 @@ class L3Store(Protocol):
     def get_into(self, hashes: Sequence[bytes], out_views: Sequence[Any]) -> int:
         """Copy pages into caller-provided writable byte views (numpy/torch uint8, memoryview), one per page or a
         list of segments per page; return how many consecutive pages from the start were copied. A missing,
-        corrupt or unreadable page ends the run. Every page served is credited (its last access)."""
+        corrupt or unreadable page ends the run. Every page served is credited with the read's time."""
 
     def put(self, hashes: Sequence[bytes], pages: Sequence[Any], origins: Sequence[PageOrigin]) -> PutResult:
         """Store a batch of pages (each one buffer or a list of segments) in one transaction; pages already stored

@@ -1,7 +1,7 @@
 """What every backend's store handle keeps in memory: its counters and the log of reads not yet written back.
 
 Access times and hit counts are recorded in memory and written in batches (`L3Store.flush`), never one write per
-read (kvcache.storage.api): a read is one `AccessLog` entry, credited to the deepest page it reached. The rules
+read (kvcache.storage.api): a read is one `AccessLog` entry, its hit credited to the deepest page it reached. The rules
 of the read counters (a short read is a miss) are here too, so every backend counts alike.
 """
 

@@ -302,6 +302,14 @@ def test_a_flipped_byte_in_an_engine_page_is_a_miss_quarantined_reported_and_nev
 # --- reads credit every page served ----------------------------------------------------------------------------
 
 
+def heat(store, page_hash: bytes) -> float:
+    """The latest access a page carries: its own or its subtree's, as `children()` of its parent reports it (what
+    eviction goes by)."""
+    parent = store.page_meta(page_hash).parent
+    [child] = [c for c in store.children(parent) if c.page_hash == page_hash]
+    return child.last_access
+
+
 def test_every_page_a_read_served_is_credited(store):
     keys = engine_keys(4)
     # unchained: each page hangs from the root, as SGLang's pages do when no parent is known
@@ -310,26 +318,35 @@ def test_every_page_a_read_served_is_credited(store):
     assert read(store, hashes)[0] == 4
     store.flush()
     metas = [store.page_meta(h) for h in hashes]
-    assert len({m.last_access for m in metas}) == 1  # one read, one time, every page it served
+    assert len({m.last_access for m in metas}) == 1  # one read, one time, in every page it served
     assert all(m.last_access > w for m, w in zip(metas, written))
     assert [m.hits for m in metas] == [0, 0, 0, 1]  # the read's hit counts at its deepest page
-    token_hashes, token_origins = page_origins(LAYOUT, pack_tokens(range(12)), TOKENS, store.chain_key)
-    store.put(token_hashes, [page_payload(h) for h in token_hashes], token_origins)
-    assert read(store, token_hashes)[0] == 3
-    store.flush()
-    token_metas = [store.page_meta(h) for h in token_hashes]
-    assert len({m.last_access for m in token_metas}) == 1 and [m.hits for m in token_metas] == [0, 0, 1]
     record = {r.ns_id_hex: r for r in store.namespaces()}[ENGINE.id_hex]
     assert record.hits == 4 and record.last_access == metas[0].last_access
+    # chained pages (an engine chain, a token chain): each carries the read's time, itself or through its child
+    chain, _, _ = put_engine(store, engine_keys(3, "chained"))
+    token_hashes, token_origins = page_origins(LAYOUT, pack_tokens(range(12)), TOKENS, store.chain_key)
+    store.put(token_hashes, [page_payload(h) for h in token_hashes], token_origins)
+    for run in (chain, token_hashes):
+        before = max(store.page_meta(h).last_access for h in run)
+        assert read(store, run)[0] == 3
+        store.flush()
+        times = {heat(store, h) for h in run}
+        assert len(times) == 1 and times.pop() > before
+        assert [store.page_meta(h).hits for h in run] == [0, 0, 1]
 
 
-def test_a_page_just_read_is_not_the_lru_victim(factory, location):
+@pytest.mark.parametrize("chained", [False, True])
+def test_a_page_just_read_is_not_the_lru_victim(factory, location, chained):
     try:
         s = factory.open(location, LAYOUT, capacity=CapacityPolicy(capacity_bytes=8 * NBYTES, evict_headroom=0.0))
     except StoreUnsupported:
         pytest.skip("this backend evicts nothing itself (its server's memory policy does)")
     try:
-        read_first = [put_engine(s, [k])[0][0] for k in engine_keys(4, "read")]  # the oldest pages
+        if chained:  # the oldest pages, one engine chain
+            read_first = put_engine(s, engine_keys(4, "read"))[0]
+        else:  # the oldest pages, each hanging from the root
+            read_first = [put_engine(s, [k])[0][0] for k in engine_keys(4, "read")]
         later = [put_engine(s, [k])[0][0] for k in engine_keys(4, "later")]
         assert read(s, read_first)[0] == 4  # now the most recently used, every one of them
         _, _, result = put_engine(s, engine_keys(1, "new"))
@@ -417,3 +434,39 @@ def test_an_engine_layouts_root_is_its_own(store):
     mla = VARIANTS["mla"]
     assert hash_root(mla.layout_id, ENGINE, store.chain_key) != store.root(ENGINE)
     assert mla.bytes_per_page == VARIANTS["plain"].bytes_per_page // 2  # one latent, no V
+
+
+def test_three_threads_write_and_read_engine_pages_at_once(store):
+    """SGLang calls its storage from several threads at once (prefetch, backup, the scheduler's exists): puts of
+    overlapping chains and reads of what was acknowledged interleave without an error or a wrong byte."""
+    import threading
+
+    errors: list[str] = []
+    acked: list[tuple[list[bytes], list[np.ndarray]]] = []
+    lock = threading.Lock()
+
+    def worker(seed: int) -> None:
+        try:
+            for round_ in range(12):
+                keys = engine_keys(6, f"shared/{round_ % 4}")[: 3 + seed]  # overlapping chains across threads
+                hashes, payloads, result = put_engine(store, keys)
+                if len(result.outcomes) != len(keys) or R in result.outcomes:
+                    errors.append(f"thread {seed}: outcomes {list(result.outcomes)}")
+                with lock:
+                    acked.append((hashes, payloads))
+                    done = list(acked)
+                for hashes, payloads in done[-3:]:
+                    n, out = read(store, hashes)
+                    if n != len(hashes) or not all(np.array_equal(x, y) for x, y in zip(out, payloads)):
+                        errors.append(f"thread {seed}: read {n}/{len(hashes)} or wrong bytes")
+        except Exception as exc:  # an exception in a thread must fail the test, not vanish
+            errors.append(f"thread {seed}: {exc!r}")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert store.stats().pages == 4 * 5  # four chains, five keys at most each
+    assert store.verify().ok

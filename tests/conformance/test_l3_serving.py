@@ -16,7 +16,7 @@ from kvcache.types.keys import pack_tokens
 from kvcache.types.namespace import Namespace
 
 from test_l3_conformance import LAYOUT, page_payload, write
-from kvcache.storage.api import page_origins
+from kvcache.storage.api import PageOutcome, page_origins
 
 SALT = "serving-salt-5e1d"
 NS_A = Namespace("tenant-a", SALT)
@@ -102,6 +102,7 @@ def test_a_fenced_handle_refuses_a_namespace_dropped_elsewhere_until_it_applied_
     pages = [page_payload(h, LAYOUT.bytes_per_page) for h in hashes + b_hashes]
     got = fenced.put(hashes + b_hashes, pages, origins + b_origins)  # one batch, both namespaces
     assert (got.written, got.rejected) == (4, 4)
+    assert got.outcomes == bytes([PageOutcome.REJECTED] * 4 + [PageOutcome.WRITTEN] * 4)  # each page, in order
     assert store.exists_prefix(hashes) == 0 and store.exists_prefix(b_hashes) == 4
     [pending] = watch.pending()
     assert pending.ns_id_hex == NS_A.id_hex and pending.by == "/run/kvc/b.sock"

@@ -1,8 +1,8 @@
 """What an LMDB store handle has seen and not yet written to the store, and how a write transaction folds it in.
 
-Bookkeeping must cost a small fraction of the read it records: a read is logged in memory as one entry, credited
-to the deepest page it reached (`AccessLog`), and folded into `meta` by the handle's next `flush` or `put`; no
-access-order index is kept. A page that fails verification on read is quarantined: a miss in this handle from then
+Bookkeeping must cost a small fraction of the read it records: a read is logged in memory as one entry, the pages
+it served (`AccessLog`), and folded into `meta` by the handle's next `flush` or `put` (`apply_access`: one record
+rewritten per chained run, one per page of an unchained one); no access-order index is kept. A page that fails verification on read is quarantined: a miss in this handle from then
 on, until that next `flush` or `put` checks it again and drops it (or finds it rewritten sound meanwhile), or
 `verify(repair=True)` removes it.
 """
@@ -19,7 +19,7 @@ import lmdb
 import msgspec
 
 from ...errors import StoreError
-from ..api import AccessPolicy
+from ..api import AccessPolicy, PageMeta
 from ..codec import HEADER, Checksum, decode_meta, decode_or_none, encoder
 from ..handle import AccessLog
 from .registry import NsDelta, adjust_totals, apply_deltas, delta, drop_page
@@ -87,7 +87,7 @@ class AccessRecords:
         """Into write transaction `txn`: drop the quarantined pages that still fail, then fold the reads into page
         metadata, registry changes into `deltas`. (pages, bytes) dropped: the caller adjusts the store totals."""
         dropped = drop_corrupt(txn, dbs, self._checksum, taken[1], deltas)
-        apply_access(txn, dbs.meta, taken[0], deltas)
+        apply_access(txn, dbs, taken[0], deltas)
         return dropped
 
     def commit(self, write: Callable[..., Any], body: Callable[[lmdb.Transaction], Any], taken: Taken,
@@ -114,14 +114,17 @@ class AccessRecords:
         self.commit(write, body, taken)
 
 
-def apply_access(txn: lmdb.Transaction, meta_db: Any, reads: Reads, deltas: dict[bytes, NsDelta]) -> int:
+def apply_access(txn: lmdb.Transaction, dbs: Any, reads: Reads, deltas: dict[bytes, NsDelta]) -> int:
     """Fold logged reads into page metadata and namespace counters; pages updated.
 
-    Every page a read served gets its time as `last_access` (the latest of the reads that served it), so LRU
-    never takes a page that was just read, chained or not (an engine's pages may hang from their root side by
-    side). A read counts one hit, at the deepest page of its run: a page's `hits` are the reads that ended there,
-    and its heat is that of its subtree, which is what `children()` reports. Each page is rewritten once per fold
-    however many reads served it, and not at all when neither changes.
+    Every page a read served is credited with the read's time, so LRU never takes a page that was just read: the
+    deepest page of the run in its own `last_access`, and each page before it through the page after it when
+    that one is its child (a chain: eviction takes leaves only and a parent inherits the time of the child it
+    loses, and `children()` reports a page's subtree heat), else in its own `last_access`. A run that ends at a
+    token page is a chain (its hashes chain its tokens: `page_origins`), so it rewrites one record, as it always
+    did; a run that ends at an engine page is checked link by link (an engine's pages may hang from their root
+    side by side), and each page it did not reach through its child is rewritten too. A read counts one hit, at
+    the deepest page of its run. Each record is rewritten once per fold however many reads credited it.
     """
     if not reads:
         return 0
@@ -132,12 +135,16 @@ def apply_access(txn: lmdb.Transaction, meta_db: Any, reads: Reads, deltas: dict
         deepest = served[-1]
         hits[deepest] += 1
         pages[deepest] += n
-        last.update(dict.fromkeys(served, when))
-    cur = txn.cursor(db=meta_db)
+        last[deepest] = when
+    cur = txn.cursor(db=dbs.meta)
+    metas = {bytes(k): decode_meta(raw) for k, raw in cur.getmulti(list(last))}  # the pages still stored
+    alone = _credited_alone(txn, dbs, reads, metas)
+    if alone:
+        metas.update((bytes(k), decode_meta(raw)) for k, raw in cur.getmulti([h for h in alone if h not in metas]))
+        for h, when in alone.items():
+            last[h] = max(last.get(h, when), when)
     updated = []
-    for key, raw in cur.getmulti(list(last)):  # the pages still stored
-        h = bytes(key)
-        meta = decode_meta(raw)
+    for h, meta in metas.items():
         when = max(meta.last_access, last[h])
         n_hits = hits.get(h, 0)
         if n_hits:
@@ -149,6 +156,28 @@ def apply_access(txn: lmdb.Transaction, meta_db: Any, reads: Reads, deltas: dict
         updated.append((h, encoder.encode(msgspec.structs.replace(meta, hits=meta.hits + n_hits, last_access=when))))
     cur.putmulti(updated)
     return len(updated)
+
+
+def _credited_alone(txn: lmdb.Transaction, dbs: Any, reads: Reads, metas: dict[bytes, PageMeta]) -> dict[bytes, float]:
+    """The pages of runs ending at an engine page that the run did not reach through their child (the children
+    index does not list the next page of the run under them): page -> the latest read's time."""
+    alone: dict[bytes, float] = {}
+    links = None
+    chained: dict[tuple[bytes, bytes], bool] = {}  # (parent, child) -> linked, looked up once per fold
+    for when, served, n in reads:
+        deepest = metas.get(served[-1])
+        if n < 2 or deepest is None or not deepest.key:
+            continue
+        links = links or txn.cursor(db=dbs.children)
+        child = served[-1]
+        for h in served[-2::-1]:
+            linked = chained.get((h, child))
+            if linked is None:
+                linked = chained[(h, child)] = links.set_key_dup(h, child)
+            if not linked:
+                alone[h] = when
+            child = h
+    return alone
 
 
 def drop_corrupt(txn: lmdb.Transaction, dbs: Any, checksum: Checksum, corrupt: set[bytes],

@@ -3,7 +3,8 @@
 Format 2 keys the page-hash chain roots by the store's secret (kvcache.types.keys; the chain key derived from the
 store's key file), so every page hash of a format-1 store changes: each page is filed under its new hash, its
 checksum (seeded by the hash) is taken again, its metadata names its new parent, the children index is rebuilt,
-and each namespace record keeps its new roots. Nothing else changes: layouts, namespace counters, limits, shares,
+and each namespace record keeps its new roots. An engine page (`PageMeta.key`) is filed under its key's hash under
+its namespace's new root. Nothing else changes: layouts, namespace counters, limits, shares,
 serving and drop records are copied as they are.
 
 Crash-safe the way a repair's rebuild is (`salvage`, whose pieces it reuses): with the store to itself (LMDB's lock
@@ -30,7 +31,7 @@ import lmdb
 import msgspec
 
 from ...errors import InvalidInput, NotAStore, StoreError, StoreReadOnly
-from ...types.keys import TOKEN_BYTES, UNKEYED_CHAIN, derive_chain_key, extend_chain, hash_root_of_id
+from ...types.keys import TOKEN_BYTES, UNKEYED_CHAIN, derive_chain_key, engine_page_hash, extend_chain, hash_root_of_id
 from ..api import NamespaceRecord, PageMeta, VerifyReport
 from ..codec import (
     CHECKSUM_FIELD,
@@ -171,12 +172,16 @@ def _rewrite(path: str, new: str, fmt: StoreFormat, chain_key: bytes) -> tuple[i
         pairs = {(m.layout_id, m.ns_id) for m in metas.values()} | {(lay, ns) for lay in layouts for ns in records}
         roots: dict[bytes, bytes] = {hash_root_of_id(lay, ns, old_key): hash_root_of_id(lay, ns, chain_key)
                                      for lay, ns in pairs}
-        renamed = _new_hashes(path, metas, roots)
-        # each namespace's roots: those its pages hang from now (a store written before records kept roots too)
+        new_roots: dict[tuple[bytes, bytes], bytes] = {(lay, ns): hash_root_of_id(lay, ns, chain_key) for lay, ns in pairs}
+        renamed = _new_hashes(path, metas, roots, new_roots)
+        # each namespace's roots: those its pages hang from now (a store written before records kept roots too),
+        # and every engine page's wherever it hangs (its hash is its key's under that root)
         hung: dict[bytes, set[str]] = {}
         for meta in metas.values():
             if meta.parent in roots:
                 hung.setdefault(meta.ns_id, set()).add(roots[meta.parent].hex())
+            if meta.key:
+                hung.setdefault(meta.ns_id, set()).add(new_roots[(meta.layout_id, meta.ns_id)].hex())
         new_fmt = StoreFormat(fmt.magic, FORMAT_VERSION, fmt.checksum, fmt.created)
         ndbs = shared.dbs
 
@@ -228,12 +233,17 @@ def _stored(path: str, value: memoryview | None, h: bytes) -> bytes:
     return bytes(value)
 
 
-def _new_hashes(path: str, metas: dict[bytes, PageMeta], roots: dict[bytes, bytes]) -> dict[bytes, bytes]:
-    """Old page hash -> new, each chained from its parent's new hash or its namespace's new root."""
+def _new_hashes(path: str, metas: dict[bytes, PageMeta], roots: dict[bytes, bytes],
+                new_roots: dict[tuple[bytes, bytes], bytes]) -> dict[bytes, bytes]:
+    """Old page hash -> new, each chained from its parent's new hash or its namespace's new root (`roots`: old
+    root -> new); an engine page's, its key's under its (layout, namespace)'s new root (`new_roots`)."""
     renamed: dict[bytes, bytes] = {}
     for h in metas:
         for page in reversed(list(_up(path, h, metas, renamed, roots))):
             meta = metas[page]
+            if meta.key:
+                renamed[page] = engine_page_hash(new_roots[(meta.layout_id, meta.ns_id)], bytes(meta.key))
+                continue
             parent = roots.get(meta.parent) or renamed[meta.parent]
             n = len(meta.tokens) // TOKEN_BYTES
             renamed[page] = extend_chain(parent, bytes(meta.tokens), n)[0]

@@ -206,3 +206,30 @@ def test_a_writer_never_makes_a_new_key_for_a_keyed_store_that_holds_pages(tmp_p
     os.rename(os.path.join(tmp_path, "kept.key"), os.path.join(path, "fingerprint.key"))
     with open_store(path, LAYOUT) as store:
         assert store.verify().ok and store.stats().pages == 2 * (1 + 4 * 6)
+
+
+def test_migrate_files_engine_pages_under_their_keys_hash_under_the_new_root(tmp_path):
+    """A format-1 store an engine wrote into (its chain key then the unkeyed one): each engine page goes under its
+    key's hash under its namespace's keyed root, its chain links kept, and reads back by key alone."""
+    import hashlib
+
+    from kvcache.storage.api import engine_hashes, engine_origins
+
+    path = str(tmp_path / "s")
+    build_format_1(path, docs=2)
+    ns, keys = Namespace("sglang"), [hashlib.sha256(bytes([i])).digest() for i in range(5)]
+    kv = SyntheticKV(LAYOUT)
+    with open_store(path, LAYOUT, durability="none") as store:
+        old, origins = engine_origins(LAYOUT, ns, store.chain_key, keys)
+        payloads = list(kv.pages(old).numpy())
+        store.put(old, payloads, origins)
+    migrate_location(path)
+    assert not set(old) & set(_hashes(path))
+    with open_store(path, LAYOUT, durability="none") as store:
+        new = engine_hashes(LAYOUT, ns, store.chain_key, keys)
+        got = np.zeros((5, LAYOUT.bytes_per_page), np.uint8)
+        assert store.get_into(new, list(got)) == 5
+        assert all(np.array_equal(g, p) for g, p in zip(got, payloads))
+        assert store.page_meta(new[3]).parent == new[2] and store.page_meta(new[3]).key == keys[3]
+        assert store.verify().ok
+    assert _keyless_verify(path).ok
