@@ -83,7 +83,7 @@ class PageMeta(msgspec.Struct, frozen=True, array_like=True, gc=False):
     nbytes: int  # payload size in bytes, = layout.bytes_per_page
     checksum: int  # 64-bit checksum of the payload, seeded by the page hash (algorithm: StoreStats.checksum)
     created: float  # unix seconds of the first write
-    last_access: float  # unix seconds of the write or of the last read credited here (see the rules), as of the last flush
+    last_access: float  # unix seconds of the write or of the last read credited here (the rules), as of the last flush
     hits: int  # reads that ended at this page (a read of a run is credited to its deepest page), as of the last flush
     # An engine page's key (tokens are then b""); b"" for a token page. Last, with a default: records written
     # before it (one element shorter) decode unchanged, and an older kvc reads these (it ignores the extra one).

@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..errors import StoreError
+from ..errors import InvariantViolation, StoreError
 from ..types.ids import NamespaceId
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace
@@ -190,6 +190,9 @@ class FencedStore:
         if not keep:
             return PutResult(0, 0, refused, 0, 0, outcomes=bytes(outcomes))
         got = self._store.put([hashes[i] for i in keep], [pages[i] for i in keep], [origins[i] for i in keep])
+        if len(got.outcomes) != len(keep):
+            raise InvariantViolation(f"the store's put named {len(got.outcomes)} outcomes for {len(keep)} pages "
+                                     f"(every backend names one per page: PutResult.outcomes)")
         for i, outcome in zip(keep, got.outcomes, strict=True):
             outcomes[i] = outcome
         return PutResult(got.written, got.existing, got.rejected + refused, got.evicted, got.bytes_written,

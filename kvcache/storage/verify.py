@@ -8,8 +8,9 @@ a page removable, which pages go with it, and what a repair does per kind (api.R
 The checks:
 
 - every stored page value: its checksum, its size against its metadata and its layout, its hash against its
-  metadata's parent and tokens (an engine page's: against its key under its namespace root, `EngineHashes`), whether its layout and namespace are recorded and whether the children index
-  lists it under its parent (`check_page`, fed by `IntegritySource.scan_pages`);
+  metadata's parent and tokens (an engine page's: against its key under its namespace root, `EngineHashes`),
+  whether its layout and namespace are recorded and whether the children index lists it under its parent
+  (`check_page`, fed by `IntegritySource.scan_pages`);
 - the prefix trees, read as one snapshot where the backend has one (`Snapshot`): metadata without bytes, chains
   whose head hangs from neither a stored page nor its namespace root (`orphan`), pages tagged with another
   namespace or layout than their parent's, children entries that name no page filed under that parent, and

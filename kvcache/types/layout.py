@@ -116,7 +116,8 @@ class KVLayout(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_def
         """K and V (MLA: the latent) of every layer for one token, in bytes."""
         if self.mla:
             return self.layers * self.head_dim * DTYPE_BYTES[self.dtype]
-        return self.layers * self.kv_heads * (self.head_dim + (self.v_head_dim or self.head_dim)) * DTYPE_BYTES[self.dtype]
+        k_and_v = self.head_dim + (self.v_head_dim or self.head_dim)
+        return self.layers * self.kv_heads * k_and_v * DTYPE_BYTES[self.dtype]
 
     @property
     def bytes_per_page(self) -> int:

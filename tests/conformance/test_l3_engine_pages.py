@@ -470,3 +470,32 @@ def test_three_threads_write_and_read_engine_pages_at_once(store):
     assert errors == []
     assert store.stats().pages == 4 * 5  # four chains, five keys at most each
     assert store.verify().ok
+
+
+def test_an_engine_page_never_becomes_its_own_ancestor(factory, location):
+    """A parent hint that would close a loop is not taken: a page named as its own parent, or a page written
+    again after its corrupt copy was dropped, under one of the pages that hung below that copy, hangs from its
+    root (a cycle would never be evicted, and no walk from the root would reach it)."""
+    s = factory.open(location, LAYOUT)
+    keys = engine_keys(3)
+    hashes, payloads, _ = put_engine(s, keys)
+    root = s.root(ENGINE)
+    own = engine_page_hash(root, engine_keys(4)[3])
+    s.put([own], [page_payload(own)], [PageOrigin(ENGINE, own, b"", engine_keys(4)[3])])
+    assert s.page_meta(own).parent == root
+    s.close()
+    factory.corrupt(location, payloads[0].tobytes())
+    s = factory.open(location, LAYOUT)
+    try:
+        assert read(s, hashes)[0] == 0  # the first page is corrupt: quarantined
+        s.flush()  # ... and dropped; the pages below it wait for it
+        assert s.page_meta(hashes[0]) is None and s.page_meta(hashes[1]).parent == hashes[0]
+        # the engine writes the first page again, naming the last of the chain as its parent
+        result = s.put(hashes[:1], payloads[:1], [PageOrigin(ENGINE, hashes[2], b"", keys[0])])
+        assert result.outcomes == bytes([W])
+        assert s.page_meta(hashes[0]).parent == root  # not below its own subtree
+        n, out = read(s, hashes)
+        assert n == 3 and all(np.array_equal(x, y) for x, y in zip(out, payloads))
+        assert s.verify().ok  # the chain is whole again, every page reachable from the root
+    finally:
+        s.close()

@@ -2,9 +2,9 @@
 
 Bookkeeping must cost a small fraction of the read it records: a read is logged in memory as one entry, the pages
 it served (`AccessLog`), and folded into `meta` by the handle's next `flush` or `put` (`apply_access`: one record
-rewritten per chained run, one per page of an unchained one); no access-order index is kept. A page that fails verification on read is quarantined: a miss in this handle from then
-on, until that next `flush` or `put` checks it again and drops it (or finds it rewritten sound meanwhile), or
-`verify(repair=True)` removes it.
+rewritten per chained run, one per page of an unchained one); no access-order index is kept. A page that fails
+verification on read is quarantined: a miss in this handle from then on, until that next `flush` or `put` checks
+it again and drops it (or finds it rewritten sound meanwhile), or `verify(repair=True)` removes it.
 """
 
 from __future__ import annotations

@@ -172,7 +172,8 @@ def _rewrite(path: str, new: str, fmt: StoreFormat, chain_key: bytes) -> tuple[i
         pairs = {(m.layout_id, m.ns_id) for m in metas.values()} | {(lay, ns) for lay in layouts for ns in records}
         roots: dict[bytes, bytes] = {hash_root_of_id(lay, ns, old_key): hash_root_of_id(lay, ns, chain_key)
                                      for lay, ns in pairs}
-        new_roots: dict[tuple[bytes, bytes], bytes] = {(lay, ns): hash_root_of_id(lay, ns, chain_key) for lay, ns in pairs}
+        new_roots: dict[tuple[bytes, bytes], bytes] = {(lay, ns): hash_root_of_id(lay, ns, chain_key)
+                                                       for lay, ns in pairs}
         renamed = _new_hashes(path, metas, roots, new_roots)
         # each namespace's roots: those its pages hang from now (a store written before records kept roots too),
         # and every engine page's wherever it hangs (its hash is its key's under that root)

@@ -7,10 +7,12 @@ pages are folded into the same transaction (`access`).
 A token page is taken only under a parent that is its namespace's root or a stored page of its namespace (one
 earlier in the batch counts); a batch with any other token page is refused whole (InvalidInput). An engine page
 (`PageOrigin.key`) is linked under its parent when that is such a page of its namespace and layout, and under its
-namespace root otherwise: its hash is its key's under that root, so it reads the same wherever it hangs. Room is made by evicting least
-recently used leaves (`registry.evict`): within a namespace over its limit (its share, else the quota), then
-across the store over its capacity; the evicted pages are named in the result (`PutResult.evicted_hashes`). What
-still does not fit is rejected, so what is stored of a chain stays a prefix. The result says what became of
+namespace root otherwise (its hash is its key's under that root, so it reads the same wherever it hangs), or
+when pages already hang below it (orphans of its earlier copy: under one of them it would sit in its own
+subtree). Room is made by evicting least recently used leaves (`registry.evict`): within a namespace over its
+limit (its share, else the quota), then across the store over its capacity; the evicted pages are named in the
+result (`PutResult.evicted_hashes`). What still does not fit is rejected, so what is stored of a chain stays a
+prefix. The result says what became of
 each page (`PutResult.outcomes`).
 """
 
@@ -113,7 +115,7 @@ class PutBatch:
             new.append(i)
             origin = origins[i]
             if origin.key:
-                parents[i] = self._engine_parent(txn, origin, first, fresh)
+                parents[i] = self._engine_parent(txn, h, origin, first, fresh)
             elif origin.parent != roots[origin.namespace.id] and origin.parent not in fresh:
                 # The chain check of put_views cannot see the namespace; a stored parent can (a parent new in this
                 # batch was checked against the batch before the transaction). A parent that is no stored page
@@ -128,14 +130,16 @@ class PutBatch:
                                        f"{origin.namespace.label}")
         return new, repeats
 
-    def _engine_parent(self, txn: lmdb.Transaction, origin: PageOrigin, first: dict[bytes, int],
+    def _engine_parent(self, txn: lmdb.Transaction, h: bytes, origin: PageOrigin, first: dict[bytes, int],
                        fresh: set[bytes]) -> bytes:
-        """Where an engine page is linked: its origin's parent when that is its root, a page new earlier in the
-        batch of its namespace (put_views checked the batch; the whole batch has this handle's layout) or a stored
-        page of its namespace and layout; its root otherwise (the engine's parent is a hint, never required)."""
+        """Where new engine page `h` is linked: its origin's parent when that is its root, a page new earlier in
+        the batch of its namespace (put_views checked the batch; the whole batch has this handle's layout) or a
+        stored page of its namespace and layout; its root otherwise (the engine's parent is a hint, never
+        required). Its root too when pages already hang below it: a copy of it was dropped (corrupt) and left them,
+        and linked under one of them it would be its own ancestor (a cycle no eviction or walk ever ends)."""
         root = self.roots[origin.namespace.id]
         parent = origin.parent
-        if parent == root:
+        if parent == root or parent == h or txn.cursor(db=self.dbs.children).set_key(h):
             return root
         if parent in fresh:
             up = self.origins[first[parent]]

@@ -27,9 +27,9 @@ namespace and layout. `put` keeps that: it refuses a token page whose parent is 
 stored page of its namespace (the whole batch), and links an engine page whose parent is unknown under its
 namespace root instead (an engine page's hash is its key's under that root: it needs no parent to be read).
 Eviction keeps it too (it takes leaves only). A page dropped after failing its checksum, a parent whose records
-were lost to damage, or a chain written before `put` refused unknown parents leaves pages below a gap. Those are reported as `orphan` (one finding per chain head, its subtree
-counted in the detail) and stay until a writer stores the missing page again (which heals the chain) or
-`verify(repair=True)` removes them.
+were lost to damage, or a chain written before `put` refused unknown parents leaves pages below a gap. Those are
+reported as `orphan` (one finding per chain head, its subtree counted in the detail) and stay until a writer
+stores the missing page again (which heals the chain) or `verify(repair=True)` removes them.
 
 Known traps, measured on the machines this was built on:
 

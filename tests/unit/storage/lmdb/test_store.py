@@ -547,3 +547,28 @@ def test_pages_in_segments_are_summed_as_copied_with_either_checksum(path, check
         dst = np.zeros_like(src)
         assert s.get_into(hashes, [segments(dst, i) for i in range(4)]) == 2
         assert np.array_equal(dst[:2], src[:2]) and s.counters().checksum_failures == 1
+
+
+def test_a_read_rewrites_one_record_per_chain_and_one_per_unchained_engine_page(path):
+    """The cost of crediting every page served: a chained run (token pages, a linked engine chain) rewrites its
+    deepest page's record only (the pages above carry its time through their subtree); engine pages that hang
+    side by side are rewritten each."""
+    from kvcache.storage.api import engine_origins
+
+    policy = AccessPolicy(flush_reads=10_000, flush_interval_s=1e9)
+    with LMDBStore.open(path, LAYOUT, create=True, access=policy) as s:
+        tokens, _ = write(s, range(16))
+        keys = [bytes([i]) * 32 for i in range(6)]
+        chain, origins = engine_origins(LAYOUT, NS2, s.chain_key, keys[:3])
+        s.put(chain, [payload(h) for h in chain], origins)
+        loose = []
+        for k in keys[3:]:
+            h, o = engine_origins(LAYOUT, NS2, s.chain_key, [k])
+            s.put(h, [payload(h[0])], o)
+            loose += h
+        before = {h: s.page_meta(h) for h in tokens + chain + loose}
+        for run in (tokens, chain, loose):
+            assert read(s, run) == len(run)
+        s.flush()
+        changed = {h for h, m in before.items() if s.page_meta(h) != m}
+        assert changed == {tokens[-1], chain[-1], *loose}
