@@ -58,6 +58,7 @@ FIGURES: list[tuple[str, str, str]] = [
     (r"_seconds$", "seconds", "lower"),
     (r"^ledger_overhead|_over_no_|^verify_over_|_over_python$", "x (time ratio)", "lower"),
     (r"^replay_ratio_with", "x (throughput ratio to no client)", "higher"),
+    (r"_footprint_over_payload", "x (disk / payload)", "lower"),
     (r"_over_", "x (speed ratio)", "higher"),
     (r"_hit_rate_", "fraction of tokens found cached", "higher"),
     (r"_mib$", "MiB", "lower"),

@@ -1,5 +1,5 @@
-"""L3 store throughput: kvc's LMDB store and its Redis plugin against a plain memcpy and a one-file-per-page
-store, same run.
+"""L3 store throughput: kvc's LMDB store and its Redis plugin against a plain memcpy, a one-file-per-page store
+and SGLang's `HiCacheFile`, same run.
 
 For each page size (16, 64 and 256 KiB) the same pages (random bytes, ~--store-mb in all) are:
 
@@ -12,10 +12,19 @@ For each page size (16, 64 and 256 KiB) the same pages (random bytes, ~--store-m
   kvc      written with LMDBStore.put into a fresh store per pass, batches of ~4 MiB (one transaction each), with
            durability "none" (no fsync) and the default "data" (one fsync per batch); then read back with get_into
            into the rows of a preallocated host torch tensor (numpy views), batches of ~4 MiB, the checksum
-           verified on every page and the access bookkeeping included (the full read path);
+           verified on every page and the access bookkeeping included (the full read path); its data file against
+           the payload (the footprint);
   files    written one file per page (temp file + rename, no fsync) and read back with readinto into the same
            rows (open, readinto, close per page).
-
+  hicache  SGLang's file-per-page L3 (`HiCacheFile`, sglang 0.5.x), in the peer's interpreter
+           (`_hicache_file_worker.py`; --peer-python, default $KVC_PEER_PYTHON; --peer-pythonpath, default
+           $KVC_PEER_PYTHONPATH, e.g. the torchvision stub of /work/shared/peer-bench): the same pages from the
+           baseline's file, stored with `batch_set`, read with `batch_get` in the same ~4 MiB batches into the rows
+           of a preallocated uint8 tensor; it verifies nothing. Its read passes run in the same rounds as memcpy's
+           and kvc's (same number of tries). Skipped, and said so, without a peer interpreter or with --no-peer;
+  anatomy  where a kvc read's time goes (`read_anatomy`): the kept store's values copied into the same rows from
+           views into LMDB's map held open, then with one txn.get per page, then with the checksum of each copy,
+           each in the same rounds as memcpy;
   redis    the first --redis-mb of the same pages written with the Redis plugin (kvcache_redis, one Lua script
            per ~4 MiB batch) into a redis-server this script starts on 127.0.0.1 (loopback TCP, no persistence,
            the database emptied before each write pass), then read back with get_into into the same rows
@@ -32,7 +41,7 @@ their min and max (each run's ratio is against that run's own baseline). Scratch
 directory removed at exit.
 
 Run: ``python benchmarks/bench_l3.py [--store-mb 256] [--runs 3] [--redis-mb 64] [--quick] [--no-write]
-[--no-redis]``.
+[--no-redis] [--no-peer] [--peer-python PY] [--peer-pythonpath DIR]``.
 """
 
 from __future__ import annotations
@@ -59,8 +68,11 @@ from kvcache.types.keys import new_chain_key, pack_tokens
 
 SIZES_KIB = (16, 64, 256)
 BATCH_BYTES = 4 << 20  # pages per put/get_into batch: about this many bytes
-TARGET_READ = {16: 0.6, 64: 0.75}  # kvc read / memcpy, from issue 3 (set against a weaker baseline, see issue 16)
+TARGET_READ = {16: 0.75, 64: 0.85, 256: 0.85}  # kvc read / memcpy, checksums verified (issue 27)
+TARGET_HICACHE = {256: 1.3}  # kvc read / HiCacheFile read (issue 27)
+TARGET_FOOTPRINT = {16: 1.05}  # LMDB data file / payload (issue 27)
 TARGET_WRITE = 2.0  # kvc write / file-per-page write, every size
+HICACHE_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_hicache_file_worker.py")
 
 
 def settle(warm_bytes: int = 0) -> None:
@@ -151,6 +163,120 @@ class RedisServer:
         self.proc.wait()
 
 
+class HiCacheFilePeer:
+    """SGLang's `HiCacheFile` in the peer's interpreter (`_hicache_file_worker.py`), serving read passes on
+    request; `problem` says why it cannot run here (None: it can)."""
+
+    RESULT = "@@hicache_file "
+
+    def __init__(self, python: str, pythonpath: str | None) -> None:
+        self.python = python
+        self.env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        if pythonpath:
+            self.env["PYTHONPATH"] = pythonpath
+        self.proc: subprocess.Popen | None = None
+
+    def problem(self) -> str | None:
+        """Why the peer cannot run (None: it can); its sglang version goes to `version`."""
+        try:
+            proc = subprocess.run([self.python, "-c", "import sglang; print(sglang.__version__)"], env=self.env,
+                                  capture_output=True, text=True, timeout=300)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"the peer interpreter {self.python} does not run ({exc})"
+        if proc.returncode != 0:
+            return f"{self.python} cannot import sglang ({(proc.stderr.strip().splitlines() or ['?'])[-1]})"
+        self.version = proc.stdout.strip()
+        return None
+
+    def start(self, pages_file: str, size: int, pages: int, batch: int, directory: str) -> None:
+        """Store the pages of `pages_file` in a HiCacheFile at `directory` and wait until it can read them."""
+        self.proc = subprocess.Popen([self.python, HICACHE_WORKER, pages_file, str(size), str(pages), str(batch),
+                                      directory], env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        self._answer()
+
+    def _ask(self, line: str) -> str:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self._answer()
+
+    def _answer(self) -> str:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(self.RESULT):
+                return line[len(self.RESULT):].strip()
+        raise SystemExit(f"bench_l3: the HiCacheFile worker ({self.python}) died (exit code {self.proc.wait()})")
+
+    def read(self, passes: int) -> float:
+        """Seconds of the fastest of `passes` back-to-back read passes of every page."""
+        return float(self._ask(f"read {passes}"))
+
+    def check(self) -> bool:
+        """Whether the worker's rows hold the pages' bytes."""
+        return self._ask("check") == "1"
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            self.proc.wait()
+            self.proc = None
+
+
+def read_anatomy(store_dir: str, hashes: list[bytes], outs: list[memoryview], batch: int,
+                 memcpy: Callable[[], None], fastest: Callable[[Callable[[], None]], float],
+                 repeat: int) -> dict[str, float]:
+    """Where a kvc read's time goes: the closed store's data file opened with py-lmdb directly (read-only, no
+    lock), its page values copied into the same rows in three ways, each timed in the same rounds as memcpy:
+
+      map          from views into LMDB's map taken beforehand and held: the copy alone;
+      get          one `txn.get` per page in one transaction per batch, then the copy: get_into's lookups;
+      get_verify   the same, and the checksum computed on the copy: get_into's work less its argument checks,
+                   damage handling and access bookkeeping.
+
+    Seconds of the fastest pass of each, memcpy's included."""
+    import lmdb
+
+    from kvcache.storage.codec import CHECKSUMS, DEFAULT_CHECKSUM, HEADER
+
+    checksum = CHECKSUMS[DEFAULT_CHECKSUM]
+    digest, seeds = checksum.digest, checksum.seeds(hashes)
+    env = lmdb.open(store_dir, readonly=True, lock=False, max_dbs=16)
+    try:
+        db = env.open_db(b"pages", create=False)  # in a transaction of its own: the handle outlives it
+        held = env.begin(buffers=True)
+        values = [held.get(h, None, db)[HEADER:] for h in hashes]
+
+        def from_map() -> None:
+            for out, value in zip(outs, values, strict=True):
+                out[:] = value
+
+        def lookups(verify: bool) -> Callable[[], None]:
+            def run() -> None:
+                for s in range(0, len(hashes), batch):
+                    with env.begin(buffers=True) as txn:
+                        get = txn.get
+                        for h, out, seed in zip(hashes[s:s + batch], outs[s:s + batch], seeds[s:s + batch],
+                                                strict=True):
+                            out[:] = get(h, None, db)[HEADER:]
+                            if verify:
+                                digest(out, seed)
+            return run
+
+        cases = {"memcpy": memcpy, "map": from_map, "get": lookups(False), "get_verify": lookups(True)}
+        times: dict[str, list[float]] = {name: [] for name in cases}
+        for _ in range(repeat):
+            for name, fn in cases.items():
+                times[name].append(fastest(fn))
+        for value in values:
+            value.release()
+        held.abort()
+    finally:
+        env.close()
+    return {name: min(t) for name, t in times.items()}
+
+
 def layout_for(page_kib: int) -> KVLayout:
     # 8 KV heads x 128 dims x fp16 x (K, V) = 4 KiB per token per layer; 4 tokens per page.
     return KVLayout(f"bench-{page_kib}k@r1", layers=page_kib // 16, kv_heads=8, head_dim=128, dtype="float16",
@@ -180,7 +306,7 @@ class MappedPages:
 
 
 def run_size(page_kib: int, store_mb: int, repeat: int, scratch: str, server: RedisServer | None = None,
-             redis_mb: int = 256, read_passes: int = 3) -> dict[str, float]:
+             redis_mb: int = 256, read_passes: int = 3, peer: HiCacheFilePeer | None = None) -> dict[str, float]:
     layout = layout_for(page_kib)
     size = layout.bytes_per_page
     assert size == page_kib << 10
@@ -297,11 +423,22 @@ def run_size(page_kib: int, store_mb: int, repeat: int, scratch: str, server: Re
 
     memcpy()  # warm-up: maps every page of the baseline's source
     kvc_read()
-    memcpy_times, read_times = [], []
+    if peer is not None:
+        peer.start(mapped.path, size, n, batch, os.path.join(scratch, f"hicache-{page_kib}k"))
+    memcpy_times, read_times, hicache_times = [], [], []
     for _ in range(repeat):
         memcpy_times.append(fastest(memcpy))
         read_times.append(fastest(kvc_read))
+        if peer is not None:
+            settle()
+            hicache_times.append(peer.read(read_passes))
     t_memcpy, t_kvc_read = min(memcpy_times), min(read_times)
+    peer_figures = {}
+    if peer is not None:
+        assert peer.check()
+        peer.stop()
+        shutil.rmtree(os.path.join(scratch, f"hicache-{page_kib}k"))
+        peer_figures["hicache_read"] = mb / min(hicache_times)
     memcpy()
     assert np.array_equal(dst_np, src)
     kvc_read()
@@ -310,6 +447,7 @@ def run_size(page_kib: int, store_mb: int, repeat: int, scratch: str, server: Re
     assert store.verify().ok if n <= 4096 else True
     footprint = store.stats().footprint_bytes
     store.close()
+    anatomy = read_anatomy(store_dir, hashes, dst_views, batch, memcpy, fastest, repeat)
     shutil.rmtree(store_dir)
 
     views = [memoryview(dst_np[i]) for i in range(n)]
@@ -325,7 +463,8 @@ def run_size(page_kib: int, store_mb: int, repeat: int, scratch: str, server: Re
     mapped.close()
     del src, dst, dst_np, rows, views, dst_views
     return {
-        **figures,
+        **figures, **peer_figures,
+        **{f"anatomy_{name}": anatomy["memcpy"] / t for name, t in anatomy.items() if name != "memcpy"},
         "pages": n, "mb": mb, "memcpy": mb / t_memcpy, "bulk": mb / t_bulk, "kvc_read": mb / t_kvc_read,
         "files_read": mb / t_files_read, "kvc_write": mb / t_kvc_write["data"],
         "kvc_write_nosync": mb / t_kvc_write["none"], "files_write": mb / t_files_write,
@@ -396,6 +535,12 @@ def main() -> int:
     parser.add_argument("--redis-mb", type=int, default=64, help="payload per page size written to Redis, MB "
                                                                  "(default 64; kept in the server's memory)")
     parser.add_argument("--no-redis", action="store_true", help="leave out the Redis plugin")
+    parser.add_argument("--peer-python", default=os.environ.get("KVC_PEER_PYTHON"),
+                        help="the interpreter that can import sglang, for HiCacheFile (default: $KVC_PEER_PYTHON)")
+    parser.add_argument("--peer-pythonpath", default=os.environ.get("KVC_PEER_PYTHONPATH"),
+                        help="PYTHONPATH for the peer only, e.g. a directory of import-only stand-ins "
+                             "(default: $KVC_PEER_PYTHONPATH)")
+    parser.add_argument("--no-peer", action="store_true", help="leave out SGLang's HiCacheFile")
     args = parser.parse_args()
     if args.quick:
         args.store_mb, args.repeat, args.runs = 64, 1, 1
@@ -411,18 +556,37 @@ def main() -> int:
     results: dict[int, list[dict[str, float]]] = {kib: [] for kib in SIZES_KIB}
     server = None if args.no_redis else RedisServer.start(scratch)
     redis_note = ("--no-redis" if args.no_redis else "redis-server or the kvcache_redis plugin is not installed")
+    peer = None
+    if args.no_peer:
+        peer_note = "--no-peer"
+    elif not args.peer_python:
+        peer_note = "no peer interpreter (--peer-python or $KVC_PEER_PYTHON)"
+    else:
+        peer = HiCacheFilePeer(args.peer_python, args.peer_pythonpath)
+        problem = peer.problem()
+        peer_note = problem or f"sglang {peer.version}"
+        peer = None if problem else peer
     load = os.getloadavg()
     try:
         for run in range(args.runs):  # sizes in turn within each run, so drift over the runs reaches every size
             for kib in SIZES_KIB:
-                r = run_size(kib, args.store_mb, args.repeat, scratch, server, args.redis_mb, args.read_passes)
+                r = run_size(kib, args.store_mb, args.repeat, scratch, server, args.redis_mb, args.read_passes,
+                             peer)
                 results[kib].append(r)
                 print(f"run {run + 1}/{args.runs} {kib:>4} KiB: memcpy {r['memcpy']:6.0f} (bulk {r['bulk']:6.0f})  "
                       f"kvc read {r['kvc_read']:6.0f} ({r['kvc_read'] / r['memcpy']:.2f}x)  files read "
                       f"{r['files_read']:6.0f} ({r['files_read'] / r['memcpy']:.2f}x)  kvc write "
                       f"{r['kvc_write_nosync']:6.0f} ({r['kvc_write_nosync'] / r['memcpy']:.2f}x memcpy, "
                       f"{r['kvc_write_nosync'] / r['files_write']:.2f}x files) / {r['kvc_write']:6.0f} fsync  "
-                      f"files write {r['files_write']:6.0f} MB/s", flush=True)
+                      f"files write {r['files_write']:6.0f} MB/s  footprint {r['footprint'] / r['mb']:.3f}x",
+                      flush=True)
+                print(f"run {run + 1}/{args.runs} {kib:>4} KiB: anatomy (/ memcpy): copy from LMDB's map "
+                      f"{r['anatomy_map']:.2f}x, get + copy {r['anatomy_get']:.2f}x, get + copy + verify "
+                      f"{r['anatomy_get_verify']:.2f}x", flush=True)
+                if peer:
+                    hicache = r["hicache_read"]
+                    print(f"run {run + 1}/{args.runs} {kib:>4} KiB: HiCacheFile read {hicache:6.0f} "
+                          f"({hicache / r['memcpy']:.2f}x memcpy; kvc {r['kvc_read'] / hicache:.2f}x)", flush=True)
                 if server:
                     print(f"run {run + 1}/{args.runs} {kib:>4} KiB: redis read {r['redis_read']:6.0f} "
                           f"({r['redis_read'] / r['kvc_read']:.2f}x lmdb)  redis write {r['redis_write']:6.0f} "
@@ -441,23 +605,37 @@ def main() -> int:
     for kib, runs in results.items():
         read_ratio = ratios_of(runs, "kvc_read", "memcpy")
         write_ratio = ratios_of(runs, "kvc_write_nosync", "files_write")
+        footprint = [r["footprint"] / r["mb"] for r in runs]
+        hicache = ratios_of(runs, "kvc_read", "hicache_read") if "hicache_read" in runs[0] else []
         target = TARGET_READ.get(kib)
         verdict = []
         if target is not None:
             verdict.append(f"read {'meets' if statistics.median(read_ratio) >= target else 'BELOW'} {target}x")
+        if kib in TARGET_HICACHE and hicache:
+            verdict.append(f"vs HiCacheFile {'meets' if statistics.median(hicache) >= TARGET_HICACHE[kib] else 'BELOW'}"
+                           f" {TARGET_HICACHE[kib]}x")
+        if kib in TARGET_FOOTPRINT:
+            verdict.append(f"footprint {'meets' if statistics.median(footprint) <= TARGET_FOOTPRINT[kib] else 'ABOVE'}"
+                           f" {TARGET_FOOTPRINT[kib]}x")
         verdict.append(f"write {'meets' if statistics.median(write_ratio) >= TARGET_WRITE else 'BELOW'} "
                        f"{TARGET_WRITE}x")
         rows.append([
             f"{kib} KiB", f"{int(runs[0]['pages']):,}",
             f"{median_of(runs, 'memcpy'):,.0f} (bulk {median_of(runs, 'bulk'):,.0f})",
             f"{median_of(runs, 'kvc_read'):,.0f}", f"**{spread(read_ratio)}**",
+            spread(ratios_of(runs, "hicache_read", "memcpy")) if hicache else "-",
+            f"**{spread(hicache)}**" if hicache else "-",
             spread(ratios_of(runs, "files_read", "memcpy")),
             f"{median_of(runs, 'kvc_write_nosync'):,.0f}",
             f"**{spread(ratios_of(runs, 'kvc_write_nosync', 'memcpy'))}**", f"**{spread(write_ratio)}**",
             f"{median_of(runs, 'kvc_write'):,.0f} "
             f"({statistics.median(ratios_of(runs, 'kvc_write', 'memcpy')):.2f}x)",
-            f"{median_of(runs, 'files_write'):,.0f}", "; ".join(verdict),
+            f"{median_of(runs, 'files_write'):,.0f}", f"{spread(footprint, 3)}", "; ".join(verdict),
         ])
+    anatomy_rows = []
+    for kib, runs in results.items():
+        cases = [f"{median_of(runs, f'anatomy_{case}'):.2f}x" for case in ("map", "get", "get_verify")]
+        anatomy_rows.append([f"{kib} KiB", *cases, f"{statistics.median(ratios_of(runs, 'kvc_read', 'memcpy')):.2f}x"])
     redis_rows = []
     for kib, runs in results.items():
         if "redis_read" not in runs[0]:
@@ -523,14 +701,39 @@ def main() -> int:
         f"of memory are touched and freed, untimed (`settle`: this VM's balloon takes freed memory back). "
         f"Command: `python benchmarks/bench_l3.py {command}`. MB/s columns are medians of the runs.",
         "",
-        table(["page", "pages", "memcpy MB/s", "kvc read MB/s", "kvc read / memcpy", "files read / memcpy",
+        table(["page", "pages", "memcpy MB/s", "kvc read MB/s", "kvc read / memcpy", "HiCacheFile read / memcpy",
+               "kvc read / HiCacheFile read", "files read / memcpy",
                "kvc write, no fsync MB/s", "kvc write / memcpy", "kvc write / files write",
-               "kvc write, fsync/batch MB/s (/ memcpy)", "files write MB/s", "targets (medians)"], rows),
+               "kvc write, fsync/batch MB/s (/ memcpy)", "files write MB/s", "kvc footprint / payload",
+               "targets (medians)"], rows),
         "",
-        "Targets (issue 3): kvc read >= 0.75x memcpy at 64 KiB and >= 0.6x at 16 KiB; kvc write >= 2x the "
-        "file-per-page store at every size (judged at equal durability: neither fsyncs). The read targets were "
-        "set against the earlier baseline (`np.copyto` per page from a `bytes`-backed source, 2.4-4.8 GB/s); "
-        "this one copies from the page cache the way a store read does and is the stronger of the two.",
+        "Targets (issue 27, medians): kvc read >= 0.85x memcpy at 64 and 256 KiB and >= 0.75x at 16 KiB, "
+        "checksums verified; >= 1.3x HiCacheFile's read at 256 KiB; data file <= 1.05x the payload at 16 KiB; "
+        "kvc write >= 2x the file-per-page store at every size (issue 3; judged at equal durability: neither "
+        "fsyncs). "
+        f"HiCacheFile: {peer_note}; {'in every run, ' if peer else ''}SGLang's file-per-page L3 in its own "
+        "interpreter, the same pages from the baseline's file, `batch_get` in the same ~4 MiB batches into the rows "
+        "of a preallocated tensor, read passes in the same rounds as memcpy's and kvc's; it verifies nothing. "
+        "Footprint: the store's `data.mdb` against the payload (`StoreStats.footprint_bytes`).",
+        "",
+        "Where a read's time goes (`read_anatomy`: the same store's data file opened with py-lmdb directly, "
+        "its values copied into the same rows, each case in the same rounds as memcpy, best of "
+        f"{args.read_passes} x {args.repeat}; medians of the runs):",
+        "",
+        table(["page", "copy from views into LMDB's map, held", "+ one txn.get per page", "+ xxh3 of the copy",
+               "get_into (+ argument checks, bookkeeping)"], anatomy_rows),
+        "",
+        "Copying out of LMDB's map costs what the baseline's copy costs: no faults, no alignment penalty (a value "
+        "starts 24 bytes into its first page; copies from offsets 0, 8, 16, 24 and 64 of a mapping measured "
+        "alike), and an environment opened with `readahead=False` read the same (0.64-0.66x both ways at 16 KiB, "
+        "cached). The gap is the checksum and the lookups: xxh3 of each page right after its copy, hot in cache "
+        "(~55 GB/s against the copy's ~7), cost 0.13-0.15x with no store at all, and a lookup plus the loop is "
+        "~0.7 us a page, a quarter of a 16 KiB page's copy. Hashing the source before the copy, hashing in 64 KiB "
+        "chunks, `getmulti` (it copies each value), all lookups before the copies, and verifying in a second "
+        "thread (2 shared cores) all measured slower. Footprint: LMDB keeps a value over ~2 KiB in overflow "
+        "pages behind a 16-byte header, a value of `len` bytes in ceil((len + 16) / 4096) pages: a 16 KiB page "
+        "with its 8-byte checksum takes 5 (as would 16 KiB alone: 16,384 + 16 > 4 x 4,096); see "
+        "docs/capacity.md.",
         "",
         "Where a kvc write goes (cProfile of `put`, 64 KiB pages, 512 MB, durability \"none\"): ~35% the commit "
         "(LMDB's `pwritev` of its dirty pages into the page cache: the one copy the file store also pays), ~20% "
@@ -553,6 +756,10 @@ def main() -> int:
         ratios[f"lmdb_write_over_memcpy_{kib}k"] = statistics.median(ratios_of(runs, "kvc_write_nosync", "memcpy"))
         ratios[f"lmdb_write_over_files_{kib}k"] = statistics.median(ratios_of(runs, "kvc_write_nosync",
                                                                               "files_write"))
+        ratios[f"lmdb_footprint_over_payload_{kib}k"] = statistics.median(r["footprint"] / r["mb"] for r in runs)
+        if "hicache_read" in runs[0]:
+            ratios[f"lmdb_read_over_hicache_file_{kib}k"] = statistics.median(ratios_of(runs, "kvc_read",
+                                                                                     "hicache_read"))
         if "redis_read" in runs[0]:
             ratios[f"redis_read_over_lmdb_{kib}k"] = statistics.median(ratios_of(runs, "redis_read", "kvc_read"))
             ratios[f"redis_write_over_lmdb_{kib}k"] = statistics.median(ratios_of(runs, "redis_write",

@@ -70,6 +70,21 @@ def test_init_is_idempotent_for_the_same_layout_and_refuses_another(tmp_path):
     assert len(other.stderr.strip().splitlines()) == 1
 
 
+def test_init_says_what_disk_a_page_takes_against_its_payload(tmp_path):
+    # Capacities count payload; init says the data file's ratio for its layout (16 KiB pages of 16 tokens: five
+    # 4 KiB overflow pages for the value and its checksum, plus records), in text and in --json, and the
+    # estimate is what a store of those pages then takes (within 10%).
+    text = invoke("init", "--store", tmp_path / "s")
+    assert text.exit_code == 0, text.output
+    assert "on disk ~20.8 KiB per page, 1.30x its payload" in text.output and "docs/capacity.md" in text.output
+    out = as_json(invoke("init", "--store", tmp_path / "s", "--json"))
+    assert out["disk_per_payload"] == 1.302 and out["disk_per_page"] == round(out["disk_per_payload"] * 16384)
+    tokens = ",".join(str(t) for t in range(1, 16 * 512 + 1))  # 512 pages of 16 tokens, in one chain
+    assert kvc("put", "--store", tmp_path / "s", "--extra-key", "t", "--tokens", tokens, check_rc=0).returncode == 0
+    footprint = (tmp_path / "s" / "data.mdb").stat().st_size
+    assert 0.9 <= footprint / (512 * out["disk_per_page"]) <= 1.1
+
+
 def test_init_bad_layout_is_a_usage_error(tmp_path):
     result = invoke("init", "--store", tmp_path / "s", "--dtype", "float7")
     assert result.exit_code == 2 and "float7" in result.output

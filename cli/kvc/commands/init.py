@@ -45,6 +45,11 @@ class InitOutput(msgspec.Struct):
     bytes_per_token: int
     bytes_per_page: int
     fingerprint_key: str  # where the store's fingerprint key is kept: its key file, or "format record"
+    # LMDB: the data file one page of the layout takes (bytes, estimated: kvcache.storage.lmdb.footprint) and its
+    # ratio to the payload, what to multiply a payload capacity by to get the disk to provision; 0 for a shared
+    # store (Redis: its server's memory, not counted here)
+    disk_per_page: int = 0
+    disk_per_payload: float = 0.0
 
 
 @command
@@ -99,8 +104,11 @@ def init(
         handle, created = open_store(store.url, layout, create=True), True
     handle.close()
     key = store.redact(str(path / KEY_FILE)) if path is not None else "format record"  # the path may hold a token
+    from kvcache.storage.lmdb.footprint import page_disk  # here: only an LMDB store has a data file to size
+
+    disk = page_disk(layout) if path is not None else None
     result = InitOutput(str(store), created, layout, layout.layout_id.hex(), layout.bytes_per_token,
-                        layout.bytes_per_page, key)
+                        layout.bytes_per_page, key, disk.total if disk else 0, round(disk.ratio, 3) if disk else 0.0)
     if json:
         emit_json(result)
         return
@@ -108,6 +116,9 @@ def init(
     say(f"{esc(str(store))}: {verb} {esc(layout.describe())}")
     say(f"  {human_bytes(layout.bytes_per_token)} per token, {human_bytes(layout.bytes_per_page)} per page "
         f"of {page_size} tokens; layout id {layout.layout_id.hex()[:16]}; fingerprint key in {esc(key)}")
+    if disk is not None:
+        say(f"  on disk ~{human_bytes(disk.total)} per page, {disk.ratio:.2f}x its payload: capacities and quotas "
+            f"count payload, so provision {disk.ratio:.2f}x the capacity you set (docs/capacity.md)")
 
 
 def _directory(store: StoreLocation) -> Path | None:

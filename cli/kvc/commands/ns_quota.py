@@ -85,7 +85,8 @@ def quota_set(
         "share).")] = 0,
     store_bytes: Annotated[int, typer.Option(
         "--store-bytes", min=0, max=MAX_SHARE, help="Most L3 payload bytes the namespace may hold; its puts "
-        "over it evict its own oldest pages (0: the store's uniform quota, if any).")] = 0,
+        "over it evict its own oldest pages (0: the store's uniform quota, if any). Payload, not disk: an LMDB "
+        "store's data file takes the ratio `kvc init` prints times that (docs/capacity.md).")] = 0,
     store: StoreOpt = DEFAULT_STORE,
     socket: SocketOpt = None,
     json: JsonOpt = False,
