@@ -64,7 +64,8 @@ engine-check: $(PEER_BIN)/python
 	  $(PEER_BIN)/pip install --quiet "$(TORCH)"; }
 	$(PEER_BIN)/pip install --quiet $(KVC_LIGHT_DEPS)
 	$(PEER_BIN)/pip install --quiet --no-deps -e . -e plugins/kvcache_redis
-	PYTHONPATH=tests/engine/stubs $(PEER_BIN)/python -m pytest -p no:cacheprovider -v tests/engine $(PYTEST_ARGS)
+	PYTHONPATH=tests/engine/stubs $(PEER_BIN)/python -m pytest -p no:cacheprovider -v tests/engine tests/integration/test_engine_sglang.py \
+	  $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
