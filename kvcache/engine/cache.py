@@ -192,19 +192,17 @@ class TieredCache:
             self.tree.unlock(node)
             self.counters.refused += 1
             return Admission(rid, AdmitStatus.POOL_FULL)
-        pages = np.concatenate([cached, fresh]) if len(cached) else fresh
-        self._live[rid] = LiveRequest(request, handle, owner, node, cached, fresh, pages)
+        self._live[rid] = LiveRequest(request, handle, owner, node, cached, fresh)
         self.counters.admitted += 1
         self.counters.loaded_back_tokens += loaded
         device_tokens = len(m.device_pages) * ps
         storage_tokens = min(from_storage * ps, cached_tokens - device_tokens)
         host_tokens = cached_tokens - device_tokens - storage_tokens
         add_hits(self._hits, request.key.namespace, device_tokens, host_tokens, storage_tokens)
-        slots = self.device_pool.slots(pages)
-        if len(slots) != n_tokens:  # the partial tail page's unused slots
-            slots = slots[:n_tokens]
-        return Admission(rid, _ADMITTED, cached_tokens, loaded, new_tokens, slots, device_tokens,
-                         host_tokens, storage_tokens)
+        # Pages only, as the two runs the cache holds: the request's pages as one array and its per-token slots are
+        # built if and when the caller reads `Admission.pages` / `Admission.slots`.
+        return Admission(rid, _ADMITTED, cached_tokens, loaded, new_tokens, cached, fresh, device_tokens,
+                         host_tokens, storage_tokens, ps)
 
     def commit(self, rid: str) -> CommitResult:
         """The forward wrote the request's KV: insert its whole pages into the tree (the tree's owners free
@@ -213,20 +211,30 @@ class TieredCache:
             raise CacheClosed("commit")
         live = self._pop_live(rid, "commit")
         request, ps = live.request, self.page_size
-        key = request.key.page_aligned(ps)
+        key = request.key
         n_pages = (len(key.data) >> 2) // ps
-        n_cached = len(live.cached_pages)
-        ins = self.tree.insert(key, live.pages if len(live.pages) == n_pages else live.pages[:n_pages])
+        if n_pages * ps != len(key.data) >> 2:  # the partial tail page is not cached
+            key = key.page_aligned(ps)
+        n_cached, fresh = len(live.cached_pages), live.fresh_pages
+        # The cached prefix is in the tree already (the request's lock kept it there): only the fresh pages are
+        # offered, so the request's pages are never joined into one array.
+        ins = self.tree.insert(key, fresh if len(fresh) == n_pages - n_cached else fresh[:n_pages - n_cached],
+                               n_cached)
         # The request's fresh pages, in order: duplicates of pages the tree already held (a concurrent insert got
         # there first) -> FREE; the adopted nodes' slices -> those nodes; the partial tail page -> FREE.
         n_dup = max(0, ins.prefix_pages - n_cached)
-        parts, at = [(n_dup, FREE_CODE)], n_dup
-        for node in ins.adopted:
-            at += len(node.device)  # type: ignore[arg-type]  # an adopted node took the caller's device pages
-            parts.append((at, node.owner))
-        n_tail = len(live.fresh_pages) - at
-        parts.append((len(live.fresh_pages), FREE_CODE))
-        self.device_pool.disperse(live.fresh_pages, live.owner, parts)
+        adopted = ins.adopted
+        if len(adopted) == 1 and adopted[0].device is fresh:  # the hot case: one new leaf took them all
+            n_tail = 0
+            self.device_pool.transfer(fresh, live.owner, adopted[0].owner)
+        else:
+            parts, at = [(n_dup, FREE_CODE)], n_dup
+            for node in adopted:
+                at += len(node.device)  # type: ignore[arg-type]  # an adopted node took the caller's device pages
+                parts.append((at, node.owner))
+            n_tail = len(fresh) - at
+            parts.append((len(fresh), FREE_CODE))
+            self.device_pool.disperse(fresh, live.owner, parts)
         self.tree.unlock(live.node)
         self.counters.committed += 1
         self.counters.duplicate_pages_freed += n_dup

@@ -31,17 +31,22 @@ if TYPE_CHECKING:
 class LiveRequest:
     """A request between admit and commit/release, and what it holds."""
 
-    __slots__ = ("request", "handle", "owner", "node", "cached_pages", "fresh_pages", "pages")
+    __slots__ = ("request", "handle", "owner", "node", "cached_pages", "fresh_pages")
 
     def __init__(self, request: Request, handle: int, owner: int, node: TreeNode, cached_pages: np.ndarray,
-                 fresh_pages: np.ndarray, pages: np.ndarray) -> None:
+                 fresh_pages: np.ndarray) -> None:
         self.request = request
         self.handle = handle  # unique per cache, never reused
         self.owner = owner  # the ledger code of Request(handle)
         self.node = node  # locked: ends the request's cached prefix
         self.cached_pages = cached_pages  # device pages of the cached prefix; owned by tree nodes
         self.fresh_pages = fresh_pages  # device pages allocated for the rest; owned by this request
-        self.pages = pages  # cached_pages then fresh_pages: the request's device pages in order
+
+    @property
+    def pages(self) -> np.ndarray:
+        """The request's device pages in order: cached_pages then fresh_pages (built on each call: admission and
+        commit never need them as one array)."""
+        return np.concatenate([self.cached_pages, self.fresh_pages])
 
 
 class Holders:
