@@ -75,7 +75,7 @@ from .writes import StorageWriteJob
 # Enum members looked up once: on Python 3.11 each `Enum.MEMBER` lookup in a hot path goes through the enum type's
 # __getattr__ hook (~0.1 us).
 _ADMITTED = AdmitStatus.ADMITTED
-_REQUEST = OwnerKind.REQUEST
+_REQUEST_BASE = owner_code(OwnerKind.REQUEST, 0)  # a request's ledger code is this | its handle (owner_code)
 _DEVICE = Tier.DEVICE
 
 
@@ -185,9 +185,13 @@ class TieredCache:
             raise InvariantViolation(f"admit of request {rid}: {cached_tokens} cached tokens run past the end of its "
                                      f"{n_tokens} tokens; nothing was allocated for it")
         handle = holders.mint_handle()
-        owner = owner_code(_REQUEST, handle)
+        owner = _REQUEST_BASE | handle  # owner_code(REQUEST, handle), without the call
         new_tokens = n_tokens - cached_tokens
-        fresh = self._room.alloc(_DEVICE, -(-new_tokens // ps), owner, request.key.namespace)
+        n_fresh = -(-new_tokens // ps)
+        # The pool first: room was made above when it was short, so eviction (room.alloc) is the rare path.
+        fresh = self.device_pool.alloc(n_fresh, owner)
+        if fresh is None:
+            fresh = self._room.alloc(_DEVICE, n_fresh, owner, request.key.namespace)
         if fresh is None:  # the room was made above; only a copy still pinning its pages can take it back
             self.tree.unlock(node)
             self.counters.refused += 1
@@ -209,7 +213,9 @@ class TieredCache:
         duplicates), free the partial tail, unlock, and back up per the write policy."""
         if self._closed:
             raise CacheClosed("commit")
-        live = self._pop_live(rid, "commit")
+        live = self._live.pop(rid, None)
+        if live is None:
+            raise UnknownRequest(rid, "cannot commit: not admitted (or already committed/released)")
         request, ps = live.request, self.page_size
         key = request.key
         n_pages = (len(key.data) >> 2) // ps
@@ -494,12 +500,6 @@ class TieredCache:
     def _check_open(self, what: str) -> None:
         if self._closed:
             raise CacheClosed(what)
-
-    def _pop_live(self, rid: str, what: str) -> LiveRequest:
-        live = self._live.pop(rid, None)
-        if live is None:
-            raise UnknownRequest(rid, f"cannot {what}: not admitted (or already committed/released)")
-        return live
 
     def __repr__(self) -> str:
         d, h = self.device_pool, self.host_pool

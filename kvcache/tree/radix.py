@@ -48,6 +48,7 @@ from .keeper import BookKeeper
 from .node import EMPTY, Evicted, HostInsert, TreeInsert, TreeMatch, TreeNode, exact, subtree, unlink
 
 _NODE = OwnerKind.NODE  # looked up once: an Enum member lookup costs ~0.1 us on Python 3.11
+_NODE_BASE = owner_code(_NODE, 0)  # a node's ledger code is this | its id (owner_code, without the call)
 
 # Called as on_split(child, new_parent, head_pages) after a split moved child's first pages to new_parent.
 SplitListener = Callable[[TreeNode, TreeNode, int], None]
@@ -322,7 +323,7 @@ class RadixTree(BookKeeper):
     # --- internals: structure --------------------------------------------------------------------------------
 
     def _new_node(self, key: bytes, namespace: Namespace, parent: TreeNode) -> TreeNode:
-        node = TreeNode(self._next_id, owner_code(_NODE, self._next_id), key, namespace, parent, parent.share)
+        node = TreeNode(self._next_id, _NODE_BASE | self._next_id, key, namespace, parent, parent.share)
         self._next_id += 1
         if parent is not self.root:
             self.node_count += 1
