@@ -75,3 +75,23 @@ def test_fresh_pages_written_between_admit_and_commit_lose_the_proof_and_fail_th
     adm.fresh_pages[0] = held[0]  # a bug: the request's record now names a page a tree node owns
     with pytest.raises(OwnershipError):
         c.commit("b")
+
+
+def test_a_live_requests_fresh_run_is_its_own_to_every_reader_and_its_commit_writes_the_node():
+    # A fresh pool hands admissions runs whose owners the ledger writes once, at commit; every view between
+    # (owners, the audit, a snapshot, another request's check) reads the request as their owner.
+    c = make_cache(page_size=1, device_tokens=64)
+    a = c.admit(Request("a", range(8), T1))
+    b = c.admit(Request("b", range(100, 104), T1))
+    req_a, req_b = c._live["a"].owner, c._live["b"].owner
+    assert (c.device_pool.owners(a.fresh_pages) == req_a).all()
+    assert (c.device_pool.owners(b.fresh_pages) == req_b).all()
+    report = c.audit()
+    assert report.ok, report
+    with pytest.raises(OwnershipError):  # b's pages named as a's: the full check reads them as b's
+        c.device_pool.free(b.fresh_pages.copy(), req_a)
+    c.commit("a")
+    node = c.tree.match_prefix(Request("q", range(8), T1).key).device_node
+    assert (c.device_pool.owners(a.fresh_pages) == node.owner).all()
+    c.release("b")
+    assert c.audit().ok and c.device_pool.free_pages == 64 - 8
