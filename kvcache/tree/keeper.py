@@ -244,7 +244,8 @@ class BookKeeper:
         # after (a host leaf has none: TierBook.unblocks). So one test and one offer, not one per book: every
         # admission's unlock offers its whole path.
         book = self._device if node.device is not None else self._host
-        if not book.is_busy(node):
+        # The leaf test first: most nodes an unlock walks are inner ones, and it spares them the busy test's call.
+        if book.is_leaf(node) and not book.is_busy(node):
             self._offer(book, node)
 
     def _offer(self, book: TierBook, node: TreeNode) -> None:
