@@ -11,6 +11,11 @@ not partition the holding), then check the current owner of every page, vectoris
 very array an owner's last alloc returned, bytes unchanged, with no move from that owner since, is still the
 owner's page by page (see `_check`). With ``ledger=False`` the owner checks and records are
 skipped (benchmarks measure the ledger's cost against that); the argument checks and the allocator are the same.
+
+Runs: while the free stack's top still holds pages at their own index (a pool no push has reached there yet), an
+alloc takes a run of consecutive pages, and the ledger records it as one slice. A proven run's owners are written
+once, by the move that takes the proof back (with the new owner), not at alloc: until then `_unwritten` names
+it, and everything that reads the ledger (`owners`, `ledger_codes`, a full check) writes the pending runs first.
 """
 
 from __future__ import annotations
