@@ -25,7 +25,11 @@ Cases:
           measured, not the allocator's free-list concatenation).
   admit   the admission path: kvc's TieredCache admit + commit of every sequence (match, lock, allocate, insert,
           free duplicates, every slot move checked by the ownership ledger), against the Rust core's plain insert
-          (free stubbed, as above) and, for reference, its insert with the real allocator freeing duplicates.
+          (free stubbed, as above) and, for reference, its insert with the real allocator freeing duplicates. Run
+          twice: each request's tokens handed over as the Python list (keys built in the loop), and prebuilt in
+          each side's own form (kvc: packed bytes, from which the loop builds each Request; SGLang: the RadixKey
+          of an array("q")); the prebuilt run is measured against the stubbed insert only (the real allocator's
+          cost at page 1 would dwarf it).
   serve   the serve loop with L1 -> L2 churn, --serve-passes passes over all sequences in shuffled orders: the
           device pool holds --dev-frac of the unique tokens, the host pool --host-ratio times that, write-through
           (every commit backed up to the host), 32 bytes of KV per token (1 layer, 1 head, head_dim 4, float32).
@@ -167,10 +171,13 @@ class KvcWorker:
         return {"insert": timed(insert), "match": timed(match), "match_prebuilt": timed(match_prebuilt),
                 "match_hits": hits[0], "match_prebuilt_hits": hits[1]}
 
-    def admit(self, ps: int) -> dict:
-        from kvcache import CacheConfig, Request, TieredCache
+    def admit(self, ps: int, tokens: str = "list") -> dict:
+        """tokens "list": each request's tokens handed over as the Python list; "native": as packed bytes built
+        before the loop (what kvc keeps), each Request still built in the loop."""
+        from kvcache import CacheConfig, RadixKey, Request, TieredCache
 
-        seqs, ns = self.seqs, self.ns
+        ns = self.ns
+        seqs = self.seqs if tokens == "list" else [RadixKey.of(t, ns).data for t in self.seqs]
         rids = [f"r{i}" for i in range(len(seqs))]
         cache = TieredCache(CacheConfig(self.layout(ps), device_tokens=len(seqs) * self.header["seq_len"] + 1024,
                                         device="cpu"))
@@ -237,14 +244,21 @@ class SglangWorker:
         self.header, self.seqs = header, seqs
         self.info = {"sglang": sglang.__version__, "torch": torch.__version__}
 
-    def loops(self, cache, values, match: bool = True) -> dict:
-        """Insert every sequence (key from its list), then full-hit matches (key from the list; key prebuilt)."""
+    def loops(self, cache, values, match: bool = True, tokens: str = "list") -> dict:
+        """Insert every sequence (key from its list; tokens "native": the RadixKey of its array("q"), built before
+        the loop), then full-hit matches (key from the list; key prebuilt)."""
         from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
         from sglang.srt.mem_cache.radix_cache import RadixKey
 
         seqs, hits = self.seqs, [0, 0]
 
+        prebuilt = [RadixKey(array("q", t)) for t in seqs] if tokens == "native" else None
+
         def insert() -> None:
+            if prebuilt is not None:
+                for key, value in zip(prebuilt, values):
+                    cache.insert(InsertParams(key=key, value=value))
+                return
             for tokens, value in zip(seqs, values):
                 cache.insert(InsertParams(key=RadixKey(array("q", tokens)), value=value))
 
@@ -288,18 +302,20 @@ class SglangWorker:
         gc.collect()
         return {"radix": radix, "rust": self.rust(ps, stubbed=True, match=True)}
 
-    def admit(self, ps: int) -> dict:
+    def admit(self, ps: int, tokens: str = "list") -> dict:
+        if tokens == "native":
+            return {"rust": self.rust(ps, stubbed=True, match=False, tokens=tokens)}
         return {"rust": self.rust(ps, stubbed=True, match=False), "rust_real": self.rust(ps, stubbed=False,
                                                                                            match=False)}
 
-    def rust(self, ps: int, stubbed: bool, match: bool) -> dict:
+    def rust(self, ps: int, stubbed: bool, match: bool, tokens: str = "list") -> dict:
         """UnifiedRadixCache (its default tree core, Rust) with values allocated before the loop."""
         cache, alloc, core = unified_cache(ps, len(self.seqs) * self.header["seq_len"] + 4096)
         values = [alloc.alloc(self.header["seq_len"]) for _ in self.seqs]
         assert all(v is not None for v in values)
         if stubbed:
             stub_free(alloc)
-        return {**self.loops(cache, values, match), "core": core}
+        return {**self.loops(cache, values, match, tokens), "core": core}
 
     def serve(self, ps: int, tokens: str = "list") -> dict:
         """As KvcWorker.serve; "native": each sequence's array("q") (what SGLang's scheduler keeps) built before
@@ -634,7 +650,9 @@ def main() -> int:
 def drive(args: argparse.Namespace, sides: list[Side]) -> int:
     from _report import machine, publish, spread, table
 
-    phases = [(case, ps, {}) for case in args.cases if case != "serve" for ps in args.page_sizes]
+    phases = [("tree", ps, {}) for ps in args.page_sizes if "tree" in args.cases]
+    phases += [("admit", ps, {"tokens": tokens}) for ps in args.page_sizes if "admit" in args.cases
+               for tokens in ("list", "native")]
     phases += [("serve", ps, {"tokens": tokens}) for ps in args.serve_page_sizes for tokens in ("list", "native")]
     load_before = os.getloadavg()
     infos: dict[str, dict] = {}
@@ -653,15 +671,14 @@ def drive(args: argparse.Namespace, sides: list[Side]) -> int:
                     turn = (rep + k) % len(sides)  # who goes first rotates phase by phase and rep by rep
                     for side in sides[turn:] + sides[:turn]:
                         result = side.ask(case, ps, args.timeout, options)
-                        if options.get("tokens") == "native":
-                            case_key = "serve_native"
-                        else:
-                            case_key = case
+                        case_key = f"{case}_native" if options.get("tokens") == "native" else case
                         if side.kind == "kvc":
                             runs[side.label][rep][f"{case_key}_p{ps}"] = result
                         elif case == "tree":
                             runs[side.label][rep].update({f"radix_p{ps}": result["radix"],
                                                           f"rust_p{ps}": result["rust"]})
+                        elif case_key == "admit_native":
+                            runs[side.label][rep][f"admit_native_rust_p{ps}"] = result["rust"]
                         elif case == "admit":
                             runs[side.label][rep].update({f"admit_rust_p{ps}": result["rust"],
                                                           f"rust_real_p{ps}": result["rust_real"]})
@@ -751,25 +768,35 @@ def drive(args: argparse.Namespace, sides: list[Side]) -> int:
     if "admit" in args.cases:
         rows = []
         for ps in args.page_sizes:
-            for label in kvc_labels:
-                kr = runs[label]
-                stub_cell, vs_stub = both(kr, f"admit_p{ps}", "admit_commit", f"admit_rust_p{ps}", "insert")
-                real_cell, _ = both(kr, f"admit_p{ps}", "admit_commit", f"rust_real_p{ps}", "insert", bold=False)
-                rows.append([str(ps), label, rate(seq_rates(kr, f"admit_p{ps}", "admit_commit")),
-                             rate(seq_rates(peer_runs, f"admit_rust_p{ps}", "insert")),
-                             rate(seq_rates(peer_runs, f"rust_real_p{ps}", "insert")),
-                             stub_cell, real_cell])
-                if label == kvc_labels[0]:
-                    ratios[f"admit_commit_over_sglang_rust_insert_p{ps}"] = vs_stub
+            for variant, what in (("admit", "Python list"), ("admit_native", "prebuilt")):
+                for label in kvc_labels:
+                    kr = runs[label]
+                    stub_cell, vs_stub = both(kr, f"{variant}_p{ps}", "admit_commit", f"{variant}_rust_p{ps}",
+                                              "insert")
+                    real_rate, real_cell = "-", "-"
+                    if variant == "admit":
+                        real_cell, _ = both(kr, f"admit_p{ps}", "admit_commit", f"rust_real_p{ps}", "insert",
+                                            bold=False)
+                        real_rate = rate(seq_rates(peer_runs, f"rust_real_p{ps}", "insert"))
+                    rows.append([str(ps), what, label, rate(seq_rates(kr, f"{variant}_p{ps}", "admit_commit")),
+                                 rate(seq_rates(peer_runs, f"{variant}_rust_p{ps}", "insert")), real_rate,
+                                 stub_cell, real_cell])
+                    if label == kvc_labels[0]:
+                        tag = "" if variant == "admit" else "_native"
+                        ratios[f"admit_commit{tag}_over_sglang_rust_insert_p{ps}"] = vs_stub
         body += ["", "### Admission path: ledgered admit + commit against the Rust core's insert", "",
                  "kvc: `TieredCache` (device pool large enough for every sequence, ownership ledger on) "
                  "`admit(Request(rid, tokens, ns))` + `commit(rid)` per sequence: match, lock, allocate, insert, "
                  "free duplicates, every slot move checked; the audit passes after the loop. SGLang: "
                  "`UnifiedRadixCache.insert` of values allocated before the loop, `free` stubbed (the plain "
-                 "insert), and with the real allocator freeing the duplicates.", "",
-                 labelled(["page", "kvc", "kvc admit+commit seq/s", "Rust core insert seq/s (free stubbed)",
+                 "insert), and with the real allocator freeing the duplicates. Tokens: each request's tokens "
+                 "arrive as the Python list (each side builds its key from it in the loop), or prebuilt in each "
+                 "side's own form before the loop (kvc: packed bytes, each `Request` still built in the loop; "
+                 "SGLang: the `RadixKey` of an `array('q')`); prebuilt, only against the plain insert. kvc's "
+                 "admission hands back pages: the per-token slots are built only when read.", "",
+                 labelled(["page", "tokens", "kvc", "kvc admit+commit seq/s", "Rust core insert seq/s (free stubbed)",
                            "Rust core insert seq/s (real allocator)", "kvc / Rust core insert",
-                           "kvc / Rust core, real allocator"], rows, 1)]
+                           "kvc / Rust core, real allocator"], rows, 2)]
     if "serve" in args.cases:
         rows, slots = [], []
         for ps in args.serve_page_sizes:
@@ -825,7 +852,9 @@ def kvc_versus(runs: dict[str, list[dict]], labels: list[str], args: argparse.Na
     figures = [(f"tree insert, page {ps}", f"tree_p{ps}", "insert") for ps in args.page_sizes if "tree" in args.cases]
     figures += [(f"tree full-hit match (key from list), page {ps}", f"tree_p{ps}", "match")
                 for ps in args.page_sizes if "tree" in args.cases]
-    figures += [(f"admit+commit, page {ps}", f"admit_p{ps}", "admit_commit")
+    figures += [(f"admit+commit, tokens as lists, page {ps}", f"admit_p{ps}", "admit_commit")
+                for ps in args.page_sizes if "admit" in args.cases]
+    figures += [(f"admit+commit, tokens prebuilt, page {ps}", f"admit_native_p{ps}", "admit_commit")
                 for ps in args.page_sizes if "admit" in args.cases]
     figures += [(f"serve loop, tokens as lists, page {ps}", f"serve_p{ps}", "seconds") for ps in args.serve_page_sizes]
     figures += [(f"serve loop, tokens prebuilt, page {ps}", f"serve_native_p{ps}", "seconds")

@@ -58,12 +58,11 @@ while arrivals or waiting:
     assert adm.status is AdmitStatus.ADMITTED, adm.status
     # 3. the forward: check the reused pages, write the new ones
     ps = layout.page_size
-    pages = adm.slots[::ps] // ps
     hashes = page_hashes(layout.layout_id, request.key, ps, cache.chain_key)
-    n_cached = adm.cached_tokens // ps
-    bad += len(kv.mismatches(cache.device_pool.pages, pages[:n_cached], hashes[:n_cached]))
+    n_cached = len(adm.cached_pages)  # the admission is by page: the cached prefix's pages, then the fresh ones
+    bad += len(kv.mismatches(cache.device_pool.pages, adm.cached_pages, hashes[:n_cached]))
     checked += n_cached
-    kv.write(cache.device_pool.pages, pages[n_cached:len(hashes)], hashes[n_cached:])
+    kv.write(cache.device_pool.pages, adm.fresh_pages[:len(hashes) - n_cached], hashes[n_cached:])
     cache.commit(request.rid)
     hits[request.namespace.label] = hits.get(request.namespace.label, 0) + adm.cached_tokens
     print(f"{request.rid:9} {request.namespace.label:20} {len(request):4} tokens: {adm.device_hit_tokens:4} from L1, "

@@ -75,7 +75,7 @@ from .writes import StorageWriteJob
 # Enum members looked up once: on Python 3.11 each `Enum.MEMBER` lookup in a hot path goes through the enum type's
 # __getattr__ hook (~0.1 us).
 _ADMITTED = AdmitStatus.ADMITTED
-_REQUEST = OwnerKind.REQUEST
+_REQUEST_BASE = owner_code(OwnerKind.REQUEST, 0)  # a request's ledger code is this | its handle (owner_code)
 _DEVICE = Tier.DEVICE
 
 
@@ -153,7 +153,14 @@ class TieredCache:
             self._expiry.use(request)
         if holders.prefetches or holders.staged:
             self._prefetcher.drop_foreign_holds(request)  # what was fetched for another request never serves it
-        m = self.match(request)
+        # self.match(request), written out (one call less on every admission)
+        m = self.tree.match_prefix(request.key)
+        c = self.counters
+        c.matches += 1
+        c.match_tokens += n_tokens
+        device_tokens = len(m.device_pages) * ps
+        c.device_hit_tokens += device_tokens
+        c.host_hit_tokens += len(m.host_pages) * ps
         node = m.device_node
         self.tree.lock(node)
         total_pages = -(-n_tokens // ps)
@@ -162,11 +169,12 @@ class TieredCache:
             if refused is not None:
                 return Admission(rid, refused)
         from_storage = 0
-        op = holders.prefetches.pop(rid, None)
+        op = holders.prefetches.pop(rid, None) if holders.prefetches else None
         if op is not None:
             from_storage = self._prefetcher.settle_op(op)
             m = self.tree.match_prefix(request.key, touch=False)  # the tree may hold host-only nodes of it now
-        staged = holders.staged.pop(rid, None)
+            device_tokens = len(m.device_pages) * ps
+        staged = holders.staged.pop(rid, None) if holders.staged else None
         cached, loaded = m.device_pages, 0
         if len(m.host_pages):
             loaded_pages = self._copies.load_back(m)
@@ -185,51 +193,65 @@ class TieredCache:
             raise InvariantViolation(f"admit of request {rid}: {cached_tokens} cached tokens run past the end of its "
                                      f"{n_tokens} tokens; nothing was allocated for it")
         handle = holders.mint_handle()
-        owner = owner_code(_REQUEST, handle)
+        owner = _REQUEST_BASE | handle  # owner_code(REQUEST, handle), without the call
         new_tokens = n_tokens - cached_tokens
-        fresh = self._room.alloc(_DEVICE, -(-new_tokens // ps), owner, request.key.namespace)
+        n_fresh = -(-new_tokens // ps)
+        # The pool first: room was made above when it was short, so eviction (room.alloc) is the rare path.
+        fresh = self.device_pool.alloc(n_fresh, owner)
+        if fresh is None:
+            fresh = self._room.alloc(_DEVICE, n_fresh, owner, request.key.namespace)
         if fresh is None:  # the room was made above; only a copy still pinning its pages can take it back
             self.tree.unlock(node)
             self.counters.refused += 1
             return Admission(rid, AdmitStatus.POOL_FULL)
-        pages = np.concatenate([cached, fresh]) if len(cached) else fresh
-        self._live[rid] = LiveRequest(request, handle, owner, node, cached, fresh, pages)
-        self.counters.admitted += 1
-        self.counters.loaded_back_tokens += loaded
-        device_tokens = len(m.device_pages) * ps
+        self._live[rid] = LiveRequest(request, handle, owner, node, cached, fresh)
+        c.admitted += 1
+        c.loaded_back_tokens += loaded
         storage_tokens = min(from_storage * ps, cached_tokens - device_tokens)
         host_tokens = cached_tokens - device_tokens - storage_tokens
         add_hits(self._hits, request.key.namespace, device_tokens, host_tokens, storage_tokens)
-        slots = self.device_pool.slots(pages)
-        if len(slots) != n_tokens:  # the partial tail page's unused slots
-            slots = slots[:n_tokens]
-        return Admission(rid, _ADMITTED, cached_tokens, loaded, new_tokens, slots, device_tokens,
-                         host_tokens, storage_tokens)
+        # Pages only, as the two runs the cache holds: the request's pages as one array and its per-token slots are
+        # built if and when the caller reads `Admission.pages` / `Admission.slots`.
+        return Admission(rid, _ADMITTED, cached_tokens, loaded, new_tokens, cached, fresh, device_tokens,
+                         host_tokens, storage_tokens, ps)
 
     def commit(self, rid: str) -> CommitResult:
         """The forward wrote the request's KV: insert its whole pages into the tree (the tree's owners free
         duplicates), free the partial tail, unlock, and back up per the write policy."""
         if self._closed:
             raise CacheClosed("commit")
-        live = self._pop_live(rid, "commit")
+        live = self._live.pop(rid, None)
+        if live is None:
+            raise UnknownRequest(rid, "cannot commit: not admitted (or already committed/released)")
         request, ps = live.request, self.page_size
-        key = request.key.page_aligned(ps)
+        key = request.key
         n_pages = (len(key.data) >> 2) // ps
-        n_cached = len(live.cached_pages)
-        ins = self.tree.insert(key, live.pages if len(live.pages) == n_pages else live.pages[:n_pages])
+        if n_pages * ps != len(key.data) >> 2:  # the partial tail page is not cached
+            key = key.page_aligned(ps)
+        n_cached, fresh = len(live.cached_pages), live.fresh_pages
+        # The cached prefix is in the tree already (the request's lock kept it there): only the fresh pages are
+        # offered, so the request's pages are never joined into one array.
+        ins = self.tree.insert(key, fresh if len(fresh) == n_pages - n_cached else fresh[:n_pages - n_cached],
+                               n_cached)
         # The request's fresh pages, in order: duplicates of pages the tree already held (a concurrent insert got
         # there first) -> FREE; the adopted nodes' slices -> those nodes; the partial tail page -> FREE.
         n_dup = max(0, ins.prefix_pages - n_cached)
-        parts, at = [(n_dup, FREE_CODE)], n_dup
-        for node in ins.adopted:
-            at += len(node.device)  # type: ignore[arg-type]  # an adopted node took the caller's device pages
-            parts.append((at, node.owner))
-        n_tail = len(live.fresh_pages) - at
-        parts.append((len(live.fresh_pages), FREE_CODE))
-        self.device_pool.disperse(live.fresh_pages, live.owner, parts)
+        adopted = ins.adopted
+        if len(adopted) == 1 and adopted[0].device is fresh:  # the hot case: one new leaf took them all
+            n_tail = 0
+            self.device_pool.transfer(fresh, live.owner, adopted[0].owner)
+        else:
+            parts, at = [(n_dup, FREE_CODE)], n_dup
+            for node in adopted:
+                at += len(node.device)  # type: ignore[arg-type]  # an adopted node took the caller's device pages
+                parts.append((at, node.owner))
+            n_tail = len(fresh) - at
+            parts.append((len(fresh), FREE_CODE))
+            self.device_pool.disperse(fresh, live.owner, parts)
         self.tree.unlock(live.node)
-        self.counters.committed += 1
-        self.counters.duplicate_pages_freed += n_dup
+        c = self.counters
+        c.committed += 1
+        c.duplicate_pages_freed += n_dup
         backed = self._copies.after_commit(ins.node) if self._backup_on_commit else 0
         if self._expiry is not None and self._expiry.tracker.deferred:
             self._expiry.ended(request.namespace)
@@ -486,12 +508,6 @@ class TieredCache:
     def _check_open(self, what: str) -> None:
         if self._closed:
             raise CacheClosed(what)
-
-    def _pop_live(self, rid: str, what: str) -> LiveRequest:
-        live = self._live.pop(rid, None)
-        if live is None:
-            raise UnknownRequest(rid, f"cannot {what}: not admitted (or already committed/released)")
-        return live
 
     def __repr__(self) -> str:
         d, h = self.device_pool, self.host_pool

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+import msgspec
 import numpy as np
 
 from ..diagnostics.ownership import HolderState, encode_pages
@@ -28,20 +29,22 @@ if TYPE_CHECKING:
     from .writes import StorageWriteJob
 
 
-class LiveRequest:
-    """A request between admit and commit/release, and what it holds."""
+class LiveRequest(msgspec.Struct, eq=False):
+    """A request between admit and commit/release, and what it holds. (A struct: built in C on every admission;
+    `eq=False`: compared by identity.)"""
 
-    __slots__ = ("request", "handle", "owner", "node", "cached_pages", "fresh_pages", "pages")
+    request: Request
+    handle: int  # unique per cache, never reused
+    owner: int  # the ledger code of Request(handle)
+    node: TreeNode  # locked: ends the request's cached prefix
+    cached_pages: np.ndarray  # device pages of the cached prefix; owned by tree nodes
+    fresh_pages: np.ndarray  # device pages allocated for the rest; owned by this request
 
-    def __init__(self, request: Request, handle: int, owner: int, node: TreeNode, cached_pages: np.ndarray,
-                 fresh_pages: np.ndarray, pages: np.ndarray) -> None:
-        self.request = request
-        self.handle = handle  # unique per cache, never reused
-        self.owner = owner  # the ledger code of Request(handle)
-        self.node = node  # locked: ends the request's cached prefix
-        self.cached_pages = cached_pages  # device pages of the cached prefix; owned by tree nodes
-        self.fresh_pages = fresh_pages  # device pages allocated for the rest; owned by this request
-        self.pages = pages  # cached_pages then fresh_pages: the request's device pages in order
+    @property
+    def pages(self) -> np.ndarray:
+        """The request's device pages in order: cached_pages then fresh_pages (built on each call: admission and
+        commit never need them as one array)."""
+        return np.concatenate([self.cached_pages, self.fresh_pages])
 
 
 class Holders:

@@ -11,6 +11,11 @@ not partition the holding), then check the current owner of every page, vectoris
 very array an owner's last alloc returned, bytes unchanged, with no move from that owner since, is still the
 owner's page by page (see `_check`). With ``ledger=False`` the owner checks and records are
 skipped (benchmarks measure the ledger's cost against that); the argument checks and the allocator are the same.
+
+Runs: while the free stack's top still holds pages at their own index (a pool no push has reached there yet), an
+alloc takes a run of consecutive pages, and the ledger records it as one slice. A proven run's owners are written
+once, by the move that takes the proof back (with the new owner), not at alloc: until then `_unwritten` names
+it, and everything that reads the ledger (`owners`, `ledger_codes`, a full check) writes the pending runs first.
 """
 
 from __future__ import annotations
@@ -47,6 +52,10 @@ class SlotPool:
         self.page_rows = page_rows(self.pages.numpy()) if self.device_type == "cpu" else None
         # Free pages are _stack[:free_pages]. Pop and push are slices: O(pages moved), never O(pool).
         self._stack = np.arange(num_pages, dtype=_INDEX)
+        # _stack[:_run_end] still holds each page at its own index, as made: an alloc popped from below it takes the
+        # run of pages top - n .. top - 1, whose owners are then one slice of the ledger, written like a memset
+        # (a scatter of 512 owners costs ~3x). Every push lowers it to where the push began.
+        self._run_end = num_pages
         self.free_pages = num_pages  # pages owned by FREE (read-only outside the pool; an attribute, not a property,
         # because admission reads it every time)
         # np.full writes every entry now: zero-filled (calloc) memory would fault in page by page on first use,
@@ -55,11 +64,17 @@ class SlotPool:
         self._mark = np.full(num_pages, -1, dtype=_INDEX)  # scratch for the duplicate check in free()
         self._arange = np.arange(num_pages, dtype=_INDEX)
         self._slot_offsets = np.arange(page_size, dtype=_INDEX)
-        # owner -> (the array its last alloc returned, that array's bytes then): a proof that those pages are still
-        # the owner's, taken back by the owner's next move (below). A move of exactly that array, unchanged, skips
-        # the per-page check: a request's fresh pages come back whole at commit, and gathering 500 owners from a
-        # ledger of millions costs more than the rest of the move.
-        self._proofs: dict[int, tuple[np.ndarray, bytes]] = {}
+        # owner -> (the array its last alloc returned, that array's bytes then, where those pages sit in the
+        # ledger: the slice of a run, else the array): a proof that those pages are still the owner's, taken back by
+        # the owner's next move (below). A move of exactly that array, unchanged, skips the per-page check and
+        # writes the ledger where the proof says: a request's fresh pages come back whole at commit, and gathering
+        # 500 owners from a ledger of millions costs more than the rest of the move.
+        self._proofs: dict[int, tuple[np.ndarray, bytes, slice | np.ndarray]] = {}
+        # owner -> the run its last alloc took, not yet written to _owner (whose entries there still read FREE):
+        # the move that takes the owner's proof back writes the run once, with its new owner, instead of twice. Only
+        # a proven run is unwritten (its slice names its pages whatever the caller does to the array), and every
+        # reader of _owner writes them all first (`_write_runs`): no check or view ever sees a stale entry.
+        self._unwritten: dict[int, slice] = {}
 
     # --- queries ---------------------------------------------------------------------------------------------
 
@@ -75,10 +90,12 @@ class SlotPool:
 
     def owners(self, pages: np.ndarray) -> np.ndarray:
         """Ledger codes of `pages` (a copy)."""
+        self._write_runs()
         return self._owner[pages]
 
     def ledger_codes(self) -> np.ndarray:
         """The whole ledger (a copy): owner code per page."""
+        self._write_runs()
         return self._owner.copy()
 
     def free_list(self) -> np.ndarray:
@@ -103,19 +120,30 @@ class SlotPool:
             if n > self.num_pages:
                 self._count(n)  # raises: more than the pool could ever give
             return None
-        pages = self._stack[top - n: top].copy()
         self.free_pages = top - n
+        if top <= self._run_end:
+            # A run: pages top - n .. top - 1, made rather than copied off the stack (whose span is cold memory by
+            # now: reading it costs more than the copy), and one slice of the ledger.
+            pages = np.arange(top - n, top, dtype=_INDEX)
+            where: slice | np.ndarray = slice(top - n, top)
+        else:
+            pages = where = self._stack[top - n: top].copy()
         if self.ledger:
             # Pages on the stack are FREE: free() admits only owned, distinct pages, so no check is needed here.
-            self._owner[pages] = owner
-            self._proofs[owner] = (pages, pages.tobytes())
+            unwritten = self._unwritten
+            if unwritten and owner in unwritten:  # the owner's previous run loses its proof: written now
+                self._owner[unwritten.pop(owner)] = owner
+            if type(where) is slice:
+                unwritten[owner] = where  # written by the move that takes the proof back (see _unwritten)
+            else:
+                self._owner[where] = owner
+            self._proofs[owner] = (pages, pages.tobytes(), where)
         return pages
 
     def transfer(self, pages: np.ndarray, src: int, dst: int) -> None:
         """Move `pages` from owner `src` to owner `dst`; every page must be owned by `src`."""
         if self.ledger:
-            if self._check(pages, src, "transfer"):
-                self._owner[pages] = dst
+            self._owner[self._check(pages, src, "transfer")] = dst
         else:
             self._check_pages(pages, "transfer")
 
@@ -124,33 +152,35 @@ class SlotPool:
         ``(end, new_owner)`` for consecutive ranges of `pages` ([previous end, end), the last end = len(pages));
         FREE_CODE returns a range to the free list. One ownership check covers every range. Parts that do not
         partition `pages` are InvalidInput, and leave the pool as it was."""
+        where: slice | np.ndarray = pages
         if self.ledger:
-            self._check(pages, owner, "disperse")
+            where = self._check(pages, owner, "disperse")
         else:
             self._check_pages(pages, "disperse")
-        start, top0 = 0, self.free_pages
+        run = where.start if type(where) is slice else -1  # a proven run: each part's owners are one slice too
+        start, top0, n = 0, self.free_pages, len(pages)
         try:
             for end, dst in parts:
-                if end < start:
+                if end < start or end > n:  # (past the holding, a run's slice would name others' pages)
                     raise ValueError
                 if end == start:
                     continue
                 part = pages[start:end]
+                if self.ledger:
+                    self._owner[slice(run + start, run + end) if run >= 0 else part] = dst
                 start = end
                 if dst == FREE_CODE:
-                    if self.ledger:
-                        self._owner[part] = FREE_CODE
                     top = self.free_pages
+                    if top < self._run_end:
+                        self._run_end = top
                     self._stack[top: top + len(part)] = part
                     self.free_pages = top + len(part)
-                elif self.ledger:
-                    self._owner[part] = dst
-            if start != len(pages):
+            if start != n:
                 raise ValueError
         except (ValueError, TypeError):
             # undo what the loop did: every page was owner's (checked above); the stack above top0 is free space
             if self.ledger:
-                self._owner[pages] = owner
+                self._owner[where] = owner
             self.free_pages = top0
             raise InvalidInput(f"{self.name} pool: disperse parts {[p[0] for p in parts]} do not partition a "
                                f"holding of {len(pages)} pages") from None
@@ -158,9 +188,10 @@ class SlotPool:
     def free(self, pages: np.ndarray, owner: int) -> None:
         """Return `pages`, owned by `owner`, to FREE."""
         if self.ledger:
-            if not self._check(pages, owner, "free"):
-                return
+            where = self._check(pages, owner, "free")
             k = len(pages)
+            if not k:
+                return
             # A page listed twice would land on the free stack twice and later be handed to two owners.
             mark, ids = self._mark, self._arange[:k]
             mark[pages] = ids
@@ -168,11 +199,13 @@ class SlotPool:
                 dup = int(pages[int(np.flatnonzero(mark[pages] != ids)[0])])
                 raise DoubleFree(self.name, "free", dup, self._slot_range(dup), describe_code(owner),
                                  "the same free (page listed twice)", 1)
-            self._owner[pages] = FREE_CODE
+            self._owner[where] = FREE_CODE
         else:
             self._check_pages(pages, "free")
             k = len(pages)
         top = self.free_pages
+        if top < self._run_end:
+            self._run_end = top
         self._stack[top: top + k] = pages
         self.free_pages = top + k
 
@@ -200,16 +233,22 @@ class SlotPool:
             raise InvalidInput(f"{self.name} pool: {op} needs a 1-D integer array of pages in "
                                f"0..{self.num_pages - 1}, got {_describe(pages)}")
 
-    def _check(self, pages: np.ndarray, owner: int, op: str) -> int:
-        """Check `pages` (as `_check_pages`) and that `owner` owns each of them; returns how many there are.
+    def _check(self, pages: np.ndarray, owner: int, op: str) -> slice | np.ndarray:
+        """Check `pages` (as `_check_pages`) and that `owner` owns each of them; returns where they sit in the
+        ledger (`_owner[where]` is their owners): the slice of the run an alloc took, when proven, else `pages`.
 
         Every check precedes a move from `owner`, so it takes the owner's proof back, whatever the outcome (a move
-        that then fails only costs the owner's next move the full check). The proof holds when `pages` is the very array the owner's last alloc returned, with the same
-        bytes: no page of the owner has moved since (that move would have taken the proof), and a move of others'
-        pages that names the owner's pages fails its own check and moves nothing."""
+        that then fails only costs the owner's next move the full check). The proof holds when `pages` is the very
+        array the owner's last alloc returned, with the same bytes: no page of the owner has moved since (that move
+        would have taken the proof), and a move of others' pages that names the owner's pages fails its own check
+        and moves nothing."""
         proof = self._proofs.pop(owner, None)
+        unwritten = self._unwritten.pop(owner, None) if self._unwritten else None
         if proof is not None and proof[0] is pages and proof[1] == pages.tobytes():
-            return len(pages)
+            return proof[2]  # the caller writes every page of it (an unwritten run too), whatever the outcome
+        if unwritten is not None:
+            self._owner[unwritten] = owner
+        self._write_runs()
         self._check_pages(pages, op)
         n = len(pages)
         if n:
@@ -218,7 +257,15 @@ class SlotPool:
             current = self._owner[pages]
             if current.tobytes() != owner.to_bytes(8, "little") * n:
                 raise self._mismatch(op, pages, current, owner)
-        return n
+        return pages
+
+    def _write_runs(self) -> None:
+        """Write every unwritten run into the ledger, with its owner: before anything reads `_owner`."""
+        if self._unwritten:
+            owner = self._owner
+            for code, run in self._unwritten.items():
+                owner[run] = code
+            self._unwritten.clear()
 
     def _slot_range(self, page: int) -> tuple[int, int]:
         return page * self.page_size, page * self.page_size + self.page_size - 1

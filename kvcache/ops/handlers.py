@@ -259,7 +259,7 @@ def _load_back(cache: "TieredCache", req: LoadBackRequest) -> RequestResult:
         if adm.status.value != "admitted":
             raise InvalidInput(f"the device pool has no room for {len(request)} tokens now ({adm.status.value})")
         n_pages = adm.cached_tokens // ps
-        check = _compare_with_store(cache, request, adm.slots, n_pages)
+        check = _compare_with_store(cache, request, adm.cached_pages[:n_pages])
     finally:
         _release_quietly(cache, request.rid)  # the loaded pages stay in the tree; the request's own pages go
     buffer = cache.config.host_mode is HostMode.BUFFER
@@ -287,17 +287,18 @@ class _StoreCheck(msgspec.Struct, frozen=True):
     absent: int = 0
 
 
-def _compare_with_store(cache: "TieredCache", request: Request, slots: np.ndarray, n_pages: int) -> _StoreCheck:
-    """Check the first `n_pages` device pages of the request against the store's copies, read again by the
+def _compare_with_store(cache: "TieredCache", request: Request, pages: np.ndarray) -> _StoreCheck:
+    """Check the request's first device `pages` (of its cached prefix) against the store's copies, read again by the
     request's own page hashes. A page the store does not hold is `absent`, not a difference: a live cache holds
     pages not written yet (write-back, a write in flight) or dropped from L3 since. A page the store holds but
     cannot read back (a checksum failure) differs: its stored bytes are not the device's."""
+    n_pages = len(pages)
     if not n_pages or cache.store is None:
         return _StoreCheck()
     store, ps = cache.store, cache.page_size
     hashes = page_hashes(cache.layout.layout_id, request.key, ps, cache.chain_key)[:n_pages]
     want = np.empty((n_pages, cache.layout.bytes_per_page), dtype=np.uint8)
-    device = cache.device_pool.pages[torch.from_numpy(slots[: n_pages * ps: ps] // ps)].cpu().numpy()
+    device = cache.device_pool.pages[torch.from_numpy(np.ascontiguousarray(pages))].cpu().numpy()
     rows = list(want)
     readable = np.zeros(n_pages, dtype=bool)
     absent = unreadable = 0

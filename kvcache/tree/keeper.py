@@ -71,11 +71,15 @@ class BookKeeper:
 
     def lock(self, node: TreeNode) -> None:
         """Lock `node` and its path for a running request: none of it is evicted until `unlock`."""
-        while node is not self.root:
-            if node.lock_ref == 0:
+        root = self.root
+        while node is not root:
+            parent = node.parent
+            # A namespace root (the root's child) holds no pages, so none move between classes: no call for it
+            # (every admission's path ends there).
+            if node.lock_ref == 0 and parent is not root:
                 self._protect(node, True)
             node.lock_ref += 1
-            node = node.parent  # type: ignore[assignment]  # below the root every node has a parent
+            node = parent  # type: ignore[assignment]  # below the root every node has a parent
 
     def unlock(self, node: TreeNode) -> None:
         """Undo one `lock(node)`. Raises `LockUnderflow` (changing nothing) when the path is not locked."""
@@ -89,10 +93,10 @@ class BookKeeper:
             parent = node.parent
             node.lock_ref -= 1
             if node.lock_ref == 0:
-                self._protect(node, False)
                 if parent is not root:
+                    self._protect(node, False)
                     self._reoffer(node)
-                elif not node.children:  # a namespace root that holds nothing now
+                elif not node.children:  # a namespace root (no pages to move: see lock) that holds nothing now
                     self._reclaim_namespace_root(node)
             node = parent  # type: ignore[assignment]  # below the root every node has a parent
 
@@ -240,7 +244,8 @@ class BookKeeper:
         # after (a host leaf has none: TierBook.unblocks). So one test and one offer, not one per book: every
         # admission's unlock offers its whole path.
         book = self._device if node.device is not None else self._host
-        if not book.is_busy(node):
+        # The leaf test first: most nodes an unlock walks are inner ones, and it spares them the busy test's call.
+        if book.is_leaf(node) and not book.is_busy(node):
             self._offer(book, node)
 
     def _offer(self, book: TierBook, node: TreeNode) -> None:

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from ..errors import InvalidInput
+from ..errors import InvalidInput, InvariantViolation
 from ..types.keys import TOKEN_BYTES, RadixKey, extend_chain, hash_root, new_chain_key
 from ..types.namespace import Namespace
 from ..types.owners import OwnerKind, owner_code
@@ -48,6 +48,7 @@ from .keeper import BookKeeper
 from .node import EMPTY, Evicted, HostInsert, TreeInsert, TreeMatch, TreeNode, exact, subtree, unlink
 
 _NODE = OwnerKind.NODE  # looked up once: an Enum member lookup costs ~0.1 us on Python 3.11
+_NODE_BASE = owner_code(_NODE, 0)  # a node's ledger code is this | its id (owner_code, without the call)
 
 # Called as on_split(child, new_parent, head_pages) after a split moved child's first pages to new_parent.
 SplitListener = Callable[[TreeNode, TreeNode, int], None]
@@ -105,7 +106,7 @@ class RadixTree(BookKeeper):
         if ns_root is None:
             return TreeMatch(EMPTY, EMPTY, self.root, self.root, self.root, self.page_size)
         end = len(key.data) - len(key.data) % self._page_bytes
-        path = list(self._descend(ns_root, key.data, end))
+        path = self._descend(ns_root, key.data, end)
         if touch:
             self._clock += 1
             clock = self._clock
@@ -116,42 +117,51 @@ class RadixTree(BookKeeper):
         return self._match_of(ns_root, path)
 
     def _match_of(self, ns_root: TreeNode, path: list[TreeNode]) -> TreeMatch:
-        # Device copies form a prefix of the path; the rest of the path is host-only.
-        if not path or path[-1].device is not None:  # all on the device: no search for the split
-            device_nodes, host_nodes = path, path[:0]
-        else:
-            split = next(i for i, node in enumerate(path) if node.device is None)
-            device_nodes, host_nodes = path[:split], path[split:]
-        device_node = device_nodes[-1] if device_nodes else ns_root
-        host_node = host_nodes[-1] if host_nodes else device_node
         anchor = self.root
         for node in reversed(path):
             if node.host is not None:
                 anchor = node
                 break
+        if not path:
+            return TreeMatch(EMPTY, EMPTY, ns_root, ns_root, anchor, self.page_size)
+        last = path[-1]
+        # Device copies form a prefix of the path; the rest of the path is host-only.
+        if last.device is not None:  # all on the device (the hot case): no search for the split, no host pages
+            device_pages = last.device if len(path) == 1 else np.concatenate([n.device for n in path])
+            return TreeMatch(device_pages, EMPTY, last, last, anchor, self.page_size)
+        split = next(i for i, node in enumerate(path) if node.device is None)
+        device_nodes, host_nodes = path[:split], path[split:]
+        device_node = device_nodes[-1] if device_nodes else ns_root
         device_pages = _concat([n.device for n in device_nodes])  # type: ignore[misc]  # all have one
         return TreeMatch(device_pages, _concat([n.host for n in host_nodes]),  # type: ignore[misc]  # likewise
-                         device_node, host_node, anchor, self.page_size)
+                         device_node, host_nodes[-1], anchor, self.page_size)
 
     # --- insert ----------------------------------------------------------------------------------------------
 
-    def insert(self, key: RadixKey, device_pages: np.ndarray) -> TreeInsert:
-        """Insert a page-aligned key whose KV is in `device_pages` (one L1 page per key page).
+    def insert(self, key: RadixKey, device_pages: np.ndarray, first: int = 0) -> TreeInsert:
+        """Insert a page-aligned key whose KV is in `device_pages` (one L1 page per key page from page `first`).
 
         Existing nodes with a device copy keep it (the caller's pages there are duplicates); existing host-only
-        nodes and new nodes take the caller's pages as their device copy.
+        nodes and new nodes take the caller's pages as their device copy. `first` > 0: the key's first `first`
+        pages are in the tree with a device copy already (a committing request's cached prefix, kept there by its
+        lock), so the caller offers only the pages after them; a key whose first pages are not there is an
+        `InvariantViolation`, raised before anything takes a page.
         """
         data, pb = key.data, self._page_bytes
         if len(data) % pb:
             raise InvalidInput(f"insert needs a page-aligned key, got {len(key)} tokens at page size "
                                f"{self.page_size}")
-        if len(device_pages) * pb != len(data):
-            raise InvalidInput(f"insert of {len(data) // pb} pages with {len(device_pages)} device pages")
+        if (len(device_pages) + first) * pb != len(data) or first < 0:
+            raise InvalidInput(f"insert of {len(data) // pb} pages with {len(device_pages)} device pages from page "
+                               f"{first}")
         if not data:  # nothing to cache: no namespace root is created for it
             return TreeInsert(0, self.root.children.get(key.namespace.id, self.root), [])
         self._clock += 1
         clock = self._clock
-        ns_root: TreeNode = self.namespace_root(key.namespace, create=True)  # type: ignore[assignment]  # made
+        ns_root = self.root.children.get(key.namespace.id)  # (not `or`: a namespace root has len() 0)
+        if ns_root is None:
+            ns_root = self.namespace_root(key.namespace, create=True)
+            assert ns_root is not None  # made
         node = ns_root
         node.last_access = clock
         page, prefix_pages, adopted = 0, 0, []
@@ -160,20 +170,30 @@ class RadixTree(BookKeeper):
             hit.last_access = clock
             n = len(hit.key) // pb
             if hit.device is None:  # host-only: the caller's pages become its device copy
-                self._set_copy(device, hit, device_pages[page:page + n])
+                if page < first:
+                    raise self._missing_prefix(key, first, page)
+                self._set_copy(device, hit, device_pages[page - first:page - first + n])
                 adopted.append(hit)
             elif not adopted:
                 prefix_pages += n
             page += n
             node = hit  # the deepest node of the key so far
         if page * pb < len(data):
+            if page < first:
+                raise self._missing_prefix(key, first, page)
             leaf = self._new_node(data[page * pb:], key.namespace, node)
             node.children[data[page * pb:(page + 1) * pb]] = leaf
             leaf.last_access = clock
-            self._new_device_leaf(leaf, device_pages[page:])  # _set_copy, specialised: every insert makes it
+            # _set_copy, specialised: every insert makes it. The caller's array itself when the leaf takes all of
+            # it (a committing request's fresh pages): no slice, no copy.
+            self._new_device_leaf(leaf, device_pages if page == first else device_pages[page - first:])
             adopted.append(leaf)
             node = leaf
         return TreeInsert(prefix_pages, node, adopted)
+
+    def _missing_prefix(self, key: RadixKey, first: int, page: int) -> InvariantViolation:
+        return InvariantViolation(f"insert of {len(key.data) // self._page_bytes} pages offered from page {first}: "
+                                  f"page {page} of the key has no device copy in the tree")
 
     def insert_host(self, key: RadixKey, start_page: int, host_pages: np.ndarray) -> HostInsert:
         """Attach prefetched pages [start_page, start_page + len(host_pages)) of `key` as one host-only leaf.
@@ -303,30 +323,33 @@ class RadixTree(BookKeeper):
     # --- internals: structure --------------------------------------------------------------------------------
 
     def _new_node(self, key: bytes, namespace: Namespace, parent: TreeNode) -> TreeNode:
-        node = TreeNode(self._next_id, owner_code(_NODE, self._next_id), key, namespace, parent, parent.share)
+        node = TreeNode(self._next_id, _NODE_BASE | self._next_id, key, namespace, parent, parent.share)
         self._next_id += 1
         if parent is not self.root:
             self.node_count += 1
             self._by_id[node.id] = node
         return node
 
-    def _descend(self, node: TreeNode, data: bytes, end: int) -> Iterator[TreeNode]:
-        """Walk down from `node` along data[:end] (whole pages), yielding each node matched in full; the last may
-        be the head of a node split where data diverges from it or ends inside it."""
+    def _descend(self, node: TreeNode, data: bytes, end: int) -> list[TreeNode]:
+        """Walk down from `node` along data[:end] (whole pages): the nodes matched in full, in path order; the last
+        may be the head of a node split where data diverges from it or ends inside it. A list, not a generator:
+        every caller walks the whole path, and resuming a generator per node costs more than the list."""
         pb = self._page_bytes
         pos = 0
+        path: list[TreeNode] = []
         while pos < end:
             child = node.children.get(data[pos:pos + pb])
             if child is None:
-                return
+                break
             klen = len(child.key)
             if not data.startswith(child.key, pos):  # compared in place: no copy of the slice
                 head = self._common_pages(child.key, data, pos, end)
                 child = self._split(child, head)
                 klen = head * pb
-            yield child
+            path.append(child)
             node = child
             pos += klen
+        return path
 
     def _common_pages(self, node_key: bytes, data: bytes, pos: int, end: int) -> int:
         """Whole pages shared by `node_key` and data[pos:end] (>= 1: the first page matched by the child lookup)."""

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
 from ..errors import InvalidInput
-from .keys import RadixKey
+from .keys import TOKEN_BYTES, RadixKey
 from .namespace import DEFAULT_NAMESPACE, Namespace
 
 
@@ -38,10 +39,15 @@ class Request:
         if ttl_s is not None and (isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float))
                                   or not 0 < ttl_s < math.inf):
             raise InvalidInput(f"ttl_s must be a number of seconds > 0 and finite, got {ttl_s!r}")
-        object.__setattr__(self, "rid", rid)
-        object.__setattr__(self, "key", RadixKey.of(tokens, namespace))
-        object.__setattr__(self, "output_len", output_len)
-        object.__setattr__(self, "ttl_s", ttl_s)
+        # Packed bytes (what an engine that keeps its keys hands over) need only their length checked: the rest of
+        # pack_tokens is a chain of type tests that costs as much as building the key.
+        key = (RadixKey(tokens, namespace) if type(tokens) is bytes and not len(tokens) % TOKEN_BYTES
+               else RadixKey.of(tokens, namespace))
+        # The slots' own setters: past the __setattr__ that refuses, without object.__setattr__'s lookup by name.
+        _SET_RID(self, rid)
+        _SET_KEY(self, key)
+        _SET_OUTPUT_LEN(self, output_len)
+        _SET_TTL_S(self, ttl_s)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Request is immutable")
@@ -61,3 +67,10 @@ class Request:
 
     def __repr__(self) -> str:
         return f"Request({self.rid!r}, {len(self)} tokens, {self.namespace!r})"
+
+
+# Request's slot setters (member descriptors' __set__), looked up once: __init__ fills the slots through them.
+_SET_RID: Any = Request.__dict__["rid"].__set__
+_SET_KEY: Any = Request.__dict__["key"].__set__
+_SET_OUTPUT_LEN: Any = Request.__dict__["output_len"].__set__
+_SET_TTL_S: Any = Request.__dict__["ttl_s"].__set__

@@ -7,6 +7,7 @@ Expected outcomes are values here — a full pool, a declined prefetch, a droppe
 from __future__ import annotations
 
 import enum
+import functools
 
 import msgspec
 import numpy as np
@@ -29,19 +30,48 @@ class AdmitStatus(str, enum.Enum):
     TOO_LARGE = "too_large"
 
 
-class Admission(msgspec.Struct):
-    """The result of `admit`: where the request's KV lives on the device."""
+class Admission(msgspec.Struct, dict=True):
+    """The result of `admit`: where the request's KV lives on the device.
+
+    Page-level: admission hands back the cache's own two runs of device pages, the cached prefix and the fresh
+    pages, and builds nothing per token. `pages` (both runs as one array) and the per-token `slots` (page_size
+    entries a page) are built the first time a caller reads them, then kept: an engine that addresses its KV by
+    page, or only needs the fresh pages, never pays for them. (`dict=True` gives the instance the room to keep
+    them; nothing else is stored there.)"""
 
     rid: str
     status: AdmitStatus
     cached_tokens: int = 0  # tokens whose KV was already on the device (after load-back), page-aligned
     loaded_back_tokens: int = 0  # of those, tokens loaded back from the host tier by this admit
     new_tokens: int = 0  # tokens the forward must compute
-    slots: np.ndarray = _EMPTY  # device slot index of every token of the request, in order
+    # Device pages of the cached prefix (cached_tokens / page_size of them, owned by tree nodes), then the pages
+    # allocated for the rest (the last may be partly used, owned by the request until commit). The cache's own
+    # arrays (the tree's and the ledger's record of those pages): read them, never write them.
+    cached_pages: np.ndarray = _EMPTY
+    fresh_pages: np.ndarray = _EMPTY
     # cached_tokens by the tier they came from (sum = cached_tokens); the same split as CacheStats.hits
     device_hit_tokens: int = 0  # on the device before this admit
     host_hit_tokens: int = 0  # loaded back from host copies that predate the request's prefetch
     storage_hit_tokens: int = 0  # fetched from L3 by the request's prefetch (then loaded back or spliced)
+    page_size: int = 1  # tokens per page of the device pool (`pages` to `slots`)
+
+    @functools.cached_property
+    def pages(self) -> np.ndarray:
+        """Device page of every page of the request, in order: `cached_pages` then `fresh_pages` (never write it:
+        without a cached prefix it is `fresh_pages` itself)."""
+        if not len(self.cached_pages):
+            return self.fresh_pages
+        return np.concatenate([self.cached_pages, self.fresh_pages])
+
+    @functools.cached_property
+    def slots(self) -> np.ndarray:
+        """Device slot index of every token of the request, in order (page p holds slots p * page_size ..
+        p * page_size + page_size - 1): built from `pages` on the first read, the same array after. At page size 1
+        the slots are `pages` (never write them)."""
+        n, ps, pages = self.cached_tokens + self.new_tokens, self.page_size, self.pages
+        if ps == 1:
+            return pages if len(pages) == n else pages[:n]
+        return (pages[:, None] * ps + np.arange(ps, dtype=np.int64)).reshape(-1)[:n]
 
 
 class CommitResult(msgspec.Struct):

@@ -206,19 +206,20 @@ class Replayer:
         """Check the cached pages (verify), then write the new tokens' KV as the engine's forward would."""
         cache, ps = self.cache, self.cache.page_size
         rows = cache.device_pool.pages
-        pages = adm.slots[::ps] // ps  # device page of every (possibly partial) page of the request
+        # the device pages of the cached prefix, then of the rest (the last possibly partial)
+        cached, fresh = adm.cached_pages, adm.fresh_pages
         hashes = page_hashes(cache.layout.layout_id, request.key, ps, cache.chain_key)
-        n_cached = adm.cached_tokens // ps
+        n_cached = len(cached)
         if self.verify and n_cached:
-            bad = self.kv.mismatches(rows, pages[:n_cached], hashes[:n_cached])
+            bad = self.kv.mismatches(rows, cached, hashes[:n_cached])
             tally.verified += adm.cached_tokens
             tally.mismatched += len(bad)
             for p in bad[: MAX_MISMATCH_EXAMPLES - len(tally.examples)].tolist():
                 tally.examples.append(VerifyMismatch(request.rid, p, request.namespace.info()))
         n_whole = len(hashes)
-        self.kv.write(rows, pages[n_cached:n_whole], hashes[n_cached:n_whole])
-        if n_whole < len(pages):
-            rows[int(pages[n_whole])] = _TAIL_FILL
+        self.kv.write(rows, fresh[:n_whole - n_cached], hashes[n_cached:n_whole])
+        if n_whole < n_cached + len(fresh):
+            rows[int(fresh[-1])] = _TAIL_FILL
 
 
 def replay(cache: TieredCache, trace: Iterable[TraceRequest], *, verify: bool = False, batch: int = 4,

@@ -59,6 +59,7 @@ def test_the_kvc_worker_does_the_workload_s_work(tmp_path):
     assert all(sorted(order) == list(range(24)) for order in header["orders"])
 
     asks = [{"case": case, "page_size": ps} for case in ("tree", "admit") for ps in (1, 16)]
+    asks += [{"case": "admit", "page_size": ps, "options": {"tokens": "native"}} for ps in (1, 16)]
     asks += [{"case": "serve", "page_size": 16}, {"case": "serve", "page_size": 16, "options": {"tokens": "native"}}]
     result = run("--worker", "kvc", "--workload", str(workload), stdin="".join(json.dumps(a) + "\n" for a in asks))
     assert result.returncode == 0, result.stderr
@@ -70,7 +71,8 @@ def test_the_kvc_worker_does_the_workload_s_work(tmp_path):
     for ps in (1, 16):
         tree = doc[f"tree_p{ps}"]
         assert tree["match_hits"] == tree["match_prebuilt_hits"] == 24 * 64
-        for wall, cpu in (tree["insert"], tree["match"], tree["match_prebuilt"], doc[f"admit_p{ps}"]["admit_commit"]):
+        for wall, cpu in (tree["insert"], tree["match"], tree["match_prebuilt"], doc[f"admit_p{ps}"]["admit_commit"],
+                          doc[f"admit_native_p{ps}"]["admit_commit"]):
             assert wall > 0 and cpu > 0  # [wall-clock, CPU] seconds
     serve = doc["serve_p16"]
     assert serve["requests"] == 48 and serve["device_slots"] == header["serve"]["16"]["device_tokens"]

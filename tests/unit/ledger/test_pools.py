@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from kvcache import DoubleFree, OwnershipError
+from kvcache import DoubleFree, InvalidInput, OwnershipError
 from kvcache.types.owners import FREE_CODE, OwnerKind, owner_code
 from kvcache.ledger.pools import SlotPool
 
@@ -155,3 +155,61 @@ def test_every_ledger_move_validates_its_arguments_before_any_change(ledger):
         assert unchanged()
     p.disperse(a, REQ, [(1, NODE), (3, FREE_CODE)])  # a valid one still goes through
     assert p.free_pages == 7
+
+
+def test_an_alloc_off_the_untouched_stack_is_a_run_written_once_by_the_move_that_takes_its_proof():
+    # A fresh pool's stack holds each page at its own index: an alloc takes the run below the top, and its owners
+    # are written once, by the move that takes the proof back. Until then the ledger's own entries still read FREE,
+    # and every reader (owners, ledger_codes, a full check) sees the run's owner.
+    p = pool(pages=16)
+    a = p.alloc(4, REQ)
+    assert a.tolist() == [12, 13, 14, 15] and a.dtype == np.int64
+    assert (p._owner[12:16] == FREE_CODE).all()  # not written yet: one write, by the next move
+    assert (p.owners(a) == REQ).all()  # a reader writes it first
+    b = p.alloc(2, REQ)
+    p.transfer(b, REQ, NODE)  # proven: written once, with NODE
+    assert (p._owner[10:12] == NODE).all() and (p.ledger_codes()[10:12] == NODE).all()
+    c = p.alloc(3, NODE2)
+    with pytest.raises(OwnershipError):  # another owner naming the run's pages: the full check sees NODE2
+        p.transfer(c[:1].copy(), REQ, NODE)
+    assert p.owners(c).tolist() == [NODE2] * 3
+
+
+def test_an_unwritten_run_is_written_before_its_owner_allocs_again_or_its_proof_fails():
+    p = pool(pages=16)
+    a = p.alloc(3, REQ)
+    p.alloc(2, REQ)  # a's proof is gone; its run must be in the ledger now
+    assert (p._owner[13:16] == REQ).all()
+    with pytest.raises(OwnershipError):
+        p.free(a, NODE)  # the full check reads a's owner from the ledger
+    b = p.alloc(2, NODE2)
+    b[0] = a[0]  # a stale proof: the run is written, then the full check refuses the move
+    with pytest.raises(OwnershipError):
+        p.transfer(b, NODE2, NODE)
+    assert p.owners(np.array([9, 10])).tolist() == [NODE2, NODE2] and (p.owners(a) == REQ).all()
+    assert p.ledger_codes().tolist().count(FREE_CODE) == 16 - 7
+
+
+def test_a_push_on_the_free_stack_ends_the_run_and_later_allocs_copy_the_stack():
+    p = pool(pages=16)
+    a = p.alloc(4, REQ)
+    p.free(a[::-1].copy(), REQ)  # pushed in another order: the top of the stack no longer holds page i at i
+    assert p._run_end == 12
+    b = p.alloc(4, NODE)
+    assert b.tolist() == [15, 14, 13, 12]  # off the stack, as pushed
+    assert (p.owners(b) == NODE).all()
+    c = p.alloc(4, NODE2)  # below the push: still a run
+    assert c.tolist() == [8, 9, 10, 11] and (p.owners(c) == NODE2).all()
+    p.disperse(c, NODE2, [(1, FREE_CODE), (4, REQ)])  # a proven run's parts: slices of its run
+    assert p.owners(c).tolist() == [FREE_CODE, REQ, REQ, REQ] and p._run_end == 8
+
+
+def test_disperse_parts_past_the_holding_raise_and_leave_the_neighbours_of_a_run_alone():
+    p = pool(pages=16)
+    high = p.alloc(4, NODE)  # pages 12..15: the run's neighbours just above
+    p.transfer(high, NODE, NODE2)
+    a = p.alloc(4, REQ)
+    assert a.tolist() == [8, 9, 10, 11]
+    with pytest.raises(InvalidInput):  # parts to 8 of a holding of 4: a slice of the run would reach pages 12..15
+        p.disperse(a, REQ, [(2, NODE), (8, NODE)])
+    assert (p.owners(a) == REQ).all() and (p.owners(high) == NODE2).all() and p.free_pages == 8

@@ -5,7 +5,7 @@ import pytest
 from factories import page_range as pages
 from factories import tree_key
 
-from kvcache import InvariantViolation, Namespace
+from kvcache import InvalidInput, InvariantViolation, Namespace
 from kvcache.tree import RadixTree, Tier
 from kvcache.types.keys import page_hashes
 
@@ -228,3 +228,32 @@ def test_check_finds_a_tier_class_count_that_drifted():
 def test_tier_is_one_value_wherever_it_is_imported_from():
     from kvcache.types.tier import Tier as FromTypes
     assert FromTypes is Tier and Tier.DEVICE.value == "device" and Tier.HOST.value == "host"
+
+
+def test_an_insert_from_page_first_takes_only_the_pages_after_the_prefix_the_tree_holds():
+    # What a commit does: its cached prefix is in the tree (its lock kept it), so it offers its fresh pages alone.
+    t = RadixTree(2)
+    t.insert(key(range(8)), pages(0, 4))
+    fresh = pages(10, 3)
+    ins = t.insert(key(list(range(8)) + [50, 51, 52, 53, 54, 55]), fresh, first=4)
+    assert ins.prefix_pages == 4 and len(ins.adopted) == 1
+    assert ins.adopted[0].device is fresh  # the new leaf took the caller's array itself: no slice, no copy
+    m = t.match_prefix(key(list(range(8)) + [50, 51, 52, 53, 54, 55]))
+    assert m.device_pages.tolist() == [0, 1, 2, 3, 10, 11, 12]
+    # pages the tree holds past `first` are duplicates, and the leaf takes the caller's pages after them
+    again = pages(20, 5)
+    ins = t.insert(key(list(range(8)) + [50, 51, 52, 53, 54, 55, 60, 61]), again, first=3)
+    assert ins.prefix_pages == 7 and ins.adopted[0].device.tolist() == [24]
+    t.check()
+
+
+def test_an_insert_from_page_first_whose_prefix_the_tree_lacks_raises_and_takes_nothing():
+    t = RadixTree(2)
+    t.insert(key(range(4)), pages(0, 2))
+    before = sorted(n.id for n in t.nodes())
+    with pytest.raises(InvariantViolation, match="no device copy"):
+        t.insert(key(range(12)), pages(10, 2), first=4)  # pages 2 and 3 of the key are not in the tree
+    assert sorted(n.id for n in t.nodes()) == before and t.device_evictable == 2
+    with pytest.raises(InvalidInput):  # pages offered do not cover the key from `first`
+        t.insert(key(range(12)), pages(10, 3), first=4)
+    t.check()
