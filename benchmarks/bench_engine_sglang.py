@@ -33,7 +33,7 @@ beside it; get (which durability does not touch) on the `v1` row, the interface 
 Geometry: float16 KV; page sizes 16 and 64 tokens, sized so one page is 64 KiB (the acceptance case: set >= 5x and
 get >= 1.5x file's throughput), and 1 MiB pages for reference.
 
-Run: ``KVC_PEER_PYTHON=.peer-venv/bin/python python benchmarks/bench_engine_sglang.py [--rounds 7] [--pages 512]
+Run: ``KVC_PEER_PYTHON=.peer-venv/bin/python python benchmarks/bench_engine_sglang.py [--rounds 11] [--pages 512]
 [--no-write]``.
 """
 
@@ -237,7 +237,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--peer-python", default=os.environ.get("KVC_PEER_PYTHON"),
                         help="SGLang's interpreter, with kvc installed (default: $KVC_PEER_PYTHON)")
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds per geometry (medians over them)")
+    parser.add_argument("--rounds", type=int, default=11,
+                        help="interleaved rounds per geometry (medians over them; 7 swung a ratio by 2x on a loaded machine)")
     parser.add_argument("--pages", type=int, default=512, help="pages per backend per round (batches of 128)")
     parser.add_argument("--no-write", action="store_true", help="print the figures, leave BENCHMARKS.md alone")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: the scratch dir, run in the peer
