@@ -19,16 +19,20 @@ SGLang's batches of 128 pages, timed over all batches:
           `set_from_flat_data_page` into the host pool); v1: `batch_get_v1` (straight into the host pool)
 then, untimed, each backend's `clear` (SGLang's flush), so that what is written stays about one round's pages: the
 page cache never fills with dirty pages, and the disk's writeback (the same for both) does not pace the writes.
+This is the steady state of a full L3 under eviction: kvc's LMDB reuses the pages it freed (overwriting its file),
+`file` deletes files and creates new ones. A store that only grows (a cold L3 filling up) is slower to write for
+both: LMDB extends its file (measured: a 512-page set took 33 ms into a new store, 76 ms once it held 2,048 pages),
+`file` grows its directory.
 Every get is checked byte for byte against what was set. SGLang's `file` backend has only the generic interface
 (its controller never uses v1 for it): both kvc interfaces are compared with it. Rounds are interleaved, the
 backend going first alternating; figures are medians over rounds, ratios are kvc's throughput over file's
 (the ratio of the median times). Both backends write under one scratch directory (one filesystem).
 
 Durability: `file` writes each page to a temp file and renames it, never fsyncing; kvc's default syncs each batch's
-commit. The acceptance compares equal durability: set is judged on the `v1-nosync` row (durability "none": LMDB's
-commits unsynced, crash-safe against a killed process, not against a power loss), with the default's figure
-beside it; get (which durability does not touch) on the `v1` row, the interface SGLang's controller uses for kvc
-(`interface_v1`).
+commit. The acceptance compares one kvc configuration at equal durability: the `v1-nosync` row (durability "none":
+LMDB's commits unsynced, crash-safe against a killed process, not against a power loss; through `batch_*_v1`, the
+interface SGLang's controller uses for kvc), with the default durability's set beside it. Durability does not
+touch the read path: the `v1` and `v1-nosync` gets run the same code, and differ only by the machine's noise.
 
 Geometry: float16 KV; page sizes 16 and 64 tokens, sized so one page is 64 KiB (the acceptance case: set >= 5x and
 get >= 1.5x file's throughput), and 1 MiB pages for reference.
@@ -207,9 +211,9 @@ def report(result: dict) -> tuple[str, dict[str, float]]:
                            f"{result['pages'] / med[side][o]:.0f} / {result['pages'] / med['file/generic'][o]:.0f} "
                            f"pages/s = **{ratio:.2f}x**")
             rows.append(row)
-    # the acceptance: set at equal durability (v1-nosync: `file` never fsyncs), get through v1 (see the docstring)
+    # the acceptance: kvc at equal durability (v1-nosync: `file` never fsyncs; see the docstring)
     accept = [(k, v) for k, v in ratios.items()
-              if "64KiB" in k and (k.startswith("set_") and "[v1-nosync," in k or k.startswith("get_") and "[v1," in k)]
+              if "64KiB" in k and "[v1-nosync," in k and k.split("_")[0] in ("set", "get")]
     synced = [(k, v) for k, v in ratios.items() if "64KiB" in k and k.startswith("set_") and "[v1," in k]
     verdict = all(v >= (5.0 if k.startswith("set") else 1.5) for k, v in accept)
     body = [
@@ -219,9 +223,11 @@ def report(result: dict) -> tuple[str, dict[str, float]]:
         f"float16); {result['pages']} pages per round in batches of {BATCH}, {result['rounds']} interleaved rounds, "
         f"medians; kvc on LMDB with its default durability (each batch's commit synced), and `v1-nosync` with "
         f"`kvc_store_options` `{{\"durability\": \"none\"}}`; `file` writes a temp file per page and renames "
-        f"it, without fsync; both under one scratch directory. Each cell: kvc / file throughput = ratio (kvc's "
-        f"over file's; file has only the generic interface). The acceptance compares equal durability: set on "
-        f"`v1-nosync`, get on `v1` (the interface SGLang's controller uses for kvc). {_report.machine()}; 1-minute load average "
+        f"it, without fsync; both under one scratch directory, emptied (`clear`, untimed) after each backend's "
+        f"round: the steady state of a full L3 under eviction. Each cell: kvc / file throughput = ratio (kvc's "
+        f"over file's; file has only the generic interface). The acceptance is judged on `v1-nosync` (kvc at file's "
+        f"durability, through the interface SGLang's controller uses for kvc); durability does not touch reads. "
+        f"{_report.machine()}; 1-minute load average "
         f"{result['load'][0]} before, {result['load'][1]} after.",
         "",
         _report.table(["page tokens", "page", "kvc interface", "set", "exists", "get"], rows),
