@@ -1,5 +1,6 @@
-"""SGLang's host KV pools as kvc sees them: the `KVLayout` of the pages they hold, and each page as a segment list
-of views into the pool's own memory (what the store copies to and from, with no bounce buffer).
+"""SGLang's host KV pools as kvc sees them: the `KVLayout` of the pages they hold, and each page as one strided view
+into the pool's own memory (K's rows then V's, `kv_buffer[:, :, start:end]` for `layer_first`), or a segment list
+where the pool's buffers are not one (what the store copies to and from, with no bounce buffer).
 
 SGLang (0.5.23) keeps the host tier in one of a few buffer layouts (`HostKVCache.layout`); a page is the
 `page_size` tokens starting at a page-aligned host index. The bytes of a page, as kvc stores them, are those of
@@ -72,8 +73,8 @@ def _byte_rows(tensor: Any, rows: int, what: str) -> np.ndarray:
 
 
 class HostPages:
-    """The pages of one registered SGLang host pool: its `KVLayout` and, per page, the segment list of views into
-    the pool's memory that the store reads into or writes from. Immutable after construction; `segments` may be
+    """The pages of one registered SGLang host pool: its `KVLayout` and, per page, the view into the pool's memory
+    that the store reads into or writes from (one strided array, or a segment list). Immutable after construction; `segments` may be
     called from any thread (it only slices)."""
 
     def __init__(self, pool: Any, model: str, mla: bool, shard: Shard | None) -> None:
@@ -108,6 +109,16 @@ class HostPages:
                 side.shape[1] != stride * self.tokens for side, stride in zip(self._sides, self._strides, strict=True)):
             raise EngineUnsupported(ENGINE, f"a {layout_name} host pool whose buffers do not hold "
                                             f"{self.layout.bytes_per_page} bytes per page of {self.layout.describe()}")
+        self._whole = _whole(pool, self._sides, mla)
+        self._stride = self._strides[0]  # bytes of one token in one row (the same in every side when _whole is set)
+
+    def page(self, start: int) -> Any:
+        """The page starting at host slot `start` as the store copies it: one view into the pool (all its rows,
+        K's then V's, in the page's byte order; the store copies it with one np.copyto) when the pool's sides
+        are one buffer, else `segments`."""
+        if self._whole is None:
+            return self.segments(start)
+        return self._whole[:, :, start * self._stride:(start + self.page_size) * self._stride]
 
     def page_starts(self, host_indices: Any, pages: int) -> list[int] | None:
         """The first host slot of each of `pages` pages named by SGLang's `host_indices` (one slot per token, a
@@ -129,6 +140,25 @@ class HostPages:
         return [side[row, start * stride:end * stride]
                 for side, stride in zip(self._sides, self._strides, strict=True) for row in range(side.shape[0])]
 
-    def pages(self, starts: Sequence[int]) -> list[list[np.ndarray]]:
-        """`segments` of each start."""
-        return [self.segments(s) for s in starts]
+    def pages(self, starts: Sequence[int]) -> list[Any]:
+        """`page` of each start."""
+        whole = self._whole
+        if whole is None:
+            return [self.segments(s) for s in starts]
+        stride, span = self._stride, self.page_size * self._stride
+        return [whole[:, :, s * stride:s * stride + span] for s in starts]
+
+
+def _whole(pool: Any, sides: list[np.ndarray], mla: bool) -> np.ndarray | None:
+    """The pool's sides (each (rows, bytes)) as one (sides, rows, bytes) uint8 array sharing their memory, when
+    they are one buffer: MLA's latent, or SGLang's `kv_buffer` whose [0] and [1] are K and V (every MHA host pool
+    of SGLang 0.5.23). None otherwise (the pages are then segment lists)."""
+    if mla:
+        return sides[0][None]
+    k, v = sides
+    buffer = getattr(pool, "kv_buffer", None)
+    if buffer is None or k.shape != v.shape or not buffer.is_contiguous() or buffer.device.type != "cpu":
+        return None
+    whole = _byte_rows(buffer, 2 * k.shape[0], "KV").reshape(2, *k.shape)
+    same = whole[0].ctypes.data == k.ctypes.data and whole[1].ctypes.data == v.ctypes.data
+    return whole if same else None

@@ -3,11 +3,16 @@ LayoutMismatch), and the conversions of callers' page buffers to flat byte views
 
 A page is one buffer or a list/tuple of buffers (segments: an engine's host page split across layers, or K and
 V): the checks return a flat `memoryview` for the first and `Segments` for the second, and a backend's copy loop
-tells them apart by type (`type(view) is memoryview`, the common case first).
+tells them apart by type (`type(view) is memoryview`, the common case first). One numpy array (or CPU tensor) that
+is not contiguous but whose innermost axis is (an engine's host page viewed in place: its rows spread over the
+pool's layers, K then V) is one page too, its bytes the array's in C order: the checks return it as `Strided`,
+which a backend copies as it copies `Segments` (`fill`/`gather`, one `np.copyto` each) and sums over its
+contiguous runs (`views`). An array strided in its innermost axis (bytes scattered one by one) is refused.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,7 +60,59 @@ class Segments:
         return b"".join(self.views)
 
 
-PageView = memoryview | Segments  # one page as the checks return it: a flat byte view, or its segments
+class Strided:
+    """One page given as one non-contiguous array whose innermost axis is contiguous (an engine's host page viewed
+    in place, e.g. SGLang's `kv_buffer[:, :, start:end]`): the page's bytes are the array's in C order. The same
+    interface as `Segments` (`fill`, `gather`, `views`, `nbytes`, `tobytes`), so every backend copies it unchanged,
+    but each copy is one `np.copyto` instead of a Python step per segment."""
+
+    __slots__ = ("array", "nbytes")
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array  # a uint8 view of the caller's memory; its last axis contiguous, at least 2 axes
+        self.nbytes = array.size  # the page's size in bytes
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def fill(self, src: Any) -> None:
+        """Copy `src` (a flat byte view of `nbytes`) into the array, in C order: a read's copy out."""
+        np.copyto(self.array, np.frombuffer(src, np.uint8).reshape(self.array.shape))
+
+    def gather(self, dst: Any) -> None:
+        """Copy the array, in C order, into `dst` (a flat writable byte view of `nbytes`): a write's copy in."""
+        np.copyto(np.frombuffer(dst, np.uint8).reshape(self.array.shape), self.array)
+
+    @property
+    def views(self) -> list[np.ndarray]:
+        """The page's contiguous runs, in page order: what a checksum streams over (`Checksum.of_parts`), so a
+        read sums exactly the bytes the caller's memory now holds."""
+        array = self.array
+        lead = array.ndim - _trailing_axes(array)  # the axes that index runs; the others make up one run
+        try:  # the runs as the rows of one 2-D view (no copy: numpy refuses when the leading axes do not merge)
+            return list(array.reshape(-1, math.prod(array.shape[lead:]), copy=False))
+        except ValueError:
+            return [array[i].reshape(-1) for i in np.ndindex(array.shape[:lead])]
+
+    def tobytes(self) -> bytes:
+        """The page's bytes in one value (a backend that sends a page as one value)."""
+        return self.array.tobytes()
+
+
+def _trailing_axes(array: np.ndarray) -> int:
+    """How many trailing axes of a uint8 array are laid out back to back (at least 1: its last axis, which the
+    caller checked contiguous)."""
+    expect, axes = 1, 0
+    for size, stride in zip(reversed(array.shape), reversed(array.strides), strict=True):
+        if size != 1 and stride != expect:
+            break
+        expect *= size
+        axes += 1
+    return max(axes, 1)
+
+
+PageView = memoryview | Segments | Strided  # one page as the checks return it: a flat byte view, its segments,
+#                                             or one strided array
 _SEGMENTED = (list, tuple)  # a page given as these is a list of segments; any other object is one buffer
 
 
@@ -71,7 +128,8 @@ def check_page_hashes(hashes: Sequence[bytes]) -> None:
 def out_views_for(hashes: Sequence[bytes], out_views: Sequence[Any], layout: KVLayout | None = None
                   ) -> list[PageView]:
     """`get_into`'s argument checks, the same for every backend: valid page hashes and, per hash, one writable
-    byte view or a list of them (segments, returned as `Segments`), of a page's size under `layout` when the
+    byte view, a list of them (segments, returned as `Segments`) or one array contiguous in its innermost axis
+    only (returned as `Strided`), of a page's size under `layout` when the
     handle has one (InvalidInput otherwise). Returns those views."""
     if len(out_views) < len(hashes):
         raise InvalidInput(f"get_into needs one out view per page hash: {len(out_views)} views, {len(hashes)} hashes")
@@ -80,8 +138,8 @@ def out_views_for(hashes: Sequence[bytes], out_views: Sequence[Any], layout: KVL
     outs: list[PageView]
     try:
         outs = [byte_view(v) for v in views]  # the common case: one buffer per page (a list is refused here)
-    except TypeError:
-        outs = [_segments(v, byte_view) if type(v) in _SEGMENTED else _one(v, byte_view) for v in views]
+    except (TypeError, InvalidInput):  # segments, strided arrays, or a bad view (refused again below)
+        outs = [_segments(v, byte_view) if type(v) in _SEGMENTED else _one(v, page_view) for v in views]
     if layout is not None:
         want = layout.bytes_per_page  # a property: computed once, not per view
         if any(len(out) != want for out in outs):
@@ -92,8 +150,8 @@ def out_views_for(hashes: Sequence[bytes], out_views: Sequence[Any], layout: KVL
 
 def put_views(layout: KVLayout | None, hashes: Sequence[bytes], pages: Sequence[Any],
               origins: Sequence[PageOrigin], chain_key: bytes | None = None) -> list[PageView]:
-    """`put`'s argument checks, the same for every backend: a handle with a layout, one page (a buffer, or a list
-    of segments: returned as `Segments`) and one origin per valid page hash, each page of the layout's size, and
+    """`put`'s argument checks, the same for every backend: a handle with a layout, one page (a buffer, a list of
+    segments: returned as `Segments`, or an array contiguous in its innermost axis only: `Strided`) and one origin per valid page hash, each page of the layout's size, and
     each hash what its origin names: H(parent || tokens) for a token page, `engine_page_hash` of its key under
     its namespace root (keyed by `chain_key`, the store's) for an engine page; and no token page whose parent in
     the same batch is in another namespace (InvalidInput otherwise). Returns the pages' bytes."""
@@ -107,7 +165,7 @@ def put_views(layout: KVLayout | None, hashes: Sequence[bytes], pages: Sequence[
     views: list[PageView] = []
     engine_roots: dict[bytes, bytes] = {}  # namespace id -> its root under `layout`, for engine pages
     for h, page, origin in zip(hashes, pages, origins, strict=True):
-        mv = page_bytes(page) if type(page) not in _SEGMENTED else _segments(page, page_bytes)
+        mv = page_source(page) if type(page) not in _SEGMENTED else _segments(page, page_bytes)
         if len(mv) != nbytes:
             raise InvalidInput(f"page {h.hex()} has {len(mv)} bytes, layout {layout.describe()} needs {nbytes}")
         if origin.key:
@@ -173,7 +231,7 @@ def namespace_root(namespace: Namespace, layout: KVLayout | None, chain_key: byt
 def byte_view(view: Any) -> memoryview:
     """For backends' `get_into`: a flat writable byte memoryview of a caller's page buffer (numpy array, CPU
     torch tensor, bytearray). numpy views are the fast path (a torch tensor costs a `.numpy()` call per view:
-    pass `tensor.numpy()` rows)."""
+    pass `tensor.numpy()` rows). A non-contiguous array is refused here (`page_view` takes it whole)."""
     if type(view) is not np.ndarray and hasattr(view, "numpy") and hasattr(view, "device"):
         if view.device.type != "cpu":
             raise InvalidInput(f"page views must be in host memory, got a tensor on {view.device}")
@@ -184,6 +242,32 @@ def byte_view(view: Any) -> memoryview:
     if not mv.c_contiguous:
         raise InvalidInput("page views must be contiguous (one page is one span)")
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+
+
+def page_view(view: Any) -> memoryview | Strided:
+    """For backends' `get_into`: `byte_view` of one page buffer, or, for a writable array (or CPU tensor) that is
+    not contiguous but whose innermost axis is, that array as `Strided` (InvalidInput for a page strided in its
+    innermost axis)."""
+    strided = _strided(view)
+    if strided is None:
+        return byte_view(view)
+    if not strided.array.flags.writeable:
+        raise InvalidInput("page views must be writable")
+    return strided
+
+
+def _strided(page: Any) -> Strided | None:
+    """A non-contiguous numpy array or CPU tensor whose innermost axis is contiguous, as `Strided` over a uint8
+    view of its memory; None for anything else (contiguous, a scattered innermost axis, not an array, on a
+    device), which the contiguous path takes or refuses."""
+    if type(page) is not np.ndarray:
+        if not (hasattr(page, "numpy") and hasattr(page, "device") and hasattr(page, "is_contiguous")) or (
+                page.device.type != "cpu" or page.is_contiguous()):
+            return None
+        page = page.detach().numpy()
+    if page.ndim < 2 or page.flags.c_contiguous or page.strides[-1] != page.itemsize:
+        return None
+    return Strided(page.view(np.uint8))
 
 
 def _segments(page: Any, view: Any) -> Segments | memoryview:
@@ -213,3 +297,10 @@ def page_bytes(page: Any) -> memoryview:
     if not mv.c_contiguous:
         raise InvalidInput("pages must be contiguous (one page is one span)")
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+
+
+def page_source(page: Any) -> memoryview | Strided:
+    """For backends' `put`: `page_bytes` of one page, or, for an array (or CPU tensor) that is not contiguous but
+    whose innermost axis is, that array as `Strided` (InvalidInput for a page strided in its innermost axis)."""
+    strided = _strided(page)
+    return page_bytes(page) if strided is None else strided

@@ -12,6 +12,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from read_only_user import NO_CAPS, read_only_store
@@ -526,3 +527,53 @@ def test_a_new_host_pool_rebinds_the_store_to_its_layout(tmp_path):
     assert backend.batch_exists(keys("small", 1)) == 0  # a page of the other layout is never read as this one
     assert backend.batch_set_v1(keys("large", 1), slots(large, [0])) == [True]
     assert {layout.page_size for layout in backend.store.layouts()} == {4, 16}
+
+
+# -- how a page is handed to the store ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", sorted(POOL_FORMS))
+@pytest.mark.parametrize("mla", [False, True])
+def test_each_page_is_one_view_into_the_pools_own_memory(layout, mla):
+    pool = FakeMLAHostPool(layout, 4) if mla else mha(layout, 4)
+    fill(pool, 3)
+    pages = HostPages(pool, "m", mla, None)
+    memory = pool.kv_buffer.view(torch.uint8).numpy()
+    for p in (0, 5):
+        view = pages.page(p * 4)
+        # one array sharing the pool's memory (the store copies it with one np.copyto), not a list of segments
+        assert isinstance(view, np.ndarray) and np.shares_memory(view, memory)
+        assert view.tobytes() == page(pool, p)
+    assert [v.tobytes() for v in pages.pages([8, 0])] == [page(pool, 2), page(pool, 0)]
+
+
+class SplitKVPool(FakeMHAHostPool):
+    """An MHA host pool whose K and V are two buffers of their own, not the halves of `kv_buffer`."""
+
+    def __init__(self, layout: str, page_size: int) -> None:
+        super().__init__(layout, page_size)
+        self.k, self.v = self.kv_buffer[0].clone(), self.kv_buffer[1].clone()
+
+    @property
+    def k_buffer(self) -> torch.Tensor:
+        return self.k
+
+    @property
+    def v_buffer(self) -> torch.Tensor:
+        return self.v
+
+
+@pytest.mark.parametrize("layout", sorted(POOL_FORMS))
+def test_a_pool_whose_k_and_v_are_separate_buffers_is_copied_as_segments_of_each(tmp_path, layout):
+    src, dst = SplitKVPool(layout, 4), SplitKVPool(layout, 4)
+    gen = torch.Generator().manual_seed(5)
+    for t in (src.k, src.v):
+        t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
+    assert type(HostPages(src, "m", False, None).page(4)) is list  # segments: K's rows, then V's
+    writer, reader = storage(str(tmp_path / "l3"), src), storage(str(tmp_path / "l3"), dst)
+    ks = keys("split", 3)
+    assert writer.batch_set_v1(ks, slots(src, [1, 2, 3])) == [True] * 3
+    assert reader.batch_get_v1(ks, slots(dst, [1, 2, 3])) == [True] * 3
+    src_pages, dst_pages = HostPages(src, "m", False, None), HostPages(dst, "m", False, None)
+    for p in (1, 2, 3):  # each page read back from src's own K and V buffers (kv_buffer stays zero in both)
+        assert b"".join(s.tobytes() for s in dst_pages.segments(p * 4)) == \
+            b"".join(s.tobytes() for s in src_pages.segments(p * 4)) != bytes(src_pages.layout.bytes_per_page)

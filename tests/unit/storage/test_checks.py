@@ -92,3 +92,61 @@ def test_an_engine_pages_parent_in_another_namespace_is_no_error_a_token_pages_i
                                                                                 pack_tokens(range(2, 4)))], CHAIN_KEY)
     assert t_hashes  # token pages of the namespace itself pass
     assert len(put_views(LAYOUT, t_hashes, pages, t_origins, CHAIN_KEY)) == 2
+
+
+# --- pages as one strided array (an engine's host page viewed in place) ----------------------------------------
+
+from kvcache.storage.checks import Strided  # noqa: E402
+from kvcache.storage.codec import CHECKSUMS, DEFAULT_CHECKSUM  # noqa: E402
+
+
+def host_pool() -> np.ndarray:
+    """A layer_first-like host pool of LAYOUT's pages: [K/V, layers, 4 pages' rows, row bytes]; page p is
+    pool[:, :, 2p:2p+2] (its 2 tokens), 4 runs of 32 bytes spread over the pool."""
+    return np.arange(2 * 2 * 8 * 16, dtype=np.uint16).astype(np.uint8).reshape(2, 2, 8, 16)
+
+
+def test_a_non_contiguous_array_is_one_page_of_its_bytes_in_c_order():
+    pool = host_pool()
+    page = pool[:, :, 2:4]  # not contiguous: 4 runs of 2 tokens x 16 bytes
+    [out] = out_views_for([bytes(16)], [page], LAYOUT)
+    assert isinstance(out, Strided) and len(out) == out.nbytes == NBYTES
+    want = page.tobytes()  # the page's bytes: the array's, in C order
+    assert out.tobytes() == want and b"".join(bytes(v) for v in out.views) == want and len(out.views) == 4
+    back = bytearray(NBYTES)
+    out.gather(memoryview(back))
+    assert bytes(back) == want
+    out.fill(memoryview(bytes(range(NBYTES))))
+    assert page.tobytes() == bytes(range(NBYTES)) and pool[:, :, :2].tobytes() == host_pool()[:, :, :2].tobytes()
+    checksum = CHECKSUMS[DEFAULT_CHECKSUM]  # summed over the runs = summed over the page's bytes
+    assert checksum.of_parts(out.views, bytes(16)) == checksum.of(bytes(range(NBYTES)), bytes(16))
+    # a torch CPU tensor view is taken the same way, and so is a write's page
+    import torch
+
+    t_out = out_views_for([bytes(16)], [torch.from_numpy(pool)[:, :, 4:6]], LAYOUT)[0]
+    assert isinstance(t_out, Strided) and t_out.tobytes() == pool[:, :, 4:6].tobytes()
+    hashes, origins = engine_origins(LAYOUT, NS, CHAIN_KEY, [b"k" * 32])
+    [src] = put_views(LAYOUT, hashes, [pool[:, :, 6:8]], origins, CHAIN_KEY)
+    assert isinstance(src, Strided) and src.tobytes() == pool[:, :, 6:8].tobytes()
+
+
+def test_runs_that_do_not_merge_into_rows_are_still_summed_in_page_order():
+    base = np.arange(4 * 3 * 40, dtype=np.uint8).reshape(4, 3, 40)
+    page = base[::2, 1:, 4:36]  # leading axes that cannot be viewed as one: 2 x 2 runs of 32 bytes
+    hashes, origins = engine_origins(LAYOUT, NS, CHAIN_KEY, [b"r" * 32])
+    [strided] = put_views(LAYOUT, hashes, [page], origins, CHAIN_KEY)
+    assert isinstance(strided, Strided) and len(strided.views) == 4
+    assert b"".join(bytes(v) for v in strided.views) == page.tobytes()
+
+
+@pytest.mark.parametrize("bad", ["scattered", "readonly", "short"])
+def test_a_strided_page_that_is_not_a_writable_page_of_rows_is_refused(bad):
+    pool = host_pool()
+    views = {"scattered": np.zeros((NBYTES, 2), np.uint8)[:, 0].reshape(8, 16),  # strided in its last axis
+             "short": pool[:, :, 2:3]}
+    if bad == "readonly":
+        pool.flags.writeable = False
+        views["readonly"] = pool[:, :, 2:4]
+    with pytest.raises(InvalidInput, match={"scattered": "contiguous", "readonly": "writable",
+                                            "short": "out views of"}[bad]):
+        out_views_for([bytes(16)], [views[bad]], LAYOUT)
