@@ -14,7 +14,9 @@ Rules every backend keeps (tests/conformance checks them for each registered bac
 - `exists_prefix` and `get_into` count consecutive pages from the start of the batch and stop at the first gap.
 - A page given to `put` or read by `get_into` is one byte buffer or a list/tuple of buffers (segments) whose
   lengths add up to a page: the page's bytes are the segments in order (an engine's host page is split across
-  its layers or K and V). A read verifies the checksum of exactly what it copied into the segments.
+  its layers or K and V), or one numpy array / CPU tensor that is contiguous in its innermost axis only (a page
+  strided through an engine's host pool): its bytes in C order, copied in one `np.copyto` each way. A read
+  verifies the checksum of exactly what it copied into the segments or the array.
 - A token page hangs from its namespace root or a stored page of its namespace (an earlier page of the batch
   counts); a batch with any other is refused whole. An engine page's parent is recorded when it is known (a
   stored engine page of its namespace and layout, or one earlier in the batch) and never required: under an

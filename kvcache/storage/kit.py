@@ -63,6 +63,7 @@ from .chain import ChainRoots, chain_key_of
 from .checks import (
     PageView,
     Segments,
+    Strided,
     byte_view,
     check_page_hashes,
     layout_to_register,
@@ -117,7 +118,7 @@ __all__ = [
     "ServeRecord", "DropRecord", "DROPS_KEPT",
     # the argument checks every backend shares (checks)
     "check_page_hashes", "out_views_for", "put_views", "layout_to_register", "namespace_root", "byte_view",
-    "page_bytes", "Segments", "PageView",
+    "page_bytes", "Segments", "Strided", "PageView",
     # the stored page value, checksums, the format record, record codecs (codec)
     "FORMAT_MAGIC", "FORMAT_VERSION", "CHECKSUM_FIELD", "HEADER", "Checksum", "CHECKSUMS", "DEFAULT_CHECKSUM",
     "StoreFormat", "stored_checksum", "encoder", "decode_meta", "decode_namespace", "decode_layout", "decode_format",
