@@ -59,6 +59,7 @@ import msgspec
 from ..errors import EngineUnsupported, InvalidInput, StoreAccessDenied
 from ..storage.api import L3Store, PageOutcome, StoreCounters, engine_hashes, engine_origins
 from ..storage.registry import open_store
+from ..storage.serving import recorded_drop
 from ..types.layout import KVLayout, Shard
 from ..types.namespace import Namespace
 from .sglang_pool import ENGINE, KV_POOL, HostPages
@@ -67,6 +68,7 @@ logger = logging.getLogger(__name__)
 
 STORE_ENV = "KVC_STORE"  # the store location when the extra config names none
 DEFAULT_NAMESPACE = "sglang"  # the kvc namespace (extra_key) of an engine's pages when the config names none
+CLEARED_BY = f"{ENGINE} clear"  # DropRecord.by of the drop SGLang's storage clear (`clear`) makes
 MAX_ENGINE_KEY = 64  # bytes: the longest engine key a store takes (PageOrigin.key)
 # Keys that are not hex (SGLang's "unified" key scheme appends a topology suffix) are named by this digest of the
 # text: 32 bytes, personalised so no hex key decodes to one.
@@ -348,13 +350,15 @@ class SGLangL3:
         return self.batch_exists([key]) == 1
 
     def clear(self) -> bool:
-        """Remove every page of this engine's kvc namespace (every layout, every shard), as SGLang's flush asks.
-        A non-writer rank removes nothing. False when the store fails (counted)."""
+        """Remove every page of this engine's kvc namespace (every layout, every shard), as SGLang's storage clear
+        (`POST /hicache/storage-backend/clear`) asks, with a drop record as `kvc ns drop` leaves (by CLEARED_BY):
+        the store says who emptied the namespace and when. A non-writer rank removes nothing. False when the store
+        fails (counted)."""
         if not self.config.writer:
             return True
 
         def drop(b: _Bound) -> bool:
-            b.store.delete_namespace(self.namespace.id)
+            recorded_drop(b.store, self.namespace.id, by=CLEARED_BY)
             return True
 
         return self._run("write", False, drop)

@@ -19,7 +19,7 @@ from read_only_user import NO_CAPS, read_only_store
 from redis_server import own_redis  # noqa: F401  (fixture)
 
 from kvcache.engines import sglang as adapter_module
-from kvcache.engines.sglang import STORE_ENV, AdapterStats, SGLangL3, engine_key
+from kvcache.engines.sglang import CLEARED_BY, STORE_ENV, AdapterStats, SGLangL3, engine_key
 from kvcache.engines.sglang_pool import POOL_FORMS, HostPages
 from kvcache.errors import EngineUnsupported, InvalidInput
 from kvcache.storage.api import CapacityPolicy, engine_hashes
@@ -220,8 +220,12 @@ def test_pages_live_under_the_configured_namespace_and_no_other_reads_them(tmp_p
     assert default.batch_set_v1(ks, slots(pool, [0, 1])) == [True, True]
     names = {r.extra_key: r.pages for r in tenant.store.namespaces()}
     assert names == {"sglang": 2, "tenant-a": 2}
+    assert tenant.store.drops() == []
     assert tenant.clear() is True
     assert tenant.batch_exists(ks) == 0 and default.batch_exists(ks) == 2
+    # the flush is on the store's record, as `kvc ns drop` leaves one: which namespace, by whom
+    [dropped] = tenant.store.drops()
+    assert (dropped.extra_key, dropped.ns_id_hex, dropped.by) == ("tenant-a", tenant.namespace.id.hex(), CLEARED_BY)
 
 
 def test_the_store_comes_from_env_kvc_store_when_the_config_names_none(tmp_path, monkeypatch):
