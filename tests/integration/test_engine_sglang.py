@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
-sglang = pytest.importorskip("sglang")
+sglang = pytest.importorskip("sglang", reason="SGLang is not installed here: `make engine-check` runs these in its venv "
+                                               "(tests/unit/engines runs the adapter on stand-ins)")
 torch = pytest.importorskip("torch")
 
 with warnings.catch_warnings():  # SGLang warns on import that CPUs lack its GPU quantisation kernels
