@@ -14,8 +14,8 @@ Raw py-lmdb, no kvc code in the timed loops, so the figures isolate the layout:
 Both reads copy each page into a destination row and verify xxh3_64 on the copy (as `get_into` does); today's
 layout is the baseline of the read ratio (bench_l3 sets kvc's reads against a copy out of a mapped file).
 Per page size, --store-mb of distinct random pages is written once per layout (transactions of 4 MiB, no fsync),
-then --rounds rounds read every page in hash order, the variants' order rotating per round; medians of the rounds.
-Footprint: the data file's size over the payload.
+then --rounds rounds read every page in the order written (random in the B-tree: the hashes are), the variants'
+order rotating per round; medians of the rounds. Footprint: the data file's size over the payload.
 
 Run: ``python benchmarks/bench_page_layout.py [--sizes 4,16,64] [--store-mb 256] [--rounds 25] [--scratch DIR]
 [--no-write]``.
@@ -121,7 +121,6 @@ def measure(size: int, store_mb: int, rounds: int, scratch: str) -> dict:
             start = time.perf_counter()
             readers[name]()
             seconds[name].append(time.perf_counter() - start)
-    readers.clear()  # the readers' views of the map go before it closes
     for env in envs:
         env.close()
     shutil.rmtree(base)
