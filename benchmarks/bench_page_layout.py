@@ -47,7 +47,7 @@ def _page_hash(i: int) -> bytes:
     return xxhash.xxh3_128_digest(i.to_bytes(8, "little"))
 
 
-def _write(path: str, layout: str, payloads: list[bytes]) -> None:
+def _write(path: str, layout: str, hashes: list[bytes], payloads: list[bytes]) -> None:
     env = lmdb.open(path, map_size=4 * len(payloads) * len(payloads[0]) + (64 << 20), sync=False, metasync=False)
     per_txn = max(1, BATCH_BYTES // len(payloads[0]))
     for lo in range(0, len(payloads), per_txn):
@@ -56,9 +56,9 @@ def _write(path: str, layout: str, payloads: list[bytes]) -> None:
                 page = payloads[i]
                 checksum = xxhash.xxh3_64_intdigest(page).to_bytes(CHECKSUM, "little")
                 if layout == "value":
-                    txn.put(_page_hash(i), checksum + page)
+                    txn.put(hashes[i], checksum + page)
                 else:
-                    txn.put(_page_hash(i) + checksum + page[-TAIL:], page[:-TAIL])
+                    txn.put(hashes[i] + checksum + page[-TAIL:], page[:-TAIL])
     env.close()
 
 
@@ -107,7 +107,7 @@ def measure(size: int, store_mb: int, rounds: int, scratch: str) -> dict:
     footprint, envs = {}, []
     for layout in LAYOUTS:
         path = os.path.join(base, layout)
-        _write(path, layout, payloads)
+        _write(path, layout, hashes, payloads)
         footprint[layout] = os.path.getsize(os.path.join(path, "data.mdb")) / (count * size)
         envs.append(lmdb.open(path, readonly=True, lock=False))
         readers[layout] = _reader(envs[-1], layout, hashes, rows, size)
