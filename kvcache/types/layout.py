@@ -9,6 +9,11 @@ different widths, the byte order of a page (`arrangement`, a key of ARRANGEMENTS
 KV comes from (`Shard`: two tensor-parallel ranks hold different heads, so they must never read each other's
 pages). Every such field has a default and defaults are left out of the encoding a `layout_id` digests
 (`omit_defaults`), so a layout that uses none of them keeps the id it always had, bit for bit.
+
+Some engines hand over pages whose inner geometry they keep to themselves (vLLM's offload chunks: every worker's
+blocks of a chunk, in vLLM's order, with alignment padding). Such a page is opaque (an arrangement of OPAQUE): its
+size is `page_bytes`, heads and head width are not named (1), and what tells one deployment's pages from another's
+beyond model, dtype, layers and page size is the engine's own run configuration (`engine_config`).
 """
 
 from __future__ import annotations
@@ -38,7 +43,11 @@ ARRANGEMENTS: dict[str, str] = {
                 "token-major",
     "kv_layer": "K layer by layer, then V layer by layer, each page_size tokens (SGLang layer_first); MLA: the "
                 "latents layer by layer",
+    "vllm_chunk": "one row of vLLM's CPU offload region: every worker's blocks of one chunk in vLLM's own order, its "
+                  "alignment padding included (opaque to kvc: page_bytes long)",
 }
+# The arrangements whose pages kvc never looks inside: sized by `page_bytes`, no heads, no per-token geometry.
+OPAQUE: frozenset[str] = frozenset({"vllm_chunk"})
 
 
 def _check_count(name: str, value: object, least: int) -> None:
@@ -90,6 +99,12 @@ class KVLayout(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_def
     mla: bool = False  # one latent vector of head_dim elements per token per layer (MLA): kv_heads 1, no V width
     arrangement: str = "token"  # the byte order of a page: a key of ARRANGEMENTS
     shard: Shard | None = None  # the shard of the model the KV comes from; None = not sharded
+    # bytes of one page of an OPAQUE arrangement (> 0 exactly then; kv_heads and head_dim are then 1); 0 = the size
+    # follows from the geometry
+    page_bytes: int = 0
+    # an engine's run configuration beyond the fields above, as the engine's adapter names it (a readable summary
+    # ending in a digest of all of it): part of the identity, so two deployments that differ in it never share a page
+    engine_config: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
@@ -110,10 +125,23 @@ class KVLayout(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_def
             raise InvalidLayout(f"arrangement {self.arrangement!r} is not one of {', '.join(ARRANGEMENTS)}")
         if self.shard is not None and not isinstance(self.shard, Shard):
             raise InvalidLayout(f"shard must be a Shard or None, got {self.shard!r}")
+        _check_count("page_bytes", self.page_bytes, 0)
+        if (self.arrangement in OPAQUE) != (self.page_bytes > 0):
+            raise InvalidLayout(f"page_bytes is the size of an opaque page ({', '.join(sorted(OPAQUE))}) and only "
+                                f"of one: arrangement {self.arrangement!r} with page_bytes={self.page_bytes}")
+        if self.page_bytes and (self.kv_heads != 1 or self.head_dim != 1 or self.mla or self.v_head_dim):
+            raise InvalidLayout("an opaque page names no heads: kv_heads and head_dim must be 1, mla False and "
+                                "v_head_dim 0")
+        if not isinstance(self.engine_config, str):
+            raise InvalidLayout(f"engine_config must be a string, got {self.engine_config!r}")
 
     @property
     def bytes_per_token(self) -> int:
-        """K and V (MLA: the latent) of every layer for one token, in bytes."""
+        """K and V (MLA: the latent) of every layer for one token, in bytes. InvalidLayout for an opaque page: it has
+        no per-token geometry, so no cache of kvc's own can hold it (only a store, page by page)."""
+        if self.page_bytes:
+            raise InvalidLayout(f"a page of arrangement {self.arrangement} is opaque: kvc's own tiers cannot hold "
+                                f"it token by token ({self.model}, {self.page_bytes} bytes a page)")
         if self.mla:
             return self.layers * self.head_dim * DTYPE_BYTES[self.dtype]
         k_and_v = self.head_dim + (self.v_head_dim or self.head_dim)
@@ -122,7 +150,7 @@ class KVLayout(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_def
     @property
     def bytes_per_page(self) -> int:
         """One page (`page_size` tokens) in bytes: one contiguous span in L2, one value in L3."""
-        return self.bytes_per_token * self.page_size
+        return self.page_bytes or self.bytes_per_token * self.page_size
 
     @property
     def layout_id(self) -> bytes:
@@ -131,8 +159,13 @@ class KVLayout(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_def
 
     def describe(self) -> str:
         """One line naming the layout, for error messages and listings."""
+        if self.page_bytes:
+            return (f"{self.model} layers={self.layers} dtype={self.dtype} page_size={self.page_size} "
+                    f"arrangement={self.arrangement} page_bytes={self.page_bytes}"
+                    + (f" {self.engine_config}" if self.engine_config else ""))
         extra = (f" v_head_dim={self.v_head_dim}" * bool(self.v_head_dim) + " mla" * self.mla
                  + f" arrangement={self.arrangement}" * (self.arrangement != "token")
-                 + (f" {self.shard.describe()}" if self.shard is not None else ""))
+                 + (f" {self.shard.describe()}" if self.shard is not None else "")
+                 + (f" {self.engine_config}" if self.engine_config else ""))
         return (f"{self.model} layers={self.layers} kv_heads={self.kv_heads} head_dim={self.head_dim} "
                 f"dtype={self.dtype} page_size={self.page_size}{extra}")

@@ -103,5 +103,50 @@ def test_engine_layouts_round_trip_and_describe_themselves():
 
 
 def test_every_arrangement_is_described():
-    assert set(ARRANGEMENTS) == {"token", "kv_token", "kv_layer"}
+    assert set(ARRANGEMENTS) == {"token", "kv_token", "kv_layer", "vllm_chunk"}
     assert all(text.strip() for text in ARRANGEMENTS.values())
+
+
+# --- opaque pages: an engine's chunk whose geometry the engine keeps (vLLM's offload rows) -----------------------
+
+from kvcache.types.layout import OPAQUE  # noqa: E402
+
+
+def chunk(**kw):
+    fields = dict(model="Qwen/Qwen3-0.6B", layers=28, kv_heads=1, head_dim=1, dtype="bfloat16", page_size=16,
+                  arrangement="vllm_chunk", page_bytes=262144, engine_config="vllm tp=1 #abc")
+    fields.update(kw)
+    return KVLayout(**fields)
+
+
+def test_an_opaque_page_is_page_bytes_long_and_has_no_per_token_geometry():
+    assert OPAQUE == {"vllm_chunk"}
+    lay = chunk()
+    assert lay.bytes_per_page == 262144
+    with pytest.raises(InvalidLayout, match="opaque"):
+        lay.bytes_per_token  # noqa: B018  (no cache of kvc's own can hold it token by token)
+    text = lay.describe()
+    assert "page_bytes=262144" in text and "vllm tp=1 #abc" in text and "kv_heads" not in text
+
+
+@pytest.mark.parametrize("change", [dict(page_bytes=131072), dict(engine_config="vllm tp=2 #def"),
+                                    dict(engine_config=""), dict(layers=27), dict(page_size=32),
+                                    dict(dtype="float16")])
+def test_page_bytes_and_engine_config_are_part_of_the_identity(change):
+    assert chunk(**change).layout_id != chunk().layout_id
+
+
+@pytest.mark.parametrize("bad", [dict(page_bytes=0), dict(arrangement="token"), dict(kv_heads=2), dict(head_dim=8),
+                                 dict(mla=True), dict(v_head_dim=4), dict(page_bytes=-1), dict(engine_config=3)])
+def test_page_bytes_go_with_an_opaque_arrangement_and_nothing_else(bad):
+    with pytest.raises(InvalidLayout):
+        chunk(**bad)
+    with pytest.raises(InvalidLayout):
+        base(page_bytes=4096)  # a page with a geometry has no page_bytes of its own
+
+
+def test_an_opaque_layout_round_trips():
+    import msgspec
+
+    for codec in (msgspec.msgpack, msgspec.json):
+        assert codec.decode(codec.encode(chunk()), type=KVLayout) == chunk()
