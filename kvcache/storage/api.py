@@ -145,6 +145,9 @@ class PutResult(msgspec.Struct, frozen=True):
     # The hashes of the `evicted` pages, when the backend names them (LMDB does; a backend that evicts nothing
     # leaves it empty): a cache that wrote them marks them gone from L3 and reports them removed (KV events).
     evicted_hashes: list[bytes] = []
+    # The engine key of each page of `evicted_hashes`, in the same order (b"" for a token page), when the backend
+    # names evicted pages: an engine adapter reports what left the store by the engine's own keys (KV events).
+    evicted_keys: list[bytes] = []
     # One PageOutcome per page of the batch, in order (len == pages in the batch; every backend fills it): the
     # counts above are the tallies of these bytes.
     outcomes: bytes = b""

@@ -196,7 +196,7 @@ class FencedStore:
         for i, outcome in zip(keep, got.outcomes, strict=True):
             outcomes[i] = outcome
         return PutResult(got.written, got.existing, got.rejected + refused, got.evicted, got.bytes_written,
-                         got.evicted_hashes, bytes(outcomes))
+                         got.evicted_hashes, got.evicted_keys, bytes(outcomes))
 
     def delete_namespace(self, ns_id: NamespaceId) -> DeleteResult:
         """Record the drop (unless following another's), then the store's delete."""

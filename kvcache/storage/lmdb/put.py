@@ -71,8 +71,9 @@ class PutBatch:
         outcomes = bytearray(len(self.hashes))
         new, repeats = self._new_pages(txn, outcomes)
         gone: list[bytes] = []
+        gone_keys: list[bytes] = []
         evicted, stored_bytes, ns_room = self._make_room(txn, new, deltas, totals.bytes - dropped[1], capacity,
-                                                         quota, gone)
+                                                         quota, gone, gone_keys)
         room = capacity - stored_bytes if capacity else len(new) * nbytes
         accepted = self._admit(new, room, ns_room)
         if len(accepted) < len(new):
@@ -87,7 +88,7 @@ class PutBatch:
         txn.put(b"totals", encoder.encode(StoreTotals(pages_now, stored_bytes + written * nbytes)), db=dbs.store)
         rejected = outcomes.count(PageOutcome.REJECTED)
         return PutResult(written, len(self.hashes) - written - rejected, rejected, evicted, written * nbytes, gone,
-                         bytes(outcomes))
+                         gone_keys, bytes(outcomes))
 
     def _new_pages(self, txn: lmdb.Transaction, outcomes: bytearray) -> tuple[list[int], list[tuple[int, int]]]:
         """Indexes of the pages not stored yet (the first of each hash), each token page checked to hang from its
@@ -151,10 +152,12 @@ class PutBatch:
         return parent if (meta.ns_id, meta.layout_id) == (origin.namespace.id, self.layout_id) else root
 
     def _make_room(self, txn: lmdb.Transaction, new: list[int], deltas: dict[bytes, NsDelta], stored_bytes: int,
-                   capacity: int, quota: int, gone: list[bytes]) -> tuple[int, int, dict[bytes, int]]:
+                   capacity: int, quota: int, gone: list[bytes], gone_keys: list[bytes]
+                   ) -> tuple[int, int, dict[bytes, int]]:
         """Evict for the new pages: within each namespace over its limit (its share, or the quota), then across
         the store over the capacity. (pages evicted, payload bytes stored after, payload room left of each
-        namespace with a limit); the evicted pages' hashes are appended to `gone`."""
+        namespace with a limit); the evicted pages' hashes are appended to `gone`, their engine keys to
+        `gone_keys`."""
         dbs, nbytes, origins = self.dbs, self.nbytes, self.origins
         evicted = 0
         protect = set(self.hashes) | {o.parent for o in origins}
@@ -170,7 +173,7 @@ class PutBatch:
             held += deltas[ns_id].bytes if ns_id in deltas else 0  # corrupt pages dropped in this transaction
             if held + n_new * nbytes > limit:
                 target = held + n_new * nbytes - limit + int(self.evict_headroom * limit)
-                n, freed = evict(txn, dbs, target, protect, deltas, only_ns=ns_id, gone=gone)
+                n, freed = evict(txn, dbs, target, protect, deltas, only_ns=ns_id, gone=gone, gone_keys=gone_keys)
                 evicted += n
                 held -= freed
                 stored_bytes -= freed
@@ -178,7 +181,7 @@ class PutBatch:
         need = len(new) * nbytes
         if capacity and stored_bytes + need > capacity:
             target = stored_bytes + need - capacity + int(self.evict_headroom * capacity)
-            n, freed = evict(txn, dbs, target, protect, deltas, gone=gone)
+            n, freed = evict(txn, dbs, target, protect, deltas, gone=gone, gone_keys=gone_keys)
             evicted += n
             stored_bytes -= freed
         return evicted, stored_bytes, ns_room

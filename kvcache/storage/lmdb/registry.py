@@ -187,9 +187,11 @@ def drop_stored(txn: lmdb.Transaction, dbs: Any, page_hash: bytes, deltas: dict[
 
 
 def evict(txn: lmdb.Transaction, dbs: Any, need: int, protect: set[bytes], deltas: dict[bytes, NsDelta],
-          only_ns: bytes | None = None, gone: list[bytes] | None = None) -> tuple[int, int]:
+          only_ns: bytes | None = None, gone: list[bytes] | None = None,
+          gone_keys: list[bytes] | None = None) -> tuple[int, int]:
     """Evict least recently used leaf pages (of namespace `only_ns`, or of any) until `need` payload bytes are
-    free; (pages, bytes) evicted. The hashes of the pages evicted are appended to `gone` when given.
+    free; (pages, bytes) evicted. The hashes of the pages evicted are appended to `gone` when given, and their
+    engine keys (b"" for a token page) to `gone_keys`, in the same order.
 
     Only leaves (no stored children) are taken. Evicting a leaf can make its parent a leaf: the parent then
     competes with the time of the child it lost (it was read whenever the child was), so a chain shrinks from
@@ -223,6 +225,8 @@ def evict(txn: lmdb.Transaction, dbs: Any, need: int, protect: set[bytes], delta
         freed += meta.nbytes
         if gone is not None:
             gone.append(h)
+        if gone_keys is not None:
+            gone_keys.append(meta.key)
         parent_raw = txn.get(meta.parent, db=dbs.meta)
         if parent_raw is not None and not children.set_key(meta.parent):
             parent = decode_meta(parent_raw)
