@@ -304,7 +304,7 @@ def test_no_user_facing_struct_carries_a_raw_namespace_id():
 
 ENGINES = "kvcache.engines"
 ENGINES_BASIS = ("kvcache.engines", "kvcache.storage", "kvcache.types", "kvcache.errors")
-FOREIGN_ENGINES = ("sglang",)  # inference engines kvc adapts to and never depends on
+FOREIGN_ENGINES = ("sglang", "vllm")  # inference engines kvc adapts to and never depends on
 
 
 def test_engine_adapters_build_on_the_store_and_the_values_alone():
