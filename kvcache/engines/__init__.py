@@ -11,6 +11,8 @@ the store copies to and from without a bounce buffer.
   `--hicache-storage-backend dynamic`); `sglang_pool` reads SGLang's host pools (geometry, page segments);
   `sglang_keys` recomputes SGLang's storage key chain for a prompt (`kvc ns probe`); `sglang_events` decodes
   SGLang's own KV-event feed (`kvc events --engine sglang`).
+- `vllm_events`: decodes vLLM's own KV-event feed, its KV offloading tiers' events included (`kvc events --engine
+  vllm`), the salts vLLM sends among each block's extra keys turned into keyed fingerprints.
 
 The lazy-import rule: an engine is never a dependency of kvc. kvc imports and runs without any engine installed,
 so a module here imports its engine inside functions only (tests/test_layers.py checks it, and that no module

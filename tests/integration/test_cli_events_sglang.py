@@ -95,7 +95,7 @@ def test_a_gap_is_filled_from_the_engines_replay_socket():
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--engine", "vllm", "--endpoint", "tcp://127.0.0.1:1", "--follow"], "'vllm'"),
+    (["--engine", "trtllm", "--endpoint", "tcp://127.0.0.1:1", "--follow"], "'trtllm'"),
     (["--store", "/nonexistent", "--endpoint", "tcp://127.0.0.1:1", "--follow"], "--engine sglang"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, says):

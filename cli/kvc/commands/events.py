@@ -1,19 +1,20 @@
-"""`kvc events`: read a live cache's KV-event feed (`kvc serve --events`), or an SGLang engine's own (`--engine
-sglang`: its `--kv-events-config` publisher), as a router would.
+"""`kvc events`: read a live cache's KV-event feed (`kvc serve --events`), or an SGLang or vLLM engine's own
+(`--engine sglang` / `--engine vllm`: its `--kv-events-config` publisher), as a router would.
 
 With --follow it subscribes to the feed and prints each event as it comes — one line per event, or one JSON
 object per line with --json — until Ctrl-C, --count batches or --idle-timeout seconds without one. A gap in the
 sequence numbers (the subscriber fell behind, or joined late with --from) is filled from the publisher's replay
 socket when --replay names it; events fetched that way are marked. Without --follow it prints what the replay
 buffer holds from --from on, and exits. kvc's feed carries salt fingerprints, never salts. SGLang's sends each
-request's cache_salt in clear: it is fingerprinted as it is read (`kvcache.engines.sglang_events`), under the
-fingerprint key of --store when one is given (then it is what `kvc ns ls` shows for that salt), else the
-deployment's key in env KVC_FINGERPRINT_KEY when set, else a key drawn at random for this run (fingerprints then
-compare within the run only), and never printed.
+request's cache_salt in clear, and vLLM's among each block's extra keys: it is fingerprinted as it is read
+(`kvcache.engines.sglang_events`, `kvcache.engines.vllm_events`), under the fingerprint key of --store when one is
+given (then it is what `kvc ns ls` shows for that salt), else the deployment's key in env KVC_FINGERPRINT_KEY when
+set, else a key drawn at random for this run (fingerprints then compare within the run only), and never printed.
 
 Each line says how many blocks the event's medium holds after it, as the events read so far tell (from the last
 AllBlocksCleared, or from the start of the reading: a late reader counts only what it saw); --json gives the same
-per medium in the summary (`blocks`).
+per medium in the summary (`blocks`). vLLM's offloading tiers hold blocks per medium and owner (its secondary
+tier: ``STORAGE/kvcr``), and a block per KV-cache group, as vLLM counts them.
 
 A message that is not a KV-event batch never ends the reading (a router's feed must survive one bad message): it is
 skipped, said in one line on stderr (the first MALFORMED_SHOWN of them, then one line at each power of ten), and
@@ -32,7 +33,7 @@ import msgspec
 import typer
 import zmq
 
-from kvcache.engines import sglang_events
+from kvcache.engines import sglang_events, vllm_events
 from kvcache.errors import EventEndpointError
 from kvcache.live.events import EventRecord, FeedSubscriber, MalformedMessage, ReceivedBatch, records
 from kvcache.storage.location import StoreLocation
@@ -61,20 +62,24 @@ class Engine(str, enum.Enum):
 
     KVC = "kvc"  # `kvc serve --events` (kvcache.types.events)
     SGLANG = "sglang"  # an SGLang engine's --kv-events-config publisher (kvcache.engines.sglang_events)
+    VLLM = "vllm"  # a vLLM engine's --kv-events-config publisher (kvcache.engines.vllm_events)
 
 
 EngineOpt = Annotated[Engine, typer.Option(
     "--engine", case_sensitive=False,
-    help="Whose feed it is: kvc (`kvc serve --events`) or sglang (an SGLang engine started with "
+    help="Whose feed it is: kvc (`kvc serve --events`), sglang (an SGLang engine started with "
     "--kv-events-config '{\"publisher\": \"zmq\", \"endpoint\": \"tcp://127.0.0.1:5557\", \"bind\": true}': "
-    "--endpoint tcp://127.0.0.1:5557, and --replay its replay_endpoint). SGLang sends each request's cache_salt in "
-    "clear: kvc prints a keyed fingerprint instead, never the salt (see --store).")]
+    "--endpoint tcp://127.0.0.1:5557, and --replay its replay_endpoint) or vllm (a vLLM engine started with "
+    "--kv-events-config '{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"endpoint\": "
+    "\"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}': --endpoint tcp://HOST:5557 --replay "
+    "tcp://HOST:5558; its offloading tiers' events included). Both engines send each request's cache_salt in clear: "
+    "kvc prints a keyed fingerprint instead, never the salt (see --store).")]
 FingerprintStoreOpt = Annotated[StoreLocation | None, typer.Option(
     "--store", parser=store_location, show_default=False, metavar="PATH|URL",
-    help="--engine sglang: fingerprint salts under this store's fingerprint key, so they match what `kvc ns ls` "
-    "shows for the same salt. Without it, env KVC_FINGERPRINT_KEY when set, else a key drawn at random for this "
-    "run: fingerprints then compare within the run only. Not read from KVC_STORE: the feed opens no store unless "
-    "asked.")]
+    help="--engine sglang or vllm: fingerprint salts under this store's fingerprint key, so they match what "
+    "`kvc ns ls` shows for the same salt. Without it, env KVC_FINGERPRINT_KEY when set, else a key drawn at random "
+    "for this run: fingerprints then compare within the run only. Not read from KVC_STORE: the feed opens no store "
+    "unless asked.")]
 
 MALFORMED_SHOWN = 10  # malformed messages said one line each; after them, one line at 100, 1000, 10000, ...
 
@@ -107,25 +112,43 @@ HEADER = f"{'seq':>6}  {'time':<12}  {'event':<18}  {'medium':<10}  {'namespace'
          f"{'held':>6}  {'first page':<12}  parent"
 SGLANG_HEADER = f"{'seq':>6}  {'time':<12}  {'event':<18}  {'medium':<15}  {'salt':<12}  {'pages':>5}  " \
                 f"{'held':>6}  {'first block':<16}  parent"
+VLLM_HEADER = f"{'seq':>6}  {'time':<12}  {'event':<18}  {'medium':<12}  {'owner':<8}  {'locality':<8}  " \
+              f"{'group':>5}  {'salt':<12}  {'blocks':>6}  {'held':>6}  {'first block':<16}  parent"
+
+
+def by_medium(rec: Any) -> tuple[str, list[str]]:
+    """Where a kvc or SGLang event's blocks are held, and the blocks: its medium, its hashes."""
+    return rec.medium or "-", rec.block_hashes
+
+
+def by_residency(rec: vllm_events.VLLMEventRecord) -> tuple[str, list[str]]:
+    """Where a vLLM event's blocks are held, and the blocks, as vLLM's offloading tracker counts residencies: per
+    medium and owner (``STORAGE/kvcr``: a secondary tier beside the primary's ``STORAGE``), a block per KV-cache
+    group (one hash in two groups is two blocks)."""
+    where = (rec.medium or "-") + (f"/{escape_controls(rec.ownership)}" if rec.ownership is not None else "")
+    return where, [f"{rec.group_idx}:{h}" for h in rec.block_hashes]
 
 
 class MediumTally:
-    """The blocks each medium holds, as the events read tell it: a BlockStored adds its hashes to its medium, a
-    BlockRemoved takes them away, AllBlocksCleared forgets all."""
+    """The blocks each medium holds, as the events read tell it: a BlockStored adds its blocks to its medium, a
+    BlockRemoved takes them away, AllBlocksCleared forgets all. `where` says an event's medium and blocks
+    (`by_medium`, `by_residency`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, where: Callable[[Any], tuple[str, list[str]]] = by_medium) -> None:
         self._held: dict[str, set[str]] = {}
+        self._where = where
 
     def apply(self, rec: Any) -> int:
-        """Count event `rec` (a record with type, medium, block_hashes); the blocks its medium holds after it."""
+        """Count event `rec` (a record with type, and what `where` reads); the blocks its medium holds after it."""
         if rec.type == "AllBlocksCleared":
             self._held.clear()
             return 0
-        held = self._held.setdefault(rec.medium or "-", set())
+        medium, blocks = self._where(rec)
+        held = self._held.setdefault(medium, set())
         if rec.type == "BlockStored":
-            held.update(rec.block_hashes)
+            held.update(blocks)
         else:
-            held.difference_update(rec.block_hashes)
+            held.difference_update(blocks)
         return len(held)
 
     def counts(self) -> dict[str, int]:
@@ -165,6 +188,24 @@ def sglang_line(rec: sglang_events.SGLangEventRecord, held: int) -> str:
             f"{held:>6}  {first:<16}  {parent}").rstrip()
 
 
+def vllm_line(rec: vllm_events.VLLMEventRecord, held: int) -> str:
+    """A vLLM event as one plain line: the medium as vLLM names it with kvc's tier beside it, the offloading tier
+    that owns it and its locality, the KV-cache group, the salt as its keyed fingerprint (of a salted prompt's first
+    block: later blocks carry it through the hash chain), block hashes as 16 hex digits (an int hash is 16; a bytes
+    one, its last 16: the digits vLLM's int form of the same hash has)."""
+    kind = rec.type + (" *" if rec.replayed else "")
+    if rec.type == "AllBlocksCleared":
+        return f"{rec.seq:>6}  {_at(rec.ts):<12}  {kind:<18}  all"
+    medium = shown(rec.medium) + (f" ({rec.tier})" if rec.tier else "")
+    group = "-" if rec.group_idx is None else str(rec.group_idx)
+    first = rec.block_hashes[0][-16:] if rec.block_hashes else "-"
+    parent = (rec.parent_block_hash or "-")[-16:] if rec.type == "BlockStored" else ""
+    salt = (rec.salt_fingerprint or "-") if rec.type == "BlockStored" else ""
+    return (f"{rec.seq:>6}  {_at(rec.ts):<12}  {kind:<18}  {medium:<12}  {shown(rec.ownership):<8}  "
+            f"{shown(rec.locality):<8}  {group:>5}  {salt:<12}  {len(rec.block_hashes):>6}  {held:>6}  {first:<16}  "
+            f"{parent}").rstrip()
+
+
 class FeedKind(msgspec.Struct, frozen=True):
     """How `kvc events` reads one engine's feed (a row of FEEDS): the wire is the same, the batches are not."""
 
@@ -174,6 +215,7 @@ class FeedKind(msgspec.Struct, frozen=True):
     header: str
     who: str  # what publishes it, for the message when nothing answers
     replay_who: str
+    where: Callable[[Any], tuple[str, list[str]]] = by_medium  # a record -> the medium holding its blocks, and them
 
 
 FEEDS: dict[Engine, FeedKind] = {
@@ -183,17 +225,21 @@ FEEDS: dict[Engine, FeedKind] = {
                             lambda b, key: sglang_events.event_records(b.seq, b.batch, b.replayed, key),
                             sglang_line, SGLANG_HEADER, "an SGLang engine's KV-event publisher (--kv-events-config)",
                             "an SGLang engine's replay socket (replay_endpoint)"),
+    Engine.VLLM: FeedKind(vllm_events.decode_batch,
+                          lambda b, key: vllm_events.event_records(b.seq, b.batch, b.replayed, key),
+                          vllm_line, VLLM_HEADER, "a vLLM engine's KV-event publisher (--kv-events-config)",
+                          "a vLLM engine's replay socket (replay_endpoint)", by_residency),
 }
 
 
 def _fingerprint_key(engine: Engine, store: StoreLocation | None) -> bytes:
-    """The key SGLang's salts are fingerprinted under: --store's fingerprint key, else the deployment's
+    """The key an engine's salts are fingerprinted under: --store's fingerprint key, else the deployment's
     (KVC_FINGERPRINT_KEY), else a random one of this run."""
     if store is None:
         return env_fingerprint_key() or os.urandom(FINGERPRINT_KEY_BYTES)
-    if engine is not Engine.SGLANG:
-        raise UsageError("--store keys the fingerprints of an SGLang feed's salts: it goes with --engine sglang "
-                         "(kvc's feed carries fingerprints under its store's key already)")
+    if engine is Engine.KVC:
+        raise UsageError("--store keys the fingerprints of an engine feed's salts: it goes with --engine sglang or "
+                         "--engine vllm (kvc's feed carries fingerprints under its store's key already)")
     from ..context import open_inspect  # the store's modules load only when a store is asked for
 
     st = open_inspect(store)
@@ -261,18 +307,21 @@ def events(
                                                       "stdout, then one summary object ({\"type\": \"Summary\", "
                                                       "batches, events, replayed, missed, malformed, blocks: "
                                                       "held per medium}), nothing else. --engine sglang: "
-                                                      "kvc's SGLangEventRecord, the salt as salt_fingerprint."
+                                                      "kvc's SGLangEventRecord, the salt as salt_fingerprint; "
+                                                      "--engine vllm: kvc's VLLMEventRecord, the salt as "
+                                                      "salt_fingerprint and in extra_keys as salt:FINGERPRINT."
                                       )] = False,
     debug: DebugOpt = False,
 ) -> None:
     """Print a live cache's KV events (BlockStored / BlockRemoved / AllBlocksCleared per tier) from its feed, or
-    an SGLang engine's (--engine sglang, per medium: GPU, CPU_PINNED, DISK, EXTERNAL, its salts as keyed
-    fingerprints): with --follow as they come, else what the replay buffer holds. Each line says how many
-    blocks the event's medium holds after it, as far as the events read tell. Events fetched by replay are marked '*' (JSON:
-    "replayed"). Batches missed and no longer buffered are reported on stderr at the end. A message that is not
-    a KV-event batch is skipped, said on stderr (rate-limited) and counted; the reading goes on. An address where
-    no publisher answers within the --timeout given before the command (`kvc --timeout S events ...`, default
-    30 s) is one line on stderr and exit 2."""
+    an SGLang engine's (--engine sglang, per medium: GPU, CPU_PINNED, DISK, EXTERNAL) or a vLLM engine's (--engine
+    vllm, per medium: GPU, and its offloading tiers' CPU and STORAGE with their owner and locality; per KV-cache
+    group), an engine's salts as keyed fingerprints: with --follow as they come, else what the replay buffer
+    holds. Each line says how many blocks the event's medium holds after it, as far as the events read tell.
+    Events fetched by replay are marked '*' (JSON: "replayed"). Batches missed and no longer buffered are reported
+    on stderr at the end. A message that is not a KV-event batch is skipped, said on stderr (rate-limited) and
+    counted; the reading goes on. An address where no publisher answers within the --timeout given before the
+    command (`kvc --timeout S events ...`, default 30 s) is one line on stderr and exit 2."""
     if endpoint is None:
         raise UsageError("kvc events needs --endpoint ENDPOINT (the address `kvc serve --events` publishes on; "
                          "env KVC_EVENTS)")
@@ -281,7 +330,7 @@ def events(
                          "--follow to subscribe")
     feed, key = FEEDS[engine], _fingerprint_key(engine, store)
     summary = EventsSummary()
-    tally = MediumTally()
+    tally = MediumTally(feed.where)
 
     def show(batches: list[ReceivedBatch[Any]]) -> None:
         for b in batches:
