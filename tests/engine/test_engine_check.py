@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("sglang", reason="SGLang is not installed here: `make engine-check` runs these in its venv")
 
 import torch  # noqa: E402  (after the skip: the peer venv's torch)
-from redis_server import RedisServer, require_server  # noqa: E402
+from engine_checks import PROCESS_TIMEOUT_S, flip_one_page, kvc, redis_store  # noqa: E402, F401  (a fixture)
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "sglang_worker.py"
@@ -36,7 +36,6 @@ TENANTS = [  # two salts over the same tokens, a salt-less tenant with an extra_
     {"extra_key": "globex", "cache_salt": None},
     {"extra_key": None, "cache_salt": None},
 ]
-PROCESS_TIMEOUT_S = 600  # a hung SGLang thread fails the check instead of hanging it
 
 
 def _env() -> dict[str, str]:
@@ -54,61 +53,6 @@ def run_worker(mode: str, config: dict, tmp: Path) -> dict:
                           text=True, timeout=PROCESS_TIMEOUT_S)
     assert proc.returncode == 0, f"{mode} process failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
     return json.loads(Path(config["result"]).read_text())
-
-
-def kvc(store: str, *args: str) -> subprocess.CompletedProcess:
-    """The kvc CLI on `store` (in KVC_PYTHON, kvc's own venv, when set)."""
-    python = os.environ.get("KVC_PYTHON") or sys.executable
-    env = dict(os.environ, KVC_STORE=store)
-    return subprocess.run([python, "-m", "kvc", *args], env=env, capture_output=True, text=True,
-                          timeout=PROCESS_TIMEOUT_S)
-
-
-def flip_one_page(store: str, needle: bytes) -> int:
-    """Flip one byte inside the stored page holding `needle` (bytes only that page has); the copies flipped."""
-    if store.startswith("redis"):
-        return _flip_redis(store, needle)
-    data = Path(store) / "data.mdb"
-    raw = bytearray(data.read_bytes())
-    # Every copy: LMDB's copy-on-write can leave stale copies of a page on free pages; one of them is live.
-    at, flipped = raw.find(needle), 0
-    while at >= 0:
-        raw[at + len(needle) // 2] ^= 0x5A
-        flipped += 1
-        at = raw.find(needle, at + 1)
-    data.write_bytes(bytes(raw))
-    return flipped
-
-
-def _flip_redis(store: str, needle: bytes) -> int:
-    from urllib.parse import parse_qs, urlsplit
-
-    import redis
-
-    parts = urlsplit(store)
-    prefix = parse_qs(parts.query)["prefix"][0]
-    flipped = 0
-    with redis.Redis(host=parts.hostname, port=parts.port) as client:
-        for key in client.scan_iter(match=prefix + "*", count=1000):
-            if client.type(key) != b"hash":
-                continue
-            for field, value in client.hgetall(key).items():
-                at = value.find(needle)
-                if at >= 0:
-                    damaged = bytearray(value)
-                    damaged[at + len(needle) // 2] ^= 0x5A
-                    client.hset(key, field, bytes(damaged))
-                    flipped += 1
-    return flipped
-
-
-@pytest.fixture
-def redis_store(tmp_path):
-    server = RedisServer(require_server(), tmp_path / "redis").start()
-    try:
-        yield server.store_url()
-    finally:
-        server.stop()
 
 
 CASES = [  # (store backend, SGLang's zero-copy interface_v1, host layout)
