@@ -85,6 +85,8 @@ STORE_ENV = "KVC_STORE"  # the store location when the tier config names none
 DEFAULT_NAMESPACE = "vllm"  # the kvc namespace (extra_key) of a deployment's chunks when the config names none
 VLLM_SUPPORTED = ((0, 34), (0, 35))  # vLLM releases [from, to) whose secondary-tier API this tier speaks
 TIER_TYPE = "KvcTier"  # the tier config's "type" (the class name vLLM's factory looks up in this module)
+OWNERSHIP = "kvc"  # the events' `ownership`: which offloading tier says a chunk is stored or removed (vLLM's routers
+#                    count a block's residency per medium and owner)
 
 
 class LookupMode(str, enum.Enum):
@@ -178,6 +180,7 @@ class TierEvent(msgspec.Struct, frozen=True):
     medium: str  # "STORAGE"
     removed: bool  # True: the store no longer holds the keys; False: it stored them
     locality: str | None = None
+    ownership: str | None = None  # OWNERSHIP
     req_context: Any = None
 
 
@@ -195,7 +198,7 @@ class Vocabulary(msgspec.Struct, frozen=True):
     retry: Any
     job_result: Callable[..., Any]  # JobResult(job_id, success, successful_keys, transfer_time, transfer_bytes,
     #                                 deferred_release)
-    event: Callable[..., Any]  # OffloadingEvent(keys=, medium=, removed=, locality=, req_context=)
+    event: Callable[..., Any]  # OffloadingEvent(keys=, medium=, removed=, locality=, ownership=, req_context=)
     request_context: Callable[[], Any]  # RequestOffloadingContext()
     medium: Any  # Medium.STORAGE
     locality: Callable[[str], Any]  # "LOCAL"/"REMOTE" -> Locality
@@ -410,10 +413,10 @@ class VLLMTier:
             if self._events is not None:
                 if stored:
                     self._events.append(words.event(keys=stored, medium=words.medium, removed=False,
-                                                    locality=self.locality, req_context=job.req))
+                                                    locality=self.locality, ownership=OWNERSHIP, req_context=job.req))
                 if done.evicted_keys:
                     self._events.append(words.event(keys=list(done.evicted_keys), medium=words.medium,
-                                                    removed=True, locality=self.locality))
+                                                    removed=True, locality=self.locality, ownership=OWNERSHIP))
             return words.job_result(job.job_id, all(done.ok), None, done.seconds, done.nbytes, None)
         loaded = tuple(k for k, ok in zip(job.keys, done.ok, strict=True) if ok)
         self._verdicts.settle((k for k, ok in zip(job.keys, done.ok, strict=True) if not ok), False)

@@ -117,7 +117,7 @@ def write(config: dict) -> dict:
     finally:
         view.release()
         manager.shutdown()
-    stored_events = sum(len(e.keys) for e in events if not e.removed and e.ownership is None and
+    stored_events = sum(len(e.keys) for e in events if not e.removed and e.ownership == "kvc" and
                         e.medium.name == "STORAGE")
     return {"cascaded": out, "chunks_stored": stats.chunks_stored, "chunks_existing": stats.chunks_existing,
             "store_faults": stats.store_faults, "storage_stored_events": stored_events}

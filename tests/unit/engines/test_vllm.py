@@ -213,6 +213,7 @@ def test_cascades_are_reported_stored_and_chunks_the_store_evicted_for_them_remo
     first, _ = cascade(m, "cap-a", 6)
     stored = [e for e in m.events if not e.removed]
     assert isinstance(stored[0], TierEvent) and stored[0].medium == "STORAGE" and stored[0].keys == first
+    assert stored[0].ownership == "kvc" and stored[0].req_context is not None
     m.events.clear()
     second, _ = cascade(m, "cap-b", 6)  # needs room: the oldest leaves of the first prompt go
     removed = [k for e in m.events if e.removed for k in e.keys]
