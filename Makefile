@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint test demo bench clean engine-check
+.PHONY: install lint test demo bench clean engine-check engine-check-sglang engine-check-vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +38,10 @@ demo: $(STAMP)
 bench: $(STAMP)
 	cd benchmarks && for script in bench_*.py; do ../$(BIN)/python $$script || exit 1; done
 
-# Opt-in, not part of `make test`: kvc as the L3 of SGLang's own HiCache (tests/engine). SGLang 0.5.23 lives in a venv
+# Opt-in, not part of `make test`: kvc under real engines (tests/engine), each in a venv of its own.
+engine-check: engine-check-sglang engine-check-vllm
+
+# kvc as the L3 of SGLang's own HiCache. SGLang 0.5.23 lives in a venv
 # of its own (PEER_VENV; built here when it has no sglang, per the CPU recipe: sglang without its dependencies, the
 # CPU torch, its runtime libraries, no torchvision: tests/engine/stubs stands in). kvc goes in with --no-deps, so the
 # venv keeps SGLang's torch; then kvc's light dependencies (typer held below 0.25 as kvc holds it: transformers pulls
@@ -55,7 +58,7 @@ KVC_LIGHT_DEPS ?= "msgspec>=0.18" "lmdb>=1.4" "typer>=0.12,<0.25" "rich>=13" "pr
 $(PEER_BIN)/python:
 	$(PYTHON) -m venv $(PEER_VENV)
 
-engine-check: $(PEER_BIN)/python
+engine-check-sglang: $(PEER_BIN)/python
 	@$(PEER_BIN)/python -c "import sglang" 2>/dev/null || { \
 	  $(PEER_BIN)/pip install --quiet --upgrade pip && \
 	  $(PEER_BIN)/pip install --quiet --no-deps "$(SGLANG)" && \
@@ -66,6 +69,35 @@ engine-check: $(PEER_BIN)/python
 	$(PEER_BIN)/pip install --quiet --no-deps -e . -e plugins/kvcache_redis
 	PYTHONPATH=tests/engine/stubs $(PEER_BIN)/python -m pytest -p no:cacheprovider -v tests/engine tests/integration/test_engine_sglang.py \
 	  $(PYTEST_ARGS)
+
+# kvc as a secondary tier of vLLM's own KV offloading (vLLM's TieringOffloadingManager, scheduler side: vLLM's worker
+# side needs a GPU). vLLM 0.34.0 lives in a venv of its own (VLLM_VENV; built here when it has no vLLM, per the CPU
+# recipe in ../shared/peer-bench/vllm.md and the README: vLLM without its dependencies on the CPU torch, then its
+# pure-Python requirements; ~3 GB). kvc goes in with --no-deps, then kvc's light dependencies.
+# `VLLM_VENV=/path/venv make engine-check-vllm` reuses a venv.
+VLLM_VENV ?= .vllm-venv
+VLLM_BIN  := $(VLLM_VENV)/bin
+VLLM      ?= vllm==0.34.0
+VLLM_DEPS ?= numpy msgspec pyzmq cachetools psutil pydantic regex blake3 cloudpickle prometheus_client pyyaml \
+             requests tqdm "transformers>=5.16.1,<5.23" huggingface_hub tokenizers sentencepiece safetensors openai \
+             cbor2 pybase64 einops filelock protobuf py-cpuinfo aiohttp pillow orjson \
+             prometheus-fastapi-instrumentator tiktoken partial-json-parser jsonschema watchfiles python-json-logger \
+             ijson setproctitle opencv-python-headless lark==1.2.2 "mistral_common>=1.13.0" uvloop \
+             "fastapi[standard]>=0.133,<0.137" "llguidance>=1.7,<1.8" xgrammar==0.2.8
+
+$(VLLM_BIN)/python:
+	$(PYTHON) -m venv $(VLLM_VENV)
+
+engine-check-vllm: $(VLLM_BIN)/python
+	@$(VLLM_BIN)/python -c "import vllm.v1.kv_offload.tiering.base" 2>/dev/null || { \
+	  $(VLLM_BIN)/pip install --quiet --upgrade pip && \
+	  $(VLLM_BIN)/pip install --quiet "$(TORCH)" && \
+	  $(VLLM_BIN)/pip install --quiet --no-deps "$(VLLM)" && \
+	  $(VLLM_BIN)/pip install --quiet $(VLLM_DEPS); }
+	$(VLLM_BIN)/pip install --quiet $(KVC_LIGHT_DEPS)
+	$(VLLM_BIN)/pip install --quiet --no-deps -e . -e plugins/kvcache_redis
+	$(VLLM_BIN)/python -m pytest -p no:cacheprovider -v tests/engine/test_engine_check_vllm.py \
+	  tests/engine/test_bench_engine_vllm.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
