@@ -332,5 +332,5 @@ def test_every_golden_file_has_a_case() -> None:
         pytest.skip("the goldens are being rewritten")
     names = {f"{c.name}.json" for c in CASES} | {f"{c.name}.{f}" for c in CASES for f in c.files}
     names |= {"snapshot.bin", "snapshot.json"}
-    names |= {"sglang"}  # not kvc's output: vectors SGLang wrote, with their generators (tests/unit/engines)
+    names |= {"sglang", "vllm"}  # not kvc's output: vectors the engines wrote, with their generators
     assert sorted(p.name for p in GOLDENS.iterdir()) == sorted(names), "a golden without a case: remove it"
