@@ -68,6 +68,13 @@ def test_vllm_tiering_on_kvc_two_processes(request, tmp_path, backend):
     assert written["store_faults"] == 0, written
     assert written["chunks_stored"] == unique and written["chunks_existing"] == 0, written
     assert written["storage_stored_events"] == unique, written  # every stored chunk said stored to routers
+    # kvc's counters reach vLLM's metrics under vLLM's tier label; its config info names the store and layout
+    assert written["counters"]["vllm:kv_offload_kvc_chunks_stored"] == {"1:KvcTier": unique}, written
+    assert written["counters"]["vllm:kv_offload_kvc_bytes_written"] == {"1:KvcTier": unique * ROW}, written
+    assert set(written["counters"]) <= set(written["defined"]) and len(written["defined"]) == 13, written
+    assert {"kvc_store", "kvc_namespace", "kvc_layout", "tier"} <= set(written["info_keys"]), written
+    (tier_info,) = [i for i in written["info"] if i.get("tier") == "1:KvcTier"]
+    assert tier_info["kvc_namespace"] == NAMESPACE and len(tier_info["kvc_layout"]) == 32, tier_info
 
     read = run("read", tmp_path, store=store)
     # Every chunk process 1 cascaded is promoted in process 2, byte for byte.
@@ -102,3 +109,19 @@ def test_vllm_tiering_on_kvc_two_processes(request, tmp_path, backend):
     assert sum(r["bytes_differing"] for r in damaged["requests"]) == 0, damaged  # the flipped chunk never served
     assert [r["promoted"] for r in damaged["requests"]] == [CHUNKS] * 3 + [7], damaged  # prompt 3 stops at it
     assert damaged["checksum_failures"] == 1 and damaged["chunks_missed"] == 1, damaged
+
+
+def test_the_tier_class_is_vllms_and_refuses_a_vllm_outside_the_supported_releases(monkeypatch):
+    from vllm.v1.kv_offload.tiering.base import SecondaryTierManager
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+
+    from kvcache.engines import vllm as tier_module
+    from kvcache.errors import EngineUnsupported
+
+    cls = SecondaryTierFactory.get_tier_class({"type": "KvcTier", "module_path": "kvcache.engines.vllm"})
+    assert issubclass(cls, SecondaryTierManager) and issubclass(cls, tier_module.VLLMTier)
+    assert cls.medium.name == "STORAGE" and cls.cache_hit_source.name == "DISK"
+    monkeypatch.setattr(tier_module, "_tier_class", None)
+    monkeypatch.setattr(tier_module, "_vllm_version", lambda: (0, 35))
+    with pytest.raises(EngineUnsupported, match="vLLM 0.35"):
+        tier_module.tier_class()

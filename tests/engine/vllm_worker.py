@@ -114,13 +114,20 @@ def write(config: dict) -> dict:
         events += settle(manager)
         with manager.lock:
             stats = manager.secondary_tiers[0].kvc_stats()
+            metrics = manager.get_stats()  # what vLLM's metrics collector is handed
+            info = manager.config_info()
     finally:
         view.release()
         manager.shutdown()
     stored_events = sum(len(e.keys) for e in events if not e.removed and e.ownership == "kvc" and
                         e.medium.name == "STORAGE")
+    extra = spec.extra_config
+    counters = {name: {"|".join(labels): value for labels, value in series.items()}
+                for name, series in metrics.data["data"].items() if name.startswith("vllm:kv_offload_kvc_")}
     return {"cascaded": out, "chunks_stored": stats.chunks_stored, "chunks_existing": stats.chunks_existing,
-            "store_faults": stats.store_faults, "storage_stored_events": stored_events}
+            "store_faults": stats.store_faults, "storage_stored_events": stored_events, "counters": counters,
+            "defined": sorted(n for n in type(spec).build_metric_definitions(extra) if "kvc" in n),
+            "info_keys": list(type(spec).config_info_keys(extra)), "info": [dict(i) for i in info]}
 
 
 def read(config: dict) -> dict:
