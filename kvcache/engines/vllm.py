@@ -233,17 +233,21 @@ class TierStats(msgspec.Struct, frozen=True):
 class _Verdicts:
     """What the tier knows of keys a live request asked about: present (True), absent (False) or being probed
     (None). A verdict lives while a request that asked lives (`release`), so it is never stale for long; a stored
-    cascade makes its keys present, a failed promotion absent."""
+    cascade makes its keys present, a failed promotion absent. Scheduler thread only (vLLM's lock)."""
 
-    __slots__ = ("known", "asked")
+    __slots__ = ("known", "asked", "refs")
 
     def __init__(self) -> None:
         self.known: dict[bytes, bool | None] = {}
         self.asked: dict[str, set[bytes]] = {}  # req_id -> keys it asked about
+        self.refs: dict[bytes, int] = {}  # key -> live requests that asked about it (a finish costs its own keys)
 
     def note(self, key: bytes, req_id: str, verdict: bool | None) -> None:
         self.known[key] = verdict
-        self.asked.setdefault(req_id, set()).add(key)
+        keys = self.asked.setdefault(req_id, set())
+        if key not in keys:
+            keys.add(key)
+            self.refs[key] = self.refs.get(key, 0) + 1
 
     def settle(self, keys: Iterable[bytes], verdict: bool, only_pending: bool = False) -> None:
         """Set the verdict of `keys` that have one (a probe's answer sets only those still pending)."""
@@ -255,17 +259,17 @@ class _Verdicts:
     def forget_pending(self, keys: Iterable[bytes]) -> None:
         """A probe that never answered: the keys are asked again."""
         for key in keys:
-            if self.known.get(key, False) is None:
+            if key in self.known and self.known[key] is None:
                 del self.known[key]
 
     def release(self, req_id: str) -> None:
         """A request finished: drop the verdicts no other live request asked for."""
-        keys = self.asked.pop(req_id, ())
-        if not keys:
-            return
-        still = set().union(*self.asked.values()) if self.asked else set()
-        for key in keys:
-            if key not in still:
+        for key in self.asked.pop(req_id, ()):
+            left = self.refs[key] - 1
+            if left:
+                self.refs[key] = left
+            else:
+                del self.refs[key]
                 self.known.pop(key, None)
 
 

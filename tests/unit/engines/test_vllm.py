@@ -256,3 +256,24 @@ def test_config_info_names_the_store_without_its_password(own_redis):  # noqa: F
     assert info.store == url
     shown = str(tier_module.StoreLocation(url))
     assert "hunter2" not in shown
+
+
+# -- lookup verdicts live as long as a request that asked -------------------------------------------------------
+
+def test_a_verdict_is_kept_while_a_request_that_asked_lives_and_asked_again_after(tmp_path):
+    location = str(tmp_path / "l3")
+    reader = engine(location, kvc_lookup="sync")
+    (k,) = keys("v", 1)
+    a, b = reader.request("a", [k]), reader.request("b", [k])
+    assert reader.tier.lookup(k, a) == tier_module.Lookup.MISS
+    writer = engine(location)
+    cascade(writer, "v", 1)  # another engine stores it meanwhile
+    assert reader.tier.lookup(k, b) == tier_module.Lookup.MISS  # the verdict a asked for, shared with b
+    reader.finish(a)
+    assert reader.tier.lookup(k, b) == tier_module.Lookup.MISS  # b still lives: kept
+    reader.finish(b)
+    assert reader.tier._verdicts.known == {} and reader.tier._verdicts.refs == {}
+    c = reader.request("c", [k])
+    assert reader.tier.lookup(k, c) == tier_module.Lookup.HIT  # asked again: found
+    for x in (reader, writer):
+        x.tier.shutdown()
