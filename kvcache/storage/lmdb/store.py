@@ -51,6 +51,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import lmdb
+import numpy as np
 
 from ...errors import InvalidInput, StoreChanged, StoreError, StoreReadOnly
 from ...types.layout import KVLayout
@@ -124,6 +125,12 @@ from .verify import REPAIR_BATCH_PAGES, VERIFY_CHUNK_PAGES, LMDBIntegrity  # noq
 
 BACKEND = "lmdb"
 T = TypeVar("T")
+
+
+# A page at least this large is copied out of the map by numpy, which releases the GIL while it copies: a page not in
+# memory faults in from disk during the copy, and under the GIL every other thread (a second reader, the engine's
+# scheduler) would wait for that disk read. Below it a memoryview copy is cheaper than numpy's call.
+RELEASED_COPY_BYTES = 1 << 20  # below it numpy's call (~1.5 us) would cost a hot copy more than a cold one gains
 
 
 class LMDBStore(StoreHandle):
@@ -336,7 +343,10 @@ class LMDBStore(StoreHandle):
                     suspect.append(h)
                     break
                 if type(out) is memoryview:
-                    out[:] = value[HEADER:]
+                    if len(out) >= RELEASED_COPY_BYTES:  # numpy copies with the GIL released (see the constant)
+                        np.copyto(np.frombuffer(out, np.uint8), np.frombuffer(value, np.uint8, offset=HEADER))
+                    else:
+                        out[:] = value[HEADER:]
                     summed = digest(out, seed)
                 else:  # a page in segments (checks.Segments): copied in order, summed as copied
                     out.fill(value[HEADER:])

@@ -572,3 +572,29 @@ def test_a_read_rewrites_one_record_per_chain_and_one_per_unchained_engine_page(
         s.flush()
         changed = {h for h, m in before.items() if s.page_meta(h) != m}
         assert changed == {tokens[-1], chain[-1], *loose}
+
+
+@pytest.mark.parametrize("page_bytes", [lmdb_store.RELEASED_COPY_BYTES // 2, lmdb_store.RELEASED_COPY_BYTES,
+                                        2 * lmdb_store.RELEASED_COPY_BYTES])
+def test_pages_either_side_of_the_released_copy_size_read_back_and_a_flipped_one_is_a_miss(tmp_path, page_bytes):
+    # a page at least RELEASED_COPY_BYTES long is copied by numpy (the GIL released), a smaller one by a memoryview
+    layout = KVLayout("big-model@r1", layers=1, kv_heads=1, head_dim=page_bytes // 16, dtype="float16", page_size=4)
+    assert layout.bytes_per_page == page_bytes
+    s = LMDBStore.open(str(tmp_path / "store"), layout, create=True)
+    hashes, result = write(s, list(range(12)), layout=layout)
+    assert result.written == 3 and read(s, hashes, layout) == 3
+    s.close()
+    data = tmp_path / "store" / "data.mdb"
+    raw = bytearray(data.read_bytes())
+    needle = payload(hashes[1], page_bytes)[page_bytes // 2:page_bytes // 2 + 64].tobytes()
+    at = raw.find(needle)
+    while at >= 0:
+        raw[at + 10] ^= 0xFF
+        at = raw.find(needle, at + 1)
+    data.write_bytes(bytes(raw))
+    s = LMDBStore.open(str(tmp_path / "store"), layout)
+    out = np.zeros((3, page_bytes), dtype=np.uint8)
+    assert s.get_into(hashes, list(out)) == 1  # the flipped page ends the run: verified on what was copied
+    assert np.array_equal(out[0], payload(hashes[0], page_bytes))
+    assert s.counters().checksum_failures == 1
+    s.close()
