@@ -21,12 +21,17 @@ remote pool); `BlockStored.cache_salt` is the request's salt **in clear**.
 kvc never shows that salt: `event_records` turns each batch into `SGLangEventRecord`s that carry the salt's
 fingerprint under a key the caller gives (a store's fingerprint key, so it matches what `kvc ns ls` shows for the
 same salt, or a random key of the run) and drop the salt. The decoded `KVEventBatch` holds it only in memory.
+
+A batch with an impossible field — a `ts` that is not a finite unix time of this era, a negative or absurd block
+size, token id or rank — does not decode (`msgspec.ValidationError`): `kvc events` skips and counts it like any
+malformed message (the constrained types are kvc's own feed's, `kvcache.types.events`).
 """
 
 from __future__ import annotations
 
 import msgspec
 
+from ..types.events import BlockSize, SmallIndex, Timestamp, TokenId
 from ..types.namespace import Namespace
 
 # SGLang's StorageMedium values -> kvc's tier words (a policy table: what `kvc events` prints beside the medium)
@@ -47,8 +52,8 @@ class BlockStored(SGLangEvent):
 
     block_hashes: list[int]  # int64 page ids, in chain order
     parent_block_hash: int | None = None  # the page before the first one; None from the tree's root
-    token_ids: list[int | list[int]] = []  # the pages' tokens; EAGLE bigram pages send [a, b] pairs
-    block_size: int = 0  # tokens of the event's page (SGLang sends one page per event, coalesced down a chain)
+    token_ids: list[TokenId | list[TokenId]] = []  # the pages' tokens; EAGLE bigram pages send [a, b] pairs
+    block_size: BlockSize = 0  # tokens of the event's page (SGLang sends one page per event, coalesced down a chain)
     lora_id: int | None = None
     medium: str | None = None  # StorageMedium value; None: GPU (SGLang's default)
     cache_salt: str | None = None  # the request's salt, IN CLEAR: never printed (`event_records` fingerprints it)
@@ -70,16 +75,17 @@ class AllBlocksCleared(SGLangEvent):
 class KVEventBatch(msgspec.Struct, array_like=True, gc=False):
     """One scheduler step's events: ``[ts, events, attn_dp_rank]`` on the wire."""
 
-    ts: float  # unix seconds when the step's batch was made
+    ts: Timestamp  # unix seconds when the step's batch was made
     events: list[BlockStored | BlockRemoved | AllBlocksCleared]
-    attn_dp_rank: int | None = None  # which attention-DP rank's cache (each publishes on its own port)
+    attn_dp_rank: SmallIndex | None = None  # which attention-DP rank's cache (each publishes on its own port)
 
 
 _DECODER = msgspec.msgpack.Decoder(KVEventBatch)
 
 
 def decode_batch(payload: bytes) -> KVEventBatch:
-    """A batch from its payload frame (`msgspec.DecodeError` / `ValidationError` when it is not one)."""
+    """A batch from its payload frame (`msgspec.DecodeError` / `ValidationError` when it is not one, or when a field
+    is impossible)."""
     return _DECODER.decode(payload)
 
 

@@ -34,14 +34,19 @@ kvc never shows a salt: `event_records` turns each batch into `VLLMEventRecord`s
 fingerprint under a key the caller gives (a store's fingerprint key, so it matches what `kvc ns ls` shows for the
 same salt, or a random key of the run), and each block's extra keys as words (`extra_key_words`) in which an
 element that is or may be a salt is never copied. The decoded `KVEventBatch` holds the salts only in memory.
+
+A batch with an impossible field — a `ts` that is not a finite unix time of this era, a negative or absurd block
+size, token id, rank, KV-cache group or sliding window — does not decode (`msgspec.ValidationError`): `kvc events`
+skips and counts it like any malformed message (the constrained types are kvc's own feed's, `kvcache.types.events`).
 """
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
+from typing import Annotated, Any, TypeAlias
 
 import msgspec
 
+from ..types.events import BlockSize, SmallIndex, Timestamp, TokenId
 from ..types.namespace import Namespace
 
 # vLLM's media (vllm.distributed.kv_events MEDIUM_*) -> kvc's tier words (a policy table: what `kvc events` prints
@@ -53,6 +58,7 @@ MEDIUM_TIERS: dict[str, str] = {
 }
 
 ExternalBlockHash: TypeAlias = bytes | int  # vLLM's: a digest, or its last 8 bytes as an unsigned int
+Window = Annotated[int, msgspec.Meta(ge=1, lt=1 << 32)]  # a sliding window in tokens: past any context length
 
 
 class VLLMEvent(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
@@ -65,19 +71,19 @@ class BlockStored(VLLMEvent):
     block_hashes: list[ExternalBlockHash]  # in chain order
     parent_block_hash: ExternalBlockHash | None = None  # the block before the first one; None at a prompt's start
     # (and from an offloading placeholder, which knows no parent)
-    token_ids: list[int] = []  # the blocks' tokens; empty for an offloaded recurrent state or a placeholder
-    block_size: int = 0  # tokens per block (0: an offloading placeholder that knows only the hash)
+    token_ids: list[TokenId] = []  # the blocks' tokens; empty for an offloaded recurrent state or a placeholder
+    block_size: BlockSize = 0  # tokens per block (0: an offloading placeholder that knows only the hash)
     lora_id: int | None = None  # deprecated by vLLM in favour of lora_name
     medium: str | None = None  # GPU, CPU, STORAGE; None: unspecified (vLLM before offloading events: GPU)
     lora_name: str | None = None
     extra_keys: list[list[Any] | None] | None = None  # per block; the request's salt IN CLEAR among them
-    group_idx: int | None = None  # the KV-cache group
+    group_idx: SmallIndex | None = None  # the KV-cache group
     kv_cache_spec_kind: str | None = None  # the group's kind: full_attention, sliding_window, mamba, ...
-    kv_cache_spec_sliding_window: int | None = None
+    kv_cache_spec_sliding_window: Window | None = None
     locality: str | None = None  # LOCAL or REMOTE to the publisher
     ownership: str | None = None  # the secondary offloading tier that emitted it
     session_id: str | None = None  # the request's session: attribution only
-    lookahead_token_ids: list[list[int]] | None = None  # per block, the tokens past it its hash covers
+    lookahead_token_ids: list[list[TokenId]] | None = None  # per block, the tokens past it its hash covers
 
 
 class BlockRemoved(VLLMEvent):
@@ -85,7 +91,7 @@ class BlockRemoved(VLLMEvent):
 
     block_hashes: list[ExternalBlockHash]
     medium: str | None = None
-    group_idx: int | None = None
+    group_idx: SmallIndex | None = None
     locality: str | None = None
     ownership: str | None = None
 
@@ -98,16 +104,17 @@ class KVEventBatch(msgspec.Struct, array_like=True, gc=False):
     """One scheduler step's events: ``[ts, events, data_parallel_rank]`` on the wire (the rank left out when
     None)."""
 
-    ts: float  # unix seconds when the step's batch was made
+    ts: Timestamp  # unix seconds when the step's batch was made
     events: list[BlockStored | BlockRemoved | AllBlocksCleared]
-    data_parallel_rank: int | None = None  # whose cache (each DP rank publishes on its own port)
+    data_parallel_rank: SmallIndex | None = None  # whose cache (each DP rank publishes on its own port)
 
 
 _DECODER = msgspec.msgpack.Decoder(KVEventBatch)
 
 
 def decode_batch(payload: bytes) -> KVEventBatch:
-    """A batch from its payload frame (`msgspec.DecodeError` / `ValidationError` when it is not one)."""
+    """A batch from its payload frame (`msgspec.DecodeError` / `ValidationError` when it is not one, or when a field
+    is impossible)."""
     return _DECODER.decode(payload)
 
 

@@ -71,7 +71,7 @@ def test_json_prints_kvcs_records_and_the_held_blocks_per_medium(tmp_path):
     assert stored[0]["medium"] == "GPU" and stored[0]["tier"] == "L1" and len(stored[0]["block_hashes"][0]) == 16
     assert "cache_salt" not in out
     assert lines[-1] == {"type": "Summary", "batches": 7, "events": 7, "replayed": 0, "missed": 0, "malformed": 0,
-                         "blocks": {"CPU_PINNED": 2}}
+                         "restarts": 0, "jumps": 0, "replays_cut_short": 0, "blocks": {"CPU_PINNED": 2}}
 
 
 def test_without_a_store_the_key_is_the_deployments_or_one_drawn_per_run():

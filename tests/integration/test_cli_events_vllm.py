@@ -147,7 +147,7 @@ def test_json_prints_kvcs_records_and_the_held_blocks_per_residency(tmp_path):
     assert next(x for x in lines if x.get("locality"))["locality"] == "LOCAL"
     assert "cache_salt" not in out
     assert lines[-1] == {"type": "Summary", "batches": 8, "events": 23, "replayed": 0, "missed": 0, "malformed": 0,
-                         "blocks": {"CPU": 2, "GPU": 10, "STORAGE": 2}}
+                         "restarts": 0, "jumps": 0, "replays_cut_short": 0, "blocks": {"CPU": 2, "GPU": 10, "STORAGE": 2}}
 
 
 def test_without_a_store_the_key_is_the_deployments_or_one_drawn_per_run():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import msgspec
+import pytest
 
 from kvcache.engines.sglang_events import (
     AllBlocksCleared,
@@ -76,3 +77,28 @@ def test_a_gap_is_filled_from_sglangs_replay_socket():
     assert [(b.seq, b.replayed) for b in got] == [(0, False), (1, True), (2, True), (3, True), (4, True), (5, False)]
     assert feed.replay_requests == [1] and sub.missed == 0 and sub.malformed == 0
     assert [type(b.batch.events[0]) for b in got][-1] is BlockStored
+
+
+# --- impossible fields (issue 36 #4) ---------------------------------------------------------------------------
+
+def _payload(ts: object = 1.5, rank: object = 0, **stored: object) -> bytes:
+    event = {"type": "BlockStored", "block_hashes": [-5, 7], "token_ids": [1, 2, 3, 4], "block_size": 2, **stored}
+    return msgspec.msgpack.encode([ts, [event], rank])
+
+
+@pytest.mark.parametrize("fields", [
+    {"ts": float("nan")}, {"ts": float("inf")}, {"ts": 1e300}, {"ts": -3600.0}, {"rank": -1}, {"rank": 1 << 40},
+    {"block_size": -1}, {"block_size": 1 << 40}, {"token_ids": [-1]}, {"token_ids": [[5, -1]]},
+    {"token_ids": [1 << 32]},
+], ids=str)
+def test_a_batch_with_an_impossible_field_does_not_decode(fields):
+    """Issue 36 #4: SGLang's decoder took a NaN, inf or 1e300 ts (then `kvc events --engine sglang` died
+    formatting it), a negative block size, token id or rank. Now each is a ValidationError: skipped and counted."""
+    with pytest.raises(msgspec.ValidationError):
+        decode_batch(_payload(**fields))
+
+
+def test_what_sglang_sends_still_decodes_at_the_edges():
+    batch = decode_batch(_payload(0.0, token_ids=[[1, 2], 0, (1 << 32) - 1], block_size=0))
+    assert batch.ts == 0.0 and batch.events[0].token_ids == [[1, 2], 0, (1 << 32) - 1]
+    assert decode_batch(_payload(rank=None)).attn_dp_rank is None

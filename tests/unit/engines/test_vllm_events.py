@@ -208,3 +208,28 @@ def test_later_fields_and_a_missing_rank_are_read():
     assert (rec.type, rec.medium, rec.tier, rec.block_hashes) == ("BlockRemoved", None, None, ["05"])
     stored = decode_batch(_payload({"type": "BlockStored", "block_hashes": [5], "a_future_field": [1, 2]})).events[0]
     assert isinstance(stored, BlockStored) and stored.extra_keys is None and stored.medium is None
+
+
+# --- impossible fields (issue 36 #4) ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("batch", [
+    [float("nan"), [], 0], [float("inf"), [], 0], [1e300, [], 0], [-1.0, [], 0], [1.5, [], -1], [1.5, [], 1 << 40],
+    [1.5, [{"type": "BlockStored", "block_hashes": [1], "block_size": -16}], 0],
+    [1.5, [{"type": "BlockStored", "block_hashes": [1], "token_ids": [-7]}], 0],
+    [1.5, [{"type": "BlockStored", "block_hashes": [1], "token_ids": [1 << 32]}], 0],
+    [1.5, [{"type": "BlockStored", "block_hashes": [1], "group_idx": -1}], 0],
+    [1.5, [{"type": "BlockRemoved", "block_hashes": [1], "group_idx": 1 << 40}], 0],
+    [1.5, [{"type": "BlockStored", "block_hashes": [1], "kv_cache_spec_sliding_window": 0}], 0],
+    [1.5, [{"type": "BlockStored", "block_hashes": [1], "lookahead_token_ids": [[3, -3]]}], 0],
+], ids=str)
+def test_a_batch_with_an_impossible_field_does_not_decode(batch):
+    """Issue 36 #4: vLLM's decoder took a NaN, inf or 1e300 ts (then `kvc events --engine vllm` died formatting
+    it), negative block sizes, token ids, groups and ranks. Now each is a ValidationError: skipped and counted."""
+    with pytest.raises(msgspec.ValidationError):
+        decode_batch(_payload(batch=batch))
+
+
+def test_every_golden_batch_is_plausible():
+    """What vLLM 0.34 sent passes the gate, both hash forms."""
+    for messages in (MESSAGES, BYTES_MESSAGES):
+        assert all(1e9 < decode_batch(m[2]).ts < 1e10 for m in messages)

@@ -9,6 +9,8 @@ import pytest
 import zmq
 
 from factories import make_cache
+from feed_peer import ReplayPeer
+from feed_peer import seq_frame as _seq
 from kvcache import InvalidInput, KVEventPublisher, KVEventSubscriber, Namespace, Request
 from kvcache.types.events import AllBlocksCleared, BlockStored, decode_batch
 from kvcache.live.events import END_OF_REPLAY, records
@@ -403,3 +405,205 @@ def test_a_subscription_larger_than_any_topic_disconnects_its_subscriber():
         sub.close(0)
     ctx.term()
     cache.close()
+
+
+# --- a reader that cannot be blinded or flooded (issue 36 #4) ----------------------------------------------------
+
+def _kvc_batch(ts: float = 1_700_000_000.0, tokens: int = 2) -> bytes:
+    """A kvc batch: one BlockStored of `tokens` tokens (payload ~3 bytes a token)."""
+    from kvcache.types.events import EventBatch, encode_batch
+
+    stored = BlockStored([b"h" * 16], None, list(range(60_000, 60_000 + tokens)), tokens, None, "host", None)
+    return encode_batch(EventBatch(ts, [stored], 0))
+
+
+def _gather(sub, enough, step=None, rounds: int = 60) -> list:
+    """receive() until `enough(got)`, a step of the publisher before each call when given; each call waits for a
+    batch (a second at most), so the bound is the number of rounds, never a sleep."""
+    got: list = []
+    for i in range(rounds):
+        if step is not None:
+            step(i)
+        got += sub.receive(timeout=1)
+        if enough(got):
+            return got
+    raise AssertionError(f"not enough in {rounds} rounds: {[b.seq for b in got]}")
+
+
+def test_a_publisher_restarted_on_the_same_endpoint_is_followed_from_its_new_numbering():
+    """Issue 36 #4: once `kvc serve` (or an engine) restarted on the same endpoint, numbering from 0 again, the
+    subscriber dropped every batch below the highest sequence number it had seen — silently, with no count: the
+    reader went blind. Now the restart is handed to on_discontinuity and counted, and the new run is followed from
+    its batch 0 (the ones before the first received live fetched from the new publisher's replay socket)."""
+    from kvcache.live.events import Discontinuity
+
+    breaks: list[Discontinuity] = []
+    first = make_cache(page_size=2, device_tokens=512, host_tokens=0)
+    pub = KVEventPublisher(first, "tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*")
+    endpoint, replay_endpoint = pub.endpoint, pub.replay_endpoint
+    with KVEventSubscriber(endpoint, replay_endpoint=replay_endpoint, start=0, on_discontinuity=breaks.append,
+                           replay_timeout=60) as sub:
+        old = _gather(sub, lambda got: got and got[-1].seq == 20, step=lambda i: i < 20 and _step(first, i))
+        assert [b.seq for b in old] == list(range(21)) and breaks == []
+        pub.close()
+        first.close()
+        second = make_cache(page_size=2, device_tokens=512, host_tokens=0)
+        with KVEventPublisher(second, endpoint, replay_endpoint=replay_endpoint) as again:  # its batch 0 goes now
+            new = _gather(sub, lambda got: len(got) >= 3, step=lambda i: _step(second, 100 + i))
+            assert again.stats().next_seq >= 3
+        second.close()
+    assert [b.seq for b in new[:3]] == [0, 1, 2]  # the new run, from its first batch
+    assert isinstance(new[0].batch.events[0], AllBlocksCleared)  # ... which clears what the old one announced
+    assert sub.restarts == 1 and sub.jumps == 0 and sub.missed == 0
+    assert len(breaks) == 1 and (breaks[0].kind, breaks[0].after) == ("restarted", 20)
+    assert new[breaks[0].seq].replayed is False and all(b.replayed for b in new[:breaks[0].seq])
+
+
+def test_a_numbering_that_jumps_forward_or_back_is_followed_said_and_counted():
+    """Issue 36 #4: a jump of the numbering (10**12 ahead) counted 10**12 batches "missed", and every batch after
+    a jump back was dropped. Now a leap past max_gap is a jump, a step back a restart: both followed and counted;
+    a restarted publisher numbers from 0, so the new run's batches before the first one seen are missed."""
+    from kvcache.live.events import MAX_GAP, Discontinuity
+
+    far = 10**12
+    breaks: list[Discontinuity] = []
+    with ReplayPeer() as feed, KVEventSubscriber(feed.endpoint, on_discontinuity=breaks.append) as sub:
+        feed.subscribed()
+        for seq in (0, 1, 2, far, far + 1, 3, 4, 6):
+            feed.publish(seq, _kvc_batch())
+        got = _gather(sub, lambda got: len(got) == 8)
+    assert [b.seq for b in got] == [0, 1, 2, far, far + 1, 3, 4, 6]
+    assert [(b.kind, b.after, b.seq) for b in breaks] == [("jumped", 2, far), ("restarted", far + 1, 3)]
+    assert (sub.jumps, sub.restarts) == (1, 1)
+    assert sub.missed == 3 + 1  # the new run's 0..2, and 5 (an ordinary gap, nothing to replay it)
+    assert far - 2 > MAX_GAP
+
+
+def test_a_gap_up_to_max_gap_is_a_gap_and_past_it_a_jump():
+    with ReplayPeer() as feed, KVEventSubscriber(feed.endpoint, max_gap=10) as sub:
+        feed.subscribed()
+        for seq in (0, 11, 23):  # 10 missing (a gap of max_gap), then 11 (a jump)
+            feed.publish(seq, _kvc_batch())
+        got = _gather(sub, lambda got: len(got) == 3)
+    assert [b.seq for b in got] == [0, 11, 23] and (sub.missed, sub.jumps, sub.restarts) == (10, 1, 0)
+
+
+def test_the_feeds_copies_of_replayed_batches_are_dropped_and_a_restart_after_a_catch_up_is_not():
+    """A late subscriber's catch-up and the live feed overlap: the feed's copies of what the replay gave are
+    dropped (known by their bytes, counted as duplicates), and a batch below the expected one that is not such a
+    copy is a restart, followed."""
+    payloads = [_kvc_batch(1_700_000_000.0 + i) for i in range(5)]
+    with ReplayPeer(lambda n, start: [(_seq(i), payloads[i]) for i in range(start, 5)]) as feed:
+        with KVEventSubscriber(feed.endpoint, replay_endpoint=feed.replay_endpoint, start=0) as sub:
+            feed.subscribed()
+            for i in range(5):  # queued at the subscriber while it reads the catch-up
+                feed.publish(i, payloads[i])
+            feed.publish(5, _kvc_batch(1_700_000_005.0))
+            feed.publish(0, _kvc_batch(1_800_000_000.0))  # another publisher's batch 0: a restart
+            got = _gather(sub, lambda got: len(got) == 7)
+    assert [(b.seq, b.replayed) for b in got] == [(i, True) for i in range(5)] + [(5, False), (0, False)]
+    assert got[-1].batch.ts == 1_800_000_000.0
+    assert (sub.duplicates, sub.restarts, sub.missed, sub.replayed) == (5, 1, 0, 5)
+    assert feed.requests == [0]
+
+
+@pytest.mark.parametrize("how", ["replay", "follow"])
+def test_a_replay_answer_is_handed_over_in_bounded_chunks_as_it_arrives(how):
+    """Issue 36 #4: `kvc events --replay` kept everything a replay socket sent until the answer's end (308 MiB held
+    for 431 MiB sent). Now an answer is handed over as it arrives: the peer here sends no batch more than two
+    chunks ahead of what the subscriber handed over, and the answer — 4,000 batches, ~12 MB, far more than a chunk
+    of either cap — still arrives whole, every chunk within both caps. What is held is counted, not timed."""
+    import threading
+
+    from kvcache.live.events import REPLAY_CHUNK_BATCHES, REPLAY_CHUNK_BYTES
+    from kvcache.types.events import encode_batch
+
+    total, ahead = 4_000, 2 * REPLAY_CHUNK_BATCHES
+    payloads = [_kvc_batch(tokens=1_000) for _ in range(total)]
+    handed = threading.Condition()
+    taken = [0]
+
+    def gated(n, start):
+        for i in range(start, total):
+            with handed:  # the peer sends batch i only once the subscriber handed over all but `ahead` before it
+                assert handed.wait_for(lambda i=i: i - taken[0] <= ahead, timeout=60), "the subscriber held on"
+            yield _seq(i), payloads[i]
+
+    chunks = []
+
+    def take(chunk):
+        chunks.append((len(chunk), sum(len(encode_batch(b.batch)) for b in chunk)))
+        with handed:
+            taken[0] += sum(1 for b in chunk if b.replayed)
+            handed.notify_all()
+
+    with ReplayPeer(gated) as feed:
+        with KVEventSubscriber(feed.endpoint, replay_endpoint=feed.replay_endpoint, replay_timeout=60) as sub:
+            if how == "replay":
+                for chunk in sub.replay(0):
+                    take(chunk)
+                got = taken[0]
+            else:  # the live feed's batch `total` reveals the gap [1, total): filled a chunk per receive()
+                feed.subscribed()
+                feed.publish(0, _kvc_batch())
+                feed.publish(total, _kvc_batch())
+                seqs: list[int] = []
+                while not seqs or seqs[-1] != total:
+                    chunk = sub.receive(timeout=60)
+                    assert chunk or sub.reading, "nothing came"
+                    take(chunk)
+                    seqs += [b.seq for b in chunk]
+                assert seqs == list(range(total + 1)) and sub.missed == 0
+                got = taken[0] + 1  # batch 0's replay is not asked for: it came live
+    assert got == total
+    assert sum(n for n, _ in chunks) >= total and len(chunks) > total // REPLAY_CHUNK_BATCHES
+    assert max(n for n, _ in chunks) <= REPLAY_CHUNK_BATCHES + (how == "follow")  # + the live batch after a gap
+    assert max(size for _, size in chunks) <= REPLAY_CHUNK_BYTES + len(payloads[0])
+    assert sub.replays_cut_short == 0 and sum(size for _, size in chunks) > REPLAY_CHUNK_BYTES
+
+
+def test_an_answer_that_never_ends_is_cut_at_its_cap_and_the_next_one_reads_clean():
+    """A replay socket that streams for ever is read up to replay_max_batches and no further: the answer is cut
+    short (counted) and its socket replaced, so nothing of it reaches the next answer."""
+    import itertools
+
+    def answers(n, start):
+        if n == 0:
+            return ((_seq(i), _kvc_batch()) for i in itertools.count(start))  # never ends
+        return [(_seq(7), _kvc_batch()), (_seq(8), _kvc_batch())]
+
+    with ReplayPeer(answers) as feed:
+        with KVEventSubscriber(feed.endpoint, replay_endpoint=feed.replay_endpoint, replay_timeout=60,
+                               replay_max_batches=1_000) as sub:
+            held = [len(chunk) for chunk in sub.replay(0)]
+            assert sum(held) == 1_000 and sub.replays_cut_short == 1
+            assert [b.seq for b in sub.fetch(7)] == [7, 8] and sub.replays_cut_short == 1
+    assert feed.requests == [0, 7]
+
+
+def test_a_replay_message_over_the_size_cap_is_refused_unread():
+    """A message larger than replay_max_message_bytes drops the replay connection before it is read (ZeroMQ's
+    MAXMSGSIZE): the batches before it are handed over, the answer is cut short, the next one reads clean."""
+    from zmq.utils.monitor import recv_monitor_message
+
+    def answers(n, start):
+        if n == 0:
+            return [(_seq(0), _kvc_batch()), (_seq(1), b"\x00" * (1 << 20)), (_seq(2), _kvc_batch())]
+        return [(_seq(start), _kvc_batch())]
+
+    with ReplayPeer(answers) as feed:
+        monitor = feed.router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        with KVEventSubscriber(feed.endpoint, replay_endpoint=feed.replay_endpoint, replay_timeout=1,
+                               replay_max_message_bytes=64 << 10) as sub:
+            assert [b.seq for b in sub.fetch(0)] == [0]  # 2 went to a connection that is gone
+            assert sub.replays_cut_short == 1 and sub.malformed == 0
+            assert monitor.poll(60_000) and recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+            assert [b.seq for b in sub.fetch(5)] == [5]
+        monitor.close(0)
+
+
+def test_a_subscriber_refuses_limits_that_would_open_a_door():
+    for bad in ({"replay_timeout": float("nan")}, {"replay_timeout": 0}, {"max_gap": 0}, {"replay_max_batches": 0},
+                {"replay_max_message_bytes": 0}):
+        with pytest.raises(InvalidInput, match=next(iter(bad))):
+            KVEventSubscriber("tcp://127.0.0.1:5557", **bad)
