@@ -17,23 +17,27 @@ one (`batch_get`/`batch_set` with flat page tensors). Both store the same bytes 
 How SGLang's calls map to the store:
 
 - Keys: SGLang names a page by a 64-hex key (a SHA-256 chain it seeds per request namespace). Its 32 raw bytes are
-  the page's engine key (`engine_key`); kvc derives the page hash from the key and the namespace/layout root
-  alone (`engine_hashes`), so a read needs nothing but the keys. `prefix_keys` (the keys before a call's first
-  one) is used on writes only, to record the first page's parent; within a batch each page's parent is the
-  previous key. SGLang's prefetches anchored below the root pass prefix keys that do not chain with the call's
-  keys, so a read never looks at them.
+  the page's engine key (`engine_key`: one key string, one engine key); kvc derives the page hash from the key
+  and the namespace/layout root alone (`engine_hashes`), so a read needs nothing but the keys. `prefix_keys` (the
+  keys before a call's first one) is used on writes only, to record the first page's parent; within a batch each
+  page's parent is the previous key. SGLang's prefetches anchored below the root pass prefix keys that do not
+  chain with the call's keys, so a read never looks at them.
 - Geometry: SGLang builds the backend before its host pool exists (`cls(storage_config, kwargs)`); the layout is
   built in `register_mem_pool_host` from the pool (`sglang_pool.HostPages`) and the storage config (model name,
   shard: tp/pp/cp ranks; MLA is replicated across TP, so its shard has no TP identity). The store is opened then.
-- Results: one bool per page (`PutResult.outcomes`: anything but REJECTED is stored); `batch_exists` counts
-  consecutive pages from the start.
+- Results: one bool per page (`PutResult.outcomes`: a page WRITTEN or EXISTING is stored, one REJECTED or FAILED
+  is not); `batch_exists` counts consecutive pages from the start.
 - Writers: only `storage_config.is_storage_writer` ranks write (MLA: one rank per shard); the others answer True
   for every page, as the writer rank stores them.
 - Faults: SGLang calls from its prefetch, backup and scheduler threads at once. Store handles are safe to use
   from several threads (every backend's rule), so calls run side by side (a prefetch is never queued behind a
   backup's commit); the adapter's own counters and its binding to the pool are kept under a lock. A store fault
   (a server gone, a read-only store, an I/O error) becomes misses or False, counted in `kvc_stats()` and logged
-  (once per new fault), never an exception into SGLang's threads. A page that fails its checksum is a miss (the
+  (once per new fault), never an exception into SGLang's threads. So does `close` (SGLang's detach, a failed
+  attach) while a prefetch or backup thread is in a call: the store handle's close waits for the reads and writes
+  in flight, and a call that reaches the store after it is a miss or False. Host indices that do not name whole
+  pages of the pool (runs of page_size consecutive slots, each from a page-aligned start) are refused whole:
+  misses or False, counted in `bad_requests`, logged once per kind. A page that fails its checksum is a miss (the
   store verifies what it copied): never reported read. The user SGLang runs as must read the store's key file
   (engine pages are hashed under it): registration raises StoreAccessDenied otherwise.
 - Unsupported: SGLang's v2 interface for hybrid models (`register_mem_host_pool_v2`, `batch_*_v2`), decode
@@ -50,6 +54,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -57,12 +62,12 @@ from typing import Any, TypeVar
 import msgspec
 
 from ..errors import EngineUnsupported, InvalidInput, StoreAccessDenied
-from ..storage.api import L3Store, PageOutcome, StoreCounters, engine_hashes, engine_origins
+from ..storage.api import L3Store, PageOutcome, StoreCounters, engine_hashes, engine_origins, stored
 from ..storage.registry import open_store
 from ..storage.serving import recorded_drop
 from ..types.layout import KVLayout, Shard
 from ..types.namespace import Namespace
-from .sglang_pool import ENGINE, KV_POOL, HostPages
+from .sglang_pool import ENGINE, KV_POOL, HostPages, Refusal
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +75,11 @@ STORE_ENV = "KVC_STORE"  # the store location when the extra config names none
 DEFAULT_NAMESPACE = "sglang"  # the kvc namespace (extra_key) of an engine's pages when the config names none
 CLEARED_BY = f"{ENGINE} clear"  # DropRecord.by of the drop SGLang's storage clear (`clear`) makes
 MAX_ENGINE_KEY = 64  # bytes: the longest engine key a store takes (PageOrigin.key)
-# Keys that are not hex (SGLang's "unified" key scheme appends a topology suffix) are named by this digest of the
-# text: 32 bytes, personalised so no hex key decodes to one.
+# A key of lowercase hex digits is its raw bytes, up to this many (SGLang's 64-digit keys: 32 bytes). Any other key
+# text (upper case, spaces, SGLang's "unified" keys with a topology suffix, longer hex) is named by a digest of it of
+# MAX_ENGINE_KEY bytes, a length no hex key decodes to: one key string, one engine key (`engine_key`).
+MAX_RAW_KEY = MAX_ENGINE_KEY - 1
+_HEX_KEY = re.compile(f"(?:[0-9a-f]{{2}}){{1,{MAX_RAW_KEY}}}")
 _KEY_PERSON = b"kvc.sglang.key"
 
 T = TypeVar("T")
@@ -134,15 +142,14 @@ def adapter_config(storage_config: Any) -> AdapterConfig:
 
 
 def engine_key(key: str) -> bytes:
-    """The engine key kvc stores for an SGLang page key: the raw bytes of a hex key (SGLang's 64-hex SHA-256),
-    else a 32-byte digest of the text."""
-    try:
-        raw = bytes.fromhex(key)
-    except (ValueError, TypeError):
-        raw = b""
-    if 0 < len(raw) <= MAX_ENGINE_KEY:
-        return raw
-    return hashlib.blake2b(str(key).encode("utf-8", "surrogatepass"), digest_size=32, person=_KEY_PERSON).digest()
+    """The engine key kvc stores for an SGLang page key, one to one: a key of lowercase hex digit pairs (SGLang's
+    64-hex SHA-256; up to MAX_RAW_KEY bytes) is its raw bytes, as kvc has always stored it; any other text is a
+    MAX_ENGINE_KEY-byte digest of it, longer than any hex key decodes to, so no two key strings share a page."""
+    text = key if isinstance(key, str) else str(key)
+    if _HEX_KEY.fullmatch(text):
+        return bytes.fromhex(text)
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=MAX_ENGINE_KEY,
+                           person=_KEY_PERSON).digest()
 
 
 class AdapterStats(msgspec.Struct, frozen=True):
@@ -155,8 +162,9 @@ class AdapterStats(msgspec.Struct, frozen=True):
     pages_rejected: int = 0  # pages the store refused (capacity, quota): reported False
     pages_not_writer: int = 0  # pages a non-writer rank reported True without writing (the writer rank stores them)
     read_faults: int = 0  # exists/get calls a store fault ended: their pages are misses
-    write_faults: int = 0  # set calls a store fault ended: their pages are reported False
-    bad_requests: int = 0  # calls naming no whole pages of the pool, or made before register_mem_pool_host
+    write_faults: int = 0  # set calls a store fault ended (raised, or pages FAILED): their pages are reported False
+    bad_requests: int = 0  # calls naming no whole pages of the pool, or made before register_mem_pool_host or after
+    #                        close
     last_fault: str = ""  # the latest fault, one line (never a key or a page)
     store: StoreCounters | None = None  # the store handle's own counters (checksum failures, I/O errors, ...)
 
@@ -180,9 +188,11 @@ class SGLangL3:
         self._lock = threading.Lock()  # guards the binding (`_bound`), the counters and `_last_fault`; never held
         #                                across a store call
         self._bound: _Bound | None = None
+        self._closed = False  # `close` ran: calls are misses or False until a pool is registered again
         self._counts: dict[str, int] = dict.fromkeys(
             (f for f in AdapterStats.__struct_fields__ if f not in ("last_fault", "store")), 0)
         self._last_fault = ""
+        self._refused: set[str] = set()  # kinds of bad request logged already (each is logged once)
 
     # -- registration ---------------------------------------------------------------------------------------
 
@@ -196,6 +206,7 @@ class SGLangL3:
         if bound is not None and bound.pages.layout == pages.layout:
             with self._lock:
                 self._bound = _Bound(pages, bound.store, bound.chain_key, mem_pool_host)
+                self._closed = False
             return
         try:
             store = open_store(self.config.store, pages.layout, create=True, add_layout=True,
@@ -209,6 +220,7 @@ class SGLangL3:
                                                     "engine page: run the engine as a user who may")
         with self._lock:
             self._bound = _Bound(pages, store, store.chain_key, mem_pool_host)
+            self._closed = False
         if bound is not None:  # SGLang attached another pool: a call still on the old handle ends as a fault
             bound.store.close()
         logger.info("kvc L3 on %s: namespace %s, layout %s", store.location, self.config.namespace,
@@ -269,9 +281,10 @@ class SGLangL3:
             return []
 
         def read(b: _Bound) -> int:
-            starts = b.pages.page_starts(host_indices, n)
-            if starts is None:
-                return self._bad_request(f"batch_get_v1: host indices do not name {n} whole pages of the pool")
+            starts = b.pages.page_starts(host_indices, n, distinct=True)
+            if isinstance(starts, Refusal):
+                return self._bad_request("batch_get_v1: host indices that do not name whole pages of the pool",
+                                         starts.reason)
             return b.store.get_into(self._hashes(b, keys), b.pages.pages(starts))
 
         got = self._run("read", 0, read)
@@ -289,8 +302,9 @@ class SGLangL3:
 
         def write(b: _Bound) -> list[bool]:
             starts = b.pages.page_starts(host_indices, n)
-            if starts is None:
-                self._bad_request(f"batch_set_v1: host indices do not name {n} whole pages of the pool")
+            if isinstance(starts, Refusal):
+                self._bad_request("batch_set_v1: host indices that do not name whole pages of the pool",
+                                  starts.reason)
                 return [False] * n
             return self._put(b, keys, b.pages.pages(starts), extra_info)
 
@@ -331,7 +345,8 @@ class SGLangL3:
 
         def write(b: _Bound) -> list[bool]:
             if values is None or len(values) != n:
-                self._bad_request(f"batch_set: {n} keys and {0 if values is None else len(values)} values")
+                self._bad_request("batch_set: not one value per key",
+                                  f"{n} keys and {0 if values is None else len(values)} values")
                 return [False] * n
             return self._put(b, keys, [[_byte_view(v)] for v in values], None)
 
@@ -364,9 +379,12 @@ class SGLangL3:
         return self._run("write", False, drop)
 
     def close(self) -> None:
-        """Flush and close the store handle (SGLang calls it when an attach fails or the backend is detached)."""
+        """Flush and close the store handle (SGLang calls it when an attach fails or the backend is detached). Safe
+        while SGLang's other threads are in a call: the handle's close waits for the reads and writes in flight,
+        and a call that reaches the store after it is a miss or False, never an exception."""
         with self._lock:
             bound, self._bound = self._bound, None
+            self._closed = True
         if bound is not None:
             bound.store.close()
 
@@ -403,15 +421,16 @@ class SGLangL3:
         outcomes = list(result.outcomes)
         if len(outcomes) != len(keys):  # a backend that does not report per page: all or nothing by its counts
             outcomes = [PageOutcome.REJECTED if result.rejected else PageOutcome.WRITTEN] * len(keys)
-        self._count(pages_written=result.written, pages_existing=result.existing, pages_rejected=result.rejected)
-        return [o != PageOutcome.REJECTED for o in outcomes]
+        self._count(pages_written=result.written, pages_existing=result.existing, pages_rejected=result.rejected,
+                    write_faults=1 if result.failed else 0)  # a batch the store could not write: a fault
+        return [stored(o) for o in outcomes]
 
     def _run(self, kind: str, failed: T, body: Callable[[_Bound], T]) -> T:
         """`body(bound)`; a store fault (any exception: SGLang's threads must not see one) is counted as a `kind`
         fault and answers `failed`."""
         bound = self._bound
         if bound is None:
-            self._bad_request("a call before register_mem_pool_host")
+            self._bad_request("a call after close" if self._closed else "a call before register_mem_pool_host")
             return failed
         try:
             return body(bound)
@@ -425,11 +444,17 @@ class SGLangL3:
                        "misses" if kind == "read" else "False", fault)
             return failed
 
-    def _bad_request(self, why: str) -> int:
+    def _bad_request(self, kind: str, detail: str = "") -> int:
+        """Count a call refused as `kind`; it is logged the first time only (SGLang repeats a bad call at its
+        step rate: the counter says how often)."""
+        why = f"{kind} ({detail})" if detail else kind
         with self._lock:
             self._counts["bad_requests"] += 1
             self._last_fault = why
-        logger.warning("kvc L3: %s", why)
+            first = kind not in self._refused
+            self._refused.add(kind)
+        logger.log(logging.WARNING if first else logging.DEBUG, "kvc L3: %s%s", why,
+                   "; counted in bad_requests, logged once" if first else "")
         return 0
 
     def _count(self, **delta: int) -> None:

@@ -37,6 +37,12 @@ ENGINE = "SGLang HiCache"
 KV_POOL = "kv"  # SGLang's PoolName.KV: the host pool of the KV itself, the one pool kvc holds
 
 
+class Refusal(msgspec.Struct, frozen=True):
+    """Host indices that do not name whole pages of the pool, and why (never the indices themselves)."""
+
+    reason: str
+
+
 class PoolForm(msgspec.Struct, frozen=True):
     """How one SGLang host-pool layout holds a page (a row of POOL_FORMS)."""
 
@@ -74,8 +80,8 @@ def _byte_rows(tensor: Any, rows: int, what: str) -> np.ndarray:
 
 class HostPages:
     """The pages of one registered SGLang host pool: its `KVLayout` and, per page, the view into the pool's memory
-    that the store reads into or writes from (one strided array, or a segment list). Immutable after construction; `segments` may be
-    called from any thread (it only slices)."""
+    that the store reads into or writes from (one strided array, or a segment list). Immutable after construction;
+    `segments` may be called from any thread (it only slices)."""
 
     def __init__(self, pool: Any, model: str, mla: bool, shard: Shard | None) -> None:
         layout_name = str(getattr(pool, "layout", ""))
@@ -120,18 +126,32 @@ class HostPages:
             return self.segments(start)
         return self._whole[:, :, start * self._stride:(start + self.page_size) * self._stride]
 
-    def page_starts(self, host_indices: Any, pages: int) -> list[int] | None:
-        """The first host slot of each of `pages` pages named by SGLang's `host_indices` (one slot per token, a
-        page's slots consecutive from a page-aligned start); None when they do not name that many whole pages of
-        this pool."""
-        slots = host_indices.tolist() if hasattr(host_indices, "tolist") else list(host_indices)
-        if len(slots) != pages * self.page_size:
-            return None
-        starts = slots[::self.page_size]
-        limit = self.tokens - self.page_size
-        if any(not isinstance(s, int) or s < 0 or s > limit or s % self.page_size for s in starts):
-            return None
-        return starts
+    def page_starts(self, host_indices: Any, pages: int, distinct: bool = False) -> list[int] | Refusal:
+        """The first host slot of each of `pages` pages named by SGLang's `host_indices`: one slot per token, each
+        page a run of page_size consecutive slots from a page-aligned start inside the pool (as SGLang's host pool
+        allocates them). A Refusal saying why when they are not: every slot is checked, since a page is copied to
+        or from its whole run, and a slot the caller did not name must never be read into or written from.
+        `distinct`: two pages naming the same run are refused too (a read would land both in one place)."""
+        ps = self.page_size
+        try:
+            slots = np.asarray(host_indices)  # a CPU tensor (SGLang's) or an array: no copy
+        except (TypeError, RuntimeError, ValueError):  # a tensor on a device, or a sequence numpy cannot take
+            slots = np.asarray(host_indices.tolist() if hasattr(host_indices, "tolist") else list(host_indices))
+        if slots.ndim != 1 or slots.size != pages * ps:
+            return Refusal(f"{slots.size} host slots for {pages} pages of {ps} tokens")
+        if slots.dtype.kind not in "iu":
+            return Refusal(f"host indices of {slots.dtype} values, not integers")
+        runs = slots.reshape(pages, ps)
+        starts = runs[:, 0]
+        if (starts < 0).any() or (starts > self.tokens - ps).any():
+            return Refusal(f"a page outside the pool's {self.tokens} host slots")
+        if (starts % ps).any():
+            return Refusal(f"a page that does not start at a multiple of the page size {ps}")
+        if ps > 1 and (runs != starts[:, None] + np.arange(ps)).any():
+            return Refusal(f"a page whose {ps} host slots are not consecutive")
+        if distinct and np.unique(starts).size != pages:
+            return Refusal("two pages of one read into the same host slots")
+        return [int(s) for s in starts]
 
     def segments(self, start: int) -> list[np.ndarray]:
         """The page starting at host slot `start` as views into the pool, in the page's byte order (K's rows,

@@ -8,8 +8,13 @@ salt fingerprints. The port binds loopback unless told otherwise, and a wildcard
 
 Bounded resources. One event-loop thread holds every connection and one render thread reads the figures: an idle
 connection costs a file descriptor and a few KiB, never a thread. At most `max_connections` connections are open;
-one more closes the connection idle the longest (or, when none is idle, is answered `503`). A connection silent for
-`idle_timeout` seconds is closed, a request head must arrive whole within that time and within
+one more closes the connection idle the longest (or, when none is idle, is answered `503`). Idle means kept open
+after an answer and waiting for the next request, or accepted and still without its first request head
+`head_grace` seconds later: a connection just accepted, whose head is on its way, is never closed to make room
+(its scraper did nothing wrong; a burst of connects is answered 503 instead). A connection its scraper dropped
+holds its place until its handler's next step, so one over the limit waits a few event-loop steps
+(`_ROOM_STEPS`) for such places before it is refused: scrapers below the limit are all served. A connection
+silent for `idle_timeout` seconds is closed, a request head must arrive whole within that time and within
 `max_request_bytes`, and an answer must be taken at `_SEND_RATE` bytes a second at least.
 
 Scrapes do not load the cache. The figures are read (`collect`, which asks the cache between two scheduler steps)
@@ -46,6 +51,8 @@ log = logging.getLogger("kvcache.live")
 _SEND_RATE = 1 << 20  # bytes a second a scraper must at least take an answer at (a large answer gets longer)
 _CHUNK = 1 << 16  # an answer is written in chunks, so a slow reader holds at most about this much of it buffered
 _BACKLOG = min(1024, socket.SOMAXCONN)
+_ROOM_STEPS = 8  # event-loop steps a connection over the limit waits for room before it is answered 503
+HEAD_GRACE_S = 1.0  # a new connection's first request head is on its way this long: never closed to make room
 PATHS = ("/metrics", "/")  # where the exposition is served; anything else is 404
 
 
@@ -100,7 +107,8 @@ class _Answer:
 class MetricsEndpoint:
     """Serves `collect()`'s metric families at /metrics over HTTP, on TCP (`addr`, `port`; 0: any free port) or on
     the Unix socket `path` (file `mode`, peers checked against `allow_uids`, default this process's uid). See the
-    module docstring for the bounds (`max_connections`, `idle_timeout`, `max_request_bytes`) and `refresh_s`.
+    module docstring for the bounds (`max_connections`, `idle_timeout`, `head_grace`, `max_request_bytes`) and
+    `refresh_s`.
     `start()` binds (an OSError or a typed AdminError when it cannot) and serves on its own threads; `close()`
     stops. Counters: `served` answers with figures, `refused` peers off the allow-list, `evicted` idle connections
     closed to make room, `timed_out` connections closed for silence or a slow request, `peak` the most connections
@@ -109,7 +117,7 @@ class MetricsEndpoint:
     def __init__(self, collect: Callable[[], Iterable[Metric]], *, addr: str = "127.0.0.1", port: int | None = None,
                  path: str | os.PathLike | None = None, mode: int = 0o600, allow_uids: Iterable[int] | None = None,
                  max_connections: int = 64, idle_timeout: float = 10.0, refresh_s: float = 1.0,
-                 max_request_bytes: int = 8192) -> None:
+                 max_request_bytes: int = 8192, head_grace: float = HEAD_GRACE_S) -> None:
         if (port is None) == (path is None):
             raise ValueError("a metrics endpoint listens on a TCP port or on a Unix socket path: give one")
         self.collect = collect
@@ -122,6 +130,7 @@ class MetricsEndpoint:
         self.idle_timeout = idle_timeout
         self.refresh_s = refresh_s
         self.max_request_bytes = max_request_bytes
+        self.head_grace = head_grace
         self.url = ""  # where it serves, once started: http://HOST:PORT/metrics or unix:PATH
         self.wildcard = False  # a TCP endpoint bound to every interface
         self._sock: socket.socket | None = None
@@ -132,7 +141,8 @@ class MetricsEndpoint:
         self._render: _RenderThread | None = None
         self._current: _Exposition | None = None
         self._conns: OrderedDict[int, asyncio.StreamWriter] = OrderedDict()  # every open connection
-        self._idle: OrderedDict[int, asyncio.StreamWriter] = OrderedDict()  # those waiting for a request, oldest first
+        # those waiting for a request, longest first: (writer, since when (monotonic), answered before on it)
+        self._idle: OrderedDict[int, tuple[asyncio.StreamWriter, float, bool]] = OrderedDict()
         self._refused_uids: set[int] = set()
         self.served = 0
         self.refused = 0
@@ -245,7 +255,11 @@ class MetricsEndpoint:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         key = id(writer)
-        if len(self._conns) >= self.max_connections and not self._evict_idle():
+        for _ in range(_ROOM_STEPS):  # connections that just ended leave at their next step: let them
+            if len(self._conns) < self.max_connections or self._evict_idle():
+                break
+            await asyncio.sleep(0)
+        else:
             await self._answer_and_close(writer, _Answer("503 Service Unavailable", b"too many connections; try "
                                                          b"again\n"))
             return
@@ -253,9 +267,10 @@ class MetricsEndpoint:
         self.peak = max(self.peak, len(self._conns))
         writer.transport.set_write_buffer_limits(high=0)  # drain() returns once all is with the kernel
         uid = self._peer_uid(writer)
+        answered = False  # an answer went out on this connection: waiting for the next request is idling
         try:
             while True:
-                self._idle[key] = writer
+                self._idle[key] = (writer, time.monotonic(), answered)
                 try:
                     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.idle_timeout)
                 except asyncio.TimeoutError:
@@ -286,16 +301,21 @@ class MetricsEndpoint:
                     return
                 if not answer.keep:
                     return
+                answered = True
         finally:
             self._conns.pop(key, None)
             self._idle.pop(key, None)
             _end(writer)
 
     def _evict_idle(self) -> bool:
-        """Close the connection idle the longest to make room; False when none is idle."""
-        if not self._idle:
+        """Close the connection idle the longest to make room; False when none is idle. A connection still waiting
+        for its first request head is idle only once `head_grace` has passed (see the module docstring)."""
+        overdue = time.monotonic() - self.head_grace
+        key = next((k for k, (_, since, answered) in self._idle.items()  # longest waiting first
+                    if answered or since <= overdue), None)
+        if key is None:
             return False
-        key, writer = self._idle.popitem(last=False)
+        writer = self._idle.pop(key)[0]
         self._conns.pop(key, None)
         writer.transport.abort()
         self.evicted += 1

@@ -14,6 +14,7 @@ from ..errors import (
     InvalidInput,
     LayoutMismatch,
     NotAStore,
+    StoreClosed,
     StoreError,
     StoreFull,
     StoreReadOnly,
@@ -133,8 +134,8 @@ __all__ = [
     # the backend registry (registry)
     "ENTRY_POINT_GROUP", "DEFAULT_SCHEME", "scheme_of", "backends", "backend_class", "open_store",
     # the errors a backend raises
-    "InvalidInput", "LayoutMismatch", "NotAStore", "StoreError", "StoreFull", "StoreReadOnly", "StoreUnsupported",
-    "UnknownBackend",
+    "InvalidInput", "LayoutMismatch", "NotAStore", "StoreClosed", "StoreError", "StoreFull", "StoreReadOnly",
+    "StoreUnsupported", "UnknownBackend",
     # the values that name a page, a layout, a namespace and its shares (kvcache.types)
     "PAGE_HASH_BYTES", "TOKEN_BYTES", "extend_chain", "hash_root", "hash_root_of_id",
     "engine_page_hash", "ENGINE_KEY_MAX", "Shard", "ARRANGEMENTS", "new_chain_key", "KVLayout", "Namespace",

@@ -18,6 +18,14 @@ done. Every read transaction of a lock-free environment checks exactly that at i
 that writers overtook raises StoreChanged instead of returning what it read, and `SharedEnv.reading` runs it
 again (LOCK_FREE_ATTEMPTS times). A long read (a verify's snapshot of the metadata) can be overtaken every time
 on a busy store; it then fails with StoreChanged, never with a wrong result.
+
+Closing. The last handle's close unmaps the environment, and a thread still in a transaction would then read
+unmapped memory (a zero-copy value is a view into the map: SIGSEGV, or SIGBUS). So the close passes the same gate:
+it stops new transactions (they raise StoreClosed) and waits for those in flight on other threads before closing
+(`SharedEnv.close`). A close from a thread that is itself inside a transaction (a scan whose consumer closes the
+store) cannot wait for that one: the environment is closed when it ends. Transactions are short (a scan holds one
+per chunk), so the wait is too; a scan left suspended mid-chunk on another thread holds its close until it is
+closed or dropped.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ from ...errors import (
     NotAStore,
     StoreAccessDenied,
     StoreChanged,
+    StoreClosed,
+    StoreDamaged,
     StoreError,
     StoreFull,
     StoreReadOnly,
@@ -80,7 +90,8 @@ class SharedEnv:
 
     A map resize needs no transaction of this process active, so transactions pass a gate: `active` counts them,
     and a resize waits for zero while new ones wait for it to finish. Writers serialise on `write_lock` before
-    the gate (a writer blocked on LMDB's own lock while counted active would deadlock a resize).
+    the gate (a writer blocked on LMDB's own lock while counted active would deadlock a resize). The close waits
+    at the same gate (see the module docstring).
     """
 
     def __init__(self, env: lmdb.Environment, path: str, writable: bool, dbs: Dbs, fmt: StoreFormat,
@@ -97,42 +108,75 @@ class SharedEnv:
         self.write_lock = threading.RLock()
         self._gate = threading.Condition()
         self._active = 0  # transactions of this process in flight
+        self._threads: dict[int, int] = {}  # thread id -> its transactions in flight (a close never waits for its own)
         self._resizing = False
+        self._closing = False  # the last handle let go: no transaction starts any more
+        self.closed = False  # the environment is closed (unmapped)
 
-    def _enter(self) -> None:
+    def _enter(self) -> int:
+        """Count a transaction in; the id of its thread, for `_leave`. StoreClosed once the close began."""
+        me = threading.get_ident()
         with self._gate:
             while self._resizing:
                 self._gate.wait()
+            if self._closing:
+                raise StoreClosed(self.path)
             self._active += 1
+            self._threads[me] = self._threads.get(me, 0) + 1
+        return me
 
-    def _leave(self) -> None:
+    def _leave(self, thread: int) -> None:
         with self._gate:
             self._active -= 1
+            left = self._threads.pop(thread) - 1
+            if left:
+                self._threads[thread] = left
             if self._active == 0:
                 self._gate.notify_all()
+                if self._closing and not self.closed:
+                    self._close_env()  # a close made inside this transaction left it to the transaction's end
+
+    def close(self) -> None:
+        """Close the environment once no transaction of another thread is in flight (new ones raise StoreClosed
+        from now on); one of this thread's still open (a close inside a scan) closes it when it ends. Idempotent."""
+        with self._gate:
+            self._closing = True
+            mine = self._threads.get(threading.get_ident(), 0)
+            while self._active > mine:
+                self._gate.wait()
+            if self._active == 0 and not self.closed:
+                self._close_env()
+
+    def _close_env(self) -> None:
+        # under the gate, with no transaction in flight: nothing reads the map while it is unmapped
+        self.closed = True
+        self.env.close()
 
     def resize(self, map_size: int) -> None:
-        """Set the map size (0: adopt the size another process grew it to)."""
+        """Set the map size (0: adopt the size another process grew it to). StoreClosed once the close began."""
         with self._gate:
             self._resizing = True
             try:
                 while self._active:
                     self._gate.wait()
+                if self._closing:
+                    raise StoreClosed(self.path)
                 self.env.set_mapsize(map_size)
             finally:
                 self._resizing = False
                 self._gate.notify_all()
 
-    def _begin(self, write: bool, buffers: bool) -> lmdb.Transaction:
+    def _begin(self, write: bool, buffers: bool) -> tuple[lmdb.Transaction, int]:
         while True:
-            self._enter()
+            thread = self._enter()
             try:
-                return self.env.begin(write=write, buffers=True) if buffers else self.env.begin(write=write)
+                txn = self.env.begin(write=write, buffers=True) if buffers else self.env.begin(write=write)
+                return txn, thread
             except lmdb.MapResizedError:
-                self._leave()
+                self._leave(thread)
                 self.resize(0)
             except BaseException:
-                self._leave()
+                self._leave(thread)
                 raise
 
     @contextmanager
@@ -140,20 +184,22 @@ class SharedEnv:
         """A short read transaction. A record that does not decode in it is a StoreError naming the cure. In a
         lock-free environment, a read that writers overtook raises StoreChanged when it ends (whatever it read may
         come from reused pages: a record that did not decode, or an LMDB fault, is then no sign of damage)."""
-        txn = self._begin(False, buffers)
-        snapshot = txn.id() if self.lock_free else None
-        try:
-            yield txn
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        txn, thread = self._begin(False, buffers)
+        try:  # the snapshot is checked while still counted in: the environment cannot be closed under the check
+            snapshot = txn.id() if self.lock_free else None
+            try:
+                yield txn
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                self.check_snapshot(snapshot)
+                raise _damaged(self.path, exc) from None
+            except lmdb.Error:
+                self.check_snapshot(snapshot)
+                raise
+            finally:
+                txn.abort()
             self.check_snapshot(snapshot)
-            raise _damaged(self.path, exc) from None
-        except lmdb.Error:
-            self.check_snapshot(snapshot)
-            raise
         finally:
-            txn.abort()
-            self._leave()
-        self.check_snapshot(snapshot)
+            self._leave(thread)
 
     def check_snapshot(self, snapshot: int | None) -> None:
         """StoreChanged when a lock-free read of transaction `snapshot` may have seen pages a writer reused: the
@@ -195,18 +241,18 @@ class SharedEnv:
     def _write(self, body: Callable[[lmdb.Transaction], Any], grow_hint: int) -> Any:
         with self.write_lock:
             while True:
-                txn = self._begin(True, False)
+                txn, thread = self._begin(True, False)
                 committed = False
+                size = 0  # the map size when it was full (read while counted in: the close waits for that)
                 try:
                     result = body(txn)
                     txn.commit()
                     committed = True
                 except lmdb.MapFullError:
                     txn.abort()
-                    full = True
+                    size = self.env.info()["map_size"]
                 except lmdb.MapResizedError:
                     txn.abort()
-                    full = False
                 except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                     txn.abort()
                     raise _damaged(self.path, exc) from None
@@ -214,14 +260,10 @@ class SharedEnv:
                     txn.abort()
                     raise
                 finally:
-                    self._leave()
+                    self._leave(thread)
                 if committed:
                     return result
-                if full:
-                    size = self.env.info()["map_size"]
-                    self.resize(max(2 * size, size + 2 * grow_hint))
-                else:
-                    self.resize(0)
+                self.resize(max(2 * size, size + 2 * grow_hint) if size else 0)
 
     def scan(self, db: Any, chunk: int, progress: Callable[[str, int, bytes | None], None] | None = None,
              label: str = "") -> Iterator[tuple[lmdb.Transaction, bytes, Any]]:
@@ -298,6 +340,10 @@ def translate(exc: BaseException, path: str, doing: str, wanted: int = 0) -> Sto
         return StoreFull(path, f"{doing}: no space left on the disk{need}")
     if code in (errno.EACCES, errno.EPERM, errno.EROFS) or isinstance(exc, lmdb.ReadonlyError):
         return StoreReadOnly(path, f"{doing}: the location is read-only ({exc})")
+    if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError)):
+        return StoreDamaged(path, f"{doing}: LMDB found a damaged page ({type(exc).__name__}); `kvc audit` says what "
+                                  f"is damaged, and `kvc audit --repair` rebuilds the store from what still reads "
+                                  f"back sound (keeping the file beside it)")
     return StoreError(path, f"{doing}: {exc}")
 
 
@@ -568,12 +614,14 @@ def acquire(path: str, create: bool, map_size: int, durability: str,
 
 
 def release(shared: SharedEnv) -> None:
-    """One handle less holds `shared`; the last one closes its environment."""
+    """One handle less holds `shared`; the last one closes its environment once the transactions other threads
+    have in flight on it end (`SharedEnv.close`). The wait holds the lock of the process's environments, so the
+    store is not opened afresh beside the one closing (LMDB forbids two environments of one store in a process)."""
     with _ENVS_LOCK:
         shared.refs -= 1
         if shared.refs <= 0 and shared.pid == os.getpid():
             if ENVS.get(shared.path) is shared:
                 del ENVS[shared.path]
-            shared.env.close()
+            shared.close()
 
 

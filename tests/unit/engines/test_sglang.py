@@ -6,29 +6,43 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from read_only_user import NO_CAPS, read_only_store
 from redis_server import own_redis  # noqa: F401  (fixture)
 
 from kvcache.engines import sglang as adapter_module
-from kvcache.engines.sglang import CLEARED_BY, STORE_ENV, AdapterStats, SGLangL3, engine_key
+from kvcache.engines.sglang import (
+    CLEARED_BY,
+    MAX_ENGINE_KEY,
+    MAX_RAW_KEY,
+    STORE_ENV,
+    AdapterStats,
+    SGLangL3,
+    engine_key,
+)
 from kvcache.engines.sglang_pool import POOL_FORMS, HostPages
-from kvcache.errors import EngineUnsupported, InvalidInput
+from kvcache.errors import EngineUnsupported, InvalidInput, StoreClosed
 from kvcache.storage.api import CapacityPolicy, engine_hashes
 from kvcache.storage.registry import open_store
 from kvcache.types.keys import engine_page_hash, hash_root
+from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import Namespace
 from unit.engines.fake_sglang import FakeMHAHostPool, FakeMLAHostPool, FakeStorageConfig, fill
 
 KvcStorage = adapter_module.KvcStorage
+LAYOUT_FOR_KEYS = KVLayout(model="keys", layers=1, kv_heads=1, head_dim=8, dtype="float16", page_size=4)
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -237,11 +251,52 @@ def test_the_store_comes_from_env_kvc_store_when_the_config_names_none(tmp_path,
     assert (tmp_path / "from-env" / "data.mdb").exists()
 
 
-def test_engine_keys_are_the_raw_bytes_of_hex_keys_and_a_digest_of_any_other():
+def test_engine_keys_are_the_raw_bytes_of_lowercase_hex_keys_and_a_digest_of_any_other():
     k = keys("k", 1)[0]
-    assert engine_key(k) == bytes.fromhex(k)
-    assert len(engine_key("page_ab12_L0-3")) == 32 and engine_key("page_ab12_L0-3") != engine_key("page_ab12_L0-4")
+    assert engine_key(k) == bytes.fromhex(k)  # SGLang's keys: every page stored so far stays readable
     assert engine_key("7a7a") == b"zz" and engine_key("zz") != b"zz"  # a non-hex key never decodes like a hex one
+    assert engine_key("ab" * MAX_RAW_KEY) == bytes.fromhex("ab" * MAX_RAW_KEY)
+    assert len(engine_key("page_ab12_L0-3")) == MAX_ENGINE_KEY and engine_key("page_ab12_L0-3") != \
+        engine_key("page_ab12_L0-4")
+
+
+def test_no_two_key_strings_name_one_page():
+    # The issue's repros: k and k.upper(); "abcd", "ab cd" and " abcd" (bytes.fromhex skips whitespace); a non-hex
+    # key and the hex of its own digest. SGLang's keys are lowercase hex today: latent, but never one page.
+    k = keys("k", 1)[0]
+    groups = [[k, k.upper(), f" {k}", f"{k}\n", k[:32] + " " + k[32:]], ["abcd", "ab cd", " abcd", "ABCD", "abcd "],
+              ["page_ab12_L0-3", engine_key("page_ab12_L0-3").hex()], ["ab" * (MAX_RAW_KEY + 1), "ab" * MAX_RAW_KEY]]
+    for group in groups:
+        assert len({engine_key(x) for x in group}) == len(group), group
+    # and their pages are distinct pages of the store
+    hashes = engine_hashes(LAYOUT_FOR_KEYS, Namespace(extra_key="sglang"), bytes(32),
+                           [engine_key(x) for x in groups[1]])
+    assert len(set(hashes)) == len(groups[1])
+
+
+@st.composite
+def key_and_another(draw):
+    """A key string and another that an engine key built by decoding or digesting could confuse with it."""
+    raw = draw(st.binary(min_size=1, max_size=MAX_ENGINE_KEY))
+    key = draw(st.one_of(st.just(raw.hex()), st.text(max_size=40)))
+    at = draw(st.integers(0, len(key)))
+    other = draw(st.sampled_from([
+        key.upper(), key.swapcase(), key[:at] + draw(st.sampled_from([" ", "\t", "\n", "\r\n"])) + key[at:],
+        engine_key(key).hex(), key + "0", key[:-1]]))
+    return key, other
+
+
+@settings(max_examples=400, deadline=None)
+@given(key_and_another())
+def test_engine_key_is_one_to_one_over_key_strings(pair):
+    key, other = pair
+    if key != other:
+        assert engine_key(key) != engine_key(other), pair
+    for text in pair:  # a key the store takes; a lowercase hex one is its raw bytes when they fit
+        made = engine_key(text)
+        assert 0 < len(made) <= MAX_ENGINE_KEY
+        if text and len(text) <= 2 * MAX_RAW_KEY and len(text) % 2 == 0 and set(text) <= set("0123456789abcdef"):
+            assert made == bytes.fromhex(text)
 
 
 # -- outcomes per page ------------------------------------------------------------------------------------------
@@ -317,6 +372,62 @@ def test_three_sglang_threads_at_once_see_every_page_they_wrote(tmp_path):
     assert [page(pool, away + p) for p in range(rounds * per)] == sources
     stats = backend.kvc_stats()
     assert (stats.pages_read, stats.read_faults, stats.write_faults, stats.bad_requests) == (rounds * per, 0, 0, 0)
+
+
+def _refuses_reads(shared) -> bool:
+    """Whether the LMDB environment `shared` refuses new reads (its close began)."""
+    try:
+        with shared.read():
+            return False
+    except StoreClosed:
+        return True
+
+
+def test_close_during_a_read_in_flight_waits_for_it_and_every_later_call_is_a_miss_or_false(tmp_path):
+    # The issue's repro: SGLang's detach (or a failed attach) closed the store while the prefetch thread was in
+    # batch_get_v1, and the last handle's close unmapped LMDB's map under the read: the engine died (SIGSEGV).
+    # Here a read transaction of the adapter's own handle is held open on another thread, as batch_get_v1's copy
+    # holds one; tests/faults/test_faults_close.py runs the real calls against closes under load.
+    pool = mha("page_first", 4)
+    fill(pool, 23)
+    backend = storage(str(tmp_path / "l3"), pool)
+    ks = keys("closing", 2)
+    assert backend.batch_set_v1(ks, slots(pool, [0, 1])) == [True, True]
+    shared = backend.store._shared
+    inside, go, closed, read = threading.Event(), threading.Event(), threading.Event(), []
+
+    def hold(txn):
+        inside.set()
+        go.wait()
+        # the map must still be there: the close waits for this read (where it does not, the view is not touched)
+        return None if closed.is_set() else bytes(txn.get(b"format", db=shared.dbs.store))
+
+    prefetch = threading.Thread(target=lambda: read.append(shared.reading(hold, buffers=True)))
+    prefetch.start()
+    inside.wait()
+    detach = threading.Thread(target=lambda: (backend.close(), closed.set()))
+    detach.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not (closed.is_set() or _refuses_reads(shared)):  # until the close began on the store
+            assert time.monotonic() < deadline, "the close never began"
+            time.sleep(0.001)
+        assert not closed.is_set(), "the close returned while a read of its store was in flight"
+        # meanwhile SGLang's threads go on calling: misses and False, never an exception
+        assert backend.batch_get_v1(ks, slots(pool, [2, 3])) == [False, False]
+        assert backend.batch_set_v1(keys("late", 1), slots(pool, [4])) == [False]
+        assert backend.batch_exists(ks) == 0 and backend.get(ks[0], pool.get_dummy_flat_data_page()) is None
+    finally:
+        go.set()
+        prefetch.join()
+        detach.join()
+    assert read[0] is not None and closed.is_set() and shared.closed
+    stats = backend.kvc_stats()
+    assert stats.bad_requests == 4 and stats.last_fault == "a call after close" and stats.pages_missed == 3
+    # SGLang attaches again: the store is back, with every page it held
+    backend.register_mem_pool_host(pool)
+    assert backend.batch_get_v1(ks, slots(pool, [2, 3])) == [True, True]
+    assert [page(pool, 2), page(pool, 3)] == [page(pool, 0), page(pool, 1)]
 
 
 # -- faults: misses and False, counted, never an exception, never a corrupt page ---------------------------------
@@ -448,6 +559,59 @@ def test_calls_naming_no_whole_pages_or_before_registration_are_counted_misses(t
     assert backend.batch_get_v1(ks, torch.arange(64, 72)) == [False, False]  # past the pool's end
     assert backend.batch_set(ks, [pool.get_data_page(0)]) is False  # one value for two keys
     assert backend.kvc_stats().bad_requests == 6
+
+
+def _host_indices_naming_no_whole_pages(pool) -> dict[str, torch.Tensor]:
+    """Host indices for two pages of `pool` (page size 4, 8 pages) whose first page is whole and whose second is
+    not: a check of the first page only accepts every one of them."""
+    first = list(range(0, 4))
+    return {
+        "swapped slots": first + [4, 5, 7, 6],  # the page's slots, two tokens crossed
+        "a slot of another page": first + [4, 5, 6, 9],
+        "a run across two pages": first + [6, 7, 8, 9],  # consecutive, not page-aligned
+        "past the pool's end": first + [32, 33, 34, 35],
+        "negative slots": first + [-4, -3, -2, -1],
+        "a run counting down": first + [7, 6, 5, 4],
+    }
+
+
+def test_host_indices_that_do_not_name_whole_pages_are_refused_counted_and_logged_once(tmp_path, caplog):
+    # The issue's repro: only each page's first slot was checked, so a page was read into (or written from) slots
+    # the caller did not name, and reported True. Every bad page below is the second of its batch.
+    src, dst = mha("layer_first", 4), mha("layer_first", 4)
+    fill(src, 21)
+    writer, reader = storage(str(tmp_path / "l3"), src), storage(str(tmp_path / "l3"), dst)
+    stored, fresh = keys("whole", 2), keys("never", 2)
+    assert writer.batch_set_v1(stored, slots(src, [0, 1])) == [True, True]
+    bad = _host_indices_naming_no_whole_pages(dst)
+    caplog.set_level(logging.DEBUG, logger="kvcache.engines.sglang")
+    for why, indices in bad.items():
+        assert reader.batch_get_v1(stored, torch.tensor(indices)) == [False, False], why
+        assert writer.batch_set_v1(fresh, torch.tensor(indices)) == [False, False], why
+    # two pages of one read into the same slots: the first would be overwritten, yet reported read
+    assert reader.batch_get_v1(stored, slots(dst, [1, 1])) == [False, False]
+    assert bytes(dst.kv_buffer.view(torch.uint8).numpy()) == bytes(dst.kv_buffer.numel() * 2)  # not one byte read
+    assert writer.batch_exists(fresh) == 0  # not one page written
+    assert reader.kvc_stats().bad_requests == len(bad) + 1 and writer.kvc_stats().bad_requests == len(bad)
+    assert reader.kvc_stats().pages_missed == 2 * (len(bad) + 1) and reader.kvc_stats().pages_read == 0
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 2 and all("host indices that do not name whole pages" in w for w in warned), warned
+    assert "batch_get_v1" in warned[0] + warned[1] and "batch_set_v1" in warned[0] + warned[1]
+    assert "not consecutive" in reader.kvc_stats().last_fault or "same host slots" in reader.kvc_stats().last_fault
+    # whole pages still work, in any order of pages
+    assert reader.batch_get_v1(stored, slots(dst, [5, 2])) == [True, True]
+    assert [page(dst, 5), page(dst, 2)] == [page(src, 0), page(src, 1)]
+
+
+@pytest.mark.parametrize("indices", [torch.arange(0, 8, dtype=torch.float32), [0, 1, 2, 3, 4, 5, 6, 7.0],
+                                     torch.arange(0, 8).reshape(2, 4)])
+def test_host_indices_that_are_not_integers_are_refused(tmp_path, indices):
+    pool = mha("page_first", 4)
+    fill(pool, 22)
+    backend = storage(str(tmp_path / "l3"), pool)
+    ks = keys("typed", 2)
+    assert backend.batch_set_v1(ks, indices) == [False, False]
+    assert backend.batch_exists(ks) == 0 and backend.kvc_stats().bad_requests == 1
 
 
 # -- what kvc does not support: one clear error, at construction or registration ------------------------------

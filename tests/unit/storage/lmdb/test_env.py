@@ -134,3 +134,147 @@ def test_committed_txnid_reads_the_last_commit_from_the_data_file(filled):
         assert committed_txnid(str(filled)) == first
         commit(filled, 3)
         assert committed_txnid(str(filled)) == store._shared.env.info()["last_txnid"] == first + 3
+
+
+# -- closing while other threads read and write (issue 36) ------------------------------------------------------
+
+import threading  # noqa: E402
+import time  # noqa: E402
+
+from kvcache.errors import StoreClosed  # noqa: E402
+
+DEADLINE_S = 60.0  # how long a condition below may take to hold on a loaded machine: a hang, not a slow run
+
+
+def wait_until(condition, what: str) -> None:
+    """Poll `condition` until it holds (a generous deadline: the test waits for a state, not for time)."""
+    deadline = time.monotonic() + DEADLINE_S
+    while not condition():
+        assert time.monotonic() < deadline, f"still not: {what}"
+        time.sleep(0.001)
+
+
+class InFlight:
+    """A transaction held open on another thread: `body(txn)` runs in it once `go` is set."""
+
+    def __init__(self, run, body) -> None:
+        self.inside, self.go, self.out, self.error = threading.Event(), threading.Event(), [], []
+
+        def hold(txn):
+            self.inside.set()
+            self.go.wait()
+            return body(txn)
+
+        def main() -> None:
+            try:
+                self.out.append(run(hold))
+            except BaseException as exc:  # reported by the test
+                self.error.append(exc)
+
+        self.thread = threading.Thread(target=main)
+        self.thread.start()
+        self.inside.wait()
+
+    def finish(self):
+        self.go.set()
+        self.thread.join()
+        assert self.error == []
+        return self.out[0]
+
+
+class Closing:
+    """`close()` on another thread; `done` is set once it returned."""
+
+    def __init__(self, close) -> None:
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=lambda: (close(), self.done.set()))
+        self.thread.start()
+
+
+def refused(shared) -> bool:
+    """Whether a new transaction on `shared` is refused (the close began)."""
+    try:
+        with shared.read():
+            return False
+    except StoreClosed:
+        return True
+
+
+def test_the_last_close_waits_for_a_read_in_flight_on_another_thread(filled):
+    # The issue's repro: the last handle's close unmapped the map under a reader's zero-copy view (SIGSEGV). Now
+    # the close waits for the read; new reads meanwhile are StoreClosed, never a read of unmapped memory.
+    store = LMDBStore.open(str(filled))
+    shared = store._shared
+    record = store._read(lambda txn, dbs: bytes(txn.get(b"format", db=dbs.store)))
+    closing = None
+    reader = InFlight(lambda body: shared.reading(body, buffers=True),
+                      lambda txn: None if closing is None or closing.done.is_set()  # unmapped: never touched
+                      else bytes(txn.get(b"format", db=shared.dbs.store)))
+    try:
+        closing = Closing(store.close)
+        wait_until(lambda: closing.done.is_set() or refused(shared), "the close began")
+        assert not closing.done.is_set(), "the close returned while a read was in flight"
+        assert not shared.closed
+    finally:
+        got = reader.finish()
+        closing.thread.join()
+    assert got == record  # read whole from the map the close kept for it
+    assert shared.closed and closing.done.is_set()
+    with pytest.raises(StoreClosed):
+        store.exists_prefix([bytes(16)])
+
+
+def test_a_write_in_flight_is_waited_for_and_commits(filled):
+    store = LMDBStore.open(str(filled))
+    shared = store._shared
+    closing = None
+    writer = InFlight(lambda body: shared.write(body),
+                      lambda txn: txn.put(b"close-test", b"1", db=shared.dbs.store) if closing is not None
+                      and not closing.done.is_set() else None)
+    try:
+        closing = Closing(store.close)
+        wait_until(lambda: closing.done.is_set() or refused(shared), "the close began")
+        assert not closing.done.is_set(), "the close returned while a write was in flight"
+    finally:
+        writer.finish()
+        closing.thread.join()
+    with LMDBStore.open(str(filled), readonly=True) as again:
+        assert again._read(lambda txn, dbs: txn.get(b"close-test", db=dbs.store)) == b"1"
+
+
+def test_closing_one_of_two_handles_leaves_the_other_reading(filled):
+    first, second = LMDBStore.open(str(filled)), LMDBStore.open(str(filled))
+    assert first._shared is second._shared
+    first.close()
+    assert not second._shared.closed and [r.pages for r in second.namespaces()] == [3]
+    with pytest.raises(StoreClosed):
+        first.namespaces()
+    second.close()
+    assert second._shared.closed
+
+
+def test_a_close_from_inside_a_scan_closes_the_environment_when_the_scan_ends(filled):
+    # the thread that closes is itself inside a read: it cannot wait for it; the read's end closes the map
+    store = LMDBStore.open(str(filled))
+    shared = store._shared
+    scan = shared.scan(shared.dbs.meta, chunk=1)
+    _, key, value = next(scan)
+    store.close()
+    assert not shared.closed  # this thread's own read is still on the map
+    assert len(bytes(value)) > 16 and len(key) == 16  # its view still reads
+    with pytest.raises(StoreClosed):
+        next(scan)  # the next chunk is a new transaction: refused
+    assert shared.closed
+
+
+def test_two_threads_closing_one_handle_release_it_once(filled):
+    store, other = LMDBStore.open(str(filled)), LMDBStore.open(str(filled))
+    start = threading.Barrier(2)
+    threads = [threading.Thread(target=lambda: (start.wait(), store.close())) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not other._shared.closed and other._shared.refs == 1  # the other handle still holds it
+    assert [r.pages for r in other.namespaces()] == [3]
+    other.close()
