@@ -1,20 +1,32 @@
 # kvc — build, test and demo entry points.
-# TORCH pins the torch requirement so a CPU-only machine does not pull a multi-GB CUDA build;
-# override it on a GPU host, e.g. `make test TORCH='torch==2.13.0 --index-url ...'`.
-PYTHON ?= python3
-VENV   ?= .venv
-TORCH  ?= torch==2.13.0
-BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+#
+# torch: the CPU build wherever make runs. PyPI's torch for Linux x86-64 is the CUDA build (19 nvidia packages,
+# gigabytes), so TORCH (the requirement, one word) is taken from TORCH_INDEX (pip options, several words: passed
+# unquoted), PyTorch's CPU index by default; torch's own dependencies then come from pip's usual index.
+#   make test                                                  the CPU build of $(TORCH)
+#   make test TORCH_INDEX='--index-url https://download.pytorch.org/whl/cu128'    a CUDA build
+#   make test TORCH_INDEX=                                     wherever pip looks by itself (PyPI: CUDA on Linux)
+#   make test TORCH= VENV_FLAGS=--system-site-packages         a GPU host's own torch: none installed, the venv
+#                                                              sees the host's (a CUDA image's)
+PYTHON      ?= python3
+VENV        ?= .venv
+VENV_FLAGS  ?=
+TORCH       ?= torch==2.13.0
+TORCH_INDEX ?= --index-url https://download.pytorch.org/whl/cpu
+BIN         := $(VENV)/bin
+STAMP       := $(VENV)/.installed
 
-.PHONY: install lint test demo bench clean engine-check engine-check-sglang engine-check-vllm
+.PHONY: install lint test typer-next demo bench clean engine-check engine-check-sglang engine-check-vllm
 
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 
+# torch alone from TORCH_INDEX (--no-deps: an index that cannot be reached costs its retries once, not once per
+# dependency), then from pip's usual index what it needs (pip keeps the torch installed: it satisfies TORCH).
 $(STAMP): $(BIN)/python pyproject.toml plugins/kvcache_redis/pyproject.toml Makefile
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet "$(TORCH)"
+	$(if $(strip $(TORCH)),$(BIN)/pip install --quiet --no-deps "$(TORCH)" $(TORCH_INDEX))
+	$(if $(strip $(TORCH)),$(BIN)/pip install --quiet "$(TORCH)")
 	$(BIN)/pip install --quiet -e ".[test]"
 	$(BIN)/pip install --quiet -e plugins/kvcache_redis
 	touch $(STAMP)
@@ -27,10 +39,25 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # The suite runs on every core (pytest-xdist; tests share no port, file or directory): ~4.5 min on 2 cores, ~6.5
-# serially. `make test XDIST=` runs it in one process. Warnings are errors (pyproject.toml).
+# serially. `make test XDIST=` runs it in one process. Warnings are errors (pyproject.toml). Then the CLI's own
+# tests again under the newest typer (typer-next).
 XDIST ?= -n auto --dist worksteal
 test: lint
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory typer-next
+
+# kvc under the newest typer of the package index, beside the one kvc's venv holds (pyproject.toml keeps it below
+# 0.25 for start-up time): SGLang's venvs and GPU images carry 0.27-0.29, a `pip install -U` brings the newest, and
+# from 0.26 typer runs on its own copy of click. The newest is installed into a throwaway directory (TYPER_NEXT,
+# with what it needs: a few seconds) put first on PYTHONPATH, and the CLI's tests of every command run there; the
+# test module checks that the typer it runs under is that one (KVC_TYPER_NEXT). ~30 s.
+TYPER_NEXT ?= $(VENV)/typer-next
+TYPER_TESTS ?= tests/integration/test_cli_typer.py tests/integration/test_cli_every_input.py
+typer-next: $(STAMP)
+	rm -rf $(TYPER_NEXT)
+	$(BIN)/pip install --quiet --no-warn-conflicts --target $(TYPER_NEXT) --upgrade typer
+	PYTHONPATH=$(abspath $(TYPER_NEXT)) KVC_TYPER_NEXT=1 $(BIN)/python -m pytest $(XDIST) -p no:cacheprovider \
+	  $(TYPER_TESTS) $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/kvc demo $(DEMO_ARGS)
@@ -44,15 +71,16 @@ engine-check: engine-check-sglang engine-check-vllm
 # kvc as the L3 of SGLang's own HiCache. SGLang 0.5.23 lives in a venv
 # of its own (PEER_VENV; built here when it has no sglang, per the CPU recipe: sglang without its dependencies, the
 # CPU torch, its runtime libraries, no torchvision: tests/engine/stubs stands in). kvc goes in with --no-deps, so the
-# venv keeps SGLang's torch; then kvc's light dependencies (typer held below 0.25 as kvc holds it: transformers pulls
-# a later one, under which kvc's CLI fails). `PEER_VENV=/path/venv make engine-check` reuses a venv.
+# venv keeps SGLang's torch; then kvc's light dependencies (typer as SGLang's transformers has it: kvc runs under
+# every typer from 0.12 on, `make typer-next` checks the newest). `PEER_VENV=/path/venv make engine-check` reuses a
+# venv.
 PEER_VENV   ?= .peer-venv
 PEER_BIN    := $(PEER_VENV)/bin
 SGLANG      ?= sglang==0.5.23
 SGLANG_DEPS ?= numpy orjson psutil pybase64 requests triton packaging pillow starlette msgspec pydantic pyzmq tqdm \
                IPython aiohttp transformers dill "apache-tvm-ffi==0.1.11" sentencepiece compressed_tensors gguf openai \
                partial_json_parser
-KVC_LIGHT_DEPS ?= "msgspec>=0.18" "lmdb>=1.4" "typer>=0.12,<0.25" "rich>=13" "prometheus_client>=0.20" "xxhash>=3" \
+KVC_LIGHT_DEPS ?= "msgspec>=0.18" "lmdb>=1.4" "typer>=0.12" "rich>=13" "prometheus_client>=0.20" "xxhash>=3" \
                   "pyzmq>=25" "redis>=5" "pytest>=8"
 
 $(PEER_BIN)/python:
@@ -62,6 +90,7 @@ engine-check-sglang: $(PEER_BIN)/python
 	@$(PEER_BIN)/python -c "import sglang" 2>/dev/null || { \
 	  $(PEER_BIN)/pip install --quiet --upgrade pip && \
 	  $(PEER_BIN)/pip install --quiet --no-deps "$(SGLANG)" && \
+	  $(PEER_BIN)/pip install --quiet --no-deps "$(TORCH)" $(TORCH_INDEX) && \
 	  $(PEER_BIN)/pip install --quiet "$(TORCH)" && \
 	  $(PEER_BIN)/pip install --quiet $(SGLANG_DEPS) && \
 	  $(PEER_BIN)/pip install --quiet "$(TORCH)"; }
@@ -91,6 +120,7 @@ $(VLLM_BIN)/python:
 engine-check-vllm: $(VLLM_BIN)/python
 	@$(VLLM_BIN)/python -c "import vllm.v1.kv_offload.tiering.base" 2>/dev/null || { \
 	  $(VLLM_BIN)/pip install --quiet --upgrade pip && \
+	  $(VLLM_BIN)/pip install --quiet --no-deps "$(TORCH)" $(TORCH_INDEX) && \
 	  $(VLLM_BIN)/pip install --quiet "$(TORCH)" && \
 	  $(VLLM_BIN)/pip install --quiet --no-deps "$(VLLM)" && \
 	  $(VLLM_BIN)/pip install --quiet $(VLLM_DEPS); }

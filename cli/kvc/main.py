@@ -1,26 +1,26 @@
 """The `kvc` typer application: global options and the command groups.
 
-Every invocation runs under kvc.reporting.KvcGroup (one error contract: one line, exit 2; Ctrl-C exit 130). The
-command modules import only what reading a store needs; the cache and torch are imported by the commands that
-move KV, when they run, so `kvc --version`, `kvc ns ls`, `kvc stats` and `kvc audit` start in a fraction of a
-second (benchmarks/bench_startup.py).
+Every invocation runs under kvc.reporting.KvcGroup (one error contract: one line, exit 2; Ctrl-C exit 130), and
+every value of every parameter passes `kvc.inputs.guard_values` (finite numbers, UTF-8 text) as it is parsed. The
+app runs under every typer from 0.12 on: what it needs of click it takes from typer (`kvc.clickapi`), and its own
+options are declared through typer. The command modules import only what reading a store needs; the cache and
+torch are imported by the commands that move KV, when they run, so `kvc --version`, `kvc ns ls`, `kvc stats` and
+`kvc audit` start in a fraction of a second (benchmarks/bench_startup.py).
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 from typing import Any
 
 import typer
 from typer.core import TyperCommand
 
+from . import clickapi
 from .errors import UsageError
+from .inputs import guard_values
 from .reporting import STATE, KvcGroup
-
-try:  # typer < 0.25 runs on click; later typers vendor it as typer._click
-    import click
-except ImportError:
-    from typer import _click as click  # type: ignore[no-redef]  # the same module, found elsewhere
 
 # name -> (module, attribute, one line for `kvc --help`; `kvc NAME --help` shows the whole docstring). A command's
 # module is imported only when that command runs (or its own help is asked for): `kvc --version` and `kvc
@@ -68,7 +68,7 @@ def _completion_shell(value: str) -> str:
     return shell
 
 
-def _show_completion(ctx: Any, param: Any, value: str | None) -> None:
+def _show_completion(ctx: typer.Context, value: str | None) -> None:
     if value is None or ctx.resilient_parsing:
         return
     from typer.completion import get_completion_script
@@ -79,7 +79,7 @@ def _show_completion(ctx: Any, param: Any, value: str | None) -> None:
     raise typer.Exit(0)
 
 
-def _install_completion(ctx: Any, param: Any, value: str | None) -> None:
+def _install_completion(ctx: typer.Context, value: str | None) -> None:
     if value is None or ctx.resilient_parsing:
         return
     from typer.completion import install
@@ -94,18 +94,30 @@ def _complete_var(prog: str) -> str:
     return "_{}_COMPLETE".format(prog.replace("-", "_").replace(" ", "_").upper())
 
 
-def _completion_options() -> list[click.Option]:
-    """`--install-completion [SHELL]` and `--show-completion [SHELL]`: typer's own options take no shell and
-    always detect the running one (from `sh -c`: "Shell sh not supported"); these take the shell named, and
-    detect it only when none is."""
-    common: dict[str, Any] = dict(is_flag=False, flag_value="", default=None, metavar="[SHELL]",
-                                  expose_value=False, is_eager=True)
-    return [click.Option(["--install-completion"], callback=_install_completion, **common,
-                         help=f"Install completion for SHELL ({', '.join(SHELLS)}; default: the shell running "
-                         "kvc)."),
-            click.Option(["--show-completion"], callback=_show_completion, **common,
-                         help=f"Print the completion script for SHELL ({', '.join(SHELLS)}; default: the shell "
-                         "running kvc), to copy it or customise the installation.")]
+# `--install-completion [SHELL]` and `--show-completion [SHELL]`: typer's own options take no shell and always
+# detect the running one (from `sh -c`: "Shell sh not supported"); these take the shell named, and detect it only
+# when none is. They are options of the app's callback (`main`), so that every typer builds them its own way; a
+# value is optional only to click's parser (typer >= 0.26 has no such options), so `LazyGroup.parse_args` gives
+# one written without a value the empty value ("detect it").
+COMPLETION_OPTIONS = ("--install-completion", "--show-completion")
+
+
+def _completion_value_given(args: list[str]) -> list[str]:
+    """`args` with an empty value added after a completion option written without one (last, or before another
+    option), up to the command's name: what click's optional values did."""
+    out = list(args)
+    i = 0
+    while i < len(out):
+        arg = out[i]
+        if arg == "--" or arg in COMMANDS:
+            break
+        if arg in COMPLETION_OPTIONS:
+            if i + 1 == len(out) or out[i + 1].startswith("-"):
+                out.insert(i + 1, "")
+            i += 2
+            continue
+        i += 1
+    return out
 
 
 class LazyGroup(KvcGroup):
@@ -116,7 +128,12 @@ class LazyGroup(KvcGroup):
 
         super().__init__(*args, **kwargs)
         completion_init()  # typer's completion classes answer `_KVC_COMPLETE=complete_bash` as its scripts expect
-        self.params += _completion_options()
+        for param in self.params:  # the global options: --timeout, --socket, ...
+            guard_values(param)
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        """click's parsing, with a completion option's missing value given (see `_completion_value_given`)."""
+        return super().parse_args(ctx, _completion_value_given(args))
 
     def list_commands(self, ctx: Any) -> list[str]:
         """Every command's name, in the order of COMMANDS (`kvc --help` lists them so)."""
@@ -140,12 +157,27 @@ class LazyGroup(KvcGroup):
 
 
 def _build(name: str) -> Any:
+    """The command `name` as typer builds it, every value of its parameters guarded (`kvc.inputs.guard_values`)."""
     module, attr, short = COMMANDS[name]
     target = getattr(importlib.import_module(f"kvc.{module}"), attr)
+    built: Any
     if isinstance(target, typer.Typer):
-        return typer.main.get_group(target)
-    info = typer.models.CommandInfo(name=name, callback=target, short_help=short)
-    return typer.main.get_command_from_info(info, pretty_exceptions_short=True, rich_markup_mode=app.rich_markup_mode)
+        built = typer.main.get_group(target)
+    else:
+        info = typer.models.CommandInfo(name=name, callback=target, short_help=short)
+        built = typer.main.get_command_from_info(info, pretty_exceptions_short=True,
+                                                 rich_markup_mode=app.rich_markup_mode)
+    for _, command in clickapi.walk(built):
+        for param in command.params:
+            guard_values(param)
+    return built
+
+
+def every_command() -> Iterator[tuple[tuple[str, ...], Any]]:
+    """(path, command) of every command kvc has, each module imported and each group walked: ("ns", "quota",
+    "set"). For checks over all of them (tests, docs); `kvc` itself builds only the command it runs."""
+    for name in COMMANDS:
+        yield from clickapi.walk(_build(name), (name,))
 
 
 app = typer.Typer(
@@ -185,6 +217,14 @@ def main(
                                   help="Seconds to wait for a live cache's answer."),
     debug: bool = typer.Option(False, "--debug", envvar="KVC_DEBUG",
                                help="Show the traceback of an error (any command)."),
+    install_completion: str | None = typer.Option(
+        None, "--install-completion", callback=_install_completion, is_eager=True, metavar="[SHELL]",
+        show_default=False, help=f"Install completion for SHELL ({', '.join(SHELLS)}; default: the shell running "
+        "kvc)."),
+    show_completion: str | None = typer.Option(
+        None, "--show-completion", callback=_show_completion, is_eager=True, metavar="[SHELL]", show_default=False,
+        help=f"Print the completion script for SHELL ({', '.join(SHELLS)}; default: the shell running kvc), to copy "
+        "it or customise the installation."),
 ) -> None:
     """kvc: operate a tiered KV cache."""
     from . import live

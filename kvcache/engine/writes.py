@@ -13,10 +13,12 @@ is announced with its true parent. Pages the store evicted to make room for a wr
 nodes and announced removed. A write whose first page (or the first page after a gap) hangs below a stored page
 that the store has evicted since is not written (an orphan chain): the path is written again, root first.
 
-A write never puts a page below one the store did not take: at the first batch the store rejects or fails, it
-stops. Its unstored nodes are kept for a retry (their path, parent first), after 1, 2, 4 ... up to
-`RETRY_MAX_POLLS` polls while the store keeps failing, at once after a write succeeds; a write of a node whose
-parent is unstored and not being written takes the parent along (parent first), so a chain is never refused for a
+A write never puts a page below one the store did not take: at the first batch the store rejects (a refusal:
+capacity, a quota, a share) or fails (a fault: the store unreachable, or answering FAILED), it stops; the two are
+counted apart (`BackupStats.storage_rejected` pages, `storage_failed` writes). Its unstored nodes are kept for a
+retry (their path, parent first), after 1, 2, 4 ... up to `RETRY_MAX_POLLS` polls while the store keeps failing,
+at once after a write succeeds; a write of a node whose parent is unstored and not being written takes the parent
+along (parent first), so a chain is never refused for a
 parent that failed once.
 """
 
@@ -67,7 +69,8 @@ class StorageWriteJob:
         self.batch = batch  # pages per put
         self.at = 0  # pages put so far
         self.acked = 0  # leading pages the store is known to hold (acknowledged)
-        self.rejected = 0  # pages the store refused (capacity, or a fault it answered), and the chain's rest
+        self.rejected = 0  # pages the store refused (capacity, a quota, a share)
+        self.failed = 0  # pages the store could not write (PageOutcome.FAILED: unreachable, a fault it answered)
         self.evicted: list[bytes] = []  # pages the store evicted to make room for this write's puts
         # The order of store changes across writes: each put takes the next number of `clock` (shared by a cache's
         # writes, run one at a time by the worker). (end, number) per batch put; (number, hashes) per eviction.
@@ -105,8 +108,9 @@ class StorageWriteJob:
         if result.evicted_hashes:
             self.evicted += result.evicted_hashes
             self.evictions.append((seq, list(result.evicted_hashes)))
-        if result.rejected:
+        if result.rejected or result.failed:
             self.rejected += result.rejected
+            self.failed += result.failed
             # What the store holds of the batch is a prefix of it (it rejects a chain's tail): ask how long, so
             # that what it took is marked and announced. A store that cannot answer now: nothing of it counts.
             try:
@@ -240,9 +244,10 @@ class Writes:
         del self.holders.writes[job.id]
         bs = self.backup_stats
         acked = self._still_held(job)
-        failed = job.error is not None or job.rejected > 0 or job.cut or acked < job.acked
-        if job.error is not None:
+        failed = job.error is not None or job.rejected > 0 or job.failed > 0 or job.cut or acked < job.acked
+        if job.error is not None or job.failed:  # (pages the store answered FAILED are a value: counted, not logged)
             bs.storage_failed += 1
+        if job.error is not None:
             log.warning("L3 write %s failed, nodes left %s: %s", job.id,
                         "unstored" if job.bounce else "in L2 only", job.error)
         bs.storage_rejected += job.rejected

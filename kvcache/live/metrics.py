@@ -135,7 +135,8 @@ def cache_families(live: "LiveStats", namespaces: "NamespaceList | None" = None)
     yield _counter("kvc_cache_prefetch_read_errors", "Prefetch jobs that failed on an L3 fault.", p.read_errors)
     yield _labelled("kvc_cache_backup_pages", "Pages backed up, by destination tier.", "tier",
                     {"host": b.host_pages, "storage": b.storage_pages})
-    yield _labelled("kvc_cache_storage_write_pages", "L3 write outcomes that were not a success, in pages.",
+    yield _labelled("kvc_cache_storage_write_pages", "L3 write outcomes that were not a success: failed, L3 writes "
+                    "that failed (the store unreachable); rejected, pages refused (capacity, quota, share).",
                     "outcome", {"failed": b.storage_failed, "rejected": b.storage_rejected})
     if namespaces is not None:
         tokens = GaugeMetricFamily("kvc_cache_namespace_tokens", "Tokens a namespace holds, by tier.",

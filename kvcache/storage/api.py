@@ -126,20 +126,31 @@ class ChildInfo(msgspec.Struct, frozen=True, gc=False):
 
 class PageOutcome(enum.IntEnum):
     """What `put` did with one page of its batch (`PutResult.outcomes`, one byte each). An engine that wants a
-    bool per page reads `outcome != REJECTED`."""
+    bool per page reads `outcome in STORED` (`stored(outcome)`): REJECTED and FAILED pages are not in the store.
+    The two are told apart because they call for different things: a refusal stands until room is made (evict,
+    raise a share), a failure is the store's, and the same put may succeed in a moment."""
 
     WRITTEN = 0  # stored by this put
     EXISTING = 1  # already stored (content-addressed: left as it was), or a repeat of a page written earlier in it
-    REJECTED = 2  # over the capacity or its namespace's limit even after eviction, or the batch failed (a fault)
+    REJECTED = 2  # refused: over the capacity, its namespace's quota or store share, even after eviction
+    FAILED = 3  # not written: the store could not be reached or written (connection lost, timeout, a fault)
+
+
+STORED = frozenset({PageOutcome.WRITTEN, PageOutcome.EXISTING})  # the outcomes of a page the store holds
+
+
+def stored(outcome: int) -> bool:
+    """Whether a page of `outcome` (a byte of `PutResult.outcomes`) is in the store after its put."""
+    return outcome in STORED
 
 
 class PutResult(msgspec.Struct, frozen=True):
-    """What one `put` batch did. `written + existing + rejected` = pages in the batch, and `outcomes` says which
-    page is which."""
+    """What one `put` batch did. `written + existing + rejected + failed` = pages in the batch, and `outcomes`
+    says which page is which."""
 
     written: int  # new pages stored
     existing: int  # pages already stored (content-addressed: left as they were)
-    rejected: int  # pages over the capacity or their namespace's quota even after eviction (tails of chains)
+    rejected: int  # pages refused: over the capacity, their namespace's quota or share even after eviction
     evicted: int  # older pages evicted to make room
     bytes_written: int  # payload bytes of the written pages
     # The hashes of the `evicted` pages, when the backend names them (LMDB does; a backend that evicts nothing
@@ -151,6 +162,12 @@ class PutResult(msgspec.Struct, frozen=True):
     # One PageOutcome per page of the batch, in order (len == pages in the batch; every backend fills it): the
     # counts above are the tallies of these bytes.
     outcomes: bytes = b""
+
+    @property
+    def failed(self) -> int:
+        """Pages not written because the store could not be (PageOutcome.FAILED): counted from `outcomes`, so a
+        wrapper that passes the outcomes on (a fenced store) passes the failures on."""
+        return self.outcomes.count(PageOutcome.FAILED)
 
 
 class DeleteResult(msgspec.Struct, frozen=True):
@@ -193,11 +210,11 @@ class StoreCounters(msgspec.Struct, frozen=True):
     misses: int = 0  # get_into/exists_prefix calls that stopped before the end of their batch
     checksum_failures: int = 0  # pages that failed verification on read (checksum or size): misses, quarantined
     read_errors: int = 0  # I/O faults on read (served as misses)
-    write_errors: int = 0  # faults on write (a server gone, a timeout): the batch failed, counted as rejected
-    format_lost: int = 0  # batches refused because the store's format record is gone (a shared store lost its data)
+    write_errors: int = 0  # faults on write (a server gone, a timeout): the batch failed (PageOutcome.FAILED)
+    format_lost: int = 0  # batches failed because the store's format record is gone (a shared store lost its data)
     pages_written: int = 0
     pages_existing: int = 0
-    pages_rejected: int = 0
+    pages_rejected: int = 0  # refused for capacity, a quota or a share (a batch that failed is `write_errors`)
     pages_evicted: int = 0
     flushes: int = 0  # access-time flushes written
     flush_errors: int = 0  # automatic flushes that failed (the log is kept for the next one)
@@ -252,6 +269,11 @@ VERIFY_KINDS: dict[str, str] = {
     "key_file": "the store's fingerprint key file is missing, empty, not a key, or not readable by a user who "
                 "writes the store: no id or fingerprint can be derived (restore it, or `kvc init --rekey`)",
     "key_mode": "the store's fingerprint key file may be read or written by group or other (it should be 0600)",
+    "key_mismatch": "the store's key file holds a valid key, but not the one its pages were written under: the "
+                    "roots the registry recorded are none of the roots it gives (restore the store's own key; a "
+                    "repair removes nothing for it)",
+    "implausible_meta": "a page's metadata holds a time or a hit count that cannot be: a time outside the store's "
+                        "life, created after last_access, more hits than its namespace counted",
 }
 # What verify(repair=True) does per kind. Removed pages go with their whole subtree (what was reachable only
 # through them). `unknown_layout` and `unknown_namespace` are reported, never repaired: the missing record cannot
@@ -276,6 +298,8 @@ REPAIRS: dict[str, str] = {
                          "swap the fresh one in atomically; every page that could not be copied is counted as lost; "
                          "a repair that would keep nothing, or a file that is not LMDB, is refused (--force)",
     "key_mode": "chmod 600 the key file",
+    "implausible_meta": "reset the fields that cannot be (times outside the store's life to now, impossible hits to "
+                        "0); the page is kept",
 }
 
 
@@ -390,7 +414,9 @@ class L3Store(Protocol):
     def put(self, hashes: Sequence[bytes], pages: Sequence[Any], origins: Sequence[PageOrigin]) -> PutResult:
         """Store a batch of pages (each one buffer or a list of segments) in one transaction; pages already stored
         are left as they are; `outcomes` says what became of each. A backend that evicts pages to make room names
-        them in `PutResult.evicted_hashes` (a cache marks them gone)."""
+        them in `PutResult.evicted_hashes` (a cache marks them gone). A batch the store could not write (a server
+        gone, a timeout) is answered FAILED page by page, or raised as a StoreError; never counted `rejected`,
+        which is for refusals (capacity, quota, share)."""
 
     def delete_namespace(self, ns_id: NamespaceId) -> DeleteResult:
         """Remove every page of one namespace and its registry record, in bounded transactions."""

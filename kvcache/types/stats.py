@@ -76,8 +76,10 @@ class BackupStats(msgspec.Struct):
     host_bytes: int = 0
     storage_pages: int = 0  # host -> L3 pages acknowledged
     storage_bytes: int = 0
-    storage_failed: int = 0  # writes that failed on an L3 fault (nodes left intact, not marked stored)
-    storage_rejected: int = 0  # pages the store refused for lack of capacity
+    # writes that failed on an L3 fault: an exception, or pages the store could not write (unreachable, timed out,
+    # PageOutcome.FAILED); the nodes are left intact, not marked stored, and written again later
+    storage_failed: int = 0
+    storage_rejected: int = 0  # pages the store refused: its capacity, a quota or a share (never a fault)
     storage_rewrites: int = 0  # paths written again because L3 had evicted a page above them
     storage_retries: int = 0  # paths written again after a write of them failed or was refused (parent first)
     storage_evicted: int = 0  # pages the store evicted to make room for this cache's writes (marked gone)

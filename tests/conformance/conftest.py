@@ -2,22 +2,26 @@
 
 Every backend registered in the entry-point group `kvcache.storage` runs the whole suite. A new backend adds
 one factory to FACTORIES (where its stores live for a test, how to open one, how to damage one page's bytes in
-place); a registered backend without a factory fails the suite rather than skip it silently.
+place, how to make one unwritable under an open handle); a registered backend without a factory fails the suite
+rather than skip it silently.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+import resource
+import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
 import pytest
+from redis_server import redis_cluster, redis_server  # noqa: F401  (session fixtures of the redis factories)
 
-from kvcache.types.layout import KVLayout
 from kvcache.storage.api import L3Store
 from kvcache.storage.registry import backends, open_store
-from redis_server import redis_cluster, redis_server  # noqa: F401  (session fixtures of the redis factories)
+from kvcache.types.layout import KVLayout
 
 LAYOUT = KVLayout("conformance-model@r1", layers=2, kv_heads=2, head_dim=16, dtype="float16", page_size=4)
 # Same geometry, another model revision: same page size in bytes, so only the layout id keeps them apart.
@@ -31,6 +35,9 @@ class StoreFactory(msgspec.Struct, frozen=True):
     location: Callable[[Path], str]  # a fresh, empty store location for one test
     open: Callable[..., L3Store]  # open(location, layout, **options) -> a store, created if missing
     corrupt: Callable[[str, bytes], None]  # corrupt(location, payload): flip a byte of a stored payload in place
+    # outage(tmp) -> a context yielding (location, cut): a store location of its own, and what makes it unwritable
+    # under a handle already open on it (a server killed; a full disk). Undone when the context ends.
+    outage: Callable[[Path], contextlib.AbstractContextManager[tuple[str, Callable[[], None]]]]
 
 
 def _lmdb_corrupt(location: str, payload: bytes) -> None:
@@ -48,8 +55,9 @@ def _lmdb_corrupt(location: str, payload: bytes) -> None:
 
 def _redis_corrupt(location: str, payload: bytes) -> None:
     # The page record's `d` field is an 8-byte checksum + the payload: flip a payload byte in place.
-    import redis
     from urllib.parse import parse_qs, urlsplit
+
+    import redis
 
     parts = urlsplit(location)
     prefix = parse_qs(parts.query)["prefix"][0]
@@ -64,6 +72,42 @@ def _redis_corrupt(location: str, payload: bytes) -> None:
                 client.hset(key, "d", bytes(flipped))
                 hits += 1
     assert hits, "payload not found under the store's prefix"
+
+
+@contextlib.contextmanager
+def _lmdb_outage(tmp: Path) -> Iterator[tuple[str, Callable[[], None]]]:
+    """The file system refuses to let the data file grow (RLIMIT_FSIZE at its size: a full disk, for this process
+    only): LMDB's commit fails with EFBIG. SIGXFSZ, which would kill the process, is ignored meanwhile."""
+    location = str(tmp / "store")
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.getsignal(signal.SIGXFSZ)
+
+    def cut() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(os.path.join(location, "data.mdb")), limits[1]))
+
+    try:
+        yield location, cut
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, previous)
+
+
+def _redis_outage(cluster: bool) -> Callable[[Path], contextlib.AbstractContextManager[tuple[str, Callable[[], None]]]]:
+    """A server of the test's own, killed (SIGKILL, as a crash) by `cut`; the handle's timeouts short, so that it
+    notices at once."""
+
+    @contextlib.contextmanager
+    def outage(tmp: Path) -> Iterator[tuple[str, Callable[[], None]]]:
+        from redis_server import RedisServer, require_server
+
+        server = RedisServer(require_server(), tmp / "redis-outage", cluster=cluster).start()
+        try:
+            yield server.store_url() + "&timeout=0.5&connect_timeout=0.5&backoff_max=0.2", server.kill
+        finally:
+            server.stop()
+
+    return outage
 
 
 def _redis_location(cluster: bool) -> Callable[[Path], str]:
@@ -82,13 +126,14 @@ FACTORIES: dict[str, StoreFactory] = {
         location=lambda tmp: str(tmp / "store"),
         open=_open_created,
         corrupt=_lmdb_corrupt,
+        outage=_lmdb_outage,
     ),
     # A real redis-server on 127.0.0.1 (tests/redis_server.py), one key prefix per test.
     "redis": StoreFactory(backend="redis", location=_redis_location(False), open=_open_created,
-                          corrupt=_redis_corrupt),
+                          corrupt=_redis_corrupt, outage=_redis_outage(False)),
     # The cluster code path (one-key scripts, per-slot pipelines) on a one-node Redis Cluster.
     "redis+cluster": StoreFactory(backend="redis+cluster", location=_redis_location(True), open=_open_created,
-                                  corrupt=_redis_corrupt),
+                                  corrupt=_redis_corrupt, outage=_redis_outage(True)),
 }
 # Schemes that open the same backend as another one over TLS: the suite runs over the plain scheme.
 ALIASES = {"rediss": "redis", "rediss+cluster": "redis+cluster"}

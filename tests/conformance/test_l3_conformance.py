@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from kvcache.errors import LayoutMismatch
+from kvcache.errors import LayoutMismatch, StoreError
 from kvcache.types.keys import pack_tokens
 from kvcache.types.namespace import Namespace
 from kvcache.types.layout import KVLayout
-from kvcache.storage.api import L3Store, page_origins
+from kvcache.storage.api import L3Store, PageOutcome, page_origins, stored
 from kvcache.storage.registry import open_store
 
 LAYOUT = KVLayout("conformance-model@r1", layers=2, kv_heads=2, head_dim=16, dtype="float16", page_size=4)
@@ -372,3 +372,46 @@ def test_the_chain_roots_are_keyed_by_the_stores_own_secret(factory, location, t
     # the roots its namespace records keep (what an audit without the key checks pages against)
     [record] = [r for r in store.namespaces() if r.ns_id_hex == NS_A.id_hex]
     assert record.roots == [store.root(NS_A).hex()]
+
+
+def test_a_put_the_store_cannot_write_fails_and_is_never_a_refusal(factory, tmp_path):
+    """Issue 36: a Redis server killed mid-replay was reported as 72,214 `rejected` pages, the word for capacity,
+    quota and share refusals, so a full store and a dead one read alike. A put the store cannot carry out (its
+    server gone, its disk full) is either raised (StoreError: LMDB's failed commit) or answered FAILED page by page
+    (`PutResult.failed`), never `rejected`; a share's refusal is REJECTED and never `failed`. Either way nothing of
+    the batch is stored, and the store is sound after."""
+    from kvcache.types.shares import Shares
+
+    nbytes = LAYOUT.bytes_per_page
+    with factory.outage(tmp_path) as (location, cut):
+        store = factory.open(location, LAYOUT)
+        try:
+            store.set_shares(NS_B, Shares(store_bytes=2 * nbytes))
+            hashes, origins = page_origins(LAYOUT, pack_tokens(range(16)), NS_B, store.chain_key)
+            refused = store.put(hashes, [page_payload(h, nbytes) for h in hashes], origins)
+            assert (refused.written, refused.rejected, refused.failed) == (2, 2, 0)
+            assert bytes(refused.outcomes[2:]) == bytes([PageOutcome.REJECTED]) * 2
+            assert [stored(o) for o in refused.outcomes] == [True, True, False, False]
+
+            kept, _ = write(store, range(16), NS_A)
+            hashes, origins = page_origins(LAYOUT, pack_tokens(range(16, 16 + 4 * 64)), NS_A, store.chain_key)
+            cut()
+            try:
+                result = store.put(hashes, [page_payload(h, nbytes) for h in hashes], origins)
+            except StoreError:
+                result = None  # raised: the contract's other answer
+            if result is not None:
+                assert (result.written, result.existing, result.rejected, result.failed) == (0, 0, 0, 64)
+                assert result.outcomes == bytes([PageOutcome.FAILED]) * 64
+                assert not any(stored(o) for o in result.outcomes)
+            counters = store.counters()
+            assert counters.pages_rejected == 2  # the share's refusals, and nothing of the failed batch
+        finally:
+            store.close()
+        again = factory.open(location, LAYOUT) if result is None else None  # LMDB: the same file, sound
+        if again is not None:
+            try:
+                assert again.exists_prefix(kept) == 4 and again.exists_prefix(hashes) == 0
+                assert again.verify().ok
+            finally:
+                again.close()

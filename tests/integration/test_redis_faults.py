@@ -86,10 +86,10 @@ def test_refused_connections_are_misses_and_failed_writes_then_it_reconnects(own
     assert store.exists_prefix(hashes) == 0
     assert store.get_into(hashes, list(out)) == 0 and not out.any()
     result = store.put(hashes[4:], payloads[4:], origins[4:])
-    assert (result.written, result.existing, result.rejected) == (0, 0, 4)
+    assert (result.written, result.existing, result.rejected, result.failed) == (0, 0, 0, 4)
     store.flush()  # a fault keeps the access log, raises nothing
     c = store.counters()
-    assert c.read_errors >= 2 and c.write_errors >= 1 and c.pages_rejected == 4
+    assert c.read_errors >= 2 and c.write_errors >= 1 and c.pages_rejected == 0  # a failure, not a refusal
     own_redis.restart()
     wait_until_back(store, hashes[:4])
     assert store.put(hashes[4:], payloads[4:], origins[4:]).written == 4
@@ -107,7 +107,7 @@ def test_a_hung_server_times_out_into_a_miss(own_redis):  # noqa: F811
     try:
         out = np.zeros((4, LAYOUT.bytes_per_page), dtype=np.uint8)
         assert store.get_into(hashes, list(out)) == 0
-        assert store.put(*chain(store.chain_key, 100, 2)).rejected == 2
+        assert store.put(*chain(store.chain_key, 100, 2)).failed == 2
     finally:
         os.kill(own_redis.proc.pid, signal.SIGCONT)
     assert store.counters().read_errors >= 1 and store.counters().write_errors >= 1

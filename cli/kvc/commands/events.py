@@ -18,7 +18,16 @@ tier: ``STORAGE/kvcr``), and a block per KV-cache group, as vLLM counts them.
 
 A message that is not a KV-event batch never ends the reading (a router's feed must survive one bad message): it is
 skipped, said in one line on stderr (the first MALFORMED_SHOWN of them, then one line at each power of ten), and
-counted in the summary at the end — on stderr, and with --json as the last object on stdout (`EventsSummary`).
+counted in the summary at the end — on stderr, and with --json as the last object on stdout (`EventsSummary`). A
+batch with an impossible field (a `ts` that is not a finite unix time of this era, a negative or absurd page size,
+token id or rank) is such a message: its feed's decoder refuses it, in every output mode.
+
+Nor can a publisher blind or flood the reader. One whose numbering goes back (an engine or `kvc serve` restarted on
+the endpoint) or leaps forward past any replay buffer is followed from its new number on, said in one line on
+stderr (rate-limited alike) and counted (`restarts`, `jumps`); after a restart the blocks held are counted afresh.
+A replay answer is printed as it arrives, a bounded chunk at a time (`kvcache.live.events.REPLAY_CHUNK_BATCHES`,
+`REPLAY_CHUNK_BYTES`), never gathered whole; one that stops short of its end marker (silent for the replay timeout,
+a message over `REPLAY_MESSAGE_MAX_BYTES`, more than `REPLAY_MAX_BATCHES`) is counted (`replays_cut_short`).
 """
 
 from __future__ import annotations
@@ -35,24 +44,33 @@ import zmq
 
 from kvcache.engines import sglang_events, vllm_events
 from kvcache.errors import EventEndpointError
-from kvcache.live.events import EventRecord, FeedSubscriber, MalformedMessage, ReceivedBatch, records
+from kvcache.live.events import (
+    REPLAY_MESSAGE_MAX_BYTES,
+    Discontinuity,
+    EventRecord,
+    FeedSubscriber,
+    MalformedMessage,
+    ReceivedBatch,
+    records,
+)
 from kvcache.storage.location import StoreLocation
 from kvcache.types.events import decode_batch
 from kvcache.types.namespace import FINGERPRINT_KEY_BYTES, env_fingerprint_key
 
 from .. import live
 from ..errors import UsageError
+from ..inputs import endpoint
 from ..options import DebugOpt
 from ..render.text import escape_controls, shown
 from ..reporting import command
 from ..secrets import store_location
 
 EndpointOpt = Annotated[str | None, typer.Option(
-    "--endpoint", envvar="KVC_EVENTS", show_default=False, metavar="ENDPOINT",
+    "--endpoint", envvar="KVC_EVENTS", show_default=False, metavar="ENDPOINT", parser=endpoint,
     help="The feed's PUB address, as `kvc serve --events` bound it but with a host to connect to (e.g. "
     "tcp://127.0.0.1:5557, ipc:///run/kvc/events). Env: KVC_EVENTS.")]
 ReplayOpt = Annotated[str | None, typer.Option(
-    "--replay", envvar="KVC_EVENTS_REPLAY", show_default=False, metavar="ENDPOINT",
+    "--replay", envvar="KVC_EVENTS_REPLAY", show_default=False, metavar="ENDPOINT", parser=endpoint,
     help="The feed's replay address (`kvc serve --events-replay`): missed batches are fetched from it. "
     "Env: KVC_EVENTS_REPLAY.")]
 
@@ -81,7 +99,8 @@ FingerprintStoreOpt = Annotated[StoreLocation | None, typer.Option(
     "for this run: fingerprints then compare within the run only. Not read from KVC_STORE: the feed opens no store "
     "unless asked.")]
 
-MALFORMED_SHOWN = 10  # malformed messages said one line each; after them, one line at 100, 1000, 10000, ...
+MALFORMED_SHOWN = 10  # malformed messages (and breaks in the numbering) said one line each; after them, one line
+# at 100, 1000, 10000, ...
 
 
 class EventsSummary(msgspec.Struct, tag="Summary", tag_field="type"):
@@ -91,21 +110,44 @@ class EventsSummary(msgspec.Struct, tag="Summary", tag_field="type"):
     events: int = 0  # printed
     replayed: int = 0  # batches fetched from the replay socket
     missed: int = 0  # batches known missing that no replay gave back
-    malformed: int = 0  # messages that were not KV-event batches: skipped
+    malformed: int = 0  # messages that were not KV-event batches (or had an impossible field): skipped
+    restarts: int = 0  # the publisher's numbering went back (it restarted): followed from there
+    jumps: int = 0  # the numbering leapt forward past any replay buffer: followed from there
+    replays_cut_short: int = 0  # replay answers that stopped short of their end marker
     blocks: dict[str, int] = {}  # blocks each medium holds after the events printed (from the last
     # AllBlocksCleared, else from the start of the reading); media without any left out
 
 
+def _later(count: int) -> str | None:
+    """What the `count`-th line of a kind adds (the rate limit's word), or None when it is not one to say: each of
+    the first MALFORMED_SHOWN, then one at each power of ten."""
+    if count > MALFORMED_SHOWN and 10 ** len(str(count - 1)) != count:
+        return None
+    return "" if count < MALFORMED_SHOWN else (
+        " (further ones are counted; one line at each power of ten)" if count == MALFORMED_SHOWN else
+        f" ({count} so far)")
+
+
 def _malformed_line(count: int, bad: MalformedMessage) -> str | None:
     """The stderr line for the `count`-th malformed message, or None when it is not one to say (rate limit)."""
-    if count > MALFORMED_SHOWN and 10 ** len(str(count - 1)) != count:
+    later = _later(count)
+    if later is None:
         return None
     where = f"batch {bad.seq}" if bad.seq is not None else "a message"
     how = " (from the replay socket)" if bad.replayed else ""
-    later = "" if count < MALFORMED_SHOWN else (
-        " (further ones are counted; one line at each power of ten)" if count == MALFORMED_SHOWN else
-        f" ({count} so far)")
     return escape_controls(f"kvc events: skipped {where}{how}: {bad.reason}{later}"[:400])
+
+
+def _discontinuity_line(count: int, broke: Discontinuity, max_gap: int) -> str | None:
+    """The stderr line for the `count`-th break in the publisher's numbering, or None (rate limit)."""
+    later = _later(count)
+    if later is None:
+        return None
+    if broke.kind == "restarted":
+        return (f"kvc events: the feed started again at batch {broke.seq} after batch {broke.after} (its publisher "
+                f"restarted, or its numbering went back): following it from there, blocks held counted afresh{later}")
+    return (f"kvc events: the feed jumped from batch {broke.after} to batch {broke.seq} (more than {max_gap:,} ahead, "
+            f"past any replay buffer: its numbering jumped; not counted missed): following it from there{later}")
 
 
 HEADER = f"{'seq':>6}  {'time':<12}  {'event':<18}  {'medium':<10}  {'namespace':<24}  {'pages':>5}  " \
@@ -138,10 +180,14 @@ class MediumTally:
         self._held: dict[str, set[str]] = {}
         self._where = where
 
+    def forget(self) -> None:
+        """Forget every block: the publisher restarted, and what it held went with it."""
+        self._held.clear()
+
     def apply(self, rec: Any) -> int:
         """Count event `rec` (a record with type, and what `where` reads); the blocks its medium holds after it."""
         if rec.type == "AllBlocksCleared":
-            self._held.clear()
+            self.forget()
             return 0
         medium, blocks = self._where(rec)
         held = self._held.setdefault(medium, set())
@@ -294,7 +340,7 @@ def events(
     replay: ReplayOpt = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Subscribe and print events as they come.")] = False,
     start: Annotated[int | None, typer.Option(
-        "--from", min=0, show_default=False, metavar="SEQ",
+        "--from", min=0, max=2**63 - 1, show_default=False, metavar="SEQ",
         help="Begin at this sequence number: the batches before the first one received are fetched from --replay "
         "(0: all the publisher still buffers, so the view starts from the cache's full state).")] = None,
     topic: Annotated[str, typer.Option("--topic", help="Only messages whose topic starts with this.")] = "",
@@ -305,8 +351,9 @@ def events(
         help="Stop once no batch came for this many seconds (0: wait for ever).")] = 0.0,
     json: Annotated[bool, typer.Option("--json", help="One JSON object per event per line (hashes in hex) on "
                                                       "stdout, then one summary object ({\"type\": \"Summary\", "
-                                                      "batches, events, replayed, missed, malformed, blocks: "
-                                                      "held per medium}), nothing else. --engine sglang: "
+                                                      "batches, events, replayed, missed, malformed, restarts, "
+                                                      "jumps, replays_cut_short, blocks: held per medium}), "
+                                                      "nothing else. --engine sglang: "
                                                       "kvc's SGLangEventRecord, the salt as salt_fingerprint; "
                                                       "--engine vllm: kvc's VLLMEventRecord, the salt as "
                                                       "salt_fingerprint and in extra_keys as salt:FINGERPRINT."
@@ -319,8 +366,10 @@ def events(
     group), an engine's salts as keyed fingerprints: with --follow as they come, else what the replay buffer
     holds. Each line says how many blocks the event's medium holds after it, as far as the events read tell.
     Events fetched by replay are marked '*' (JSON: "replayed"). Batches missed and no longer buffered are reported
-    on stderr at the end. A message that is not a KV-event batch is skipped, said on stderr (rate-limited) and
-    counted; the reading goes on. An address where no publisher answers within the --timeout given before the
+    on stderr at the end. A message that is not a KV-event batch (or a batch with an impossible field) is skipped,
+    said on stderr (rate-limited) and counted; the reading goes on. A publisher whose numbering starts again (a
+    restart) or jumps is followed from there, said on stderr and counted. A replay answer is printed as it comes, a
+    bounded chunk at a time. An address where no publisher answers within the --timeout given before the
     command (`kvc --timeout S events ...`, default 30 s) is one line on stderr and exit 2."""
     if endpoint is None:
         raise UsageError("kvc events needs --endpoint ENDPOINT (the address `kvc serve --events` publishes on; "
@@ -347,9 +396,16 @@ def events(
         if said is not None:
             typer.echo(said, err=True)
 
+    def discontinuity(broke: Discontinuity) -> None:
+        if broke.kind == "restarted":
+            tally.forget()
+        said = _discontinuity_line(sub.restarts + sub.jumps, broke, sub.max_gap)
+        if said is not None:
+            typer.echo(said, err=True)
+
     wait = live.timeout()
     sub = FeedSubscriber(endpoint, feed.decode, replay_endpoint=replay, topic=topic, start=start,
-                         on_malformed=malformed)
+                         on_malformed=malformed, on_discontinuity=discontinuity)
     try:
         # ZeroMQ connects in the background and retries for ever: make sure a publisher is there, within --timeout
         _wait_for_peer(endpoint, zmq.SUB, wait, feed.who)
@@ -362,25 +418,33 @@ def events(
         print(feed.header, flush=True)
     try:
         if not follow:
-            show(sub.fetch(start or 0))
-            return
-        last = time.monotonic()
-        while not count or summary.batches < count:
-            got = sub.receive(timeout=0.25)
-            if got:
-                show(got)
-                last = time.monotonic()
-            elif idle_timeout and time.monotonic() - last >= idle_timeout:
-                break
+            for chunk in sub.replay(start or 0):  # printed as it comes: a reader holds one chunk, never the answer
+                show(chunk)
+                if count and summary.batches >= count:
+                    break
+        else:
+            last = time.monotonic()
+            while not count or summary.batches < count:
+                got = sub.receive(timeout=0.25)
+                if got or sub.reading:  # a replay answer being read is no idle feed, even in a chunk it passes whole
+                    show(got)
+                    last = time.monotonic()
+                elif idle_timeout and time.monotonic() - last >= idle_timeout:
+                    break
     except KeyboardInterrupt:
         pass  # Ctrl-C is how a follow ends: not an error
     finally:
         sub.close()
     summary.replayed, summary.missed, summary.malformed = sub.replayed, sub.missed, sub.malformed
+    summary.restarts, summary.jumps, summary.replays_cut_short = sub.restarts, sub.jumps, sub.replays_cut_short
     summary.blocks = tally.counts()
     if sub.missed:
         typer.echo(f"kvc events: {sub.missed} batches missed and no longer in the replay buffer", err=True)
     if sub.malformed:
         typer.echo(f"kvc events: {sub.malformed} malformed messages skipped (not KV-event batches)", err=True)
+    if sub.replays_cut_short:
+        typer.echo(f"kvc events: {sub.replays_cut_short} replay answers cut short (silent for {sub.replay_timeout:g} "
+                   f"s, a message over {REPLAY_MESSAGE_MAX_BYTES >> 20} MiB, or more batches than any buffer holds)",
+                   err=True)
     if json:
         print(msgspec.json.encode(summary).decode(), flush=True)

@@ -49,7 +49,8 @@ class PutOutput(msgspec.Struct):
     pages: int  # whole pages of them (a partial tail page is not stored)
     written: int  # pages newly stored
     existing: int  # pages the store already held (content-addressed: unchanged)
-    rejected: int  # pages over the store's capacity or the namespace's quota
+    rejected: int  # pages refused: over the store's capacity, the namespace's quota or its store share
+    failed: int  # pages not stored because the store could not be written (unreachable, a fault): try again
     bytes: int  # payload bytes newly written
     seconds: float
     kv: str  # "synthetic" (a function of each page hash; `kvc load-back` and replays can verify it) or "file"
@@ -72,7 +73,8 @@ def put(
 ) -> None:
     """Write the whole pages of one token sequence to the store, under the namespace given by --extra-key and
     --salt. Pages the store already holds are left as they are. Exits 1 when the store took none of the pages
-    (all refused for capacity, a quota or a share, or a write fault)."""
+    (all refused for capacity, a quota or a share, or failed: the store could not be written), and when the
+    sequence is shorter than one page (nothing to store)."""
     ids = tokens_arg(tokens, tokens_file)
     if ids is None:
         raise UsageError("give the sequence with --tokens or --tokens-file")
@@ -86,7 +88,7 @@ def put(
         hashes, origins = page_origins(layout, pack_tokens(ids), ns, handle.chain_key)
         synthetic = SyntheticKV(layout)
         start = time.perf_counter()
-        written = existing = rejected = nbytes = 0
+        written = existing = rejected = failed = nbytes = 0
         with progress("put", len(hashes), not json) as advance:
             for at in range(0, len(hashes), BATCH_PAGES):
                 hs = hashes[at:at + BATCH_PAGES]
@@ -95,22 +97,29 @@ def put(
                 written += result.written
                 existing += result.existing
                 rejected += result.rejected
+                failed += result.failed
                 nbytes += result.bytes_written
                 advance(at + len(hs))
         handle.flush()
-    result_ = PutOutput(ns.info(), len(ids), len(hashes), written, existing, rejected, nbytes,
+    result_ = PutOutput(ns.info(), len(ids), len(hashes), written, existing, rejected, failed, nbytes,
                         time.perf_counter() - start, "file" if kv_file is not None else "synthetic")
     if json:
         emit_json(result_)
     else:
         rate = nbytes / result_.seconds if result_.seconds else 0.0
         say(f"{ns_label(ns)}: {len(hashes)} pages of {len(ids)} tokens: "
-            f"{written} written, {existing} already stored, {rejected} rejected; {human_bytes(nbytes)} in "
+            f"{written} written, {existing} already stored, {rejected} rejected, {failed} failed; "
+            f"{human_bytes(nbytes)} in "
             f"{result_.seconds * 1000:.1f} ms ({human_bytes(rate)}/s)")
-    if hashes and not written + existing:
+    if not hashes:
+        # Less than one page: nothing was stored, and a script must not go on as if it were (docs/json.md).
+        sys.stderr.write(f"kvc: error: {len(ids)} tokens are less than one page of {layout.page_size}: "
+                         f"nothing to store\n")
+        raise typer.Exit(EXIT_FOUND)
+    if not written + existing:
         # Nothing of what was given is in the store: a script must not go on as if it were.
         sys.stderr.write(f"kvc: error: the store took none of the {len(hashes)} pages ({rejected} refused for "
-                         f"capacity, a quota or a share, or a write fault)\n")
+                         f"capacity, a quota or a share, {failed} failed: the store could not be written)\n")
         raise typer.Exit(EXIT_FOUND)
 
 

@@ -32,7 +32,7 @@ from ..outputs import ForceOpt, is_stdout, output_target, write_file, writing
 from ..render.output import emit_json, say
 from ..render.progress import progress
 from ..render.replay import print_report
-from ..render.text import esc, human_bytes
+from ..render.text import esc, escape_controls, human_bytes
 from ..reporting import command
 
 if TYPE_CHECKING:
@@ -69,9 +69,10 @@ def replay(
     """Replay a workload through the whole core — match, L3 prefetch, admit, forward (synthetic KV), commit,
     backup, eviction, load-back — on a cache embedded on the store. Committed pages are written to the store
     (flushed before exit), so a later replay in a new process hits L3. Exit 1 when --verify finds a mismatch,
-    the final ownership audit fails, or no L3 write succeeded (every one failed or was refused: nothing was
-    backed up); a read-only store is refused before the replay starts (exit 2). With --socket, the live cache
-    runs the trace with its own sizes and policies (the tier and policy options are then not used)."""
+    the final ownership audit fails, the trace holds no request, or no L3 write succeeded (every one failed or
+    was refused: nothing was backed up); a read-only store is refused before the replay starts (exit 2). With
+    --socket, the live cache runs the trace with its own sizes and policies (the tier and policy options are then
+    not used)."""
     snapshot_target = output_target(snapshot_out, "--snapshot-out", force) if snapshot_out is not None else None
     requests = read_trace(trace)  # validated whole before anything runs: a bad line changes nothing
     if (sock := live.socket_path(socket)) is not None:
@@ -96,18 +97,26 @@ def replay(
 
 
 def _finish(report: "ReplayReport", requests: list[TraceRequest], title: str, json: bool) -> None:
-    """Print a replay's report; exit 1 when it found problems, or when it wrote pages to L3 and none of them made
-    it (a store that refuses writes: the next process would find nothing)."""
+    """Print a replay's report; exit 1 when it found problems, when the trace held no request (nothing was
+    replayed: a script must not go on as if it had been), or when it wrote pages to L3 and none of them made it (a
+    store that refuses writes: the next process would find nothing)."""
     if json:
         emit_json(report)
     else:
         print_report(report, title, requests)
+    if not requests:
+        sys.stderr.write(f"kvc: error: {escape_controls(title)}: the trace holds no request; nothing was replayed\n")
+        raise typer.Exit(EXIT_FOUND)
     b = report.backup
-    lost = b.storage_failed + b.storage_rejected
+    lost = b.storage_failed or b.storage_rejected
     if lost:
-        what = "every L3 write" if not b.storage_pages else f"{lost} of {lost + b.storage_pages} L3 page writes"
-        sys.stderr.write(f"kvc: warning: {what} failed or was refused ({b.storage_failed} failed, "
-                         f"{b.storage_rejected} refused): those pages stayed in L2 only\n")
+        # failed (the store could not be written: gone, timed out) and refused (capacity, a quota, a share) call for
+        # different things, so they are never summed into one word
+        said = [f"{b.storage_failed} L3 writes failed (the store could not be written)"] if b.storage_failed else []
+        if b.storage_rejected:
+            said.append(f"{b.storage_rejected} pages were refused by the store (capacity, a quota or a share)")
+        none = ", and no L3 write succeeded" if not b.storage_pages else ""
+        sys.stderr.write(f"kvc: warning: {'; '.join(said)}{none}: those pages stayed in L2 only\n")
     if not report.ok or (lost and not b.storage_pages):
         raise typer.Exit(EXIT_FOUND)
 

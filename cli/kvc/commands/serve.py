@@ -29,6 +29,7 @@ from kvcache.types.events import MediumNames
 from .. import live
 from ..context import offline_cache, open_for_cache
 from ..errors import UsageError
+from ..inputs import endpoint, octal_mode
 from ..options import (
     DEFAULT_STORE,
     DebugOpt,
@@ -44,17 +45,24 @@ from ..options import (
 from ..render.output import console, emit_json
 from ..reporting import command
 
-ModeBits = Annotated[str, typer.Option("--socket-mode", help="Permissions of the socket file, octal (owner "
-                                       "only by default). Whoever can connect must also be on the allow-list "
-                                       "(--allow-uid).")]
+MAX_IDLE_S = 3600.0  # the longest a connection may stay silent (admin socket and metrics alike)
+MAX_TTL_S = 10 * 365 * 86400.0  # ten years: the longest time to live a namespace can be given
+MAX_UID = 2**32 - 2  # uid_t, less (uid_t)-1, which no process runs as
+
+ModeBits = Annotated[str, typer.Option(
+    "--socket-mode", metavar="MODE", parser=octal_mode,
+    help="Permissions of the socket file, octal (owner only by default). Whoever can connect must also be on the "
+    "allow-list (--allow-uid).")]
 AllowUids = Annotated[list[int] | None, typer.Option(
-    "--allow-uid", help="A uid whose processes may use the socket (checked with SO_PEERCRED on every connection); "
-    "repeat for several. Default: only the uid running kvc serve.", show_default=False, metavar="UID")]
+    "--allow-uid", min=0, max=MAX_UID, show_default=False, metavar="UID",
+    help="A uid whose processes may use the socket (checked with SO_PEERCRED on every connection); repeat for "
+    "several. Default: only the uid running kvc serve.")]
 MaxConnections = Annotated[int, typer.Option(
-    "--max-connections", help="Connections served at once; one more is answered 'busy' (clients retry).")]
+    "--max-connections", min=1, max=4096,
+    help="Connections served at once; one more is answered 'busy' (clients retry).")]
 IdleTimeout = Annotated[float, typer.Option(
-    "--idle-timeout", help="Seconds a connection may stay silent, or take to send one request, before the server "
-                           "closes it.")]
+    "--idle-timeout", min=0.0, max=MAX_IDLE_S,
+    help="Seconds a connection may stay silent, or take to send one request, before the server closes it.")]
 MetricsPortOpt = Annotated[int | None, typer.Option(
     "--metrics-port", min=0, max=65535, show_default=False,
     help="Serve Prometheus metrics of the live cache over HTTP on this TCP port (0: any free port; the ready line "
@@ -72,21 +80,24 @@ MetricsSocketOpt = Annotated[str | None, typer.Option(
     "http://localhost/metrics`): only the uids of the admin socket's allow-list (--allow-uid, checked with "
     "SO_PEERCRED) get figures, any other is answered 403.")]
 MetricsModeOpt = Annotated[str, typer.Option(
-    "--metrics-socket-mode", help="Permissions of the --metrics-socket file, octal (owner only by default); "
-    "whoever connects must also be on the allow-list.")]
+    "--metrics-socket-mode", metavar="MODE", parser=octal_mode,
+    help="Permissions of the --metrics-socket file, octal (owner only by default); whoever connects must also be "
+    "on the allow-list.")]
 MetricsConnectionsOpt = Annotated[int, typer.Option(
     "--metrics-max-connections", min=1, max=4096,
     help="Metrics connections open at once; one more closes the one idle the longest. Connections hold no thread "
     "(one event loop serves them all).")]
 MetricsIdleOpt = Annotated[float, typer.Option(
-    "--metrics-idle-timeout", metavar="SECONDS",
+    "--metrics-idle-timeout", metavar="SECONDS", min=0.0, max=MAX_IDLE_S,
     help="Seconds a metrics connection may stay silent, or take to send one request, before it is closed.")]
 MetricsRefreshOpt = Annotated[float, typer.Option(
-    "--metrics-refresh-s", metavar="SECONDS",
+    "--metrics-refresh-s", metavar="SECONDS", min=0.0, max=3600.0,
     help="Read the cache's figures at most once per this many seconds, whatever the number of scrapers; scrapes "
     "in between get the same exposition (0: a read per scrape, still one at a time).")]
+# The --ttl-* options declare their upper bounds; their lower ones are the TTL policy's own checks (`_ttl_policy`),
+# said in its words.
 TTLDefaultOpt = Annotated[float | None, typer.Option(
-    "--ttl-default-s", show_default=False, metavar="SECONDS",
+    "--ttl-default-s", show_default=False, metavar="SECONDS", max=MAX_TTL_S,
     help="Turn namespace expiry on: a namespace's time to live, in seconds, when its requests ask for none. At "
     "its deadline it is dropped from L1, L2 and the store (nothing written back); while requests of it run, "
     "the expiry waits for the last one, and a new request of it cancels the wait. Off by default.")]
@@ -94,16 +105,16 @@ TTLModeOpt = Annotated[TTLMode, typer.Option(
     "--ttl-mode", case_sensitive=False,
     help="sliding: the deadline runs from the namespace's last use (admit or prefetch); absolute: from its first.")]
 TTLMaxOpt = Annotated[float | None, typer.Option(
-    "--ttl-max-s", show_default=False, metavar="SECONDS",
+    "--ttl-max-s", show_default=False, metavar="SECONDS", max=MAX_TTL_S,
     help="The longest time to live a request may ask for (its ttl_s is clamped to this). Default: --ttl-default-s.")]
 TTLNamespacesOpt = Annotated[int, typer.Option(
     "--ttl-max-namespaces", min=1, max=10_000_000,
     help="Namespaces tracked at once; a new one beyond this expires those closest to their deadline first.")]
 TTLSweepOpt = Annotated[float, typer.Option(
-    "--ttl-sweep-s", metavar="SECONDS",
+    "--ttl-sweep-s", metavar="SECONDS", max=86400.0,
     help="How often the owner loop looks for expired namespaces (a use past the deadline expires it at once).")]
 EventsOpt = Annotated[str | None, typer.Option(
-    "--events", show_default=False, metavar="ENDPOINT",
+    "--events", show_default=False, metavar="ENDPOINT", parser=endpoint,
     help="Publish KV events (BlockStored / BlockRemoved / AllBlocksCleared, the batches vLLM and SGLang publish) "
     "on a ZeroMQ PUB socket bound here: a port alone (5557, or * for any free port: the ready line names it) "
     "binds loopback, 127.0.0.1; any other address is bound as written, e.g. tcp://10.0.0.5:5557 or "
@@ -111,7 +122,7 @@ EventsOpt = Annotated[str | None, typer.Option(
     "(tcp://*:5557, 0.0.0.0, ::) binds every interface and is warned about. One batch per step that changed "
     "the cache; salts never, only their fingerprints. Follow it with `kvc events --follow`.")]
 EventsReplayOpt = Annotated[str | None, typer.Option(
-    "--events-replay", show_default=False, metavar="ENDPOINT",
+    "--events-replay", show_default=False, metavar="ENDPOINT", parser=endpoint,
     help="Also bind a ROUTER socket here (same forms as --events) that re-sends the batches a subscriber missed, "
     "from the sequence number it asks for (the last --events-buffer batches are kept). Answers are bounded: "
     "--events-max-replays run at once (one more is answered busy: the client asks again), each leaves as fast "
@@ -169,16 +180,9 @@ def serve(
     path = live.socket_path(socket)
     if path is None:
         raise UsageError("kvc serve needs --socket PATH (or KVC_SOCKET)")
-    try:
-        bits = int(socket_mode, 8)
-    except ValueError:
-        raise UsageError(f"--socket-mode {socket_mode!r}: not an octal mode such as 600") from None
-    if not 1 <= max_connections <= 4096:
-        raise UsageError(f"--max-connections {max_connections}: must be 1..4096")
-    if not 0 < idle_timeout <= 3600:  # also refuses nan and inf
-        raise UsageError(f"--idle-timeout {idle_timeout:g}: must be > 0 and at most 3600 seconds")
-    if any(uid < 0 for uid in allow_uid or ()):
-        raise UsageError("--allow-uid: a uid is a number >= 0")
+    bits = int(socket_mode.lower().replace("o", ""), 8)  # octal digits: checked by its parser (inputs.octal_mode)
+    if not idle_timeout > 0:  # the declared range takes 0: a connection must be given some time
+        raise UsageError(f"--idle-timeout {idle_timeout:g}: must be > 0 and at most {MAX_IDLE_S:g} seconds")
     allowed = {os.geteuid(), *allow_uid} if allow_uid else None
     metrics = _metrics_endpoint(metrics_port, metrics_addr, metrics_socket, metrics_socket_mode,
                                 metrics_max_connections, metrics_idle_timeout, metrics_refresh_s, allowed,
@@ -289,14 +293,10 @@ def _metrics_endpoint(port: int | None, addr: str | None, path: str | None, mode
         raise UsageError("--metrics-addr needs --metrics-port (the TCP endpoint it is the address of)")
     if port is not None and path is not None:
         raise UsageError("--metrics-port and --metrics-socket: give one (the metrics endpoint listens on one)")
-    if not 0 < idle_timeout <= 3600:  # also refuses nan and inf
-        raise UsageError(f"--metrics-idle-timeout {idle_timeout:g}: must be > 0 and at most 3600 seconds")
-    if not 0 <= refresh_s <= 3600:
-        raise UsageError(f"--metrics-refresh-s {refresh_s:g}: must be 0..3600 seconds")
-    try:
-        bits = int(mode, 8)
-    except ValueError:
-        raise UsageError(f"--metrics-socket-mode {mode!r}: not an octal mode such as 600") from None
+    if not idle_timeout > 0:  # the declared range takes 0: a connection must be given some time
+        raise UsageError(f"--metrics-idle-timeout {idle_timeout:g}: must be > 0 and at most {MAX_IDLE_S:g} "
+                         f"seconds")
+    bits = int(mode.lower().replace("o", ""), 8)  # octal digits: checked by its parser (inputs.octal_mode)
     if port is None and path is None:
         return None
     from kvcache.live.metrics import cache_families

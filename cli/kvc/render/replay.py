@@ -53,7 +53,8 @@ def print_report(report: "ReplayReport", title: str, requests: "list[TraceReques
         f"{report.namespace_mismatches} namespace mismatches")
     b = report.backup
     say(f"backup: {b.host_pages} pages L1 -> L2, {b.storage_pages} pages L2 -> L3 "
-        f"({human_bytes(b.storage_bytes)}), {b.storage_failed} failed, {b.storage_rejected} rejected")
+        f"({human_bytes(b.storage_bytes)}), {b.storage_failed} writes failed (store unreachable), "
+        f"{b.storage_rejected} pages rejected (capacity, quota, share)")
     if report.verify:
         verdict = "ok" if not report.verify_mismatches else f"{report.verify_mismatches} pages DIFFER"
         say(f"verify: {report.verified_tokens} cached tokens compared byte for byte: {verdict}")

@@ -69,7 +69,7 @@ def test_engine_origins_chain_the_keys_and_hash_each_under_the_root():
 
 
 def test_a_put_result_names_each_pages_outcome_in_one_byte():
-    assert [int(o) for o in PageOutcome] == [0, 1, 2]
+    assert [int(o) for o in PageOutcome] == [0, 1, 2, 3]  # WRITTEN, EXISTING, REJECTED, FAILED: one byte each
     assert PutResult(0, 0, 0, 0, 0).outcomes == b""
     outcomes = bytes([PageOutcome.WRITTEN, PageOutcome.REJECTED, PageOutcome.EXISTING])
     result = PutResult(1, 1, 1, 0, 1024, outcomes=outcomes)
