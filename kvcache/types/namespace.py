@@ -77,7 +77,7 @@ def parse_fingerprint_key(text: str, source: str = FINGERPRINT_KEY_ENV) -> bytes
         key = b""
     if not _KEY_RANGE[0] <= len(key) <= _KEY_RANGE[1]:
         raise InvalidInput(f"{source}: a fingerprint key is {2 * _KEY_RANGE[0]} to {2 * _KEY_RANGE[1]} hex digits "
-                           f"(got {len(text)} characters that are not)")
+                           f"(this one is not: its length and text are not echoed, it is a secret)")
     return key
 
 
@@ -176,11 +176,11 @@ def _canonical(value: object, name: str) -> str | None:
         raise InvalidNamespace(f"{name} must be a string or None, got {type(value).__name__}")
     try:
         value.encode("utf-8")
-    except UnicodeEncodeError as exc:
+    except UnicodeEncodeError:
         # A lone surrogate: Python's stand-in for bytes that were not UTF-8 (e.g. on a command line). It has no
-        # digest and no JSON form. The value is not echoed: it may be the salt.
-        raise InvalidNamespace(f"{name} is not valid UTF-8 text (character {exc.start} stands for an undecodable "
-                               f"byte)") from None
+        # digest and no JSON form. The value is not echoed: it may be the salt; nor is where the undecodable byte
+        # sits (a position measured in a salt says something of it).
+        raise InvalidNamespace(f"{name} is not valid UTF-8 text (it holds an undecodable byte)") from None
     return value
 
 

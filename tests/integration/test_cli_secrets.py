@@ -16,11 +16,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from redis_server import RedisServer, require_server
 from typer.testing import CliRunner
 
 from kvc.main import app
 from kvcache import Namespace, WorkloadSpec, generate, write_trace
-from redis_server import RedisServer, require_server
 
 KVC = Path(sys.executable).with_name("kvc")
 PASSWORD = "pw-Zq8xV3-redis-secret"
@@ -224,3 +224,157 @@ def test_init_of_an_lmdb_url_names_the_key_file_it_wrote(tmp_path):
     init = json.loads(_invoke("init", "--store", f"lmdb://{path}", "--json").stdout)
     key_file = Path(init["fingerprint_key"])
     assert key_file == path / "fingerprint.key" and stat.S_IMODE(key_file.stat().st_mode) == 0o600
+
+
+# --- issue 36, item 5: no message can give a secret away ----------------------------------------------------------
+# On ebaf189 every error line had each secret of the invocation replaced by *** wherever its text occurred, which
+# says where the secret's text is: salt `prod` printed /srv/***/kvc-store, salt `a` printed cre***te, password `1`
+# printed ***27.0.0.***. Each test below fails there.
+
+def _error_line(result, says):
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvc: error: ") and says in lines[0], result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("salt", ["prod", "a", "e", "1", "/", ".", "no store here"])
+def test_a_salt_never_edits_a_message(tmp_path, salt):
+    store = tmp_path / "srv" / "prod" / "kvc-store"
+    put = ["put", "--store", str(store), "--extra-key", "t1", "--tokens", TOKENS]
+    expected = f"kvc: error: {store}: no store here (create one with `kvc init`, or pass --store / KVC_STORE)"
+    for args in (put, put + ["--json"]):
+        result = runner.invoke(app, args, env={"KVC_SALT": salt})
+        assert _error_line(result, "no store here") == expected
+    # the --debug traceback too: the same bytes as without a salt
+    debug = [runner.invoke(app, ["--debug", *put], env={"KVC_SALT": s}) for s in ("", salt)]
+    assert "Traceback (most recent call last)" in debug[0].stderr and "***" not in debug[1].stderr
+    assert debug[0].stderr == debug[1].stderr
+
+
+@pytest.mark.parametrize("password", ["1", "2", ".", "0.0"])
+def test_a_short_password_leaves_the_address_whole(password):
+    with __import__("socket").socket() as closed:  # bound, never listened on: refused
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        url = f"redis://:{password}@127.0.0.1:{port}/0"
+        for fmt in ([], ["--json"]):
+            result = runner.invoke(app, ["stats", "--store", url, *fmt], env={"KVC_SALT": password})
+            line = _error_line(result, "cannot reach the server")
+            assert line == (f"kvc: error: redis://:***@127.0.0.1:{port}/0: cannot reach the server: cannot connect "
+                            f"(ECONNREFUSED: Connection refused)")
+            if fmt:
+                assert json.loads(result.stdout)["error"]["message"] == line.removeprefix("kvc: error: ")
+
+
+def test_a_wrong_password_is_said_in_kvcs_words(locked_redis):
+    for wrong in ("1", PASSWORD[:-1]):
+        url = f"redis://:{wrong}@127.0.0.1:{locked_redis.port}/0"
+        line = _error_line(runner.invoke(app, ["ns", "ls", "--store", url]), "refused the credentials")
+        assert line == (f"kvc: error: redis://:***@127.0.0.1:{locked_redis.port}/0: cannot reach the server: the "
+                        f"server refused the credentials (a wrong or missing password or user)")
+
+
+def test_a_password_in_the_query_is_shown_by_structure(locked_redis):
+    url = f"redis://127.0.0.1:{locked_redis.port}/0?password=1&prefix=p1.1:"
+    result = runner.invoke(app, ["ns", "ls", "--store", url])  # no store under that prefix
+    assert result.exit_code == 2 and "?password=***&prefix=p1.1:" in result.stderr, result.stderr
+    assert result.stderr.count("***") == 1
+
+
+def test_a_salt_file_that_is_a_directory_is_one_line_naming_the_option(lmdb_store, tmp_path):
+    # ebaf189: "kvc: error: 3: Is a directory" (the open file's descriptor taken for a file name)
+    for fmt in ([], ["--json"]):
+        result = runner.invoke(app, ["ns", "show", "t1", "--store", str(lmdb_store), "--salt-file", str(tmp_path),
+                                     *fmt])
+        line = _error_line(result, f"--salt-file {tmp_path}: a directory")
+        if fmt:
+            assert json.loads(result.stdout)["error"] == {"kind": "usage", "message": line[len("kvc: error: "):]}
+
+
+def test_what_is_wrong_with_a_salt_says_nothing_measured_from_it(lmdb_store, tmp_path):
+    """A salt that is not UTF-8, or a salt file too large: the same line whatever the bytes (ebaf189 said which
+    character of the salt was not UTF-8, and the file's size)."""
+    said = set()
+    for content in (b"ab\xffcd\n", b"\xfe\n", b"salt\xc3"):
+        path = tmp_path / "bad.salt"
+        path.write_bytes(content)
+        path.chmod(0o600)
+        said.add(_error_line(runner.invoke(app, ["ns", "show", "t1", "--store", str(lmdb_store), "--salt-file",
+                                                 str(path)]), "not UTF-8"))
+    assert len(said) == 1 and "character" not in said.pop()
+    big = set()
+    for size in (5000, 6001):
+        path = tmp_path / "big.salt"
+        path.write_bytes(b"s" * size)
+        path.chmod(0o600)
+        big.add(_error_line(runner.invoke(app, ["ns", "show", "t1", "--store", str(lmdb_store), "--salt-file",
+                                                str(path)]), "more than 4096 bytes"))
+    assert len(big) == 1
+
+
+def test_an_error_kvc_did_not_raise_is_named_not_quoted():
+    """A library's error text may quote what it was handed (a URL, a salt): its type and place are printed, never
+    its text; kvc's own errors and code-shaped ones (TypeError, AttributeError) as raised."""
+    from kvc import reporting
+    from kvcache.errors import StoreError
+
+    def fail():
+        try:
+            raise UnicodeEncodeError("utf-8", SALT, 3, 4, "surrogates not allowed")
+        except UnicodeEncodeError as exc:
+            raise StoreError("/srv/kvc", "cannot read the registry") from exc
+
+    with pytest.raises(StoreError) as info:
+        fail()
+    message = reporting.message_of(info.value.__cause__)
+    assert SALT not in message and "'t'" not in message and "position" not in message
+    assert message.startswith("internal error: UnicodeEncodeError: (text withheld") and "raised at" in message
+    assert reporting.message_of(info.value) == "/srv/kvc: cannot read the registry"
+    assert reporting.message_of(TypeError("'int' object is not iterable")).endswith(
+        "TypeError: 'int' object is not iterable (run with --debug for the traceback)")
+    trace = reporting.traceback_of(info.value)
+    assert SALT not in trace and trace.count("Traceback (most recent call last):") == 2
+    assert "The above exception was the direct cause of the following exception:" in trace
+    assert trace.rstrip().endswith("kvcache.errors.StoreError: /srv/kvc: cannot read the registry")
+    assert "UnicodeEncodeError: (text withheld" in trace and 'raise StoreError("/srv/kvc"' in trace
+
+
+def test_the_guard_fails_loudly_where_a_message_would_carry_a_secret(lmdb_store):
+    """With KVC_SECRET_GUARD=1 (tests), a line that holds a secret of this invocation is an error of kvc's, raised,
+    never scrubbed. Here the extra_key is spelled like the salt, so the refusal names it: the guard cannot tell,
+    and says so loudly rather than mangling the line."""
+    from kvc.errors import SecretInOutput
+
+    twin = "tenant-twin-secret"
+    args = ["ns", "drop", twin, "--yes", "--store", str(lmdb_store)]
+    result = runner.invoke(app, args, env={"KVC_SALT": twin, "KVC_SECRET_GUARD": "1"})
+    assert isinstance(result.exception, SecretInOutput), (result.exit_code, result.stderr)
+    assert "an error or warning line" in str(result.exception) and twin not in str(result.exception)
+    off = runner.invoke(app, args, env={"KVC_SALT": twin, "KVC_SECRET_GUARD": None})
+    assert off.exit_code == 2 and f"no namespace {twin}/" in off.stderr  # without the guard: printed as built
+    short = runner.invoke(app, ["ns", "drop", "t1", "--yes", "--store", str(lmdb_store)],
+                          env={"KVC_SALT": "t1", "KVC_SECRET_GUARD": "1"})
+    assert short.exit_code == 2 and "no namespace t1/" in short.stderr  # this short, a secret is structure's alone
+
+
+def test_a_live_cache_on_an_lmdb_location_with_a_token_never_shows_it(tmp_path):
+    location = f"lmdb://{tmp_path}/s?token={PASSWORD}"
+    env = _env(KVC_SALT=SALT)
+    assert kvc("init", "--store", location, "--page-size", 4, env=env).returncode == 0
+    assert kvc("put", "--store", location, "--extra-key", "t1", "--tokens", TOKENS, env=env).returncode == 0
+    sock = tmp_path / "s.sock"
+    serve = subprocess.Popen([str(KVC), "serve", "--store", location, "--socket", str(sock), "--metrics-port", "0",
+                              "--json", "--device-tokens", "1024", "--host-tokens", "4096"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        ready = json.loads(serve.stdout.readline())
+        outputs = [json.dumps(ready), urllib.request.urlopen(ready["metrics"], timeout=30).read().decode()]
+        for args in (["stats", "--json"], ["ping", "--json"], ["ns", "ls", "--json"], ["stats", "--prom"]):
+            out = kvc("--socket", sock, *args, env=env)
+            assert out.returncode == 0, out.stderr
+            outputs += [out.stdout, out.stderr]
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        _, err = serve.communicate(timeout=60)
+    _no_password(*outputs, err)
