@@ -55,8 +55,9 @@ def _meta(data: bytes, psize: int) -> tuple[int, int]:
     return best
 
 
-def live_pages(path: str) -> list[Page]:
-    """Every live branch, leaf and overflow page of the environment at `path` (a directory)."""
+def live_pages(path: str, records: dict[str, dict[bytes, set[int]]] | None = None) -> list[Page]:
+    """Every live branch, leaf and overflow page of the environment at `path` (a directory). `records`: filled with
+    where each record of each sub-database lies, db -> key -> the pages holding it (its leaf, its overflow run)."""
     with open(os.path.join(path, "data.mdb"), "rb") as f:
         data = f.read()
     psize = page_size(data)
@@ -65,11 +66,25 @@ def live_pages(path: str) -> list[Page]:
     subs: list[tuple[str, int]] = []
     _walk(data, psize, root, "", out, subs)
     for name, sub_root in subs:
-        _walk(data, psize, sub_root, name, out, [])
+        _walk(data, psize, sub_root, name, out, [], records)
     return out
 
 
-def _walk(data: bytes, psize: int, root: int, db: str, out: list[Page], subs: list[tuple[str, int]]) -> None:
+def free_list_pages(path: str) -> list[Page]:
+    """The pages of the free list's own B-tree (live pages too: LMDB reads them to find pages to reuse)."""
+    with open(os.path.join(path, "data.mdb"), "rb") as f:
+        data = f.read()
+    psize = page_size(data)
+    best = max((0, 1), key=lambda p: struct.unpack_from("<Q", data, p * psize + HEADER + 24 + 2 * DB_RECORD.size
+                                                       + 8)[0])
+    root = DB_RECORD.unpack_from(data, best * psize + HEADER + 24)[7]
+    out: list[Page] = []
+    _walk(data, psize, root, "free", out, [])
+    return out
+
+
+def _walk(data: bytes, psize: int, root: int, db: str, out: list[Page], subs: list[tuple[str, int]],
+          records: dict[str, dict[bytes, set[int]]] | None = None) -> None:
     stack = [root] if root != INVALID else []
     seen: set[int] = set()
     while stack:
@@ -96,13 +111,16 @@ def _walk(data: bytes, psize: int, root: int, db: str, out: list[Page], subs: li
             lo, hi, nflags, ksize = struct.unpack_from("<HHHH", data, base + off)
             key = data[base + off + NODE:base + off + NODE + ksize]
             value_at = base + off + NODE + ksize
+            held = records.setdefault(db, {}).setdefault(bytes(key), set()) if records is not None else set()
+            held.add(pgno)
             if nflags & F_BIGDATA:
                 over = struct.unpack_from("<Q", data, value_at)[0]
                 count = struct.unpack_from("<I", data, over * psize + 12)[0]
                 out.append(Page(over, "data", db, [(HEADER, HEADER + (lo | hi << 16))], count))
+                held.update(range(over, over + count))
             elif nflags & F_SUBDATA:
                 record = DB_RECORD.unpack_from(data, value_at)
                 if nflags & F_DUPDATA:
-                    _walk(data, psize, record[7], db, out, [])  # a dupsort value's own tree
+                    _walk(data, psize, record[7], db, out, [], records)  # a dupsort value's own tree
                 else:
                     subs.append((key.decode("latin-1"), record[7]))

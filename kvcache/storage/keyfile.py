@@ -20,12 +20,15 @@ import enum
 import os
 import stat
 import tempfile
+from collections.abc import Iterable
 
 import msgspec
 
-from ..errors import KeyFileError, StoreError
+from ..errors import KeyFileError, KeyMismatch, StoreError
+from ..types.keys import hash_root_of_id
 from ..types.namespace import new_fingerprint_key, parse_fingerprint_key
-from .api import VerifyFinding
+from .api import NamespaceRecord, PageMeta, VerifyFinding
+from .codec import engine_keyed
 
 KEY_FILE = "fingerprint.key"
 KEY_MODE = 0o600
@@ -235,3 +238,81 @@ def key_findings(directory: str, repair: bool = False) -> list[VerifyFinding]:
                                    f"read the store's key, and with it guess short salts back from fingerprints "
                                    f"(chmod 600 it)", repaired=fixed))
     return found
+
+
+# --- a valid key, but not the store's ---------------------------------------------------------------------------
+
+
+class KeyEvidence:
+    """Whether a chain key is the one a store's pages were written under, from what the store recorded under it:
+    each namespace record's roots (written with the first page under each root), each token page hanging from no
+    stored page (its parent must be its own root), each engine page (its hash is its key's under its root). Each
+    one either proves the key or contradicts it. The key is the store's when anything proves it; one that nothing
+    proves and something contradicts is another key (a wrong backup restored, a tool that wrote a fresh one): an
+    audit under it would call every chain head an orphan and every engine page misfiled, and a repair would
+    delete them all. A store rekeyed on purpose (`kvc init --rekey --yes`) reads so too until `kvc audit --repair
+    --force` removes what its old key wrote."""
+
+    __slots__ = ("chain_key", "proves", "contradicts", "_roots")
+
+    def __init__(self, chain_key: bytes) -> None:
+        self.chain_key = chain_key
+        self.proves = 0
+        self.contradicts = 0
+        self._roots: dict[tuple[bytes, bytes], bytes] = {}
+
+    def root(self, layout_id: bytes, ns_id: bytes) -> bytes:
+        """The root of (layout, namespace) under the key (computed once)."""
+        pair = (layout_id, ns_id)
+        found = self._roots.get(pair)
+        if found is None:
+            found = self._roots[pair] = hash_root_of_id(layout_id, ns_id, self.chain_key)
+        return found
+
+    def _count(self, proven: bool) -> None:
+        if proven:
+            self.proves += 1
+        else:
+            self.contradicts += 1
+
+    def record(self, ns_id: bytes, record: NamespaceRecord, layout_ids: Iterable[bytes]) -> None:
+        """A namespace record (registered under `ns_id`) and the layouts of the store: its recorded roots against
+        the roots the key gives (a record without roots, or a store without layouts, says nothing)."""
+        layouts = list(layout_ids)
+        if record.roots and layouts:
+            given = {self.root(lay, ns_id).hex() for lay in layouts}
+            self._count(bool(given & set(record.roots)))
+
+    def head(self, meta: PageMeta) -> None:
+        """A token page whose parent is no stored page: its parent must be its namespace's root under the key."""
+        if not meta.key:
+            self._count(meta.parent == self.root(meta.layout_id, meta.ns_id))
+
+    def engine_page(self, page_hash: bytes, meta: PageMeta) -> None:
+        """An engine page: its hash must be its key's under its namespace's root under the key."""
+        if meta.key:
+            self._count(engine_keyed(page_hash, meta, (self.root(meta.layout_id, meta.ns_id),)))
+
+    @property
+    def mismatch(self) -> bool:
+        """Whether the key is provably not the store's: nothing proves it, something contradicts it."""
+        return self.contradicts > 0 and self.proves == 0
+
+
+KEY_MISMATCH = "key_mismatch"  # the audit's finding kind for it
+
+
+def mismatch_detail(directory: str, evidence: KeyEvidence) -> str:
+    """The one line that names a key file that is not the store's key, and the way out."""
+    return (f"{_path(directory)}: this store's key file is not the key its pages were written under ("
+            f"{evidence.contradicts} namespace root(s) or page(s) recorded under another key, none under this one: "
+            f"a wrong backup restored, or a tool that wrote a fresh key). Restore the store's own "
+            f"{KEY_FILE} from a backup (nothing was written or removed under this one); if the key was replaced "
+            f"on purpose (`kvc init --rekey --yes`), `kvc audit --repair --force` removes the pages written under "
+            f"the old key")
+
+
+def refuse_mismatch(directory: str, evidence: KeyEvidence) -> None:
+    """KeyMismatch (one line, the way out) when `evidence` says the key is not the store's."""
+    if evidence.mismatch:
+        raise KeyMismatch(_path(directory), mismatch_detail(directory, evidence).split(": ", 1)[1])

@@ -16,6 +16,15 @@ The checks:
   namespace or layout than their parent's, children entries that name no page filed under that parent, and
   registry counters against the pages stored (`check_snapshot`).
 
+Every field of a page's metadata record (`PageMeta`) is covered by a check: `ns_id` and `layout_id` (recorded in
+the registry and the layouts, the same as its parent's), `parent` and `tokens` (the hash chain: the page's hash is
+H(parent || tokens), and the parent is a stored page or its namespace's root), `key` (an engine page's hash under
+its root), `nbytes` (the stored size, the layout's page size), `checksum` (the value's own), `created` and
+`last_access` (finite, inside the store's life give or take a day of clock skew, and created <= last_access), and
+`hits` (not negative, not above its namespace's count, and the pages of a namespace together not above it:
+`implausible`, `_check_counters`). A low bit flipped in a time, or a hit count that stays plausible, is beyond any
+check; one that would steer eviction or an incremental audit far off is not.
+
 Repair removes each removable finding's page and, depth first, every page below it (a page below is removed only
 while the page above stays gone), in bounded batches (`IntegritySource.repair_batch`: one write transaction, one
 script...). Each removal is rechecked by the backend against the record as it is then (`Guard`), so a page that a
@@ -25,8 +34,9 @@ writer stored again, or that is sound and reachable from its namespace root, is 
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import msgspec
 
@@ -47,6 +57,9 @@ from .verify_parts import (
 )
 
 T = TypeVar("T")
+
+
+UNRECORDED = ("structure_corrupt", "key_mismatch")  # findings after which an audit writes nothing to the store
 
 
 class Guard(enum.StrEnum):
@@ -79,6 +92,7 @@ class PageRow(msgspec.Struct, frozen=True, gc=False):
     ns_id: bytes
     layout_id: bytes
     nbytes: int  # by its metadata
+    hits: int = -1  # by its metadata (-1: the backend keeps hits elsewhere; not summed against the registry)
 
 
 class ScannedPage(msgspec.Struct, frozen=True, gc=False):
@@ -90,6 +104,7 @@ class ScannedPage(msgspec.Struct, frozen=True, gc=False):
     damaged: bool = False  # metadata is stored but does not decode
     indexed: bool = True  # the children index lists it under the parent its metadata names
     registered: bool = True  # the namespace its metadata names is in the registry
+    ns_hits: int = -1  # the hits its namespace's record counts, read in the same view (-1: not known here)
 
 
 class Snapshot(msgspec.Struct):
@@ -138,6 +153,15 @@ class RepairOps(Protocol):
         """Remove the "namespaces" or "layouts" record under `key` if it still does not decode."""
 
 
+@runtime_checkable
+class ResetsFields(Protocol):
+    """`RepairOps` of a backend that can repair a page's implausible metadata fields in place (LMDB)."""
+
+    def reset_fields(self, pages: Sequence[bytes]) -> list[bool]:
+        """Set each page's implausible `created`, `last_access` and `hits` to what can be (`implausible`'s
+        bounds, as of now), rechecked first: per page, whether it was reset (or is plausible now)."""
+
+
 class IntegritySource(Protocol):
     """What a backend implements so that `verify` can audit and repair it."""
 
@@ -168,10 +192,19 @@ class IntegritySource(Protocol):
         """Set every registry counter (and the store totals, where kept) from the pages stored."""
 
 
+@runtime_checkable
+class OwnChecks(Protocol):
+    """A source with checks of its own besides the records (LMDB: its page map, its key file against the pages):
+    a full audit asks it first."""
+
+    def own_checks(self, found: "Findings") -> None:
+        """Run them; each problem a finding in `found`."""
+
+
 class Findings:
     """What one verify found, and what repair may do about each finding (indices into `items`)."""
 
-    __slots__ = ("items", "by_page", "remove", "relink", "unlink", "recount", "damaged", "fixed")
+    __slots__ = ("items", "by_page", "remove", "relink", "unlink", "recount", "damaged", "fixed", "reset")
 
     def __init__(self) -> None:
         self.items: list[VerifyFinding] = []
@@ -182,6 +215,7 @@ class Findings:
         self.recount: list[int] = []  # findings a recount fixes
         self.damaged: list[tuple[str, bytes, int]] = []  # ("namespaces" | "layouts", key, finding): undecodable
         self.fixed: set[int] = set()  # findings repaired
+        self.reset: dict[bytes, int] = {}  # page -> its implausible_meta finding (repair resets the fields)
 
     def add(self, kind: str, page_hash: bytes | None, detail: str, remove: bool | Guard = False) -> int:
         """Record a finding; `remove`: the page under `page_hash` is provably corrupt or unreachable, removable
@@ -192,6 +226,8 @@ class Findings:
             self.by_page.setdefault(page_hash, []).append(i)
         if remove and page_hash is not None:
             self.remove.setdefault(page_hash, (i, REMOVAL_GUARDS[kind] if remove is True else remove))
+        if kind == IMPLAUSIBLE and page_hash is not None:
+            self.reset.setdefault(page_hash, i)
         return i
 
     def damaged_record(self, name: str, key: bytes) -> None:
@@ -258,6 +294,39 @@ def _hash_mismatch(found: Findings, h: bytes, meta: PageMeta) -> None:
                                       f"bytes): a page filed under a wrong hash", remove=True)
 
 
+IMPLAUSIBLE = "implausible_meta"  # a page's metadata with a time or a hit count that cannot be
+# The finding kinds this audit adds to api.VERIFY_KINDS, and what a repair does about them (api.REPAIRS).
+CLOCK_SKEW_S = 86400.0  # how far a page's times may lie outside the store's life before they are a finding
+
+
+def life(created: float, now: float | None = None) -> tuple[float, float]:
+    """The times a page's `created` and `last_access` may take in a store created at `created` (0: unknown),
+    audited `now`: from its creation to now, give or take CLOCK_SKEW_S (a clock stepped back or ahead)."""
+    import time
+
+    return (created - CLOCK_SKEW_S if created > 0 else 0.0,
+            (time.time() if now is None else now) + CLOCK_SKEW_S)
+
+
+def implausible(meta: PageMeta, times: tuple[float, float], ns_hits: int = -1) -> str:
+    """What in `meta`'s own fields cannot be ("": nothing): what no check of the page's bytes, hash or place
+    covers. `created` and `last_access` are finite, not before the store's creation nor after now (`times`, as
+    `life` gives them; (0, 0): the upper bound unknown), and `created <= last_access` (a write sets both, a read
+    only moves `last_access` on); `hits` is not negative and not above the hits its namespace's record counts
+    (`ns_hits`, -1: unknown; every read that ends at a page counts in its namespace too, so a page never holds
+    more). A flip there would steer `--since` and eviction, which trust them."""
+    low, high = times
+    for name, value in (("created", meta.created), ("last_access", meta.last_access)):
+        if not math.isfinite(value) or value < low or (high > 0 and value > high):
+            return f"its {name} {value!r} lies outside the store's life ({low:.0f} to {high:.0f}, unix seconds)"
+    if meta.created > meta.last_access:
+        return f"its created {meta.created!r} is after its last_access {meta.last_access!r}"
+    if meta.hits < 0 or (ns_hits >= 0 and meta.hits > ns_hits):
+        return f"its hits {meta.hits} are not between 0 and the {ns_hits} its namespace counts" if ns_hits >= 0 \
+            else f"its hits {meta.hits} are negative"
+    return ""
+
+
 def verify(source: IntegritySource, repair: bool = False, scope: AuditScope | None = None) -> VerifyReport:
     """Audit the store behind `source` (and with `repair`, apply api.REPAIRS): the body of `L3Store.verify`.
     The caller checks that the store is writable before a repair.
@@ -276,7 +345,9 @@ def verify(source: IntegritySource, repair: bool = False, scope: AuditScope | No
     parted = source if isinstance(source, PartedSource) and not repair and (
         since is not None or scope.workers > 1) else None
     report = _audit(source, repair, parted, since, scope.workers)
-    if log is not None and started is not None:
+    if log is not None and started is not None and not any(f.kind in UNRECORDED for f in report.findings):
+        # never a write into a store whose own structure is damaged (the write's copies would spread it), nor
+        # under a key that is not the store's
         report = msgspec.structs.replace(report, recorded=log.record_audit(started, report))
     return report
 
@@ -290,14 +361,17 @@ def _audit(source: IntegritySource, repair: bool, parted: PartedSource | None, s
             found.damaged_record("layouts", key)
         else:
             layouts[key] = record.layout
+    if since is None and isinstance(source, OwnChecks):
+        source.own_checks(found)
+    times = life(getattr(source, "store_created", 0.0))  # a backend that knows when its store was created says so
     if parted is not None:
-        return _audit_parts(source, parted, found, layouts, since, workers)
+        return _audit_parts(source, parted, found, layouts, since, workers, times)
     checked = checked_bytes = 0
     engine = EngineHashes(source.chain_key)
     for page in source.scan_pages(found):
         checked += 1
         checked_bytes += max(len(page.value) - HEADER, 0)
-        check_page(found, page, layouts, source.checksum, engine)
+        check_page(found, page, layouts, source.checksum, engine, times)
     snap = source.snapshot(found)
     kids = check_snapshot(found, snap, layouts, source.chain_key, engine)
     if not repair:
@@ -308,13 +382,13 @@ def _audit(source: IntegritySource, repair: bool, parted: PartedSource | None, s
 
 
 def _audit_parts(source: IntegritySource, parted: PartedSource, found: Findings, layouts: dict[bytes, KVLayout],
-                 since: float | None, workers: int) -> VerifyReport:
+                 since: float | None, workers: int, times: tuple[float, float]) -> VerifyReport:
     """The audit read in key ranges (`verify_parts`): the ranges' findings in key order, then, for a full audit,
     the structure checks unless the ranges proved them clean."""
     cat = parted.catalogue()
     registry = {k: r for k, r in cat.registry.items() if r is not None}
     roots = ChainRoots(source.chain_key, {(lay, ns) for lay in layouts for ns in registry}, registry)
-    reports = run_parts(parted, PartContext(layouts, source.checksum, cat, roots, since), workers)
+    reports = run_parts(parted, PartContext(layouts, source.checksum, cat, roots, since, times), workers)
     engine = EngineHashes(source.chain_key)
     for r in reports:
         for f in r.findings:
@@ -340,9 +414,10 @@ def _audit_parts(source: IntegritySource, parted: PartedSource, found: Findings,
 
 
 def check_page(found: Findings, page: ScannedPage, layouts: dict[bytes, KVLayout], checksum: Checksum,
-               engine: EngineHashes) -> None:
+               engine: EngineHashes, times: tuple[float, float] = (0.0, 0.0)) -> None:
     """The checks of one stored page value against its checksum, its metadata and its layout (an engine page's
-    hash through `engine`)."""
+    hash through `engine`), and of its metadata's own fields (`implausible`; `times`: the store's life, as
+    `life` gives it)."""
     h, value, meta = page.page_hash, page.value, page.meta
     if len(value) < HEADER:
         found.add("size_mismatch", h, f"{len(value)} bytes stored: not even a checksum", remove=True)
@@ -371,6 +446,9 @@ def check_page(found: Findings, page: ScannedPage, layouts: dict[bytes, KVLayout
     if not page.registered:
         # never the raw namespace id: next to a page's tokens it would let a short salt be guessed back
         found.add("unknown_namespace", h, "its namespace is not in the registry")
+    odd = implausible(meta, times, page.ns_hits)
+    if odd:
+        found.add(IMPLAUSIBLE, h, odd)
     if not page.indexed:
         found.relink.setdefault(h, found.add("missing_index", h, "not listed under its parent in children"))
 
@@ -436,18 +514,24 @@ def _check_counters(found: Findings, snap: Snapshot, registry: dict[bytes, Names
     per_ns: dict[bytes, list[int]] = {}
     for h, row in snap.tree.items():
         if h not in snap.bodiless:
-            acc = per_ns.setdefault(row.ns_id, [0, 0])
+            acc = per_ns.setdefault(row.ns_id, [0, 0, 0])
             acc[0] += 1
             acc[1] += row.nbytes
+            acc[2] = -1 if row.hits < 0 or acc[2] < 0 else acc[2] + row.hits
     for ns_id, record in registry.items():
-        n_pages, n_bytes = per_ns.get(ns_id, [0, 0])
+        n_pages, n_bytes, n_hits = per_ns.get(ns_id, [0, 0, 0])
         if (record.pages, record.bytes) != (n_pages, n_bytes):
             found.recount.append(found.add("counter_mismatch", None, f"namespace {record.ns_id_hex}: registry says "
                                                                      f"{record.pages} pages / {record.bytes} bytes, "
                                                                      f"store holds {n_pages} / {n_bytes}"))
+        if n_hits > record.hits:
+            # every read that ends at a page counts in its namespace too: the pages never hold more hits
+            found.recount.append(found.add("counter_mismatch", None, f"namespace {record.ns_id_hex}: its pages "
+                                                                     f"count {n_hits} hits, the registry "
+                                                                     f"{record.hits}"))
     if snap.totals is None:
         return
-    stored = (sum(p for p, _ in per_ns.values()), sum(b for _, b in per_ns.values()))
+    stored = (sum(p[0] for p in per_ns.values()), sum(p[1] for p in per_ns.values()))
     if snap.totals != stored:
         said = ("the store totals record does not decode" if snap.totals[0] < 0 else
                 f"store totals say {snap.totals[0]} pages / {snap.totals[1]} bytes")
@@ -517,6 +601,15 @@ def _repair(source: IntegritySource, found: Findings, kids: dict[bytes, list[byt
             if entry_removed:
                 removals.append(VerifyRemoval(found.items[i].kind, child.hex(), "index", 0))
             found.fixed.add(i)
+    resets = [(h, i) for h, i in found.reset.items() if h not in removed]
+    for start in range(0, len(resets), limit):
+        pages = resets[start:start + limit]
+
+        def reset_some(ops: RepairOps, pages: list[tuple[bytes, int]] = pages) -> list[bool]:
+            return ops.reset_fields([h for h, _ in pages]) if isinstance(ops, ResetsFields) else []
+
+        done = source.repair_batch(reset_some)
+        found.fixed.update(i for (_, i), ok in zip(pages, done, strict=False) if ok)
     relink = [(h, i) for h, i in found.relink.items() if h not in removed and h in tree]
     for start in range(0, len(relink), limit):
         pages = relink[start:start + limit]

@@ -45,6 +45,8 @@ NOT_CHECKED: dict[str, str] = {
     "counters": "registry counters and store totals against the pages stored",
     "headless_pages": "page bytes stored without metadata",
     "catalogue": "sub-database walks against the counts their catalogue keeps",
+    "page_map": "the store's own page map: each page's recorded number and kind against its place, the free list "
+                "against the trees, the key file against the roots the registry recorded",
 }
 
 
@@ -74,11 +76,12 @@ class Replay(msgspec.Struct, frozen=True, array_like=True, gc=False):
 
 
 class NsSum(msgspec.Struct, frozen=True, array_like=True):
-    """Pages stored (bytes and metadata) of one namespace in one range, and their payload bytes."""
+    """Pages stored (bytes and metadata) of one namespace in one range, their payload bytes and their hits."""
 
     ns_id: bytes
     pages: int
     nbytes: int
+    hits: int = 0
 
 
 class HeldPage(msgspec.Struct, frozen=True, array_like=True, gc=False):
@@ -124,13 +127,15 @@ class Catalogue(msgspec.Struct):
 class PartContext:
     """What every child checks against (inherited through the fork, never sent)."""
 
-    __slots__ = ("layouts", "checksum", "registry", "roots", "since", "txnid", "recorded")
+    __slots__ = ("layouts", "checksum", "registry", "roots", "since", "txnid", "recorded", "times", "records")
 
     def __init__(self, layouts: dict[bytes, KVLayout], checksum: Checksum, cat: Catalogue, roots: ChainRoots,
-                 since: float | None) -> None:
+                 since: float | None, times: tuple[float, float] = (0.0, 0.0)) -> None:
         self.layouts, self.checksum, self.roots, self.since = layouts, checksum, roots, since
+        self.times = times  # the store's life: what a page's created and last_access may be (verify.implausible)
         self.registry = {k: r for k, r in cat.registry.items() if r is not None}  # the records that decode
         self.recorded = frozenset(cat.registry)  # every namespace id recorded, as of transaction `txnid`
+        self.records = dict(cat.registry)  # ... with its record (None: it does not decode)
         self.txnid = cat.txnid
 
 
@@ -226,14 +231,16 @@ def structure_proven(cat: Catalogue, reports: list[PartReport]) -> bool:
     per_ns: dict[bytes, list[int]] = {}
     for r in reports:
         for s in r.sums:
-            acc = per_ns.setdefault(s.ns_id, [0, 0])
+            acc = per_ns.setdefault(s.ns_id, [0, 0, 0])
             acc[0] += s.pages
             acc[1] += s.nbytes
+            acc[2] += s.hits
     for ns_id, record in cat.registry.items():
         assert record is not None
-        if [record.pages, record.bytes] != per_ns.get(ns_id, [0, 0]):
+        n_pages, n_bytes, n_hits = per_ns.get(ns_id, [0, 0, 0])
+        if [record.pages, record.bytes] != [n_pages, n_bytes] or n_hits > record.hits:
             return False
     if not set(per_ns) <= set(cat.registry):
         return False  # a page of an unregistered namespace (its own finding: never here)
-    stored = (sum(p for p, _ in per_ns.values()), sum(b for _, b in per_ns.values()))
+    stored = (sum(p[0] for p in per_ns.values()), sum(p[1] for p in per_ns.values()))
     return cat.totals is None or cat.totals == stored

@@ -5,7 +5,8 @@ the end of the run (trials, survived, lost).
 
 Size: the default run fits CI (about two minutes on two idle cores). `--long` (when the run names this folder,
 ``pytest tests/faults --long``) or env ``KVC_FAULTS=long`` multiplies the trials by `LONG_FACTOR`; env
-``KVC_FAULTS=<n>`` multiplies them by n.
+``KVC_FAULTS=<n>`` multiplies them by n. The damage matrix (`matrix`, issue 36) runs its CI sample by default and
+its whole product under either, or with env ``KVC_DAMAGE_MATRIX=full``.
 """
 
 from __future__ import annotations

@@ -72,4 +72,31 @@ def test_migrate_refuses_in_one_line(tmp_path):
     (store / "data.mdb").write_bytes(b"\0" * 8192)  # not a store any more
     broken = kvc("migrate", "--store", store)
     assert broken.returncode == 2 and len(broken.stderr.splitlines()) == 1, broken.stderr
-    assert "internal error" not in broken.stderr and "run `kvc audit`" in broken.stderr
+    assert "internal error" not in broken.stderr and "`kvc audit`" in broken.stderr
+
+
+HOLDER = """
+import sys
+from kvcache.storage.registry import open_store
+store = open_store(sys.argv[1])
+print("holding", flush=True)
+sys.stdin.read()  # until the test closes our stdin
+store.close()
+"""
+
+
+def test_migrate_while_an_engine_holds_the_store_says_to_stop_it_or_wait(tmp_path):
+    # ebaf189: refused, but the message told the user to rerun `kvc audit --repair`
+    store = _format_1_store(tmp_path)
+    with subprocess.Popen([sys.executable, "-c", HOLDER, str(store)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True) as engine:
+        assert engine.stdout.readline() == "holding\n"  # the store is open in another process: an engine
+        refused = kvc("migrate", "--store", store)
+        engine.stdin.close()
+        assert engine.wait(timeout=60) == 0
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
+    line = refused.stderr
+    assert "open in another process" in line and "stop it, or wait for it to finish" in line, line
+    assert "`kvc migrate`" in line and "audit --repair" not in line and "nothing was changed" in line, line
+    done = kvc("migrate", "--store", store, "--json")  # the engine gone: it goes through
+    assert done.returncode == 0 and json.loads(done.stdout)["migrated"], done.stderr

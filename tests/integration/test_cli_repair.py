@@ -72,3 +72,82 @@ def test_a_data_file_that_is_not_lmdb_is_refused_without_force(store):
 def test_force_goes_with_repair(store):
     done = kvc("audit", "--store", store, "--force")
     assert done.returncode == 2 and "--force goes with --repair" in done.stderr
+
+
+# --- issue 36: a damaged store answered in one line by every command, repairs that know what they lose ----------
+
+KEY = "e7" * 32  # a fixed key: where each record lies in the file, so what a cut keeps, is the same every run
+
+
+def _stored(tmp_path) -> Path:
+    path = tmp_path / "d"
+    env = dict(os.environ, KVC_FINGERPRINT_KEY=KEY)
+    for argv in (("init", "--store", path, "--page-size", "4"),
+                 ("put", "--store", path, "--extra-key", "t1", "--tokens", ",".join(map(str, range(200))))):
+        done = subprocess.run([str(KVC), *map(str, argv)], capture_output=True, text=True, timeout=300,
+                              env=dict(env, KVC_SALT=""))
+        assert done.returncode == 0, done.stderr
+    return path
+
+
+def _one_line(done, *words):
+    assert done.returncode == 2 and done.returncode > 0, (done.returncode, done.stderr)  # never a signal
+    (line,) = [x for x in done.stderr.splitlines() if not x.startswith(("kvc: note:", "kvc: warning:"))]
+    assert line.startswith("kvc: error: ") and "internal error" not in line, line
+    assert all(w in line for w in words), line
+
+
+def test_a_data_file_cut_to_half_is_one_line_everywhere_never_a_sigbus(tmp_path):
+    # ebaf189: every command, `kvc audit` included, died of SIGBUS (exit 135 from a shell) and printed nothing
+    path = _stored(tmp_path)
+    data = path / "data.mdb"
+    os.truncate(data, data.stat().st_size // 2)
+    audit = kvc("audit", "--store", path, "--json")
+    assert audit.returncode == 1, (audit.returncode, audit.stderr)
+    (finding,) = json.loads(audit.stdout)["violations"]
+    assert finding["kind"] == "structure_corrupt" and "data.mdb is cut short" in finding["detail"]
+    for argv in (("stats",), ("ns", "ls"), ("put", "--extra-key", "t2", "--tokens", "1,2,3,4"), ("migrate",)):
+        _one_line(kvc(*argv, "--store", path), "cut short", "`kvc audit --repair`")
+    # what the cut left holds no page whose records survive: the repair says so and changes nothing
+    before = data.read_bytes()
+    _one_line(kvc("audit", "--store", path, "--repair"), "would keep nothing", "--force")
+    assert data.read_bytes() == before
+    forced = kvc("audit", "--store", path, "--repair", "--force", "--json")
+    assert forced.returncode == 1, forced.stderr
+    salvage = json.loads(forced.stdout)["salvage"]
+    assert salvage["kept"] == 0 and not (salvage["lost"] == 0 and salvage["lost_exact"])  # never "0 lost"
+    assert kvc("audit", "--store", path).returncode == 0 and pages(path) == 0
+
+
+def test_an_empty_data_file_is_a_finding_and_force_replaces_it(tmp_path):
+    # ebaf189: `not_a_store` (exit 2, no finding), and `--repair --force` refused though the docs say it replaces
+    path = _stored(tmp_path)
+    os.truncate(path / "data.mdb", 0)
+    audit = kvc("audit", "--store", path, "--json")
+    assert audit.returncode == 1, audit.stderr
+    (finding,) = json.loads(audit.stdout)["violations"]
+    assert "data.mdb is empty" in finding["detail"] and "--force" in finding["detail"]
+    _one_line(kvc("stats", "--store", path), "data.mdb is empty")
+    _one_line(kvc("audit", "--store", path, "--repair"), "data.mdb is empty", "--force")
+    assert (path / "data.mdb").stat().st_size == 0  # nothing wrote into it
+    forced = kvc("audit", "--store", path, "--repair", "--force", "--json")
+    assert forced.returncode == 1, forced.stderr
+    assert Path(json.loads(forced.stdout)["original_kept"]).stat().st_size == 0
+    assert kvc("audit", "--store", path).returncode == 0 and pages(path) == 0
+
+
+def test_another_valid_key_is_named_exits_4_and_the_repair_deletes_nothing(tmp_path):
+    # ebaf189: every namespace's first page an `orphan`, no word of the key, and `--repair` deleted every page
+    path = _stored(tmp_path)
+    (path / "fingerprint.key").write_text("5e" * 32 + "\n")
+    audit = kvc("audit", "--store", path, "--json")
+    assert audit.returncode == 4, (audit.returncode, audit.stdout)
+    (finding,) = json.loads(audit.stdout)["violations"]
+    assert finding["kind"] == "key_mismatch"
+    assert "this store's key file is not the key its pages were written under" in finding["detail"]
+    _one_line(kvc("audit", "--store", path, "--repair"), "not the key its pages were written under",
+              "nothing was changed")
+    for argv in (("stats",), ("ns", "ls"), ("put", "--extra-key", "t2", "--tokens", "1,2,3,4")):
+        _one_line(kvc(*argv, "--store", path), "not the key its pages were written under", "restore")
+    (path / "fingerprint.key").write_text(KEY + "\n")  # the right key restored: everything is there
+    assert kvc("audit", "--store", path).returncode == 0 and pages(path) == 50

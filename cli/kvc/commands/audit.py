@@ -2,13 +2,14 @@
 structure audit of a live cache — and the output says which ran.
 
 Exit 0 when nothing was found; 1 whenever violations were found, whether --repair then fixed them or not (a
-cron job must hear about a store that needed repairing); 2 when the audit could not run.
+cron job must hear about a store that needed repairing); 4 when the store's key file is not the key its pages were
+written under (restore the key: a repair refuses to remove anything for it); 2 when the audit could not run.
 """
 
 from __future__ import annotations
 
 import datetime
-import os
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -17,13 +18,14 @@ import typer
 
 from kvcache.errors import KeyFileError
 from kvcache.storage.api import REPAIRS
-from kvcache.storage.keyfile import KEY_FILE
+from kvcache.storage.keyfile import KEY_FILE, KEY_MISMATCH
 from kvcache.storage.verify_parts import AuditScope
 
 from .. import live
 from ..context import reads_lock_free, require_store
 from ..errors import EXIT_FOUND, EXIT_OK, UsageError
 from ..formats import note_old_format, recorded_version
+from ..inputs import LATEST, cpus
 from ..options import DEFAULT_STORE, DebugOpt, JsonOpt, NoHeadersOpt, OutputOpt, ReadOnlyOpt, SocketOpt, StoreOpt
 from ..render.audit import AuditOutput, Finding, PlannedRepair, findings_of, render_audit
 from ..render.output import Output, emit_listing, output_format
@@ -53,7 +55,8 @@ def audit(
         "ISO 8601 such as 2026-12-03T20:00:00+00:00). What needs the whole store (orphans, the children index, "
         "counters) is not checked, and the output says so. LMDB stores; any other is audited in full.")] = None,
     workers: Annotated[int | None, typer.Option(
-        "--workers", min=1, help="Processes reading the store's pages (default: the cores this process may use). "
+        "--workers", min=1, max=cpus(), help="Processes reading the store's pages (default, and at most: the cores "
+        "this process may use). "
         "Findings and their order do not depend on it; a repair itself runs in one.")] = None,
     socket: SocketOpt = None,
     read_only: ReadOnlyOpt = False,
@@ -65,7 +68,8 @@ def audit(
     """Check a store's integrity (checksums, metadata, indexes, registry), or a snapshot's slot ownership, or
     with --socket the live cache's slot ownership and tree structure. The output names the audits that ran.
 
-    Exit 0 when nothing was found, 1 when violations were found (repaired or not), 2 on bad usage or input.
+    Exit 0 when nothing was found, 1 when violations were found (repaired or not), 4 when the store's key file is
+    not the key its pages were written under, 2 on bad usage or input.
     """
     if dry_run and not repair:
         raise UsageError("--dry-run goes with --repair")
@@ -85,7 +89,7 @@ def audit(
     elif sock is not None:
         result = live.audit(sock)
     else:
-        scope = AuditScope(workers or default_workers(), *_since(since))
+        scope = AuditScope(workers or cpus(), *_since(since))
         result = _store_audit(store, repair, dry_run, force, read_only, scope, output_format(output, json))
     fmt = output_format(output, json)
     lost = next((f for f in result.violations if f.kind == "key_file"), None)
@@ -95,7 +99,20 @@ def audit(
         path, _, why = lost.detail.partition(f"{KEY_FILE}: ")
         raise KeyFileError(path + KEY_FILE, why)
     emit_listing(fmt, result, result.violations, lambda: render_audit(result, fmt, output is Output.TSV, no_headers))
-    raise typer.Exit(EXIT_OK if result.ok else EXIT_FOUND)
+    raise typer.Exit(exit_code(result))
+
+
+EXIT_KEY_MISMATCH = 4  # the store's key file is not the key its pages were written under (docs/cli.md)
+
+
+def exit_code(result: AuditOutput) -> int:
+    """0 when nothing was found; EXIT_KEY_MISMATCH when the key file is not the pages' key and nothing was repaired
+    (a runbook must tell "restore the key" from "the store needs a repair"); else 1."""
+    if result.ok:
+        return EXIT_OK
+    if result.repair != "done" and any(f.kind == KEY_MISMATCH for f in result.violations):
+        return EXIT_KEY_MISMATCH
+    return EXIT_FOUND
 
 
 def _snapshot_audit(path: Path) -> AuditOutput:
@@ -107,29 +124,34 @@ def _snapshot_audit(path: Path) -> AuditOutput:
                        msgspec.structs.asdict(report.checked))
 
 
-def default_workers() -> int:
-    """The cores this process may run on: `--workers`' default."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def _since(text: str | None) -> tuple[float | None, bool]:
-    """`--since` as AuditScope's (since, since_last); a value that is neither 'last' nor a time is exit 2."""
+    """`--since` as AuditScope's (since, since_last); a value that is neither 'last' nor a time kvc can use (unix
+    seconds or ISO 8601 with its zone, from the epoch to the end of year 9999: `inputs.LATEST`) is exit 2."""
     if text is None:
         return None, False
     text = text.strip()
     if text.lower() == "last":
         return None, True
+    value = _seconds(text)
+    if value is None:
+        try:
+            when = datetime.datetime.fromisoformat(text)
+        except ValueError:
+            raise UsageError(f"--since {text[:40]!r}: expected 'last', unix seconds or an ISO 8601 time") from None
+        if when.tzinfo is None:
+            raise UsageError(f"--since {text[:40]!r}: give the time zone (2026-12-03T20:00:00+00:00, or ...Z)")
+        value = when.timestamp()
+    if not (math.isfinite(value) and 0 <= value <= LATEST):
+        raise UsageError(f"--since {text[:40]!r}: not a time kvc can use (unix seconds 0..{LATEST:.0f}, the end "
+                         f"of year 9999)")
+    return value, False
+
+
+def _seconds(text: str) -> float | None:
     try:
-        return float(text), False
+        return float(text)
     except ValueError:
-        pass
-    try:
-        when = datetime.datetime.fromisoformat(text)
-    except ValueError:
-        raise UsageError(f"--since {text!r}: expected 'last', unix seconds or an ISO 8601 time") from None
-    if when.tzinfo is None:
-        raise UsageError(f"--since {text!r}: give the time zone (2026-12-03T20:00:00+00:00, or ...Z)")
-    return when.timestamp(), False
+        return None
 
 
 def _store_audit(location, repair: bool, dry_run: bool, force: bool, read_only: bool, scope: AuditScope,
@@ -149,20 +171,21 @@ def _store_audit(location, repair: bool, dry_run: bool, force: bool, read_only: 
         note_old_format(location, version)
     after = audit_store(location.url, scope=AuditScope(scope.workers)) if fix and not report.ok else None
     checked = {"pages": report.pages_checked, "bytes": report.bytes_checked}
-    found = [Finding(f.kind, f.detail, page_hash=f.page_hash) for f in report.findings]
+    found = [Finding(f.kind, location.redact(f.detail), page_hash=f.page_hash) for f in report.findings]
     result = AuditOutput("store", str(location), ["l3_integrity"], report.ok, found, checked, scope=report.scope,
                          since=report.since, not_checked=report.not_checked, workers=report.workers,
                          recorded=report.recorded)
     if dry_run:
         result.repair = "dry_run"
-        result.planned = [PlannedRepair(f.kind, f.page_hash, REPAIRS.get(f.kind, "reported only")) for f in found]
+        result.planned = [PlannedRepair(f.kind, f.page_hash, REPAIRS.get(f.kind)
+                                        or "reported only") for f in found]
     elif repair:
         result.repair = "done"
         result.repaired = report.repaired
         result.removals = report.removals
-        result.original_kept = report.original_kept
+        result.original_kept = location.redact(report.original_kept) if report.original_kept else None
         result.salvage = report.salvage
-        result.remaining = [Finding(f.kind, f.detail, page_hash=f.page_hash)
+        result.remaining = [Finding(f.kind, location.redact(f.detail), page_hash=f.page_hash)
                             for f in (after.findings if after is not None else [])]
     return result
 

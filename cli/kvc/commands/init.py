@@ -32,7 +32,7 @@ class RekeyOutput(msgspec.Struct):
     previous: str  # what the key file was: present (a rotation), missing, empty, corrupt or unreadable
     namespaces: int  # registry records: the display id of each changed
     fingerprints_unknown: int  # salted records whose fingerprint shows "?" until the namespace's next write
-    unreachable_pages: int  # pages hashed under the old key (--yes): never found again; `kvc audit --repair`
+    unreachable_pages: int  # pages hashed under the old key (--yes): never found again; `kvc audit --repair --force`
 
 
 class InitOutput(msgspec.Struct):
@@ -73,8 +73,8 @@ def init(
         "store. The layout options are not used.")] = False,
     yes: Annotated[bool, typer.Option(
         "--yes", help="With --rekey: go ahead even though the store's page hashes are keyed by its key (a format-2 "
-        "store holding pages): none of them would be found again (`kvc audit --repair` then removes them). Refused "
-        "without it.")] = False,
+        "store holding pages): none of them would be found again (`kvc audit --repair --force` then removes them). "
+        "Refused without it.")] = False,
     json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -141,8 +141,8 @@ def _rekey(store: StoreLocation, yes: bool, json: bool) -> None:
 
     me = socket.gethostname()
     result = rekey(store.url, lambda records: [where(r) for r in records if r.host != me or alive(r.pid)], yes)
-    out = RekeyOutput(str(store), result.path, str(result.previous), result.namespaces, result.fingerprints_unknown,
-                      result.unreachable_pages)
+    out = RekeyOutput(str(store), store.redact(result.path), str(result.previous), result.namespaces,
+                      result.fingerprints_unknown, result.unreachable_pages)
     if json:
         emit_json(out)
         return
@@ -155,4 +155,4 @@ def _rekey(store: StoreLocation, yes: bool, json: bool) -> None:
         f"(meanwhile name them by --id, or by their extra_key and salt)")
     if out.unreachable_pages:
         say(f"  {out.unreachable_pages:,} stored pages were hashed under the old key and will not be found again: "
-            f"`kvc audit --repair --store {esc(str(store))}` removes them")
+            f"`kvc audit --repair --force --store {esc(str(store))}` removes them")

@@ -8,6 +8,8 @@ needs the store to itself (stop the engines and `kvc serve` on it) and a clean a
 
 from __future__ import annotations
 
+import msgspec
+
 from ..context import require_store
 from ..errors import UsageError
 from ..options import DEFAULT_STORE, DebugOpt, JsonOpt, StoreOpt
@@ -34,8 +36,8 @@ def migrate(
     from kvcache.storage.lmdb.migrate import migrate_location
 
     report = migrate_location(store.url)
-    if json:
-        emit_json(report)
+    if json:  # the location as shown (an LMDB URL's ?token= removed), as everywhere else
+        emit_json(msgspec.structs.replace(report, location=store.redact(report.location)))
     elif report.migrated:
         say(f"{store}: migrated from format {report.from_version} to {report.to_version}: {report.pages} page(s) "
             f"under new hashes, {report.namespaces} namespace record(s)")

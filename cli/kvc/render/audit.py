@@ -147,7 +147,8 @@ def _groups(findings: list[Finding], prefix: str) -> list[Listing]:
         rows = [[_where(f), f.detail] for f in items[:50]]
         if len(items) > 50:
             rows.append(["…", f"{len(items) - 50} more (use --json for all)"])
-        title = f"{prefix}{kind} ({len(items)})" + (f": {VERIFY_KINDS[kind]}" if kind in VERIFY_KINDS else "")
+        described = VERIFY_KINDS.get(kind)
+        title = f"{prefix}{kind} ({len(items)})" + (f": {described}" if described else "")
         listings.append(Listing(title, [Column("where"), Column("detail", Kind.USER)], rows))
     return listings
 

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 import lmdb
 import msgspec
 
-from ...errors import InvalidInput, NotAStore, StoreError, StoreReadOnly
+from ...errors import InvalidInput, NotAStore, StoreDamaged, StoreError, StoreReadOnly
 from ...types.keys import TOKEN_BYTES, UNKEYED_CHAIN, derive_chain_key, engine_page_hash, extend_chain, hash_root_of_id
 from ..api import NamespaceRecord, PageMeta, VerifyReport
 from ..codec import (
@@ -49,6 +49,7 @@ from ..codec import (
 from ..isolated import run_isolated
 from ..keyfile import KEY_FILE, ensure_key
 from .env import DEFAULT_MAP_SIZE, ENVS, acquire, release
+from .pagemap import damaged_detail, refuse_damaged
 from .salvage import (
     Reached,
     _check,
@@ -88,7 +89,7 @@ def migrate_location(location: str) -> MigrateReport:
     fmt = _format_of(path)
     if fmt.version >= FORMAT_VERSION:
         # a migration killed after its swap left its work directory: removed when the store is free to take
-        with contextlib.suppress(StoreError), _exclusive(path):
+        with contextlib.suppress(StoreError), _exclusive(path, "migrate", "kvc migrate"):
             _remove_leftovers(path)
         return MigrateReport(path, fmt.version, fmt.version, False, 0, 0)
     # The audit runs before the store is taken exclusively (its child opens the store as any reader does); what a
@@ -97,7 +98,7 @@ def migrate_location(location: str) -> MigrateReport:
     if not check.ok:
         raise StoreError(path, f"cannot migrate: the store does not audit clean ({len(check.findings)} "
                                f"finding(s)); run `kvc audit --repair` first; nothing was changed")
-    with _exclusive(path) as lock_fd:
+    with _exclusive(path, "migrate", "kvc migrate") as lock_fd:
         _remove_leftovers(path)
         fmt = _format_of(path)  # again, holding the store: another migration may have run meanwhile
         if fmt.version >= FORMAT_VERSION:
@@ -135,6 +136,22 @@ def _remove_leftovers(path: str) -> None:
 
 
 def _format_of(path: str) -> StoreFormat:
+    """The store's format record, read in a child (LMDB trusts its pages: a damaged tree may kill the reader),
+    after the checks that keep LMDB from mapping a file cut short (`pagemap.refuse_damaged`)."""
+    refuse_damaged(path)
+    fmt, died = run_isolated(lambda _: _read_format(path), result_type=StoreFormat)
+    if died is None:
+        return fmt
+    raised = {"NotAStore": NotAStore, "StoreError": StoreError}.get(died.error_type or "")
+    if raised is not None and died.error is not None:
+        message = died.error.split(": ", 1)[1]
+        raise raised(path, message[len(path) + 2:] if message.startswith(path + ": ") else message)
+    if died.error_type == "InvalidInput" and died.error is not None:
+        raise InvalidInput(died.error.split(": ", 1)[1])
+    raise StoreDamaged(path, damaged_detail(f"reading its format record {died.describe()}"))
+
+
+def _read_format(path: str) -> StoreFormat:
     try:
         env = _raw_env(path)
     except lmdb.Error as exc:
@@ -260,7 +277,8 @@ def _up(path: str, h: bytes, metas: dict[bytes, PageMeta], renamed: dict[bytes, 
         if parent in roots:
             return
         if parent not in metas:
-            raise StoreError(path, f"cannot migrate: page {h.hex()}: its parent is neither a stored page nor a namespace root (run `kvc audit --repair`); nothing was changed")
+            raise StoreError(path, f"cannot migrate: page {h.hex()}: its parent is neither a stored page nor a "
+                                   f"namespace root (run `kvc audit --repair`); nothing was changed")
         h = parent
 
 

@@ -14,7 +14,7 @@ its end) and finds what a repair can start from:
 - and how many bytes of the file hold no readable LMDB page (zeroed or garbled, or missing past a truncation).
 
 `view_meta` then writes a meta page naming the catalogue found, for a copy of the file (never the store's own),
-which LMDB opens read-only like any other. Layout used (mdb.c, LMDB 0.9, 64-bit): see `tests/faults/lmdbpages.py`.
+which LMDB opens read-only like any other. Layout used (mdb.c, LMDB 0.9, 64-bit): see `tests/lmdbpages.py`.
 """
 
 from __future__ import annotations
@@ -73,6 +73,12 @@ class Probe(msgspec.Struct, frozen=True):
     freed: list[int]  # pages the newest free list names (their records are deleted ones)
     unreadable_bytes: int  # bytes in pages that hold no readable LMDB page, plus what a truncation cut off
     lmdb_pages: int  # pages that read as LMDB branch, leaf, overflow or meta pages
+    last_txnid: int = 0  # the newest commit a sound meta page records (0: none is sound)
+    # the commit that replaced the catalogue taken (it is on the free list as that transaction's; -1: an older one,
+    # its commit unknown): what was written after it is found only where the file's leaf pages still hold it. 0:
+    # the catalogue taken is the current one
+    replaced_by: int = 0
+    damaged_roots: list[str] = []  # sub-databases whose root page in the catalogue taken is no tree page now
 
     @property
     def is_lmdb(self) -> bool:
@@ -83,6 +89,51 @@ class Probe(msgspec.Struct, frozen=True):
     def needs_view(self) -> bool:
         """Whether LMDB needs a copy with a rebuilt meta page to read the file."""
         return len(self.sound_metas) < 2
+
+
+class Extent(msgspec.Struct, frozen=True):
+    """How much of a data file there is, against what its newest sound meta page says its last commit wrote.
+
+    LMDB maps the file and trusts that every page up to the last one a meta page names is in it: a file cut
+    short (a copy or restore that ran out of disk) makes the first read of a page past its end a SIGBUS, which
+    no caller can catch. So every open checks this first (`pagemap.whole`)."""
+
+    size: int  # bytes of the file
+    page_size: int  # as the newest sound meta page records it (0: no meta page is sound)
+    needed: int  # bytes up to the end of the last page the newest sound meta page names (0: none is sound)
+    txnid: int  # the transaction that meta page records (0: none is sound)
+
+    def problem(self) -> str:
+        """What is wrong with the file's length, in a few words ("": nothing)."""
+        if self.size == 0:
+            return "data.mdb is empty (0 bytes)"
+        if self.needed > self.size:
+            return (f"data.mdb is cut short: it holds {self.size} bytes, its last commit (transaction "
+                    f"{self.txnid}) wrote {self.needed}")
+        return ""
+
+
+META_HEAD = 2 * max(PAGE_SIZES)  # bytes read to find both meta pages whatever the page size
+NO_META = "data.mdb holds no LMDB meta page"  # how `pagemap.check_open` says no meta page of any size is there
+
+
+def extent(path: str) -> Extent:
+    """The `Extent` of the data file at `path`, read with pread (never mapped: a file that shrinks meanwhile
+    cannot fault this read). The meta pages are read before the size: a writer extends the file before it
+    writes the meta page naming the new pages, so a commit landing in between never reads as a cut file."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        head = os.pread(fd, META_HEAD, 0)
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    psize = _meta_psize(head)
+    sound = [p for p in (0, 1) if psize and _meta_sound(head, p, psize)]
+    if not sound:
+        return Extent(size, 0, 0, 0)
+    newest = max(sound, key=lambda s: struct.unpack_from("<Q", head, s * psize + TXNID_AT)[0])
+    last, txnid = struct.unpack_from("<QQ", head, newest * psize + LAST_PAGE_AT)
+    return Extent(size, psize, (last + 1) * psize, txnid)
 
 
 @contextmanager
@@ -235,7 +286,8 @@ def probe(path: str, names: tuple[str, ...]) -> Probe:
             last = max(struct.unpack_from("<Q", data, p * psize + LAST_PAGE_AT)[0] for p in sound)
             unreadable += max(0, (last + 1) * psize - size)  # cut off by a truncation
         free_list = max(free_leaves, key=lambda r: max(r)) if free_leaves else {}
-        freed = sorted({p for ids in free_list.values() for p in ids})
+        freed_by = {p: txn for txn, ids in free_list.items() for p in ids}
+        freed = sorted(freed_by)
         freed_set = set(freed)
         intact = [c for c in catalogues if _intact(data, c, psize)]
         recorded = _recorded_catalogue(data, sound, psize, names)
@@ -243,15 +295,26 @@ def probe(path: str, names: tuple[str, ...]) -> Probe:
         # several versions the newest free list does not name: the one with the most records (a version whose
         # pages were reused loses its roots first and is not intact)
         newest = max(current or intact, key=lambda c: (sum(d.entries for d in c.dbs), c.pgno), default=None)
-        if (recorded is not None and _intact(data, recorded, psize)
-                and not (len(sound) == 1 and recorded.pgno in freed_set and newest in current)):
-            chosen: Catalogue | None = recorded  # the one a sound meta page names: no guess needed
+        last_txnid = max((struct.unpack_from("<Q", data, p * psize + TXNID_AT)[0] for p in sound), default=0)
+        if recorded is not None and not (len(sound) == 1 and recorded.pgno in freed_set and newest in current):
+            # the one the newest sound meta page names: the current catalogue, even when a sub-database's root is
+            # damaged (an older version would lose every record written since; what the damaged root hid is
+            # looked for in the file's pages)
+            chosen: Catalogue | None = recorded
+            replaced_by = 0
         else:
-            # no sound meta page names an intact catalogue, or the one left names a catalogue a later
-            # transaction freed (the newer meta page is the damaged one): take the newest found in the file
+            # no sound meta page names a catalogue, or the one left names a catalogue a later transaction freed
+            # (the newer meta page is the damaged one): take the newest found in the file
             chosen = newest
+            # an older catalogue when the free list names it, or when sound meta pages name another one that is
+            # lost: its commit is the one that freed it (-1: unknown)
+            older = chosen is not None and (chosen.pgno in freed_by or (bool(sound) and recorded is None))
+            replaced_by = (freed_by.get(chosen.pgno) or -1) if chosen is not None and older else 0
             sound = []  # the copy gets rebuilt meta pages
-        return Probe(size, psize, sound, chosen, len(intact), freed, unreadable, lmdb_pages)
+        damaged = [d.name for d in chosen.dbs if d.root != P_INVALID
+                   and not _page_kind(data, d.root, psize) & (P_BRANCH | P_LEAF)] if chosen is not None else []
+        return Probe(size, psize, sound, chosen, len(intact), freed, unreadable, lmdb_pages, last_txnid,
+                     replaced_by, damaged)
 
 
 def _recorded_catalogue(data: bytes, sound: list[int], psize: int, names: tuple[str, ...]) -> Catalogue | None:

@@ -23,6 +23,7 @@ from ...types.namespace import UNKNOWN_FINGERPRINT, Namespace
 from ...types.shares import NamespaceShares, decode_shares_record
 from ..api import LayoutRecord, NamespaceRecord, PageMeta
 from ..codec import decode_layout, decode_meta, decode_namespace, decode_or_none, encoder
+from ..keyfile import KeyEvidence
 
 _U64 = struct.Struct("<Q")  # the payload limits in `store`
 
@@ -64,6 +65,32 @@ def namespace_records(txn: lmdb.Transaction, dbs: Any) -> list[NamespaceRecord]:
     """Every namespace record, most pages first."""
     records = [decode_namespace(v) for _, v in txn.cursor(db=dbs.namespaces)]
     return sorted(records, key=lambda r: (-r.pages, r.ns_id_hex))
+
+
+def key_evidence(txn: lmdb.Transaction, dbs: Any, chain_key: bytes, limit: int = 0) -> "KeyEvidence":
+    """What the namespace registry says of `chain_key` (`keyfile.KeyEvidence`): the recorded roots of its records
+    (the first `limit` with roots; 0: every one) against the roots the key gives under the layouts recorded."""
+    evidence = KeyEvidence(chain_key)
+    layout_ids = [bytes(k) for k in txn.cursor(db=dbs.layouts).iternext(keys=True, values=False)]
+    seen = 0
+    for key, raw in txn.cursor(db=dbs.namespaces):
+        record = decode_or_none(decode_namespace, raw)
+        if record is None or not record.roots:
+            continue
+        evidence.record(bytes(key), record, layout_ids)
+        seen += 1
+        if seen == limit:
+            break
+    return evidence
+
+
+def has_pages_of(txn: lmdb.Transaction, dbs: Any, layout_id: bytes) -> bool:
+    """Whether any page's metadata names layout `layout_id` (a walk of `meta` up to the first that does)."""
+    for raw in txn.cursor(db=dbs.meta).iternext(keys=False, values=True):
+        meta = decode_or_none(decode_meta, raw)
+        if meta is not None and meta.layout_id == layout_id:
+            return True
+    return False
 
 
 def adjust_totals(txn: lmdb.Transaction, dbs: Any, pages: int, nbytes: int, damaged_ok: bool = False) -> None:
@@ -235,22 +262,26 @@ def evict(txn: lmdb.Transaction, dbs: Any, need: int, protect: set[bytes], delta
 
 
 def recount(txn: lmdb.Transaction, dbs: Any) -> None:
-    """Set every registry counter and the store totals from the pages stored (metadata and bytes both)."""
+    """Set every registry counter and the store totals from the pages stored (metadata and bytes both). A
+    namespace's hits are raised to its pages' when they count more (a record restored from an older copy, say):
+    every read that ends at a page counts in its namespace too."""
     pages = txn.cursor(db=dbs.pages)
     per_ns: dict[bytes, list[int]] = {}
     for key, raw in txn.cursor(db=dbs.meta):
         meta = decode_or_none(decode_meta, raw)
         if meta is not None and pages.set_key(bytes(key)):
-            acc = per_ns.setdefault(meta.ns_id, [0, 0])
+            acc = per_ns.setdefault(meta.ns_id, [0, 0, 0])
             acc[0] += 1
             acc[1] += meta.nbytes
+            acc[2] += max(meta.hits, 0)
     for key, raw in list(txn.cursor(db=dbs.namespaces)):
         record = decode_or_none(decode_namespace, raw)
         if record is None:
             continue  # a damaged record: verify reports it, repair removes it with its pages
-        n_pages, n_bytes = per_ns.get(bytes(key), [0, 0])
-        if (record.pages, record.bytes) != (n_pages, n_bytes):
-            txn.put(bytes(key), encoder.encode(msgspec.structs.replace(record, pages=n_pages, bytes=n_bytes)),
+        n_pages, n_bytes, n_hits = per_ns.get(bytes(key), [0, 0, 0])
+        if (record.pages, record.bytes) != (n_pages, n_bytes) or record.hits < n_hits:
+            txn.put(bytes(key), encoder.encode(msgspec.structs.replace(record, pages=n_pages, bytes=n_bytes,
+                                                                       hits=max(record.hits, n_hits))),
                     db=dbs.namespaces)
-    txn.put(b"totals", encoder.encode(StoreTotals(sum(p for p, _ in per_ns.values()),
-                                                  sum(b for _, b in per_ns.values()))), db=dbs.store)
+    txn.put(b"totals", encoder.encode(StoreTotals(sum(p[0] for p in per_ns.values()),
+                                                  sum(p[1] for p in per_ns.values()))), db=dbs.store)

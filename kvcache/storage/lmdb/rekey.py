@@ -30,6 +30,7 @@ from ..api import ServeRecord
 from ..codec import DEFAULT_CHECKSUM, decode_namespace, decode_or_none, encoder
 from ..keyfile import KeyState, install_key, key_status, prepare_new_key
 from .env import DEFAULT_DURABILITY, DEFAULT_MAP_SIZE, acquire, release, resolve_location
+from .pagemap import refuse_damaged
 from .serving import read_serves
 
 
@@ -55,6 +56,7 @@ def rekey(location: str, live: Callable[[list[ServeRecord]], list[str]] | None =
     if not existed:
         raise StoreError(path, "no kvc store here to rekey (create one with `kvc init`)")
     previous = key_status(path)
+    refuse_damaged(path, writer=True)  # a file cut short would be a SIGBUS in LMDB's walk, not an error
     shared = acquire(path, False, DEFAULT_MAP_SIZE, DEFAULT_DURABILITY)
     temp = None
     try:

@@ -5,7 +5,11 @@ LMDB trusts its pages: a flipped byte in a branch or leaf page can make a walk o
 `abort()`, a SIGSEGV, or a `CorruptedError` / `PageNotFoundError`. So every pass over the store runs in a forked
 child (`isolated.run_isolated`), and the audit survives whatever the store does to the child:
 
-- **check**: `verify()` in a child. A child that dies (a signal) or fails inside LMDB yields one
+- **check**: first the data file's length (`pagemap.whole`): a file cut short (a live page past its end) or empty
+  is a `structure_corrupt` finding at once, never mapped (a read past the end is a SIGBUS, and LMDB takes an
+  empty file for a new environment and writes into it). Then `verify()` in a child (the page map of LMDB itself,
+  `pagemap`, and a key file that is not the pages' key, `key_mismatch`, included). A child that dies (a signal)
+  or fails inside LMDB yields one
   `structure_corrupt` finding naming the sub-database, how many records the walk reached and the last key, and
   what `--repair` would do (`_survey`, from the file's pages: rebuild from what, how many pages the store
   recorded; or that it would refuse, when nothing of a kvc store reads back). A child that could not open or read
@@ -28,10 +32,19 @@ child (`isolated.run_isolated`), and the audit survives whatever the store does 
   name the newest intact catalogue of sub-databases found in it. `scan` -- no catalogue survives: every record
   of the file's leaf pages that proves itself (pages, metadata, layout and namespace records naming their own
   ids, the format record), skipping the pages the newest free list names.
-  The fresh store is then checked the ordinary way: pages of a namespace or layout whose record was lost go, the
-  children index is rebuilt from the metadata, counters are recounted, `verify(repair=True)` removes what fails
-  its checks (and what hung below it), and it must verify clean. A rebuild that keeps no page, or a file that is
-  not LMDB at all, is refused (`RepairRefused`, nothing changed) unless forced. Then the original data file is
+  The catalogue a sound meta page names is taken even when a sub-database's root in it is damaged (an older one
+  would lose every record written since); one found in the file is taken only when none is named, and then the
+  report says which commit replaced it and counts the loss as "at least". What the trees did not reach, the
+  file's leaf pages give (`recover`): pages whose two records prove themselves in live leaves, and the namespace,
+  layout and store records the pages kept need, from a live leaf or else the newest copy a freed leaf holds.
+  Before anything is judged, the key file is set against the records copied (`keyfile.KeyEvidence`): another
+  valid key than the pages' is refused unless forced (under it every chain head and engine page would go).
+  The fresh store is then checked the ordinary way: the children index is rebuilt from the metadata, counters
+  are recounted, `verify(repair=True)` removes what fails its checks (and what hung below it), and it must
+  verify clean but for pages whose namespace or layout record is lost everywhere: those are whole, so they are
+  kept and reported (`unknown_namespace`, `unknown_layout`) until a write, or `kvc init` with the layout,
+  registers the record again. A rebuild that keeps no page, or a file that is not LMDB at all (or empty), is
+  refused (`RepairRefused`, nothing changed) unless forced. Then the original data file is
   copied to `data.mdb.orig-<UTC time>` (a hidden name until whole), the fresh data file replaces the store's with
   one rename, and the lock file is re-initialised from the new data by LMDB itself before anyone else can use it.
   Every page that did not make it is listed as a removal; `SalvageReport` counts pages kept and lost (of what the
@@ -47,6 +60,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import math
 import os
 import shutil
 import signal
@@ -76,22 +90,29 @@ from ..api import SalvageReport, VerifyFinding, VerifyRemoval, VerifyReport
 from ..codec import (
     CHECKSUMS,
     DEFAULT_CHECKSUM,
-    HEADER,
     Checksum,
     StoreFormat,
     chains_to,
     decode_format,
-    decode_layout,
     decode_meta,
     decode_namespace,
     decode_or_none,
     engine_keyed,
 )
 from ..isolated import Died, run_isolated
-from ..keyfile import KEY_FILE, key_findings, key_if_any
-from ..verify import verify
+from ..keyfile import (
+    KEY_FILE,
+    KEY_MISMATCH,
+    KeyEvidence,
+    KeyState,
+    key_findings,
+    key_if_any,
+    key_status,
+    mismatch_detail,
+)
+from ..verify import recorded_roots, verify
 from ..verify_parts import AuditScope
-from . import pagefile
+from . import pagefile, pagemap, recover
 from .env import (
     DB_NAMES,
     DEFAULT_DURABILITY,
@@ -147,8 +168,13 @@ def audit_location(path: str, repair: bool = False, force: bool = False, lock: b
         _clean_after_killed_repair(path)
     keys = key_findings(path, repair)  # the key file is part of the store (keyfile)
     check = _check(path, lock, scope, progress, record=True)
+    foreign = next((f for f in check.findings if f.kind == KEY_MISMATCH), None)
+    if repair and foreign is not None and not force:
+        # under another key every chain head looks orphaned and every engine page misfiled: nothing is removed
+        # for it (the right key restored, they are all there)
+        raise RepairRefused(path, foreign.detail.split(": ", 1)[1] + "; nothing was changed")
     if repair and not check.ok:
-        check = _repair_pages(path, check, force, scope.workers)
+        check = _repair_pages(path, check, force, scope.workers, trust_key=foreign is not None)
     return _with_key_findings(check, keys)
 
 
@@ -160,12 +186,15 @@ def _with_key_findings(report: VerifyReport, keys: list[VerifyFinding]) -> Verif
                                    repaired=report.repaired + sum(f.repaired for f in keys))
 
 
-def _repair_pages(path: str, check: VerifyReport, force: bool, workers: int = 1) -> VerifyReport:
+def _repair_pages(path: str, check: VerifyReport, force: bool, workers: int = 1,
+                  trust_key: bool = False) -> VerifyReport:
     """The repair of what `check` found in the store's data (not its key file); the check after it with
-    `workers`."""
+    `workers`. `trust_key`: the key file is not the pages' key and the repair was forced: what it does not reach
+    goes (`LMDBIntegrity.trust_key`)."""
     if not _structural(check):
         kept = _keep_consistent_copy(path)
-        fixed, died = run_isolated(lambda report: _verify_in(path, report, repair=True), Reached, VerifyReport)
+        fixed, died = run_isolated(lambda report: _verify_in(path, report, repair=True, trust_key=trust_key),
+                                   Reached, VerifyReport)
         if died is None:
             after = _check(path, scope=AuditScope(workers=workers), record=True)
             if after.ok or all(f.kind in _UNREPAIRED_KINDS for f in after.findings):
@@ -188,14 +217,20 @@ def _structural(report: VerifyReport) -> bool:
 
 
 def _verify_in(path: str, report: Callable[[Any], None], repair: bool, lock: bool = True,
-               scope: AuditScope | None = None, record: bool = False) -> VerifyReport:
+               scope: AuditScope | None = None, record: bool = False, trust_key: bool = False) -> VerifyReport:
     """In a child: open the store and verify it, reporting the walk's progress; `record`: in the store's audit
-    record too (`kvc audit`; never a migration's check, which leaves the old data file untouched)."""
+    record too (`kvc audit`; never a migration's check, which leaves the old data file untouched). `trust_key`
+    (a forced repair): check under the key file's key even where the registry says the pages were written under
+    another, and drop that other key's roots from the registry after the repair."""
     with _env_of(path, durability=DEFAULT_DURABILITY, lock=lock) as shared:
         if repair and not shared.writable:
             raise StoreReadOnly(path, "cannot repair: the store is at a read-only location")
         progress = lambda db, n, key: report(Reached(db, n, key.hex() if key else ""))  # noqa: E731
-        return verify(LMDBIntegrity(shared, progress=progress, record=record), repair, scope)
+        source = LMDBIntegrity(shared, progress=progress, record=record, trust_key=trust_key)
+        result = verify(source, repair, scope)
+        if repair:
+            source.forget_foreign_roots()
+        return result
 
 
 @contextlib.contextmanager
@@ -215,6 +250,9 @@ def _check(path: str, lock: bool = True, scope: AuditScope | None = None,
     what `--repair` would do (`_survey`). A lock-free
     check (`env`) is run again when writers overtook it: a read that failed, or a child that died, while the
     store committed more than one transaction may have read pages a writer reused, which is no damage."""
+    problem = pagemap.whole(path)
+    if problem:  # never mapped: a read past a cut end is a SIGBUS, and LMDB takes an empty file for a new store
+        return VerifyReport(False, 0, 0, [VerifyFinding("structure_corrupt", None, f"{problem}: {_survey(path)}")])
     lock_free = not lock or not lock_file_writable(path)
     for _ in range(LOCK_FREE_CHECKS if lock_free else 1):
         before = committed_txnid(path) if lock_free else 0
@@ -260,20 +298,25 @@ def _where(died: Died, plan: str) -> str:
 def _survey(path: str) -> str:
     """What `kvc audit --repair` would do to the store at `path`, whose walk failed: read from the data file's
     pages (`pagefile.probe`) and, when no catalogue survives, whether any page record in them proves itself."""
-    probe = pagefile.probe(os.path.join(path, "data.mdb"), DB_NAMES)
+    data_file = os.path.join(path, "data.mdb")
+    probe = pagefile.probe(data_file, DB_NAMES)
     keep = f"keeping the original file beside the store as {ORIGINAL_PREFIX}<UTC time>"
     if probe.catalogue is not None:
         recorded = probe.catalogue.entries("pages")
         where = ("LMDB's B-tree is damaged" if not probe.needs_view else
                  f"LMDB's meta pages are unreadable; the newest intact catalogue of sub-databases is at page "
                  f"{probe.catalogue.pgno}")
-        if recorded > 0 or _first_proving_page(path, probe):
+        # the catalogue's count promises pages only while their trees are there to read
+        short = bool(pagemap.whole(path))
+        sure = recorded > 0 and not short and not {"pages", "meta"} & set(probe.damaged_roots)
+        if sure or _first_proving_pair(path, probe):
             return (f"{where} ({recorded} page(s) recorded, {probe.unreadable_bytes} bytes of the file "
                     f"unreadable); `kvc audit --repair` rebuilds the store from what still reads back sound, {keep}")
-    elif probe.is_lmdb and _first_proving_page(path, probe):
+    elif probe.is_lmdb and _first_proving_pair(path, probe):
         return (f"no catalogue of sub-databases survives ({probe.unreadable_bytes} bytes of the file unreadable); "
                 f"`kvc audit --repair` rebuilds the store from the page records found in the file's pages, {keep}")
-    what = "data.mdb is not an LMDB file" if not probe.is_lmdb else "no page of the store reads back sound"
+    what = ("nothing of the store is left in it" if probe.size == 0 else
+            "data.mdb is not an LMDB file" if not probe.is_lmdb else "no page of the store reads back sound")
     return (f"{what}: a repair would keep nothing, so `kvc audit --repair` refuses; restore the store from a "
             f"backup, or remove it; `kvc audit --repair --force` replaces the file with an empty store, {keep}")
 
@@ -301,38 +344,61 @@ def _rebuild(path: str, check: VerifyReport, force: bool) -> VerifyReport:
         _remove_leftovers(path)
         data_file = os.path.join(path, "data.mdb")
         probe = pagefile.probe(data_file, DB_NAMES)
+        extent = pagefile.extent(data_file)
         _step("probed")
         if not probe.is_lmdb and not force:
-            raise RepairRefused(path, "data.mdb is not an LMDB file (no page of it reads as one); nothing was "
-                                      "changed. `kvc audit --repair --force` replaces it with an empty store, "
-                                      f"keeping the file as {ORIGINAL_PREFIX}<UTC time>")
+            what = ("data.mdb is empty (0 bytes)" if probe.size == 0 else
+                    "data.mdb is not an LMDB file (no page of it reads as one)")
+            raise RepairRefused(path, f"{what}; nothing was changed. `kvc audit --repair --force` replaces it with "
+                                      f"an empty store, keeping the file as {ORIGINAL_PREFIX}<UTC time>")
+        key = key_status(path)
+        if key.state is not KeyState.PRESENT and not force:
+            # an engine page's metadata proves itself by the store's key only: a rebuild without it would drop
+            # every engine page whose namespace record (the roots it keeps) is lost too
+            what = f"not readable by this user ({key.why})" if key.state is KeyState.UNREADABLE else key.why
+            raise RepairRefused(path, f"a rebuild proves each engine page by the store's key, and {key.path} is "
+                                      f"{what}: restore it (or repair as a user who may read it); "
+                                      f"`kvc audit --repair --force` rebuilds without it, dropping the engine pages "
+                                      f"it cannot prove; nothing was changed")
+        freed = _free_list(data_file, probe)
         work = tempfile.mkdtemp(prefix=REBUILD_PREFIX, dir=path)
         new = os.path.join(work, "store")
         try:
             with _env_of(new, create=True):
                 pass
             _share_key(path, new)
-            if probe.catalogue is None:
-                source_kind, copied = "scan", _copy_scanned(data_file, new, probe)
+            tree = probe.catalogue is not None
+            if not tree:
+                source_kind, source, copied = "scan", path, _copy_scanned(data_file, new, probe, freed)
             else:
                 source_kind = "catalogue" if probe.needs_view else "tree"
-                source = _view(path, work, probe) if probe.needs_view else path
+                short = extent.needed > extent.size  # read from a copy padded to its length: zeros, not SIGBUS
+                source = (_view(path, work, probe, extent.needed if short else 0) if probe.needs_view or short
+                          else path)
                 copied = _copy_readable(source, new)
+            recovered = _recover_missing(data_file, new, probe, freed, copied, pages_too=tree)
+            _refuse_foreign_key(path, new, copied.store_records, force)
+            _settle_copies(source, new, copied, tree)
             known, recorded, store_records = copied.known, copied.recorded, copied.store_records
-            pruned, died = run_isolated(lambda _: _prepare(new, store_records), result_type=list[VerifyRemoval])
+            unfiled, died = run_isolated(lambda _: _prepare(new, store_records), result_type=dict[str, int])
             if died is not None:
                 raise StoreError(path, f"rebuilding: preparing the fresh store {died.describe()}")
-            fixed, died = run_isolated(lambda r: _verify_in(new, r, repair=True), Reached, VerifyReport)
+            fixed, died = run_isolated(lambda r: _verify_in(new, r, repair=True, trust_key=force), Reached,
+                                       VerifyReport)
             if died is None:
-                after, died = run_isolated(lambda r: _verify_in(new, r, repair=False), Reached, VerifyReport)
-            if died is not None or not after.ok:
-                why = died.describe() if died is not None else f"{len(after.findings)} findings left"
+                after, died = run_isolated(lambda r: _verify_in(new, r, repair=False, trust_key=force), Reached,
+                                           VerifyReport)
+            left = [f for f in after.findings if f.kind not in _UNREPAIRED_KINDS] if died is None else []
+            if died is not None or left:
+                why = died.describe() if died is not None else f"{len(left)} findings left"
                 raise StoreError(path, f"the rebuilt store does not verify ({why}); the store was left as it was")
             final, died = run_isolated(lambda _: _keys_of(new), result_type=dict[str, list[bytes]])
             if died is not None:
                 raise StoreError(path, f"rebuilding: reading the fresh store {died.describe()}")
-            before = recorded.get("pages", -1)
-            if before < 0 and probe.catalogue is not None:
+            # the store's own count of its pages: the catalogue's (an older catalogue's count is not the store's:
+            # unknown then, and the loss is "at least" what was seen)
+            before = -1 if probe.replaced_by else recorded.get("pages", -1)
+            if before < 0 and probe.catalogue is not None and not probe.replaced_by:
                 before = probe.catalogue.entries("pages")
             if not final["pages"] and not force:
                 raise RepairRefused(path, f"a repair would keep nothing (0 of {_count(before)} page(s) read back "
@@ -345,21 +411,22 @@ def _rebuild(path: str, check: VerifyReport, force: bool) -> VerifyReport:
             _swap(path, new, lock_fd)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    gone = {r.page_hash for r in pruned} | {r.page_hash for r in fixed.removals}
+    gone = {r.page_hash for r in fixed.removals}
     unread = sorted((known["pages"] | known["meta"]) - set(final["pages"]) - {bytes.fromhex(h) for h in gone})
     records = sorted((known["namespaces"] - set(final["namespaces"])) | (known["layouts"] - set(final["layouts"])))
     removals = ([VerifyRemoval("structure_corrupt", h.hex(), "page", 0) for h in unread]
                 + [VerifyRemoval("structure_corrupt", k.hex(), "record", 0) for k in records
                    if k.hex() not in gone]
-                + pruned + list(fixed.removals))
+                + list(fixed.removals))
     unreached = [f"'{db}' {recorded[db] - len(known[db])} of {recorded[db]}" for db in recorded
                  if recorded[db] > len(known[db])]
     kept = len(final["pages"])
     seen_lost = len((known["pages"] | known["meta"]) - set(final["pages"]))
-    # without the store's own count, the pages seen and not kept are a lower bound; none seen: unknown (-1)
+    # without the store's own count, the pages seen and not kept are a lower bound; none seen: unknown (-1), never 0
     lost = max(seen_lost, before - kept) if before >= 0 else seen_lost or -1
     salvage = SalvageReport(source_kind, before, kept, lost, before >= 0, probe.unreadable_bytes, probe.size)
-    summary = VerifyFinding("structure_corrupt", None, _summary(salvage, original, len(unread), unreached), True)
+    notes = _notes(probe, unfiled, recovered, unreached)
+    summary = VerifyFinding("structure_corrupt", None, _summary(salvage, original, len(unread), notes), True)
     findings = [msgspec.structs.replace(f, repaired=True) for f in check.findings] + [summary]
     return VerifyReport(False, check.pages_checked, check.bytes_checked, findings, len(findings), removals,
                         original, salvage)
@@ -368,8 +435,7 @@ def _rebuild(path: str, check: VerifyReport, force: bool) -> VerifyReport:
 _SOURCES = {
     "tree": "the store's B-tree",
     "catalogue": "the newest intact catalogue found in the file (LMDB's meta pages were unreadable)",
-    "scan": "page records found in the file's leaf pages (no catalogue survived: pages deleted shortly before "
-            "the damage may be back)",
+    "scan": "page records found in the file's leaf pages (no catalogue of sub-databases could be read)",
 }
 
 
@@ -377,7 +443,43 @@ def _count(n: int) -> str:
     return str(n) if n >= 0 else "an unknown number of"
 
 
-def _summary(s: SalvageReport, original: str, unreadable_records: int, unreached: list[str]) -> str:
+def _notes(probe: pagefile.Probe, unfiled: dict[str, int], recovered: dict[str, int],
+           unreached: list[str]) -> list[str]:
+    """What else the report must say of a rebuild: an older catalogue taken, records found only in the file's
+    pages, pages kept whose namespace or layout record is lost, records the walk could not reach."""
+    notes = []
+    if probe.replaced_by:
+        which = (f"the one transaction {probe.replaced_by} replaced" if probe.replaced_by > 0 else
+                 "an older one (the commit that replaced it is unknown)")
+        notes.append(f"the store's newest catalogue of sub-databases was unreadable: {which} was taken (the newest "
+                     f"commit the meta pages record: {probe.last_txnid or 'unknown'}), and what was written after it "
+                     f"was looked for in the file's leaf pages; the store's own count of its pages is unknown, so "
+                     f"the loss is a lower bound")
+    elif probe.catalogue is None and probe.last_txnid:
+        notes.append(f"the catalogue of sub-databases that the last commit (transaction {probe.last_txnid}) wrote "
+                     f"was unreadable: the records were taken from the file's live leaf pages")
+    elif probe.catalogue is None:
+        notes.append("pages deleted shortly before the damage may be back")
+    found = {k: v for k, v in recovered.items() if v and k != "older"}
+    if found:
+        notes.append("found in the file's leaf pages past the damaged tree: "
+                     + ", ".join(f"{n} {what} record(s)" for what, n in found.items())
+                     + (f" ({recovered['older']} registry or store record(s) from an older copy a later commit "
+                        f"replaced)" if recovered.get("older") else ""))
+    if unfiled.get("unknown_namespace"):
+        notes.append(f"{unfiled['unknown_namespace']} page(s) kept whose namespace record is lost everywhere in the "
+                     f"file: `kvc audit` lists them as unknown_namespace until a write under the namespace "
+                     f"registers it again (or `kvc ns drop --id` removes them)")
+    if unfiled.get("unknown_layout"):
+        notes.append(f"{unfiled['unknown_layout']} page(s) kept whose layout record is lost everywhere in the "
+                     f"file: `kvc audit` lists them as unknown_layout until `kvc init` with that layout registers "
+                     f"it again")
+    if unreached:
+        notes.append(f"records that could not even be reached: {', '.join(unreached)}")
+    return notes
+
+
+def _summary(s: SalvageReport, original: str, unreadable_records: int, notes: list[str]) -> str:
     lost = (f"{s.lost} lost" if s.lost_exact else
             f"{f'at least {s.lost}' if s.lost > 0 else 'an unknown number of pages'} lost (the store's own count "
             f"was unreadable)")
@@ -388,8 +490,7 @@ def _summary(s: SalvageReport, original: str, unreadable_records: int, unreached
     return (f"rebuilt into a fresh environment from {_SOURCES[s.source]}: {s.kept} page(s) kept of "
             f"{_count(s.pages_before)} recorded, {lost}{why}; "
             f"{s.unreadable_bytes} of {s.file_bytes} bytes of the file unreadable; the original data file is kept "
-            f"as {original}" + (f"; records that could not even be reached: {', '.join(unreached)}"
-                                if unreached else ""))
+            f"as {original}" + "".join(f"; {note}" for note in notes))
 
 
 class _Copied(msgspec.Struct):
@@ -402,32 +503,124 @@ class _Copied(msgspec.Struct):
 
 
 def _copy_readable(source: str, new: str) -> _Copied:
-    """Copy into the fresh store what LMDB reads of the environment at `source` (see the module docstring)."""
+    """Copy into the fresh store what LMDB reads of the environment at `source` (see the module docstring), raw:
+    `_settle_copies` checks it."""
     store_records = _enumerate(source, "store")
     known: dict[str, set[bytes]] = {}
     recorded: dict[str, int] = {}
     for db in ("layouts", "namespaces", "meta", "pages"):
         known[db], recorded[db] = _copy_walking(source, new, db)
         _step("copied_" + db)
-    # a page reached in one of its two records only: look the other one up by its key, and what the tree
-    # cannot reach, find in the file's leaf pages themselves
+    # a page reached in one of its two records only: look the other one up by its key
     for db, other in (("pages", "meta"), ("meta", "pages")):
         known[db] |= _copy_by_key(source, new, db, sorted(known[other] - known[db]))
-    sound, died = run_isolated(lambda _: _drop_unsound(new, store_records), result_type=dict[str, list[bytes]])
-    if died is not None:
-        raise StoreError(source, f"rebuilding: checking the copied records {died.describe()}")
-    named = known["meta"] | known["pages"]
-    found, died = run_isolated(lambda _: _scan_file(source, new, named - set(sound["pages"]),
-                                                    named - set(sound["meta"]), store_records),
-                               result_type=dict[str, list[bytes]])
-    for db, keys in (found or {}).items():
-        known[db] |= set(keys)
     return _Copied(known, recorded, store_records)
 
 
-def _view(path: str, work: str, probe: pagefile.Probe) -> str:
+def _settle_copies(source: str, new: str, copied: _Copied, tree: bool) -> None:
+    """Remove the copied records that do not prove themselves; then, after a copy from a tree, find the other half
+    of each page reached in one of its records in the file's leaf pages themselves (what the tree cannot reach)."""
+    sound, died = run_isolated(lambda _: _drop_unsound(new, copied.store_records), result_type=dict[str, list[bytes]])
+    if died is not None:
+        raise StoreError(source, f"rebuilding: checking the copied records {died.describe()}")
+    if not tree:
+        return
+    named = copied.known["meta"] | copied.known["pages"]
+    found, died = run_isolated(lambda _: _scan_file(source, new, named - set(sound["pages"]),
+                                                    named - set(sound["meta"]), copied.store_records),
+                               result_type=dict[str, list[bytes]])
+    for db, keys in (found or {}).items():
+        copied.known[db] |= set(keys)
+
+
+def _free_list(data_file: str, probe: pagefile.Probe) -> dict[int, int]:
+    """The file's free list (page -> the transaction that freed it): the whole free-list tree a sound meta page
+    names (`pagemap`), else the newest free-list leaf found in the file (`probe`)."""
+    if probe.sound_metas or probe.last_txnid:
+        found = pagemap.read_map(data_file)
+        if found is not None and found.freed:
+            return found.freed
+    return dict.fromkeys(probe.freed, 0)
+
+
+def _recover_missing(data_file: str, new: str, probe: pagefile.Probe, freed: dict[int, int], copied: _Copied,
+                     pages_too: bool) -> dict[str, int]:
+    """Add to the fresh store what the copy lacks and the file's leaf pages still hold (`recover`); how many records
+    of each kind were found ("older": of them, copies a later commit replaced)."""
+    def body(_: Callable[[Any], None]) -> recover.Recovered:
+        algos = _algorithms(copied.store_records)
+        chain_keys = _chain_keys(new)
+        with _env_of(new) as store, store.read() as txn:
+            have = {db: {bytes(k) for k in txn.cursor(db=getattr(store.dbs, db)).iternext(values=False)}
+                    for db in ("pages", "meta", "namespaces", "layouts")}
+            metas = [decode_or_none(decode_meta, v) for _, v in txn.cursor(db=store.dbs.meta)]
+            recorded = _recorded_roots(txn, store.dbs)
+        have["store"] = set(copied.store_records)
+        needs = ({m.ns_id for m in metas if m is not None}, {m.layout_id for m in metas if m is not None})
+        with pagefile.mapped(data_file) as data:
+            got = recover.recover(data, probe.page_size or pagefile.PAGE_SIZES[0], freed, have, needs,
+                                  lambda k, v: _page_proves(k, v, algos),
+                                  lambda k, v: _meta_proves(k, v, chain_keys, recorded), pages_too)
+        with _env_of(new) as store:
+            for db in ("pages", "meta", "namespaces", "layouts"):
+                _put_raw(store, getattr(store.dbs, db), list(getattr(got, db).items()))
+        return got
+
+    got, died = run_isolated(body, result_type=recover.Recovered)
+    if died is not None:
+        raise StoreError(os.path.dirname(data_file), f"rebuilding: reading the file's leaf pages {died.describe()}")
+    for db in ("pages", "meta", "namespaces", "layouts"):
+        copied.known[db] |= set(getattr(got, db))
+    for key, value in got.store.items():
+        copied.store_records.setdefault(key, value)
+    return {"page": len(got.pages), "metadata": len(got.meta), "namespace": len(got.namespaces),
+            "layout": len(got.layouts), "store": len(got.store), "older": got.older}
+
+
+def _refuse_foreign_key(path: str, new: str, store_records: dict[bytes, bytes], force: bool) -> None:
+    """RepairRefused when the store's key file is not the key its pages were written under (`KeyEvidence` over the
+    records copied: namespace roots, chain heads, engine pages): a rebuild under it would drop every engine page
+    and every chain as unreachable. `force`: the key was replaced on purpose; go on under it."""
+    if force:
+        return
+
+    def body(_: Callable[[Any], None]) -> list[int]:
+        secret = key_if_any(new)
+        fmt = decode_or_none(decode_format, store_records.get(b"format", b""))
+        if secret is None or (isinstance(fmt, StoreFormat) and not fmt.keyed_roots):
+            return [0, 0]
+        evidence = KeyEvidence(derive_chain_key(secret))
+        with _env_of(new) as store, store.read() as txn:
+            dbs = store.dbs
+            metas = {bytes(k): m for k, v in txn.cursor(db=dbs.meta)
+                     if (m := decode_or_none(decode_meta, v)) is not None}
+            layout_ids = {bytes(k) for k in txn.cursor(db=dbs.layouts).iternext(values=False)}
+            layout_ids |= {m.layout_id for m in metas.values()}
+            for key, raw in txn.cursor(db=dbs.namespaces):
+                record = decode_or_none(decode_namespace, raw)
+                if record is not None:
+                    evidence.record(bytes(key), record, layout_ids)
+        for h, meta in metas.items():
+            if meta.key:
+                evidence.engine_page(h, meta)
+            elif meta.parent not in metas:
+                evidence.head(meta)
+        return [evidence.proves, evidence.contradicts]
+
+    counts, died = run_isolated(body, result_type=list[int])
+    if died is not None or counts is None:
+        return  # the checks after the copy say what is wrong with it
+    evidence = KeyEvidence(b"")
+    evidence.proves, evidence.contradicts = counts
+    if evidence.mismatch:
+        raise RepairRefused(path, mismatch_detail(path, evidence).split(": ", 1)[1] + "; nothing was changed")
+
+
+def _view(path: str, work: str, probe: pagefile.Probe, length: int = 0) -> str:
     """A copy of the store's data file in `work` that LMDB can open: its meta pages rebuilt (a copy of the one
-    that is sound, else ones naming the newest intact catalogue). The store's own file is never written."""
+    that is sound, else ones naming the newest intact catalogue), and a file cut short padded with zeros to the
+    `length` its last commit wrote (LMDB then reads zeroed pages there: an error, never a SIGBUS). The store's own
+    file is never written."""
     view = os.path.join(work, "view")
     os.mkdir(view)
     target = os.path.join(view, "data.mdb")
@@ -435,6 +628,8 @@ def _view(path: str, work: str, probe: pagefile.Probe) -> str:
     try:
         shutil.copyfile(source, target)
         with open(target, "r+b") as f:
+            if length > probe.size:
+                f.truncate(length)
             for slot in (0, 1):
                 f.seek(slot * probe.page_size)
                 f.write(pagefile.sound_meta_copy(source, probe, slot) if probe.sound_metas
@@ -445,22 +640,22 @@ def _view(path: str, work: str, probe: pagefile.Probe) -> str:
     return view
 
 
-def _copy_scanned(data_file: str, new: str, probe: pagefile.Probe) -> _Copied:
-    """No catalogue survived: every record of the file's leaf pages that is one of kvc's and proves itself (a
-    page's checksum seeded by its key, metadata that chains to its key, a layout record whose id is its key, a
-    namespace record naming its own id, the format record), skipping the pages the newest free list names."""
-    found, died = run_isolated(lambda _: _scan_records(data_file, new, probe), result_type=_Copied)
+def _copy_scanned(data_file: str, new: str, probe: pagefile.Probe, freed: dict[int, int]) -> _Copied:
+    """No catalogue could be read: every record of the file's leaf pages that is one of kvc's and proves itself
+    (a page's checksum seeded by its key, metadata that chains to its key, a layout record whose id is its key, a
+    namespace record naming its own id, the format record), skipping the pages the free list names."""
+    found, died = run_isolated(lambda _: _scan_records(data_file, new, probe, set(freed)), result_type=_Copied)
     if died is not None:
         raise StoreError(os.path.dirname(data_file), f"rebuilding: scanning the file's pages {died.describe()}")
     return found
 
 
-def _scan_records(data_file: str, new: str, probe: pagefile.Probe) -> _Copied:
+def _scan_records(data_file: str, new: str, probe: pagefile.Probe, freed: set[int]) -> _Copied:
     """In a child: `_copy_scanned`."""
     algos = list(CHECKSUMS.values())
     chain_keys = _chain_keys(new)
     got: dict[str, dict[bytes, bytes]] = {db: {} for db in ("pages", "meta", "namespaces", "layouts", "store")}
-    freed = set(probe.freed)
+    engine_metas: dict[bytes, bytes] = {}  # proved once the namespace records (their recorded roots) are in
     with pagefile.mapped(data_file) as data:
         for key, value in _leaf_records(data, probe.page_size, freed):
             if len(key) == PAGE_HASH_BYTES:
@@ -468,14 +663,20 @@ def _scan_records(data_file: str, new: str, probe: pagefile.Probe) -> _Copied:
                     got["pages"][key] = value
                 elif key not in got["meta"] and _meta_proves(key, value, chain_keys):
                     got["meta"][key] = value
-                elif key not in got["layouts"] and _layout_proves(key, value):
+                elif key not in got["layouts"] and recover.layout_proves(key, value):
                     got["layouts"][key] = value
-                elif key not in got["namespaces"] and _namespace_proves(key, value):
+                elif key not in got["namespaces"] and recover.namespace_proves(key, value):
                     got["namespaces"][key] = value
+                elif getattr(decode_or_none(decode_meta, value), "key", b""):
+                    engine_metas.setdefault(key, value)
             elif key == b"format" and isinstance(decode_or_none(decode_format, value), StoreFormat):
                 got["store"][key] = value
             elif key.startswith(SHARES_PREFIX) and decode_or_none(decode_shares_record, value) is not None:
                 got["store"][key] = value
+    recorded = {k: recorded_roots(decode_namespace(v)) for k, v in got["namespaces"].items()}
+    for key, value in engine_metas.items():
+        if key not in got["meta"] and _meta_proves(key, value, chain_keys, recorded):
+            got["meta"][key] = value
     with _env_of(new) as store:
         for db in ("pages", "meta", "namespaces", "layouts"):
             _put_raw(store, getattr(store.dbs, db), list(got[db].items()))
@@ -506,24 +707,28 @@ def _leaf_records(data: bytes, psize: int, freed: set[int]) -> Iterator[tuple[by
                 yield key, value
 
 
-def _layout_proves(key: bytes, value: bytes) -> bool:
-    record = decode_or_none(decode_layout, value)
-    return record is not None and record.layout.layout_id == key
-
-
-def _namespace_proves(key: bytes, value: bytes) -> bool:
-    record = decode_or_none(decode_namespace, value)
-    return record is not None and record.ns_id_hex == key.hex()
-
-
-def _first_proving_page(path: str, probe: pagefile.Probe) -> bool:
-    """Whether any leaf record of the data file outside the free list is a page that proves itself (read in a
-    child: the scan is Python, but the survey must not depend on it surviving)."""
+def _first_proving_pair(path: str, probe: pagefile.Probe) -> bool:
+    """Whether the data file's leaf pages (freed ones too: a rebuild falls back on them) hold a page and its
+    metadata that both prove themselves: what a rebuild needs to keep anything (read in a child: the scan is
+    Python, but the survey must not depend on it surviving)."""
     def scan(_: Callable[[Any], None]) -> bool:
         algos = list(CHECKSUMS.values())
+        chain_keys = _chain_keys(path)
+        pages: set[bytes] = set()
+        metas: set[bytes] = set()
         with pagefile.mapped(os.path.join(path, "data.mdb")) as data:
-            return any(len(k) == PAGE_HASH_BYTES and _page_proves(k, v, algos)
-                       for k, v in _leaf_records(data, probe.page_size, set(probe.freed)))
+            for _rank, k, v in recover.leaf_nodes(data, probe.page_size or pagefile.PAGE_SIZES[0], {}):
+                if len(k) != PAGE_HASH_BYTES:
+                    continue
+                if _page_proves(k, v, algos):
+                    pages.add(k)
+                elif _meta_proves(k, v, chain_keys):
+                    metas.add(k)
+                else:
+                    continue
+                if k in pages and k in metas:
+                    return True
+        return False
 
     found, died = run_isolated(scan, result_type=bool)
     return bool(found) and died is None
@@ -640,18 +845,20 @@ def _fsync_dir(path: str) -> None:
 
 
 @contextlib.contextmanager
-def _exclusive(path: str) -> Iterator[int]:
+def _exclusive(path: str, doing: str = "rebuild", again: str = "kvc audit --repair") -> Iterator[int]:
     """Hold byte 0 of LMDB's lock file for writing: every process with the environment open holds it for reading,
-    so this succeeds only when none does, and openers wait until it is released."""
+    so this succeeds only when none does, and openers wait until it is released. `doing`, `again`: what the
+    refusal says could not be done, and the command to run once the store is free."""
     if path in ENVS:
-        raise StoreError(path, "cannot rebuild: this process has the store open; close it first")
+        raise StoreError(path, f"cannot {doing}: this process has the store open; close it first")
     fd = os.open(os.path.join(path, "lock.mdb"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0, 0)
         except OSError:
-            raise StoreError(path, "cannot rebuild: the store is open in another process (a `kvc serve`, an "
-                                   "engine, a writer); stop it and run `kvc audit --repair` again") from None
+            raise StoreError(path, f"cannot {doing}: the store is open in another process (a `kvc serve`, an "
+                                   f"engine, a writer): stop it, or wait for it to finish, then run `{again}` "
+                                   f"again; nothing was changed") from None
         yield fd
     finally:
         os.close(fd)  # releases the lock (if _swap's LMDB open has not already)
@@ -661,7 +868,7 @@ def _share_key(path: str, new: str) -> None:
     """The store's key file beside the fresh store too, so its checks key the chain roots as the store does
     (kvcache.storage.chain); it is not swapped in (the store keeps its own). A store without one: nothing."""
     key = os.path.join(path, KEY_FILE)
-    if os.path.exists(key):
+    if key_status(path).state is KeyState.PRESENT:  # one this user cannot read: the checks go by recorded roots
         shutil.copyfile(key, os.path.join(new, KEY_FILE))
 
 
@@ -828,12 +1035,14 @@ def _drop_unsound(new: str, store_records: dict[bytes, bytes]) -> dict[str, list
     kept: dict[str, list[bytes]] = {"pages": [], "meta": []}
 
     def body(txn: lmdb.Transaction) -> None:
+        recorded = _recorded_roots(txn, dbs)
         for db, proves in (("pages", lambda k, v: _page_proves(k, v, algos)),
-                           ("meta", lambda k, v: _meta_proves(k, v, chain_keys))):
+                           ("meta", lambda k, v: _meta_proves(k, v, chain_keys, recorded)),
+                           ("namespaces", recover.namespace_proves), ("layouts", recover.layout_proves)):
             target = getattr(dbs, db)
             for key, value in list(txn.cursor(db=target)):
                 if proves(bytes(key), value):
-                    kept[db].append(bytes(key))
+                    kept.setdefault(db, []).append(bytes(key))
                 else:
                     txn.delete(bytes(key), db=target)
 
@@ -856,15 +1065,28 @@ def _page_proves(key: bytes, value: Any, algos: list[Checksum]) -> bool:
     return len(key) == PAGE_HASH_BYTES and any(a.sound(value, key) for a in algos)
 
 
-def _meta_proves(key: bytes, value: Any, chain_keys: list[bytes]) -> bool:
+def _meta_proves(key: bytes, value: Any, chain_keys: list[bytes],
+                 recorded: dict[bytes, list[bytes]] | None = None) -> bool:
     """A metadata record that decodes and chains to its key: a token page's H(parent || tokens), an engine page's
-    key under its namespace/layout root keyed by one of `chain_keys` (`_chain_keys`)."""
+    key under its namespace/layout root keyed by one of `chain_keys` (`_chain_keys`), or under a root its
+    namespace's record keeps (`recorded`: what proves it when this user may not read the key, or it is lost)."""
     meta = decode_or_none(decode_meta, value)
     if meta is None:
         return False
     if not meta.key:
         return chains_to(key, meta)
-    return engine_keyed(key, meta, [hash_root_of_id(meta.layout_id, meta.ns_id, k) for k in chain_keys])
+    roots = [hash_root_of_id(meta.layout_id, meta.ns_id, k) for k in chain_keys]
+    return engine_keyed(key, meta, roots + (recorded or {}).get(meta.ns_id, []))
+
+
+def _recorded_roots(txn: lmdb.Transaction, dbs: Any) -> dict[bytes, list[bytes]]:
+    """Namespace id -> the roots its record keeps, for the namespace records in `txn` that prove themselves."""
+    out = {}
+    for key, raw in txn.cursor(db=dbs.namespaces):
+        record = decode_or_none(decode_namespace, raw)
+        if record is not None and record.ns_id_hex == bytes(key).hex():
+            out[bytes(key)] = recorded_roots(record)
+    return out
 
 
 def _chain_keys(directory: str) -> list[bytes]:
@@ -887,6 +1109,8 @@ def _scan_file(path: str, new: str, want_pages: set[bytes], want_meta: set[bytes
         return {}
     algos = _algorithms(store_records)
     chain_keys = _chain_keys(new)
+    with _env_of(new) as store, store.read() as txn:
+        recorded = _recorded_roots(txn, store.dbs)
     pages: dict[bytes, bytes] = {}
     metas: dict[bytes, bytes] = {}
     with open(os.path.join(path, "data.mdb"), "rb") as f:
@@ -917,7 +1141,7 @@ def _scan_file(path: str, new: str, want_pages: set[bytes], want_meta: set[bytes
                 continue
             if key in want_pages and key not in pages and _page_proves(key, value, algos):
                 pages[key] = value
-            if key in want_meta and key not in metas and _meta_proves(key, value, chain_keys):
+            if key in want_meta and key not in metas and _meta_proves(key, value, chain_keys, recorded):
                 metas[key] = value
     with _env_of(new) as store:
         _put_raw(store, store.dbs.pages, list(pages.items()))
@@ -931,20 +1155,39 @@ _HEADER_BYTES, _NODE = 16, 8
 _F_BIGDATA = 0x01
 
 
-def _prepare(new: str, store_records: dict[bytes, bytes]) -> list[VerifyRemoval]:
+def _prepare(new: str, store_records: dict[bytes, bytes]) -> dict[str, int]:
     """In a child, on the fresh store: its store records (the old format record when it survived, else one for
-    the checksum the pages agree with; the limits), pages of a namespace or layout whose record was lost removed
-    (listed), the children index built from the metadata, the counters recounted."""
-    removed: list[VerifyRemoval] = []
+    the checksum the pages agree with, dated no later than its oldest page; the limits), the children index built
+    from the metadata, the counters recounted. Pages of a namespace or layout whose record is lost everywhere are
+    kept (they are whole: a write under the namespace, or `kvc init` with the layout, registers the record
+    again); returns how many, per finding kind they show under (unknown_namespace, unknown_layout)."""
+    unfiled = {"unknown_layout": 0, "unknown_namespace": 0}
     with _env_of(new) as store:
         dbs = store.dbs
 
         def body(txn: lmdb.Transaction) -> None:
+            layouts = {bytes(k) for k, v in txn.cursor(db=dbs.layouts)}
+            namespaces = {bytes(k) for k, v in txn.cursor(db=dbs.namespaces)}
+            txn.drop(dbs.children, delete=False)
+            oldest = time.time()
+            for page_key, raw_meta in list(txn.cursor(db=dbs.meta)):
+                h = bytes(page_key)
+                meta = decode_or_none(decode_meta, raw_meta)
+                if meta is None:
+                    continue  # verify(repair=True) removes it next
+                if meta.layout_id not in layouts:
+                    unfiled["unknown_layout"] += 1
+                elif meta.ns_id not in namespaces:
+                    unfiled["unknown_namespace"] += 1
+                if math.isfinite(meta.created):
+                    oldest = min(oldest, meta.created)
+                txn.put(meta.parent, h, db=dbs.children, dupdata=True)
             fmt = decode_or_none(decode_format, store_records.get(b"format", b""))
             if not (isinstance(fmt, StoreFormat) and fmt.checksum in CHECKSUMS):
                 fresh = txn.get(b"format", db=dbs.store)
                 assert fresh is not None, "the fresh store has the format record its creation wrote"
-                fmt = msgspec.structs.replace(decode_format(fresh), checksum=_agreed_checksum(txn, dbs))
+                fmt = msgspec.structs.replace(decode_format(fresh), checksum=_agreed_checksum(txn, dbs),
+                                              created=oldest)
             txn.put(b"format", msgspec.msgpack.encode(fmt), db=dbs.store)
             for key in (b"capacity", b"ns_quota"):
                 if len(store_records.get(key, b"")) == 8:  # a u64 limit
@@ -952,27 +1195,10 @@ def _prepare(new: str, store_records: dict[bytes, bytes]) -> list[VerifyRemoval]
             for key, raw in store_records.items():  # namespace shares (policy: they outlive the pages)
                 if key.startswith(SHARES_PREFIX) and decode_or_none(decode_shares_record, raw) is not None:
                     txn.put(key, raw, db=dbs.store)
-            layouts = {bytes(k) for k, v in txn.cursor(db=dbs.layouts)}
-            namespaces = {bytes(k) for k, v in txn.cursor(db=dbs.namespaces)}
-            txn.drop(dbs.children, delete=False)
-            for page_key, raw_meta in list(txn.cursor(db=dbs.meta)):
-                h = bytes(page_key)
-                meta = decode_or_none(decode_meta, raw_meta)
-                if meta is None:
-                    continue  # verify(repair=True) removes it next
-                lost = ("unknown_layout" if meta.layout_id not in layouts else
-                        "unknown_namespace" if meta.ns_id not in namespaces else "")
-                if lost:
-                    value = txn.get(h, db=dbs.pages)
-                    txn.delete(h, db=dbs.meta)
-                    txn.delete(h, db=dbs.pages)
-                    removed.append(VerifyRemoval(lost, h.hex(), "page", max(len(value or b"") - HEADER, 0)))
-                else:
-                    txn.put(meta.parent, h, db=dbs.children, dupdata=True)
             recount(txn, dbs)
 
         store.write(body)
-    return removed
+    return unfiled
 
 
 def _agreed_checksum(txn: lmdb.Transaction, dbs: Any) -> str:

@@ -19,6 +19,7 @@ repairing the records one by one would remove sound pages (`salvage` rebuilds su
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -47,7 +48,7 @@ from ..codec import (
     stored_checksum,
 )
 from ..isolated import Died
-from ..keyfile import key_if_any
+from ..keyfile import KEY_MISMATCH, key_if_any, mismatch_detail
 from ..verify import (
     EngineHashes,
     Findings,
@@ -58,17 +59,21 @@ from ..verify import (
     ScannedPage,
     Snapshot,
     check_page,
+    implausible,
+    life,
     recorded_roots,
 )
 from ..verify_parts import Catalogue, HeldPage, KeyRange, NsSum, PartContext, PartProgress, PartReport, replays
+from . import pagemap
 from .env import DEFAULT_MAP_SIZE, SharedEnv, acquire, release
-from .registry import NsDelta, adjust_totals, apply_deltas, decode_totals, drop_page, recount
+from .registry import NsDelta, adjust_totals, apply_deltas, decode_totals, drop_page, key_evidence, recount
 
 T = TypeVar("T")
 
 VERIFY_CHUNK_PAGES = 256  # pages per read transaction when verifying (short read transactions, see above)
 LOCK_FREE_CHUNK_PAGES = 32  # ... when reading lock-free: copied out whole, and the shorter, the less overtaken
 REPAIR_BATCH_PAGES = 1024  # records removed per write transaction by verify(repair=True)
+PAGE_MAP_ATTEMPTS = 8  # reads of the page map that writers may overtake before that is the finding
 
 AUDIT_KEY = b"audit"  # the store's AuditHistory, in the `store` sub-database
 _decode_history = msgspec.msgpack.Decoder(AuditHistory).decode
@@ -83,7 +88,7 @@ class LMDBIntegrity:
     recounts_after_removals = True  # one write transaction recounts exactly
 
     def __init__(self, shared: SharedEnv, write: Callable[[Callable[[lmdb.Transaction], Any]], Any] | None = None,
-                 progress: Progress | None = None, record: bool = False) -> None:
+                 progress: Progress | None = None, record: bool = False, trust_key: bool = False) -> None:
         self.shared = shared
         # record this audit in the store (`AuditHistory`): only an audit of a store it may write, in the current
         # format (an older one is left as it is until `kvc migrate`)
@@ -93,11 +98,25 @@ class LMDBIntegrity:
         # the roots' key from the store's key file (None: this user may not read it; roots come from the records)
         # a key file that does not read is the audit's `key_file` finding, never the death of its walk
         self.chain_key = chain_key_of(shared.format, key_if_any(shared.path))
+        # A valid key that is not the one the pages were written under (keyfile.KeyEvidence) is the audit's
+        # `key_mismatch` finding; the rest is then checked against the roots the registry recorded, as a reader
+        # without the key does, so that no page is called an orphan (and removed) for the key's sake. `trust_key`:
+        # the key was replaced on purpose (`--repair --force`): the pages it does not reach are unreachable.
+        self.key_mismatch = ""
+        self.trust_key = trust_key
+        if self.chain_key and shared.format.keyed_roots and not shared.format.chain_key and not trust_key:
+            chain_key = self.chain_key
+            evidence = shared.reading(lambda txn: key_evidence(txn, shared.dbs, chain_key))
+            if evidence.mismatch:
+                self.key_mismatch = mismatch_detail(shared.path, evidence)
+                self.chain_key = None
         self.batch_pages = REPAIR_BATCH_PAGES
         self._write = write or shared.write  # a store passes its own (the handle's checks and counts)
         self._progress = progress
         self._layouts: dict[bytes, KVLayout] = {}
         self._missed_meta: set[bytes] = set()  # pages whose metadata a lookup in the scan did not find
+        self._ns_seen: dict[tuple[int, bytes], tuple[bool, int]] = {}  # (txn id, namespace) -> recorded?, its hits
+        self.store_created = shared.format.created  # the start of the store's life (verify.life)
 
     # -- reading --------------------------------------------------------------------------------------------
 
@@ -129,8 +148,8 @@ class LMDBIntegrity:
     def _scanned(self, txn: lmdb.Transaction, h: bytes, value: Any, children: Any = None,
                  registry: Any = None) -> ScannedPage | None:
         """The page stored under `h`, read in `txn`; None for a key that is no page hash. `children`: a cursor
-        on the children index in `txn` to reuse; `registry`: the namespace ids recorded as of `txn`'s snapshot
-        (None: look each up)."""
+        on the children index in `txn` to reuse; `registry`: the namespace records as of `txn`'s snapshot, id ->
+        record or None (None: look each up in `txn`)."""
         dbs = self.shared.dbs
         if len(h) != PAGE_HASH_BYTES:
             return None
@@ -140,10 +159,26 @@ class LMDBIntegrity:
         meta = decode_or_none(decode_meta, raw)
         if meta is None:
             return ScannedPage(h, value, None, damaged=True)
-        registered = (meta.ns_id in registry if registry is not None
-                      else txn.get(meta.ns_id, db=dbs.namespaces) is not None)
+        registered, ns_hits = self._namespace_of(txn, meta.ns_id, registry)
         return ScannedPage(h, value, meta, registered=registered,
-                           indexed=(children or txn.cursor(db=dbs.children)).set_key_dup(meta.parent, h))
+                           indexed=(children or txn.cursor(db=dbs.children)).set_key_dup(meta.parent, h),
+                           ns_hits=ns_hits)
+
+    def _namespace_of(self, txn: lmdb.Transaction, ns_id: bytes, registry: Any) -> tuple[bool, int]:
+        """(whether namespace `ns_id` is recorded, the hits its record counts or -1) as of `txn` (from
+        `registry` when given: the same snapshot), looked up once per namespace and transaction."""
+        if registry is not None:
+            record = registry.get(ns_id)
+            return ns_id in registry, record.hits if record is not None else -1
+        key = (txn.id(), ns_id)
+        found = self._ns_seen.get(key)
+        if found is None:
+            if len(self._ns_seen) > 4096:
+                self._ns_seen.clear()
+            raw = txn.get(ns_id, db=self.shared.dbs.namespaces)
+            record = decode_or_none(decode_namespace, raw) if raw is not None else None
+            found = self._ns_seen[key] = (raw is not None, record.hits if record is not None else -1)
+        return found
 
     def _scan_pages_lock_free(self, found: Findings) -> Iterator[ScannedPage]:
         """scan_pages of a lock-free environment: each chunk copied out in one read transaction, run again when
@@ -195,7 +230,7 @@ class LMDBIntegrity:
                 if meta is None:
                     damaged.add(h)
                 else:
-                    tree[h] = PageRow(meta.parent, meta.ns_id, meta.layout_id, meta.nbytes)
+                    tree[h] = PageRow(meta.parent, meta.ns_id, meta.layout_id, meta.nbytes, meta.hits)
                 if not pages.set_key(h):
                     bodiless.add(h)
             headless: set[bytes] = set()
@@ -235,6 +270,30 @@ class LMDBIntegrity:
                                                      f"of it finds: a damaged branch page misroutes them")
         return Snapshot(tree, bodiless, damaged, headless, registry, links,
                         (totals.pages, totals.bytes) if totals is not None else (-1, -1))
+
+    def own_checks(self, found: Findings) -> None:
+        """What a full audit checks of LMDB's own besides the records: a key file that is not the pages' key
+        (`key_mismatch`), and LMDB's page map (`page_map`)."""
+        if self.key_mismatch:
+            found.add(KEY_MISMATCH, None, self.key_mismatch)
+        self.page_map(found)
+
+    def page_map(self, found: Findings) -> None:
+        """LMDB's page map on the snapshot of one read transaction (`pagemap`): what LMDB trusts blindly (each
+        live page's header against its position, its flags against its place, the free list against the trees),
+        each problem a `structure_corrupt` finding (a repair rebuilds the store). The transaction pins the
+        snapshot's pages while the file is walked; when writers moved both meta pages on meanwhile, it is read
+        again."""
+        data = os.path.join(self.shared.path, "data.mdb")
+        for _ in range(PAGE_MAP_ATTEMPTS):
+            got = self.shared.reading(lambda txn: pagemap.read_map(data, txn.id()))
+            if got is not None:
+                for problem in got.problems:
+                    found.add("structure_corrupt", None, f"LMDB's page map: {problem}")
+                return
+        found.add("structure_corrupt", None, f"LMDB's page map could not be read: writers moved its meta pages on "
+                                             f"during each of {PAGE_MAP_ATTEMPTS} reads (audit it while they are "
+                                             f"idle)")
 
     # -- reading in key ranges (verify_parts) ---------------------------------------------------------------
 
@@ -328,7 +387,8 @@ class LMDBIntegrity:
     def repair_batch(self, body: Callable[[RepairOps], T]) -> T:
         """`body` in one write transaction, with the counters of what it removed settled at its end."""
         def run(txn: lmdb.Transaction) -> T:
-            ops = _RepairOps(txn, self.shared.dbs, self._layouts, self.checksum, self.chain_key)
+            ops = _RepairOps(txn, self.shared.dbs, self._layouts, self.checksum, self.chain_key,
+                             life(self.store_created))
             result = body(ops)
             ops.settle()
             return result
@@ -339,14 +399,41 @@ class LMDBIntegrity:
         """Every registry counter and the totals from the pages stored, in one write transaction."""
         self._write(lambda txn: recount(txn, self.shared.dbs))
 
+    def forget_foreign_roots(self) -> int:
+        """With a key trusted on purpose (`trust_key`): drop from each namespace record the roots this key does not
+        give (the old key's, whose pages a repair under this key removed), so that the registry no longer
+        contradicts the key. Records changed."""
+        chain_key = self.chain_key
+        if not (self.trust_key and chain_key):
+            return 0
+        dbs = self.shared.dbs
+
+        def body(txn: lmdb.Transaction) -> int:
+            layout_ids = [bytes(k) for k in txn.cursor(db=dbs.layouts).iternext(keys=True, values=False)]
+            changed = 0
+            for key, raw in list(txn.cursor(db=dbs.namespaces)):
+                record = decode_or_none(decode_namespace, raw)
+                if record is None or not record.roots:
+                    continue
+                given = {hash_root_of_id(lay, bytes(key), chain_key).hex() for lay in layout_ids}
+                kept = [r for r in record.roots if r in given]
+                if kept != record.roots:
+                    txn.put(bytes(key), encoder.encode(msgspec.structs.replace(record, roots=kept)),
+                            db=dbs.namespaces)
+                    changed += 1
+            return changed
+
+        return self._write(body)
+
 
 class _RepairOps:
     """`verify.RepairOps` inside one LMDB write transaction."""
 
     def __init__(self, txn: lmdb.Transaction, dbs: Any, layouts: dict[bytes, KVLayout], checksum: Any,
-                 chain_key: bytes | None) -> None:
+                 chain_key: bytes | None, times: tuple[float, float] = (0.0, 0.0)) -> None:
         self.txn, self.dbs, self.layouts, self.checksum = txn, dbs, layouts, checksum
         self.chain_key = chain_key
+        self.times = times  # the store's life (verify.life): what a page's times may be
         self.deltas: dict[bytes, NsDelta] = {}
         self.freed_pages = self.freed_bytes = 0
 
@@ -404,6 +491,36 @@ class _RepairOps:
             return False
         self.txn.delete(key, db=db)
         return True
+
+    def reset_fields(self, pages: Sequence[bytes]) -> list[bool]:
+        """Each page's implausible `created`, `last_access` and `hits` set to what can be, as of now and of its
+        namespace's record in this transaction (`verify.implausible`): times outside the store's life go to now
+        (so an incremental audit checks the page next), `created` past `last_access` comes down to it, hits that
+        cannot be go to 0. The page itself is kept."""
+        done = []
+        for h in pages:
+            raw = self.txn.get(h, db=self.dbs.meta)
+            meta = decode_or_none(decode_meta, raw) if raw is not None else None
+            if meta is None:
+                done.append(False)
+                continue
+            ns_raw = self.txn.get(meta.ns_id, db=self.dbs.namespaces)
+            record = decode_or_none(decode_namespace, ns_raw) if ns_raw is not None else None
+            ns_hits = record.hits if record is not None else -1
+            low, high = self.times
+            now = time.time()
+            created, last = meta.created, meta.last_access
+            if not math.isfinite(created) or not low <= created <= high:
+                created = now
+            if not math.isfinite(last) or not low <= last <= high:
+                last = now
+            created = min(created, last)
+            hits = meta.hits if 0 <= meta.hits and (ns_hits < 0 or meta.hits <= ns_hits) else 0
+            fixed = msgspec.structs.replace(meta, created=created, last_access=last, hits=hits)
+            if fixed != meta:
+                self.txn.put(h, encoder.encode(fixed), db=self.dbs.meta)
+            done.append(not implausible(fixed, self.times, ns_hits))
+        return done
 
     def settle(self) -> None:
         """Take the pages removed off the totals and the namespace counters (a damaged totals record is left for
@@ -553,7 +670,8 @@ class _PartReader:
             missed: list[bytes] = []
             unsure = ""
             children = txn.cursor(db=dbs.children)
-            registry = ctx.recorded if txn.id() == ctx.txnid else None  # the catalogue's, when the same snapshot
+            # the catalogue's, when the same snapshot
+            registry = ctx.records if txn.id() == ctx.txnid else None
             cur = txn.cursor(db=dbs.pages)
             positioned = self._first(cur, after)
             keys: list[bytes] = []
@@ -572,12 +690,13 @@ class _PartReader:
                         missed.append(h)
                     pages += 1
                     nbytes += max(len(value) - HEADER, 0)
-                    check_page(found, page, ctx.layouts, ctx.checksum, engine)
+                    check_page(found, page, ctx.layouts, ctx.checksum, engine, ctx.times)
                     if len(found.items) == before and page.meta is not None:
                         unsure = unsure or self._parent_unsure(txn, page.meta)
-                        acc = chunk_sums.setdefault(page.meta.ns_id, [0, 0])
+                        acc = chunk_sums.setdefault(page.meta.ns_id, [0, 0, 0])
                         acc[0] += 1
                         acc[1] += page.meta.nbytes
+                        acc[2] += page.meta.hits
                 positioned = cur.next() and _below(cur.key(), hi)
             # the metadata keys from where this chunk began up to its last page (the range's end when it is the
             # last chunk): each must be a page read here
@@ -606,14 +725,15 @@ class _PartReader:
             out.nbytes += nbytes
             out.meta_keys += meta_keys
             out.unsure = out.unsure or unsure
-            for ns_id, (n, b) in chunk_sums.items():
-                acc = sums.setdefault(ns_id, [0, 0])
+            for ns_id, (n, b, k) in chunk_sums.items():
+                acc = sums.setdefault(ns_id, [0, 0, 0])
                 acc[0] += n
                 acc[1] += b
+                acc[2] += k
             if not more or not keys:
                 break
             after = keys[-1]
-        out.sums = [NsSum(ns_id, n, b) for ns_id, (n, b) in sums.items()]
+        out.sums = [NsSum(ns_id, n, b, k) for ns_id, (n, b, k) in sums.items()]
         out.txnids = sorted(self.txnids)
         return out
 
@@ -679,7 +799,7 @@ class _PartReader:
                         missed.append(h)
                     pages += 1
                     nbytes += max(len(value) - HEADER, 0)
-                    check_page(found, page, ctx.layouts, ctx.checksum, engine)
+                    check_page(found, page, ctx.layouts, ctx.checksum, engine, ctx.times)
             return found, engine, missed, n, stop, changed, pages, nbytes, txn.id()
 
         while True:

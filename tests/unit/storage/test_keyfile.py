@@ -104,7 +104,9 @@ def test_a_store_made_before_key_files_is_refused_until_rekey_or_migrate_gives_i
 
 
 def test_rekey_of_a_keyed_store_holding_pages_is_refused_unless_told_they_go(tmp_path):
+    from kvcache.errors import KeyMismatch, RepairRefused
     from kvcache.storage.lmdb.rekey import rekey
+    from kvcache.storage.lmdb.salvage import audit_location
 
     _put(tmp_path / "s", Namespace("t1", SALT))
     (tmp_path / "s" / KEY_FILE).unlink()
@@ -112,8 +114,17 @@ def test_rekey_of_a_keyed_store_holding_pages_is_refused_unless_told_they_go(tmp
         rekey(str(tmp_path / "s"))
     assert not (tmp_path / "s" / KEY_FILE).exists()  # nothing changed
     assert rekey(str(tmp_path / "s"), unreachable_ok=True).previous is KeyState.MISSING
+    # the new key is not the one the pages were written under: named as such, nothing removed unless forced
+    with pytest.raises(KeyMismatch, match="kvc audit --repair --force"):
+        open_store(str(tmp_path / "s"), readonly=True)
+    assert [f.kind for f in audit_location(str(tmp_path / "s")).findings] == ["key_mismatch"]
+    with pytest.raises(RepairRefused, match="nothing was changed"):
+        audit_location(str(tmp_path / "s"), repair=True)
+    forced = audit_location(str(tmp_path / "s"), repair=True, force=True)
+    assert [r.kind for r in forced.removals] == ["orphan", "orphan"]
+    assert audit_location(str(tmp_path / "s")).ok
     with open_store(str(tmp_path / "s"), readonly=True) as ro:
-        assert {f.kind for f in ro.verify().findings} == {"orphan"}  # `kvc audit --repair` removes them
+        assert ro.stats().pages == 0 and ro.verify().ok
 
 
 def test_racing_creators_agree_on_one_key(tmp_path):

@@ -341,7 +341,8 @@ def test_engine_pages_are_judged_by_workers_as_by_a_serial_audit_with_the_chain_
         checksum = lmdb_store.CHECKSUMS[lmdb_store.DEFAULT_CHECKSUM].of(value[8:], wrong)
         r.drop(hashes[-1])
         r.txn.put(wrong, checksum.to_bytes(8, "little") + value[8:], db=r.db["pages"])
-        r.put_meta(wrong, msgspec.structs.replace(meta, checksum=checksum, created=time.time() + 3600))
+        later = time.time() + 3600  # written "later": the incremental audit below picks it
+        r.put_meta(wrong, msgspec.structs.replace(meta, checksum=checksum, created=later, last_access=later))
         r.txn.put(meta.parent, wrong, db=r.db["children"])
     serial = keyless_audit()
     assert [(f.kind, f.page_hash) for f in serial.findings] == [("hash_mismatch", wrong.hex())]
