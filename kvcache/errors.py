@@ -27,9 +27,14 @@ either bad input from the caller, a broken invariant, or a storage fault the cal
         ├── StoreReadOnly             writing to a store opened read-only or at a read-only location
         ├── StoreAccessDenied         the OS refuses to let this user read the store's files (permissions)
         ├── StoreChanged              a lock-free read that writers overtook (its pages may have been reused)
+        ├── StoreClosed               a call on a store handle after its close (or racing it); nothing was read or
+        │                             written
         ├── StoreFull                 the disk (not the store's own capacity limit) has no room left
         ├── RepairRefused             a repair that would replace a file that is not LMDB, or keep no page
+        ├── StoreDamaged              the data file is damaged where no read may go (empty, cut short, LMDB's page
+        │                             map): refused before LMDB maps it
         ├── KeyFileError              the store's fingerprint key is missing, not a key, or not readable here
+        │   └── KeyMismatch           a valid key, but not the one the store's pages were written under
         ├── LayoutMismatch            the KVLayout asked for is not one the store holds
         ├── StoreUnsupported          a kvc store this install cannot open (newer format, missing checksum)
         └── UnknownBackend            a URL scheme no installed L3 backend is registered for
@@ -275,3 +280,23 @@ class KeyFileError(StoreError):
     """The store's fingerprint key (an LMDB store's ``fingerprint.key``) is missing, empty, not a key, or not
     readable by this user where the command needs it: the store's fingerprints and display ids cannot be derived.
     Names the file and the way out (restore it, or `kvc init --rekey`)."""
+
+
+class StoreClosed(StoreError):
+    """A call on a store handle after its close(), or one that raced the close on another thread: nothing was read
+    or written (a store handle's close waits for the reads and writes already in flight)."""
+
+    def __init__(self, path: str, message: str = "the store handle is closed") -> None:
+        super().__init__(path, message)
+
+
+class StoreDamaged(StoreError):
+    """The store's data file is damaged where no read may go (empty, cut short, LMDB's own page map broken): it is
+    refused before LMDB maps it (a read past a cut end is a SIGBUS no caller can catch). Names what is wrong and
+    the way out (`kvc audit` says what is lost, `kvc audit --repair` rebuilds from what is left)."""
+
+
+class KeyMismatch(KeyFileError):
+    """The store's key file holds a valid key, but not the one its pages were written under: the chain roots its
+    registry recorded are none of the roots this key gives (a wrong backup restored, a tool that wrote a fresh
+    key). Refused before anything is written or removed under it; names the way out (restore the right key)."""

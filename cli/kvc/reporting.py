@@ -12,8 +12,12 @@
 
 `KvcGroup` is the typer group class of the app: its `main` wraps every invocation, the console script's and
 CliRunner's alike; `command` marks each command's body, so the handler knows what that command prints. Every
-message goes through `one_line`: flattened to one line, control characters escaped, and every secret this
-invocation has seen (store passwords, salts: `kvc.secrets`) replaced by ***.
+message goes through `one_line`: flattened to one line, control characters escaped, and each store location of
+this invocation in its shown form (`kvc.secrets.shown`: the whole location, never a secret's text, is what is
+replaced). What a message may say is structural: kvc's own errors are built from parts that hold no secret (a
+location's shown form, a salt's fingerprint); the text of an error kvc did not raise (a library's, which may
+quote a URL or a value it was handed) is not printed, only its type and where it was raised, unless its type is
+one whose text is about code (`CODE_SHAPED`). A `--debug` traceback follows the same rule line by line.
 """
 
 from __future__ import annotations
@@ -27,20 +31,17 @@ import signal
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import typer
-
-try:  # typer < 0.25 runs on click; later typers vendor it as typer._click
-    from click import exceptions as click_exc
-except ImportError:
-    from typer._click import exceptions as click_exc  # type: ignore[no-redef]  # the same module, found elsewhere
 from typer.core import TyperGroup
 
-from kvcache.errors import KVCacheError
+from kvcache.errors import AdminRemoteError, KVCacheError
 from kvcache.types.namespace import fingerprint_key_scope, withhold_fingerprint_key
 
 from . import secrets
+from .clickapi import exceptions as click_exc  # the click typer raises with (its own from 0.26), not `import click`
 from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Interrupted, UsageError
 from .render.output import Output
 from .render.text import escape_controls
@@ -93,8 +94,73 @@ def command(fn: F) -> F:
     return cast(F, wrapper)  # functools.wraps: the same signature
 
 def one_line(text: str) -> str:
-    """`text` as one safe line: whitespace runs folded, control characters escaped, known secrets redacted."""
-    return escape_controls(" ".join(secrets.redact(str(text)).split()))
+    """`text` as one safe line: whitespace runs folded, control characters escaped, this invocation's store
+    locations in their shown form."""
+    return secrets.guard(escape_controls(" ".join(secrets.shown(str(text)).split())), "an error or warning line")
+
+
+# Errors whose text is about the code (names, types, arities), never about the data it was handed: printed as
+# raised. Any other error kvc did not raise itself has its text withheld (a ValueError or UnicodeError quotes its
+# input, a library's error may quote a URL).
+CODE_SHAPED = (AttributeError, TypeError, NameError, ImportError, NotImplementedError, RecursionError, IndexError,
+               ZeroDivisionError)
+
+
+def said(exc: BaseException) -> str:
+    """What may be printed of `exc`'s own text (before `one_line`): kvc's errors and the command line's as raised,
+    an OS error's file and reason, a code-shaped error's text; for any other, its type and where it was raised."""
+    if isinstance(exc, (KVCacheError, click_exc.ClickException)):
+        if isinstance(exc, AdminRemoteError) and exc.kind == "internal":
+            # the live cache's own "internal" answer carries a foreign error's text: its type alone
+            return f"{exc.path}: the live cache failed: internal error {exc.remote_message.split(':', 1)[0]} (the " \
+                   f"server's log has its traceback)"
+        return str(exc)
+    if isinstance(exc, OSError):
+        reason = exc.strerror or type(exc).__name__
+        # a filename that is an fd number (an error on an open file) names nothing: the reason alone
+        named = isinstance(exc.filename, (str, bytes, os.PathLike))
+        return f"{os.fsdecode(exc.filename)}: {reason}" if named else reason
+    if isinstance(exc, CODE_SHAPED):
+        return str(exc)
+    return f"(text withheld: not kvc's own, it may quote what it was handed; raised at {_raised_at(exc)})"
+
+
+def _raised_at(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "an unknown place"
+    last = frames[-1]
+    return f"{Path(last.filename).name}:{last.lineno} ({last.name})"
+
+
+def traceback_of(exc: BaseException) -> str:
+    """`exc`'s traceback and those chained to it, as Python prints them (frames, source lines), each exception's
+    text as `said` gives it."""
+    chain: list[tuple[BaseException, str]] = []  # innermost first; each with the sentence that links it onward
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    link = ""
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        chain.append((current, link))
+        if current.__cause__ is not None:
+            current, link = current.__cause__, "The above exception was the direct cause of the following exception:"
+        elif current.__context__ is not None and not current.__suppress_context__:
+            current, link = current.__context__, "During handling of the above exception, another exception occurred:"
+        else:
+            current = None
+    parts = []
+    for error, link in reversed(chain):
+        frames = traceback.extract_tb(error.__traceback__)
+        if frames:
+            parts.append("Traceback (most recent call last):\n" + "".join(traceback.format_list(frames)))
+        kind = type(error)
+        name = kind.__qualname__ if kind.__module__ in ("builtins", "__main__") else \
+            f"{kind.__module__}.{kind.__qualname__}"
+        parts.append(f"{name}: {said(error)}\n")
+        if link:
+            parts.append(f"\n{link}\n\n")
+    return "".join(parts)
 
 
 def kind_of(exc: BaseException) -> str:
@@ -111,7 +177,15 @@ def kind_of(exc: BaseException) -> str:
         return "out_of_memory"
     if isinstance(exc, OSError):
         return "os_error"
+    if _lmdb_damage(exc):
+        return "store_damaged"
     return "internal"
+
+
+def _lmdb_damage(exc: BaseException) -> bool:
+    """An LMDB error that says a page of the data file is damaged, raised where no store call translated it (a
+    command's own walk of a damaged tree)."""
+    return type(exc).__module__ == "lmdb" and type(exc).__name__ in ("CorruptedError", "PageNotFoundError")
 
 
 def message_of(exc: BaseException) -> str:
@@ -123,11 +197,13 @@ def message_of(exc: BaseException) -> str:
         return one_line(text)
     if isinstance(exc, (Interrupted, KeyboardInterrupt)):
         return "interrupted"
-    if isinstance(exc, OSError) and exc.filename:
-        return one_line(f"{exc.filename}: {exc.strerror or exc}")
-    if isinstance(exc, MemoryError):
+    if isinstance(exc, MemoryError):  # numpy's says what it could not allocate: sizes and shapes, nothing handed
         return one_line(f"out of memory{': ' + str(exc) if str(exc) else ''} (ask for smaller tiers or budgets)")
-    text = str(exc) or type(exc).__name__
+    if _lmdb_damage(exc):
+        return one_line(f"the store's data file has a damaged page (LMDB: {type(exc).__name__}): `kvc audit` says "
+                        f"what is damaged, and `kvc audit --repair` rebuilds the store from what still reads back "
+                        f"sound")
+    text = said(exc) or type(exc).__name__
     if kind_of(exc) == "internal":
         text = f"internal error: {type(exc).__name__}: {text} (run with --debug for the traceback)"
     return one_line(text)
@@ -136,7 +212,7 @@ def message_of(exc: BaseException) -> str:
 def report(exc: BaseException) -> int:
     """Print the error line (and the JSON object under --json); the exit code it means."""
     if STATE.debug and not isinstance(exc, (click_exc.UsageError, Interrupted, KeyboardInterrupt)):
-        sys.stderr.write(secrets.redact("".join(traceback.format_exception(exc))))
+        sys.stderr.write(secrets.guard(secrets.shown(traceback_of(exc)), "a --debug traceback"))
     code = EXIT_INTERRUPTED if kind_of(exc) == "interrupted" else EXIT_USAGE
     message = message_of(exc)
     if STATE.json:

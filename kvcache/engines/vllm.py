@@ -68,8 +68,8 @@ from typing import Any, ClassVar
 import msgspec
 import numpy as np
 
-from ..errors import EngineUnsupported, InvalidInput, StoreAccessDenied
-from ..storage.api import L3Store, PageOrigin, PageOutcome, StoreCounters, engine_hashes
+from ..errors import EngineUnsupported, InvalidInput, StoreAccessDenied, StoreError
+from ..storage.api import L3Store, PageOrigin, PageOutcome, StoreCounters, engine_hashes, stored
 from ..storage.location import StoreLocation
 from ..storage.registry import open_store
 from ..types.ids import PageHash
@@ -549,7 +549,10 @@ class VLLMTier:
         outcomes = result.outcomes or bytes([PageOutcome.REJECTED if result.rejected else PageOutcome.WRITTEN]
                                             * len(keys))
         for i, outcome in zip(order, outcomes, strict=True):
-            ok[i] = outcome != PageOutcome.REJECTED
+            ok[i] = stored(outcome)
+        if result.failed:  # the store could not be written (a server gone): a fault, not a refusal
+            self._fault("store_faults", StoreError(str(StoreLocation(self.config.store)),
+                                                   f"{result.failed} chunks not written: the store failed"))
         mine = tuple(k for h, k in zip(result.evicted_hashes, result.evicted_keys, strict=False)
                      if k and engine_page_hash(self._root, k) == h)  # only this deployment's chunks are vLLM's
         self._count(chunks_stored=result.written, chunks_existing=result.existing, chunks_rejected=result.rejected,

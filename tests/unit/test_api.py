@@ -20,6 +20,7 @@ PUBLIC = {
     "InvalidTrace", "InvariantViolation", "KVCacheError", "LayoutMismatch", "LockUnderflow", "NamespaceMismatch",
     "NotAStore", "OwnershipError", "StoreError", "StoreFull", "StoreReadOnly", "StoreUnsupported", "UnknownBackend",
     "UnknownRequest", "RepairRefused", "StoreAccessDenied", "StoreChanged", "KeyFileError", "EngineUnsupported",
+    "KeyMismatch", "StoreClosed", "StoreDamaged",
     "CancelReason", "Headroom", "NamespaceDrop", "TierRoom", "CacheClosed", "RequestIdInUse",
     "AdminClient", "AdminServer", "KVEventPublisher", "KVEventSubscriber",
     "AllBlocksCleared", "BlockRemoved", "BlockStored", "EventBatch", "MediumNames", "EventEndpointError",

@@ -46,6 +46,7 @@ Known traps, measured on the machines this was built on:
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -53,7 +54,8 @@ from typing import Any, TypeVar
 import lmdb
 import numpy as np
 
-from ...errors import InvalidInput, StoreChanged, StoreError, StoreReadOnly
+# StoreError: re-exported, as the names below are
+from ...errors import InvalidInput, StoreChanged, StoreClosed, StoreDamaged, StoreError, StoreReadOnly  # noqa: F401
 from ...types.layout import KVLayout
 from ...types.namespace import Namespace
 from ...types.shares import NamespaceShares, Shares
@@ -90,7 +92,8 @@ from ..codec import (  # noqa: F401
     encoder,
 )
 from ..handle import StoreHandle, count_read, new_counts
-from ..keyfile import create_key, store_key
+from ..keyfile import create_key, refuse_mismatch, store_key
+from ..location import StoreLocation
 from ..verify import removed_pages, verify
 from ..verify_parts import AuditScope
 from .access import AccessRecords
@@ -108,9 +111,12 @@ from .env import (  # noqa: F401
     remove_failed_create,
     resolve_location,
 )
+from .pagemap import damaged_detail, refuse_damaged
 from .put import PutBatch
 from .registry import (  # noqa: F401
     StoreTotals,
+    has_pages_of,
+    key_evidence,
     layout_records,
     limits,
     namespace_records,
@@ -124,6 +130,7 @@ from .tree import children
 from .verify import REPAIR_BATCH_PAGES, VERIFY_CHUNK_PAGES, LMDBIntegrity  # noqa: F401
 
 BACKEND = "lmdb"
+KEY_CHECK_RECORDS = 256  # namespace records with roots an open checks its key file against (keyfile.KeyEvidence)
 T = TypeVar("T")
 
 
@@ -146,7 +153,8 @@ class LMDBStore(StoreHandle):
     def __init__(self, shared: SharedEnv, location: str, layout: KVLayout | None, readonly: bool,
                  access: AccessPolicy, map_size: int, durability: str, lock: bool = True) -> None:
         self._shared = shared
-        self.location = location  # the path given to open (realpath in `path`)
+        # the location as given to open, credentials removed (`StoreLocation`): it is shown; `path` is opened
+        self.location = str(StoreLocation(location))
         self.path = shared.path
         self.layout = layout
         self.readonly = readonly
@@ -156,6 +164,7 @@ class LMDBStore(StoreHandle):
         self._lock = lock
         self._checksum = CHECKSUMS[shared.format.checksum]
         self._closed = False
+        self._closing = threading.Lock()  # held by `close`
         self._counts = new_counts()
         # Reads not yet folded into `meta`, and pages that failed their checksum here (misses until dropped).
         self._access = AccessRecords(access, self._checksum, self._counts)
@@ -183,6 +192,9 @@ class LMDBStore(StoreHandle):
         if not lock and not readonly:
             raise InvalidInput("a lock-free open (lock=False) is a read-only one: pass readonly=True")
         path, existed, dir_existed = resolve_location(location, readonly, durability, checksum)
+        if existed:
+            # before LMDB maps it: a read past a cut end is a SIGBUS nothing catches
+            refuse_damaged(path, writer=not readonly)
         shared = acquire(path, create and not readonly, map_size, durability, checksum, lock)
         store = cls(shared, location, layout, readonly or not shared.writable, access or AccessPolicy(), map_size,
                     durability, lock)
@@ -193,15 +205,24 @@ class LMDBStore(StoreHandle):
             made = create and not existed and not store.readonly
             store.fingerprint_key = create_key(path) if made else store_key(path, writable=not store.readonly)
             store.chain_key = chain_key_of(shared.format, store.fingerprint_key)
+            if not made and store.fingerprint_key is not None and shared.format.keyed_roots and store.chain_key:
+                # a valid key that is not the one the pages were written under: refused before anything is
+                # written under it (the registry's recorded roots say so; keyfile.KeyEvidence)
+                chain_key = store.chain_key
+                refuse_mismatch(path, store._read(lambda txn, dbs: key_evidence(txn, dbs, chain_key,
+                                                                                KEY_CHECK_RECORDS)))
             if layout is not None:
                 store._bind_layout(layout, register=(create and not existed) or add_layout)
             if capacity is not None:
                 store.set_capacity(capacity.capacity_bytes, capacity.namespace_quota_bytes)
             store._evict_headroom = (capacity or CapacityPolicy()).evict_headroom
-        except BaseException:
+        except BaseException as exc:
             store.close()
             if create and not existed and shared.refs == 0:
                 remove_failed_create(path, not dir_existed)  # a create is whole or not at all (a full disk, say)
+            if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError)):  # a damaged page of the records
+                raise StoreDamaged(path, damaged_detail(f"LMDB found a damaged page ({type(exc).__name__}) "
+                                                        f"reading the store's records")) from None
             raise
         return store
 
@@ -246,7 +267,12 @@ class LMDBStore(StoreHandle):
         return not lock_file_writable(path)
 
     def _bind_layout(self, layout: KVLayout, register: bool) -> None:
-        if not layout_to_register(self.path, layout, self._read(layout_records), register):
+        held = self._read(layout_records)
+        if not held and not register and not self.readonly:
+            # a store that holds no layout record but pages of this layout: its record was lost (a repair keeps
+            # the pages, `unknown_layout`); a layout id is a digest of every field, so this is that layout
+            register = self._read(lambda txn, dbs: has_pages_of(txn, dbs, layout.layout_id))
+        if not layout_to_register(self.path, layout, held, register):
             return
         self._check_writable()
         record = encoder.encode(LayoutRecord(layout, time.time()))
@@ -255,7 +281,7 @@ class LMDBStore(StoreHandle):
 
     def _live(self) -> SharedEnv:
         if self._closed:
-            raise StoreError(self.path, "the store handle is closed")
+            raise StoreClosed(self.path)
         shared = self._shared
         if shared.pid != os.getpid():
             # A forked child: the parent's Environment (and its pending reads) are not ours.
@@ -569,13 +595,16 @@ class LMDBStore(StoreHandle):
     # -- lifetime -------------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Flush logged reads and release this handle's share of the environment. Idempotent."""
-        if self._closed:
-            return
-        try:
-            if self._shared.pid == os.getpid():
-                self.flush()
-        finally:
-            self._closed = True
-            if self._shared.pid == os.getpid():
-                release(self._shared)
+        """Flush logged reads and release this handle's share of the environment. Idempotent, and safe while other
+        threads use the handle: the last handle's release waits for the reads and writes in flight (`env`), and
+        a call that starts after the close raises StoreClosed."""
+        with self._closing:  # two threads closing one handle release its share once
+            if self._closed:
+                return
+            try:
+                if self._shared.pid == os.getpid():
+                    self.flush()
+            finally:
+                self._closed = True
+                if self._shared.pid == os.getpid():
+                    release(self._shared)

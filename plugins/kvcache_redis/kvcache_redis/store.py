@@ -49,16 +49,18 @@ again. Writing on would fill a prefix that is no store with pages whose parents 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import math
+import os
 import re
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import msgspec
 import redis
@@ -203,9 +205,54 @@ class _Url(msgspec.Struct, frozen=True):
 MAX_SECONDS = 3600.0  # the longest timeout or backoff a URL may ask for
 
 
+# Query parameters whose values are credentials (redis-py reads password= and username= from the query too).
+_SECRET_QUERY = re.compile(r"pass|secret|token|auth|credential|key", re.I)
+
+
 def _redacted(location: str) -> str:
-    """`location` with any password replaced by *** (for error messages about a URL that did not parse)."""
-    return re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", location)
+    """How a message names a URL that did not parse: its scheme alone. Its other parts cannot be told apart (an
+    unencoded '/' in a password cuts the authority short), so any of them may hold the password."""
+    m = re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", location)
+    return f"{m.group(0)} URL" if m else "a store URL"
+
+
+def _shown(location: str) -> str:
+    """`location` (parsed already) rebuilt from its parts with each credential (the userinfo's password, a secret
+    query value) as ***: by structure, never by replacing the secret's text wherever it occurs (a password `1`
+    would turn 127.0.0.1 into ***27.0.0.***, and the template gives it back)."""
+    parts = urlsplit(location)
+    netloc = parts.netloc
+    if parts.password:
+        userinfo, _, host = netloc.rpartition("@")
+        netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
+    query = []
+    for field in parts.query.split("&") if parts.query else []:
+        name, eq, value = field.partition("=")
+        query.append(f"{name}{eq}***" if eq and value and _SECRET_QUERY.search(unquote(name)) else field)
+    return (location[:len(parts.scheme) + 3] + netloc + parts.path + ("?" + "&".join(query) if query else "")
+            + ("#" + parts.fragment if parts.fragment else ""))
+
+
+def _said(exc: BaseException) -> str:
+    """kvc's own words for a fault redis-py raised: its kind, the OS error under a connection fault, the code that
+    starts a server's error reply. A library's message may quote what it was handed (a URL, a reply echoing a
+    command), so it is never printed."""
+    if isinstance(exc, redis.AuthenticationError):
+        return "the server refused the credentials (a wrong or missing password or user)"
+    if isinstance(exc, redis.TimeoutError):
+        return "no answer within the timeout"
+    if isinstance(exc, redis.BusyLoadingError):
+        return "the server is loading its data set"
+    if isinstance(exc, (redis.ConnectionError, OSError)):
+        cause = exc if isinstance(exc, OSError) else exc.__cause__ or exc.__context__
+        if isinstance(cause, OSError) and cause.errno:
+            return f"cannot connect ({errno.errorcode.get(cause.errno, cause.errno)}: {os.strerror(cause.errno)})"
+        return "the connection failed or was closed"
+    if isinstance(exc, redis.ResponseError):
+        code = str(exc).split(" ", 1)[0]
+        return f"the server answered {code}" if re.fullmatch(r"[A-Z][A-Z_-]{1,31}", code) else \
+            "the server answered an error"
+    return f"{type(exc).__name__} from the redis client"
 
 
 def _seconds(name: str, value: Any) -> float:
@@ -223,11 +270,12 @@ def _parse_url(location: str, overrides: dict[str, Any]) -> _Url:
     try:
         parts = urlsplit(location)
         hostname, _ = parts.hostname, parts.port  # both parse lazily: a bad host or port raises here
-    except ValueError as exc:
-        raise InvalidInput(f"{_redacted(location)}: not a usable store URL ({exc})") from None
+    except ValueError:
+        raise InvalidInput(f"{_redacted(location)}: not a usable store URL (its host or port does not parse; a "
+                           f"password holding '/', '?' or '#' must be percent-encoded)") from None
     scheme = parts.scheme.lower()
     if scheme not in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
-        raise InvalidInput(f"{_redacted(location)!r}: not a redis://, rediss://, redis+cluster:// or "
+        raise InvalidInput(f"{_redacted(location)}: not a redis://, rediss://, redis+cluster:// or "
                            f"rediss+cluster:// URL")
     if not hostname:
         raise InvalidInput(f"{scheme}:// URL without a host")
@@ -253,14 +301,12 @@ def _parse_url(location: str, overrides: dict[str, Any]) -> _Url:
     if cluster and path.strip("/") not in ("", "0"):
         raise InvalidInput("a Redis Cluster has database 0 only: drop the /db part of the URL")
     if not cluster and not re.fullmatch(r"/?(\d{1,6})?", path):
-        raise InvalidInput(f"{path!r}: the database of a redis:// URL is a number, as in redis://host:6379/0")
+        # an '@' in the path is a password's unencoded '/' that cut the authority short: the path is not echoed
+        said = "the URL's path" if "@" in path else repr(path)
+        raise InvalidInput(f"{said}: the database of a redis:// URL is a number, as in redis://host:6379/0 (a "
+                           f"password holding '/' must be percent-encoded)")
     client_url = urlunsplit((base, parts.netloc, "" if cluster else path, urlencode(rest), ""))
-    netloc = parts.netloc
-    if parts.password is not None:
-        netloc = netloc.replace(":" + parts.password + "@", ":***@", 1)
-        netloc = netloc.replace(":" + quote(parts.password, safe="") + "@", ":***@", 1)
-    shown = urlunsplit((scheme, netloc, path, parts.query, ""))
-    return _Url(client_url, cluster, RedisOptions(**fields), shown)
+    return _Url(client_url, cluster, RedisOptions(**fields), _shown(location))
 
 
 class RedisStore(StoreHandle):
@@ -356,7 +402,7 @@ class RedisStore(StoreHandle):
                 client.set(key, encoder.encode(fmt), nx=True)  # two creators race: one record wins, both read it
                 raw = client.get(key)
         except _FAULTS as exc:
-            raise StoreError(url.shown, f"cannot reach the server: {exc}") from None
+            raise StoreError(url.shown, f"cannot reach the server: {_said(exc)}") from None
         try:
             fmt = decode_format(raw)
         except msgspec.DecodeError:
@@ -404,7 +450,7 @@ class RedisStore(StoreHandle):
 
     def _live(self) -> Any:
         if self._closed:
-            raise StoreError(self.location, "the store handle is closed")
+            raise self.closed_error()
         return self._client
 
     def _available(self) -> bool:
@@ -426,13 +472,14 @@ class RedisStore(StoreHandle):
             with self._lock:
                 self._backoff = 0.0
 
+    @StoreHandle.in_flight
     def _admin(self, call: Any) -> Any:
         """Run an administrative call: a fault raises StoreError (its caller must know the answer is missing)."""
         client = self._live()
         try:
             return call(client)
         except _FAULTS as exc:
-            raise StoreError(self.location, f"redis: {exc}") from None
+            raise StoreError(self.location, f"redis: {_said(exc)}") from None
 
     def _check_writable(self) -> None:
         if self.readonly:
@@ -440,6 +487,7 @@ class RedisStore(StoreHandle):
 
     # -- reading --------------------------------------------------------------------------------------------
 
+    @StoreHandle.in_flight
     def exists_prefix(self, hashes: Sequence[bytes]) -> int:
         """How many pages from the start of `hashes` are stored (stops at the first gap). A fault is a miss."""
         if not hashes:
@@ -464,6 +512,7 @@ class RedisStore(StoreHandle):
             self._counts["read_errors"] += 1
         return count_read(self._counts, found, len(hashes))
 
+    @StoreHandle.in_flight
     def get_into(self, hashes: Sequence[bytes], out_views: Sequence[Any]) -> int:
         """Copy pages into caller-provided writable byte views (one pipelined round trip for the batch), each
         verified on the copy; return how many consecutive pages from the start were copied. A missing or corrupt
@@ -691,6 +740,7 @@ class RedisStore(StoreHandle):
         found = (decode_or_none(_dec_drop, v) for v in raw)
         return [r for r in found if r is not None]
 
+    @StoreHandle.in_flight
     def drop_seq(self) -> int:
         """The number of the last drop recorded (0: none). A live cache reads it before every put, so it is a data
         call: a fault is a StoreError at once during the backoff pause (never a wait on a dead server per put),
@@ -702,7 +752,7 @@ class RedisStore(StoreHandle):
             raw = client.get(self._k_dropseq)
         except _FAULTS as exc:
             self._fault("read_errors", exc)
-            raise StoreError(self.location, f"redis: {exc}") from None
+            raise StoreError(self.location, f"redis: {_said(exc)}") from None
         self._ok()
         return int(raw) if raw is not None else 0
 
@@ -714,6 +764,7 @@ class RedisStore(StoreHandle):
         """0: no per-namespace quota in this backend."""
         return 0
 
+    @StoreHandle.in_flight
     def stats(self) -> StoreStats:
         """Totals from the registry, the server's memory in use, and this handle's counters."""
         records = self._registry()
@@ -736,13 +787,16 @@ class RedisStore(StoreHandle):
 
     # -- writing --------------------------------------------------------------------------------------------
 
+    @StoreHandle.in_flight
     def put(self, hashes: Sequence[bytes], pages: Sequence[Any], origins: Sequence[PageOrigin]) -> PutResult:
         """Store a batch of pages: one atomic script on a standalone server (pages, metadata, children entries
         and namespace counters together), one atomic script per page and pipelined index updates on a cluster.
 
-        Pages already stored are left as they are (`existing`). A batch the server refuses (OOM under
-        `maxmemory`) or cannot answer (connection lost, timeout) is `rejected` whole and counted; nothing is
-        raised (a lost reply may hide a batch that was stored: the next put of it finds it `existing`).
+        Pages already stored are left as they are (`existing`). A batch the server refuses for room (OOM under
+        `maxmemory`) is `rejected` whole; one it cannot answer (connection lost, timeout), will not write
+        (NOREPLICAS, a read-only replica) or no longer holds the store for (its format record gone) is `failed`
+        whole (PageOutcome.FAILED: the store's fault, not a refusal); both are counted and nothing is raised (a
+        lost reply may hide a batch that was stored: the next put of it finds it `existing`).
         `outcomes` says which, page by page. Pages may be lists of segments (`checks.Segments`). An engine page
         (`PageOrigin.key`) whose parent is not a stored page of its namespace and layout (nor an earlier one of
         the batch) hangs from its namespace root instead (its recorded parent is the root); a token page's parent
@@ -782,7 +836,7 @@ class RedisStore(StoreHandle):
             if str(exc).startswith("KVCNS"):
                 _, i, stored = str(exc).split()[:3]
                 raise _foreign_parent(hashes[int(i)], origins[int(i)], stored == "stored") from None
-            if str(exc).startswith("OOM"):
+            if isinstance(exc, _OOM) or str(exc).startswith("OOM"):  # (redis-py names the reply by its class)
                 # The server is full (maxmemory, noeviction): a capacity outcome, like a rejected page in LMDB.
                 return self._failed_put(len(hashes), fault=False)
             return self._failed_put(len(hashes), error=exc)
@@ -802,25 +856,27 @@ class RedisStore(StoreHandle):
         return PutResult(written, existing, rejected, 0, written * nbytes, outcomes=outcomes)
 
     def _store_gone(self, n: int) -> PutResult:
-        """The format record is gone (the server lost its data, or the store was deleted): the batch is refused
-        whole and counted (`format_lost`), and it is said once, in one line, until a put succeeds again."""
+        """The format record is gone (the server lost its data, or the store was deleted): the batch fails whole
+        (FAILED) and is counted (`format_lost`), and it is said once, in one line, until a put succeeds again."""
         with self._lock:
             self._counts["format_lost"] += 1
-            self._counts["pages_rejected"] += n
             first, self._gone = not self._gone, True
         if first:
             log.error("%s: the store's format record under prefix %r is gone (the server lost its data?); writes "
                       "stop until `kvc init` creates the store again", self.location, self.prefix)
-        return _rejected(n)
+        return _failed(n)
 
     def _failed_put(self, n: int, error: BaseException | None = None, fault: bool = True) -> PutResult:
-        """A batch not stored: `rejected` whole. `error`: the fault (counted in write_errors); None with `fault`
-        False: an OOM reply, counted as rejected pages only."""
+        """A batch not stored. A fault (`error`, or none known: inside a backoff pause) fails it whole (FAILED,
+        counted in write_errors); `fault` False is an OOM reply, the server full: a capacity refusal, rejected
+        whole (counted in pages_rejected)."""
         if error is not None:
             self._fault("write_errors", error)
         elif fault:
             with self._lock:
                 self._counts["write_errors"] += 1
+        if fault:
+            return _failed(n)
         with self._lock:
             self._counts["pages_rejected"] += n
         return _rejected(n)
@@ -980,6 +1036,7 @@ class RedisStore(StoreHandle):
         with self._lock:
             return pending, dict(self._corrupt)
 
+    @StoreHandle.in_flight
     def flush(self) -> None:
         """Write logged reads (hit counts, access times) and drop pages seen corrupt (if still the same bytes).
         A fault keeps the log for the next flush and is counted (`flush_errors`); nothing is raised."""
@@ -1126,7 +1183,7 @@ class RedisStore(StoreHandle):
                     yield from fetch(batch)
                     batch = []
         except _FAULTS as exc:
-            raise StoreError(self.location, f"redis: {exc}") from None
+            raise StoreError(self.location, f"redis: {_said(exc)}") from None
         if batch:
             yield from fetch(batch)
 
@@ -1227,13 +1284,15 @@ class RedisStore(StoreHandle):
 
     def close(self) -> None:
         """Flush logged reads (best effort: a fault keeps nothing, the handle is going) and release the
-        connections. Idempotent."""
+        connections. Idempotent. Calls other threads have in flight end first (a connection dropped under one
+        would end it in a stray exception); calls made after it raise StoreClosed."""
         if self._closed:
             return
         try:
             self.flush()
         finally:
             self._closed = True
+            self.wait_in_flight()
             try:
                 self._client.close()
             except _FAULTS:  # closing is best effort: the connections are being dropped either way
@@ -1438,18 +1497,23 @@ def _connect(url: _Url, redis_options: dict[str, Any]) -> Any:
         client.connection_pool.make_connection().disconnect()
         return client
     except _FAULTS as exc:
-        raise StoreError(url.shown, f"cannot reach the server: {exc}") from None
+        raise StoreError(url.shown, f"cannot reach the server: {_said(exc)}") from None
     except (ValueError, TypeError, redis.RedisError) as exc:
-        raise InvalidInput(f"{url.shown}: unusable connection option in the URL ({_option_error(exc)})") from None
+        raise InvalidInput(f"{url.shown}: unusable connection option in the URL "
+                           f"({_option_error(exc, url.client_url)})") from None
 
 
-def _option_error(exc: BaseException) -> str:
-    """redis-py's complaint about a URL option, in the URL's terms."""
+def _option_error(exc: BaseException, client_url: str) -> str:
+    """redis-py's complaint about a URL option, in the URL's terms: the option it names, never its text (which
+    may quote a value, and a value may be a credential)."""
     text = str(exc)
     m = re.search(r"unexpected keyword argument '(\w+)'", text)
     if m:
         return f"{m.group(1)} is not an option of this kind of connection (TLS options need rediss://)"
-    return text
+    named = [name for name, _ in parse_qsl(urlsplit(client_url).query, keep_blank_values=True)
+             if re.search(rf"['\"]{re.escape(name)}['\"]", text)]
+    return f"redis-py refused the value of {', '.join(named)}" if named else \
+        f"redis-py refused an option ({type(exc).__name__})"
 
 
 class _Batch(msgspec.Struct, frozen=True):
@@ -1464,9 +1528,20 @@ class _Batch(msgspec.Struct, frozen=True):
     now: float  # unix seconds of the write
 
 
+# An OOM reply (maxmemory reached under noeviction), which redis-py raises as its own class where it has one
+_OOM: tuple[type[BaseException], ...] = tuple(
+    c for c in (getattr(redis.exceptions, "OutOfMemoryError", None),) if isinstance(c, type))
+
+
 def _rejected(n: int) -> PutResult:
-    """A batch of `n` pages none of which was stored (a fault, a refused script, a lost format record)."""
+    """A batch of `n` pages the server refused whole for room (an OOM reply under maxmemory)."""
     return PutResult(0, 0, n, 0, 0, outcomes=bytes([PageOutcome.REJECTED]) * n)
+
+
+def _failed(n: int) -> PutResult:
+    """A batch of `n` pages none of which was written: a fault, a write the server would not take, a lost format
+    record."""
+    return PutResult(0, 0, 0, 0, 0, outcomes=bytes([PageOutcome.FAILED]) * n)
 
 
 def _foreign_parent(page_hash: bytes, origin: PageOrigin, stored: bool) -> InvalidInput:
