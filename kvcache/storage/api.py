@@ -255,7 +255,8 @@ VERIFY_KINDS: dict[str, str] = {
     "missing_meta": "a page without metadata",
     "missing_page": "metadata without a page",
     "orphan": "the head of a chain whose parent is neither a stored page nor its namespace root: it and every "
-              "page below it (counted in the detail) are unreachable",
+              "page below it (counted in the detail) are unreachable (a token page's: an engine page's parent is a "
+              "hint, its key proves it, so it is never an orphan nor removed with a parent)",
     "namespace_mismatch": "a page whose namespace or layout differs from its parent's, or whose parent is the "
                           "root of another namespace or layout",
     "unknown_layout": "a page written under a layout the store does not record",

@@ -93,6 +93,10 @@ class PageRow(msgspec.Struct, frozen=True, gc=False):
     layout_id: bytes
     nbytes: int  # by its metadata
     hits: int = -1  # by its metadata (-1: the backend keeps hits elsewhere; not summed against the registry)
+    # an engine page (named by its engine's key, its hash proved by the key under its root): its parent is a hint,
+    # so a parent gone (a corrupt one dropped) leaves it reachable by its key, never an orphan nor part of a subtree
+    # a repair takes with a parent
+    engine: bool = False
 
 
 class ScannedPage(msgspec.Struct, frozen=True, gc=False):
@@ -492,6 +496,8 @@ def check_snapshot(found: Findings, snap: Snapshot, layouts: dict[bytes, KVLayou
                                                    f"{other_lay.hex() if other_lay else '(unknown)'}", remove=True)
         elif not roots.keyed and row.ns_id not in registry:
             pass  # no key and no record of its namespace to read roots from: its record's finding covers it
+        elif row.engine:
+            pass  # its parent is a hint: reachable by its key (its hash is checked apart: hash_mismatch)
         elif row.parent not in snap.headless:  # parent bytes without metadata: that page's finding covers it
             below, below_bytes = subtree_size(h, kids, tree)
             found.add("orphan", h, f"parent {row.parent.hex()} is neither a stored page nor a namespace root: "
@@ -648,7 +654,9 @@ def _remove_some(ops: RepairOps, work: list[Removal], kids: dict[bytes, list[byt
         listed = ops.children([item.page for item, _ in gone]) if gone else []
         for (item, _), entries in zip(gone, listed, strict=True):
             below = set(kids.get(item.page, ())) | set(entries)
-            stack.extend(Removal(c, item.finding, item.page, Guard.PARENT_GONE, tree.get(c)) for c in below)
+            # an engine page below stays: it proves itself by its key (an intact page is never taken for its parent)
+            stack.extend(Removal(c, item.finding, item.page, Guard.PARENT_GONE, tree.get(c)) for c in below
+                         if c not in tree or not tree[c].engine)
     return stack, out
 
 

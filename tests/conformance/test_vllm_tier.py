@@ -200,3 +200,32 @@ def test_jobs_submitted_after_shutdown_are_reported_failed_not_lost(location):
     job = m.cascade(keys("j", 1), [chunk_bytes("j", 0, ROW)], req)
     m.collect()
     assert not m.reports[job].success
+
+
+@pytest.mark.parametrize("heal", ["self-heal", "repair"])
+def test_a_corrupt_chunk_dropped_takes_none_of_the_prompts_other_chunks_with_it(factory, location, heal):
+    # A prompt's chunks are a chain in the store, but an engine page's parent is a hint: when the store drops a
+    # corrupt chunk (its next write after the failed read, or `verify(repair=True)`), the chunks after it are intact
+    # and readable by their keys: neither called orphans nor removed with it.
+    m = engine(location)
+    ks, data = cascade(m, "heal", 5)
+    m.tier.shutdown()
+    factory.corrupt(location, data[2][1000:1064])
+    if heal == "self-heal":
+        reader = engine(location, kvc_lookup="sync")
+        assert promote(reader, ks) == 5  # five HITs; the promotion of chunk 2 fails its checksum
+        reader.tier.shutdown()  # its last flush drops the corrupt chunk
+    store = factory.open(location, m.tier.layout)
+    try:
+        report = store.verify(repair=True)
+        assert "orphan" not in {f.kind for f in report.findings}, report.findings
+        assert {r.page_hash for r in report.removals} <= {engine_hashes(m.tier.layout, m.tier.namespace,
+                                                                        store.chain_key, ks[2:3])[0].hex()}
+        assert store.verify().ok
+    finally:
+        store.close()
+    after = engine(location)
+    assert promote(after, ks[3:]) == 2  # the chunks after it, still there, byte for byte
+    assert [after.region.read(after.ready[k]) for k in ks[3:]] == data[3:]
+    assert promote(after, ks[2:3], "r2") == 0
+    after.tier.shutdown()

@@ -230,7 +230,8 @@ class LMDBIntegrity:
                 if meta is None:
                     damaged.add(h)
                 else:
-                    tree[h] = PageRow(meta.parent, meta.ns_id, meta.layout_id, meta.nbytes, meta.hits)
+                    tree[h] = PageRow(meta.parent, meta.ns_id, meta.layout_id, meta.nbytes, meta.hits,
+                                      engine=bool(meta.key))
                 if not pages.set_key(h):
                     bodiless.add(h)
             headless: set[bytes] = set()
@@ -554,6 +555,8 @@ class _RepairOps:
             return (parent.ns_id, parent.layout_id) != (meta.ns_id, meta.layout_id)
         if self._own_root(meta.parent, meta.layout_id, meta.ns_id):
             return False
+        if meta.key:
+            return False  # an engine page under a parent gone: its parent is a hint, its key proves it (above)
         # Not its own root: an orphan, or a child of another namespace's root; a parent with bytes but no
         # metadata is that page's defect, and this page goes as part of its subtree.
         return txn.get(meta.parent, db=dbs.pages) is None
@@ -750,6 +753,8 @@ class _PartReader:
             return "" if ctx.roots.belongs(meta.parent, meta.layout_id, meta.ns_id) else "a namespace mismatch"
         if not ctx.roots.keyed and meta.ns_id not in ctx.registry:
             return ""
+        if meta.key:
+            return ""  # an engine page under a parent gone: reachable by its key (its hash is checked apart)
         return "an orphan"
 
     def incremental(self, report: Callable[[PartProgress], None]) -> PartReport:

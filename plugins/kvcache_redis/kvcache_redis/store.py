@@ -1339,7 +1339,7 @@ class _RedisIntegrity:
                 continue
             meta = None if m is None else decode_or_none(decode_meta, m)
             if meta is not None:
-                self.rows[h] = PageRow(meta.parent, meta.ns_id, meta.layout_id, meta.nbytes)
+                self.rows[h] = PageRow(meta.parent, meta.ns_id, meta.layout_id, meta.nbytes, engine=bool(meta.key))
                 if n.decode() != meta.ns_id.hex() or p.decode() != meta.parent.hex():
                     found.add("namespace_mismatch", h, "the record's namespace or parent field differs from its "
                                                        "metadata", remove=Guard.SAME_BYTES)
