@@ -109,6 +109,12 @@ def test_vllm_tiering_on_kvc_two_processes(request, tmp_path, backend):
     assert sum(r["bytes_differing"] for r in damaged["requests"]) == 0, damaged  # the flipped chunk never served
     assert [r["promoted"] for r in damaged["requests"]] == [CHUNKS] * 3 + [7], damaged  # prompt 3 stops at it
     assert damaged["checksum_failures"] == 1 and damaged["chunks_missed"] == 1, damaged
+    # The reader's store handle dropped the corrupt chunk on its way out (the store's self-heal); the chunks after
+    # it are intact and readable by their keys: the audit is clean again, nothing called an orphan.
+    healed = kvc(store, "audit", "--json")
+    assert healed.returncode == 0, healed.stdout + healed.stderr
+    again = run("read", tmp_path, store=store)
+    assert [r["promoted"] for r in again["requests"]] == [CHUNKS] * 3 + [7], again  # the scan still stops there
 
 
 def test_the_tier_class_is_vllms_and_refuses_a_vllm_outside_the_supported_releases(monkeypatch):
