@@ -61,12 +61,12 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from ..errors import EngineUnsupported, InvalidInput, StoreAccessDenied
+from ..errors import EngineUnsupported, InvalidInput
 from ..storage.api import L3Store, PageOutcome, StoreCounters, engine_hashes, engine_origins, stored
-from ..storage.registry import open_store
 from ..storage.serving import recorded_drop
 from ..types.layout import KVLayout, Shard
 from ..types.namespace import Namespace
+from .engine_store import open_engine_store
 from .sglang_pool import ENGINE, KV_POOL, HostPages, Refusal
 
 logger = logging.getLogger(__name__)
@@ -208,18 +208,10 @@ class SGLangL3:
                 self._bound = _Bound(pages, bound.store, bound.chain_key, mem_pool_host)
                 self._closed = False
             return
-        try:
-            store = open_store(self.config.store, pages.layout, create=True, add_layout=True,
-                               **self.config.store_options)
-        except TypeError as exc:  # an option the backend does not take
-            raise InvalidInput(f"{ENGINE}: \"kvc_store_options\" {sorted(self.config.store_options)}: {exc}"
-                               ) from None
-        if store.chain_key is None:  # engine pages are hashed under the store's secret: no key, no page
-            store.close()
-            raise StoreAccessDenied(store.location, "this user cannot read the store's key, which names every "
-                                                    "engine page: run the engine as a user who may")
+        store, chain_key = open_engine_store(self.config.store, pages.layout, self.config.store_options, ENGINE,
+                                             "the engine")
         with self._lock:
-            self._bound = _Bound(pages, store, store.chain_key, mem_pool_host)
+            self._bound = _Bound(pages, store, chain_key, mem_pool_host)
             self._closed = False
         if bound is not None:  # SGLang attached another pool: a call still on the old handle ends as a fault
             bound.store.close()

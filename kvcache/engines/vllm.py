@@ -68,14 +68,14 @@ from typing import Any, ClassVar
 import msgspec
 import numpy as np
 
-from ..errors import EngineUnsupported, InvalidInput, StoreAccessDenied, StoreError
+from ..errors import EngineUnsupported, InvalidInput, StoreError
 from ..storage.api import L3Store, PageOrigin, PageOutcome, StoreCounters, engine_hashes, stored
 from ..storage.location import StoreLocation
-from ..storage.registry import open_store
 from ..types.ids import PageHash
 from ..types.keys import ENGINE_KEY_MAX, engine_page_hash, hash_root
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace
+from .engine_store import open_engine_store
 from .vllm_deployment import ENGINE, Deployment, deployment
 from .vllm_io import Done, IOPool, Job, JobKind
 
@@ -308,18 +308,10 @@ class VLLMTier:
             logger.warning("%s: enable_kv_events is set but vLLM's KV cache events are off: no events", tier_type)
         self._events: list[Any] | None = [] if self.config.kv_events and events_on else None
 
-        try:
-            store = open_store(self.config.store, self.layout, create=True, add_layout=True,
-                               **self.config.store_options)
-        except TypeError as exc:  # an option the backend does not take
-            raise InvalidInput(f"{TIER_TYPE}: \"kvc_store_options\" {sorted(self.config.store_options)}: {exc}"
-                               ) from None
-        if store.chain_key is None:  # engine pages are hashed under the store's secret: no key, no page
-            store.close()
-            raise StoreAccessDenied(store.location, "this user cannot read the store's key, which names every "
-                                                    "engine page: run vLLM as a user who may")
+        store, chain_key = open_engine_store(self.config.store, self.layout, self.config.store_options, TIER_TYPE,
+                                             "vLLM")
         self.store: L3Store = store
-        self._root = hash_root(self.layout.layout_id, self.namespace, store.chain_key)
+        self._root = hash_root(self.layout.layout_id, self.namespace, chain_key)
         self._lock = threading.Lock()  # guards the counters and `_last_fault` (the I/O threads count too)
         self._counts: dict[str, int] = dict.fromkeys(
             (f for f in TierStats.__struct_fields__ if f not in ("last_fault", "store")), 0)
