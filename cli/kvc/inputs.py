@@ -183,16 +183,16 @@ def octal_mode(text: str) -> str:
 LATEST = datetime.datetime(9999, 12, 31, 23, 59, 59, tzinfo=datetime.timezone.utc).timestamp()
 
 
-def moment(text: str, option: str) -> float:
+def moment(text: str, option: str, expected: str = "unix seconds or an ISO 8601 time") -> float:
     """Unix seconds from `text`: a number of seconds (finite, 0..LATEST) or an ISO 8601 time with its zone
-    (2026-12-03T20:00:00+00:00, ...Z). UsageError naming `option` otherwise."""
+    (2026-12-03T20:00:00+00:00, ...Z). UsageError naming `option` (and what it `expected`) otherwise."""
     text = text.strip()
     seconds = _seconds(text)
     if seconds is None:
         try:
             when = datetime.datetime.fromisoformat(text)
         except ValueError:
-            raise UsageError(f"{option} {text[:40]!r}: expected unix seconds or an ISO 8601 time") from None
+            raise UsageError(f"{option} {text[:40]!r}: expected {expected}") from None
         if when.tzinfo is None:
             raise UsageError(f"{option} {text[:40]!r}: give the time zone (2026-12-03T20:00:00+00:00, or ...Z)")
         seconds = when.timestamp()
@@ -215,7 +215,7 @@ def since_arg(text: str | None) -> tuple[float | None, bool]:
         return None, False
     if text.strip().lower() == "last":
         return None, True
-    return moment(text, "--since"), False
+    return moment(text, "--since", "'last', unix seconds or an ISO 8601 time"), False
 
 
 # --- how many of the machine's cores --------------------------------------------------------------------------------

@@ -8,8 +8,6 @@ written under (restore the key: a repair refuses to remove anything for it); 2 w
 
 from __future__ import annotations
 
-import datetime
-import math
 from pathlib import Path
 from typing import Annotated
 
@@ -25,7 +23,7 @@ from .. import live
 from ..context import reads_lock_free, require_store
 from ..errors import EXIT_FOUND, EXIT_OK, UsageError
 from ..formats import note_old_format, recorded_version
-from ..inputs import LATEST, cpus
+from ..inputs import cpus, since_arg
 from ..options import DEFAULT_STORE, DebugOpt, JsonOpt, NoHeadersOpt, OutputOpt, ReadOnlyOpt, SocketOpt, StoreOpt
 from ..render.audit import AuditOutput, Finding, PlannedRepair, findings_of, render_audit
 from ..render.output import Output, emit_listing, output_format
@@ -89,7 +87,7 @@ def audit(
     elif sock is not None:
         result = live.audit(sock)
     else:
-        scope = AuditScope(workers or cpus(), *_since(since))
+        scope = AuditScope(workers or cpus(), *since_arg(since))
         result = _store_audit(store, repair, dry_run, force, read_only, scope, output_format(output, json))
     fmt = output_format(output, json)
     lost = next((f for f in result.violations if f.kind == "key_file"), None)
@@ -122,36 +120,6 @@ def _snapshot_audit(path: Path) -> AuditOutput:
     report = audit_snapshot(read_snapshot(path))
     return AuditOutput("snapshot", str(path), ["ownership"], report.ok, findings_of(report.violations),
                        msgspec.structs.asdict(report.checked))
-
-
-def _since(text: str | None) -> tuple[float | None, bool]:
-    """`--since` as AuditScope's (since, since_last); a value that is neither 'last' nor a time kvc can use (unix
-    seconds or ISO 8601 with its zone, from the epoch to the end of year 9999: `inputs.LATEST`) is exit 2."""
-    if text is None:
-        return None, False
-    text = text.strip()
-    if text.lower() == "last":
-        return None, True
-    value = _seconds(text)
-    if value is None:
-        try:
-            when = datetime.datetime.fromisoformat(text)
-        except ValueError:
-            raise UsageError(f"--since {text[:40]!r}: expected 'last', unix seconds or an ISO 8601 time") from None
-        if when.tzinfo is None:
-            raise UsageError(f"--since {text[:40]!r}: give the time zone (2026-12-03T20:00:00+00:00, or ...Z)")
-        value = when.timestamp()
-    if not (math.isfinite(value) and 0 <= value <= LATEST):
-        raise UsageError(f"--since {text[:40]!r}: not a time kvc can use (unix seconds 0..{LATEST:.0f}, the end "
-                         f"of year 9999)")
-    return value, False
-
-
-def _seconds(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
 
 
 def _store_audit(location, repair: bool, dry_run: bool, force: bool, read_only: bool, scope: AuditScope,
