@@ -464,7 +464,8 @@ def table(outcomes: list[Outcome]) -> str:
 
 def main() -> None:
     """Run the matrix and print its table; `--full` for the whole product, `--shard I/N` for every N-th case from
-    the I-th (to run it in N processes), `--json FILE` to append the outcomes as JSON lines."""
+    the I-th (to run it in N processes), `--json FILE` to append the outcomes as JSON lines (a run stopped part way
+    resumes: the cases the file already holds are not run again, and its table counts them)."""
     size = "full" if "--full" in sys.argv else os.environ.get("KVC_DAMAGE_MATRIX", "ci")
     shard, shards = (map(int, sys.argv[sys.argv.index("--shard") + 1].split("/")) if "--shard" in sys.argv
                      else (0, 1))
@@ -472,7 +473,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kvc-matrix-") as root:
         template = Template(os.path.join(root, "template"))
         outcomes = []
+        if out is not None and os.path.exists(out):
+            with open(out, "rb") as f:
+                outcomes = [msgspec.json.decode(line, type=Outcome) for line in f if line.strip()]
+        done = {(o.region, o.key, o.command) for o in outcomes}
         for region, key, command in cases(template, size)[shard::shards]:
+            if (region.name if region is not None else "none", key, command) in done:
+                continue
             o = run_case(template, region, key, command, root)
             outcomes.append(o)
             if out is not None:
