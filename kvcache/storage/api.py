@@ -42,6 +42,9 @@ Rules every backend keeps (tests/conformance checks them for each registered bac
   itself and its admin socket (`register_serve`, removed on exit), and every offboarding leaves a `DropRecord`
   (`record_drop`, numbered in order, the last DROPS_KEPT kept) that the other caches of the store follow, so
   none of them writes a dropped namespace back.
+- A store keeps a bounded log of the pages it removed and why (`removals`; the rules in
+  `kvcache.storage.removals`): every eviction, quarantine and repair removal recorded with the removal, a
+  namespace dropped whole (`delete_namespace`, DROP or TTL) once for the namespace; the newest REMOVALS_KEPT kept.
 
 The argument checks every backend shares are in `checks`, the backend registry (`open_store`) in `registry`, and
 what a backend outside the core imports in `kit`.
@@ -59,6 +62,7 @@ from ..types.ids import NamespaceId, PageHash
 from ..types.keys import TOKEN_BYTES, engine_page_hash, extend_chain, hash_root
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace
+from ..types.removals import PageRemoval, RemovalReason
 from ..types.shares import NamespaceShares, Shares
 
 
@@ -264,7 +268,8 @@ VERIFY_KINDS: dict[str, str] = {
     "missing_index": "a page missing from an index (children, namespace, access order)",
     "dangling_index": "an index entry naming a page that is not stored (or not under that parent)",
     "counter_mismatch": "registry counters differ from the pages stored",
-    "damaged_record": "a namespace, layout or store record that does not decode",
+    "damaged_record": "a namespace, layout or store record that does not decode, or an entry of the store's removal "
+                      "log that does not (or names no record)",
     "structure_corrupt": "the store's own structure (an LMDB B-tree page, its catalogue of sub-databases) is "
                          "damaged: the walk of it failed or died; the detail says where it got to",
     "key_file": "the store's fingerprint key file is missing, empty, not a key, or not readable by a user who "
@@ -293,7 +298,7 @@ REPAIRS: dict[str, str] = {
     "dangling_index": "remove the index entry",
     "counter_mismatch": "recount every registry counter from the pages",
     "damaged_record": "remove the record; a namespace's or a layout's pages go with it (they cannot be registered "
-                      "again without it); totals are recounted",
+                      "again without it); totals are recounted (a removal log entry goes alone: it is diagnostics)",
     "structure_corrupt": "rebuild: copy every page that reads back sound into a fresh store (from the file's pages "
                          "when LMDB's meta pages are lost), verify it, keep the original file beside the store, and "
                          "swap the fresh one in atomically; every page that could not be copied is counted as lost; "
@@ -419,8 +424,17 @@ class L3Store(Protocol):
         gone, a timeout) is answered FAILED page by page, or raised as a StoreError; never counted `rejected`,
         which is for refusals (capacity, quota, share)."""
 
-    def delete_namespace(self, ns_id: NamespaceId) -> DeleteResult:
-        """Remove every page of one namespace and its registry record, in bounded transactions."""
+    def delete_namespace(self, ns_id: NamespaceId, reason: RemovalReason = RemovalReason.DROP) -> DeleteResult:
+        """Remove every page of one namespace and its registry record, in bounded transactions, and record the
+        removal once for the namespace in the removal log: `reason` DROP (an offboarding) or TTL (an expiry)."""
+
+    def removals(self, hashes: Sequence[bytes], namespace: NamespaceId | None = None) -> list[PageRemoval | None]:
+        """One answer per hash, in order, from the store's bounded removal log (`kvcache.storage.removals`): the
+        newest record of what removed that page and when, or None (never removed, or its record aged out of the
+        log, or a store without the log). A namespace removed whole (DROP, TTL) is one record for the namespace,
+        not one per page: with `namespace` (the id the pages were written under) it answers for every hash of
+        that namespace whose own record is older or absent, under that hash (the store cannot tell, after a
+        drop, which pages the namespace held). Reads only: a read-only handle answers too."""
 
     def namespaces(self) -> list[NamespaceRecord]:
         """The namespace registry."""

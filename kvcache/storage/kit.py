@@ -21,6 +21,7 @@ from ..errors import (
     StoreUnsupported,
     UnknownBackend,
 )
+from ..types.ids import NamespaceId
 from ..types.keys import (
     ENGINE_KEY_MAX,
     PAGE_HASH_BYTES,
@@ -95,6 +96,7 @@ from .codec import (
 )
 from .handle import AccessLog, StoreHandle, count_read, new_counts
 from .registry import DEFAULT_SCHEME, ENTRY_POINT_GROUP, backend_class, backends, open_store, scheme_of
+from .removals import NAMESPACE_WIDE, REMOVALS_KEPT, PageRemoval, RemovalReason, newest_removal, removals_kept
 from .verify import (
     Findings,
     Guard,
@@ -117,6 +119,8 @@ __all__ = [
     "PageOutcome", "engine_origins", "engine_hashes",
     # who serves a store and what was dropped from it (api; kvcache.storage.serving follows them)
     "ServeRecord", "DropRecord", "DROPS_KEPT",
+    # the bounded log of the pages a store removed, and why (removals)
+    "PageRemoval", "RemovalReason", "REMOVALS_KEPT", "NAMESPACE_WIDE", "newest_removal", "removals_kept",
     # the argument checks every backend shares (checks)
     "check_page_hashes", "out_views_for", "put_views", "layout_to_register", "namespace_root", "byte_view",
     "page_bytes", "Segments", "Strided", "PageView",
@@ -137,7 +141,7 @@ __all__ = [
     "InvalidInput", "LayoutMismatch", "NotAStore", "StoreClosed", "StoreError", "StoreFull", "StoreReadOnly",
     "StoreUnsupported", "UnknownBackend",
     # the values that name a page, a layout, a namespace and its shares (kvcache.types)
-    "PAGE_HASH_BYTES", "TOKEN_BYTES", "extend_chain", "hash_root", "hash_root_of_id",
+    "NamespaceId", "PAGE_HASH_BYTES", "TOKEN_BYTES", "extend_chain", "hash_root", "hash_root_of_id",
     "engine_page_hash", "ENGINE_KEY_MAX", "Shard", "ARRANGEMENTS", "new_chain_key", "KVLayout", "Namespace",
     "NamespaceInfo", "new_fingerprint_key", "NamespaceShares", "Shares", "decode_shares_record",
 ]

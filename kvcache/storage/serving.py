@@ -38,6 +38,7 @@ from ..errors import InvariantViolation, StoreError
 from ..types.ids import NamespaceId
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace
+from ..types.removals import PageRemoval, RemovalReason
 from ..types.shares import NamespaceShares, Shares
 from .api import (
     ChildInfo,
@@ -198,10 +199,11 @@ class FencedStore:
         return PutResult(got.written, got.existing, got.rejected + refused, got.evicted, got.bytes_written,
                          got.evicted_hashes, got.evicted_keys, bytes(outcomes))
 
-    def delete_namespace(self, ns_id: NamespaceId) -> DeleteResult:
-        """Record the drop (unless following another's), then the store's delete."""
+    def delete_namespace(self, ns_id: NamespaceId, reason: RemovalReason = RemovalReason.DROP) -> DeleteResult:
+        """Record the drop (unless following another's), then the store's delete (`reason`: DROP or TTL, what
+        the store's removal log records)."""
         self.watch.announce(ns_id)
-        return self._store.delete_namespace(ns_id)
+        return self._store.delete_namespace(ns_id, reason)
 
     # -- the rest of L3Store: the store's own ----------------------------------------------------------------
 
@@ -228,6 +230,9 @@ class FencedStore:
 
     def children(self, page_hash: bytes) -> list[ChildInfo]:
         return self._store.children(page_hash)
+
+    def removals(self, hashes: Sequence[bytes], namespace: NamespaceId | None = None) -> list[PageRemoval | None]:
+        return self._store.removals(hashes, namespace)
 
     def page_meta(self, page_hash: bytes) -> PageMeta | None:
         return self._store.page_meta(page_hash)

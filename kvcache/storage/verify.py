@@ -234,11 +234,13 @@ class Findings:
             self.reset.setdefault(page_hash, i)
         return i
 
-    def damaged_record(self, name: str, key: bytes) -> None:
-        """A namespace or layout record that does not decode (repair removes it and the pages filed under it)."""
-        what = "namespace" if name == "namespaces" else "layout"
-        self.damaged.append((name, key, self.add("damaged_record", None, f"{what} record {key.hex()} does not "
-                                                                          f"decode")))
+    def damaged_record(self, name: str, key: bytes, why: str = "") -> None:
+        """A namespace or layout record that does not decode (repair removes it and the pages filed under it), or
+        another record of sub-database `name` that is damaged for `why` (repair removes it; no page is filed under
+        it: a backend's removal log, say)."""
+        what = {"namespaces": "namespace record", "layouts": "layout record"}.get(name, f"{name} key")
+        detail = f"{what} {key.hex()}: {why}" if why else f"{what} {key.hex()} does not decode"
+        self.damaged.append((name, key, self.add("damaged_record", None, detail)))
 
 
 class EngineHashes:
@@ -664,7 +666,8 @@ def _drop_damaged(source: IntegritySource, found: Findings, name: str, key: byte
                   tree: dict[bytes, PageRow], limit: int) -> list[tuple[VerifyRemoval, bytes | None]]:
     """Remove a namespace or layout record that does not decode, and every page filed under it (they cannot be
     registered again without it), `limit` pages per batch."""
-    pages = [h for h, row in tree.items() if (row.ns_id if name == "namespaces" else row.layout_id) == key]
+    filed = {"namespaces": "ns_id", "layouts": "layout_id"}.get(name)  # other records file no page under them
+    pages = [h for h, row in tree.items() if getattr(row, filed) == key] if filed else []
     kind = found.items[i].kind
     out: list[tuple[VerifyRemoval, bytes | None]] = []
     for start in range(0, max(len(pages), 1), limit):

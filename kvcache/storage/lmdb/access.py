@@ -22,7 +22,9 @@ from ...errors import StoreError
 from ..api import AccessPolicy, PageMeta
 from ..codec import HEADER, Checksum, decode_meta, decode_or_none, encoder
 from ..handle import AccessLog
+from ..removals import RemovalReason
 from .registry import NsDelta, adjust_totals, apply_deltas, delta, drop_page
+from .removals import record as record_removals
 
 Reads = list[tuple[float, Sequence[bytes], int]]  # logged reads: (unix seconds, the pages served in order, how many)
 Taken = tuple[Reads, set[bytes]]  # what one write transaction folds in: the reads and the quarantined pages
@@ -182,8 +184,10 @@ def _credited_alone(txn: lmdb.Transaction, dbs: Any, reads: Reads, metas: dict[b
 
 def drop_corrupt(txn: lmdb.Transaction, dbs: Any, checksum: Checksum, corrupt: set[bytes],
                  deltas: dict[bytes, NsDelta]) -> tuple[int, int]:
-    """Drop pages that failed their checksum (rechecked here); (pages, bytes) dropped."""
+    """Drop pages that failed their checksum (rechecked here), each recorded in the removal log as QUARANTINE;
+    (pages, bytes) dropped."""
     dropped = freed = 0
+    removed: list[tuple[bytes, bytes]] = []
     for h in corrupt:
         value = txn.get(h, db=dbs.pages)
         raw = txn.get(h, db=dbs.meta)
@@ -195,6 +199,8 @@ def drop_corrupt(txn: lmdb.Transaction, dbs: Any, checksum: Checksum, corrupt: s
         if len(value) - HEADER == meta.nbytes and checksum.sound(value, h):
             continue  # rewritten since
         drop_page(txn, dbs, h, meta, deltas)
+        removed.append((h, meta.ns_id))
         dropped += 1
         freed += meta.nbytes
+    record_removals(txn, dbs.removals, removed, RemovalReason.QUARANTINE, time.time())
     return dropped, freed

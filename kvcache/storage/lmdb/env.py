@@ -68,7 +68,11 @@ MAX_READERS = 512  # reader slots across every process; engines plus CLI inspect
 #   none  no fsync: recent batches may be lost, and the store may be damaged (verify; delete and refill).
 DURABILITY: dict[str, tuple[bool, bool]] = {"full": (True, True), "data": (True, False), "none": (False, False)}
 DEFAULT_DURABILITY = "data"  # a cache: integrity across crashes, not the last batch
-DB_NAMES = ("pages", "meta", "children", "namespaces", "layouts", "store")
+REQUIRED_DBS = ("pages", "meta", "children", "namespaces", "layouts", "store")  # every store has these
+# Sub-databases a store may lack (written before them): created with a new store and by a writer's open, read as
+# absent (None) by a reader that cannot create them. An older kvc leaves them alone.
+OPTIONAL_DBS = ("removals",)  # the removal log (`removals`)
+DB_NAMES = REQUIRED_DBS + OPTIONAL_DBS  # every sub-database a store's catalogue may name
 DUPFIXED = ("children",)
 LOCK_FREE_ATTEMPTS = 8  # runs of a lock-free read that writers keep overtaking before StoreChanged
 T = TypeVar("T")
@@ -83,6 +87,7 @@ class Dbs(msgspec.Struct, frozen=True):
     namespaces: Any
     layouts: Any
     store: Any
+    removals: Any = None  # the removal log (`removals`); None in a store without it opened by a reader
 
 
 class SharedEnv:
@@ -528,7 +533,7 @@ def _open_dbs(env: lmdb.Environment, path: str, writable: bool, create: bool,
         # Without a txn argument py-lmdb opens each handle in a transaction of its own, the one way a handle
         # opened in a read-only environment stays valid afterwards.
         handles = {n: env.open_db(n.encode(), create=False, dupsort=n in DUPFIXED, dupfixed=n in DUPFIXED)
-                   for n in DB_NAMES}
+                   for n in REQUIRED_DBS}
         with env.begin() as txn:
             raw = txn.get(b"format", db=handles["store"])
     except (lmdb.NotFoundError, lmdb.IncompatibleError) as exc:
@@ -544,7 +549,26 @@ def _open_dbs(env: lmdb.Environment, path: str, writable: bool, create: bool,
     if recorded.checksum not in CHECKSUMS:
         raise StoreUnsupported(path, f"store checksums use {recorded.checksum!r}; this install has "
                                      f"{', '.join(CHECKSUMS)} (install the 'xxhash' package)")
+    for name in OPTIONAL_DBS:
+        handles[name] = _optional_db(env, name, name.encode() in names, writable)
     return Dbs(**handles), recorded
+
+
+def _optional_db(env: lmdb.Environment, name: str, present: bool, writable: bool) -> Any:
+    """The handle of optional sub-database `name` (OPTIONAL_DBS): opened when the store has it, created by a
+    writer when it does not (one small write transaction of its own), None for a reader of a store without it."""
+    if present:
+        return env.open_db(name.encode(), create=False)
+    if not writable:
+        return None
+    try:
+        with env.begin(write=True) as txn:
+            env.open_db(name.encode(), txn=txn, create=True)
+    except lmdb.Error as exc:
+        if isinstance(exc, lmdb.MapResizedError) or _transient(exc):
+            raise  # the open is retried whole
+        return None  # a store that cannot take this write now (a full disk) opens without it: nothing recorded
+    return env.open_db(name.encode(), create=False)  # a handle opened outside any transaction stays valid
 
 
 def lock_file_writable(path: str) -> bool:

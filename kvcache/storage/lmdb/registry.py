@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import struct
+import time
 from typing import Any
 
 import lmdb
@@ -24,6 +25,8 @@ from ...types.shares import NamespaceShares, decode_shares_record
 from ..api import LayoutRecord, NamespaceRecord, PageMeta
 from ..codec import decode_layout, decode_meta, decode_namespace, decode_or_none, encoder
 from ..keyfile import KeyEvidence
+from ..removals import RemovalReason
+from .removals import record as record_removals
 
 _U64 = struct.Struct("<Q")  # the payload limits in `store`
 
@@ -222,7 +225,9 @@ def evict(txn: lmdb.Transaction, dbs: Any, need: int, protect: set[bytes], delta
 
     Only leaves (no stored children) are taken. Evicting a leaf can make its parent a leaf: the parent then
     competes with the time of the child it lost (it was read whenever the child was), so a chain shrinks from
-    its tail and what stays of it is a prefix. LRU is approximate: access times are as of the last flush.
+    its tail and what stays of it is a prefix. LRU is approximate: access times are as of the last flush. Each
+    page evicted is recorded in the removal log (`removals`): a share eviction (`only_ns`) as SHARE, else
+    CAPACITY.
     """
     items = list(txn.cursor(db=dbs.meta))
     if not items:
@@ -235,6 +240,7 @@ def evict(txn: lmdb.Transaction, dbs: Any, need: int, protect: set[bytes], delta
     order = np.argsort(np.array(times), kind="stable").tolist()
     children = txn.cursor(db=dbs.children)
     freed = evicted = 0
+    removed: list[tuple[bytes, bytes]] = []  # (page hash, namespace id) of the pages evicted: the removal log's
     orphans: list[tuple[float, bytes]] = []  # (effective last access, page hash) of parents become leaves
     i = 0
     while freed < need and (i < len(order) or orphans):
@@ -250,6 +256,7 @@ def evict(txn: lmdb.Transaction, dbs: Any, need: int, protect: set[bytes], delta
             continue  # taken already
         evicted += 1
         freed += meta.nbytes
+        removed.append((h, meta.ns_id))
         if gone is not None:
             gone.append(h)
         if gone_keys is not None:
@@ -258,6 +265,8 @@ def evict(txn: lmdb.Transaction, dbs: Any, need: int, protect: set[bytes], delta
         if parent_raw is not None and not children.set_key(meta.parent):
             parent = decode_meta(parent_raw)
             heapq.heappush(orphans, (max(when, parent.last_access), meta.parent))
+    record_removals(txn, dbs.removals, removed, RemovalReason.SHARE if only_ns is not None else RemovalReason.CAPACITY,
+                    time.time())
     return evicted, freed
 
 

@@ -12,6 +12,8 @@ Named sub-databases (all keys are 16-byte page hashes unless said otherwise)::
                 b"shares/" + namespace id -> NamespaceShares (msgpack): one tenant's shares (kvcache.types.shares);
                 stores written before shares have none, and an older kvc ignores these keys;
                 b"serve/", b"drop/", b"drop_seq": the live caches serving it and its drop records (`serving`)
+    removals    b"h" + page hash / b"n" + namespace id -> why and when it was removed; b"q" + seq -> the log's
+                order (`removals`: the newest REMOVALS_KEPT; stores written before it get it from their next writer)
 
 The parts, one module each: `env` (the environment shared per process, map growth, fork, error translation),
 `registry` (registry counters, totals, limits and eviction inside write transactions), `put` (the write path:
@@ -56,8 +58,10 @@ import numpy as np
 
 # StoreError: re-exported, as the names below are
 from ...errors import InvalidInput, StoreChanged, StoreClosed, StoreDamaged, StoreError, StoreReadOnly  # noqa: F401
+from ...types.ids import NamespaceId
 from ...types.layout import KVLayout
 from ...types.namespace import Namespace
+from ...types.removals import PageRemoval, RemovalReason
 from ...types.shares import NamespaceShares, Shares
 from ..api import (
     AccessPolicy,
@@ -125,8 +129,9 @@ from .registry import (  # noqa: F401
     set_limits,
     write_shares,
 )
+from .removals import lookup as removal_lookup
 from .serving import add_drop, delete_serve, put_serve, read_drop_seq, read_drops, read_serves
-from .tree import children
+from .tree import child_pages, children
 from .verify import REPAIR_BATCH_PAGES, VERIFY_CHUNK_PAGES, LMDBIntegrity  # noqa: F401
 
 BACKEND = "lmdb"
@@ -407,6 +412,11 @@ class LMDBStore(StoreHandle):
         most recent) first. Each child's figures cover its subtree (see `tree`): O(subtree) lookups."""
         return children(self._live(), page_hash)
 
+    def child_pages(self, page_hash: bytes) -> list[ChildInfo]:
+        """Stored children of a page hash or of a namespace root, unordered, each with its own figures (not its
+        subtree's): one lookup per child. For a walk of a whole tree (`kvcache.ops.dump`)."""
+        return child_pages(self._live(), page_hash)
+
     # -- the registry ---------------------------------------------------------------------------------------
 
     def root(self, namespace: Namespace, layout: KVLayout | None = None) -> bytes:
@@ -521,8 +531,9 @@ class LMDBStore(StoreHandle):
         self._access.write_back(self._write, self._live().dbs, taken, self.fingerprint_key)
         self._counts["flushes"] += 1
 
-    def delete_namespace(self, ns_id: bytes) -> DeleteResult:
-        """Remove every page of namespace `ns_id` (16 bytes) and its registry record.
+    def delete_namespace(self, ns_id: bytes, reason: RemovalReason = RemovalReason.DROP) -> DeleteResult:
+        """Remove every page of namespace `ns_id` (16 bytes) and its registry record; the removal log records the
+        namespace removed for `reason` (DROP: an offboarding, TTL: an expiry), once.
 
         Pages are found by scanning `meta` in chunks of short read transactions and removed in bounded write
         transactions (see `delete`), so a large tenant's offboarding never holds the writer lock (or pins old
@@ -530,8 +541,19 @@ class LMDBStore(StoreHandle):
         self._check_writable()
         if not isinstance(ns_id, bytes) or len(ns_id) != 16:
             raise InvalidInput(f"a namespace id is 16 bytes, got {ns_id!r:.60}")
+        if reason not in (RemovalReason.DROP, RemovalReason.TTL):
+            raise InvalidInput(f"a namespace is removed whole for a drop or a TTL expiry, not for {reason!r}")
         self.flush()
-        return delete_namespace(self._live(), self._write, ns_id, self.fingerprint_key, self.progress)
+        return delete_namespace(self._live(), self._write, ns_id, self.fingerprint_key, self.progress,
+                                RemovalReason(reason))
+
+    def removals(self, hashes: Sequence[bytes], namespace: NamespaceId | None = None) -> list[PageRemoval | None]:
+        """Per hash, the newest record of the removal log that answers for it (see `L3Store.removals`), read in one
+        short read transaction: a lookup per hash, one for `namespace`."""
+        check_page_hashes(hashes)
+        if namespace is not None and (not isinstance(namespace, bytes) or len(namespace) != 16):
+            raise InvalidInput(f"a namespace id is 16 bytes, got {namespace!r:.60}")
+        return self._read(lambda txn, dbs: removal_lookup(txn, dbs.removals, hashes, namespace))
 
     # -- who serves the store, what was dropped from it (kvcache.storage.serving) --------------------------
 

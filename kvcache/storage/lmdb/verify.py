@@ -49,6 +49,7 @@ from ..codec import (
 )
 from ..isolated import Died
 from ..keyfile import KEY_MISMATCH, key_if_any, mismatch_detail
+from ..removals import RemovalReason
 from ..verify import (
     EngineHashes,
     Findings,
@@ -65,6 +66,7 @@ from ..verify import (
 )
 from ..verify_parts import Catalogue, HeldPage, KeyRange, NsSum, PartContext, PartProgress, PartReport, replays
 from . import pagemap
+from . import removals as removal_log
 from .env import DEFAULT_MAP_SIZE, SharedEnv, acquire, release
 from .registry import NsDelta, adjust_totals, apply_deltas, decode_totals, drop_page, key_evidence, recount
 
@@ -274,10 +276,14 @@ class LMDBIntegrity:
 
     def own_checks(self, found: Findings) -> None:
         """What a full audit checks of LMDB's own besides the records: a key file that is not the pages' key
-        (`key_mismatch`), and LMDB's page map (`page_map`)."""
+        (`key_mismatch`), LMDB's page map (`page_map`), and the removal log (each key of it that is not what it
+        writes: a `damaged_record`, which a repair removes; the log is diagnostics, no page depends on it)."""
         if self.key_mismatch:
             found.add(KEY_MISMATCH, None, self.key_mismatch)
         self.page_map(found)
+        shared = self.shared
+        for key, why in shared.reading(lambda txn: removal_log.damaged(txn, shared.dbs.removals)):
+            found.damaged_record(removal_log.DB_NAME, key, why)
 
     def page_map(self, found: Findings) -> None:
         """LMDB's page map on the snapshot of one read transaction (`pagemap`): what LMDB trusts blindly (each
@@ -437,6 +443,7 @@ class _RepairOps:
         self.times = times  # the store's life (verify.life): what a page's times may be
         self.deltas: dict[bytes, NsDelta] = {}
         self.freed_pages = self.freed_bytes = 0
+        self.removed: list[tuple[bytes, bytes]] = []  # (page, namespace id) of what went: the removal log's
 
     def remove(self, items: Sequence[Removal]) -> list[tuple[str, int] | None]:
         """Each item's records, if they are still what verify judged them (rechecked in this transaction)."""
@@ -484,7 +491,9 @@ class _RepairOps:
         return out
 
     def drop_record(self, name: str, key: bytes) -> bool:
-        """Remove a namespace or layout record that still does not decode."""
+        """Remove a namespace or layout record that still does not decode (or a damaged key of the removal log)."""
+        if name == removal_log.DB_NAME:
+            return removal_log.remove_damaged(self.txn, self.dbs.removals, key)
         db = self.dbs.namespaces if name == "namespaces" else self.dbs.layouts
         raw = self.txn.get(key, db=db)
         decode = decode_namespace if name == "namespaces" else decode_layout
@@ -525,7 +534,8 @@ class _RepairOps:
 
     def settle(self) -> None:
         """Take the pages removed off the totals and the namespace counters (a damaged totals record is left for
-        the recount at the end of the repair)."""
+        the recount at the end of the repair), and record them in the removal log (REPAIR)."""
+        removal_log.record(self.txn, self.dbs.removals, self.removed, RemovalReason.REPAIR, time.time())
         if self.freed_pages:
             adjust_totals(self.txn, self.dbs, -self.freed_pages, -self.freed_bytes, damaged_ok=True)
             apply_deltas(self.txn, self.dbs, self.deltas, time.time(), None)
@@ -605,6 +615,7 @@ class _RepairOps:
             if value is not None:
                 txn.delete(h, db=dbs.pages)
             return ("page" if value is not None else "meta"), max(len(value or b"") - HEADER, 0)
+        self.removed.append((h, meta.ns_id))
         if value is None:
             txn.delete(h, db=dbs.meta)
             txn.delete(meta.parent, h, db=dbs.children)

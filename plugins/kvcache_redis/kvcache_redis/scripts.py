@@ -170,18 +170,51 @@ end
 return n
 """
 
+# The removal log (kvcache.storage.removals): one hash, ``P rm`` (one key, so a script on any node can write it),
+# a ring of REMOVALS_KEPT places:
+#   ``seq``             the number of the last removal recorded (HINCRBY)
+#   ``q:<seq % kept>``  the subject recorded at that place of the ring
+#   subject             "<seq> <reason> <unix seconds> <namespace id hex>" for subject "h" + raw page hash, or
+#                       "n" + raw namespace id (a namespace removed whole: a drop, a TTL expiry)
+# A new record takes the place of the record `kept` removals older (deleted unless a newer removal of the same
+# subject replaced it), so the hash holds at most `kept` records and `kept` places. RECORD_LOG is the Lua that
+# writes one record; the scripts below that remove pages carry it and run it for each page they remove.
+RECORD_LOG = """
+local function record_removal(rk, subject, word, at, nshex, kept)
+  local seq = redis.call('HINCRBY', rk, 'seq', 1)
+  local place = 'q:' .. (seq % kept)
+  local old = redis.call('HGET', rk, place)
+  if old then
+    local v = redis.call('HGET', rk, old)
+    if v and tonumber(string.match(v, '^(%d+)')) <= seq - kept then redis.call('HDEL', rk, old) end
+  end
+  redis.call('HSET', rk, place, subject, subject, seq .. ' ' .. word .. ' ' .. at .. ' ' .. nshex)
+end
+"""
+
+# KEYS: [1] the removal log. ARGV: reason word, unix seconds, kept, then per record (2): subject, namespace id hex.
+# Records each (a cluster's removals, whose page records live on other nodes; a namespace removed whole).
+RECORD = "#!lua" + RECORD_LOG + """
+for i = 4, #ARGV, 2 do
+  record_removal(KEYS[1], ARGV[i], ARGV[1], ARGV[2], ARGV[i + 1], tonumber(ARGV[3]))
+end
+return (#ARGV - 3) / 2
+"""
+
 # The guard a removal checks inside its script, against the record as it is then:
 #   "any"    the record's namespace and parent are still the ones the caller read (not rewritten meanwhile)
 #   "sha"    ... and its `d` field still has the SHA-1 the caller saw (the corrupt bytes, not a rewrite)
 #   "below"  ... and the parent page record is gone (the page is unreachable now); standalone only
 #   "raw"    a record that is not a whole page (a field missing): delete the key, no index or counter to fix
 #
-# KEYS per page: page record, children set of its parent, namespace record, parent page record.
-# ARGV per page (5): child member, namespace id hex, parent hex, guard, SHA-1 hex ("" unless guard is "sha").
-# Returns per page the payload bytes freed, or -1 when the guard kept the record.
-REMOVE_BATCH = """#!lua
+# KEYS per page: page record, children set of its parent, namespace record, parent page record; last, the removal
+# log. ARGV per page (5): child member, namespace id hex, parent hex, guard, SHA-1 hex ("" unless guard is "sha");
+# then the reason word to record each whole page removed under ("": none, a namespace dropped whole), unix
+# seconds, kept. Returns per page the payload bytes freed, or -1 when the guard kept the record.
+REMOVE_BATCH = "#!lua" + RECORD_LOG + """
 local out = {}
-local np = #KEYS / 4
+local np = (#KEYS - 1) / 4
+local rk, word, at, kept = KEYS[#KEYS], ARGV[5 * np + 1], ARGV[5 * np + 2], tonumber(ARGV[5 * np + 3])
 for i = 0, np - 1 do
   local pk, ck, nk, up = KEYS[4 * i + 1], KEYS[4 * i + 2], KEYS[4 * i + 3], KEYS[4 * i + 4]
   local o = 5 * i
@@ -202,6 +235,7 @@ for i = 0, np - 1 do
         redis.call('HINCRBY', nk, 'pages', -1)
         redis.call('HINCRBY', nk, 'bytes', -freed)
       end
+      if word ~= '' then record_removal(rk, 'h' .. ARGV[o + 1], word, at, ARGV[o + 2], kept) end
     end
   end
   out[i + 1] = freed

@@ -18,6 +18,8 @@ Key schema (P is the key prefix, default ``kvc:``; several deployments share one
     P serves             hash    token -> ServeRecord (msgpack): the live caches serving the store, their sockets
     P dropseq            string  the number of the last drop recorded (INCR)
     P drops              zset    DropRecord (msgpack) scored by its number; the last DROPS_KEPT are kept
+    P rm                 hash    the removal log (kvcache.storage.removals): why and when pages (and namespaces
+                                 removed whole) went, a ring of the last REMOVALS_KEPT (scripts.RECORD_LOG)
 
 A page and its metadata are fields of one hash, so no reader, and no eviction by the server, ever sees one
 without the other. On a standalone server a `put` batch is one Lua script: pages, children entries and
@@ -87,6 +89,7 @@ from kvcache.storage.kit import (
     KVLayout,
     LayoutRecord,
     Namespace,
+    NamespaceId,
     NamespaceInfo,
     NamespaceRecord,
     NamespaceShares,
@@ -94,10 +97,12 @@ from kvcache.storage.kit import (
     PageMeta,
     PageOrigin,
     PageOutcome,
+    PageRemoval,
     PageRow,
     PageView,
     PutResult,
     Removal,
+    RemovalReason,
     RepairOps,
     ScannedPage,
     ServeRecord,
@@ -126,8 +131,10 @@ from kvcache.storage.kit import (
     new_chain_key,
     new_counts,
     new_fingerprint_key,
+    newest_removal,
     out_views_for,
     put_views,
+    removals_kept,
     removed_pages,
     verify,
 )
@@ -347,12 +354,14 @@ class RedisStore(StoreHandle):
         self._k_shares = p + b"shares"
         self._k_serves, self._k_dropseq, self._k_drops = p + b"serves", p + b"dropseq", p + b"drops"
         self._p_page, self._p_children, self._p_ns = p + b"p:", p + b"c:", p + b"ns:"
+        self._k_removals = p + b"rm"
         self._s_put_batch = client.register_script(scripts.PUT_BATCH)
         self._s_put_page = client.register_script(scripts.PUT_PAGE)
         self._s_ns_adjust = client.register_script(scripts.NS_ADJUST)
         self._s_touch = client.register_script(scripts.TOUCH)
         self._s_remove_batch = client.register_script(scripts.REMOVE_BATCH)
         self._s_remove_page = client.register_script(scripts.REMOVE_PAGE)
+        self._s_record = client.register_script(scripts.RECORD)
 
     # -- opening --------------------------------------------------------------------------------------------
 
@@ -619,6 +628,22 @@ class RedisStore(StoreHandle):
             hits, last = heat[child]
             out.append(ChildInfo(child, meta.tokens, meta.nbytes, hits, last, key=meta.key))
         out.sort(key=lambda c: (-c.hits, -c.last_access))
+        return out
+
+    def child_pages(self, page_hash: bytes) -> list[ChildInfo]:
+        """Stored children of a page hash or of a namespace root, unordered, each with its own figures (not its
+        subtree's): two round trips. For a walk of a whole tree (`kvcache.ops.dump`), where `children` would cost
+        a round trip per level below each child."""
+        kids = list(self._admin(lambda c: c.smembers(self._ck(page_hash))))
+        if not kids:
+            return []
+        metas = self._admin(lambda c: self._hmget_many(c, kids, ("m", "h", "a")))
+        out = []
+        for child, (m, hits, last) in zip(kids, metas, strict=True):
+            if m is not None:
+                meta = decode_meta(m)
+                out.append(ChildInfo(child, meta.tokens, meta.nbytes, int(hits or 0), float(last or meta.last_access),
+                                     key=meta.key))
         return out
 
     def _hmget_many(self, client: Any, hashes: Sequence[bytes], fields: tuple[str, ...]) -> list[list[Any]]:
@@ -1053,7 +1078,7 @@ class RedisStore(StoreHandle):
         try:
             self._write_access(self._client, pending)
             if corrupt:
-                self._remove([(h, None, None, "sha", sha) for h, sha in corrupt.items()])
+                self._remove([(h, None, None, "sha", sha) for h, sha in corrupt.items()], RemovalReason.QUARANTINE)
             self._ok()
         except (*_FAULTS, StoreError) as exc:
             self._log.restore(pending)
@@ -1101,11 +1126,15 @@ class RedisStore(StoreHandle):
 
     # -- removing -------------------------------------------------------------------------------------------
 
-    def _remove(self, items: list[tuple[bytes, str | None, str | None, str, str]]) -> list[int]:
+    def _remove(self, items: list[tuple[bytes, str | None, str | None, str, str]],
+                reason: RemovalReason | None) -> list[int]:
         """Remove page records under guards (see scripts.REMOVE_BATCH): items are (page, namespace hex, parent
         hex, guard, sha1 hex); a None namespace or parent is read first. Returns the payload bytes freed per
-        item (-1: kept by its guard). Standalone: one atomic script per REMOVE_BATCH pages of items."""
+        item (-1: kept by its guard). Each whole page removed is recorded in the removal log for `reason` (None:
+        not one by one; a namespace dropped whole is recorded once by its caller). Standalone: one atomic script
+        per REPAIR_BATCH_PAGES pages of items, its records with it; a cluster records them after its removals."""
         client = self._live()
+        word, now, kept = (reason.value if reason is not None else ""), repr(time.time()), removals_kept()
         need = [i for i, (_, ns, parent, guard, _) in enumerate(items)
                 if guard != "raw" and (ns is None or parent is None)]
         if need:
@@ -1117,7 +1146,12 @@ class RedisStore(StoreHandle):
         for start in range(0, len(items), REPAIR_BATCH_PAGES):
             chunk = items[start:start + REPAIR_BATCH_PAGES]
             if self.cluster:
-                out += self._remove_cluster(client, chunk)
+                freed = self._remove_cluster(client, chunk)
+                out += freed
+                gone = [(b"h" + h, ns) for (h, ns, _, guard, _), f in zip(chunk, freed, strict=True)
+                        if f >= 0 and guard != "raw"]
+                if word and gone:
+                    self._record(client, reason, gone)
                 continue
             keys: list[bytes] = []
             args: list[Any] = []
@@ -1125,8 +1159,31 @@ class RedisStore(StoreHandle):
                 parent_hash = bytes.fromhex(parent) if parent else b""
                 keys += [self._pk(h), self._ck(parent_hash), self._nk(ns or "-"), self._pk(parent_hash)]
                 args += [h, ns or "", parent or "", guard, sha or ""]
+            keys.append(self._k_removals)
+            args += [word, now, kept]
             out += [int(x) for x in self._call(self._s_remove_batch, keys, args, client)]
         return out
+
+    def _record(self, client: Any, reason: RemovalReason, subjects: Sequence[tuple[bytes, str]]) -> None:
+        """Record `subjects` ((b"h" + page hash or b"n" + namespace id, namespace id hex) each) in the removal log
+        as removed for `reason` now (scripts.RECORD: one call, one key)."""
+        args: list[Any] = [reason.value, repr(time.time()), removals_kept()]
+        for subject, ns_hex in subjects:
+            args += [subject, ns_hex]
+        self._call(self._s_record, [self._k_removals], args, client)
+
+    def removals(self, hashes: Sequence[bytes], namespace: bytes | None = None) -> list[PageRemoval | None]:
+        """Per hash, the newest record of the removal log that answers for it (see `L3Store.removals`): one
+        HMGET of the log (an administrative read: a fault is a StoreError)."""
+        check_page_hashes(hashes)
+        if namespace is not None and (not isinstance(namespace, bytes) or len(namespace) != 16):
+            raise InvalidInput(f"a namespace id is 16 bytes, got {namespace!r:.60}")
+        if not hashes:
+            return []
+        fields = [b"h" + h for h in hashes] + ([b"n" + namespace] if namespace is not None else [])
+        raw = self._admin(lambda c: c.hmget(self._k_removals, fields))
+        whole = _removal(namespace, raw[-1]) if namespace is not None else None
+        return [newest_removal(h, _removal(h, v), whole) for h, v in zip(hashes, raw, strict=False)]
 
     def _remove_cluster(self, client: Any, chunk: list[tuple[bytes, str, str, str, str]]) -> list[int]:
         pipe = client.pipeline(transaction=False)
@@ -1187,8 +1244,9 @@ class RedisStore(StoreHandle):
         if batch:
             yield from fetch(batch)
 
-    def delete_namespace(self, ns_id: bytes) -> DeleteResult:
-        """Remove every page of namespace `ns_id` (16 bytes) and its registry record.
+    def delete_namespace(self, ns_id: bytes, reason: RemovalReason = RemovalReason.DROP) -> DeleteResult:
+        """Remove every page of namespace `ns_id` (16 bytes) and its registry record; the removal log records the
+        namespace removed for `reason` (DROP: an offboarding, TTL: an expiry), once, with the registry's removal.
 
         Pages are found by SCAN (SCAN_COUNT keys per round trip) and removed DELETE_BATCH_PAGES per script, so a
         large tenant's offboarding never blocks the server for long. Scans repeat until one finds nothing, so
@@ -1196,6 +1254,8 @@ class RedisStore(StoreHandle):
         self._check_writable()
         if not isinstance(ns_id, bytes) or len(ns_id) != 16:
             raise InvalidInput(f"a namespace id is 16 bytes, got {ns_id!r:.60}")
+        if reason not in (RemovalReason.DROP, RemovalReason.TTL):
+            raise InvalidInput(f"a namespace is removed whole for a drop or a TTL expiry, not for {reason!r}")
         self.flush()
         ns_hex = ns_id.hex()
         pages = nbytes = scripts_run = 0
@@ -1204,7 +1264,7 @@ class RedisStore(StoreHandle):
                      for h, (ns, parent) in self._scan_pages(("n", "p"))
                      if isinstance(h, bytes) and ns is not None and ns.decode() == ns_hex and parent is not None]
             for start in range(0, len(found), DELETE_BATCH_PAGES):
-                freed = self._admin(lambda c, b=found[start:start + DELETE_BATCH_PAGES]: self._remove(b))
+                freed = self._admin(lambda c, b=found[start:start + DELETE_BATCH_PAGES]: self._remove(b, None))
                 scripts_run += 1
                 got = [f for f in freed if f >= 0]
                 pages += len(got)
@@ -1215,6 +1275,7 @@ class RedisStore(StoreHandle):
         def drop(c: Any) -> None:
             c.srem(self._k_nsidx, ns_hex)
             c.delete(self._nk(ns_hex))
+            self._record(c, RemovalReason(reason), [(b"n" + ns_id, ns_hex)])
 
         self._admin(drop)
         with self._lock:
@@ -1427,7 +1488,7 @@ class _RedisRepairOps:
             sha = {h: hashlib.sha1(d).hexdigest() for h, (d,) in zip(sha_of, raw, strict=True) if d is not None}
         args = [(it.page, it.row.ns_id.hex() if it.row else None, it.row.parent.hex() if it.row else None,
                  "any" if it.guard is Guard.FILED_UNDER else str(it.guard), sha.get(it.page, "")) for it in items]
-        freed = s._admin(lambda c: s._remove(args))
+        freed = s._admin(lambda c: s._remove(args, RemovalReason.REPAIR))
         # The "raw" scripts delete the record only: metadata without bytes leaves its entry under its parent.
         listed = [it for it, f in zip(items, freed, strict=True)
                   if f >= 0 and it.guard is Guard.PARTIAL and it.row is not None]
@@ -1531,6 +1592,18 @@ class _Batch(msgspec.Struct, frozen=True):
 # An OOM reply (maxmemory reached under noeviction), which redis-py raises as its own class where it has one
 _OOM: tuple[type[BaseException], ...] = tuple(
     c for c in (getattr(redis.exceptions, "OutOfMemoryError", None),) if isinstance(c, type))
+
+
+def _removal(subject: bytes, value: bytes | None) -> tuple[int, PageRemoval] | None:
+    """(seq, record) of one value of the removal log ("<seq> <reason> <unix seconds> <namespace id hex>") for a
+    page hash or namespace id `subject`; None when absent or when it does not decode (an unknown reason)."""
+    if value is None:
+        return None
+    try:
+        seq, word, at, ns_hex = value.decode().split(" ")
+        return int(seq), PageRemoval(subject, RemovalReason(word), float(at), NamespaceId(bytes.fromhex(ns_hex)))
+    except ValueError:
+        return None
 
 
 def _rejected(n: int) -> PutResult:
