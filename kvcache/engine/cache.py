@@ -42,6 +42,7 @@ from ..storage.api import L3Store
 from ..tree import RadixTree, TreeMatch
 from ..types.config import CacheConfig, PrefetchPolicy
 from ..types.events import MediumNames
+from ..types.explain import Explanation
 from ..types.namespace import Namespace
 from ..types.owners import FREE_CODE, OwnerKind, owner_code
 from ..types.reports import AuditReport
@@ -65,6 +66,7 @@ from ..types.stats import BackupStats, CacheCounters, CacheStats, PrefetchStats,
 from ..types.tier import Tier
 from .copies import TransferOp
 from .event_log import EventLog, EventSink
+from .explain import explain_request
 from .holders import Holders, LiveRequest
 from .parts import Parts
 from .prefetch import PrefetchOp
@@ -116,10 +118,11 @@ class TieredCache:
         self._hits: dict[bytes, TierHits] = {}  # namespace id -> tier hits
         self._closed = False
         p = Parts(config, store, self.device_pool, self.host_pool, self.tree, self.holders, self.counters,
-                  self.prefetch_stats, self.backup_stats, self.drop_namespace, clock)
+                  self.prefetch_stats, self.backup_stats, clock)
         self.rules, self._io, self._room, self._copies, self._writes = p.rules, p.io, p.room, p.copies, p.writes
         self._staging, self._prefetcher, self._shares = p.staging, p.prefetcher, p.shares
         self._completion, self._offboard, self._expiry = p.completion, p.offboard, p.expiry
+        self.removals, self.prefetches = p.removals, p.prefetches  # what explains a miss (`explain`)
         if store is not None:
             self._shares.refresh_quietly()
         self._events: EventLog | None = None  # the KV-event feed, when one is attached (attach_events)
@@ -481,6 +484,14 @@ class TieredCache:
         if path is not None:
             write_snapshot(snap, path)
         return snap
+
+    def explain(self, request: Request) -> Explanation:
+        """Why `request` would miss, tier by tier: how many of its tokens each tier (L1, L2, L3) holds from the
+        first on, why the first page a tier does not hold is not there (removed — why and when —, held under other
+        namespaces or layouts, quarantined, never written), what an admission now would take from each tier, and
+        how the last prefetch of its prefix ended. Reads only: nothing is split, counted or touched. What the
+        cache remembers for it is bounded (`kvcache.engine.recent`)."""
+        return explain_request(self, request)
 
     def holder_states(self) -> list[HolderState]:
         """Every slot holder that is not a tree node, as the audit reads them (`kvcache.diagnostics`)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..types.namespace import Namespace
+from ..types.removals import RemovalReason
 from ..types.results import DropReason, EvictResult, NamespaceDrop
 from ..types.tier import Tier
 from .room import of_namespace
@@ -41,17 +42,20 @@ class Offboard:
         self.store = store
         self.events: EventLog | None = None  # the KV-event feed, while one is attached
 
-    def evict(self, namespace: Namespace, device: bool, host: bool, write_back: bool = True) -> EvictResult:
+    def evict(self, namespace: Namespace, device: bool, host: bool, write_back: bool = True,
+              reason: RemovalReason = RemovalReason.EVICT) -> EvictResult:
         """Free what `namespace` holds in L1 and L2 that nobody locks, holds or pins (written back first under
-        write-back unless `write_back` is False)."""
+        write-back unless `write_back` is False), recorded removed for `reason`."""
         mine, room = of_namespace(namespace), self.room
-        d = room.evict(Tier.DEVICE, room.pools[Tier.DEVICE].num_pages, mine, write_back) if device else 0
+        d = room.evict(Tier.DEVICE, room.pools[Tier.DEVICE].num_pages, mine, write_back, reason=reason) if device else 0
         host_pool = room.pools.get(Tier.HOST)
-        h = room.evict(Tier.HOST, host_pool.num_pages, mine, write_back) if host and host_pool is not None else 0
+        h = (room.evict(Tier.HOST, host_pool.num_pages, mine, write_back, reason=reason)
+             if host and host_pool is not None else 0)
         return EvictResult(d, h)
 
-    def drop(self, namespace: Namespace) -> NamespaceDrop:
-        """Offboard `namespace` from every tier (see the module docstring)."""
+    def drop(self, namespace: Namespace, reason: RemovalReason = RemovalReason.DROP) -> NamespaceDrop:
+        """Offboard `namespace` from every tier (see the module docstring); its pages are recorded removed for
+        `reason` (DROP, or TTL for an expiry)."""
         ns_id, holders = namespace.id, self.holders
         held = [rid for rid, op in holders.prefetches.items() if op.namespace.id == ns_id]
         held += [rid for rid, staged in holders.staged.items() if staged.key.namespace.id == ns_id]
@@ -60,9 +64,9 @@ class Offboard:
         self.completion.flush()  # a write still in flight would land after the delete below
         if self.events is not None:
             self.events.flush()
-        freed = self.evict(namespace, True, True, write_back=False)
+        freed = self.evict(namespace, True, True, write_back=False, reason=reason)
         store, events = self.store, self.events
-        deleted = store.delete_namespace(ns_id) if store is not None else None
+        deleted = store.delete_namespace(ns_id, reason) if store is not None else None
         if store is not None:
             # What running requests lock stays in the tree, no longer in L3: its next write puts it again, and
             # nothing of the namespace is retried on its own.

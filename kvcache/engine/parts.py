@@ -8,12 +8,12 @@ prefetch holds as a last resort; a completed backup feeds `writes`; a rewritten 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..types.namespace import Namespace
-from ..types.results import NamespaceDrop
+from ..types.removals import RemovalReason
 from ..types.tier import Tier
 from .completion import Completion
 from .copies import Copies
@@ -22,6 +22,7 @@ from .host_mode import rules_for
 from .io_worker import IOWorker
 from .offboard import Offboard
 from .prefetch import Prefetcher
+from .recent import RecentPrefetches, RecentRemovals
 from .room import Room
 from .shares import AppliedShares
 from .staging import Staging
@@ -42,20 +43,24 @@ class Parts:
 
     def __init__(self, config: CacheConfig, store: L3Store | None, device_pool: SlotPool, host_pool: SlotPool | None,
                  tree: RadixTree, holders: Holders, counters: CacheCounters, prefetch_stats: PrefetchStats,
-                 backup_stats: BackupStats, drop: Callable[[Namespace], NamespaceDrop],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 backup_stats: BackupStats, clock: Callable[[], float] = time.monotonic) -> None:
         self.io = io = IOWorker(store, config.io_thread) if store is not None else None
         self.rules = rules = rules_for(config.host_mode, host_pool is not None, store is not None)
         pools = {Tier.DEVICE: device_pool, **({Tier.HOST: host_pool} if host_pool is not None else {})}
-        self.room = room = Room(config, rules, pools, tree, holders, counters, prefetch_stats)
+        # what explains a miss later (`TieredCache.explain`): the pages each tier removed, the prefetches' ends
+        self.removals, self.prefetches = RecentRemovals(), RecentPrefetches()
+        self.room = room = Room(config, rules, pools, tree, holders, counters, prefetch_stats, self.removals)
         self.copies = copies = Copies(config, rules, device_pool, host_pool, tree, holders, counters, backup_stats)
         self.writes = writes = Writes(config, host_pool, tree, holders, io, backup_stats)
         self.staging = staging = Staging(device_pool, host_pool, tree, holders, prefetch_stats)
-        self.prefetcher = prefetcher = Prefetcher(config, rules, tree, host_pool, holders, io, prefetch_stats)
+        self.prefetcher = prefetcher = Prefetcher(config, rules, tree, host_pool, holders, io, prefetch_stats,
+                                                  self.prefetches)
         self.shares = shares = AppliedShares(config, store, tree, counters)
         self.completion = completion = Completion(holders, copies, writes, prefetcher, io, shares)
-        self.offboard = Offboard(room, prefetcher, completion, holders, store, writes, tree)
-        self.expiry = Expiry(TTLTracker(config.ttl, clock), holders, drop) if config.ttl is not None else None
+        self.offboard = offboard = Offboard(room, prefetcher, completion, holders, store, writes, tree)
+        # an expiry drops its namespace as offboarding does, its pages recorded removed for their time to live
+        expire = functools.partial(offboard.drop, reason=RemovalReason.TTL)
+        self.expiry = Expiry(TTLTracker(config.ttl, clock), holders, expire) if config.ttl is not None else None
         room.wire(copies, writes, prefetcher)
         copies.room, copies.writes, copies.flush = room, writes, completion.flush
         writes.copies = copies

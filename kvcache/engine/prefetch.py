@@ -39,8 +39,9 @@ import numpy as np
 
 from ..errors import InvalidInput, NamespaceMismatch, RequestIdInUse, UnknownRequest
 from ..types.config import PrefetchPolicy
+from ..types.explain import PrefetchFate, PrefetchRecord
 from ..types.ids import PageHash
-from ..types.keys import TOKEN_BYTES, RadixKey, page_hashes
+from ..types.keys import TOKEN_BYTES, RadixKey, extend_chain, hash_root, page_hashes
 from ..types.namespace import Namespace
 from ..types.owners import FREE_CODE, OwnerKind, owner_code
 from ..types.request import Request
@@ -59,8 +60,9 @@ if TYPE_CHECKING:
     from .holders import Holders
     from .host_mode import HostModeRules
     from .io_worker import IOWorker
+    from .recent import RecentPrefetches
     from .room import Room
-    from .staging import Staging
+    from .staging import StagedPrefetch, Staging
 
 log = logging.getLogger("kvcache")
 
@@ -172,8 +174,9 @@ class Prefetcher:
     """Issues a cache's prefetches, advances them as their I/O jobs finish, and settles or gives them back."""
 
     def __init__(self, config: CacheConfig, rules: HostModeRules, tree: RadixTree, host_pool: SlotPool | None,
-                 holders: Holders, io: IOWorker | None, stats: PrefetchStats) -> None:
+                 holders: Holders, io: IOWorker | None, stats: PrefetchStats, recent: RecentPrefetches) -> None:
         self.config = config
+        self.recent = recent  # how the last prefetch of each prefix ended (`TieredCache.explain` reads it)
         self.rules = rules
         self.tree = tree
         self.host_pool = host_pool
@@ -204,6 +207,9 @@ class Prefetcher:
                     st.namespace_mismatches += 1
                     log.error("request %s: %s is in namespace %s, the request is in %s: not prefetching", rid,
                               where, node.namespace.label, ns.label)
+                    start = len(match.device_pages) + len(match.host_pages)
+                    self._record(request, None, start, PrefetchRecord(PrefetchFate.NAMESPACE_MISMATCH, time.time(),
+                                                                      start * self.tree.page_size))
                     raise NamespaceMismatch(rid, ns.label, node.namespace.label, where)
         if self.expiry is not None:  # after the refusals above: a refused prefetch moves nothing, expires nothing
             self.expiry.use(request)
@@ -242,6 +248,9 @@ class Prefetcher:
             reason = DeclineReason.DEVICE_LIMIT
         if reason is not None:
             bump(st.declined, reason.value)
+            if reason is not DeclineReason.IN_FLIGHT and span > 0:  # in flight: that prefetch's record stands
+                self._record(request, None if stale else end_node, start_page, PrefetchRecord(
+                    PrefetchFate.DECLINED, time.time(), start_page * ps, span * ps, declined=reason))
             return PrefetchOutcome(rid, False, reason, namespace=ns.info())
         span = min(span, room)
         end = start_page + span
@@ -254,7 +263,39 @@ class Prefetcher:
         holders.prefetches[rid] = op
         self._submit_check(op)
         st.issued += 1
+        self.recent.record(hashes[0], PrefetchRecord(PrefetchFate.IN_FLIGHT, time.time(), start_page * ps, span * ps))
         return PrefetchOutcome(rid, True, None, op.id, start_page * ps, span * ps, ns.info())
+
+    def _record(self, request: Request, end_node: TreeNode | None, start_page: int, record: PrefetchRecord) -> None:
+        """Record `record` for a prefetch of `request` that did not start (declined, refused) and would have
+        started at page `start_page`, past `end_node` (the tree's last node of the prefix; None: not known to be
+        attached, so the chain is computed from the request's root)."""
+        tree, ps = self.tree, self.tree.page_size
+        if start_page >= len(request) // ps:
+            return
+        pb = ps * TOKEN_BYTES
+        start: bytes
+        if start_page == 0:
+            start = hash_root(tree.layout_id, request.namespace, tree.chain_key)
+        elif end_node is None:  # the chain from the request's root (rare: a stale match, a mismatch)
+            start = page_hashes(tree.layout_id, RadixKey(request.key.data[:start_page * pb], request.namespace), ps,
+                                tree.chain_key)[-1]
+        else:
+            start = tree.page_hashes(end_node)[-1]  # cached on the node once computed
+        first = extend_chain(start, request.key.data[start_page * pb:(start_page + 1) * pb], ps)[0]
+        self.recent.record(first, record)
+
+    def _staged_dropped(self, staged: StagedPrefetch, reason: DropReason) -> None:
+        """Record that the staged record of a finished prefetch was given back before its splice."""
+        if staged.hashes:
+            fate = PrefetchFate.CANCELLED if reason is DropReason.CANCELLED else PrefetchFate.DROPPED
+            self.recent.ended(staged.hashes[0], fate, reason)
+
+    def _settled(self, op: PrefetchOp, fate: PrefetchFate, dropped: DropReason | None = None) -> None:
+        """Record how `op` ended."""
+        ps = self.tree.page_size
+        self.recent.record(op.hashes[0], PrefetchRecord(fate, time.time(), op.start_page * ps, op.wanted * ps,
+                                                        op.hit * ps, op.fetched * ps, dropped=dropped))
 
     def describes(self, m: TreeMatch, key: RadixKey) -> bool:
         """Does `m` still describe the tree for `key`: its nodes in the tree, ending where it says, on the key's
@@ -370,12 +411,19 @@ class Prefetcher:
                 if not io.wait(op.job, left):
                     break
                 self.take_io_jobs()
+        cut_short = op.state in (PrefetchState.CHECKING, PrefetchState.FETCHING)  # its check or fetch still running
         op.terminate()
         op.job = None  # a job still queued sees `terminated` and ends without touching the pages
         if op.state not in (PrefetchState.DONE, PrefetchState.FINISHED):
             # stop here: free what was allocated and not filled, never re-arm
             op.attempts = self.config.prefetch_retries + 1
             self._end_attempt(op)
+        if cut_short and policy is PrefetchPolicy.TIMEOUT:
+            self._settled(op, PrefetchFate.TIMED_OUT)
+        elif cut_short or op.fetched < op.hit:
+            self._settled(op, PrefetchFate.PARTIAL)
+        else:
+            self._settled(op, PrefetchFate.COMPLETED)
         if op.state is PrefetchState.FINISHED:
             return 0  # buffer mode: parked as a staged record, spliced after the load-back
         return self._insert(op)
@@ -418,6 +466,7 @@ class Prefetcher:
         st.fetched_bytes += len(fetched) * self.host_pool.page_bytes
         st.seconds += time.monotonic() - op.created
         op.state = PrefetchState.FINISHED
+        self._settled(op, PrefetchFate.COMPLETED if op.fetched >= op.hit else PrefetchFate.PARTIAL)
         self.staging.park(op, fetched)
         op.pages = op.pages[:0]
         op.anchor = None  # the record holds it now
@@ -426,6 +475,7 @@ class Prefetcher:
 
     def give_back(self, op: PrefetchOp, reason: DropReason) -> None:
         """Abort: return every page the op holds to FREE and release its anchor's hold."""
+        self._settled(op, PrefetchFate.CANCELLED if reason is DropReason.CANCELLED else PrefetchFate.DROPPED, reason)
         if len(op.pages):
             assert self.host_pool is not None
             self.host_pool.free(op.pages, op.owner)
@@ -444,6 +494,7 @@ class Prefetcher:
         staged = self.holders.staged.pop(rid, None)
         if staged is not None:
             self.staging.drop(staged, reason)
+            self._staged_dropped(staged, reason)
         return op is not None or staged is not None
 
     def drop_foreign_holds(self, request: Request) -> None:
@@ -463,6 +514,7 @@ class Prefetcher:
             if reason is not None:
                 del holders.staged[rid]
                 self.staging.drop(staged, reason)
+                self._staged_dropped(staged, reason)
 
     def _foreign(self, key: RadixKey, what: str, request: Request) -> DropReason | None:
         """Why a prefetch or staged record held for `request`'s id, fetched for `key`, must not serve it: another

@@ -19,12 +19,17 @@ from .shares import eviction_order
 if TYPE_CHECKING:
     from .radix import RadixTree
 
+# Told of each victim of an eviction before its copy goes (the node still attached, so its page hashes can be
+# named): removed(node, by_share), by_share True when it went because its namespace was over its share.
+Removed = Callable[[TreeNode, bool], None]
+
 
 def evict(tree: RadixTree, book: TierBook, n_pages: int, backup: Callable[[TreeNode], None] | None,
-          where: Callable[[TreeNode], bool] | None, charge: Namespace | None) -> list[Evicted]:
+          where: Callable[[TreeNode], bool] | None, charge: Namespace | None,
+          removed: Removed | None = None) -> list[Evicted]:
     """Detach copies of `book`'s tier of at least `n_pages` pages (when that many are evictable): with shares set
     (and no `where`), first from the namespaces over their share of the tier in `eviction_order`, each from its own
-    LRU heap; then plain LRU. What `backup`, `where` and `charge` mean: `RadixTree.evict_device`."""
+    LRU heap; then plain LRU. What `backup`, `where`, `charge` and `removed` mean: `RadixTree.evict_device`."""
     out: list[Evicted] = []
     freed = 0
     shares = tree._shares
@@ -32,19 +37,19 @@ def evict(tree: RadixTree, book: TierBook, n_pages: int, backup: Callable[[TreeN
         own = shares.get(charge.id) if charge is not None else None
         for excess, state in eviction_order(shares.values(), book.index, own, n_pages):
             victims = book.victims(tree._by_id, state)
-            freed += _drain(tree, book, victims, min(excess, n_pages - freed), backup, None, out)
+            freed += _drain(tree, book, victims, min(excess, n_pages - freed), backup, None, out, removed, True)
             if freed >= n_pages:
                 break
     if freed < n_pages:
-        _drain(tree, book, book.victims(tree._by_id), n_pages - freed, backup, where, out)
+        _drain(tree, book, book.victims(tree._by_id), n_pages - freed, backup, where, out, removed, False)
     return out
 
 
 def _drain(tree: RadixTree, book: TierBook, victims: Generator[TreeNode, None, None], n_pages: int,
            backup: Callable[[TreeNode], None] | None, where: Callable[[TreeNode], bool] | None,
-           out: list[Evicted]) -> int:
+           out: list[Evicted], removed: Removed | None, by_share: bool) -> int:
     """The loop over one stream of victims: pages freed (appended to `out`). A victim left with no copy in any tier
-    is deleted."""
+    is deleted. `removed(node, by_share)` is told of each victim while it is still attached."""
     freed = 0
     try:
         for node in victims:
@@ -54,6 +59,8 @@ def _drain(tree: RadixTree, book: TierBook, victims: Generator[TreeNode, None, N
                 backup(node)
                 if not book.victim(node):  # the backup's own work may have changed the node
                     continue
+            if removed is not None:
+                removed(node, by_share)
             pages = tree._set_copy(book, node, None)
             out.append(Evicted(node.owner, pages))  # type: ignore[arg-type]  # a victim has a copy in the tier
             freed += len(pages)  # type: ignore[arg-type]  # a victim has a copy in the tier

@@ -43,7 +43,7 @@ from ..types.keys import TOKEN_BYTES, RadixKey, extend_chain, hash_root, new_cha
 from ..types.namespace import Namespace
 from ..types.owners import OwnerKind, owner_code
 from .check import check_tree
-from .evict import evict
+from .evict import Removed, evict
 from .keeper import BookKeeper
 from .node import EMPTY, Evicted, HostInsert, TreeInsert, TreeMatch, TreeNode, exact, subtree, unlink
 
@@ -281,7 +281,7 @@ class RadixTree(BookKeeper):
     # --- eviction (the loop: kvcache.tree.evict) -------------------------------------------------------------
 
     def evict_device(self, n_pages: int, backup: Backup | None = None, where: Callable[[TreeNode], bool] | None = None,
-                     charge: Namespace | None = None) -> list[Evicted]:
+                     charge: Namespace | None = None, removed: Removed | None = None) -> list[Evicted]:
         """Detach device copies of at least `n_pages` pages (when that many are evictable), least recently used
         leaves first. Never touches locked or pinned nodes.
 
@@ -292,17 +292,20 @@ class RadixTree(BookKeeper):
         With shares set (and no `where`), namespaces over their device share give their own LRU pages first:
         `charge`, the namespace the room is made for, while it holds or with `n_pages` more would hold more than
         its share, then the others, most over first; plain LRU takes the rest.
+
+        `removed(node, by_share)` is told of each victim before its copy goes, while it is still attached (the
+        cache's record of what it removed, and why: `by_share` when its namespace was over its share).
         """
-        return evict(self, self._device, n_pages, backup, where, charge)
+        return evict(self, self._device, n_pages, backup, where, charge, removed)
 
     def evict_host(self, n_pages: int, backup: Backup | None = None, where: Callable[[TreeNode], bool] | None = None,
-                   charge: Namespace | None = None) -> list[Evicted]:
+                   charge: Namespace | None = None, removed: Removed | None = None) -> list[Evicted]:
         """Detach host copies of at least `n_pages` pages (when that many are evictable) from unlocked, unpinned
         host-only leaves, least recently used first; the nodes are deleted (their KV remains only in L3).
 
         `backup(node)` is called on a victim not yet in L3 before its host copy goes (write-back). `where(node)`
-        false keeps a node. Shares and `charge` as in `evict_device`, on the host shares."""
-        return evict(self, self._host, n_pages, backup, where, charge)
+        false keeps a node. Shares, `charge` and `removed` as in `evict_device`, on the host shares."""
+        return evict(self, self._host, n_pages, backup, where, charge, removed)
 
     # --- walking ---------------------------------------------------------------------------------------------
 

@@ -24,7 +24,9 @@ from typing import TypeVar
 import msgspec
 
 from ..engine.cache import TieredCache
+from ..engine.explain import after_admission
 from ..errors import InvariantViolation, NamespaceMismatch
+from ..types.explain import Explanation
 from ..types.keys import page_hashes
 from ..types.reports import NamespaceReplay, ReplayReport, TierTokens, VerifyMismatch
 from ..types.request import Request
@@ -94,7 +96,8 @@ class Replayer:
     """Drives one cache with requests; `run` replays a trace and returns the report."""
 
     def __init__(self, cache: TieredCache, *, verify: bool = False, batch: int = 4, lookahead: int = 8,
-                 on_admit: Callable[[Request, Admission], None] | None = None) -> None:
+                 on_admit: Callable[[Request, Admission], None] | None = None,
+                 on_explained: Callable[[Explanation], None] | None = None) -> None:
         if batch < 1 or lookahead < 0:
             raise ValueError(f"batch={batch} must be >= 1 and lookahead={lookahead} >= 0")
         self.cache = cache
@@ -102,6 +105,10 @@ class Replayer:
         self.batch = batch  # requests admitted together in one step (concurrent on the device)
         self.lookahead = lookahead  # requests waiting behind the step, whose prefetches are in flight
         self.on_admit = on_admit  # called with every admitted request and its admission (observers, tests)
+        # Called with each admitted or refused request's line (`kvc replay --requests-out`): the request explained
+        # just before its admission (`TieredCache.explain`), with the tokens the admission took from each tier
+        # and how its prefetch ended (`after_admission`).
+        self.on_explained = on_explained
         self.kv = SyntheticKV(cache.layout)
         self._prefetching: set[str] = set()  # rids whose prefetch the cache holds (until their admission)
         self._retry: set[str] = set()  # rids whose prefetch a bound declined: issued again at the next step
@@ -133,6 +140,7 @@ class Replayer:
             refill()
             running: list[Request] = []
             for i, request in enumerate(step):
+                before = cache.explain(request) if self.on_explained is not None else None
                 adm = cache.admit(request)
                 if adm.status is AdmitStatus.POOL_FULL:
                     if running:  # room comes back when this step's requests commit: first in line next step
@@ -146,6 +154,8 @@ class Replayer:
                     self._forget(request.rid)
                     continue
                 self._forget(request.rid)
+                if before is not None and self.on_explained is not None:
+                    self.on_explained(after_admission(cache, request, before, adm))
                 if adm.status is AdmitStatus.TOO_LARGE:
                     tally.refused += 1
                     tally.row(request).refused += 1
@@ -224,7 +234,9 @@ class Replayer:
 
 def replay(cache: TieredCache, trace: Iterable[TraceRequest], *, verify: bool = False, batch: int = 4,
            lookahead: int = 8, progress: Callable[[int], object] | None = None,
-           on_admit: Callable[[Request, Admission], None] | None = None) -> ReplayReport:
+           on_admit: Callable[[Request, Admission], None] | None = None,
+           on_explained: Callable[[Explanation], None] | None = None) -> ReplayReport:
     """Replay `trace` through `cache` (see `Replayer`)."""
-    return Replayer(cache, verify=verify, batch=batch, lookahead=lookahead, on_admit=on_admit).run(trace, progress)
+    return Replayer(cache, verify=verify, batch=batch, lookahead=lookahead, on_admit=on_admit,
+                    on_explained=on_explained).run(trace, progress)
 

@@ -11,6 +11,7 @@ import msgspec
 import typer
 
 from kvcache.types.config import HostMode, PrefetchPolicy, WritePolicy
+from kvcache.types.explain import Explanation
 from kvcache.workload.traces import TraceRequest, WorkloadSpec, read_trace
 
 from .. import live
@@ -28,7 +29,7 @@ from ..options import (
     StoreOpt,
     WritePolicyOpt,
 )
-from ..outputs import ForceOpt, is_stdout, output_target, write_file, writing
+from ..outputs import ForceOpt, OutputTarget, is_stdout, output_target, write_file, writing
 from ..render.output import emit_json, say
 from ..render.progress import progress
 from ..render.replay import print_report
@@ -55,6 +56,13 @@ def replay(
         "--snapshot-out", help="After the replay, write the cache's ownership snapshot here "
         "(check it with `kvc audit --snapshot`), atomically. The name is checked before the replay starts: a "
         "symbolic link, FIFO or device there is refused unless --force.")] = None,
+    requests_out: Annotated[Path | None, typer.Option(
+        "--requests-out", show_default=False,
+        help="Write one JSON line per request here (admitted or refused, in order): its tokens, the tokens each "
+        "tier served, how far each tier matched and why its first missing page was missing, and how its "
+        "prefetch ended — the object `kvc explain --json` prints. Written atomically when the replay ends; the "
+        "name is checked before it starts (--force as for --snapshot-out). Costs one explanation per request.")]
+    = None,
     force: ForceOpt = False,
     device_tokens: DeviceOpt = 16384,
     host_tokens: HostOpt = 65536,
@@ -74,9 +82,12 @@ def replay(
     --socket, the live cache runs the trace with its own sizes and policies (the tier and policy options are then
     not used)."""
     snapshot_target = output_target(snapshot_out, "--snapshot-out", force) if snapshot_out is not None else None
+    lines_target = output_target(requests_out, "--requests-out", force) if requests_out is not None else None
     requests = read_trace(trace)  # validated whole before anything runs: a bad line changes nothing
     if (sock := live.socket_path(socket)) is not None:
-        report = live.replay(sock, trace, verify, batch, snapshot_target)
+        report, lines = live.replay(sock, trace, verify, batch, snapshot_target, lines_target is not None)
+        if lines_target is not None:
+            _write_lines(lines_target, lines)
         _finish(report, requests, f"{trace} on the live cache at {sock}", json)
         return
     from kvcache.workload.replay import replay as run_replay
@@ -87,13 +98,25 @@ def replay(
         cache = offline_cache(handle, handle.layout, device_tokens, host_tokens, prefetch_policy=prefetch_policy,
                               write_policy=write_policy, host_mode=mode)
         with contextlib.closing(cache):
+            explained: list[Explanation] = []
             with progress("replay", len(requests), not json) as advance:
-                report = run_replay(cache, requests, verify=verify, batch=batch, progress=advance)
+                report = run_replay(cache, requests, verify=verify, batch=batch, progress=advance,
+                                    on_explained=explained.append if lines_target is not None else None)
+            if lines_target is not None:
+                _write_lines(lines_target, explained)
             if snapshot_target is not None:
                 from kvcache.diagnostics.snapshot import encode_snapshot
 
                 write_file(snapshot_target, encode_snapshot(cache.snapshot()))
     _finish(report, requests, str(trace), json)
+
+
+def _write_lines(target: OutputTarget, lines: list[Explanation]) -> None:
+    """--requests-out: one JSON object a line (the `Explanation` of each request), written atomically."""
+    encode = msgspec.json.Encoder().encode
+    with writing(target) as f:
+        for line in lines:
+            f.write(encode(line) + b"\n")
 
 
 def _finish(report: "ReplayReport", requests: list[TraceRequest], title: str, json: bool) -> None:
