@@ -49,8 +49,10 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 @pytest.mark.parametrize("args, groups", [
     (["--version"], set()),
     (["--help"], set()),
-    # ns quota is a subgroup of ns, and ns probe a command of it in its own module (light: no store, no torch)
-    (["ns", "ls", "--store"], {"kvc.commands.ns", "kvc.commands.ns_quota", "kvc.commands.ns_probe"}),
+    # ns quota is a subgroup of ns, and ns probe and ns dump commands of it in their own modules (light: no store,
+    # no torch; what a dump prints with is loaded when it runs)
+    (["ns", "ls", "--store"], {"kvc.commands.ns", "kvc.commands.ns_quota", "kvc.commands.ns_probe",
+                               "kvc.commands.ns_dump"}),
     (["stats", "--store"], {"kvc.commands.stats"}),
 ])
 def test_a_command_loads_its_own_module_and_no_torch(store, tmp_path, args, groups):

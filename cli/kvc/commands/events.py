@@ -53,6 +53,7 @@ from kvcache.live.events import (
     ReceivedBatch,
     records,
 )
+from kvcache.live.holdings import Holdings
 from kvcache.storage.location import StoreLocation
 from kvcache.types.events import decode_batch
 from kvcache.types.namespace import FINGERPRINT_KEY_BYTES, env_fingerprint_key
@@ -172,12 +173,12 @@ def by_residency(rec: vllm_events.VLLMEventRecord) -> tuple[str, list[str]]:
 
 
 class MediumTally:
-    """The blocks each medium holds, as the events read tell it: a BlockStored adds its blocks to its medium, a
-    BlockRemoved takes them away, AllBlocksCleared forgets all. `where` says an event's medium and blocks
-    (`by_medium`, `by_residency`)."""
+    """The blocks each medium holds, as the events read tell it (`kvcache.live.holdings.Holdings`, the consumer kvc's
+    checks of a dump use too): a BlockStored adds its blocks to its medium, a BlockRemoved takes them away,
+    AllBlocksCleared forgets all. `where` says an event's medium and blocks (`by_medium`, `by_residency`)."""
 
     def __init__(self, where: Callable[[Any], tuple[str, list[str]]] = by_medium) -> None:
-        self._held: dict[str, set[str]] = {}
+        self._held = Holdings()
         self._where = where
 
     def forget(self) -> None:
@@ -190,16 +191,15 @@ class MediumTally:
             self.forget()
             return 0
         medium, blocks = self._where(rec)
-        held = self._held.setdefault(medium, set())
         if rec.type == "BlockStored":
-            held.update(blocks)
+            self._held.stored(medium, blocks, (getattr(rec, "extra_key", None), getattr(rec, "salt_fingerprint", None)))
         else:
-            held.difference_update(blocks)
-        return len(held)
+            self._held.removed(medium, blocks)
+        return self._held.held(medium)
 
     def counts(self) -> dict[str, int]:
         """Blocks per medium, media holding none left out."""
-        return {medium: len(held) for medium, held in sorted(self._held.items()) if held}
+        return self._held.counts()
 
 
 def _at(ts: float) -> str:

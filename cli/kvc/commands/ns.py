@@ -1,6 +1,7 @@
 """`kvc ns`: the namespaces a store holds — list, show one's prefix tree, drop one — and, with a live cache, evict
-or expire one; their shares of each tier are the `kvc ns quota` group (`kvc.commands.ns_quota`), and what an
-engine's store holds of a prompt is `kvc ns probe` (`kvc.commands.ns_probe`).
+or expire one; their shares of each tier are the `kvc ns quota` group (`kvc.commands.ns_quota`), what each tier
+(or an engine's store) holds of a prompt is `kvc ns probe` (`kvc.commands.ns_probe`), and what a store or a live
+cache holds, as KV events for a router, is `kvc ns dump` (`kvc.commands.ns_dump`).
 
 A namespace is named on the command line by its extra_key and salt (EXTRA_KEY with --salt / --salt-file /
 KVC_SALT), or, where the salt is not at hand (offboarding from a runbook), by the id or the salt fingerprint that
@@ -48,6 +49,7 @@ from ..render.output import Column, Kind, Listing, emit_json, emit_listing, outp
 from ..render.text import human_bytes, literal, ns_label, shown
 from ..reporting import command
 from ..secrets import salt_from
+from .ns_dump import dump
 from .ns_probe import probe
 from .ns_quota import app as quota_app
 
@@ -580,5 +582,8 @@ def expire(
 
 
 app.add_typer(quota_app, name="quota", short_help="A namespace's shares of L1, L2 and L3: set, show, clear.")
-app.command("probe", short_help="How many of a prompt's pages an engine's store holds (--engine sglang), its keys "
-            "recomputed.")(command(probe))
+app.command("probe", short_help="How many of a prompt's pages (or of a chain of page hashes) each tier would "
+            "serve: the store offline, L1/L2/L3 of a live cache; or an engine's store (--engine sglang).")(
+    command(probe))
+app.command("dump", short_help="What the store (or a live cache, per tier) holds, as the KV events a router would "
+            "have received.")(command(dump))
