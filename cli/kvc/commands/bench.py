@@ -33,6 +33,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_feed_flood": ["--seconds", "3", "--requests", "100"],
     "bench_audit": ["--pages", "50000", "--rounds", "1"],
     "bench_page_layout": ["--store-mb", "32", "--rounds", "3"],
+    "bench_sweep": ["--requests", "1000"],
 }
 DEFAULT_DIR = Path(__file__).resolve().parents[3] / "benchmarks"  # cli/kvc/commands/ -> the checkout's benchmarks/
 
