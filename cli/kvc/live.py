@@ -20,6 +20,7 @@ import msgspec
 from kvcache.diagnostics.snapshot import decode_snapshot
 from kvcache.live.client import AdminClient
 from kvcache.live.protocol import AuditRequest, ReplayOutcome, SnapshotData, SnapshotRequest, SnapshotResult
+from kvcache.types.explain import Explanation
 from kvcache.types.reports import AuditReport
 from kvcache.workload.traces import parse_trace, trace_lines
 
@@ -106,15 +107,17 @@ def _write_snapshot(snap: SnapshotData, target: OutputTarget) -> SnapshotResult:
     return SnapshotResult(str(written.resolve()), len(snap.data), snap.created, snap.nodes, snap.holders)
 
 
-def replay(socket: str, trace: Path, verify: bool, batch: int, snapshot_out: OutputTarget | None) -> ReplayReport:
+def replay(socket: str, trace: Path, verify: bool, batch: int, snapshot_out: OutputTarget | None,
+           explain: bool = False) -> tuple[ReplayReport, list[Explanation]]:
     """Have the live cache replay `trace` (validated here first, so a bad line names this file; streamed in
-    chunks, never read whole) and return its report; write the snapshot taken right after it to `snapshot_out`."""
+    chunks, never read whole) and return its report, and with `explain` each request's line (`kvc replay
+    --requests-out`); write the snapshot taken right after it to `snapshot_out`."""
     with open(trace, "rb") as f:
         for _ in parse_trace(trace_lines(f), str(trace)):
             pass
     with client(socket) as c:
         outcome = c.replay(Path(trace), ReplayOutcome, verify=verify, batch=batch,
-                           snapshot=snapshot_out is not None)
+                           snapshot=snapshot_out is not None, explain=explain)
     if snapshot_out is not None and outcome.snapshot is not None:
         _write_snapshot(outcome.snapshot, snapshot_out)
-    return outcome.replay_report()
+    return outcome.replay_report(), outcome.requests

@@ -146,17 +146,19 @@ class AdminClient:
 
     def replay(self, trace: bytes | str | os.PathLike | IO[bytes], result_type: type[T], *, verify: bool = False,
                batch: int = 4, lookahead: int = 8, snapshot: bool = False,
-               timeout: float | None | bool = None) -> T:
+               timeout: float | None | bool = None, explain: bool = False) -> T:
         """Have the live cache replay a JSONL trace (its bytes, a path or a binary file, sent in chunks of at most
         one frame, never read whole); returns its answer as `result_type` (`admin_protocol.ReplayOutcome`).
-        `timeout` applies to the final answer (default: none, a long trace takes what it takes)."""
+        `timeout` applies to the final answer (default: none, a long trace takes what it takes). `explain`: the
+        answer carries each request's line (`ReplayOutcome.requests`)."""
         last = b""
         with contextlib.closing(_chunks(trace)) as chunks:  # a failed chunk closes the trace file now, not at GC
             for chunk in chunks:
                 if last:
                     self.call(ReplayRequest(last, more=True), ReplayAck)
                 last = chunk
-        return self.call(ReplayRequest(last, False, verify, batch, lookahead, snapshot), result_type, timeout)
+        return self.call(ReplayRequest(last, False, verify, batch, lookahead, snapshot, explain), result_type,
+                         timeout)
 
     def _connect(self) -> socket.socket:
         if self._sock is not None:

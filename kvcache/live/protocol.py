@@ -42,9 +42,12 @@ from ..ops.requests import (
     AuditRequest,
     Bytes,
     DropRequest,
+    DumpChunk,
+    DumpRequest,
     EvictOutcome,
     EvictRequest,
     ExpireRequest,
+    ExplainRequest,
     LiveNamespace,
     LiveStats,
     LoadBackRequest,
@@ -55,6 +58,7 @@ from ..ops.requests import (
     PingRequest,
     PoolUse,
     PrefetchRequest,
+    ProbeRequest,
     ReplayOutcome,
     RequestResult,
     ServerInfo,
@@ -64,6 +68,8 @@ from ..ops.requests import (
     SnapshotRequest,
     StageRequest,
     StatsRequest,
+    TierProbe,
+    TierServe,
     TierUse,
     TimeoutMs,
     Token,
@@ -83,7 +89,7 @@ RequestId = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
 # --- requests: the union of kvcache.ops.requests' and the replay upload, in one envelope -------------------------
 
 
-class ReplayRequest(msgspec.Struct, frozen=True, tag="replay", forbid_unknown_fields=True):
+class ReplayRequest(msgspec.Struct, frozen=True, tag="replay", forbid_unknown_fields=True, omit_defaults=True):
     """A chunk of a JSONL trace for the live cache to replay. Chunks split the trace's bytes anywhere; all but
     the last carry `more=True` and are answered with `ReplayAck`; the last is answered with `ReplayOutcome` (the
     replay's report) once the whole trace ran. The options of the last chunk apply."""
@@ -94,11 +100,15 @@ class ReplayRequest(msgspec.Struct, frozen=True, tag="replay", forbid_unknown_fi
     batch: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 4
     lookahead: Annotated[int, msgspec.Meta(ge=0, le=65536)] = 8
     snapshot: bool = False  # send the ownership snapshot taken right after the replay back with its report
+    # Send each request's line back with the report (`ReplayOutcome.requests`). Added after protocol version 2 was
+    # pinned: defaults are left out of the frame (omit_defaults), so a replay that does not ask for lines is a frame
+    # every version-2 server decodes.
+    explain: bool = False
 
 
 AdminRequest = Union[PingRequest, PrefetchRequest, StageRequest, LoadBackRequest, NamespacesRequest, AuditRequest,
                      SnapshotRequest, StatsRequest, EvictRequest, DropRequest, SharesRequest, ExpireRequest,
-                     ReplayRequest]
+                     DumpRequest, ProbeRequest, ExplainRequest, ReplayRequest]
 
 
 class Envelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -342,4 +352,5 @@ __all__ = [
     "SnapshotRequest", "StatsRequest", "EvictRequest", "DropRequest", "SharesRequest", "ExpireRequest",
     "EvictOutcome", "LiveNamespace", "LiveStats", "NamespaceList", "NamespaceTiers", "PoolUse", "ReplayOutcome",
     "RequestResult", "ServerInfo", "SharesOutcome", "SnapshotData", "TierUse",
+    "DumpRequest", "DumpChunk", "ProbeRequest", "TierProbe", "TierServe", "ExplainRequest",
 ]

@@ -479,7 +479,8 @@ class AdminTransport:
             self._discard(upload.pop())
             return None, {"error": ErrorInfo("internal", f"cannot read the spooled trace: {exc}")}
         trace = parse_trace(trace_lines(f), "trace")
-        return ReplayJob(trace, count, request.verify, request.batch, request.lookahead, request.snapshot), {}
+        return ReplayJob(trace, count, request.verify, request.batch, request.lookahead, request.snapshot,
+                         request.explain), {}
 
     def _discard(self, upload: _Upload) -> None:
         with self._lock:

@@ -5,7 +5,8 @@ scheduler steps (`AdminServer.poll`): every handler sees the cache at rest and m
 The requests (`kvcache.ops.requests`) mirror the offline CLI's commands:
 prefetch a request or a whole namespace into L2, stage (buffer mode), load back L3 -> L2 -> L1, list namespaces
 with what each holds in L1, L2 and L3 (and its TTL deadline), audit, snapshot, stats, evict a namespace from L1/L2,
-drop or expire one, replay a trace.
+drop or expire one, replay a trace; and the router's views: a tier as KV events (`kvcache.ops.dump`), what each
+tier would serve of a prompt or a chain of page hashes.
 Requests the handlers make for themselves carry ids `kvc-admin:<n>`, and a replay's requests `kvc-admin:<n>:<rid>`
 (an operator's trace never meets the engine's own request ids); what they leave behind is what an operator
 asked for (pages warmed into L2, a prefix loaded onto the device), never a live request or a parked record.
@@ -27,19 +28,25 @@ from ..diagnostics.snapshot import encode_snapshot
 from ..errors import InvalidInput, UnknownRequest
 from ..ledger.pools import SlotPool
 from ..types.config import HostMode
+from ..types.events import BlockStored
+from ..types.explain import Explanation
 from ..types.ids import DisplayId, NamespaceId
 from ..types.keys import page_hashes
 from ..types.namespace import Namespace, NamespaceInfo, display_id
 from ..types.request import Request
 from ..types.results import ExpiryCause, NamespaceExpiry
 from ..workload.replay import Replayer
+from .dump import DumpTier, StoreWalk, medium_of, store_events, tree_events
 from .requests import (
     PROTOCOL_VERSION,
     AuditRequest,
     DropRequest,
+    DumpChunk,
+    DumpRequest,
     EvictOutcome,
     EvictRequest,
     ExpireRequest,
+    ExplainRequest,
     LiveNamespace,
     LiveStats,
     LoadBackRequest,
@@ -49,6 +56,7 @@ from .requests import (
     PingRequest,
     PoolUse,
     PrefetchRequest,
+    ProbeRequest,
     ReplayJob,
     ReplayOutcome,
     RequestResult,
@@ -59,6 +67,8 @@ from .requests import (
     SnapshotRequest,
     StageRequest,
     StatsRequest,
+    TierProbe,
+    TierServe,
     TierUse,
 )
 from .warm import warm_namespace
@@ -323,6 +333,14 @@ def _compare_with_store(cache: "TieredCache", request: Request, pages: np.ndarra
 # --- diagnostics ---------------------------------------------------------------------------------------------
 
 
+def _explain(cache: "TieredCache", req: ExplainRequest) -> Explanation:
+    """Why the request would miss, tier by tier (reads only). A replay's request ids are prefixed (`_replay`), so
+    the rid shown is the one asked about, never a request of the cache's own."""
+    request = _request(req)
+    return msgspec.structs.replace(cache.explain(request), rid=req.rid)
+
+
+
 def _audit(cache: "TieredCache", _: AuditRequest):
     return cache.audit()
 
@@ -454,6 +472,69 @@ def _ping(cache: "TieredCache", _: PingRequest) -> ServerInfo:
                       c.write_policy.value)
 
 
+# --- router views: dump, probe by page hash ----------------------------------------------------------------------
+
+
+def _dump(cache: "TieredCache", req: DumpRequest) -> DumpChunk:
+    """A tier of the cache as KV events: the device or host tier whole, the store a chunk from the cursor on."""
+    if req.tier is not DumpTier.STORAGE:
+        events = [ev for ev in tree_events(cache, req.tier, req.medium_names) if isinstance(ev, BlockStored)]
+        return DumpChunk(events, sum(len(ev.block_hashes) for ev in events))
+    if cache.store is None:
+        return DumpChunk([], 0)
+    walk = StoreWalk(cache.store, req.cursor)
+    events = list(store_events(walk, medium_of(DumpTier.STORAGE, req.medium_names), req.max_pages))
+    return DumpChunk(events, walk.pages, walk.cursor())
+
+
+def _probe(cache: "TieredCache", req: ProbeRequest) -> TierProbe:
+    """What each tier would serve of a prompt or a hash chain, in admission order; reads only."""
+    ps = cache.page_size
+    info = None
+    hashes: list[bytes]
+    if req.tokens is not None:
+        request = _request(req)
+        hashes = list(page_hashes(cache.layout.layout_id, request.key, ps, cache.chain_key))
+        info = request.namespace.info(getattr(cache.store, "fingerprint_key", None))  # as the store shows it
+    elif req.page_hashes:
+        hashes = [bytes(h) for h in req.page_hashes]
+    else:
+        raise InvalidInput("a probe needs tokens or page hashes")
+    device, host = _tree_serves(cache, hashes)
+    rest = hashes[device + host:]
+    storage = cache.store.exists_prefix(rest) if cache.store is not None and rest else 0
+    return TierProbe(ps, len(hashes), TierServe(device, device * ps), TierServe(host, host * ps),
+                     TierServe(storage, storage * ps), info)
+
+
+def _tree_serves(cache: "TieredCache", hashes: list[bytes]) -> tuple[int, int]:
+    """(device pages, host pages) of the chain `hashes` the tree holds from its first page on: the device prefix,
+    then the host-only extension after it, as a match would find them. Walked by page hash (a hash names its
+    namespace and its whole prefix), touching nothing: no hit, no LRU clock, no split."""
+    tree = cache.tree
+    kids: list[TreeNode] = [c for root in tree.namespace_roots() for c in root.children.values()]
+    at = device = host = 0
+    while at < len(hashes) and kids:
+        node = next((c for c in kids if tree.page_hashes(c)[:1] == [hashes[at]]), None)
+        if node is None or (node.device is None and node.host is None):
+            break
+        own = tree.page_hashes(node)
+        n = 1
+        while n < len(own) and at + n < len(hashes) and own[n] == hashes[at + n]:
+            n += 1
+        if node.device is not None and not host:  # device copies form a prefix of a path
+            device += n
+        elif node.host is not None:
+            host += n
+        else:
+            break
+        at += n
+        if n < len(own):
+            break
+        kids = list(node.children.values())
+    return device, host
+
+
 # --- replay --------------------------------------------------------------------------------------------------
 
 
@@ -466,14 +547,21 @@ def _replay(cache: "TieredCache", job: ReplayJob, between_steps: Callable[[], ob
     trace = (msgspec.structs.replace(item, rid=f"{tag}:{item.rid}") for item in job.trace)  # still streamed
     before = _holders(cache)
     try:
-        report = Replayer(cache, verify=job.verify, batch=job.batch, lookahead=job.lookahead).run(
+        lines: list[Explanation] = []
+
+        def explained(line: Explanation) -> None:  # the trace's own rid, as an offline replay writes it
+            rid = line.rid[len(tag) + 1:] if line.rid is not None else None
+            lines.append(msgspec.structs.replace(line, rid=rid))
+
+        report = Replayer(cache, verify=job.verify, batch=job.batch, lookahead=job.lookahead,
+                          on_explained=explained if job.explain else None).run(
             trace, progress=lambda _: between_steps())
     except BaseException:
         # a failed or stopped replay must not leave its requests holding slots in a cache that keeps running
         for rid in _holders(cache) - before:
             _release_quietly(cache, rid)
         raise
-    return ReplayOutcome(report, _snapshot(cache) if job.snapshot else None)
+    return ReplayOutcome(report, _snapshot(cache) if job.snapshot else None, lines)
 
 
 def _holders(cache: "TieredCache") -> set[str]:
@@ -496,4 +584,7 @@ _HANDLERS: dict[type, Callable[["TieredCache", Any], msgspec.Struct]] = {
     DropRequest: _drop,
     SharesRequest: _set_shares,
     ExpireRequest: _expire,
+    DumpRequest: _dump,
+    ProbeRequest: _probe,
+    ExplainRequest: _explain,
 }

@@ -18,6 +18,8 @@ import msgspec
 
 from ..storage.api import StoreStats
 from ..types.config import PrefetchPolicy
+from ..types.events import BlockStored, MediumNames, PageHash
+from ..types.explain import Explanation
 from ..types.ids import DisplayId
 from ..types.layout import KVLayout
 from ..types.namespace import NamespaceInfo
@@ -25,6 +27,7 @@ from ..types.reports import ReplayReport
 from ..types.results import StagedView
 from ..types.shares import Shares
 from ..types.stats import CacheStats
+from .dump import CHUNK_MAX_PAGES, DumpCursor, DumpTier
 
 if TYPE_CHECKING:  # a ReplayJob is built and run in process, never encoded: its trace's type is an annotation only
     from ..workload.traces import TraceRequest
@@ -139,6 +142,39 @@ class ExpireRequest(msgspec.Struct, frozen=True, tag="ns_expire", forbid_unknown
     cache_salt: str | None = None
 
 
+class DumpRequest(msgspec.Struct, frozen=True, tag="ns_dump", forbid_unknown_fields=True):
+    """One tier of the live cache as the KV events a router would have received (`kvc ns dump --socket`,
+    `kvcache.ops.dump`): the device or host tier in one answer (bounded by its pool), the store a chunk of at most
+    `max_pages` pages from `cursor` on (None: from the start). Answered with `DumpChunk`."""
+
+    tier: DumpTier
+    medium_names: MediumNames = MediumNames.KVC  # the words of `medium`, as `kvc serve --events-medium-names`
+    cursor: DumpCursor | None = None
+    max_pages: Annotated[int, msgspec.Meta(ge=1, le=CHUNK_MAX_PAGES)] = 4096
+
+
+class ProbeRequest(msgspec.Struct, frozen=True, tag="ns_probe", forbid_unknown_fields=True):
+    """How many pages of a prompt (`tokens`, in the namespace of `extra_key` and the salt) or of a chain of page
+    hashes (`page_hashes`, as the KV events carry them) each tier of the live cache would serve, as an admission
+    now would: the device prefix, the host pages after it, the store's pages after those. Answered with
+    `TierProbe`; reads only (no hit, no access time, no node split)."""
+
+    tokens: list[Token] | None = None
+    page_hashes: list[PageHash] | None = None
+    extra_key: str | None = None
+    cache_salt: str | None = None  # with tokens: derives the namespace on the server; never echoed
+
+
+class ExplainRequest(msgspec.Struct, frozen=True, tag="explain", forbid_unknown_fields=True):
+    """Why one request would miss, tier by tier (`TieredCache.explain`: L1, L2 and L3, and how the last prefetch of
+    its prefix ended). Reads only. Answered with `kvcache.types.explain.Explanation`."""
+
+    tokens: list[Token]
+    extra_key: str | None = None
+    cache_salt: str | None = None  # derives the namespace on the server; never echoed, logged or stored
+    rid: str | None = None  # shown back in the answer (a trace's request id); nothing is looked up by it
+
+
 class ReplayJob(msgspec.Struct):
     """A trace to replay through the cache (answered with `ReplayOutcome`). Live mode builds one from a replay
     upload, validated on a connection thread and read again line by line from the upload while it runs, with the
@@ -150,6 +186,7 @@ class ReplayJob(msgspec.Struct):
     batch: int
     lookahead: int
     snapshot: bool  # answer the ownership snapshot taken right after the replay with its report
+    explain: bool = False  # answer each request's line too (`ReplayOutcome.requests`, `kvc replay --requests-out`)
 
 
 # --- results -------------------------------------------------------------------------------------------------
@@ -283,18 +320,49 @@ class EvictOutcome(msgspec.Struct, frozen=True):
     tiers: NamespaceTiers
 
 
-class ReplayOutcome(msgspec.Struct):
-    """What a live replay answers: its report, and the snapshot taken right after it when asked for."""
+class ReplayOutcome(msgspec.Struct, omit_defaults=True):
+    """What a live replay answers: its report, and the snapshot taken right after it when asked for. Defaults are
+    left out of the frame (omit_defaults): an answer without lines is the bytes it was before `requests`."""
 
     # A typed value since reports are values (kvcache.types.reports, no torch). It once travelled as msgspec.Raw,
     # decoded on demand, because the report lived with the torch-importing replay driver; the bytes on the wire are
     # the same either way: a Raw field embeds the report's msgpack exactly as a typed field encodes it.
     report: ReplayReport
     snapshot: SnapshotData | None = None
+    # with `explain`: one line per admitted or refused request, in order (`kvcache.types.explain.Explanation`)
+    requests: list[Explanation] = []
 
     def replay_report(self) -> ReplayReport:
         """The report (kept for callers written when it arrived as raw bytes to decode)."""
         return self.report
+
+
+class DumpChunk(msgspec.Struct):
+    """A chunk of a live dump: the `BlockStored` events of `pages` pages of one tier, and where the next chunk begins
+    (`cursor`, sent back as it came; None: the tier is done)."""
+
+    events: list[BlockStored]
+    pages: int
+    cursor: DumpCursor | None = None
+
+
+class TierServe(msgspec.Struct, frozen=True):
+    """What one tier would serve of a probed prompt: whole pages, and their tokens."""
+
+    pages: int = 0
+    tokens: int = 0
+
+
+class TierProbe(msgspec.Struct):
+    """What each tier of a live cache would serve of a probed prompt or hash chain, in order: the device prefix,
+    the host pages after it, the store's pages after those (`kvc ns probe --socket`)."""
+
+    page_size: int
+    pages: int  # whole pages probed
+    device: TierServe
+    host: TierServe
+    storage: TierServe
+    namespace: NamespaceInfo | None = None  # of a probed prompt (its salt as a fingerprint); None for hashes
 
 
 class ServerInfo(msgspec.Struct, frozen=True):

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -108,6 +109,21 @@ class Run:
         result = runner.invoke(app, [str(a) for a in args], input=stdin, env=self.env())
         self.keep(label, f"exit {result.exit_code}\n{result.stdout}\n--stderr--\n{result.stderr}")
 
+    def dump(self, label: str, *args: object) -> None:
+        """`kvc ns dump`: its summary with --out, the file's events as records, and its events on stdout as JSON
+        lines (labelled "events": their order follows keyed page hashes, so their lines are compared sorted)."""
+        out = self.root / "dump.kvev"
+        self.cli(label, "ns", "dump", *args, "--out", out)
+        if out.exists():
+            from kvcache.live.events import ReceivedBatch, records
+            from kvcache.live.holdings import read_batches
+
+            recs = [r for i, b in enumerate(read_batches(out.read_bytes()))
+                    for r in records(ReceivedBatch(i, b, False))]
+            self.keep(f"{label} file events", "\n".join(msgspec.json.encode(r).decode() for r in recs))
+            out.unlink()
+        self.cli(f"{label} events json", "ns", "dump", *args, "--json")
+
     def keep(self, label: str, text: str) -> None:
         self.outputs.append((label, text))
 
@@ -136,6 +152,7 @@ def offline(run: Run) -> None:
     for line in lines:  # tenant-0's salt is the secret too
         line["cache_salt"] = run.secret if line["extra_key"] == "tenant-0" else None
     trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    secret_rid = next(line["rid"] for line in lines if line["extra_key"] == "tenant-0")  # `kvc explain --trace`
     salt_file = run.root / "t1.salt"
     salt_file.write_text(run.secret + "\n")
     salt_file.chmod(0o600)
@@ -152,10 +169,22 @@ def offline(run: Run) -> None:
             run.cli(f"{name} ns show {f}", "ns", "show", "t1", *s, *form)
             run.cli(f"{name} ns probe {f}", "ns", "probe", "--engine", "sglang", "--extra-key", "t1", "--tokens",
                     TOKENS, *s, *form)
+            run.cli(f"{name} ns probe tiers {f}", "ns", "probe", "--extra-key", "t1", "--tokens", TOKENS, *s, *form)
+            run.dump(f"{name} ns dump {f}", *s, *form)
             run.cli(f"{name} stats {f}", "stats", *s, *form)
             run.cli(f"{name} audit {f}", "audit", *s, *form)
             run.cli(f"{name} audit repair dry {f}", "audit", "--repair", "--dry-run", *s, *form)
             run.cli(f"{name} replay {f}", "replay", trace, *s, *REPLAY, *form)
+            run.cli(f"{name} explain {f}", "explain", *s, "--extra-key", "t1", "--tokens", TOKENS, *form)
+            run.cli(f"{name} explain trace {f}", "explain", *s, "--trace", trace, "--rid", secret_rid, *form)
+            lines_out = run.root / "requests.jsonl"
+            run.cli(f"{name} replay requests-out {f}", "replay", trace, *s, *REPLAY, "--requests-out", lines_out,
+                    *form)
+            run.keep(f"{name} requests-out file {f}", lines_out.read_text() if lines_out.exists() else "<none>")
+            plot = run.root / "sweep.svg"
+            run.cli(f"{name} sweep {f}", "sweep", trace, *s, "--device-tokens", "512,1024", "--host-tokens", 512,
+                    "--workers", 1, "--plot", plot, "--force", *form)
+            run.keep(f"{name} sweep plot {f}", plot.read_text() if plot.exists() else "<none>")
             run.cli(f"{name} ns drop refused {f}", "ns", "drop", "t9", *s, *form)
             run.cli(f"{name} ns drop absent {f}", "ns", "drop", "t9", "--yes", *s, *form)
             run.cli(f"{name} ns drop dry {f}", "ns", "drop", "t1", "--dry-run", *s, *form)
@@ -235,6 +264,13 @@ def live(run: Run) -> None:
             run.cli(f"live ns drop refused {form}", "ns", "drop", "t9", *s, *form)
             run.cli(f"live ns drop dry {form}", "ns", "drop", "t3", "--dry-run", *s, *form)
             run.cli(f"live replay {form}", "replay", run.root / "trace.jsonl", *s, *REPLAY, *form)
+            run.cli(f"live explain {form}", "explain", *s, "--extra-key", "t3", "--tokens", TOKENS, *form)
+            lines_out = run.root / "live-requests.jsonl"
+            run.cli(f"live replay requests-out {form}", "replay", run.root / "trace.jsonl", *s, *REPLAY,
+                    "--requests-out", lines_out, *form)
+            run.keep(f"live requests-out file {form}", lines_out.read_text() if lines_out.exists() else "<none>")
+            run.cli(f"live ns probe {form}", "ns", "probe", *s, "--extra-key", "t3", "--tokens", TOKENS, *form)
+            run.dump(f"live ns dump {form}", *s, *form)
         run.cli("live stats json", "stats", *s, "--json")
         run.cli("live stats prom", "stats", "--prom", *s)
         run.cli("live snapshot", "snapshot", run.root / "snap.bin", *s, "--json")

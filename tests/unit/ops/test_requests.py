@@ -27,7 +27,12 @@ WIRE = {
     "DropRequest": ("ns_drop", ("extra_key", "cache_salt", "id", "fingerprint", "dry_run")),
     "SharesRequest": ("ns_quota", ("shares", "extra_key", "cache_salt")),
     "ExpireRequest": ("ns_expire", ("extra_key", "cache_salt")),
-    "ReplayRequest": ("replay", ("chunk", "more", "verify", "batch", "lookahead", "snapshot")),
+    # issue 37: the router's views (kvc ns dump / kvc ns probe --socket), new requests: no frame of before changes
+    "DumpRequest": ("ns_dump", ("tier", "medium_names", "cursor", "max_pages")),
+    "ProbeRequest": ("ns_probe", ("tokens", "page_hashes", "extra_key", "cache_salt")),
+    # issue 37: `kvc explain --socket`, a new request; a replay's lines (`explain`, sent only when set)
+    "ExplainRequest": ("explain", ("tokens", "extra_key", "cache_salt", "rid")),
+    "ReplayRequest": ("replay", ("chunk", "more", "verify", "batch", "lookahead", "snapshot", "explain")),
 }
 # Whole frames written by 33c1189's protocol module.
 FRAMES = [
@@ -47,6 +52,13 @@ def test_every_request_keeps_its_tag_and_fields():
     assert all(cls.__struct_config__.forbid_unknown_fields for cls in union)
     moved = [cls for cls in union if cls is not protocol.ReplayRequest]
     assert all(getattr(requests, cls.__name__) is cls for cls in moved)  # one class, re-exported by the protocol
+
+
+def test_a_replay_without_lines_sends_no_new_field():
+    """A version-2 server before issue 37 refuses unknown fields: a replay frame carries `explain` only when set."""
+    plain = msgspec.msgpack.decode(msgspec.msgpack.encode(protocol.ReplayRequest(b"x", verify=True)))
+    assert "explain" not in plain and plain["verify"] is True
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(protocol.ReplayRequest(b"x", explain=True)))["explain"]
 
 
 def test_request_frames_are_the_bytes_they_were():
