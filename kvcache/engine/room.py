@@ -90,7 +90,7 @@ class Room:
             return 0
         backup = self._write_back[tier] if write_back and self.config.backup_rule.on_evict else None
         pool, freed = self.pools[tier], 0
-        removals, tree, now = self.removals, self.tree, time.time()
+        removals, now = self.removals, time.time()
 
         def removed(node: TreeNode, by_share: bool) -> None:
             # The hashes the node already has (its L3 writes, its KV events computed them): hashing a page here would
