@@ -33,9 +33,11 @@ $(STAMP): $(BIN)/python pyproject.toml plugins/kvcache_redis/pyproject.toml Make
 
 install: $(STAMP)
 
-# ruff (pyflakes, import order, bugbear) and mypy over the code; both pinned in the test extras.
+# ruff (pyflakes, import order, bugbear) over the code, the tests and the benchmarks; mypy over kvcache, the CLI
+# (cli/kvc) and the Redis plugin (plugins/kvcache_redis: pyproject.toml's [tool.mypy] files, kvcache/types/ strict).
+# Both pinned in the test extras.
 lint: $(STAMP)
-	$(BIN)/ruff check kvcache cli plugins
+	$(BIN)/ruff check kvcache cli plugins tests benchmarks
 	$(BIN)/mypy
 
 # The suite runs on every core (pytest-xdist; tests share no port, file or directory): ~4.5 min on 2 cores, ~6.5

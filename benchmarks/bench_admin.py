@@ -30,8 +30,8 @@ import threading
 from pathlib import Path
 
 import torch
-from _report import machine, publish, table
 
+from _report import machine, publish, table
 from kvcache import AdminServer, CacheConfig, KVLayout, Replayer, TieredCache, WorkloadSpec, generate
 from kvcache.storage.registry import open_store
 
@@ -146,7 +146,7 @@ def replay_impact(store, scratch: str, n_requests: int, repeat: int) -> dict[int
             for p in procs:  # each client has started (imports done) before the replay starts
                 assert p.stdout.readline().strip() == "ready"
             gc.collect()
-            report = Replayer(cache).run(trace, progress=lambda _: server.poll())
+            report = Replayer(cache).run(trace, progress=lambda _, server=server: server.poll())
             stop.touch()
             answered = 0
             while any(p.poll() is None for p in procs):

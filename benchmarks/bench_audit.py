@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from _report import machine, publish, spread, table
 
 ROOT = Path(__file__).resolve().parents[1]

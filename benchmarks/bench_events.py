@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 import torch
-from _report import machine, publish, spread, table
 
+from _report import machine, publish, spread, table
 from kvcache import CacheConfig, KVEventPublisher, KVLayout, Replayer, TieredCache, WorkloadSpec, generate
 from kvcache.storage.registry import open_store
 

@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 
 from _report import machine, publish, table
-
 from kvcache.live.events import REPLAY_BUSY, KVEventSubscriber
 
 MiB = 1 << 20

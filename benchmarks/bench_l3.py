@@ -47,6 +47,7 @@ Run: ``python benchmarks/bench_l3.py [--store-mb 256] [--runs 3] [--redis-mb 64]
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import mmap
 import os
@@ -325,7 +326,7 @@ def run_size(page_kib: int, store_mb: int, repeat: int, scratch: str, server: Re
     dst_views = [memoryview(row) for row in dst_np]
 
     def memcpy() -> None:
-        for out, page in zip(dst_views, mapped.pages):
+        for out, page in zip(dst_views, mapped.pages, strict=True):
             out[:] = page
 
     def fastest(fn) -> float:
@@ -339,8 +340,8 @@ def run_size(page_kib: int, store_mb: int, repeat: int, scratch: str, server: Re
         return min(times)
 
     whole = np.frombuffer(mapped.map, dtype=np.uint8).reshape(n, size)
-    t_bulk = best(lambda: np.copyto(dst_np, whole), repeat)
-    del whole
+    t_bulk = best(functools.partial(np.copyto, dst_np, whole), repeat)
+    del whole  # no view into the mapping may outlive it: mapped.close() below
 
     # kvc: one namespace, one long token sequence per 256 pages (realistic chains, every page distinct).
     ns = Namespace("bench-tenant", "bench-salt")
@@ -461,7 +462,6 @@ def run_size(page_kib: int, store_mb: int, repeat: int, scratch: str, server: Re
     shutil.rmtree(file_dir)
     figures = run_redis(server, layout, src, dst_np, chains, batch, redis_mb, repeat) if server else {}
     mapped.close()
-    del src, dst, dst_np, rows, views, dst_views
     return {
         **figures, **peer_figures,
         **{f"anatomy_{name}": anatomy["memcpy"] / t for name, t in anatomy.items() if name != "memcpy"},

@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 import lmdb
 import xxhash
+
 from _report import machine, publish, table
 
 HASH = 16  # bytes of a page hash

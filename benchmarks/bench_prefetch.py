@@ -27,9 +27,9 @@ import torch
 from _report import machine, publish, table
 from bench_tree import workload
 from kvcache import CacheConfig, KVLayout, Namespace, Request, TieredCache
-from kvcache.types.config import PrefetchPolicy
 from kvcache.storage.api import page_origins
 from kvcache.storage.registry import open_store
+from kvcache.types.config import PrefetchPolicy
 
 LOOP_TARGET = 8000  # requests/s, issue 4
 

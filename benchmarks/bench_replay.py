@@ -24,14 +24,24 @@ import time
 
 import numpy as np
 import torch
-from _report import machine, publish, table
 
-from kvcache import (CacheConfig, KVLayout, Namespace, RadixKey, SyntheticKV, TieredCache, WorkloadSpec, generate,
-                     page_hashes, replay)
-from kvcache.types.keys import new_chain_key
+from _report import machine, publish, table
+from kvcache import (
+    CacheConfig,
+    KVLayout,
+    Namespace,
+    RadixKey,
+    SyntheticKV,
+    TieredCache,
+    WorkloadSpec,
+    generate,
+    page_hashes,
+    replay,
+)
+from kvcache.ledger.copy import copy_pages
 from kvcache.ledger.pools import SlotPool
 from kvcache.storage.registry import open_store
-from kvcache.ledger.copy import copy_pages
+from kvcache.types.keys import new_chain_key
 
 LAYOUT = KVLayout("synthetic@r1", layers=4, kv_heads=2, head_dim=32, dtype="float16", page_size=16)
 

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from _report import machine, publish, table
-from kvcache import CacheConfig, KVLayout, TraceRequest, TieredCache, replay
+from kvcache import CacheConfig, KVLayout, TieredCache, TraceRequest, replay
 
 LAYOUT = KVLayout("scale@r1", layers=1, kv_heads=1, head_dim=8, dtype="float16", page_size=16)
 TENANTS, PREFIXES, PREFIX_TOKENS = 4, 5, 64
@@ -127,8 +127,8 @@ def run(requests: int, window: int) -> dict:
             n = mine[-1][0] - w * window
             sizes = [s[0] - (mine[i - 1][0] if i else w * window) for i, s in enumerate(mine)]
 
-            def mean_of(k: int) -> float:
-                return sum(s[k] * size for s, size in zip(mine, sizes)) / n
+            def mean_of(k: int, mine=mine, sizes=sizes, n=n) -> float:
+                return sum(s[k] * size for s, size in zip(mine, sizes, strict=True)) / n
 
             windows.append((mine[-1][0], mean_of(1), statistics.median(s[1] for s in mine), mean_of(2), mean_of(3),
                             mean_of(4), mean_of(5)))

@@ -30,8 +30,8 @@ import tempfile
 import time
 
 import torch
-from _report import machine, publish, table
 
+from _report import machine, publish, table
 from kvcache import CacheConfig, KVLayout, TieredCache, WorkloadSpec, generate, replay
 from kvcache.storage.registry import open_store
 from kvcache.types.sweep import SweepPoint

@@ -15,6 +15,7 @@ Run: ``python benchmarks/bench_tree.py [--sequences N] [--repeat R] [--no-write]
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import sys
 import time
@@ -51,7 +52,7 @@ def bench_tree_alone(reqs: list[Request], page_size: int) -> tuple[float, float]
     keys = [r.key.page_aligned(page_size) for r in reqs]
 
     def insert():
-        for k, v in zip(keys, values):
+        for k, v in zip(keys, values, strict=True):
             tree.insert(k, v)
 
     def match():
@@ -94,9 +95,9 @@ def main() -> int:
     for ps in (1, 16):
         reqs = [Request(f"r{i}", s, ns) for i, s in enumerate(seqs)]
         best = {}
-        for case, fn in (("tree", lambda: bench_tree_alone(reqs, ps)),
-                         ("ledger_on", lambda: bench_cache(reqs, ps, True)),
-                         ("ledger_off", lambda: bench_cache(reqs, ps, False))):
+        for case, fn in (("tree", functools.partial(bench_tree_alone, reqs, ps)),
+                         ("ledger_on", functools.partial(bench_cache, reqs, ps, True)),
+                         ("ledger_off", functools.partial(bench_cache, reqs, ps, False))):
             runs = [fn() for _ in range(args.repeat)]
             best[case] = (min(r[0] for r in runs), min(r[1] for r in runs))
         n = args.sequences

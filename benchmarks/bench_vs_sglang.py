@@ -155,7 +155,7 @@ class KvcWorker:
         hits = [0, 0]
 
         def insert() -> None:
-            for tokens, pages in zip(seqs, values):
+            for tokens, pages in zip(seqs, values, strict=True):
                 tree.insert(RadixKey.of(tokens, ns).page_aligned(ps), pages)
 
         def match() -> None:
@@ -183,7 +183,7 @@ class KvcWorker:
                                         device="cpu"))
 
         def admit_commit() -> None:
-            for rid, tokens in zip(rids, seqs):
+            for rid, tokens in zip(rids, seqs, strict=True):
                 cache.admit(Request(rid, tokens, ns))
                 cache.commit(rid)
 
@@ -236,9 +236,8 @@ class SglangWorker:
     """SGLang's side, case by case as KvcWorker."""
 
     def __init__(self, header: dict, seqs: list[list[int]]) -> None:
-        import torch
-
         import sglang
+        import torch
 
         torch.set_num_threads(1)
         self.header, self.seqs = header, seqs
@@ -256,10 +255,10 @@ class SglangWorker:
 
         def insert() -> None:
             if prebuilt is not None:
-                for key, value in zip(prebuilt, values):
+                for key, value in zip(prebuilt, values, strict=True):
                     cache.insert(InsertParams(key=key, value=value))
                 return
-            for tokens, value in zip(seqs, values):
+            for tokens, value in zip(seqs, values, strict=True):
                 cache.insert(InsertParams(key=RadixKey(array("q", tokens)), value=value))
 
         def match_list() -> None:
@@ -699,7 +698,8 @@ def drive(args: argparse.Namespace, sides: list[Side]) -> int:
     def per_rep(kvc_runs: list[dict], kvc_key: str, kvc_field: str, peer_key: str, peer_field: str,
                 clock: int = 0) -> list[float]:
         """kvc's speed over the peer's on the same work, rep by rep; clock 0: wall-clock, 1: CPU time."""
-        return [p[peer_key][peer_field][clock] / k[kvc_key][kvc_field][clock] for k, p in zip(kvc_runs, peer_runs)]
+        return [p[peer_key][peer_field][clock] / k[kvc_key][kvc_field][clock]
+                for k, p in zip(kvc_runs, peer_runs, strict=True)]
 
     def both(kvc_runs: list[dict], kvc_key: str, kvc_field: str, peer_key: str, peer_field: str,
              bold: bool = True) -> tuple[str, float]:
@@ -863,7 +863,7 @@ def kvc_versus(runs: dict[str, list[dict]], labels: list[str], args: argparse.Na
     for name, key, field in figures:
         row = [name]
         for label in labels[1:]:
-            pairs = list(zip(runs[labels[0]], runs[label]))
+            pairs = list(zip(runs[labels[0]], runs[label], strict=True))
             wall = [a[key][field][0] / b[key][field][0] for a, b in pairs]
             cpu = [a[key][field][1] / b[key][field][1] for a, b in pairs]
             row.append(f"**{spread(wall)}**; cpu {statistics.median(cpu):.2f}x")

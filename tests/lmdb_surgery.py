@@ -9,8 +9,8 @@ from contextlib import contextmanager
 import lmdb
 import msgspec
 
-from kvcache.storage.lmdb import store as lmdb_store
 from kvcache.storage.api import NamespaceRecord, PageMeta
+from kvcache.storage.lmdb import store as lmdb_store
 from kvcache.storage.lmdb.store import StoreTotals
 
 

@@ -55,7 +55,7 @@ _U32 = "I" if array("I").itemsize == 4 else "L"  # the array typecode of a C uin
 _SWAP = sys.byteorder != "little"  # array() packs in native order; keys are little-endian
 
 
-def pack_tokens(tokens: Iterable[int] | np.ndarray | array | bytes) -> bytes:
+def pack_tokens(tokens: Iterable[int] | np.ndarray | array[int] | bytes) -> bytes:
     """Validate token ids (integers, 0 <= t < 2**32) and pack them as little-endian uint32 bytes.
 
     The fast paths, measured on 1,024-token lists: a Python list (any other iterable is made one) goes through
@@ -130,7 +130,8 @@ def _pack_checked(tokens: Sequence[int] | np.ndarray) -> bytes:
 
 def unpack_tokens(data: bytes) -> list[int]:
     """The token ids of packed key bytes."""
-    return np.frombuffer(data, dtype="<u4").tolist()
+    tokens: list[int] = np.frombuffer(data, dtype="<u4").tolist()
+    return tokens
 
 
 class RadixKey(msgspec.Struct, frozen=True, gc=False):

@@ -230,7 +230,7 @@ class Namespace:
 
     __str__ = __repr__
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[Namespace], tuple[str | None, str | None]]:
         # Pickling (multiprocessing) must reproduce the value; the salt crosses only into a process of the same
         # program, never into a file format of ours.
         return (Namespace, (self.extra_key, self._salt))

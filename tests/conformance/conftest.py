@@ -17,11 +17,11 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from redis_server import redis_cluster, redis_server  # noqa: F401  (session fixtures of the redis factories)
 
 from kvcache.storage.api import L3Store
 from kvcache.storage.registry import backends, open_store
 from kvcache.types.layout import KVLayout
+from redis_server import redis_cluster, redis_server  # noqa: F401  (session fixtures of the redis factories)
 
 LAYOUT = KVLayout("conformance-model@r1", layers=2, kv_heads=2, head_dim=16, dtype="float16", page_size=4)
 # Same geometry, another model revision: same page size in bytes, so only the layout id keeps them apart.

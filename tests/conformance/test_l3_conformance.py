@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from kvcache.errors import LayoutMismatch, StoreError
-from kvcache.types.keys import pack_tokens
-from kvcache.types.namespace import Namespace
-from kvcache.types.layout import KVLayout
 from kvcache.storage.api import L3Store, PageOutcome, page_origins, stored
 from kvcache.storage.registry import open_store
+from kvcache.types.keys import pack_tokens
+from kvcache.types.layout import KVLayout
+from kvcache.types.namespace import Namespace
 
 LAYOUT = KVLayout("conformance-model@r1", layers=2, kv_heads=2, head_dim=16, dtype="float16", page_size=4)
 OTHER_LAYOUT = KVLayout("conformance-model@r2", layers=2, kv_heads=2, head_dim=16, dtype="float16", page_size=4)
@@ -57,7 +57,7 @@ def test_put_get_round_trip_is_bit_exact(store):
     hashes, payloads = write(store, range(40), NS_A)
     n, out = read(store, hashes)
     assert n == len(hashes) == 10
-    for got, want in zip(out, payloads):
+    for got, want in zip(out, payloads, strict=True):
         assert np.array_equal(got, want)
 
 
@@ -66,7 +66,7 @@ def test_get_into_torch_views_of_one_host_tensor(store):
     slots = torch.zeros((8, LAYOUT.bytes_per_page), dtype=torch.uint8)
     order = [5, 0, 7, 2, 1, 6]  # L2 slots are not in chain order
     assert store.get_into(hashes, [slots[i] for i in order]) == 6
-    for i, want in zip(order, payloads):
+    for i, want in zip(order, payloads, strict=True):
         assert np.array_equal(slots[i].numpy(), want)
     assert int(slots[3].sum()) == 0 and int(slots[4].sum()) == 0  # untouched slots stay untouched
 
@@ -120,9 +120,9 @@ def test_namespaces_never_see_each_others_pages_for_identical_tokens(store):
     na, outa = read(store, ha)
     nb, outb = read(store, hb)
     assert na == nb == 10
-    assert all(np.array_equal(x, y) for x, y in zip(outa, pa))
-    assert all(np.array_equal(x, y) for x, y in zip(outb, pb))
-    assert not any(np.array_equal(x, y) for x, y in zip(outa, outb))
+    assert all(np.array_equal(x, y) for x, y in zip(outa, pa, strict=True))
+    assert all(np.array_equal(x, y) for x, y in zip(outb, pb, strict=True))
+    assert not any(np.array_equal(x, y) for x, y in zip(outa, outb, strict=True))
 
 
 def test_only_the_salt_differs_and_still_no_sharing(store):
@@ -166,7 +166,7 @@ def test_delete_namespace_removes_exactly_one_namespace(store):
     assert (result.pages, result.bytes) == (10, 10 * LAYOUT.bytes_per_page)
     assert store.exists_prefix(ha) == 0
     nb, outb = read(store, hb)
-    assert nb == 10 and all(np.array_equal(x, y) for x, y in zip(outb, pb))
+    assert nb == 10 and all(np.array_equal(x, y) for x, y in zip(outb, pb, strict=True))
     assert [r.ns_id_hex for r in store.namespaces()] == [NS_B.id_hex]
     assert store.stats().pages == 10
     assert store.verify().ok
@@ -245,7 +245,7 @@ def test_pages_and_registry_survive_reopen(factory, location):
     s = factory.open(location, LAYOUT)
     try:
         n, out = read(s, hashes)
-        assert n == 10 and all(np.array_equal(x, y) for x, y in zip(out, payloads))
+        assert n == 10 and all(np.array_equal(x, y) for x, y in zip(out, payloads, strict=True))
         record = s.namespaces()[0]
         assert (record.pages, record.hits) == (10, 3)
         assert s.verify().ok
@@ -262,11 +262,11 @@ def test_concurrent_readers_during_writes(store):
     def reader() -> None:
         while not done.is_set():
             n, out = read(store, stable)
-            if n != len(stable) or not all(np.array_equal(x, y) for x, y in zip(out, stable_payloads)):
+            if n != len(stable) or not all(np.array_equal(x, y) for x, y in zip(out, stable_payloads, strict=True)):
                 errors.append(f"stable prefix read {n} pages or wrong bytes")
             for hashes, payloads in list(written):
                 n, out = read(store, hashes)
-                if n != len(hashes) or not all(np.array_equal(x, y) for x, y in zip(out, payloads)):
+                if n != len(hashes) or not all(np.array_equal(x, y) for x, y in zip(out, payloads, strict=True)):
                     errors.append(f"acknowledged batch read {n}/{len(hashes)} pages or wrong bytes")
 
     threads = [threading.Thread(target=reader) for _ in range(3)]
@@ -287,8 +287,8 @@ def test_put_refuses_a_page_whose_parent_is_another_namespaces_root(store):
     """The chain check cannot see the namespace when the parent is a namespace root: a page tagged B whose parent
     is A's root would be read by A (its hash is in A's chain) and survive delete_namespace(A)."""
     from kvcache.errors import InvalidInput
-    from kvcache.types.keys import extend_chain, hash_root
     from kvcache.storage.api import PageOrigin
+    from kvcache.types.keys import extend_chain, hash_root
 
     write(store, range(8), NS_A)
     tokens = pack_tokens(range(50, 54))

@@ -83,7 +83,7 @@ def test_engine_pages_are_put_and_read_by_key_alone_from_a_fresh_handle(factory,
         assert again == hashes
         assert fresh.exists_prefix(again) == 6
         n, out = read(fresh, again)
-        assert n == 6 and all(np.array_equal(x, y) for x, y in zip(out, payloads))
+        assert n == 6 and all(np.array_equal(x, y) for x, y in zip(out, payloads, strict=True))
         meta = fresh.page_meta(again[2])
         assert (meta.key, meta.tokens, meta.nbytes, meta.ns_id) == (keys[2], b"", NBYTES, ENGINE.id)
     finally:
@@ -139,7 +139,7 @@ def test_an_unknown_parent_hangs_the_page_from_the_root_and_refuses_nothing(stor
     assert [c.page_hash for c in store.children(root)] == [hashes[0]]
     assert [c.page_hash for c in store.children(hashes[0])] == [hashes[1]]  # the rest of the batch chains
     n, out = read(store, hashes)
-    assert n == 4 and all(np.array_equal(x, y) for x, y in zip(out, payloads))
+    assert n == 4 and all(np.array_equal(x, y) for x, y in zip(out, payloads, strict=True))
     assert store.verify().ok
 
 
@@ -232,7 +232,7 @@ def test_segment_lists_put_and_get_into_are_the_contiguous_bytes(store):
     assert store.put(hashes, pages, origins).outcomes == bytes([W] * 5)
     n, flat = read(store, hashes)  # the page's bytes are its segments in order
     assert n == 5
-    for got, s in zip(flat, slots):
+    for got, s in zip(flat, slots, strict=True):
         assert np.array_equal(got, np.concatenate([seg.ravel() for seg in kv_layer_segments(src, s)]))
     dst = new_pool(8)
     assert store.get_into(hashes, [kv_layer_segments(dst, s) for s in slots]) == 5
@@ -293,7 +293,7 @@ def test_a_flipped_byte_in_an_engine_page_is_a_miss_quarantined_reported_and_nev
         assert s.verify().ok
         put_engine(s, keys)  # the engine writes its pages again: healed
         n, out = read(s, hashes)
-        assert n == 6 and all(np.array_equal(x, y) for x, y in zip(out, payloads))
+        assert n == 6 and all(np.array_equal(x, y) for x, y in zip(out, payloads, strict=True))
         assert s.verify().ok
     finally:
         s.close()
@@ -319,7 +319,7 @@ def test_every_page_a_read_served_is_credited(store):
     store.flush()
     metas = [store.page_meta(h) for h in hashes]
     assert len({m.last_access for m in metas}) == 1  # one read, one time, in every page it served
-    assert all(m.last_access > w for m, w in zip(metas, written))
+    assert all(m.last_access > w for m, w in zip(metas, written, strict=True))
     assert [m.hits for m in metas] == [0, 0, 0, 1]  # the read's hit counts at its deepest page
     record = {r.ns_id_hex: r for r in store.namespaces()}[ENGINE.id_hex]
     assert record.hits == 4 and record.last_access == metas[0].last_access
@@ -391,7 +391,7 @@ def test_token_pages_beside_engine_pages_are_unaffected(store):
     assert (token_child.key, token_child.tokens) == (b"", pack_tokens(range(4)))
     assert store.page_meta(token_hashes[1]).key == b""
     n, out = read(store, token_hashes)
-    assert n == 4 and all(np.array_equal(x, y) for x, y in zip(out, payloads))
+    assert n == 4 and all(np.array_equal(x, y) for x, y in zip(out, payloads, strict=True))
     assert store.verify().ok
 
 
@@ -423,7 +423,7 @@ def test_layouts_differing_only_in_shard_mla_or_arrangement_never_read_each_othe
             written[name] = payloads
         for name, s in handles.items():
             n, out = read(s, expected[name], VARIANTS[name].bytes_per_page)
-            assert n == 3 and all(np.array_equal(x, y) for x, y in zip(out, written[name]))
+            assert n == 3 and all(np.array_equal(x, y) for x, y in zip(out, written[name], strict=True))
         assert handles["plain"].verify().ok
     finally:
         for s in handles.values():
@@ -457,7 +457,7 @@ def test_three_threads_write_and_read_engine_pages_at_once(store):
                     done = list(acked)
                 for hashes, payloads in done[-3:]:
                     n, out = read(store, hashes)
-                    if n != len(hashes) or not all(np.array_equal(x, y) for x, y in zip(out, payloads)):
+                    if n != len(hashes) or not all(np.array_equal(x, y) for x, y in zip(out, payloads, strict=True)):
                         errors.append(f"thread {seed}: read {n}/{len(hashes)} or wrong bytes")
         except Exception as exc:  # an exception in a thread must fail the test, not vanish
             errors.append(f"thread {seed}: {exc!r}")
@@ -495,7 +495,7 @@ def test_an_engine_page_never_becomes_its_own_ancestor(factory, location):
         assert result.outcomes == bytes([W])
         assert s.page_meta(hashes[0]).parent == root  # not below its own subtree
         n, out = read(s, hashes)
-        assert n == 3 and all(np.array_equal(x, y) for x, y in zip(out, payloads))
+        assert n == 3 and all(np.array_equal(x, y) for x, y in zip(out, payloads, strict=True))
         assert s.verify().ok  # the chain is whole again, every page reachable from the root
     finally:
         s.close()

@@ -7,16 +7,14 @@ from __future__ import annotations
 import os
 
 import pytest
+from test_l3_conformance import LAYOUT, page_payload, write
 
 from kvcache.errors import StoreReadOnly
-from kvcache.storage.api import ServeRecord
+from kvcache.storage.api import PageOutcome, ServeRecord, page_origins
 from kvcache.storage.registry import open_store
 from kvcache.storage.serving import DropWatch, FencedStore, last_drop, new_serve_record, recorded_drop
 from kvcache.types.keys import pack_tokens
 from kvcache.types.namespace import Namespace
-
-from test_l3_conformance import LAYOUT, page_payload, write
-from kvcache.storage.api import PageOutcome, page_origins
 
 SALT = "serving-salt-5e1d"
 NS_A = Namespace("tenant-a", SALT)

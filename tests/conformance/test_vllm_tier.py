@@ -13,11 +13,11 @@ import hashlib
 
 import numpy as np
 import pytest
-from unit.engines.fake_vllm import Manager, Region, Spec, chunk_bytes, offload_key, offloading_config
 
 from kvcache.engines.vllm import KvcTier, Lookup
 from kvcache.storage.api import engine_hashes
 from kvcache.types.namespace import Namespace
+from unit.engines.fake_vllm import Manager, Region, Spec, chunk_bytes, offload_key, offloading_config
 
 ROW = 4096  # bytes of one chunk row (vLLM's are 256 KiB to MiBs; the contract is the same)
 

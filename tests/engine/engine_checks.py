@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from redis_server import RedisServer, require_server
 
 PROCESS_TIMEOUT_S = 600  # a hung engine thread fails the check instead of hanging it

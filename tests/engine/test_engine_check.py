@@ -24,6 +24,7 @@ import pytest
 pytest.importorskip("sglang", reason="SGLang is not installed here: `make engine-check` runs these in its venv")
 
 import torch  # noqa: E402  (after the skip: the peer venv's torch)
+
 from engine_checks import PROCESS_TIMEOUT_S, flip_one_page, kvc, redis_store  # noqa: E402, F401  (a fixture)
 
 HERE = Path(__file__).resolve().parent

@@ -38,8 +38,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the SGLang stand-ins
 
-from unit.engines.fake_sglang import FakeMHAHostPool, FakeStorageConfig  # noqa: E402
-
 from kvcache import errors  # noqa: E402
 from kvcache.engines.sglang import KvcStorage  # noqa: E402
 from kvcache.engines.sglang_pool import HostPages  # noqa: E402
@@ -48,6 +46,7 @@ from kvcache.storage.api import engine_origins  # noqa: E402
 from kvcache.storage.registry import open_store  # noqa: E402
 from kvcache.types.layout import KVLayout  # noqa: E402
 from kvcache.types.namespace import Namespace  # noqa: E402
+from unit.engines.fake_sglang import FakeMHAHostPool, FakeStorageConfig  # noqa: E402
 
 READERS, WRITERS = 3, 1
 KEYS = 12  # page keys of the run: readers read them, writers write some of them again

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvcache.storage.registry import open_store
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import Namespace
-from kvcache.storage.registry import open_store
 from kvcache.workload.kvdata import SyntheticKV
 
 

@@ -10,32 +10,45 @@ from __future__ import annotations
 import json
 import os
 import socket
-import stat
 import struct
 import tempfile
 import threading
 import time
-import uuid
 
-import faultkit
 import msgspec
-import numpy as np
 import pytest
 
+import faultkit
 from kvcache import WorkloadSpec, generate, write_trace
-from kvcache.types.reports import AuditReport
 from kvcache.errors import AdminRemoteError, AdminUntrusted
-from kvcache.types.keys import pack_tokens
-from kvcache.types.layout import KVLayout
 from kvcache.live.client import AdminClient
-from kvcache.live.protocol import (PROTOCOL_VERSION, TRACE_CHUNK_BYTES, AuditRequest, LiveStats, LoadBackRequest,
-                                   PingRequest, PrefetchRequest, ReplayAck, ReplayOutcome, ReplayRequest, Response,
-                                   ServerInfo, SnapshotData, SnapshotRequest, StageRequest, StatsRequest,
-                                   decode_response, read_frame)
+from kvcache.live.protocol import (
+    PROTOCOL_VERSION,
+    TRACE_CHUNK_BYTES,
+    AuditRequest,
+    LiveStats,
+    LoadBackRequest,
+    PingRequest,
+    PrefetchRequest,
+    ReplayAck,
+    ReplayOutcome,
+    ReplayRequest,
+    Response,
+    ServerInfo,
+    SnapshotData,
+    SnapshotRequest,
+    StageRequest,
+    StatsRequest,
+    decode_response,
+    read_frame,
+)
 from kvcache.live.transport import AdminTransport
-from kvcache.types.namespace import Namespace
 from kvcache.storage.api import page_origins
 from kvcache.storage.registry import open_store
+from kvcache.types.keys import pack_tokens
+from kvcache.types.layout import KVLayout
+from kvcache.types.namespace import Namespace
+from kvcache.types.reports import AuditReport
 from kvcache.workload.kvdata import SyntheticKV
 
 LAYOUT = KVLayout("admin-fault@r1", layers=2, kv_heads=2, head_dim=32, dtype="float16", page_size=4)

@@ -22,18 +22,18 @@ import random
 import shutil
 from unittest import mock
 
-import faultkit
-import lmdbpages
 import numpy as np
 import pytest
 
+import faultkit
+import lmdbpages
 from kvcache.diagnostics.audit import audit_store
+from kvcache.storage.api import page_origins
+from kvcache.storage.isolated import run_isolated
+from kvcache.storage.registry import open_store
 from kvcache.types.keys import pack_tokens
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import Namespace
-from kvcache.storage.api import page_origins
-from kvcache.storage.registry import open_store
-from kvcache.storage.isolated import run_isolated
 from kvcache.workload.kvdata import SyntheticKV
 
 LAYOUT = KVLayout("flip-model@r1", layers=2, kv_heads=2, head_dim=64, dtype="float16", page_size=4)  # 4 KiB pages

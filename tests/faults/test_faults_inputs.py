@@ -8,13 +8,12 @@ import shutil
 import subprocess
 import uuid
 
-import pytest
 from typer.testing import CliRunner
 
 import faultkit
 from kvc.main import app
-from kvcache.types.layout import KVLayout
 from kvcache.storage.registry import open_store
+from kvcache.types.layout import KVLayout
 
 runner = CliRunner()
 BAD_URLS = ["redis://[::1", "redis://127.0.0.1:6379/0?socket_timeout=abc",

@@ -16,13 +16,12 @@ from pathlib import Path
 
 import faultkit
 import storecheck
-
 from kvcache import WorkloadSpec, generate, write_trace
-from kvcache.types.layout import KVLayout
 from kvcache.live.client import AdminClient
 from kvcache.live.protocol import PingRequest, ReplayOutcome, ServerInfo
-from kvcache.types.namespace import Namespace
 from kvcache.storage.registry import open_store
+from kvcache.types.layout import KVLayout
+from kvcache.types.namespace import Namespace
 
 LAYOUT = KVLayout("kill-model@r1", layers=2, kv_heads=2, head_dim=32, dtype="float16", page_size=4)  # 1 KiB pages
 SPEC = WorkloadSpec(requests=3000, tenants=3, documents=4, seed=14)
@@ -104,7 +103,7 @@ def test_kill_9_of_kvc_serve_during_a_live_replay(tmp_path):
         assert server.stdout.readline(), "kvc serve did not start"  # ready: a stale socket was taken over
         errors: list[BaseException] = []
 
-        def replay() -> None:
+        def replay(errors: list[BaseException] = errors) -> None:  # this trial's list, even past a join timeout
             try:
                 with AdminClient(sock, timeout=120) as c:
                     c.replay(trace, ReplayOutcome, timeout=120)

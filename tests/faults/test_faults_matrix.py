@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import os
 
-import faultkit
-import matrix
 import msgspec
 import pytest
+
+import faultkit
+import matrix
 
 SHARDS = 4
 SIZE = "full" if os.environ.get("KVC_DAMAGE_MATRIX") == "full" or faultkit.trials(1) > 1 else "ci"

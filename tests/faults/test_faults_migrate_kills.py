@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import shutil
 
-import faultkit
 import pytest
-from unit.storage.lmdb.test_migrate import build_format_1, contents
 
+import faultkit
 from kvcache.storage.codec import FORMAT_VERSION
 from kvcache.storage.lmdb.migrate import MIGRATE_BATCH_PAGES, format_version_of
 from kvcache.storage.lmdb.salvage import STOP_ENV
+from unit.storage.lmdb.test_migrate import build_format_1, contents
 
 # (step, progress): the first and a later batch of the page copy, the rewritten and verified store, the swap
 KILL_POINTS = [("copied_pages", 1), ("copied_pages", 2 * MIGRATE_BATCH_PAGES), ("rewritten", 0), ("verified", 0),

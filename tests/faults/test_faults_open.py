@@ -15,11 +15,11 @@ import time
 import numpy as np
 
 import faultkit
+from kvcache.storage.api import page_origins
+from kvcache.storage.registry import open_store
 from kvcache.types.keys import pack_tokens
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import Namespace
-from kvcache.storage.api import page_origins
-from kvcache.storage.registry import open_store
 
 LAYOUT = KVLayout("grow-model@r1", layers=2, kv_heads=2, head_dim=64, dtype="float16", page_size=4)  # 2 KiB pages
 NS = Namespace("grow-tenant", "grow-salt")

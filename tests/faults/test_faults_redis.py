@@ -15,10 +15,10 @@ import pytest
 import faultkit
 from factories import l3_cache, make_layout
 from kvcache.errors import InvalidInput
-from kvcache.types.keys import pack_tokens
-from kvcache.types.namespace import Namespace
 from kvcache.storage.api import page_origins
 from kvcache.storage.registry import open_store
+from kvcache.types.keys import pack_tokens
+from kvcache.types.namespace import Namespace
 from redis_node import PAGE_SIZE, requests, serve
 from redis_server import RedisServer, require_server
 
@@ -54,7 +54,7 @@ def test_a_writer_stops_when_redis_loses_its_data_and_repair_converges_in_one_pa
             first = serve(cache, requests("t1", "salt-1", 1, 4))
             assert first["storage_pages_written"] > 0
 
-            def lose(i: int) -> None:
+            def lose(i: int, server: RedisServer = server) -> None:
                 if i == 2:
                     server.restart()  # empty: the format record, the registry and every page are gone
                     time.sleep(0.3)

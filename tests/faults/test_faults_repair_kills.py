@@ -14,12 +14,12 @@ import glob
 import os
 import shutil
 
-import faultkit
 import pytest
-from unit.storage.lmdb.test_salvage import build, data_of, stored, zero_meta_pages
 
+import faultkit
 from kvcache.diagnostics.audit import audit_store
 from kvcache.storage.lmdb.salvage import ORIGINAL_PREFIX, STOP_ENV
+from unit.storage.lmdb.test_salvage import build, data_of, stored, zero_meta_pages
 
 # (step, progress): every named step of the rebuild, and the copy of the original at three byte offsets
 KILL_POINTS = [("probed", 0), ("copied_layouts", 0), ("copied_pages", 0), ("rebuilt", 0),

@@ -67,7 +67,7 @@ def test_the_kvc_worker_does_the_workload_s_work(tmp_path):
                if line.startswith(bench.RESULT)]
     assert len(answers) == 1 + len(asks) and answers[0]["kvcache"] == str(ROOT / "kvcache")  # ready, then one each
     doc = {f"{a['case']}{'_native' if a.get('options') else ''}_p{a['page_size']}": answer
-           for a, answer in zip(asks, answers[1:])}
+           for a, answer in zip(asks, answers[1:], strict=True)}
     for ps in (1, 16):
         tree = doc[f"tree_p{ps}"]
         assert tree["match_hits"] == tree["match_prebuilt_hits"] == 24 * 64

@@ -100,7 +100,7 @@ def test_no_salt_falls_out_of_the_feed_or_the_outputs(tmp_path, monkeypatch):
         published.update(HEX.findall(out.stdout.encode()))
     shown = [json.loads(o.stdout) for o in outputs[3:]]
     assert all(s["roots"] for s in shown), "ns show prints each tenant's first pages with their hashes"
-    for s, ek in zip(shown, sorted(first_pages)):
+    for s, ek in zip(shown, sorted(first_pages), strict=True):
         first_pages[ek].update(b"".join(t.to_bytes(4, "little") for t in r["tokens"][:4]) for r in s["roots"])
 
     # The attack works: with the store's chain key it finds every tenant's salt on the feed.

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from lmdb_surgery import raw
 
 from kvcache.storage.api import PageMeta
+from lmdb_surgery import raw
 
 KVC = Path(sys.executable).with_name("kvc")
 TOKENS = ",".join(map(str, range(400)))

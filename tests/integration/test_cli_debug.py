@@ -11,12 +11,12 @@ import os
 import sys
 from pathlib import Path
 
-import lmdb_surgery
 import pytest
-from redis_server import RedisServer, require_server
 from typer.testing import CliRunner
 
+import lmdb_surgery
 from kvc.main import app
+from redis_server import RedisServer, require_server
 
 TOKEN = "tok-Qm4Zr8-debug-secret"
 PASSWORD = "pw-Lx7Nc2-debug-secret"

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from factories import forward, l3_cache, make_cache, make_layout, make_store
 from kvc.main import app
 from kvcache import Namespace, Request
-from kvcache.types.owners import OwnerKind, owner_code
 from kvcache.storage.keyfile import read_key
+from kvcache.types.owners import OwnerKind, owner_code
 
 SALTS = {"t1": "cli-salt-one-qwerty", "t2": "cli-salt-two-asdfgh"}
 KVC = Path(sys.executable).with_name("kvc")
@@ -186,8 +186,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, case):
 
 def test_store_audit_finds_an_orphan_chain_and_repair_removes_only_it(store_path):
     from kvcache import open_store, page_origins
-    from lmdb_surgery import raw
     from kvcache.types.keys import pack_tokens
+    from lmdb_surgery import raw
 
     store = open_store(store_path, make_layout(4))
     # a chain whose parent page is lost later (put refuses a parent the store does not hold, so the loss is

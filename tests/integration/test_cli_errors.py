@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvc.reporting import collapsed_warnings
 from kvc.main import app
+from kvc.reporting import collapsed_warnings
 from kvcache import WorkloadSpec, generate, write_trace
 from redis_server import RedisServer, require_server
 

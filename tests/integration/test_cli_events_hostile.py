@@ -13,8 +13,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from feed_peer import ReplayPeer, seq_frame
 
+from feed_peer import ReplayPeer, seq_frame
 from kvc.commands.events import FEEDS as CLI_FEEDS
 from kvcache.live.events import REPLAY_CHUNK_BATCHES
 from kvcache.types.events import BlockStored, EventBatch, encode_batch

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from sglang_feed import GoldenFeed
 
 from kvcache.types.namespace import Namespace
+from sglang_feed import GoldenFeed
 
 KVC = str(Path(sys.executable).with_name("kvc"))
 GOLDEN = json.loads((Path(__file__).resolve().parents[1] / "goldens" / "vllm" / "vllm_events.json").read_text())

@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from factories import forward, l3_cache, make_layout, make_store
-from redis_server import redis_server  # noqa: F401  (session fixture)
 from typer.testing import CliRunner
 
+from factories import forward, l3_cache, make_layout, make_store
 from kvc.main import app
 from kvcache import AdminServer, Namespace, Request, WorkloadSpec, generate, write_trace
+from redis_server import redis_server  # noqa: F401  (session fixture)
 
 SALT = "explain-salt-qazwsx-17"
 T1 = Namespace("t1", SALT)

@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from read_only_user import NO_CAPS, read_only_store
-from unit.storage.lmdb.test_migrate import set_format_version
 
 from kvcache import Namespace
+from read_only_user import NO_CAPS, read_only_store
+from unit.storage.lmdb.test_migrate import set_format_version
 
 KVC = Path(sys.executable).with_name("kvc")
 SALT = "kf-salt-Qw3"

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from factories import forward, l3_cache, make_layout, make_store
-from redis_server import redis_server  # noqa: F401  (session fixture)
 from typer.testing import CliRunner
 
+from factories import forward, l3_cache, make_layout, make_store
 from kvc.main import app
 from kvcache import AdminServer, Namespace, Request
 from kvcache.live.holdings import Holdings, read_batches
 from kvcache.storage.api import page_origins
 from kvcache.storage.registry import open_store
 from kvcache.types.config import PrefetchPolicy
+from redis_server import redis_server  # noqa: F401  (session fixture)
 
 SALT = "dump-cli-salt-poiuyt"
 LAYOUT = make_layout(4)

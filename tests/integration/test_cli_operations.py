@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 import kvcache.engine.copies
 from kvc.main import app
 from kvcache import Namespace, WorkloadSpec, generate, write_trace
-from kvcache.types.namespace import display_id
 from kvcache.storage.keyfile import read_key
+from kvcache.types.namespace import display_id
 
 SALT = "op-salt-zxcvbnm-123"
 OTHER_SALT = "op-salt-other-456"

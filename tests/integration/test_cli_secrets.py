@@ -16,11 +16,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from redis_server import RedisServer, require_server
 from typer.testing import CliRunner
 
 from kvc.main import app
 from kvcache import Namespace, WorkloadSpec, generate, write_trace
+from redis_server import RedisServer, require_server
 
 KVC = Path(sys.executable).with_name("kvc")
 PASSWORD = "pw-Zq8xV3-redis-secret"

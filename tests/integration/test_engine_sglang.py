@@ -28,12 +28,11 @@ with warnings.catch_warnings():  # SGLang warns on import that CPUs lack its GPU
     from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
     from sglang.srt.mem_cache.storage import StorageBackendFactory
 
-from unit.engines.fake_sglang import FakeMHAHostPool, FakeMLAHostPool
-
 from kvcache.engines.sglang import SGLangL3
 from kvcache.engines.sglang_pool import POOL_FORMS, HostPages
 from kvcache.errors import EngineUnsupported
 from kvcache.storage.registry import ENTRY_POINT_GROUP, backends
+from unit.engines.fake_sglang import FakeMHAHostPool, FakeMLAHostPool
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS, HEADS, HEAD_DIM, LORA, ROPE = 3, 2, 8, 16, 8

@@ -289,12 +289,12 @@ def test_kvc_serve_binds_events_on_loopback_for_a_port_alone_and_warns_of_a_wild
     with socket.socket() as probe:  # a port number alone (0 is no port: issue 36 refuses it), free a moment ago
         probe.bind(("127.0.0.1", 0))
         port = str(probe.getsockname()[1])
-    for n, (events, replay, wide) in enumerate([("*", "tcp://*:*", True), (port, None, False)]):
+    for n, (events, replay_at, wide) in enumerate([("*", "tcp://*:*", True), (port, None, False)]):
         sock = tmp_path / f"s{n}.sock"
         with open(tmp_path / "serve.err", "w") as err:
             server = subprocess.Popen([kvc, "serve", "--store", str(store), "--socket", str(sock), "--json",
                                        "--device-tokens", "64", "--host-tokens", "64", "--events", events,
-                                       *(("--events-replay", replay) if replay else ())],
+                                       *(("--events-replay", replay_at) if replay_at else ())],
                                       stdout=subprocess.PIPE, stderr=err, text=True)
         try:
             ready = json.loads(server.stdout.readline() or "{}")

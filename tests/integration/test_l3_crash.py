@@ -16,11 +16,11 @@ import traceback
 import numpy as np
 import pytest
 
+from kvcache.storage.api import page_origins
+from kvcache.storage.registry import open_store
 from kvcache.types.keys import pack_tokens
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import Namespace
-from kvcache.storage.api import page_origins
-from kvcache.storage.registry import open_store
 
 LAYOUT = KVLayout("crash-model@r1", layers=4, kv_heads=4, head_dim=64, dtype="float16", page_size=4)  # 16 KiB
 NS = Namespace("crash-tenant", "crash-salt-0b5e")

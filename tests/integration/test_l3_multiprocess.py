@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvcache.storage.api import page_origins
+from kvcache.storage.registry import open_store
 from kvcache.types.keys import pack_tokens
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import Namespace
-from kvcache.storage.api import page_origins
-from kvcache.storage.registry import open_store
 
 LAYOUT = KVLayout("mp-model@r1", layers=2, kv_heads=4, head_dim=32, dtype="float16", page_size=8)  # 8 KiB pages
 SALT = "mp-secret-salt-3c9e1f"

@@ -12,9 +12,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from test_live import KVC, PROMPT, SALT, Server, as_json, invoke, kvc, make_store
 
 from redis_server import redis_server  # noqa: F401  (session fixture)
-from test_live import KVC, PROMPT, SALT, Server, as_json, invoke, kvc, make_store
 
 ROOT = Path(__file__).resolve().parents[2]
 NEW_TAILS = 4  # requests of t1, each 4 new pages (16 tokens) past the 16 pages of PROMPT the store holds

@@ -7,7 +7,6 @@ import json
 import time
 
 import pytest
-
 from test_live import PROMPT, SALT, Server, as_json, invoke, kvc
 
 

@@ -14,10 +14,10 @@ import numpy as np
 import redis
 
 from factories import l3_cache, make_layout
-from kvcache.types.keys import pack_tokens
-from kvcache.types.namespace import Namespace
 from kvcache.storage.api import page_origins
 from kvcache.storage.registry import open_store
+from kvcache.types.keys import pack_tokens
+from kvcache.types.namespace import Namespace
 from redis_node import PAGE_SIZE, requests, serve
 from redis_server import own_redis, redis_server  # noqa: F401  (fixtures)
 
@@ -94,7 +94,7 @@ def test_refused_connections_are_misses_and_failed_writes_then_it_reconnects(own
     wait_until_back(store, hashes[:4])
     assert store.put(hashes[4:], payloads[4:], origins[4:]).written == 4
     assert store.get_into(hashes, list(out)) == 8
-    assert all(np.array_equal(o, p) for o, p in zip(out, payloads))
+    assert all(np.array_equal(o, p) for o, p in zip(out, payloads, strict=True))
     assert store.verify().ok
     store.close()
 

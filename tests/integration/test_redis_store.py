@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from factories import make_layout
 from kvcache.errors import InvalidInput, NotAStore, StoreError, StoreReadOnly, StoreUnsupported
-from kvcache.types.keys import pack_tokens
-from kvcache.types.namespace import Namespace
 from kvcache.storage.api import CapacityPolicy, L3Store, page_origins
 from kvcache.storage.registry import open_store
+from kvcache.types.keys import pack_tokens
+from kvcache.types.namespace import Namespace
 from kvcache_redis.store import RedisStore, _parse_url
-from factories import make_layout
 from redis_server import free_port, redis_cluster, redis_server  # noqa: F401  (fixtures)
 
 LAYOUT = make_layout(4)
@@ -57,7 +57,8 @@ def test_cluster_store_reads_what_a_standalone_writer_would_and_verifies(redis_c
     pages = [np.full(LAYOUT.bytes_per_page, i, np.uint8) for i in range(len(hashes))]
     assert store.put(hashes, pages, origins).written == 16
     out = np.zeros((16, LAYOUT.bytes_per_page), np.uint8)
-    assert store.get_into(hashes, list(out)) == 16 and all(np.array_equal(o, p) for o, p in zip(out, pages))
+    assert store.get_into(hashes, list(out)) == 16
+    assert all(np.array_equal(o, p) for o, p in zip(out, pages, strict=True))
     assert store.delete_namespace(NS.id).pages == 16
     assert store.verify().ok and store.namespaces() == []
     store.close()

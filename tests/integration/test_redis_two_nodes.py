@@ -10,10 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from factories import make_layout
 from kvcache import Namespace
 from kvcache.storage.registry import open_store
-
-from factories import make_layout
 from redis_server import redis_server  # noqa: F401  (session fixture)
 
 NODE = str(Path(__file__).resolve().parents[1] / "redis_node.py")

@@ -24,14 +24,29 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
-                                 run_state_machine_as_test)
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from factories import make_cache, make_layout, make_store
-from kvcache import (AdmitStatus, CacheConfig, Namespace, NamespaceMismatch, Request, TieredCache, TTLMode, TTLPolicy,
-                     WritePolicy)
-from kvcache.types.config import HostMode, PrefetchPolicy
+from kvcache import (
+    AdmitStatus,
+    CacheConfig,
+    Namespace,
+    NamespaceMismatch,
+    Request,
+    TieredCache,
+    TTLMode,
+    TTLPolicy,
+    WritePolicy,
+)
 from kvcache.errors import RequestIdInUse
+from kvcache.types.config import HostMode, PrefetchPolicy
 from kvcache.types.keys import page_hashes
 
 NAMESPACES = [Namespace("t1", "salt-1"), Namespace("t2", "salt-2"), Namespace("t3"), Namespace()]
@@ -282,7 +297,7 @@ class CacheMachine(RuleBasedStateMachine):
         self._verify_pages(req, self.cache.device_pool, dev_slots)
         if len(m.host_pages):
             hashes = self._expected(req)[len(m.device_pages):]
-            for page, digest in zip(m.host_pages.tolist(), hashes):
+            for page, digest in zip(m.host_pages.tolist(), hashes, strict=False):  # the host hit: a prefix of the rest
                 assert torch.equal(self.cache.host_pool.pages[page], page_content(digest, self.page_bytes)), \
                     f"host page {page} holds another page's KV"
 
@@ -469,7 +484,7 @@ class CacheMachine(RuleBasedStateMachine):
             for pool, pages in ((self.cache.device_pool, node.device), (self.cache.host_pool, node.host)):
                 if pages is None:
                     continue
-                for page, digest in zip(pages.tolist(), tree.page_hashes(node)):
+                for page, digest in zip(pages.tolist(), tree.page_hashes(node), strict=True):
                     assert torch.equal(pool.pages[page], page_content(digest, self.page_bytes)), \
                         f"{pool.name} page {page} of node #{node.id} holds another page's KV"
 

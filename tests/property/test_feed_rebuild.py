@@ -30,7 +30,6 @@ import time
 import pytest
 
 from factories import make_layout, make_store, store_holdings
-
 from kvcache import (
     AdmitStatus,
     CacheConfig,

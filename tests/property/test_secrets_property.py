@@ -37,13 +37,13 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from redis_server import RedisServer, require_server
 from typer.testing import CliRunner
 
 from kvc.main import app
 from kvcache import WorkloadSpec, generate, write_trace
 from kvcache.storage.location import StoreLocation
 from kvcache_redis.store import _parse_url
+from redis_server import RedisServer, require_server
 
 KVC = Path(sys.executable).with_name("kvc")
 NAMED = ["a", "e", "1", "/", "."]

@@ -406,12 +406,13 @@ class RedisStore(StoreHandle):
                 if not create:
                     raise NotAStore(url.shown, f"no kvc store under prefix {url.options.prefix!r} (create=True "
                                                f"makes one)")
-                fmt = StoreFormat(FORMAT_MAGIC, FORMAT_VERSION, CHECKSUM, time.time(), new_fingerprint_key().hex(),
-                                  new_chain_key().hex())
-                client.set(key, encoder.encode(fmt), nx=True)  # two creators race: one record wins, both read it
+                fresh = StoreFormat(FORMAT_MAGIC, FORMAT_VERSION, CHECKSUM, time.time(),
+                                    new_fingerprint_key().hex(), new_chain_key().hex())
+                client.set(key, encoder.encode(fresh), nx=True)  # two creators race: one record wins, both read it
                 raw = client.get(key)
         except _FAULTS as exc:
             raise StoreError(url.shown, f"cannot reach the server: {_said(exc)}") from None
+        fmt: StoreFormat | None
         try:
             fmt = decode_format(raw)
         except msgspec.DecodeError:
@@ -626,7 +627,7 @@ class RedisStore(StoreHandle):
             level = nxt
         for child, meta, _, _ in heads:
             hits, last = heat[child]
-            out.append(ChildInfo(child, meta.tokens, meta.nbytes, hits, last, key=meta.key))
+            out.append(ChildInfo(child, meta.tokens, meta.nbytes, int(hits), last, key=meta.key))
         out.sort(key=lambda c: (-c.hits, -c.last_access))
         return out
 
@@ -833,6 +834,7 @@ class RedisStore(StoreHandle):
         if not hashes:
             return PutResult(0, 0, 0, 0, 0, outcomes=b"")
         layout = self.layout
+        assert layout is not None  # put_views refuses a handle opened without one
         nbytes = layout.bytes_per_page
         client = self._live()
         if not self._available():
@@ -841,7 +843,8 @@ class RedisStore(StoreHandle):
         layout_id, now = layout.layout_id, time.time()
         chain_key = self.chain_key
         assert chain_key is not None  # every store this backend opens keeps one (`_open_format`)
-        roots = {ns.id: hash_root(layout_id, ns, chain_key) for ns in {o.namespace for o in origins}}
+        namespaces = {o.namespace for o in origins}
+        roots: dict[bytes, bytes] = {ns.id: hash_root(layout_id, ns, chain_key) for ns in namespaces}
         metas: list[bytes] = []
         root_metas: list[bytes] = []  # an engine page's metadata hanging from its root ("" for the others)
         for o, v in zip(origins, values, strict=True):
@@ -1142,15 +1145,17 @@ class RedisStore(StoreHandle):
             for i, (ns, parent) in zip(need, read, strict=True):
                 h, _, _, guard, sha = items[i]
                 items[i] = (h, ns.decode() if ns else "", parent.decode() if parent else "", guard, sha)
+        # every None is read by now but a "raw" item's, which the scripts take as "" (`ns or ""` below)
+        known = [(h, ns or "", parent or "", guard, sha) for h, ns, parent, guard, sha in items]
         out: list[int] = []
-        for start in range(0, len(items), REPAIR_BATCH_PAGES):
-            chunk = items[start:start + REPAIR_BATCH_PAGES]
+        for start in range(0, len(known), REPAIR_BATCH_PAGES):
+            chunk = known[start:start + REPAIR_BATCH_PAGES]
             if self.cluster:
                 freed = self._remove_cluster(client, chunk)
                 out += freed
                 gone = [(b"h" + h, ns) for (h, ns, _, guard, _), f in zip(chunk, freed, strict=True)
                         if f >= 0 and guard != "raw"]
-                if word and gone:
+                if reason is not None and gone:
                     self._record(client, reason, gone)
                 continue
             keys: list[bytes] = []
@@ -1213,12 +1218,12 @@ class RedisStore(StoreHandle):
         skip = len(self._p_page)
         batch: list[bytes] = []
 
-        def fetch(keys: list[bytes]) -> list[tuple[bytes, list[Any]]]:
+        def fetch(keys: list[bytes]) -> list[tuple[bytes | str, list[Any]]]:
             pipe = client.pipeline(transaction=False)
             for k in keys:
                 pipe.hmget(k, *fields)
             got = self._admin(lambda c: pipe.execute())
-            out = []
+            out: list[tuple[bytes | str, list[Any]]] = []
             for k, vals in zip(keys, got, strict=True):
                 tail = k[skip:].decode(errors="replace")
                 try:
@@ -1490,10 +1495,10 @@ class _RedisRepairOps:
                  "any" if it.guard is Guard.FILED_UNDER else str(it.guard), sha.get(it.page, "")) for it in items]
         freed = s._admin(lambda c: s._remove(args, RemovalReason.REPAIR))
         # The "raw" scripts delete the record only: metadata without bytes leaves its entry under its parent.
-        listed = [it for it, f in zip(items, freed, strict=True)
+        listed = [(it.row.parent, it.page) for it, f in zip(items, freed, strict=True)
                   if f >= 0 and it.guard is Guard.PARTIAL and it.row is not None]
         if listed:
-            s._admin(lambda c: self._srem_all(c, [(it.row.parent, it.page) for it in listed]))
+            s._admin(lambda c: self._srem_all(c, listed))
         return [None if f < 0 else (self._what(it), max(f, 0)) for it, f in zip(items, freed, strict=True)]
 
     def _what(self, item: Removal) -> str:

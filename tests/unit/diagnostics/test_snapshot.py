@@ -6,9 +6,9 @@ import pytest
 
 from factories import forward, l3_cache, make_cache, make_layout, make_store
 from kvcache import Namespace, Request
-from kvcache.types.config import HostMode
 from kvcache.diagnostics.audit import audit_snapshot
 from kvcache.diagnostics.snapshot import SNAPSHOT_VERSION, InvalidSnapshot, read_snapshot
+from kvcache.types.config import HostMode
 from kvcache.types.owners import OwnerKind, owner_code
 
 T1 = Namespace("t1", "snapshot-salt-xyzzy")

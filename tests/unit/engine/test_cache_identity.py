@@ -6,8 +6,8 @@ import pytest
 
 from factories import device_bytes_ok, forward, l3_cache, make_layout, make_store
 from kvcache import AdmitStatus, InvariantViolation, Namespace, Request
-from kvcache.types.config import HostMode
 from kvcache.errors import RequestIdInUse
+from kvcache.types.config import HostMode
 from kvcache.types.results import DeclineReason
 
 PS = 4

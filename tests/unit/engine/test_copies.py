@@ -28,7 +28,6 @@ def test_split_target_follows_a_tree_split():
 
 def test_a_backup_that_fits_only_a_leading_run_backs_up_that_run_and_skips_the_rest():
     from factories import make_cache
-
     from kvcache import Request
 
     c = make_cache(page_size=1, device_tokens=64, host_tokens=4)

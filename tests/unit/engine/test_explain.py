@@ -7,9 +7,8 @@ import time
 
 import numpy as np
 import pytest
-from factories import forward, l3_cache, make_layout, make_store
-from lmdb_surgery import raw
 
+from factories import forward, l3_cache, make_layout, make_store
 from kvcache import CacheConfig, Namespace, Request, TieredCache
 from kvcache.types.config import HostMode, PrefetchPolicy, TTLPolicy
 from kvcache.types.explain import MissReason, PrefetchFate
@@ -17,6 +16,7 @@ from kvcache.types.keys import page_hashes
 from kvcache.types.removals import RemovalReason
 from kvcache.types.results import AdmitStatus, DeclineReason, DropReason
 from kvcache.types.shares import Shares
+from lmdb_surgery import raw
 
 PS = 4
 A = Namespace("tenant-a", "salt-a")

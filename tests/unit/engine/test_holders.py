@@ -1,7 +1,6 @@
 """kvcache.engine.holders: the one registry of slot holders, its id mint, and what the audit reads of it."""
 
 from factories import l3_cache, make_layout, make_store
-
 from kvcache import HostMode, Namespace, Request
 from kvcache.engine.holders import Holders
 

@@ -4,8 +4,8 @@ import pytest
 
 from factories import device_bytes_ok, forward, l3_cache, make_layout, make_store
 from kvcache import AdmitStatus, Namespace, NamespaceMismatch, Request, WritePolicy
-from kvcache.types.config import HostMode, PrefetchPolicy
 from kvcache.engine.prefetch import PrefetchState
+from kvcache.types.config import HostMode, PrefetchPolicy
 from kvcache.types.results import DeclineReason
 
 T1, T2 = Namespace("t1", "salt-one"), Namespace("t2", "salt-two")

@@ -11,9 +11,9 @@ import pytest
 
 from factories import l3_cache, make_cache, make_layout, make_store
 from kvcache import AdmitStatus, InvalidInput, Namespace, Request
+from kvcache.storage.api import CapacityPolicy, page_origins
 from kvcache.types.keys import pack_tokens
 from kvcache.types.shares import NamespaceShares, Shares, decode_shares_record
-from kvcache.storage.api import CapacityPolicy, page_origins
 
 A, B = Namespace("tenant-a", "salt-a"), Namespace("tenant-b", "salt-b")
 

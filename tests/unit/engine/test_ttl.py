@@ -8,12 +8,22 @@ import msgspec
 import pytest
 
 from factories import forward, l3_cache, make_layout, make_store
-from kvcache import (AdmitStatus, CacheConfig, ExpiryCause, InvalidConfig, InvalidInput, Namespace, Request,
-                     TieredCache, TTLMode, TTLPolicy)
+from kvcache import (
+    AdmitStatus,
+    CacheConfig,
+    ExpiryCause,
+    InvalidConfig,
+    InvalidInput,
+    Namespace,
+    Request,
+    TieredCache,
+    TTLMode,
+    TTLPolicy,
+)
+from kvcache.live.protocol import NamespacesRequest
+from kvcache.ops.handlers import execute
 from kvcache.types.config import HostMode
 from kvcache.types.keys import page_hashes
-from kvcache.ops.handlers import execute
-from kvcache.live.protocol import NamespacesRequest
 
 A, B, C, D = (Namespace(f"t{i}", f"ttl-salt-{i}") for i in "abcd")
 TOKENS = list(range(100, 132))  # 8 pages of 4

@@ -9,9 +9,9 @@ FlakyStore: nothing here mocks the store.
 from __future__ import annotations
 
 import pytest
-from factories import forward, l3_cache, make_layout, make_store
 
 import kvcache.engine.writes as writes
+from factories import forward, l3_cache, make_layout, make_store
 from kvcache import AdmitStatus, Namespace, Request
 from kvcache.types.keys import page_hashes
 from kvcache.types.shares import Shares

@@ -19,8 +19,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from read_only_user import NO_CAPS, read_only_store
-from redis_server import own_redis  # noqa: F401  (fixture)
 
 from kvcache.engines import sglang as adapter_module
 from kvcache.engines.sglang import (
@@ -39,6 +37,8 @@ from kvcache.storage.registry import open_store
 from kvcache.types.keys import engine_page_hash, hash_root
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import Namespace
+from read_only_user import NO_CAPS, read_only_store
+from redis_server import own_redis  # noqa: F401  (fixture)
 from unit.engines.fake_sglang import FakeMHAHostPool, FakeMLAHostPool, FakeStorageConfig, fill
 
 KvcStorage = adapter_module.KvcStorage

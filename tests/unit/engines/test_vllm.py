@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-from redis_server import own_redis  # noqa: F401  (fixture)
 
 from kvcache.engines import vllm as tier_module
 from kvcache.engines.vllm import STORE_ENV, KvcTier, LookupMode, TierEvent, VLLMTier, tier_config
@@ -23,6 +22,7 @@ from kvcache.engines.vllm_io import JobKind
 from kvcache.errors import EngineUnsupported, InvalidInput
 from kvcache.storage.api import CapacityPolicy
 from kvcache.storage.registry import open_store
+from redis_server import own_redis  # noqa: F401  (fixture)
 from unit.engines.fake_vllm import Manager, Region, Spec, chunk_bytes, offload_key, offloading_config
 
 ROOT = Path(__file__).resolve().parents[3]

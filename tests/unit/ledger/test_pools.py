@@ -1,9 +1,11 @@
+import functools
+
 import numpy as np
 import pytest
 
 from kvcache import DoubleFree, InvalidInput, OwnershipError
-from kvcache.types.owners import FREE_CODE, OwnerKind, owner_code
 from kvcache.ledger.pools import SlotPool
+from kvcache.types.owners import FREE_CODE, OwnerKind, owner_code
 
 REQ, NODE, NODE2 = owner_code(OwnerKind.REQUEST, 1), owner_code(OwnerKind.NODE, 5), owner_code(OwnerKind.NODE, 6)
 
@@ -143,8 +145,8 @@ def test_every_ledger_move_validates_its_arguments_before_any_change(ledger):
             p.alloc(n, REQ)
         assert unchanged()
     for bad in (np.array([-1]), np.array([8]), np.array([[a[0]]]), np.array([float(a[0])]), [int(a[0])]):
-        for move in (lambda: p.transfer(bad, REQ, NODE), lambda: p.free(bad, REQ),
-                     lambda: p.disperse(bad, REQ, [(1, FREE_CODE)])):
+        for move in (functools.partial(p.transfer, bad, REQ, NODE), functools.partial(p.free, bad, REQ),
+                     functools.partial(p.disperse, bad, REQ, [(1, FREE_CODE)])):
             with pytest.raises(InvalidInput):
                 move()
             assert unchanged()

@@ -12,8 +12,8 @@ from factories import make_cache
 from feed_peer import ReplayPeer
 from feed_peer import seq_frame as _seq
 from kvcache import InvalidInput, KVEventPublisher, KVEventSubscriber, Namespace, Request
-from kvcache.types.events import AllBlocksCleared, BlockStored, decode_batch
 from kvcache.live.events import END_OF_REPLAY, records
+from kvcache.types.events import AllBlocksCleared, BlockStored, decode_batch
 
 
 def _step(cache, i: int, tokens: int = 8) -> None:

@@ -5,8 +5,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from factories import forward, l3_cache, make_layout, make_store
 from kvcache import Namespace, Request
 from kvcache.live.metrics import cache_families, exposition, store_families
-from kvcache.ops.handlers import execute
 from kvcache.live.protocol import LiveStats, NamespaceList, NamespacesRequest, StatsRequest
+from kvcache.ops.handlers import execute
 
 
 def _samples(text):

@@ -12,19 +12,50 @@ import msgspec
 import pytest
 
 from factories import forward, l3_cache, make_layout, make_store
-from kvcache import (AdminBadFrame, AdminClient, AdminProtocolMismatch, AdminRemoteError, AdminServer, AdminSocketInUse,
-                     AdminTimeout, AdminUnavailable, Namespace, Request)
+from kvcache import (
+    AdminBadFrame,
+    AdminClient,
+    AdminProtocolMismatch,
+    AdminRemoteError,
+    AdminServer,
+    AdminSocketInUse,
+    AdminTimeout,
+    AdminUnavailable,
+    Namespace,
+    Request,
+)
 from kvcache.diagnostics.audit import audit_snapshot
-from kvcache.types.reports import AuditReport
 from kvcache.diagnostics.snapshot import decode_snapshot
 from kvcache.errors import AdminError
 from kvcache.live import client as client_module
-from kvcache.live.protocol import (PROTOCOL_VERSION, AuditRequest, Envelope, EvictOutcome, EvictRequest, FrameTooLarge,
-                                   LiveStats, LoadBackRequest, NamespaceList, NamespacesRequest, PingRequest,
-                                   PrefetchRequest, ReplayOutcome, RequestResult, Response, ServerInfo, SnapshotData,
-                                   SnapshotRequest, StageRequest, StatsRequest, Truncated, decode_response, frame,
-                                   read_frame)
+from kvcache.live.protocol import (
+    PROTOCOL_VERSION,
+    AuditRequest,
+    Envelope,
+    EvictOutcome,
+    EvictRequest,
+    FrameTooLarge,
+    LiveStats,
+    LoadBackRequest,
+    NamespaceList,
+    NamespacesRequest,
+    PingRequest,
+    PrefetchRequest,
+    ReplayOutcome,
+    RequestResult,
+    Response,
+    ServerInfo,
+    SnapshotData,
+    SnapshotRequest,
+    StageRequest,
+    StatsRequest,
+    Truncated,
+    decode_response,
+    frame,
+    read_frame,
+)
 from kvcache.live.transport import AdminTransport
+from kvcache.types.reports import AuditReport
 from kvcache.workload.traces import TraceRequest, write_trace
 
 SALT = "admin-unit-salt-zxcvbn"

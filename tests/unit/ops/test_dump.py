@@ -8,9 +8,8 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 import pytest
-from factories import make_layout, make_store, store_holdings
-from redis_server import redis_server  # noqa: F401  (session fixture)
 
+from factories import make_layout, make_store, store_holdings
 from kvcache.live.holdings import Holdings, read_batches
 from kvcache.ops.dump import DumpCursor, StoreWalk, batches, store_events
 from kvcache.storage.api import page_origins
@@ -18,6 +17,7 @@ from kvcache.storage.registry import open_store
 from kvcache.types.events import BlockStored, encode_batch
 from kvcache.types.keys import extend_chain
 from kvcache.types.namespace import Namespace
+from redis_server import redis_server  # noqa: F401  (session fixture)
 
 LAYOUT = make_layout(4)
 SALT = "dump-salt-asdfgh"
@@ -89,7 +89,8 @@ def test_a_walk_in_chunks_gives_the_same_events_as_one_walk(store):
     whole = _events(store)
     chunked: list[BlockStored] = []
     cursor = None
-    for calls in range(1, 100):  # bounded: a walk that never moves on fails here, it does not hang
+    # bounded: a walk that never moves on fails here, it does not hang (`calls` is read after the loop)
+    for calls in range(1, 100):  # noqa: B007
         walk = StoreWalk(store, cursor)
         chunked += store_events(walk, "storage", max_pages=2)
         raw = msgspec.msgpack.encode(walk.cursor())  # the cursor travels to the client and back

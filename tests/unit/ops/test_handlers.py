@@ -4,10 +4,10 @@ import pytest
 
 from factories import l3_cache, make_layout, make_store
 from kvcache import Namespace, Request, SyntheticKV, replay
-from kvcache.types.config import HostMode
-from kvcache.types.keys import page_hashes
 from kvcache.ops.handlers import execute
 from kvcache.ops.requests import ReplayJob
+from kvcache.types.config import HostMode
+from kvcache.types.keys import page_hashes
 from kvcache.workload.traces import TraceRequest
 
 SALT = "admin-ops-salt-qwerty"
@@ -52,8 +52,8 @@ def test_a_live_replay_whose_rids_collide_with_the_engines_holds_verifies_clean(
 
 
 def test_a_live_namespace_drop_empties_every_tier_and_writes_nothing_back(store):
-    from kvcache.types.config import WritePolicy
     from kvcache.ops.requests import DropRequest
+    from kvcache.types.config import WritePolicy
 
     c = l3_cache(store, write_policy=WritePolicy.WRITE_BACK)
     replay(c, [TraceRequest(f"d{i}", PROMPT + [i] * 8 + [7] * 8, "t1", SALT) for i in range(3)])

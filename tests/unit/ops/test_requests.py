@@ -8,8 +8,7 @@ import msgspec
 from kvcache.live import protocol
 from kvcache.ops import requests
 from kvcache.types.namespace import NamespaceInfo
-from kvcache.types.reports import (AuditChecked, AuditReport, NamespaceReplay, ReplayReport, TierTokens,
-                                   VerifyMismatch)
+from kvcache.types.reports import AuditChecked, AuditReport, NamespaceReplay, ReplayReport, TierTokens, VerifyMismatch
 from kvcache.types.stats import BackupStats, PrefetchStats
 
 # Tag and field order of every request as protocol version 2 carries them (at 33c1189, before the move).

@@ -4,8 +4,8 @@ import numpy as np
 
 from factories import l3_cache, make_layout, make_store
 from kvcache import Namespace, SyntheticKV, engine_origins, page_origins, warm_namespace
-from kvcache.types.keys import pack_tokens
 from kvcache.ops.warm import hottest_prefixes
+from kvcache.types.keys import pack_tokens
 
 PS = 4
 T1 = Namespace("t1", "s")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import msgspec
 
+from kvcache.storage.api import VERIFY_KINDS, NamespaceRecord, PageMeta, VerifyFinding, VerifyReport, page_origins
 from kvcache.types.keys import RadixKey, hash_root, page_hashes
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import Namespace
-from kvcache.storage.api import VERIFY_KINDS, NamespaceRecord, PageMeta, VerifyFinding, VerifyReport, page_origins
 
 LAYOUT = KVLayout("unit-model@r1", layers=1, kv_heads=1, head_dim=8, dtype="float16", page_size=4)
 KEY = b"c" * 32  # a chain key

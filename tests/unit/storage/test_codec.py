@@ -5,12 +5,19 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from kvcache.storage.api import PageMeta, page_origins
+from kvcache.storage.codec import (
+    CHECKSUMS,
+    HEADER,
+    StoreFormat,
+    chains_to,
+    decode_format,
+    decode_or_none,
+    stored_checksum,
+)
 from kvcache.types.keys import pack_tokens
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import Namespace
-from kvcache.storage.api import PageMeta, page_origins
-from kvcache.storage.codec import (CHECKSUMS, HEADER, StoreFormat, chains_to, decode_format, decode_or_none,
-                                   stored_checksum)
 
 LAYOUT = KVLayout("codec-model", layers=1, kv_heads=1, head_dim=8, dtype="float16", page_size=4)
 HASHES, ORIGINS = page_origins(LAYOUT, pack_tokens(range(8)), Namespace("t", "s"), b"c" * 32)

@@ -9,13 +9,13 @@ import stat
 
 import numpy as np
 import pytest
-from factories import make_layout
-from unit.storage.lmdb.test_migrate import set_format_version
 
+from factories import make_layout
 from kvcache import KeyFileError, Namespace, StoreError, open_store, page_origins
 from kvcache.storage.keyfile import KEY_FILE, KeyState, create_key, key_findings, key_status, read_key
 from kvcache.types.keys import pack_tokens
 from kvcache.types.namespace import UNKNOWN_FINGERPRINT, display_id
+from unit.storage.lmdb.test_migrate import set_format_version
 
 SALT = "keyfile-salt-1"
 

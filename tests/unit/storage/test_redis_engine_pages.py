@@ -13,14 +13,12 @@ import sys
 import time
 
 import msgspec
-
 import numpy as np
 import pytest
 import redis
 
 from factories import make_layout
-from kvcache.storage.api import PageOutcome, engine_hashes, engine_origins, page_origins
-from kvcache.storage.api import PageMeta
+from kvcache.storage.api import PageMeta, PageOutcome, engine_hashes, engine_origins, page_origins
 from kvcache.storage.codec import decode_meta, encoder
 from kvcache.storage.registry import open_store
 from kvcache.types.keys import engine_page_hash, hash_root, pack_tokens

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from kvcache.errors import NotAStore, StoreError, UnknownBackend
-from kvcache.types.layout import KVLayout
-from kvcache.types.namespace import Namespace
 from kvcache.storage import registry
 from kvcache.storage.api import L3Store, page_origins
-from kvcache.storage.registry import backend_class, backends, open_store, scheme_of
 from kvcache.storage.lmdb.store import LMDBStore
+from kvcache.storage.registry import backend_class, backends, open_store, scheme_of
+from kvcache.types.layout import KVLayout
+from kvcache.types.namespace import Namespace
 
 LAYOUT = KVLayout("unit-model@r1", layers=1, kv_heads=1, head_dim=8, dtype="float16", page_size=4)
 

@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 
 from kvcache.errors import InvalidInput, StoreReadOnly
+from kvcache.storage.api import REPAIRS, VERIFY_KINDS, CapacityPolicy, NamespaceRecord, PageMeta, page_origins
+from kvcache.storage.lmdb import store as lmdb_store
+from kvcache.storage.lmdb import verify as lmdb_verify
+from kvcache.storage.lmdb.store import LMDBStore, StoreTotals
+from kvcache.storage.registry import open_store
 from kvcache.types.keys import pack_tokens
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import Namespace
-from kvcache.storage.lmdb import store as lmdb_store
-from kvcache.storage.lmdb import verify as lmdb_verify
-from kvcache.storage.api import REPAIRS, VERIFY_KINDS, CapacityPolicy, NamespaceRecord, PageMeta, page_origins
-from kvcache.storage.registry import open_store
-from kvcache.storage.lmdb.store import LMDBStore, StoreTotals
 from lmdb_surgery import raw
 from redis_server import redis_cluster, redis_server  # noqa: F401  (session fixtures of the redis backends)
 
@@ -377,8 +377,9 @@ class LMDBSurgeon(Surgeon):
 
 class RedisSurgeon(Surgeon):
     def __init__(self, location: str) -> None:
-        import redis
         from urllib.parse import parse_qs, urlsplit
+
+        import redis
 
         parts = urlsplit(location)
         self.prefix = parse_qs(parts.query)["prefix"][0].encode()

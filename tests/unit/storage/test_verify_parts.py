@@ -15,7 +15,6 @@ from pathlib import Path
 import msgspec
 import numpy as np
 import pytest
-from lmdb_surgery import Raw, raw
 
 from kvcache.errors import InvalidInput, StoreError
 from kvcache.storage.api import NamespaceRecord, PageMeta, engine_origins, page_origins
@@ -29,6 +28,7 @@ from kvcache.storage.verify_parts import NOT_CHECKED, AuditScope, KeyRange
 from kvcache.types.keys import engine_page_hash, hash_root, pack_tokens
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import Namespace
+from lmdb_surgery import Raw, raw
 
 LAYOUT = KVLayout("parts-model@r1", layers=1, kv_heads=1, head_dim=8, dtype="float16", page_size=2)
 OTHER_LAYOUT = KVLayout("parts-model@r2", layers=1, kv_heads=1, head_dim=8, dtype="float16", page_size=2)

@@ -1,9 +1,9 @@
 """The per-tier books: page classes and lazy LRU heaps, one code path for both tiers (kvcache.tree.books)."""
 
 import pytest
+
 from factories import page_range as pages
 from factories import tree_key
-
 from kvcache import InvariantViolation, Namespace
 from kvcache.tree import RadixTree, Tier
 from kvcache.tree.books import ID_BITS, device_leaf, host_leaf, lru_entry, new_books

@@ -2,9 +2,9 @@
 their work does to it."""
 
 import pytest
+
 from factories import page_range as pages
 from factories import tree_key
-
 from kvcache import LockUnderflow, Namespace
 from kvcache.tree import RadixTree, Tier
 

@@ -2,9 +2,9 @@ import gc
 
 import numpy as np
 import pytest
+
 from factories import page_range as pages
 from factories import tree_key
-
 from kvcache import InvalidInput, InvariantViolation, Namespace
 from kvcache.tree import RadixTree, Tier
 from kvcache.types.keys import page_hashes

@@ -7,8 +7,19 @@ import msgspec
 import pytest
 
 from kvcache import Namespace
-from kvcache.types.events import (BLOCK_SIZE_MAX, INDEX_MAX, MEDIUMS, TS_MAX, AllBlocksCleared, BlockRemoved,
-                                  BlockStored, EventBatch, MediumNames, decode_batch, encode_batch)
+from kvcache.types.events import (
+    BLOCK_SIZE_MAX,
+    INDEX_MAX,
+    MEDIUMS,
+    TS_MAX,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    MediumNames,
+    decode_batch,
+    encode_batch,
+)
 
 
 def test_the_batch_is_an_array_and_the_events_tagged_maps_with_the_namespace_as_extra_fields():

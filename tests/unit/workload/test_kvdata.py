@@ -7,8 +7,10 @@ import torch
 from factories import make_layout
 from kvcache import KVLayout, Namespace, RadixKey, SyntheticKV, page_hashes
 
+NS = Namespace("t1", "s")
 
-def _hashes(layout, tokens, ns=Namespace("t1", "s")):
+
+def _hashes(layout, tokens, ns=NS):
     return page_hashes(layout.layout_id, RadixKey.of(tokens, ns), layout.page_size, b"c" * 32)
 
 

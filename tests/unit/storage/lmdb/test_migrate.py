@@ -229,7 +229,7 @@ def test_migrate_files_engine_pages_under_their_keys_hash_under_the_new_root(tmp
         new = engine_hashes(LAYOUT, ns, store.chain_key, keys)
         got = np.zeros((5, LAYOUT.bytes_per_page), np.uint8)
         assert store.get_into(new, list(got)) == 5
-        assert all(np.array_equal(g, p) for g, p in zip(got, payloads))
+        assert all(np.array_equal(g, p) for g, p in zip(got, payloads, strict=True))
         assert store.page_meta(new[3]).parent == new[2] and store.page_meta(new[3]).key == keys[3]
         assert store.verify().ok
     assert _keyless_verify(path).ok

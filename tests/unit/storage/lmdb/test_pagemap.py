@@ -7,7 +7,6 @@ the store again and again: no check may call it damaged."""
 from __future__ import annotations
 
 import multiprocessing as mp
-import time
 
 import numpy as np
 

@@ -12,12 +12,11 @@ import os
 import struct
 import time
 
-import lmdbpages
 import msgspec
 import numpy as np
 import pytest
-from lmdb_surgery import raw
 
+import lmdbpages
 from kvcache.errors import KeyMismatch, RepairRefused, StoreDamaged
 from kvcache.storage.api import page_origins
 from kvcache.storage.lmdb import pagefile
@@ -26,6 +25,7 @@ from kvcache.storage.registry import open_store
 from kvcache.types.keys import pack_tokens
 from kvcache.types.namespace import Namespace
 from kvcache.workload.kvdata import SyntheticKV
+from lmdb_surgery import raw
 
 from .test_salvage import LAYOUT, TENANTS, build, stored
 

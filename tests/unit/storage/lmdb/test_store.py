@@ -16,15 +16,15 @@ import msgspec
 import numpy as np
 import pytest
 
-from kvcache.errors import (InvalidInput, LayoutMismatch, NotAStore, StoreFull, StoreReadOnly, StoreUnsupported)
+from kvcache.errors import InvalidInput, LayoutMismatch, NotAStore, StoreFull, StoreReadOnly, StoreUnsupported
+from kvcache.storage.api import AccessPolicy, CapacityPolicy, DeleteResult, PageOrigin, page_origins
+from kvcache.storage.lmdb import delete as lmdb_delete
+from kvcache.storage.lmdb import store as lmdb_store
+from kvcache.storage.lmdb.store import LMDBStore
+from kvcache.storage.registry import open_store
 from kvcache.types.keys import pack_tokens
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import Namespace
-from kvcache.storage.lmdb import delete as lmdb_delete
-from kvcache.storage.lmdb import store as lmdb_store
-from kvcache.storage.api import AccessPolicy, CapacityPolicy, DeleteResult, PageOrigin, page_origins
-from kvcache.storage.registry import open_store
-from kvcache.storage.lmdb.store import LMDBStore
 
 LAYOUT = KVLayout("unit-model@r1", layers=2, kv_heads=2, head_dim=16, dtype="float16", page_size=4)  # 1 KiB pages
 PAGE = LAYOUT.bytes_per_page
