@@ -8,7 +8,12 @@
 - `client`: `AdminClient`, the other end, which imports neither torch nor the cache;
 - `metrics`: Prometheus families of a live cache's figures and of a store's;
 - `metrics_endpoint`: `MetricsEndpoint`, which serves them over HTTP (TCP or a Unix socket with the uid
-  allow-list), with bounds on threads, connections and reads of the cache.
+  allow-list), with bounds on threads, connections and reads of the cache;
+- `credentials`: who is at the other end of an admin socket (SO_PEERCRED), checked by both sides;
+- `serves`: the live caches serving a store, from the store's serving records;
+- `events`: the KV-event feed over ZeroMQ, its publisher and its subscriber (`kvc events`);
+- `holdings`: what a consumer of KV events holds per tier and namespace, rebuilt from the events (`kvc events`,
+  `kvc ns dump`).
 
 Nothing here is imported by the cache: the engine (or `kvc serve`) hands a cache to a server.
 """
