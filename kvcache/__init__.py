@@ -113,7 +113,7 @@ from .types import AuditChecked as AuditChecked  # kvcache.types has it too; not
 # command that only reads a store, does not pay for torch (seconds) and the cache behind it.
 _LAZY: dict[str, tuple[str, ...]] = {
     "engine.cache": ("TieredCache",),
-    "storage.api": ("L3Store", "PageOutcome", "engine_hashes", "engine_origins", "page_origins"),
+    "storage.api": ("L3Store", "PageOutcome", "PageStore", "engine_hashes", "engine_origins", "page_origins"),
     "storage.registry": ("open_store",),
     "tree": ("TreeMatch",),
     "workload.kvdata": ("SyntheticKV",),
@@ -132,7 +132,7 @@ if TYPE_CHECKING:  # the same names for mypy, with their real types (at run time
     from .live.events import KVEventPublisher, KVEventSubscriber
     from .live.server import AdminServer
     from .ops.warm import warm_namespace
-    from .storage.api import L3Store, PageOutcome, engine_hashes, engine_origins, page_origins
+    from .storage.api import L3Store, PageOutcome, PageStore, engine_hashes, engine_origins, page_origins
     from .storage.registry import open_store
     from .tree import TreeMatch
     from .workload.kvdata import SyntheticKV
@@ -159,7 +159,7 @@ __all__ = [
     "Namespace", "NamespaceDrop", "TierRoom", "NamespaceInfo", "Owner", "OwnerKind", "PrefetchOutcome",
     "PrefetchPolicy", "PrefetchStats", "RadixKey",
     "Request", "StagedView", "TierHits", "TieredCache", "TreeMatch", "Violation", "ViolationKind", "WritePolicy",
-    "page_hashes", "L3Store", "open_store", "page_origins", "NamespaceShares", "Shares",
+    "page_hashes", "L3Store", "PageStore", "open_store", "page_origins", "NamespaceShares", "Shares",
     "SettledPrefetch", "SyntheticKV", "WarmResult", "warm_namespace",
     # engine-keyed pages and engines' layouts (an engine's own page keys in the store)
     "Shard", "engine_page_hash", "engine_origins", "engine_hashes", "PageOutcome",

@@ -38,7 +38,7 @@ from ..errors import (
     UnknownRequest,
 )
 from ..ledger.pools import SlotPool
-from ..storage.api import L3Store
+from ..storage.api import L3Store, PageStore
 from ..tree import RadixTree, TreeMatch
 from ..types.config import CacheConfig, PrefetchPolicy
 from ..types.events import MediumNames
@@ -81,7 +81,7 @@ _REQUEST_BASE = owner_code(OwnerKind.REQUEST, 0)  # a request's ledger code is t
 _DEVICE = Tier.DEVICE
 
 
-def _chain_key(store: L3Store | None) -> bytes | None:
+def _chain_key(store: PageStore | None) -> bytes | None:
     """The chain key a cache wired to `store` chains its page hashes with (None: no store, the tree draws one).
     A store whose secret this user may not read cannot back a cache: its pages could not be named."""
     if store is None:
@@ -96,13 +96,16 @@ def _chain_key(store: L3Store | None) -> bytes | None:
 class TieredCache:
     """The tiered KV cache of one engine: L1 (device) and L2 (host) pools under one namespaced radix tree."""
 
-    def __init__(self, config: CacheConfig, store: L3Store | None = None, *,
+    def __init__(self, config: CacheConfig, store: PageStore | None = None, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """`clock`: what namespace deadlines (`config.ttl`) run on, in seconds; tests inject a fake one."""
         if store is not None and store.layout is not None and store.layout.layout_id != config.layout.layout_id:
             raise LayoutMismatch(store.location, config.layout.describe(), [store.layout.describe()])
         chain_key = _chain_key(store)  # before anything is allocated
         self.config, self.store, self.layout = config, store, config.layout
+        # The same store with its administration (registry, removal log, stats, the page tree): what explain,
+        # warming and the live handlers read. None without a store, or for a page store only (a sweep's).
+        self.l3_store: L3Store | None = store if isinstance(store, L3Store) else None
         self.page_size = ps = config.layout.page_size
         device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
         bpt = config.layout.bytes_per_token

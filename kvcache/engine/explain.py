@@ -47,8 +47,9 @@ def explain_request(cache: TieredCache, request: Request) -> Explanation:
     hits = HitTokens(device * ps, (held - device) * ps, storage_hit * ps)
     tiers = {tier: _tier(tree, cache.removals, tier, key.namespace.id, key.data, hashes, run)
              for tier, run in ((Tier.DEVICE, device), (Tier.HOST, host))}
-    storage = (explain_storage(store, cache.layout, key.namespace, key.data, hashes, root)
-               if store is not None else None)
+    l3_store = cache.l3_store
+    storage = (explain_storage(l3_store, cache.layout, key.namespace, key.data, hashes, root)
+               if l3_store is not None else None)
     return Explanation(key.namespace.info(), len(request), ps, hits, tiers[Tier.DEVICE],
                        tiers[Tier.HOST] if cache.host_pool is not None and cache.config.host_mode is HostMode.CACHE
                        else None, storage,

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Protocol
 
-from ..storage.api import L3Store
+from ..storage.api import PageStore
 
 
 class IOJob(Protocol):
@@ -25,14 +25,14 @@ class IOJob(Protocol):
     finished: bool
     error: BaseException | None
 
-    def step(self, store: L3Store) -> bool:
+    def step(self, store: PageStore) -> bool:
         """Do one batch; True when the job wants another step."""
 
 
 class IOWorker:
     """A FIFO of L3 jobs, run by one background thread or by `run_pending`."""
 
-    def __init__(self, store: L3Store, threaded: bool = True) -> None:
+    def __init__(self, store: PageStore, threaded: bool = True) -> None:
         self.store = store
         self.threaded = threaded
         self._queue: collections.deque[IOJob] = collections.deque()

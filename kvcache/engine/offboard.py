@@ -18,7 +18,7 @@ from ..types.tier import Tier
 from .room import of_namespace
 
 if TYPE_CHECKING:
-    from ..storage.api import L3Store
+    from ..storage.api import PageStore
     from ..tree import RadixTree
     from .completion import Completion
     from .event_log import EventLog
@@ -32,7 +32,7 @@ class Offboard:
     """Evicts or drops one namespace from a cache's tiers."""
 
     def __init__(self, room: Room, prefetcher: Prefetcher, completion: Completion, holders: Holders,
-                 store: L3Store | None, writes: Writes, tree: RadixTree) -> None:
+                 store: PageStore | None, writes: Writes, tree: RadixTree) -> None:
         self.room = room
         self.writes = writes
         self.tree = tree

@@ -31,7 +31,7 @@ from .writes import Writes
 
 if TYPE_CHECKING:
     from ..ledger.pools import SlotPool
-    from ..storage.api import L3Store
+    from ..storage.api import PageStore
     from ..tree import RadixTree
     from ..types.config import CacheConfig
     from ..types.stats import BackupStats, CacheCounters, PrefetchStats
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 class Parts:
     """One cache's state machines, wired."""
 
-    def __init__(self, config: CacheConfig, store: L3Store | None, device_pool: SlotPool, host_pool: SlotPool | None,
+    def __init__(self, config: CacheConfig, store: PageStore | None, device_pool: SlotPool, host_pool: SlotPool | None,
                  tree: RadixTree, holders: Holders, counters: CacheCounters, prefetch_stats: PrefetchStats,
                  backup_stats: BackupStats, clock: Callable[[], float] = time.monotonic) -> None:
         self.io = io = IOWorker(store, config.io_thread) if store is not None else None

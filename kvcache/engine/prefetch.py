@@ -52,7 +52,7 @@ from .holders import release_anchor
 
 if TYPE_CHECKING:
     from ..ledger.pools import SlotPool
-    from ..storage.api import L3Store
+    from ..storage.api import PageStore
     from ..tree import RadixTree, TreeMatch, TreeNode
     from ..types.config import CacheConfig
     from ..types.stats import PrefetchStats
@@ -134,7 +134,7 @@ class CheckJob:
         self.finished = False
         self.error: BaseException | None = None
 
-    def step(self, store: L3Store) -> bool:
+    def step(self, store: PageStore) -> bool:
         """Ask the store once; never more to do."""
         op = self.op
         if not op.terminated:
@@ -153,7 +153,7 @@ class FetchJob:
         self.finished = False
         self.error: BaseException | None = None
 
-    def step(self, store: L3Store) -> bool:
+    def step(self, store: PageStore) -> bool:
         """Read one batch; True when more remain."""
         op = self.op
         with op.lock:

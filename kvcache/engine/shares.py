@@ -18,7 +18,7 @@ from ..types.namespace import Namespace
 from ..types.shares import NamespaceShares, Shares
 
 if TYPE_CHECKING:
-    from ..storage.api import L3Store
+    from ..storage.api import PageStore
     from ..tree import RadixTree
     from ..types.config import CacheConfig
     from ..types.stats import CacheCounters
@@ -29,7 +29,7 @@ log = logging.getLogger("kvcache")
 class AppliedShares:
     """The shares one cache applies, by namespace id."""
 
-    def __init__(self, config: CacheConfig, store: L3Store | None, tree: RadixTree, counters: CacheCounters) -> None:
+    def __init__(self, config: CacheConfig, store: PageStore | None, tree: RadixTree, counters: CacheCounters) -> None:
         self.config = config
         self.store = store
         self.tree = tree

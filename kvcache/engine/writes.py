@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..storage.api import L3Store, PageOrigin
+from ..storage.api import PageOrigin, PageStore
 from ..types.keys import TOKEN_BYTES
 from ..types.owners import OwnerKind, owner_code
 from .copies import OpKind
@@ -85,7 +85,7 @@ class StorageWriteJob:
         self.finished = False
         self.error: BaseException | None = None
 
-    def step(self, store: L3Store) -> bool:
+    def step(self, store: PageStore) -> bool:
         """Put one batch; True when more remain. Stops at a batch the store did not take whole: nothing is put
         below a page it refused (that page's children would be refused, or orphaned)."""
         at, origins, hashes = self.at, self.origins, self.hashes

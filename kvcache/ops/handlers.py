@@ -135,7 +135,7 @@ def _tree_pages(cache: "TieredCache", namespace: Namespace | None = None) -> dic
 
 def _stored(cache: "TieredCache") -> dict[str, NamespaceRecord]:
     """namespace id (hex) -> the store's registry record."""
-    return {r.ns_id_hex: r for r in cache.store.namespaces()} if cache.store is not None else {}
+    return {r.ns_id_hex: r for r in cache.l3_store.namespaces()} if cache.l3_store is not None else {}
 
 
 def namespace_tiers(cache: "TieredCache", namespace: Namespace) -> NamespaceTiers:
@@ -303,9 +303,9 @@ def _compare_with_store(cache: "TieredCache", request: Request, pages: np.ndarra
     pages not written yet (write-back, a write in flight) or dropped from L3 since. A page the store holds but
     cannot read back (a checksum failure) differs: its stored bytes are not the device's."""
     n_pages = len(pages)
-    if not n_pages or cache.store is None:
+    if not n_pages or cache.l3_store is None:
         return _StoreCheck()
-    store, ps = cache.store, cache.page_size
+    store, ps = cache.l3_store, cache.page_size
     hashes = page_hashes(cache.layout.layout_id, request.key, ps, cache.chain_key)[:n_pages]
     want = np.empty((n_pages, cache.layout.bytes_per_page), dtype=np.uint8)
     device = cache.device_pool.pages[torch.from_numpy(np.ascontiguousarray(pages))].cpu().numpy()
@@ -358,7 +358,7 @@ def _pool_use(pool: SlotPool) -> PoolUse:
 
 
 def _stats(cache: "TieredCache", _: StatsRequest) -> LiveStats:
-    store = cache.store
+    store = cache.l3_store
     return LiveStats(cache.layout, _pool_use(cache.device_pool),
                      _pool_use(cache.host_pool) if cache.host_pool is not None else None,
                      len(cache.live_requests()), len(cache.inflight_ops()), len(cache.prefetch_ops()),
@@ -480,9 +480,9 @@ def _dump(cache: "TieredCache", req: DumpRequest) -> DumpChunk:
     if req.tier is not DumpTier.STORAGE:
         events = [ev for ev in tree_events(cache, req.tier, req.medium_names) if isinstance(ev, BlockStored)]
         return DumpChunk(events, sum(len(ev.block_hashes) for ev in events))
-    if cache.store is None:
+    if cache.l3_store is None:
         return DumpChunk([], 0)
-    walk = StoreWalk(cache.store, req.cursor)
+    walk = StoreWalk(cache.l3_store, req.cursor)
     events = list(store_events(walk, medium_of(DumpTier.STORAGE, req.medium_names), req.max_pages))
     return DumpChunk(events, walk.pages, walk.cursor())
 

@@ -89,7 +89,7 @@ def warm_namespace(cache: TieredCache, namespace: Namespace, max_pages: int, max
     """Prefetch `namespace`'s hottest stored prefixes into the cache's L2 up to the budget, as host-only nodes.
     Needs a store and a cache-mode host tier (InvalidInput before anything moves otherwise). `policy` /
     `timeout_ms` settle each prefetch instead of the cache's configured ones (see `TieredCache.settle_prefetch`)."""
-    if cache.store is None:
+    if cache.l3_store is None:  # the hottest prefixes are read from the store's page tree
         raise InvalidInput("warming a namespace needs an L3 store")
     if cache.host_pool is None or cache.config.host_mode is not HostMode.CACHE:
         # Buffer mode's L2 holds only staged records until their request's admission: warmed pages would wait
@@ -98,7 +98,7 @@ def warm_namespace(cache: TieredCache, namespace: Namespace, max_pages: int, max
                            "buffer (buffer mode) or absent")
     start = time.perf_counter()
     ps = cache.page_size
-    plan = hottest_prefixes(cache.store, cache.layout, namespace, max_pages, max_bytes)
+    plan = hottest_prefixes(cache.l3_store, cache.layout, namespace, max_pages, max_bytes)
     inserted = 0
     declined: dict[str, int] = {}
     tag = namespace.id_hex[:12]

@@ -398,8 +398,10 @@ class AccessPolicy(msgspec.Struct, frozen=True):
 
 
 @runtime_checkable
-class L3Store(Protocol):
-    """A persistent page store keyed by page hash. Every backend implements this (DESIGN §6)."""
+class PageStore(Protocol):
+    """What a cache asks of its L3 (DESIGN §6): pages by hash, batch by batch, and the namespace-wide operations a
+    cache performs on its own (dropping a namespace, reading and setting shares). A new backend starts here; a
+    `TieredCache`, the I/O worker and the engine adapters need nothing more."""
 
     location: str  # the path or URL it was opened at
     layout: KVLayout | None  # the layout this handle writes under (None: inspect/read only)
@@ -428,6 +430,25 @@ class L3Store(Protocol):
         """Remove every page of one namespace and its registry record, in bounded transactions, and record the
         removal once for the namespace in the removal log: `reason` DROP (an offboarding) or TTL (an expiry)."""
 
+    def set_shares(self, namespace: Namespace, shares: Shares) -> None:
+        """Record `namespace`'s shares with the registry (`Shares()` clears them); every process sees them."""
+
+    def shares(self) -> list[NamespaceShares]:
+        """Every namespace's recorded shares."""
+
+    def flush(self) -> None:
+        """Write pending access times and hit counts."""
+
+    def close(self) -> None:
+        """Flush and release the handle. Idempotent."""
+
+
+@runtime_checkable
+class L3Store(PageStore, Protocol):
+    """A persistent page store with its administration (DESIGN §6): the registry, the removal and drop logs,
+    layouts, the page tree a walk reads, verification and the serving records. Every backend `open_store`
+    returns implements this; the CLI, `kvcache.ops` and the live server ask it."""
+
     def removals(self, hashes: Sequence[bytes], namespace: NamespaceId | None = None) -> list[PageRemoval | None]:
         """One answer per hash, in order, from the store's bounded removal log (`kvcache.storage.removals`): the
         newest record of what removed that page and when, or None (never removed, or its record aged out of the
@@ -438,12 +459,6 @@ class L3Store(Protocol):
 
     def namespaces(self) -> list[NamespaceRecord]:
         """The namespace registry."""
-
-    def set_shares(self, namespace: Namespace, shares: Shares) -> None:
-        """Record `namespace`'s shares with the registry (`Shares()` clears them); every process sees them."""
-
-    def shares(self) -> list[NamespaceShares]:
-        """Every namespace's recorded shares."""
 
     def layouts(self) -> list[KVLayout]:
         """Every layout the store holds."""
@@ -483,12 +498,6 @@ class L3Store(Protocol):
 
     def drop_seq(self) -> int:
         """The number of the last drop recorded (0: none). One small read: live caches call it before each put."""
-
-    def flush(self) -> None:
-        """Write pending access times and hit counts."""
-
-    def close(self) -> None:
-        """Flush and release the handle. Idempotent."""
 
 
 def page_origins(layout: KVLayout, tokens: bytes, namespace: Namespace, chain_key: bytes,

@@ -1,11 +1,12 @@
 """The storage kit: the one module an L3 backend outside the core imports (DESIGN §2: plugins -> storage.kit).
 
-It re-exports what a backend needs and nothing else: the `L3Store` protocol and its records (`api`), the argument
-checks every backend shares (`checks`), the stored page value, checksums and record codecs (`codec`), the handle's
-counters and access log (`handle`), the shared integrity audit and repair (`verify`), the backend registry
-(`registry`), the store errors, and the key, layout, namespace and share values of `kvcache.types`. A plugin that
-imports only this module depends on no other part of the core, and the core may rearrange its modules freely
-behind these names. `plugins/README.md` says how a backend uses them.
+It re-exports what a backend needs and nothing else: the store contracts (`PageStore`, what a cache asks, and
+`L3Store`, it and the administration) and their records (`api`), the argument checks every backend shares
+(`checks`), the stored page value, checksums and record codecs (`codec`), the handle's counters and access log
+(`handle`), the shared integrity audit and repair (`verify`), the backend registry (`registry`), the store errors,
+and the key, layout, namespace and share values of `kvcache.types`. A plugin that imports only this module depends
+on no other part of the core, and the core may rearrange its modules freely behind these names.
+`plugins/README.md` says how a backend uses them.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from .api import (
     PageMeta,
     PageOrigin,
     PageOutcome,
+    PageStore,
     PutResult,
     ServeRecord,
     StoreCounters,
@@ -112,7 +114,7 @@ from .verify import (
 
 __all__ = [
     # the protocol and its records (api)
-    "L3Store", "PageOrigin", "PageMeta", "NamespaceRecord", "LayoutRecord", "ChildInfo", "PutResult", "DeleteResult",
+    "L3Store", "PageStore", "PageOrigin", "PageMeta", "NamespaceRecord", "LayoutRecord", "ChildInfo", "PutResult", "DeleteResult",
     "StoreCounters", "StoreStats", "VerifyFinding", "VerifyRemoval", "VerifyReport", "CapacityPolicy",
     "AccessPolicy", "VERIFY_KINDS", "REPAIRS", "page_origins",
     # engine-keyed pages: what becomes of each page of a put, the origins and hashes of an engine's keys (api)

@@ -10,7 +10,7 @@ PUBLIC = {
     "CommitResult", "DeclineReason", "DropReason", "EvictResult", "HostMode", "KVLayout", "Namespace",
     "NamespaceInfo", "Owner", "OwnerKind", "PrefetchOutcome", "PrefetchPolicy", "PrefetchStats", "RadixKey",
     "Request", "StagedView", "TierHits", "TieredCache", "TreeMatch", "Violation", "ViolationKind", "WritePolicy",
-    "page_hashes", "L3Store", "open_store", "page_origins", "NamespaceShares", "Shares",
+    "page_hashes", "L3Store", "PageStore", "open_store", "page_origins", "NamespaceShares", "Shares",
     "SettledPrefetch", "SyntheticKV", "WarmResult", "warm_namespace",
     "Shard", "engine_page_hash", "engine_origins", "engine_hashes", "PageOutcome",
     "ExpiryCause", "NamespaceExpiry", "NamespaceTTL", "TTLMode", "TTLPolicy", "TTLStats",

@@ -351,3 +351,21 @@ def test_explain_changes_nothing(store):
     after = (cache.snapshot().state, cache.tree.node_count, [n.last_access for n in cache.tree.nodes()],
              cache.stats().counters, store.namespaces())
     assert after == before
+
+
+def test_over_a_page_store_without_administration_the_store_part_is_absent_but_its_hits_count():
+    # A cache over a bare PageStore (a sweep's page set) has no removal log or registry to explain a miss from:
+    # `l3_store` is None and the L3 part of the explanation is left out, while the tokens L3 would serve still count.
+    from kvcache.storage.page_set import PageSet
+
+    cache = l3_cache(PageSet(make_layout(PS)), PS, device_tokens=16, host_tokens=16)
+    assert cache.l3_store is None
+    first = req("a", 100)
+    serve(cache, first)
+    serve(cache, req("b", 200))  # L1 and L2 hold 4 pages each: `a` is only in L3 now
+    e = cache.explain(first)
+    assert e.storage is None and (e.hits.device, e.hits.storage) == (0, 16)
+
+
+def test_over_an_lmdb_store_l3_store_is_the_store(store):
+    assert l3_cache(store, PS).l3_store is store

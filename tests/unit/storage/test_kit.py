@@ -11,7 +11,7 @@ from kvcache.storage import api, base, checks, kit, registry
 # against it import these, and must keep finding them.
 BASE_NAMES = {
     "AccessPolicy", "CapacityPolicy", "ChildInfo", "DEFAULT_SCHEME", "DeleteResult", "ENTRY_POINT_GROUP",
-    "InvalidInput", "KVLayout", "L3Store", "LayoutMismatch", "LayoutRecord", "Namespace", "NamespaceInfo",
+    "InvalidInput", "KVLayout", "L3Store", "PageStore", "LayoutMismatch", "LayoutRecord", "Namespace", "NamespaceInfo",
     "NamespaceRecord", "NamespaceShares", "NotAStore", "PAGE_HASH_BYTES", "PageMeta", "PageOrigin", "PutResult",
     "REPAIRS", "Shares", "StoreCounters", "StoreError", "StoreReadOnly", "StoreStats", "StoreUnsupported",
     "TOKEN_BYTES", "UnknownBackend", "VERIFY_KINDS", "VerifyFinding", "VerifyRemoval", "VerifyReport",
