@@ -5,8 +5,9 @@ default layout (page 16, 1 KiB per token). Nine sizes: L1 x L2 = {4,096, 16,384,
 262,144} tokens, L3 unlimited, write-through, wait_complete prefetch, cache mode. Both in this process, one torch
 thread (as `kvc` runs), the same run:
 
-- **sweep**: `kvcache.workload.sweep.sweep` over the nine sizes, one process per core (what `kvc sweep` runs; its
-  worker processes' start-up included);
+- **sweep**: `kvcache.workload.sweep.sweep` over the nine sizes, one lane per core: this process and one worker
+  process per other core (what `kvc sweep` runs; the workers' start-up included). L3 unlimited: each size's L3 is
+  the sweep's byte-free page set;
 - **replays**: nine replays, one per size, one after another, each what `kvc replay --prefetch-policy wait_complete`
   runs (kvc.context.offline_cache: the default CacheConfig, L3 I/O on its thread, synthetic KV written at every
   forward) on a new LMDB store of the default durability: what sizing took before `kvc sweep`. Without the start-up
@@ -67,7 +68,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=10_000, help="requests in the trace")
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
-                        help="the sweep's processes (default: the cores this process may use)")
+                        help="the sweep's lanes, this process included (default: the cores this process may use)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -98,8 +99,8 @@ def main() -> int:
         "",
         f"Machine: {machine()}. Trace: `kvc generate --requests {args.requests}` ({swept.requests:,} requests, "
         f"{swept.tokens:,} tokens, 4 salted tenants); `kvc init` default layout (page 16, 1 KiB per token); "
-        f"L3 unlimited, write-through, wait_complete, cache mode. The sweep ran {swept.workers} processes (their "
-        f"start-up included); the replays one after another, each on a new store (`kvc replay`'s cache: L3 I/O on "
+        f"L3 unlimited, write-through, wait_complete, cache mode. The sweep ran {swept.workers} lanes (this "
+        f"process and {swept.workers - 1} worker processes, their start-up included); the replays one after another, each on a new store (`kvc replay`'s cache: L3 I/O on "
         f"its thread, synthetic KV written, the store's default durability). Wall time, same run, load before: "
         f"{load}.",
         "",

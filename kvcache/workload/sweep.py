@@ -1,14 +1,20 @@
 """Capacity sweep: the hit rate per tenant and per tier a trace gets at each of several tier sizes.
 
-Each size is a whole replay (`kvcache.workload.replay.Replayer`) through a real `TieredCache` on a real, empty LMDB
-store: the same tree, ledger, eviction, prefetch, backup and L3 capacity code as `kvc replay`, so a size's hits are
-exactly those of a replay at that size. What a sweep leaves out is what hit accounting never reads:
+Each size is a whole replay (`kvcache.workload.replay.Replayer`) through a real `TieredCache`: the same tree,
+ledger, eviction, prefetch and backup code as `kvc replay`, so a size's hits are exactly those of a replay at that
+size. Its L3 is what that replay's store would hold:
 
-- the KV bytes: no synthetic KV is written at the forward and none is verified (which tokens hit depends on page
-  hashes and slot ownership, never on the bytes a slot holds);
-- durability: each size's store is a scratch directory opened without fsync (`durability="none"`) and removed
-  afterwards. Measured here on a 2,000-request replay with L3 I/O inline: 8.8 s with an fsync per L3 write and KV
-  written, 0.55 s without either (the layout's bytes themselves cost little: a 1-byte layout saved about 10 %).
+- an L3 of limited size is a real, empty LMDB store with that capacity (its own eviction decides what stays), in a
+  scratch directory opened without fsync (`durability="none"`) and removed afterwards;
+- an unlimited L3 (size 0) never evicts, so it holds exactly the pages written and not dropped: a `PageSet`
+  (`kvcache.storage.page_set`) keeps that set, byte-free, and answers what the LMDB store would. On a
+  10,000-request trace (L1 16k, L2 64k tokens) a size took 1.4 s on it against 2.5 s on an LMDB store too big to
+  evict, with the same hits: LMDB's transactions, checksums and copies.
+
+What a sweep leaves out is what hit accounting never reads: the KV bytes (no synthetic KV is written at the forward
+and none is verified: which tokens hit depends on page hashes and slot ownership, never on the bytes a slot holds)
+and durability. Measured on a 2,000-request replay with L3 I/O inline: 8.8 s with an fsync per L3 write and KV
+written, 0.55 s without either.
 
 The layout stays the store's own and the scratch store takes the store's key when given: page hashes (the L3
 store's keys) then are those a replay on that store writes, so even LRU ties between pages stored together break
@@ -17,10 +23,9 @@ the same way (by hash order) and L3 is exact too.
 Everything that would read the clock is fixed so a size's outcome depends only on the trace: L3 I/O runs inline
 between scheduler steps (`io_thread=False`, as reproducible replays run), prefetches are not re-armed on a timer
 (`prefetch_retries=0`), and the prefetch policy is `wait_complete` or `best_effort` (`timeout` is refused: what
-arrives within a time budget depends on how fast the machine replays). Sizes run in parallel, one process each, at
-most `workers` at a time.
+arrives within a time budget depends on how fast the machine replays). Sizes run in parallel, at most `workers` at
+a time: this process and `workers - 1` worker processes.
 """
-
 from __future__ import annotations
 
 import os
@@ -35,13 +40,15 @@ import msgspec
 
 from ..engine.cache import TieredCache
 from ..errors import InvalidConfig, InvalidInput, KVCacheError
-from ..storage.api import CapacityPolicy, L3Store
+from ..storage.api import CapacityPolicy, L3Store, PageStore
 from ..storage.keyfile import install_key
+from ..storage.page_set import PageSet
 from ..storage.registry import open_store
 from ..types.config import CacheConfig, PrefetchPolicy
+from ..types.keys import derive_chain_key
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace
-from ..types.reports import TierTokens
+from ..types.reports import ReplayReport, TierTokens
 from ..types.request import Request
 from ..types.results import Admission
 from ..types.sweep import MAX_SWEEP_POINTS, PointResult, SweepPoint, SweepPolicies, SweepReport, TenantHits
@@ -139,20 +146,26 @@ def run_point(layout: KVLayout, point: SweepPoint, policies: SweepPolicies, trac
         c.host += adm.host_hit_tokens
         c.storage += adm.storage_hit_tokens
 
-    root = tempfile.mkdtemp(prefix="kvc-sweep-", dir=scratch_dir)  # mode 0700: the key file is a secret
-    try:
-        store = _scratch_store(os.path.join(root, "store"), layout, point.storage_bytes, store_key)
+    def replay_on(store: PageStore) -> ReplayReport:
+        cache = TieredCache(config, store)
         try:
-            cache = TieredCache(config, store)
-            try:
-                report = ByteFreeReplayer(cache, batch=policies.batch, lookahead=policies.lookahead,
-                                           on_admit=on_admit).run(trace)
-            finally:
-                cache.close()
+            return ByteFreeReplayer(cache, batch=policies.batch, lookahead=policies.lookahead,
+                                    on_admit=on_admit).run(trace)
         finally:
-            store.close()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+            cache.close()
+
+    if not point.storage_bytes:  # L3 unlimited: it never evicts, so it holds exactly the pages written
+        report = replay_on(PageSet(layout, derive_chain_key(store_key) if store_key is not None else None))
+    else:
+        root = tempfile.mkdtemp(prefix="kvc-sweep-", dir=scratch_dir)  # mode 0700: the key file is a secret
+        try:
+            store = _scratch_store(os.path.join(root, "store"), layout, point.storage_bytes, store_key)
+            try:
+                report = replay_on(store)
+            finally:
+                store.close()
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
     return _PointCounts(counts, report.backup.storage_pages, report.backup.storage_rejected, report.audit.ok,
                         report.seconds)
 
@@ -192,12 +205,26 @@ class _Failed(msgspec.Struct, frozen=True):
         return (KVCacheError if self.ours else RuntimeError)(f"{text}{self.kind}: {self.message}")
 
 
-def _worker_point(layout: KVLayout, point: SweepPoint, policies: SweepPolicies, store_key: bytes | None,
-                  scratch_dir: str | None) -> _PointCounts | _Failed:
+def _attempt(layout: KVLayout, point: SweepPoint, policies: SweepPolicies, trace: Sequence[TraceRequest],
+             store_key: bytes | None, scratch_dir: str | None) -> _PointCounts:
+    """`run_point`, its failure raised as the sweep raises it wherever the size ran (`_Failed.exception`)."""
+    outcome = _point_or_failure(layout, point, policies, trace, store_key, scratch_dir)
+    if isinstance(outcome, _Failed):
+        raise outcome.exception(point)
+    return outcome
+
+
+def _point_or_failure(layout: KVLayout, point: SweepPoint, policies: SweepPolicies, trace: Sequence[TraceRequest],
+                      store_key: bytes | None, scratch_dir: str | None) -> _PointCounts | _Failed:
     try:
-        return run_point(layout, point, policies, _worker_trace, store_key, scratch_dir)
+        return run_point(layout, point, policies, trace, store_key, scratch_dir)
     except Exception as exc:  # noqa: BLE001 - sent back whole, raised by the parent
         return _Failed(type(exc).__name__, str(exc), isinstance(exc, KVCacheError))
+
+
+def _worker_point(layout: KVLayout, point: SweepPoint, policies: SweepPolicies, store_key: bytes | None,
+                  scratch_dir: str | None) -> _PointCounts | _Failed:
+    return _point_or_failure(layout, point, policies, _worker_trace, store_key, scratch_dir)
 
 
 # --- the sweep --------------------------------------------------------------------------------------------------
@@ -219,10 +246,10 @@ def sweep(layout: KVLayout, trace: Sequence[TraceRequest], points: Sequence[Swee
           policies: SweepPolicies = DEFAULT_POLICIES, *, workers: int = 1, store_key: bytes | None = None,
           scratch_dir: str | None = None, progress: Callable[[int], object] | None = None) -> SweepReport:
     """Replay `trace` once per size in `points` (see the module docstring) and report the hits of each, per
-    namespace and per tier. `workers` > 1 runs sizes in that many processes at once. `store_key`: the key of the
-    store a replay would run on (its page hashes, so LRU ties break alike); None: a new key per size. Namespaces
-    are shown (extra_key, salt fingerprint) under this process's fingerprint key. `progress(n)` after each size,
-    with the sizes done."""
+    namespace and per tier. `workers` > 1 runs that many sizes at once (this process and `workers - 1` others).
+    `store_key`: the key of the store a replay would run on (its page hashes, so LRU ties break alike); None: a
+    new key per size. Namespaces are shown (extra_key, salt fingerprint) under this process's fingerprint key.
+    `progress(n)` after each size, with the sizes done."""
     check_points(points)
     for p in points:
         sweep_config(layout, p, policies)  # every size's config checked before anything runs
@@ -233,31 +260,11 @@ def sweep(layout: KVLayout, trace: Sequence[TraceRequest], points: Sequence[Swee
     results: list[_PointCounts | None] = [None] * len(points)
     if workers == 1:
         for i, p in enumerate(points):
-            results[i] = run_point(layout, p, policies, trace, store_key, scratch_dir)
+            results[i] = _attempt(layout, p, policies, trace, store_key, scratch_dir)
             if progress is not None:
                 progress(i + 1)
     else:
-        encoded = msgspec.msgpack.encode(list(trace))
-        # spawn: a worker starts clean (a fork of a process whose torch started OpenMP threads can hang)
-        with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
-                                 initargs=(encoded,)) as pool:
-            pending: dict[Future[_PointCounts | _Failed], int] = {
-                pool.submit(_worker_point, layout, p, policies, store_key, scratch_dir): i
-                for i, p in enumerate(points)}
-            done_count = 0
-            while pending:
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in done:
-                    i = pending.pop(future)
-                    outcome = future.result()
-                    if isinstance(outcome, _Failed):
-                        for other in pending:
-                            other.cancel()
-                        raise outcome.exception(points[i])
-                    results[i] = outcome
-                    done_count += 1
-                    if progress is not None:
-                        progress(done_count)
+        _sweep_shared(layout, trace, points, policies, workers, store_key, scratch_dir, progress, results)
     per_request = _namespace_per_request(trace)
     index = {ns: i for i, ns in enumerate(dict.fromkeys(per_request))}
     namespaces = [ns.info() for ns in index]
@@ -267,6 +274,49 @@ def sweep(layout: KVLayout, trace: Sequence[TraceRequest], points: Sequence[Swee
     rows = [_point_result(p, r, namespaces, sent) for p, r in zip(points, results, strict=True) if r is not None]
     return SweepReport(len(trace), sum(len(t.tokens) for t in trace), policies, rows, workers,
                        time.perf_counter() - start)
+
+
+def _sweep_shared(layout: KVLayout, trace: Sequence[TraceRequest], points: Sequence[SweepPoint],
+                  policies: SweepPolicies, workers: int, store_key: bytes | None, scratch_dir: str | None,
+                  progress: Callable[[int], object] | None, results: list[_PointCounts | None]) -> None:
+    """Run the sizes on `workers` lanes: `workers - 1` processes take them from the front, and this process, which
+    has the trace and its imports already (a worker's start-up is seconds of importing torch), takes them from the
+    back, each by cancelling a size no process has started. Fills `results`."""
+    encoded = msgspec.msgpack.encode(list(trace))
+    done_count = 0
+
+    def settle(future: Future[_PointCounts | _Failed], i: int) -> None:
+        nonlocal done_count
+        outcome = future.result()
+        if isinstance(outcome, _Failed):
+            raise outcome.exception(points[i])
+        results[i] = outcome
+        done_count += 1
+        if progress is not None:
+            progress(done_count)
+
+    # spawn: a worker starts clean (a fork of a process whose torch started OpenMP threads can hang)
+    with ProcessPoolExecutor(workers - 1, mp_context=get_context("spawn"), initializer=_init_worker,
+                             initargs=(encoded,)) as pool:
+        futures = [pool.submit(_worker_point, layout, p, policies, store_key, scratch_dir) for p in points]
+        pending = dict(zip(futures, range(len(points)), strict=True))
+        try:
+            for i in reversed(range(len(points))):
+                if futures[i].cancel():  # no process has it: run it here
+                    del pending[futures[i]]
+                    results[i] = _attempt(layout, points[i], policies, trace, store_key, scratch_dir)
+                    done_count += 1
+                    if progress is not None:
+                        progress(done_count)
+                for future in [f for f in pending if f.done()]:
+                    settle(future, pending.pop(future))
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    settle(future, pending.pop(future))
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 def _rate(hits: TierTokens, tokens: int) -> float:

@@ -108,3 +108,20 @@ def test_bad_sizes_are_refused_before_anything_runs(points, error):
 def test_the_timeout_policy_is_refused_it_reads_the_clock():
     with pytest.raises(InvalidConfig, match="timeout"):
         sweep(LAYOUT, generate(SPEC), [SweepPoint(256, 512)], SweepPolicies(prefetch_policy=PrefetchPolicy.TIMEOUT))
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_a_size_that_fails_raises_the_same_error_in_this_process_or_a_worker(tmp_path, workers):
+    # An L3-limited size replays on a scratch store made under scratch_dir, which does not exist: the first size
+    # to start fails, wherever it runs (with 2 or 3 lanes this process takes the last size, a worker the first).
+    points = [SweepPoint(256, 512, 40 * PAGE), SweepPoint(512, 512, 40 * PAGE), SweepPoint(256, 1024, 40 * PAGE)]
+    with pytest.raises(RuntimeError, match=r"^sweep at L1 \d+ / L2 \d+ / L3 \d+ bytes: FileNotFoundError: "):
+        sweep(LAYOUT, generate(SPEC), points, workers=workers, scratch_dir=str(tmp_path / "absent"))
+
+
+def test_progress_counts_the_sizes_done_in_this_process_and_in_workers():
+    seen = []
+    points = [SweepPoint(256, 512), SweepPoint(512, 512), SweepPoint(256, 1024), SweepPoint(512, 1024)]
+    report = sweep(LAYOUT, generate(WorkloadSpec(requests=20, tenants=2, seed=1)), points, workers=2,
+                   progress=seen.append)
+    assert seen == [1, 2, 3, 4] and [p.point for p in report.points] == points and report.workers == 2
