@@ -6,7 +6,11 @@
   "message"}}`` on stdout. ``--debug`` (or env KVC_DEBUG=1) prints the traceback first.
 - Ctrl-C (SIGINT) is one line, ``kvc: interrupted``, and exit 130. The first SIGINT unwinds the command through
   its cleanups (store transactions are atomic, snapshots and traces are written to a temporary file and renamed);
-  further SIGINTs are ignored until that is done, so nothing is left half-written.
+  further SIGINTs are ignored until that is done, so nothing is left half-written. While a command drives a cache
+  in this process (`at_steps`: a replay, a sweep), the SIGINT lands at the cache's next step (`step_boundary`,
+  which every progress update calls) instead of wherever the interpreter happens to be: a KeyboardInterrupt raised
+  inside the engine can leave a lock taken (CPython runs the handler between a lock's acquire and the `with` that
+  would release it) and the cache's close then waits on it forever.
 - Warnings the core logs (an L3 write that failed, a prefetch that could not read) are collapsed: the first of a
   kind is printed, the rest counted and summarised in one line when the command ends.
 
@@ -52,9 +56,12 @@ class Invocation:
 
     json = False  # the command prints JSON (--json, -o json, -o jsonl): errors go to stdout as JSON too
     debug = False  # --debug or KVC_DEBUG: show tracebacks
+    at_steps = 0  # > 0 while a command drives a cache here: a SIGINT waits for the next step (`at_steps`)
+    interrupted = False  # a SIGINT arrived while at_steps > 0 and has not been raised yet
 
     def start(self, args: Sequence[str]) -> None:
         """Read what can be known before parsing (parsing itself may be what fails)."""
+        self.at_steps, self.interrupted = 0, False
         self.json = wants_json(args)
         self.debug = "--debug" in args or os.environ.get("KVC_DEBUG", "") not in ("", "0")
 
@@ -269,6 +276,9 @@ def _sigint_unwinds() -> Iterator[None]:
 
     def first(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if STATE.at_steps:
+            STATE.interrupted = True  # raised by the next step_boundary
+            return
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGINT, first)
@@ -276,6 +286,26 @@ def _sigint_unwinds() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def at_steps() -> Iterator[None]:
+    """Around work that drives a cache in this process: a SIGINT is held until the next `step_boundary` (or the end
+    of the block), where it is raised as KeyboardInterrupt with the cache between steps (see the module
+    docstring)."""
+    STATE.at_steps += 1
+    try:
+        yield
+    finally:
+        STATE.at_steps -= 1
+    step_boundary()
+
+
+def step_boundary() -> None:
+    """A place a held SIGINT may land: raise it here (KeyboardInterrupt) if one arrived."""
+    if STATE.interrupted:
+        STATE.interrupted = False
+        raise KeyboardInterrupt
 
 
 def _main_thread() -> bool:

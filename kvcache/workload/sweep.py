@@ -131,9 +131,11 @@ def _scratch_store(path: str, layout: KVLayout, storage_bytes: int, key: bytes |
 
 
 def run_point(layout: KVLayout, point: SweepPoint, policies: SweepPolicies, trace: Sequence[TraceRequest],
-              store_key: bytes | None = None, scratch_dir: str | None = None) -> _PointCounts:
+              store_key: bytes | None = None, scratch_dir: str | None = None,
+              between_steps: Callable[[], object] | None = None) -> _PointCounts:
     """Replay `trace` at one size on an empty scratch store (under `scratch_dir`, the system's temporary directory by
-    default; removed afterwards), without KV bytes; its figures per namespace in trace order."""
+    default; removed afterwards), without KV bytes; its figures per namespace in trace order. `between_steps()`
+    after each scheduler step: what it raises unwinds the replay with the cache between steps."""
     config = sweep_config(layout, point, policies)
     index = {ns: i for i, ns in enumerate(namespaces_of(trace))}
     counts = [_Counts() for _ in index]
@@ -150,7 +152,8 @@ def run_point(layout: KVLayout, point: SweepPoint, policies: SweepPolicies, trac
         cache = TieredCache(config, store)
         try:
             return ByteFreeReplayer(cache, batch=policies.batch, lookahead=policies.lookahead,
-                                    on_admit=on_admit).run(trace)
+                                    on_admit=on_admit).run(trace, None if between_steps is None
+                                                           else lambda done: between_steps())
         finally:
             cache.close()
 
@@ -183,10 +186,15 @@ _worker_trace: list[TraceRequest] = []
 
 
 def _init_worker(encoded: bytes) -> None:
-    """A worker's start: one torch thread (a sweep's parallelism is its processes) and the trace, decoded once."""
+    """A worker's start: one torch thread (a sweep's parallelism is its processes) and the trace, decoded once.
+    SIGINT is ignored: a Ctrl-C reaches the whole process group, and the sweep's own process stops the sweep (a
+    KeyboardInterrupt raised at any point of a worker's cache could leave a lock taken that its close waits on)."""
     global _worker_trace
+    import signal
+
     import torch
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     _worker_trace = msgspec.msgpack.decode(encoded, type=list[TraceRequest])
 
@@ -206,18 +214,21 @@ class _Failed(msgspec.Struct, frozen=True):
 
 
 def _attempt(layout: KVLayout, point: SweepPoint, policies: SweepPolicies, trace: Sequence[TraceRequest],
-             store_key: bytes | None, scratch_dir: str | None) -> _PointCounts:
-    """`run_point`, its failure raised as the sweep raises it wherever the size ran (`_Failed.exception`)."""
-    outcome = _point_or_failure(layout, point, policies, trace, store_key, scratch_dir)
+             store_key: bytes | None, scratch_dir: str | None,
+             between_steps: Callable[[], object] | None) -> _PointCounts:
+    """`run_point`, its failure raised as the sweep raises it wherever the size ran (`_Failed.exception`); what
+    `between_steps` raises (not an Exception: a KeyboardInterrupt) goes through as it is."""
+    outcome = _point_or_failure(layout, point, policies, trace, store_key, scratch_dir, between_steps)
     if isinstance(outcome, _Failed):
         raise outcome.exception(point)
     return outcome
 
 
 def _point_or_failure(layout: KVLayout, point: SweepPoint, policies: SweepPolicies, trace: Sequence[TraceRequest],
-                      store_key: bytes | None, scratch_dir: str | None) -> _PointCounts | _Failed:
+                      store_key: bytes | None, scratch_dir: str | None,
+                      between_steps: Callable[[], object] | None = None) -> _PointCounts | _Failed:
     try:
-        return run_point(layout, point, policies, trace, store_key, scratch_dir)
+        return run_point(layout, point, policies, trace, store_key, scratch_dir, between_steps)
     except Exception as exc:  # noqa: BLE001 - sent back whole, raised by the parent
         return _Failed(type(exc).__name__, str(exc), isinstance(exc, KVCacheError))
 
@@ -244,12 +255,15 @@ def check_points(points: Sequence[SweepPoint]) -> None:
 
 def sweep(layout: KVLayout, trace: Sequence[TraceRequest], points: Sequence[SweepPoint],
           policies: SweepPolicies = DEFAULT_POLICIES, *, workers: int = 1, store_key: bytes | None = None,
-          scratch_dir: str | None = None, progress: Callable[[int], object] | None = None) -> SweepReport:
+          scratch_dir: str | None = None, progress: Callable[[int], object] | None = None,
+          between_steps: Callable[[], object] | None = None) -> SweepReport:
     """Replay `trace` once per size in `points` (see the module docstring) and report the hits of each, per
     namespace and per tier. `workers` > 1 runs that many sizes at once (this process and `workers - 1` others).
     `store_key`: the key of the store a replay would run on (its page hashes, so LRU ties break alike); None: a
     new key per size. Namespaces are shown (extra_key, salt fingerprint) under this process's fingerprint key.
-    `progress(n)` after each size, with the sizes done."""
+    `progress(n)` after each size, with the sizes done. `between_steps()` after each scheduler step of a size run
+    in this process: what it raises (kvc's Ctrl-C) stops the sweep with that cache between steps; the sizes
+    running in workers then finish, the rest are cancelled."""
     check_points(points)
     for p in points:
         sweep_config(layout, p, policies)  # every size's config checked before anything runs
@@ -260,11 +274,12 @@ def sweep(layout: KVLayout, trace: Sequence[TraceRequest], points: Sequence[Swee
     results: list[_PointCounts | None] = [None] * len(points)
     if workers == 1:
         for i, p in enumerate(points):
-            results[i] = _attempt(layout, p, policies, trace, store_key, scratch_dir)
+            results[i] = _attempt(layout, p, policies, trace, store_key, scratch_dir, between_steps)
             if progress is not None:
                 progress(i + 1)
     else:
-        _sweep_shared(layout, trace, points, policies, workers, store_key, scratch_dir, progress, results)
+        _sweep_shared(layout, trace, points, policies, workers, store_key, scratch_dir, progress, between_steps,
+                      results)
     per_request = _namespace_per_request(trace)
     index = {ns: i for i, ns in enumerate(dict.fromkeys(per_request))}
     namespaces = [ns.info() for ns in index]
@@ -278,7 +293,8 @@ def sweep(layout: KVLayout, trace: Sequence[TraceRequest], points: Sequence[Swee
 
 def _sweep_shared(layout: KVLayout, trace: Sequence[TraceRequest], points: Sequence[SweepPoint],
                   policies: SweepPolicies, workers: int, store_key: bytes | None, scratch_dir: str | None,
-                  progress: Callable[[int], object] | None, results: list[_PointCounts | None]) -> None:
+                  progress: Callable[[int], object] | None, between_steps: Callable[[], object] | None,
+                  results: list[_PointCounts | None]) -> None:
     """Run the sizes on `workers` lanes: `workers - 1` processes take them from the front, and this process, which
     has the trace and its imports already (a worker's start-up is seconds of importing torch), takes them from the
     back, each by cancelling a size no process has started. Fills `results`."""
@@ -304,7 +320,8 @@ def _sweep_shared(layout: KVLayout, trace: Sequence[TraceRequest], points: Seque
             for i in reversed(range(len(points))):
                 if futures[i].cancel():  # no process has it: run it here
                     del pending[futures[i]]
-                    results[i] = _attempt(layout, points[i], policies, trace, store_key, scratch_dir)
+                    results[i] = _attempt(layout, points[i], policies, trace, store_key, scratch_dir,
+                                          between_steps)
                     done_count += 1
                     if progress is not None:
                         progress(done_count)

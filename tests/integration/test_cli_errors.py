@@ -152,7 +152,7 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_the_store_sound(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", SIGINT_DEFAULT, str(KVC), "replay", str(trace), "--store",
                              str(store), "--snapshot-out", str(tmp_path / "cache.snap")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(write,),
-                            env=dict(os.environ, KVC_PROGRESS_FD=str(write)))
+                            env=dict(os.environ, KVC_PROGRESS_FD=str(write), PYTHONFAULTHANDLER="1"))
     os.close(write)
     with os.fdopen(read) as progress:
         seen = []
@@ -168,13 +168,50 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_the_store_sound(tmp_path):
             proc.wait(timeout=120)
             pytest.fail(f"the replay ended (exit {proc.returncode}) before it ran 200 requests: {seen[-3:]}, "
                         f"{proc.stderr.read()!r}")  # type: ignore[union-attr]
-    out, err = proc.communicate(timeout=300)
+    try:
+        out, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:  # stuck after the SIGINT: SIGABRT makes it print every thread's stack
+        proc.send_signal(signal.SIGABRT)
+        pytest.fail(f"kvc replay did not end after SIGINT; its threads:\n{proc.communicate()[1].decode()}")
     assert proc.returncode == 130, err
     assert err.decode().strip().splitlines() == ["kvc: interrupted"] and out == b""
     assert not (tmp_path / "cache.snap").exists()  # no snapshot, and no temp file of one either
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".cache.snap")] == []
     audit = invoke("audit", "--store", store, "--json")
     assert audit.exit_code == 0 and json.loads(audit.stdout)["ok"]  # what was written is whole
+
+
+@pytest.mark.parametrize("command", ["replay", "sweep"])
+def test_a_ctrl_c_inside_the_engine_lands_at_the_next_step_never_inside_it(tmp_path, monkeypatch, command):
+    """A KeyboardInterrupt raised wherever the interpreter is can leave an engine lock taken (between its acquire
+    and the `with` that would release it) and the cache's close then waits forever: a SIGINT that arrives while an
+    admission runs must let that admission finish and stop the command at the next step. In this process, so the
+    signal lands inside a chosen call: the admission that sends it records whether it ran to its end."""
+    from kvcache.engine.cache import TieredCache
+
+    store = tmp_path / "store"
+    assert invoke("init", "--store", store).exit_code == 0
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, generate(WorkloadSpec(requests=400, tenants=2, seed=5)))
+    real, calls = TieredCache.admit, []
+
+    def admit(self, request):
+        calls.append("started")
+        if len(calls) == 41:  # the 21st admission: well inside the replay, past its first steps
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs at the next bytecode, inside this call
+        adm = real(self, request)
+        calls.append("finished")
+        return adm
+
+    monkeypatch.setattr(TieredCache, "admit", admit)
+    args = ["--store", store] if command == "replay" else ["--store", store, "--device-tokens", "256",
+                                                          "--host-tokens", "512", "--workers", "1"]
+    result = invoke(command, trace, *args)
+    assert result.exit_code == 130, result.output
+    assert result.stderr.strip().splitlines() == ["kvc: interrupted"]
+    assert calls.count("started") == calls.count("finished") < 400  # none cut short, and the command stopped
+    audit = invoke("audit", "--store", store, "--json")
+    assert audit.exit_code == 0 and json.loads(audit.stdout)["ok"]
 
 
 def test_a_replay_no_l3_write_of_which_succeeds_says_so_and_exits_1(tmp_path):
@@ -214,7 +251,7 @@ def test_a_redis_server_killed_mid_replay_is_failed_writes_never_rejected_ones(t
         read, write = os.pipe()
         proc = subprocess.Popen([str(KVC), "replay", str(trace), "--store", url, "--json"], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, pass_fds=(write,),
-                                env=dict(os.environ, KVC_PROGRESS_FD=str(write)))
+                                env=dict(os.environ, KVC_PROGRESS_FD=str(write), PYTHONFAULTHANDLER="1"))
         os.close(write)
         with os.fdopen(read) as progress:
             for line in progress:  # read to the end: the replay never waits on a full pipe

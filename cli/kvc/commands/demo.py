@@ -23,7 +23,7 @@ from ..render.output import Column, Kind, Listing, emit_json, output_format, ren
 from ..render.progress import progress
 from ..render.replay import hit_listing, trace_counts
 from ..render.text import esc, human_bytes
-from ..reporting import command
+from ..reporting import at_steps, command
 
 if TYPE_CHECKING:
     from kvcache.types.reports import ReplayReport
@@ -97,7 +97,7 @@ def demo(
             reports = []
             for run in ("cold", "warm"):
                 cache = offline_cache(handle, DEMO_LAYOUT, device_tokens, host_tokens, prefetch_policy="timeout")
-                with contextlib.closing(cache):
+                with at_steps(), contextlib.closing(cache):  # a Ctrl-C lands between the cache's steps
                     with progress(f"{run} replay", len(trace), not json) as advance:
                         reports.append(run_replay(cache, trace, verify=True, progress=advance))
             verify = handle.verify()

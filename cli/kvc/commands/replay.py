@@ -34,7 +34,7 @@ from ..render.output import emit_json, say
 from ..render.progress import progress
 from ..render.replay import print_report
 from ..render.text import esc, escape_controls, human_bytes
-from ..reporting import command
+from ..reporting import at_steps, command
 
 if TYPE_CHECKING:
     from kvcache.types.reports import ReplayReport
@@ -97,7 +97,7 @@ def replay(
             raise UsageError(f"{store}: the store is read-only here; a replay writes its committed pages to it")
         cache = offline_cache(handle, handle.layout, device_tokens, host_tokens, prefetch_policy=prefetch_policy,
                               write_policy=write_policy, host_mode=mode)
-        with contextlib.closing(cache):
+        with at_steps(), contextlib.closing(cache):  # a Ctrl-C lands between the cache's steps
             explained: list[Explanation] = []
             with progress("replay", len(requests), not json) as advance:
                 report = run_replay(cache, requests, verify=verify, batch=batch, progress=advance,

@@ -35,7 +35,7 @@ from ..options import (
 )
 from ..render.output import emit_json, say
 from ..render.text import esc, human_bytes, ns_label
-from ..reporting import command
+from ..reporting import at_steps, command
 from ..secrets import salt_from
 
 DEFAULT_MAX_PAGES = 4096
@@ -78,7 +78,7 @@ def _run(store, socket: str | None, request, mode: str, device_tokens: int, host
         # offline the prefetch is the only thing running, so a miss is final: no retries to wait for
         cache = offline_cache(handle, layout, round_up_pages(device_tokens, ps), round_up_pages(host_tokens, ps),
                               host_mode=mode, prefetch_retries=0)
-        with contextlib.closing(cache):
+        with at_steps(), contextlib.closing(cache):  # a Ctrl-C waits for the request and the close
             from kvcache.errors import InvariantViolation
             from kvcache.ops.handlers import execute
 

@@ -26,7 +26,7 @@ from ..render.output import emit_json
 from ..render.progress import progress
 from ..render.sweep import PLOT_FORMATS, plot_note, plot_sweep, print_sweep
 from ..render.text import escape_controls, human_bytes
-from ..reporting import command
+from ..reporting import at_steps, command, step_boundary
 
 MAX_STORAGE_BYTES = 2**63 - 1  # the store records its capacity as a u64; beyond any disk
 _SIZE = re.compile(r"(\d{1,19})([kmgt]?)", re.IGNORECASE)
@@ -153,8 +153,9 @@ def sweep(
     policies = SweepPolicies(write_policy, PrefetchPolicy(prefetch_policy.value), mode, batch)
     from kvcache.workload.sweep import sweep as run_sweep
 
-    with progress("sweep", len(points), not json) as advance:
-        report = run_sweep(layout, requests, points, policies, workers=n_workers, store_key=key, progress=advance)
+    with at_steps(), progress("sweep", len(points), not json) as advance:  # a Ctrl-C lands between steps
+        report = run_sweep(layout, requests, points, policies, workers=n_workers, store_key=key, progress=advance,
+                           between_steps=step_boundary)
     if json:
         emit_json(report)
     else:

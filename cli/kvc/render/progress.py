@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable, Iterator
 
 from ..errors import UsageError
+from ..reporting import step_boundary
 from .output import console
 
 PROGRESS_FD_ENV = "KVC_PROGRESS_FD"
@@ -69,6 +70,7 @@ def progress(description: str, total: int | None, enabled: bool = True) -> Itera
         def advance(done: int) -> None:
             bar.update(task, completed=done)
             lines.write(done)
+            step_boundary()  # between steps: where a held Ctrl-C lands (reporting.at_steps)
 
         lines.write(0)
         yield advance
