@@ -100,7 +100,8 @@ def main() -> int:
         f"Machine: {machine()}. Trace: `kvc generate --requests {args.requests}` ({swept.requests:,} requests, "
         f"{swept.tokens:,} tokens, 4 salted tenants); `kvc init` default layout (page 16, 1 KiB per token); "
         f"L3 unlimited, write-through, wait_complete, cache mode. The sweep ran {swept.workers} lanes (this "
-        f"process and {swept.workers - 1} worker processes, their start-up included); the replays one after another, each on a new store (`kvc replay`'s cache: L3 I/O on "
+        f"process and {swept.workers - 1} worker process{'es' if swept.workers > 2 else ''}, their start-up "
+        f"included); the replays one after another, each on a new store (`kvc replay`'s cache: L3 I/O on "
         f"its thread, synthetic KV written, the store's default durability). Wall time, same run, load before: "
         f"{load}.",
         "",
