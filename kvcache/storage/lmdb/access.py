@@ -23,7 +23,7 @@ from ..api import AccessPolicy, PageMeta
 from ..codec import HEADER, Checksum, decode_meta, decode_or_none, encoder
 from ..handle import AccessLog
 from ..removals import RemovalReason
-from .registry import NsDelta, adjust_totals, apply_deltas, delta, drop_page
+from .bookkeeping import NsDelta, adjust_totals, apply_deltas, delta, drop_page
 from .removals import record as record_removals
 
 Reads = list[tuple[float, Sequence[bytes], int]]  # logged reads: (unix seconds, the pages served in order, how many)

@@ -56,7 +56,7 @@ from ...errors import (
 )
 from ..codec import CHECKSUMS, DEFAULT_CHECKSUM, FORMAT_MAGIC, FORMAT_VERSION, StoreFormat, decode_format, encoder
 from ..keyfile import KEY_FILE
-from .registry import init_store_records
+from .bookkeeping import init_store_records
 
 DEFAULT_MAP_SIZE = 256 << 20  # initial map; grows on demand (the file grows with the data, not the map)
 MAX_DBS = 16

@@ -9,7 +9,7 @@ earlier in the batch counts); a batch with any other token page is refused whole
 (`PageOrigin.key`) is linked under its parent when that is such a page of its namespace and layout, and under its
 namespace root otherwise (its hash is its key's under that root, so it reads the same wherever it hangs), or
 when pages already hang below it (orphans of its earlier copy: under one of them it would sit in its own
-subtree). Room is made by evicting least recently used leaves (`registry.evict`): within a namespace over its
+subtree). Room is made by evicting least recently used leaves (`bookkeeping.evict`): within a namespace over its
 limit (its share, else the quota), then across the store over its capacity; the evicted pages are named in the
 result (`PutResult.evicted_hashes`). What still does not fit is rejected, so what is stored of a chain stays a
 prefix. The result says what became of
@@ -31,7 +31,7 @@ from ...types.layout import KVLayout
 from ..api import PageMeta, PageOrigin, PageOutcome, PutResult
 from ..codec import CHECKSUM_FIELD, HEADER, Checksum, decode_meta, decode_namespace, encoder
 from .access import AccessRecords, Taken
-from .registry import NsDelta, StoreTotals, apply_deltas, delta, evict, limits, read_totals, store_share
+from .bookkeeping import NsDelta, StoreTotals, apply_deltas, delta, evict, limits, read_totals, store_share
 
 
 class PutBatch:

@@ -31,7 +31,7 @@ from ...types.keys import PAGE_HASH_BYTES
 from ...types.shares import decode_shares_record
 from ..codec import StoreFormat, decode_format, decode_layout, decode_meta, decode_namespace, decode_or_none
 from . import pagefile
-from .registry import SHARES_PREFIX
+from .bookkeeping import SHARES_PREFIX
 
 LIVE = 1 << 62  # the rank of a record in a live leaf: above any transaction id a freed leaf has
 LIMIT_KEYS = (b"capacity", b"ns_quota")  # u64 payload limits in `store`

@@ -5,7 +5,7 @@ never written (a store made before kvc kept one) opens nowhere until it is resto
 key changes: every display id (a digest of the namespace id under the key: recomputed from the registry, which
 keeps the ids) and every salt fingerprint. The registry's recorded fingerprints were made under the old key and,
 the salt never being stored, cannot be made again without it: each salted record's is set to UNKNOWN_FINGERPRINT,
-and the namespace's next write records it under the new key (`registry.apply_deltas`). Nothing mixes two keys.
+and the namespace's next write records it under the new key (`bookkeeping.apply_deltas`). Nothing mixes two keys.
 
 A store whose chain roots are keyed by its key (format 2) and that holds pages loses them all under a new key
 (their hashes cannot be found again): that is refused unless asked for (`--yes`), and said.
@@ -31,7 +31,7 @@ from ..codec import DEFAULT_CHECKSUM, decode_namespace, decode_or_none, encoder
 from ..keyfile import KeyState, install_key, key_status, prepare_new_key
 from .env import DEFAULT_DURABILITY, DEFAULT_MAP_SIZE, acquire, release, resolve_location
 from .pagemap import refuse_damaged
-from .serving import read_serves
+from .serve_records import read_serves
 
 
 class RekeyResult(msgspec.Struct, frozen=True):

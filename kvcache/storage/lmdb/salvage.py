@@ -113,6 +113,7 @@ from ..keyfile import (
 from ..verify import recorded_roots, verify
 from ..verify_parts import AuditScope
 from . import pagefile, pagemap, recover
+from .bookkeeping import SHARES_PREFIX, recount
 from .env import (
     DB_NAMES,
     DEFAULT_DURABILITY,
@@ -127,8 +128,7 @@ from .env import (
     release,
     translate,
 )
-from .registry import SHARES_PREFIX, recount
-from .verify import LMDBIntegrity
+from .integrity import LMDBIntegrity
 
 COPY_BATCH_PAGES = 256  # records per write transaction of the rebuild's first pass (a death loses one batch)
 _ERRORS = {"NotAStore": NotAStore, "StoreUnsupported": StoreUnsupported, "StoreReadOnly": StoreReadOnly,

@@ -11,20 +11,20 @@ Named sub-databases (all keys are 16-byte page hashes unless said otherwise)::
                 b"ns_quota" -> u64 payload limit of each namespace,
                 b"shares/" + namespace id -> NamespaceShares (msgpack): one tenant's shares (kvcache.types.shares);
                 stores written before shares have none, and an older kvc ignores these keys;
-                b"serve/", b"drop/", b"drop_seq": the live caches serving it and its drop records (`serving`)
+                b"serve/", b"drop/", b"drop_seq": the live caches serving it and its drop records (`serve_records`)
     removals    b"h" + page hash / b"n" + namespace id -> why and when it was removed; b"q" + seq -> the log's
                 order (`removals`: the newest REMOVALS_KEPT; stores written before it get it from their next writer)
 
 The parts, one module each: `env` (the environment shared per process, map growth, fork, error translation),
-`registry` (registry counters, totals, limits and eviction inside write transactions), `put` (the write path:
+`bookkeeping` (registry counters, totals, limits and eviction inside write transactions), `put` (the write path:
 one batch, one write transaction), `access` (reads logged in memory and pages quarantined on read, folded into
 the next write transaction), `tree` (a page's children and the heat of its subtree), `delete` (a namespace's
-offboarding), `verify` (this backend's side of the shared integrity audit, `kvcache.storage.verify`) and
+offboarding), `integrity` (this backend's side of the shared integrity audit, `kvcache.storage.verify`) and
 `salvage` (the audit of a store too damaged to open in this process, and its rebuild); `codec` (the page value,
 checksums, the format record) is shared with other backends. This module is the store handle over them: opening,
 the read path and the registry views.
 
-Integrity (`verify`): every stored page should hang from its namespace root through stored pages of the same
+Integrity (`integrity`): every stored page should hang from its namespace root through stored pages of the same
 namespace and layout. `put` keeps that: it refuses a token page whose parent is neither its namespace root nor a
 stored page of its namespace (the whole batch), and links an engine page whose parent is unknown under its
 namespace root instead (an engine page's hash is its key's under that root: it needs no parent to be read).
@@ -39,7 +39,7 @@ Known traps, measured on the machines this was built on:
   later it shows other data, and after a map resize it faults (SIGBUS). Pages are copied out inside the read
   transaction, and no view ever leaves it.
 - A read transaction held open while writers churn pins every page it can see: one held across a churn grew a
-  1 GiB store to 3.3 GiB. Read transactions here last one batch; `verify` walks the store in chunks.
+  1 GiB store to 3.3 GiB. Read transactions here last one batch; `integrity` walks the store in chunks.
 - ``torch.Tensor.copy_`` with 2 threads fell to ~0.3 GB/s at 256 KiB pages, where ``np.copyto`` into
   ``tensor.numpy()`` ran at ~7 GB/s. Copies go through the buffer protocol (a memoryview slice assignment is one
   memcpy, with less per-call overhead than ``np.copyto``), never through torch.
@@ -101,6 +101,18 @@ from ..location import StoreLocation
 from ..verify import removed_pages, verify
 from ..verify_parts import AuditScope
 from .access import AccessRecords
+from .bookkeeping import (  # noqa: F401
+    StoreTotals,
+    has_pages_of,
+    key_evidence,
+    layout_records,
+    limits,
+    namespace_records,
+    read_shares,
+    read_totals,
+    set_limits,
+    write_shares,
+)
 from .delete import delete_namespace
 from .env import (  # noqa: F401
     DEFAULT_DURABILITY,
@@ -115,24 +127,12 @@ from .env import (  # noqa: F401
     remove_failed_create,
     resolve_location,
 )
+from .integrity import REPAIR_BATCH_PAGES, VERIFY_CHUNK_PAGES, LMDBIntegrity  # noqa: F401
 from .pagemap import damaged_detail, refuse_damaged
 from .put import PutBatch
-from .registry import (  # noqa: F401
-    StoreTotals,
-    has_pages_of,
-    key_evidence,
-    layout_records,
-    limits,
-    namespace_records,
-    read_shares,
-    read_totals,
-    set_limits,
-    write_shares,
-)
 from .removals import lookup as removal_lookup
-from .serving import add_drop, delete_serve, put_serve, read_drop_seq, read_drops, read_serves
+from .serve_records import add_drop, delete_serve, put_serve, read_drop_seq, read_drops, read_serves
 from .tree import child_pages, children
-from .verify import REPAIR_BATCH_PAGES, VERIFY_CHUNK_PAGES, LMDBIntegrity  # noqa: F401
 
 BACKEND = "lmdb"
 KEY_CHECK_RECORDS = 256  # namespace records with roots an open checks its key file against (keyfile.KeyEvidence)
@@ -594,7 +594,7 @@ class LMDBStore(StoreHandle):
 
     def verify(self, repair: bool = False, scope: AuditScope | None = None) -> VerifyReport:
         """Scan every page (checksum, size, hash, metadata, indexes), the prefix trees and the registry counters
-        (`kvcache.storage.verify`, read as this backend's `verify` module describes: payloads in short read
+        (`kvcache.storage.verify`, read as this backend's `integrity` module describes: payloads in short read
         transactions, the tree, index and counter checks on one snapshot of the metadata).
 
         `repair` removes what is provably corrupt or unreachable (api.REPAIRS): each finding's page with every

@@ -113,7 +113,7 @@ def test_lmdb_keeps_a_store_share_by_evicting_the_namespaces_own_oldest_pages(tm
 
 
 def test_a_salvage_rebuild_carries_the_share_records_into_the_fresh_store(tmp_path):
-    from kvcache.storage.lmdb.registry import SHARES_PREFIX
+    from kvcache.storage.lmdb.bookkeeping import SHARES_PREFIX
     from kvcache.storage.lmdb.salvage import _prepare
 
     record = msgspec.msgpack.encode(NamespaceShares(A.id_hex, "tenant-a", None, Shares(store_bytes=64), 0.0))

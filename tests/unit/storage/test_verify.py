@@ -19,8 +19,8 @@ import pytest
 
 from kvcache.errors import InvalidInput, StoreReadOnly
 from kvcache.storage.api import REPAIRS, VERIFY_KINDS, CapacityPolicy, NamespaceRecord, PageMeta, page_origins
+from kvcache.storage.lmdb import integrity as lmdb_integrity
 from kvcache.storage.lmdb import store as lmdb_store
-from kvcache.storage.lmdb import verify as lmdb_verify
 from kvcache.storage.lmdb.store import LMDBStore, StoreTotals
 from kvcache.storage.registry import open_store
 from kvcache.types.keys import pack_tokens
@@ -280,7 +280,7 @@ def test_registry_counters_off_are_recounted(path, chains):
 
 
 def test_repair_removes_in_bounded_transactions(path, chains, monkeypatch):
-    monkeypatch.setattr(lmdb_verify, "REPAIR_BATCH_PAGES", 3)
+    monkeypatch.setattr(lmdb_integrity, "REPAIR_BATCH_PAGES", 3)
     with raw(path) as r:
         r.drop(chains.c[0])  # the whole of NS2's chain is orphaned
     with LMDBStore.open(path, LAYOUT) as s:
@@ -493,7 +493,7 @@ def write_engine(store: LMDBStore, keys: list[bytes], ns: Namespace = NS) -> lis
 
 def keyless(s: LMDBStore, repair: bool = False):
     """verify as a reader who may not read the key file: roots from the namespace records."""
-    source = lmdb_verify.LMDBIntegrity(s._live(), s._write)
+    source = lmdb_integrity.LMDBIntegrity(s._live(), s._write)
     source.chain_key = None
     return shared_verify(source, repair)
 

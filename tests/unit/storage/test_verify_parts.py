@@ -21,8 +21,8 @@ from kvcache.storage.api import NamespaceRecord, PageMeta, engine_origins, page_
 from kvcache.storage.lmdb import salvage
 from kvcache.storage.lmdb import store as lmdb_store
 from kvcache.storage.lmdb.env import DEFAULT_MAP_SIZE, acquire, release
+from kvcache.storage.lmdb.integrity import LMDBIntegrity, read_history
 from kvcache.storage.lmdb.store import LMDBStore
-from kvcache.storage.lmdb.verify import LMDBIntegrity, read_history
 from kvcache.storage.verify import verify
 from kvcache.storage.verify_parts import NOT_CHECKED, AuditScope, KeyRange
 from kvcache.types.keys import engine_page_hash, hash_root, pack_tokens
@@ -353,11 +353,11 @@ def test_engine_pages_are_judged_by_workers_as_by_a_serial_audit_with_the_chain_
 def test_ranges_read_in_many_short_transactions_find_the_same(path, built, monkeypatch):
     """Chunks of 3 pages (and 192 metadata records, incremental): every chunk boundary inside a range is crossed
     without a key read twice or skipped."""
-    from kvcache.storage.lmdb import verify as lmdb_verify
+    from kvcache.storage.lmdb import integrity as lmdb_integrity
 
     plant_everything(path, built)
     serial = audit(path)
-    monkeypatch.setattr(lmdb_verify, "VERIFY_CHUNK_PAGES", 3)
+    monkeypatch.setattr(lmdb_integrity, "VERIFY_CHUNK_PAGES", 3)
     assert audit(path, AuditScope(workers=3), parts=3).findings == serial.findings
     everything = audit(path, AuditScope(workers=2, since=0.0))
     headless = built.chains[6][12].hex()  # bytes without metadata: no metadata walk finds it (headless_pages)

@@ -134,7 +134,7 @@ def test_a_migrated_store_verifies_without_its_key(tmp_path):
 
 def _keyless_verify(path: str):
     from kvcache.storage.lmdb.env import acquire, release
-    from kvcache.storage.lmdb.verify import LMDBIntegrity
+    from kvcache.storage.lmdb.integrity import LMDBIntegrity
     from kvcache.storage.verify import verify
 
     shared = acquire(path, False, 1 << 20, "none", lock=False)

@@ -115,7 +115,7 @@ def test_an_unreadable_data_file_is_access_denied_never_structure_corrupt(path):
 def test_a_lock_free_audit_finds_what_a_locked_one_finds(path):
     import lmdb
 
-    from kvcache.storage.lmdb.verify import LOCK_FREE_CHUNK_PAGES
+    from kvcache.storage.lmdb.integrity import LOCK_FREE_CHUNK_PAGES
 
     with LMDBStore.open(path, LAYOUT) as store:  # more pages than a lock-free chunk: the scan crosses chunks
         for t in range(LOCK_FREE_CHUNK_PAGES // 4 + 2):

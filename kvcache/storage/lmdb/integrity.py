@@ -67,8 +67,8 @@ from ..verify import (
 from ..verify_parts import Catalogue, HeldPage, KeyRange, NsSum, PartContext, PartProgress, PartReport, replays
 from . import pagemap
 from . import removals as removal_log
+from .bookkeeping import NsDelta, adjust_totals, apply_deltas, decode_totals, drop_page, key_evidence, recount
 from .env import DEFAULT_MAP_SIZE, SharedEnv, acquire, release
-from .registry import NsDelta, adjust_totals, apply_deltas, decode_totals, drop_page, key_evidence, recount
 
 T = TypeVar("T")
 
