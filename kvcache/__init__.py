@@ -3,6 +3,35 @@
 L1 (device) and L2 (host) slot pools under one namespaced radix tree, an optional L3 page store
 (`kvcache.storage`), an ownership ledger checked on every slot move and an audit that can run at any moment.
 Start with `TieredCache(CacheConfig(layout=KVLayout(...), device_tokens=..., host_tokens=...), store=None)`.
+
+The public API (`__all__`, one sorted list) serves four audiences; each name is in one of them
+(tests/unit/test_api.py checks that this list and `__all__` agree):
+
+Core — an engine embedding the cache: the cache, its values and policies, the store contracts, the errors:
+  `Admission`, `AdmitStatus`, `AuditReport`, `BackupStats`, `CacheClosed`, `CacheConfig`, `CacheCounters`,
+  `CacheStats`, `CancelReason`, `CommitResult`, `DeclineReason`, `DoubleFree`, `DropReason`, `engine_hashes`,
+  `engine_origins`, `engine_page_hash`, `EngineUnsupported`, `EvictResult`, `ExpiryCause`, `Headroom`, `HostMode`,
+  `InvalidConfig`, `InvalidInput`, `InvalidLayout`, `InvalidNamespace`, `InvalidTokens`, `InvalidTrace`,
+  `InvariantViolation`, `KeyFileError`, `KeyMismatch`, `KVCacheError`, `KVLayout`, `L3Store`, `LayoutMismatch`,
+  `LockUnderflow`, `Namespace`, `NamespaceDrop`, `NamespaceExpiry`, `NamespaceInfo`, `NamespaceMismatch`,
+  `NamespaceShares`, `NamespaceTTL`, `NotAStore`, `open_store`, `Owner`, `OwnerKind`, `OwnershipError`,
+  `page_hashes`, `page_origins`, `PageOutcome`, `PageStore`, `PrefetchOutcome`, `PrefetchPolicy`, `PrefetchStats`,
+  `RadixKey`, `RepairRefused`, `Request`, `RequestIdInUse`, `SettledPrefetch`, `Shard`, `Shares`, `StagedView`,
+  `StoreAccessDenied`, `StoreChanged`, `StoreClosed`, `StoreDamaged`, `StoreError`, `StoreFull`, `StoreReadOnly`,
+  `StoreUnsupported`, `TieredCache`, `TierHits`, `TierRoom`, `TreeMatch`, `TTLMode`, `TTLPolicy`, `TTLStats`,
+  `UnknownBackend`, `UnknownRequest`, `Violation`, `ViolationKind`, `warm_namespace`, `WarmResult`, `WritePolicy`
+
+Workload — traces and the replay driver (what `kvc replay`, `kvc sweep` and the benchmarks run):
+  `generate`, `NamespaceReplay`, `read_trace`, `replay`, `Replayer`, `ReplayReport`, `SyntheticKV`, `TierTokens`,
+  `TraceRequest`, `VerifyMismatch`, `WorkloadSpec`, `write_trace`
+
+Live — a cache served on an admin socket, and its KV-event feed:
+  `AdminBadFrame`, `AdminClient`, `AdminError`, `AdminProtocolMismatch`, `AdminRemoteError`, `AdminServer`,
+  `AdminShuttingDown`, `AdminSocketInUse`, `AdminTimeout`, `AdminUnavailable`, `AdminUntrusted`,
+  `EventEndpointError`, `KVEventPublisher`, `KVEventSubscriber`
+
+Wire format — the KV events a router or indexer consumes (`kvc serve --events`, `kvc ns dump`):
+  `AllBlocksCleared`, `BlockRemoved`, `BlockStored`, `EventBatch`, `MediumNames`
 """
 
 import importlib
@@ -153,32 +182,22 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_HOME))
 
 
-__all__ = [
-    "Admission", "AdmitStatus", "AuditReport", "BackupStats", "CacheConfig", "CacheCounters", "CacheStats",
-    "CancelReason", "CommitResult", "DeclineReason", "DropReason", "EvictResult", "Headroom", "HostMode", "KVLayout",
-    "Namespace", "NamespaceDrop", "TierRoom", "NamespaceInfo", "Owner", "OwnerKind", "PrefetchOutcome",
-    "PrefetchPolicy", "PrefetchStats", "RadixKey",
-    "Request", "StagedView", "TierHits", "TieredCache", "TreeMatch", "Violation", "ViolationKind", "WritePolicy",
-    "page_hashes", "L3Store", "PageStore", "open_store", "page_origins", "NamespaceShares", "Shares",
-    "SettledPrefetch", "SyntheticKV", "WarmResult", "warm_namespace",
-    # engine-keyed pages and engines' layouts (an engine's own page keys in the store)
-    "Shard", "engine_page_hash", "engine_origins", "engine_hashes", "PageOutcome",
-    # namespace time to live
-    "ExpiryCause", "NamespaceExpiry", "NamespaceTTL", "TTLMode", "TTLPolicy", "TTLStats",
-    # workloads and the replay driver
-    "TraceRequest", "WorkloadSpec", "generate", "read_trace", "write_trace",
-    "NamespaceReplay", "Replayer", "ReplayReport", "TierTokens", "VerifyMismatch", "replay",
-    # live mode: the admin socket, the KV-event feed
-    "AdminClient", "AdminServer", "KVEventPublisher", "KVEventSubscriber",
-    # KV events: the wire format
-    "AllBlocksCleared", "BlockRemoved", "BlockStored", "EventBatch", "MediumNames",
-    # errors
-    "CacheClosed", "DoubleFree", "InvalidConfig", "InvalidInput", "InvalidLayout", "InvalidNamespace",
-    "InvalidTokens",
-    "InvalidTrace", "InvariantViolation", "KVCacheError", "LayoutMismatch", "LockUnderflow", "NamespaceMismatch",
-    "NotAStore", "OwnershipError", "StoreError", "StoreFull", "StoreReadOnly", "StoreUnsupported", "UnknownBackend",
-    "RequestIdInUse", "UnknownRequest", "EventEndpointError", "RepairRefused", "StoreAccessDenied", "StoreChanged",
-    "KeyFileError", "EngineUnsupported", "KeyMismatch", "StoreClosed", "StoreDamaged",
-    "AdminBadFrame", "AdminError", "AdminProtocolMismatch", "AdminRemoteError", "AdminSocketInUse", "AdminTimeout",
-    "AdminUnavailable", "AdminUntrusted", "AdminShuttingDown",
+__all__ = [  # sorted; the audiences are in the module docstring
+    "AdminBadFrame", "AdminClient", "AdminError", "AdminProtocolMismatch", "AdminRemoteError", "AdminServer",
+    "AdminShuttingDown", "AdminSocketInUse", "AdminTimeout", "AdminUnavailable", "AdminUntrusted", "Admission",
+    "AdmitStatus", "AllBlocksCleared", "AuditReport", "BackupStats", "BlockRemoved", "BlockStored", "CacheClosed",
+    "CacheConfig", "CacheCounters", "CacheStats", "CancelReason", "CommitResult", "DeclineReason", "DoubleFree",
+    "DropReason", "EngineUnsupported", "EventBatch", "EventEndpointError", "EvictResult", "ExpiryCause", "Headroom",
+    "HostMode", "InvalidConfig", "InvalidInput", "InvalidLayout", "InvalidNamespace", "InvalidTokens", "InvalidTrace",
+    "InvariantViolation", "KVCacheError", "KVEventPublisher", "KVEventSubscriber", "KVLayout", "KeyFileError",
+    "KeyMismatch", "L3Store", "LayoutMismatch", "LockUnderflow", "MediumNames", "Namespace", "NamespaceDrop",
+    "NamespaceExpiry", "NamespaceInfo", "NamespaceMismatch", "NamespaceReplay", "NamespaceShares", "NamespaceTTL",
+    "NotAStore", "Owner", "OwnerKind", "OwnershipError", "PageOutcome", "PageStore", "PrefetchOutcome",
+    "PrefetchPolicy", "PrefetchStats", "RadixKey", "RepairRefused", "ReplayReport", "Replayer", "Request",
+    "RequestIdInUse", "SettledPrefetch", "Shard", "Shares", "StagedView", "StoreAccessDenied", "StoreChanged",
+    "StoreClosed", "StoreDamaged", "StoreError", "StoreFull", "StoreReadOnly", "StoreUnsupported", "SyntheticKV",
+    "TTLMode", "TTLPolicy", "TTLStats", "TierHits", "TierRoom", "TierTokens", "TieredCache", "TraceRequest",
+    "TreeMatch", "UnknownBackend", "UnknownRequest", "VerifyMismatch", "Violation", "ViolationKind", "WarmResult",
+    "WorkloadSpec", "WritePolicy", "engine_hashes", "engine_origins", "engine_page_hash", "generate", "open_store",
+    "page_hashes", "page_origins", "read_trace", "replay", "warm_namespace", "write_trace",
 ]

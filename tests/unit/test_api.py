@@ -35,6 +35,36 @@ def test_all_is_pinned():
         assert getattr(kvcache, name).__doc__, f"{name} has no docstring"
 
 
+AUDIENCES = ("Core", "Workload", "Live", "Wire format")
+
+
+def _audiences() -> dict[str, list[str]]:
+    """The names the package docstring lists under each audience heading (a line "Audience — ...:" followed by
+    indented lines of `name`s)."""
+    import re
+
+    listed: dict[str, list[str]] = {}
+    current = None
+    for line in kvcache.__doc__.splitlines():
+        heading = re.match(r"^(\w[\w ]*) — .*:$", line)
+        if heading:
+            current = heading.group(1)
+            listed[current] = []
+        elif current is not None and line.startswith("  "):
+            listed[current] += re.findall(r"`(\w+)`", line)
+        else:
+            current = None
+    return listed
+
+
+def test_all_is_one_sorted_list_and_the_docstring_puts_each_name_in_one_audience():
+    assert kvcache.__all__ == sorted(kvcache.__all__)
+    listed = _audiences()
+    assert tuple(listed) == AUDIENCES
+    names = [n for group in listed.values() for n in group]
+    assert sorted(names) == sorted(kvcache.__all__), "the docstring's audiences and __all__ disagree"
+
+
 def test_every_error_is_drawn_in_the_tree_and_exported():
     doc = errors.__doc__
     for name, obj in inspect.getmembers(errors, inspect.isclass):
