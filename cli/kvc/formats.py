@@ -24,16 +24,14 @@ def note_old_format(location: StoreLocation | str, version: int) -> None:
 
 
 def recorded_version(location: StoreLocation) -> int | None:
-    """The format version an LMDB store records, read without opening it (None: not LMDB, or unreadable: the
-    command that reads it says why)."""
-    from kvcache.storage.registry import scheme_of
-
-    if scheme_of(location.url) != "lmdb":
-        return None
+    """The format version a store records, read without opening it (None: its backend has no maintenance, such as
+    a shared store that records its format where opening reads it, or unreadable: the command that reads it says
+    why)."""
     from kvcache.errors import KVCacheError
-    from kvcache.storage.lmdb.migrate import format_version_of
+    from kvcache.storage.registry import maintenance_of
 
     try:
-        return format_version_of(location.url)
+        maintenance = maintenance_of(location.url)
+        return maintenance.format_version(location.url) if maintenance is not None else None
     except (KVCacheError, OSError):
         return None

@@ -1,7 +1,8 @@
 """The storage kit: the one module an L3 backend outside the core imports (DESIGN §2: plugins -> storage.kit).
 
 It re-exports what a backend needs and nothing else: the store contracts (`PageStore`, what a cache asks, and
-`L3Store`, it and the administration) and their records (`api`), the argument checks every backend shares
+`L3Store`, it and the administration) and their records (`api`), the maintenance of a closed store
+(`maintenance`), the argument checks every backend shares
 (`checks`), the stored page value, checksums and record codecs (`codec`), the handle's counters and access log
 (`handle`), the shared integrity audit and repair (`verify`), the backend registry (`registry`), the store errors,
 and the key, layout, namespace and share values of `kvcache.types`. A plugin that imports only this module depends
@@ -97,6 +98,7 @@ from .codec import (
     stored_checksum,
 )
 from .handle import AccessLog, StoreHandle, count_read, new_counts
+from .maintenance import MigrateReport, PageDisk, RekeyResult, StoreMaintenance
 from .registry import DEFAULT_SCHEME, ENTRY_POINT_GROUP, backend_class, backends, open_store, scheme_of
 from .removals import NAMESPACE_WIDE, REMOVALS_KEPT, PageRemoval, RemovalReason, newest_removal, removals_kept
 from .verify import (
@@ -114,7 +116,7 @@ from .verify import (
 
 __all__ = [
     # the protocol and its records (api)
-    "L3Store", "PageStore", "PageOrigin", "PageMeta", "NamespaceRecord", "LayoutRecord", "ChildInfo", "PutResult", "DeleteResult",
+    "L3Store", "PageStore", "StoreMaintenance", "MigrateReport", "RekeyResult", "PageDisk", "PageOrigin", "PageMeta", "NamespaceRecord", "LayoutRecord", "ChildInfo", "PutResult", "DeleteResult",
     "StoreCounters", "StoreStats", "VerifyFinding", "VerifyRemoval", "VerifyReport", "CapacityPolicy",
     "AccessPolicy", "VERIFY_KINDS", "REPAIRS", "page_origins",
     # engine-keyed pages: what becomes of each page of a put, the origins and hashes of an engine's keys (api)

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from ..errors import InvalidInput, UnknownBackend
 from ..types.layout import KVLayout
 from .api import L3Store
+from .maintenance import StoreMaintenance
 
 ENTRY_POINT_GROUP = "kvcache.storage"
 DEFAULT_SCHEME = "lmdb"  # the backend a plain filesystem path opens
@@ -20,7 +21,10 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 class StoreBackend(Protocol):
     """What a backend's entry point loads: its store class, which `open`s a location as an `L3Store` (the
-    backend's own options, such as a capacity or a map size, pass through `**options`)."""
+    backend's own options, such as a capacity or a map size, pass through `**options`), and its `maintenance` of
+    a closed store by location (None: it has none; a backend written before the attribute is read as None)."""
+
+    maintenance: StoreMaintenance | None
 
     def open(self, location: str, layout: KVLayout | None = None, *, create: bool = False, readonly: bool = False,
              add_layout: bool = False, **options: Any) -> L3Store: ...
@@ -59,3 +63,10 @@ def open_store(url_or_path: str, layout: KVLayout | None = None, *, create: bool
     cls = backend_class(scheme_of(url_or_path))
     return cls.open(str(url_or_path), layout=layout, create=create, readonly=readonly, add_layout=add_layout,
                     **options)
+
+
+def maintenance_of(url_or_path: str) -> StoreMaintenance | None:
+    """The maintenance (format version, migrate, rekey, disk per page) of the backend registered for a location's
+    scheme; None when that backend has none. UnknownBackend for a scheme no backend is registered for."""
+    maintenance: StoreMaintenance | None = getattr(backend_class(scheme_of(url_or_path)), "maintenance", None)
+    return maintenance

@@ -13,7 +13,7 @@ import typer
 from kvcache.errors import NotAStore
 from kvcache.storage.keyfile import KEY_FILE
 from kvcache.storage.location import StoreLocation
-from kvcache.storage.registry import open_store, scheme_of
+from kvcache.storage.registry import maintenance_of, open_store, scheme_of
 from kvcache.types.layout import KVLayout
 
 from ..context import require_store
@@ -104,9 +104,8 @@ def init(
         handle, created = open_store(store.url, layout, create=True), True
     handle.close()
     key = store.redact(str(path / KEY_FILE)) if path is not None else "format record"  # the path may hold a token
-    from kvcache.storage.lmdb.footprint import page_disk  # here: only an LMDB store has a data file to size
-
-    disk = page_disk(layout) if path is not None else None
+    maintenance = maintenance_of(store.url)  # a backend with a data file to size (LMDB) says what a page costs
+    disk = maintenance.page_disk(layout) if maintenance is not None else None
     result = InitOutput(str(store), created, layout, layout.layout_id.hex(), layout.bytes_per_token,
                         layout.bytes_per_page, key, disk.total if disk else 0, round(disk.ratio, 3) if disk else 0.0)
     if json:
@@ -132,15 +131,15 @@ def _directory(store: StoreLocation) -> Path | None:
 
 def _rekey(store: StoreLocation, yes: bool, json: bool) -> None:
     """`kvc init --rekey`: a new key for an existing LMDB store, saying what changes."""
-    if scheme_of(store.url) != "lmdb":
+    maintenance = maintenance_of(store.url)
+    if maintenance is None:
         raise UsageError(f"--rekey: {store} keeps its fingerprint key in its format record, not a key file; "
                          f"--rekey gives an LMDB store a new key file")
     require_store(store)
     from kvcache.live.serves import alive, where
-    from kvcache.storage.lmdb.rekey import rekey
 
     me = socket.gethostname()
-    result = rekey(store.url, lambda records: [where(r) for r in records if r.host != me or alive(r.pid)], yes)
+    result = maintenance.rekey(store.url, lambda records: [where(r) for r in records if r.host != me or alive(r.pid)], yes)
     out = RekeyOutput(str(store), store.redact(result.path), str(result.previous), result.namespaces,
                       result.fingerprints_unknown, result.unreachable_pages)
     if json:

@@ -1,4 +1,5 @@
-"""`kvc migrate`: rewrite a store of an older format to the current one (kvcache.storage.lmdb.migrate).
+"""`kvc migrate`: rewrite a store of an older format to the current one, through its backend's maintenance
+(`kvcache.storage.registry.maintenance_of`; LMDB's rewrite is kvcache.storage.lmdb.migrate).
 
 Format 2 keys the page-hash chain roots by the store's secret, so a format-1 store's page hashes could be used to
 brute-force a short salt. Such a store is still read and written as before (kvc says so in one line on stderr
@@ -27,15 +28,14 @@ def migrate(
     the old in the store's directory, verified, and swapped in with one rename (a migration killed part-way
     leaves the store as it was). Every page hash changes (format 2 keys the chain roots by the store's key
     file). A current store is left alone. Needs the store to itself and a clean `kvc audit`."""
-    from kvcache.storage.registry import scheme_of
+    from kvcache.storage.registry import maintenance_of
 
     require_store(store)
-    if scheme_of(store.url) != "lmdb":
+    maintenance = maintenance_of(store.url)
+    if maintenance is None:
         raise UsageError(f"{store}: kvc migrate rewrites LMDB stores only (a Redis store of an older format is "
                          f"refused when opened: delete its keys and let the cache refill)")
-    from kvcache.storage.lmdb.migrate import migrate_location
-
-    report = migrate_location(store.url)
+    report = maintenance.migrate(store.url)
     if json:  # the location as shown (an LMDB URL's ?token= removed), as everywhere else
         emit_json(msgspec.structs.replace(report, location=store.redact(report.location)))
     elif report.migrated:

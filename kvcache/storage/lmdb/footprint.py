@@ -26,13 +26,12 @@ tests/unit/storage/lmdb/test_footprint.py (within 10% from 512-byte to 256 KiB p
 
 from __future__ import annotations
 
-import msgspec
-
 from ...types.ids import NamespaceId
 from ...types.keys import PAGE_HASH_BYTES, TOKEN_BYTES
 from ...types.layout import KVLayout
 from ..api import PageMeta
 from ..codec import HEADER, encoder
+from ..maintenance import PageDisk
 
 LMDB_PAGE = 4096  # LMDB's page: the OS page size on the machines kvc runs on (LMDB takes it from the OS)
 PAGE_HEADER = 16  # LMDB's header at the head of a page, an overflow run's first page included
@@ -44,26 +43,6 @@ OVERFLOW_REF = 8  # what a leaf node holds of an overflow value: its first page 
 LEAF_FILL = 0.62  # B-tree leaves filled by inserts in random key order (measured 0.62-0.69; the low end)
 COW_SPARE = 1.0  # spare copies of the leaves a store keeps from copy-on-write (measured 0.8-1.0)
 CHILD_ENTRY = 2 * PAGE_HASH_BYTES  # the children index's dupsort entry: parent hash -> child hash
-
-
-class PageDisk(msgspec.Struct, frozen=True):
-    """One page's share of an LMDB store's data file, by part (bytes; estimates but `value_pages`)."""
-
-    payload: int  # the page's bytes: what capacities and quotas count
-    value_pages: int  # overflow pages of its value (0: kept inline in a leaf); exact
-    value: int  # the value's bytes on disk: its overflow pages, or its share of a leaf
-    records: int  # its metadata, index entries and its leaf references, in leaves filled as measured
-    spare: int  # its share of the leaf copies copy-on-write keeps (free pages later writes reuse)
-
-    @property
-    def total(self) -> int:
-        """Bytes of data file per page stored."""
-        return self.value + self.records + self.spare
-
-    @property
-    def ratio(self) -> float:
-        """Data file per payload byte: what to multiply a payload capacity by to get the disk to provision."""
-        return self.total / self.payload
 
 
 def overflow_pages(value_bytes: int) -> int:

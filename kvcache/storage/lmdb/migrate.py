@@ -48,6 +48,7 @@ from ..codec import (
 )
 from ..isolated import run_isolated
 from ..keyfile import KEY_FILE, ensure_key
+from ..maintenance import MigrateReport
 from .env import DEFAULT_MAP_SIZE, ENVS, acquire, release
 from .pagemap import damaged_detail, refuse_damaged
 from .salvage import (
@@ -65,17 +66,6 @@ from .salvage import (
 
 MIGRATE_PREFIX = ".kvc-migrate-"  # the work directory of a migration, inside the store's
 MIGRATE_BATCH_PAGES = 256  # pages per write transaction of the new store
-
-
-class MigrateReport(msgspec.Struct, frozen=True):
-    """What `kvc migrate` did to a store."""
-
-    location: str
-    from_version: int  # the format the store had
-    to_version: int  # the format it has now (FORMAT_VERSION; the same as from_version when nothing was to do)
-    migrated: bool  # False: the store was already current, nothing was changed
-    pages: int  # pages rewritten under their new hashes
-    namespaces: int  # namespace records whose roots were rewritten
 
 
 def migrate_location(location: str) -> MigrateReport:

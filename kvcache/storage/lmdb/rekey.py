@@ -28,20 +28,11 @@ from ...errors import StoreError, StoreReadOnly
 from ...types.namespace import UNKNOWN_FINGERPRINT
 from ..api import ServeRecord
 from ..codec import DEFAULT_CHECKSUM, decode_namespace, decode_or_none, encoder
-from ..keyfile import KeyState, install_key, key_status, prepare_new_key
+from ..keyfile import install_key, key_status, prepare_new_key
+from ..maintenance import RekeyResult
 from .env import DEFAULT_DURABILITY, DEFAULT_MAP_SIZE, acquire, release, resolve_location
 from .pagemap import refuse_damaged
 from .serve_records import read_serves
-
-
-class RekeyResult(msgspec.Struct, frozen=True):
-    """What `rekey` changed."""
-
-    path: str  # the key file
-    previous: KeyState  # what the key file was before (present: a rotation; missing, empty, corrupt: a lost key)
-    namespaces: int  # registry records: each one's display id changed
-    fingerprints_unknown: int  # salted records whose fingerprint is unknown until their next write
-    unreachable_pages: int = 0  # pages whose chain roots the old key keyed (format 2): none is found again
 
 
 def rekey(location: str, live: Callable[[list[ServeRecord]], list[str]] | None = None,

@@ -51,7 +51,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import lmdb
 import numpy as np
@@ -98,6 +98,7 @@ from ..codec import (  # noqa: F401
 from ..handle import StoreHandle, count_read, new_counts
 from ..keyfile import create_key, refuse_mismatch, store_key
 from ..location import StoreLocation
+from ..maintenance import StoreMaintenance
 from ..verify import removed_pages, verify
 from ..verify_parts import AuditScope
 from .access import AccessRecords
@@ -128,6 +129,7 @@ from .env import (  # noqa: F401
     resolve_location,
 )
 from .integrity import REPAIR_BATCH_PAGES, VERIFY_CHUNK_PAGES, LMDBIntegrity  # noqa: F401
+from .maintenance import LMDBMaintenance
 from .pagemap import damaged_detail, refuse_damaged
 from .put import PutBatch
 from .removals import lookup as removal_lookup
@@ -154,6 +156,7 @@ class LMDBStore(StoreHandle):
 
     backend = BACKEND
     _shown_as = "path"
+    maintenance: ClassVar[StoreMaintenance | None] = LMDBMaintenance()  # of a closed store, by location
 
     def __init__(self, shared: SharedEnv, location: str, layout: KVLayout | None, readonly: bool,
                  access: AccessPolicy, map_size: int, durability: str, lock: bool = True) -> None:

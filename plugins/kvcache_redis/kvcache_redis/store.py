@@ -61,7 +61,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import msgspec
@@ -324,6 +324,9 @@ class RedisStore(StoreHandle):
     """
 
     backend = "redis"
+    # No maintenance of a closed store: its format and key live in its format record, a store of an older format
+    # is refused when opened, and there is no data file to size.
+    maintenance: ClassVar[None] = None
 
     def __init__(self, url: _Url, client: Any, layout: KVLayout | None, readonly: bool, access: AccessPolicy,
                  fmt: StoreFormat) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from kvcache.storage import api, base, checks, kit, registry
+from kvcache.storage import api, base, checks, kit, maintenance, registry
 
 # Every public name `kvcache.storage.base` had when it held the interface itself (before the kit): plugins written
 # against it import these, and must keep finding them.
 BASE_NAMES = {
     "AccessPolicy", "CapacityPolicy", "ChildInfo", "DEFAULT_SCHEME", "DeleteResult", "ENTRY_POINT_GROUP",
-    "InvalidInput", "KVLayout", "L3Store", "PageStore", "LayoutMismatch", "LayoutRecord", "Namespace", "NamespaceInfo",
+    "InvalidInput", "KVLayout", "L3Store", "LayoutMismatch", "LayoutRecord", "Namespace", "NamespaceInfo",
     "NamespaceRecord", "NamespaceShares", "NotAStore", "PAGE_HASH_BYTES", "PageMeta", "PageOrigin", "PutResult",
     "REPAIRS", "Shares", "StoreCounters", "StoreError", "StoreReadOnly", "StoreStats", "StoreUnsupported",
     "TOKEN_BYTES", "UnknownBackend", "VERIFY_KINDS", "VerifyFinding", "VerifyRemoval", "VerifyReport",
@@ -27,7 +27,8 @@ def test_the_kit_exports_what_it_lists_once_each():
 
 
 def test_the_kit_hands_out_the_core_objects_themselves():
-    assert kit.L3Store is api.L3Store and kit.PageMeta is api.PageMeta
+    assert kit.L3Store is api.L3Store and kit.PageMeta is api.PageMeta and kit.PageStore is api.PageStore
+    assert kit.StoreMaintenance is maintenance.StoreMaintenance and kit.PageDisk is maintenance.PageDisk
     assert kit.put_views is checks.put_views and kit.open_store is registry.open_store
 
 

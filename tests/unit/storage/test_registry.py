@@ -61,3 +61,30 @@ def test_open_store_without_create_on_a_missing_path(tmp_path):
     with pytest.raises(NotAStore) as info:
         open_store(str(tmp_path / "missing"))
     assert info.value.path.endswith("missing")
+
+
+def test_maintenance_is_found_through_the_backend_registry(tmp_path):
+    from kvcache.storage.lmdb.maintenance import LMDBMaintenance
+    from kvcache.storage.registry import maintenance_of
+
+    assert isinstance(maintenance_of(str(tmp_path / "s")), LMDBMaintenance)  # a plain path is LMDB
+    assert isinstance(maintenance_of(f"lmdb://{tmp_path}/s"), LMDBMaintenance)
+    assert maintenance_of("redis://127.0.0.1:1/0") is None  # keeps its format and key in its format record
+    with pytest.raises(UnknownBackend):
+        maintenance_of("nosuch://x")
+
+
+def test_the_cli_reaches_a_backend_only_through_the_registry():
+    """`kvc` imports no backend module: what only LMDB can do (migrate, rekey, a page's disk) it asks of the
+    backend's maintenance (`maintenance_of`), so a new backend needs no CLI change."""
+    import ast
+    import pathlib
+
+    cli = pathlib.Path(__file__).resolve().parents[3] / "cli" / "kvc"
+    reached = []
+    for path in cli.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            reached += [f"{path.name}: {n}" for n in names if n.startswith("kvcache.storage.lmdb")]
+    assert reached == []
