@@ -12,10 +12,13 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import lmdb
 import pytest
+from typer.testing import CliRunner
 
+from kvc.main import app
 from kvcache import Namespace, WorkloadSpec, generate, write_trace
 from kvcache.storage.keyfile import read_key
 from kvcache.types.namespace import display_id
@@ -38,20 +41,36 @@ def _leaks(text: str) -> list[str]:
     return found
 
 
+class Ran(NamedTuple):
+    """What one kvc run printed and its exit code."""
+
+    stdout: str
+    stderr: str
+    returncode: int
+
+
 class Runs:
-    """Every kvc run of a test, and what each printed."""
+    """Every kvc run of a test, and what each printed. In this process (typer's runner: what is printed is what
+    these tests check), or `in_processes` (a new kvc process each: what differs between two runs of it, such as a
+    key drawn per process, shows only there)."""
 
-    def __init__(self) -> None:
+    def __init__(self, in_processes: bool = False) -> None:
         self.outputs: list[tuple[list[str], str]] = []
+        self.in_processes = in_processes
 
-    def __call__(self, *args, code=None, env=ENV, stdin=None):
+    def __call__(self, *args, code=None, stdin=None):
         args = [str(a) for a in args]
-        proc = subprocess.run([str(KVC), *args], capture_output=True, text=True, timeout=300, env=env,
-                              input=stdin)
-        self.outputs.append((args, proc.stdout + proc.stderr))
+        if self.in_processes:
+            proc = subprocess.run([str(KVC), *args], capture_output=True, text=True, timeout=300, env=ENV,
+                                  input=stdin)
+            ran = Ran(proc.stdout, proc.stderr, proc.returncode)
+        else:
+            result = CliRunner().invoke(app, args, env={"KVC_SALT": SALT}, input=stdin)
+            ran = Ran(result.stdout, result.stderr, result.exit_code)
+        self.outputs.append((args, ran.stdout + ran.stderr))
         if code is not None:
-            assert proc.returncode == code, (args, proc.stdout, proc.stderr)
-        return proc
+            assert ran.returncode == code, (args, ran.stdout, ran.stderr)
+        return ran
 
     def forms(self, *args, code=0, tsv=False):
         """The command as text, --json and (`tsv`) -o tsv."""
@@ -179,7 +198,7 @@ def _listed_id(run: Runs, sock: Path, extra_key: str) -> str:
 
 
 def test_messages_about_an_absent_namespace_show_the_stores_fingerprint_or_none(tmp_path):
-    run = Runs()
+    run = Runs(in_processes=True)  # two runs must print the same: a key drawn per process would differ
     store = _store(tmp_path / "store", run)
     fingerprint = ABSENT.fingerprint(read_key(str(store)))
     hex12 = re.compile(r"\b[0-9a-f]{12}\b")
