@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from clirun import in_process
 from kvcache import Namespace
 from read_only_user import NO_CAPS, read_only_store
 from unit.storage.lmdb.test_migrate import set_format_version
@@ -26,8 +27,12 @@ ENV = {k: v for k, v in os.environ.items() if k != "KVC_FINGERPRINT_KEY"}
 
 
 def kvc(*args, caps=True, env=None):
-    cmd = [*([] if caps else NO_CAPS), str(KVC), *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env or ENV)
+    """kvc in this process (these tests check what it prints and its exit code), or, `caps=False`, in a process
+    without the capabilities that let root read any file (what a key file's permissions do needs a process)."""
+    if caps:
+        return in_process(*args, env=env or ENV)
+    return subprocess.run([*NO_CAPS, str(KVC), *map(str, args)], capture_output=True, text=True, timeout=120,
+                          env=env or ENV)
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from clirun import in_process
 from read_only_user import NO_CAPS, files_and_mtimes, read_only_store
 
 KVC = Path(sys.executable).with_name("kvc")
@@ -34,10 +35,13 @@ def as_monitor(*args, env=None):
 
 @pytest.fixture
 def store(tmp_path):
+    """A store with two tenants, made by its owner in this process (what is tested runs in processes of its own:
+    the monitoring user's, and `--read-only`'s, whose files on disk are compared)."""
     s = tmp_path / "store"
-    assert kvc("init", "--store", s).returncode == 0
+    assert in_process("init", "--store", s).returncode == 0
     for tenant in ("t1", "t2"):
-        put = kvc("put", "--store", s, "--extra-key", tenant, "--tokens", TOKENS, env=dict(os.environ, KVC_SALT="s"))
+        put = in_process("put", "--store", s, "--extra-key", tenant, "--tokens", TOKENS,
+                         env=dict(os.environ, KVC_SALT="s"))
         assert put.returncode == 0, put.stderr
     return s
 

@@ -1,0 +1,37 @@
+"""Running kvc from a test (importable as `clirun`).
+
+A test that checks what kvc prints and its exit code runs it in this process (`in_process`: typer's runner, the
+same `KvcGroup.main` and error contract as the console script, without a process start of about a second). A
+test that needs a process of its own — signals, start-up imports, permissions or capabilities, kill -9, sockets
+served while the test talks to them, or what differs between two processes (a key drawn per process) — starts
+one (`subprocess`). tests/README.md says which suites do which.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from typer.testing import CliRunner
+
+from kvc.main import app
+
+
+class Ran(NamedTuple):
+    """What one kvc run printed, and its exit code (the fields `subprocess.CompletedProcess` has)."""
+
+    stdout: str
+    stderr: str
+    returncode: int
+
+
+def in_process(*args: object, env: Mapping[str, str] | None = None, stdin: str | None = None) -> Ran:
+    """kvc `args` in this process. `env`: the whole environment it sees, as a subprocess's `env=` (None: this
+    process's own); variables of this process that `env` lacks are unset for the run."""
+    changes: dict[str, str | None] | None = None
+    if env is not None:
+        changes = {name: None for name in os.environ if name not in env}
+        changes.update(env)
+    result = CliRunner().invoke(app, [str(a) for a in args], env=changes, input=stdin)
+    return Ran(result.stdout, result.stderr, result.exit_code)
