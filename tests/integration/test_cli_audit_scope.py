@@ -10,6 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from clirun import in_process
 from kvcache.storage.api import PageMeta
 from lmdb_surgery import raw
 
@@ -18,8 +19,13 @@ TOKENS = ",".join(map(str, range(400)))
 
 
 def kvc(*args, code=0, **env):
-    done = subprocess.run([str(KVC), *map(str, args)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **env}, pass_fds=[int(env["KVC_PROGRESS_FD"])] if env else ())
+    """kvc in this process; in a process of its own when `env` passes it a progress descriptor to report on
+    while the test acts on the store."""
+    if env:
+        done = subprocess.run([str(KVC), *map(str, args)], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, **env}, pass_fds=[int(env["KVC_PROGRESS_FD"])])
+    else:
+        done = in_process(*args)
     assert done.returncode == code, done.stdout + done.stderr
     return done
 
