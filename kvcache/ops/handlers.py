@@ -27,6 +27,7 @@ import torch
 from ..diagnostics.snapshot import encode_snapshot
 from ..errors import InvalidInput, UnknownRequest
 from ..ledger.pools import SlotPool
+from ..tree import NamespacePages
 from ..types.config import HostMode
 from ..types.events import BlockStored
 from ..types.explain import Explanation
@@ -76,7 +77,6 @@ from .warm import warm_namespace
 if TYPE_CHECKING:
     from ..engine.cache import TieredCache
     from ..storage.api import NamespaceRecord
-    from ..tree import TreeNode
     from ..types.results import NamespaceDrop, PrefetchOutcome
 
 _RIDS = itertools.count(1)
@@ -105,34 +105,6 @@ def _use(cache: "TieredCache", pages: int) -> TierUse:
     return TierUse(pages, pages * cache.page_size, pages * cache.layout.bytes_per_page)
 
 
-class _TreeUse(msgspec.Struct):
-    """What one namespace holds in the tree: its pages on the device (L1) and in host memory (L2)."""
-
-    namespace: Namespace
-    device_pages: int = 0
-    host_pages: int = 0
-
-
-def _tree_pages(cache: "TieredCache", namespace: Namespace | None = None) -> dict[bytes, _TreeUse]:
-    """namespace id -> what it holds in the tree (one namespace's subtree when given). A namespace root's subtree
-    is all of its namespace's nodes: each node is counted for the root it hangs from."""
-    out: dict[bytes, _TreeUse] = {}
-    roots = cache.tree.namespace_roots()
-    if namespace is not None:
-        roots = [r for r in roots if r.namespace == namespace]
-    stack: list[tuple[TreeNode, _TreeUse]] = []
-    for r in roots:
-        assert r.namespace is not None, "only the tree's root has no namespace"
-        use = out[r.namespace.id] = _TreeUse(r.namespace)
-        stack += [(c, use) for c in r.children.values()]
-    while stack:
-        node, use = stack.pop()
-        use.device_pages += len(node.device) if node.device is not None else 0
-        use.host_pages += len(node.host) if node.host is not None else 0
-        stack.extend((c, use) for c in node.children.values())
-    return out
-
-
 def _stored(cache: "TieredCache") -> dict[str, NamespaceRecord]:
     """namespace id (hex) -> the store's registry record."""
     return {r.ns_id_hex: r for r in cache.l3_store.namespaces()} if cache.l3_store is not None else {}
@@ -140,7 +112,7 @@ def _stored(cache: "TieredCache") -> dict[str, NamespaceRecord]:
 
 def namespace_tiers(cache: "TieredCache", namespace: Namespace) -> NamespaceTiers:
     """What `namespace` holds in L1, L2 (the tree) and L3 (the store's registry) now."""
-    use = _tree_pages(cache, namespace).get(namespace.id, _TreeUse(namespace))
+    use = cache.tree.namespace_pages(namespace).get(namespace.id, NamespacePages(namespace))
     rec = _stored(cache).get(namespace.id_hex)
     stored = TierUse(rec.pages, rec.pages * cache.page_size, rec.bytes) if rec is not None else TierUse()
     return NamespaceTiers(_use(cache, use.device_pages), _use(cache, use.host_pages), stored)
@@ -148,7 +120,7 @@ def namespace_tiers(cache: "TieredCache", namespace: Namespace) -> NamespaceTier
 
 def _namespaces(cache: "TieredCache", _: NamespacesRequest) -> NamespaceList:
     rows: dict[str, LiveNamespace] = {}
-    tree = {ns_id.hex(): row for ns_id, row in _tree_pages(cache).items()}
+    tree = {ns_id.hex(): row for ns_id, row in cache.tree.namespace_pages().items()}
     stored = _stored(cache)
     shares = {r.ns_id_hex: r for r in cache.shares()}
     ps = cache.page_size
@@ -458,7 +430,7 @@ def _expire(cache: "TieredCache", req: ExpireRequest) -> NamespaceExpiry:
 
 def _known(cache: "TieredCache", ns: Namespace) -> bool:
     """Whether `ns` holds anything in L1, L2 or L3, or has a deadline under the cache's TTL policy."""
-    use = _tree_pages(cache, ns).get(ns.id)
+    use = cache.tree.namespace_pages(ns).get(ns.id)
     if (use is not None and (use.device_pages or use.host_pages)) or ns.id_hex in _stored(cache):
         return True
     return any(view.id == ns.display_id for view in cache.namespace_ttls())
@@ -500,39 +472,12 @@ def _probe(cache: "TieredCache", req: ProbeRequest) -> TierProbe:
         hashes = [bytes(h) for h in req.page_hashes]
     else:
         raise InvalidInput("a probe needs tokens or page hashes")
-    device, host = _tree_serves(cache, hashes)
+    run = cache.tree.held_run(hashes)
+    device, host = run.device_pages, run.host_pages
     rest = hashes[device + host:]
     storage = cache.store.exists_prefix(rest) if cache.store is not None and rest else 0
     return TierProbe(ps, len(hashes), TierServe(device, device * ps), TierServe(host, host * ps),
                      TierServe(storage, storage * ps), info)
-
-
-def _tree_serves(cache: "TieredCache", hashes: list[bytes]) -> tuple[int, int]:
-    """(device pages, host pages) of the chain `hashes` the tree holds from its first page on: the device prefix,
-    then the host-only extension after it, as a match would find them. Walked by page hash (a hash names its
-    namespace and its whole prefix), touching nothing: no hit, no LRU clock, no split."""
-    tree = cache.tree
-    kids: list[TreeNode] = [c for root in tree.namespace_roots() for c in root.children.values()]
-    at = device = host = 0
-    while at < len(hashes) and kids:
-        node = next((c for c in kids if tree.page_hashes(c)[:1] == [hashes[at]]), None)
-        if node is None or (node.device is None and node.host is None):
-            break
-        own = tree.page_hashes(node)
-        n = 1
-        while n < len(own) and at + n < len(hashes) and own[n] == hashes[at + n]:
-            n += 1
-        if node.device is not None and not host:  # device copies form a prefix of a path
-            device += n
-        elif node.host is not None:
-            host += n
-        else:
-            break
-        at += n
-        if n < len(own):
-            break
-        kids = list(node.children.values())
-    return device, host
 
 
 # --- replay --------------------------------------------------------------------------------------------------

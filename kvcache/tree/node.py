@@ -75,6 +75,22 @@ class TreeNode(msgspec.Struct, gc=False, eq=False):
                 f"pins={self.pins}/{self.host_pins})")
 
 
+class NamespacePages(msgspec.Struct):
+    """What one namespace holds in the tree (`RadixTree.namespace_pages`)."""
+
+    namespace: Namespace
+    device_pages: int = 0  # L1 pages of its nodes (>= 0)
+    host_pages: int = 0  # L2 pages of its nodes (>= 0)
+
+
+class HeldRun(msgspec.Struct, frozen=True):
+    """How much of a chain of page hashes the tree holds from its first page (`RadixTree.held_run`), as a match
+    would find it: a device prefix, then a host-only extension."""
+
+    device_pages: int  # leading pages with an L1 copy
+    host_pages: int  # pages after those with an L2 copy only
+
+
 class TreeMatch(msgspec.Struct, gc=False):
     """What the tree holds for a key: a device prefix, then a host-only extension.
 

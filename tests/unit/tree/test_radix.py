@@ -257,3 +257,30 @@ def test_an_insert_from_page_first_whose_prefix_the_tree_lacks_raises_and_takes_
     with pytest.raises(InvalidInput):  # pages offered do not cover the key from `first`
         t.insert(key(range(12)), pages(10, 3), first=4)
     t.check()
+
+
+def test_namespace_pages_counts_each_namespaces_copies_per_tier():
+    t = RadixTree(1)
+    a = t.insert(key([1, 2], A), pages(0, 2)).node
+    t.insert(key([1, 2, 3, 4], A), pages(10, 4))
+    t.insert(key([1, 2, 3], B), pages(30, 3))
+    t.set_host(a, pages(20, 2))
+    held = t.namespace_pages()
+    assert (held[A.id].device_pages, held[A.id].host_pages) == (4, 2)
+    assert (held[B.id].device_pages, held[B.id].host_pages) == (3, 0)
+    assert list(t.namespace_pages(B)) == [B.id] and t.namespace_pages(Namespace("absent")) == {}
+
+
+def test_held_run_is_the_device_prefix_then_the_host_extension_and_touches_nothing():
+    t = RadixTree(1, LAYOUT_ID)
+    a = t.insert(key([1, 2]), pages(0, 2)).node
+    b = t.insert(key([1, 2, 3, 4]), pages(10, 4)).node
+    t.set_host(b, pages(22, 2))
+    hashes = page_hashes(LAYOUT_ID, key([1, 2, 3, 4, 5]), 1, t.chain_key)
+    assert (t.held_run(hashes).device_pages, t.held_run(hashes).host_pages) == (4, 0)
+    t.evict_device(100, where=lambda n: n is b)  # b keeps its host copy only
+    clock = (a.last_access, b.last_access, a.hits, b.hits)
+    run = t.held_run(hashes)
+    assert (run.device_pages, run.host_pages) == (2, 2)
+    assert (a.last_access, b.last_access, a.hits, b.hits) == clock  # no hit, no LRU tick
+    assert t.held_run(page_hashes(LAYOUT_ID, key([9, 9], B), 1, t.chain_key)).device_pages == 0
