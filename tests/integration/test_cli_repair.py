@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from clirun import in_process
+
 KVC = Path(sys.executable).with_name("kvc")
 
 
@@ -19,10 +21,12 @@ def kvc(*args):
 
 @pytest.fixture
 def store(tmp_path):
+    """A healthy store, made in this process; what is tested runs on it once damaged, in processes of its own (a
+    SIGBUS on a torn file would take pytest down with it)."""
     path = tmp_path / "s"
     for argv in (("init", "--store", path, "--page-size", "4"),
                  ("put", "--store", path, "--extra-key", "t1", "--salt", "", "--tokens", ",".join(map(str, range(200))))):
-        done = kvc(*argv)
+        done = in_process(*argv)
         assert done.returncode == 0, done.stdout + done.stderr
     return path
 

@@ -50,11 +50,13 @@ def as_json(result):
 
 
 def make_store(path: Path) -> str:
-    kvc("init", "--store", path, "--page-size", 4, check_rc=0)
-    for tail in ([7] * 8, [9] * 12):
-        kvc("put", "--store", path, "--extra-key", "t1", "--salt", SALT,
-            "--tokens", ",".join(map(str, PROMPT + tail)), check_rc=0)
-    kvc("put", "--store", path, "--extra-key", "t2", "--tokens", ",".join(map(str, PROMPT)), check_rc=0)
+    """A store with t1's two prompts and t2's, made in this process (the tests run `kvc serve` on it)."""
+    for args in (("init", "--store", path, "--page-size", 4),
+                 *(("put", "--store", path, "--extra-key", "t1", "--salt", SALT, "--tokens",
+                    ",".join(map(str, PROMPT + tail))) for tail in ([7] * 8, [9] * 12)),
+                 ("put", "--store", path, "--extra-key", "t2", "--tokens", ",".join(map(str, PROMPT)))):
+        result = invoke(*args)
+        assert result.exit_code == 0, result.stderr
     return str(path)
 
 
