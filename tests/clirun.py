@@ -35,3 +35,11 @@ def in_process(*args: object, env: Mapping[str, str] | None = None, stdin: str |
         changes.update(env)
     result = CliRunner().invoke(app, [str(a) for a in args], env=changes, input=stdin)
     return Ran(result.stdout, result.stderr, result.exit_code)
+
+
+def salted(*args: object, salt: str, code: int = 0) -> Ran:
+    """kvc `args` in this process with env KVC_SALT=`salt`, which must exit `code` and print the salt nowhere."""
+    ran = in_process(*args, env={**os.environ, "KVC_SALT": salt})
+    assert salt not in ran.stdout + ran.stderr
+    assert ran.returncode == code, ran.stdout + ran.stderr
+    return ran

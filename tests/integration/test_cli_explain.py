@@ -8,24 +8,19 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
+from clirun import salted
 from factories import forward, l3_cache, make_layout, make_store
-from kvc.main import app
 from kvcache import AdminServer, Namespace, Request, WorkloadSpec, generate, write_trace
 from redis_server import redis_server  # noqa: F401  (session fixture)
 
 SALT = "explain-salt-qazwsx-17"
 T1 = Namespace("t1", SALT)
 TOKENS = ",".join(str(t) for t in range(1, 41))  # 10 pages of 4
-runner = CliRunner()
 
 
 def invoke(*args, code=0):
-    result = runner.invoke(app, [str(a) for a in args], env={"KVC_SALT": SALT})
-    assert SALT not in result.stdout + result.stderr
-    assert result.exit_code == code, result.stdout + result.stderr
-    return result
+    return salted(*args, salt=SALT, code=code)
 
 
 def doc(*args):

@@ -7,23 +7,18 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
+from clirun import salted
 from factories import l3_cache, make_layout, make_store
-from kvc.main import app
 from kvcache import AdminServer, Namespace, Request
 from kvcache.types.shares import Shares
 
 SALT = "quota-salt-plokij-42"
 T1 = Namespace("t1", SALT)
-runner = CliRunner()
 
 
 def invoke(*args, code=0):
-    result = runner.invoke(app, [str(a) for a in args], env={"KVC_SALT": SALT})
-    assert SALT not in result.stdout + result.stderr
-    assert result.exit_code == code, result.stdout + result.stderr
-    return result
+    return salted(*args, salt=SALT, code=code)
 
 
 def doc(*args):
