@@ -4,7 +4,7 @@ What it is for: a capacity sweep (`kvcache.workload.sweep`) at a size whose L3 i
 evicts, so what it holds after any sequence of puts and drops is exactly the set of pages written and not dropped,
 and whether a page is held is all a cache's hit accounting reads of it (`exists_prefix`, and how many pages
 `get_into` serves). Keeping that set in a dict answers those questions as a real store would, without the
-transactions, checksums and copies that make up a third of a byte-free replay's time on LMDB.
+transactions, checksums and copies that a byte-free replay on LMDB spends much of its time in.
 
 It keeps the real store's refusals that depend on what is held (a token page whose parent is neither its
 namespace's root nor a held page of its namespace refuses the batch, InvalidInput), so a cache that broke that

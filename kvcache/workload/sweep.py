@@ -7,9 +7,9 @@ size. Its L3 is what that replay's store would hold:
 - an L3 of limited size is a real, empty LMDB store with that capacity (its own eviction decides what stays), in a
   scratch directory opened without fsync (`durability="none"`) and removed afterwards;
 - an unlimited L3 (size 0) never evicts, so it holds exactly the pages written and not dropped: a `PageSet`
-  (`kvcache.storage.page_set`) keeps that set, byte-free, and answers what the LMDB store would. On a
-  10,000-request trace (L1 16k, L2 64k tokens) a size took 1.4 s on it against 2.5 s on an LMDB store too big to
-  evict, with the same hits: LMDB's transactions, checksums and copies.
+  (`kvcache.storage.page_set`) keeps that set, byte-free, and answers what the LMDB store would, without LMDB's
+  transactions, checksums and copies (`benchmarks/bench_sweep.py` times a sweep of unlimited-L3 sizes against the
+  replays it stands for).
 
 What a sweep leaves out is what hit accounting never reads: the KV bytes (no synthetic KV is written at the forward
 and none is verified: which tokens hit depends on page hashes and slot ownership, never on the bytes a slot holds)
