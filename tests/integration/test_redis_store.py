@@ -11,7 +11,8 @@ from kvcache.storage.api import CapacityPolicy, L3Store, page_origins
 from kvcache.storage.registry import open_store
 from kvcache.types.keys import pack_tokens
 from kvcache.types.namespace import Namespace
-from kvcache_redis.store import RedisStore, _parse_url
+from kvcache_redis.store import RedisStore
+from kvcache_redis.url import parse_url
 from redis_server import free_port, redis_cluster, redis_server  # noqa: F401  (fixtures)
 
 LAYOUT = make_layout(4)
@@ -19,15 +20,15 @@ NS = Namespace("t1", "s1")
 
 
 def test_url_forms_options_and_password_redaction():
-    u = _parse_url("redis://:s3cret@db.example:6380/2?prefix=prod:&timeout=0.5&health_check_interval=10", {})
+    u = parse_url("redis://:s3cret@db.example:6380/2?prefix=prod:&timeout=0.5&health_check_interval=10", {})
     assert (u.cluster, u.options.prefix, u.options.timeout) == (False, "prod:", 0.5)
     assert u.client_url == "redis://:s3cret@db.example:6380/2?health_check_interval=10"  # kvc's options removed
     assert "s3cret" not in u.shown and ":***@" in u.shown
-    c = _parse_url("rediss+cluster://node1:7000?prefix=x:", {"prefix": "y:"})
+    c = parse_url("rediss+cluster://node1:7000?prefix=x:", {"prefix": "y:"})
     assert (c.cluster, c.options.prefix, c.client_url) == (True, "y:", "rediss://node1:7000")
     for bad in ("redis+cluster://h:1/3", "memcached://h:1", "redis://h:1?timeout=-1", "redis://h:1?prefix="):
         with pytest.raises(InvalidInput):
-            _parse_url(bad, {})
+            parse_url(bad, {})
 
 
 def test_opening_rules(redis_server):  # noqa: F811

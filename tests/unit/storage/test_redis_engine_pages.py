@@ -162,7 +162,7 @@ def test_a_read_gives_its_time_to_every_page_it_served_and_its_hit_to_the_deepes
     (written through the access script: one record a call on a cluster, TOUCH_KEYS a call on a standalone server,
     so a read of more pages than that spans calls); the hit count stays with the deepest page of the run, the
     namespace counts every page served. Pages the read did not reach keep their write time."""
-    from kvcache_redis.store import TOUCH_KEYS
+    from kvcache_redis.access import TOUCH_KEYS
 
     n = TOUCH_KEYS + 20
     hashes, origins = engine_origins(LAYOUT, NS, store.chain_key, keys(n + 2, 300))
