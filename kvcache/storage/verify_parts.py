@@ -85,7 +85,7 @@ class NsSum(msgspec.Struct, frozen=True, array_like=True):
 
 
 class HeldPage(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """An engine page a child could not judge without the chain key (`verify.EngineHashes.held`): the parent
+    """An engine page a child could not judge without the chain key (`verify_checks.EngineHashes.held`): the parent
     judges it with the registry."""
 
     page_hash: bytes
@@ -132,7 +132,7 @@ class PartContext:
     def __init__(self, layouts: dict[bytes, KVLayout], checksum: Checksum, cat: Catalogue, roots: ChainRoots,
                  since: float | None, times: tuple[float, float] = (0.0, 0.0)) -> None:
         self.layouts, self.checksum, self.roots, self.since = layouts, checksum, roots, since
-        self.times = times  # the store's life: what a page's created and last_access may be (verify.implausible)
+        self.times = times  # the store's life: what a page's created and last_access may be (verify_checks.implausible)
         self.registry = {k: r for k, r in cat.registry.items() if r is not None}  # the records that decode
         self.recorded = frozenset(cat.registry)  # every namespace id recorded, as of transaction `txnid`
         self.records = dict(cat.registry)  # ... with its record (None: it does not decode)
@@ -180,7 +180,7 @@ class AuditLog(Protocol):
 
 def replays(items: list[VerifyFinding], by_hex: dict[str, bytes], remove: dict[bytes, tuple[int, Any]],
             relink: dict[bytes, int]) -> list[Replay]:
-    """A child's findings (a `verify.Findings`'s items and maps) as `Replay`s."""
+    """A child's findings (a `verify_source.Findings`'s items and maps) as `Replay`s."""
     out = []
     for i, f in enumerate(items):
         h = by_hex.get(f.page_hash) if f.page_hash is not None else None

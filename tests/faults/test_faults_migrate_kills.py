@@ -2,7 +2,7 @@
 whole, and a later `kvc migrate` finishes the job.
 
 The kill points are events, never times: the migration stops itself (SIGSTOP) at a named step when
-KVC_TEST_REPAIR_STOP names it (`salvage._step`, which the migration shares), optionally once its progress passes a
+KVC_TEST_REPAIR_STOP names it (`rewrite.step`, which the migration shares), optionally once its progress passes a
 page count; the test sees the stop through waitpid(WUNTRACED), then kills the process with SIGKILL.
 """
 
@@ -16,7 +16,7 @@ import pytest
 import faultkit
 from kvcache.storage.codec import FORMAT_VERSION
 from kvcache.storage.lmdb.migrate import MIGRATE_BATCH_PAGES, format_version_of
-from kvcache.storage.lmdb.salvage import STOP_ENV
+from kvcache.storage.lmdb.rewrite import STOP_ENV
 from unit.storage.lmdb.test_migrate import build_format_1, contents
 
 # (step, progress): the first and a later batch of the page copy, the rewritten and verified store, the swap

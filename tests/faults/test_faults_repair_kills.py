@@ -2,7 +2,7 @@
 intact, and a later repair or audit recovers.
 
 The kill points are events, never times: the repair stops itself (SIGSTOP) at a named step when
-KVC_TEST_REPAIR_STOP names it (`salvage._step`), optionally once its progress passes a byte offset; the test sees
+KVC_TEST_REPAIR_STOP names it (`rewrite.step`), optionally once its progress passes a byte offset; the test sees
 the stop through waitpid(WUNTRACED), then kills the process with SIGKILL. The store is one whose LMDB meta pages are
 zeroed (the report's case), so every run goes through the whole rebuild: probe, copies, keeping the original,
 the swap, the lock file.
@@ -18,7 +18,7 @@ import pytest
 
 import faultkit
 from kvcache.diagnostics.audit import audit_store
-from kvcache.storage.lmdb.salvage import ORIGINAL_PREFIX, STOP_ENV
+from kvcache.storage.lmdb.rewrite import ORIGINAL_PREFIX, STOP_ENV
 from unit.storage.lmdb.test_salvage import build, data_of, stored, zero_meta_pages
 
 # (step, progress): every named step of the rebuild, and the copy of the original at three byte offsets

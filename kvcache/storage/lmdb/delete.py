@@ -19,9 +19,9 @@ from ..api import DeleteResult
 from ..codec import decode_meta, decode_or_none
 from ..removals import RemovalReason
 from .bookkeeping import NsDelta, adjust_totals, apply_deltas, drop_stored
-from .env import SharedEnv
 from .integrity import VERIFY_CHUNK_PAGES, Progress
 from .removals import record as record_removals
+from .shared_env import SharedEnv
 
 DELETE_BATCH_PAGES = 1024  # pages per write transaction when deleting a namespace
 

@@ -12,7 +12,7 @@ file held exclusively: a store open in another process is refused), the new stor
 in a work directory inside the store's, verified, and its data file replaces the store's with one rename; the lock
 file is then re-initialised by LMDB. Until the rename the store's data file is untouched, after it the new one is
 whole. A migration killed part-way leaves its work directory (a hidden name), which the next migration removes.
-Crash tests stop it at its named steps (`salvage._step`, env KVC_TEST_REPAIR_STOP) and kill it there.
+Crash tests stop it at its named steps (`rewrite.step`, env KVC_TEST_REPAIR_STOP) and kill it there.
 
 The store must audit clean first (a chain with a missing link has no new hash to go under): `kvc audit --repair`
 it, then migrate. All page metadata is held in memory during the rewrite (about 100 bytes plus the page's token
@@ -51,18 +51,10 @@ from ..keyfile import KEY_FILE, ensure_key
 from ..maintenance import MigrateReport
 from .env import DEFAULT_MAP_SIZE, ENVS, acquire, release
 from .pagemap import damaged_detail, refuse_damaged
-from .salvage import (
-    Reached,
-    _check,
-    _exclusive,
-    _fsync_dir,
-    _open_db,
-    _raw_env,
-    _step,
-    _store_path,
-    _swap,
-    _verify_in,
-)
+from .rewrite import exclusive, fsync_dir, step, swap
+from .salvage import _check, _store_path
+from .salvage_child import Reached, verify_in
+from .salvage_copy import open_db, raw_env
 
 MIGRATE_PREFIX = ".kvc-migrate-"  # the work directory of a migration, inside the store's
 MIGRATE_BATCH_PAGES = 256  # pages per write transaction of the new store
@@ -79,7 +71,7 @@ def migrate_location(location: str) -> MigrateReport:
     fmt = _format_of(path)
     if fmt.version >= FORMAT_VERSION:
         # a migration killed after its swap left its work directory: removed when the store is free to take
-        with contextlib.suppress(StoreError), _exclusive(path, "migrate", "kvc migrate"):
+        with contextlib.suppress(StoreError), exclusive(path, "migrate", "kvc migrate"):
             _remove_leftovers(path)
         return MigrateReport(path, fmt.version, fmt.version, False, 0, 0)
     # The audit runs before the store is taken exclusively (its child opens the store as any reader does); what a
@@ -88,7 +80,7 @@ def migrate_location(location: str) -> MigrateReport:
     if not check.ok:
         raise StoreError(path, f"cannot migrate: the store does not audit clean ({len(check.findings)} "
                                f"finding(s)); run `kvc audit --repair` first; nothing was changed")
-    with _exclusive(path, "migrate", "kvc migrate") as lock_fd:
+    with exclusive(path, "migrate", "kvc migrate") as lock_fd:
         _remove_leftovers(path)
         fmt = _format_of(path)  # again, holding the store: another migration may have run meanwhile
         if fmt.version >= FORMAT_VERSION:
@@ -100,14 +92,14 @@ def migrate_location(location: str) -> MigrateReport:
             os.mkdir(new, 0o700)
             pages, namespaces = _rewrite(path, new, fmt, chain_key)
             shutil.copyfile(os.path.join(path, KEY_FILE), os.path.join(new, KEY_FILE))  # its verify uses the key
-            _step("rewritten")
-            after, died = run_isolated(lambda r: _verify_in(new, r, repair=False), Reached, VerifyReport)
+            step("rewritten")
+            after, died = run_isolated(lambda r: verify_in(new, r, repair=False), Reached, VerifyReport)
             if died is not None or not after.ok:
                 why = died.describe() if died is not None else f"{len(after.findings)} finding(s)"
                 raise StoreError(path, f"cannot migrate: the rewritten store does not verify ({why}); the store "
                                        f"was left as it was")
-            _step("verified")
-            _swap(path, new, lock_fd)
+            step("verified")
+            swap(path, new, lock_fd)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return MigrateReport(path, fmt.version, FORMAT_VERSION, True, pages, namespaces)
@@ -143,12 +135,12 @@ def _format_of(path: str) -> StoreFormat:
 
 def _read_format(path: str) -> StoreFormat:
     try:
-        env = _raw_env(path)
+        env = raw_env(path)
     except lmdb.Error as exc:
         raise NotAStore(path, f"cannot migrate: the data file does not open as LMDB ({exc}); run `kvc audit`") from None
     try:
         with env.begin() as txn:
-            raw = txn.get(b"format", db=_open_db(env, txn, "store"))
+            raw = txn.get(b"format", db=open_db(env, txn, "store"))
     except lmdb.Error as exc:
         raise StoreError(path, f"cannot migrate: the format record does not read ({exc}); run `kvc audit`") from None
     finally:
@@ -167,11 +159,11 @@ def _rewrite(path: str, new: str, fmt: StoreFormat, chain_key: bytes) -> tuple[i
     old_key = UNKEYED_CHAIN if fmt.version < KEYED_ROOTS_VERSION else None
     assert old_key is not None  # the one older format there is
     checksum = CHECKSUMS[fmt.checksum]
-    env = _raw_env(path)
+    env = raw_env(path)
     shared = acquire(new, True, DEFAULT_MAP_SIZE, "none", fmt.checksum)
     try:
         with env.begin(buffers=True) as txn:
-            dbs = {name: _open_db(env, txn, name) for name in ("pages", "meta", "namespaces", "layouts", "store")}
+            dbs = {name: open_db(env, txn, name) for name in ("pages", "meta", "namespaces", "layouts", "store")}
             metas = {bytes(k): decode_meta(v) for k, v in txn.cursor(db=dbs["meta"])}
             records = {bytes(k): decode_namespace(v) for k, v in txn.cursor(db=dbs["namespaces"])}
             store_records = {bytes(k): bytes(v) for k, v in txn.cursor(db=dbs["store"]) if bytes(k) != b"format"}
@@ -207,7 +199,7 @@ def _rewrite(path: str, new: str, fmt: StoreFormat, chain_key: bytes) -> tuple[i
         for at in range(0, len(order), MIGRATE_BATCH_PAGES):
             batch = order[at:at + MIGRATE_BATCH_PAGES]
             with env.begin(buffers=True) as txn:
-                pages_db = _open_db(env, txn, "pages")  # a handle opened in a read transaction lives with it
+                pages_db = open_db(env, txn, "pages")  # a handle opened in a read transaction lives with it
                 values = {h: _stored(path, txn.get(h, db=pages_db), h) for h in batch}
 
             def pages_body(w: lmdb.Transaction, batch: list[bytes] = batch,
@@ -223,10 +215,10 @@ def _rewrite(path: str, new: str, fmt: StoreFormat, chain_key: bytes) -> tuple[i
                     w.put(parent, nh, db=ndbs.children)
 
             shared.write(pages_body, grow_hint=len(batch) * (len(next(iter(values.values()), b"")) + 512))
-            _step("copied_pages", at + len(batch))
+            step("copied_pages", at + len(batch))
         with open(os.path.join(new, "data.mdb"), "rb") as f:
             os.fsync(f.fileno())
-        _fsync_dir(new)
+        fsync_dir(new)
     finally:
         env.close()
         release(shared)

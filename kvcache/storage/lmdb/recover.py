@@ -7,7 +7,7 @@ file's own leaf pages (bounds-checked, in a child), the records the copy lacks, 
 
 - pages and their metadata (a page's checksum seeded by its key; metadata that chains to its key), from live
   leaves only -- a leaf the free list names may hold a page deleted since (an offboarding must not come undone;
-  the other half of a page a live tree names is looked for in every leaf, `salvage._scan_file`) -- and only when
+  the other half of a page a live tree names is looked for in every leaf, `salvage_scan.scan_file`) -- and only when
   both halves are there;
 - namespace and layout records (a namespace record names its own id, a layout record is its layout's id), for the
   pages kept that need them: from a live leaf, else from the newest copy a freed leaf still holds (the copy an

@@ -15,14 +15,16 @@ Named sub-databases (all keys are 16-byte page hashes unless said otherwise)::
     removals    b"h" + page hash / b"n" + namespace id -> why and when it was removed; b"q" + seq -> the log's
                 order (`removals`: the newest REMOVALS_KEPT; stores written before it get it from their next writer)
 
-The parts, one module each: `env` (the environment shared per process, map growth, fork, error translation),
-`bookkeeping` (registry counters, totals, limits and eviction inside write transactions), `put` (the write path:
-one batch, one write transaction), `access` (reads logged in memory and pages quarantined on read, folded into
-the next write transaction), `tree` (a page's children and the heat of its subtree), `delete` (a namespace's
-offboarding), `integrity` (this backend's side of the shared integrity audit, `kvcache.storage.verify`) and
-`salvage` (the audit of a store too damaged to open in this process, and its rebuild); `codec` (the page value,
-checksums, the format record) is shared with other backends. This module is the store handle over them: opening,
-the read path and the registry views.
+The parts, one module each: `env` (the environment per process: opening, sharing, fork), `shared_env` (its
+transactions, map growth, close), `bookkeeping` (registry counters, totals, limits and eviction inside write
+transactions), `put` (one batch, one write transaction), `access` (reads logged in memory and pages quarantined on
+read, folded into the next write transaction), `tree` (a page's children and the heat of its subtree), `delete` (a
+namespace's offboarding), `integrity` (this backend's side of the shared integrity audit, `kvcache.storage.verify`)
+and `salvage` (the audit of a store too damaged to open in this process, and its rebuild); `codec` (the page
+value, checksums, the format record) is shared with other backends. `LMDBStore` is the handle over them, built of
+parts of its own: its lease on the environment (`lease`), its access records, and the data plane's reads and
+writes (`reads`: `exists_prefix`, `get_into`; `writes`: `put`, `flush`, `delete_namespace`). This module opens it
+and answers the rest through them: the registry views and limits, serving and drop records, the audit.
 
 Integrity (`integrity`): every stored page should hang from its namespace root through stored pages of the same
 namespace and layout. `put` keeps that: it refuses a token page whose parent is neither its namespace root nor a
@@ -32,32 +34,19 @@ Eviction keeps it too (it takes leaves only). A page dropped after failing its c
 were lost to damage, or a chain written before `put` refused unknown parents leaves pages below a gap. Those are
 reported as `orphan` (one finding per chain head, its subtree counted in the detail) and stay until a writer
 stores the missing page again (which heals the chain) or `verify(repair=True)` removes them.
-
-Known traps, measured on the machines this was built on:
-
-- A zero-copy value (``buffers=True``) is a view into the map that is valid only inside its transaction; used
-  later it shows other data, and after a map resize it faults (SIGBUS). Pages are copied out inside the read
-  transaction, and no view ever leaves it.
-- A read transaction held open while writers churn pins every page it can see: one held across a churn grew a
-  1 GiB store to 3.3 GiB. Read transactions here last one batch; `integrity` walks the store in chunks.
-- ``torch.Tensor.copy_`` with 2 threads fell to ~0.3 GB/s at 256 KiB pages, where ``np.copyto`` into
-  ``tensor.numpy()`` ran at ~7 GB/s. Copies go through the buffer protocol (a memoryview slice assignment is one
-  memcpy, with less per-call overhead than ``np.copyto``), never through torch.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import lmdb
-import numpy as np
 
 # StoreError: re-exported, as the names below are
-from ...errors import InvalidInput, StoreChanged, StoreClosed, StoreDamaged, StoreError, StoreReadOnly  # noqa: F401
+from ...errors import InvalidInput, StoreDamaged, StoreError  # noqa: F401
 from ...types.ids import NamespaceId
 from ...types.layout import KVLayout
 from ...types.namespace import Namespace
@@ -80,7 +69,7 @@ from ..api import (
     VerifyReport,
 )
 from ..chain import chain_key_of
-from ..checks import check_page_hashes, layout_to_register, namespace_root, out_views_for, put_views
+from ..checks import check_page_hashes, layout_to_register, namespace_root
 
 # The names below are this backend's as much as their modules': re-exported for code and tests that know them here.
 from ..codec import (  # noqa: F401
@@ -95,7 +84,7 @@ from ..codec import (  # noqa: F401
     decode_meta,
     encoder,
 )
-from ..handle import StoreHandle, count_read, new_counts
+from ..handle import StoreHandle, new_counts
 from ..keyfile import create_key, refuse_mismatch, store_key
 from ..location import StoreLocation
 from ..maintenance import StoreMaintenance
@@ -114,14 +103,12 @@ from .bookkeeping import (  # noqa: F401
     set_limits,
     write_shares,
 )
-from .delete import delete_namespace
 from .env import (  # noqa: F401
     DEFAULT_DURABILITY,
     DEFAULT_MAP_SIZE,
     DURABILITY,
     MAX_DBS,
     MAX_READERS,
-    SharedEnv,
     acquire,
     lock_file_writable,
     release,
@@ -129,22 +116,18 @@ from .env import (  # noqa: F401
     resolve_location,
 )
 from .integrity import REPAIR_BATCH_PAGES, VERIFY_CHUNK_PAGES, LMDBIntegrity  # noqa: F401
+from .lease import EnvLease
 from .maintenance import LMDBMaintenance
 from .pagemap import damaged_detail, refuse_damaged
-from .put import PutBatch
+from .reads import PageReads
 from .removals import lookup as removal_lookup
 from .serve_records import add_drop, delete_serve, put_serve, read_drop_seq, read_drops, read_serves
+from .shared_env import SharedEnv
 from .tree import child_pages, children
+from .writes import PageWrites
 
 BACKEND = "lmdb"
 KEY_CHECK_RECORDS = 256  # namespace records with roots an open checks its key file against (keyfile.KeyEvidence)
-T = TypeVar("T")
-
-
-# A page at least this large is copied out of the map by numpy, which releases the GIL while it copies: a page not in
-# memory faults in from disk during the copy, and under the GIL every other thread (a second reader, the engine's
-# scheduler) would wait for that disk read. Below it a memoryview copy is cheaper than numpy's call.
-RELEASED_COPY_BYTES = 1 << 20  # below it numpy's call (~1.5 us) would cost a hot copy more than a cold one gains
 
 
 class LMDBStore(StoreHandle):
@@ -160,22 +143,19 @@ class LMDBStore(StoreHandle):
 
     def __init__(self, shared: SharedEnv, location: str, layout: KVLayout | None, readonly: bool,
                  access: AccessPolicy, map_size: int, durability: str, lock: bool = True) -> None:
-        self._shared = shared
         # the location as given to open, credentials removed (`StoreLocation`): it is shown; `path` is opened
         self.location = str(StoreLocation(location))
         self.path = shared.path
         self.layout = layout
         self.readonly = readonly
         self.access_policy = access
-        self._map_size = map_size
-        self._durability = durability
-        self._lock = lock
-        self._checksum = CHECKSUMS[shared.format.checksum]
-        self._closed = False
-        self._closing = threading.Lock()  # held by `close`
+        checksum = CHECKSUMS[shared.format.checksum]
         self._counts = new_counts()
         # Reads not yet folded into `meta`, and pages that failed their checksum here (misses until dropped).
-        self._access = AccessRecords(access, self._checksum, self._counts)
+        self._access = AccessRecords(access, checksum, self._counts)
+        self._lease = EnvLease(shared, readonly, map_size, durability, lock, on_fork=self._access.reset)
+        self._reads = PageReads(self._lease, self._access, self._counts, checksum, layout)
+        self._writes = PageWrites(self._lease, self._access, self._counts, checksum, layout)
         # (sub-database, records walked, last key): called as verify and delete_namespace walk the store
         self.progress: Callable[[str, int, bytes | None], None] | None = None
 
@@ -195,7 +175,7 @@ class LMDBStore(StoreHandle):
         environment). `checksum`: the algorithm of a store created now (a key of CHECKSUMS); an existing store
         keeps the one it was created with. `lock` False (with `readonly`): open lock-free, writing nothing to the
         store's directory, not even LMDB's lock file; a store whose lock file this user cannot write opens so too
-        (`lock_free` says which; reads are checked against writers, see `env`).
+        (`lock_free` says which; reads are checked against writers, see `shared_env`).
         """
         if not lock and not readonly:
             raise InvalidInput("a lock-free open (lock=False) is a read-only one: pass readonly=True")
@@ -217,13 +197,13 @@ class LMDBStore(StoreHandle):
                 # a valid key that is not the one the pages were written under: refused before anything is
                 # written under it (the registry's recorded roots say so; keyfile.KeyEvidence)
                 chain_key = store.chain_key
-                refuse_mismatch(path, store._read(lambda txn, dbs: key_evidence(txn, dbs, chain_key,
-                                                                                KEY_CHECK_RECORDS)))
+                refuse_mismatch(path, store._lease.read(lambda txn, dbs: key_evidence(txn, dbs, chain_key,
+                                                                                      KEY_CHECK_RECORDS)))
             if layout is not None:
                 store._bind_layout(layout, register=(create and not existed) or add_layout)
             if capacity is not None:
                 store.set_capacity(capacity.capacity_bytes, capacity.namespace_quota_bytes)
-            store._evict_headroom = (capacity or CapacityPolicy()).evict_headroom
+            store._writes.evict_headroom = (capacity or CapacityPolicy()).evict_headroom
         except BaseException as exc:
             store.close()
             if create and not existed and shared.refs == 0:
@@ -234,7 +214,6 @@ class LMDBStore(StoreHandle):
             raise
         return store
 
-    _evict_headroom = CapacityPolicy().evict_headroom
     fingerprint_key: bytes | None = None  # from the store's key file; None: read-only, by a user who may not read it
     # The key of the store's page-hash chain roots (`chain`): derived from the key file; b"" for a format-1 store;
     # None for a reader that may not read the key file (it verifies from the roots the namespace records keep).
@@ -243,13 +222,13 @@ class LMDBStore(StoreHandle):
     @property
     def format_version(self) -> int:
         """The version of the store's format record (FORMAT_VERSION, or an older one `kvc migrate` upgrades)."""
-        return self._shared.format.version
+        return self._lease.shared.format.version
 
     @property
     def lock_free(self) -> bool:
         """Whether the store is read without LMDB's lock file (asked with lock=False, or this user cannot write
         it): read-only, nothing written to its directory, every read checked against writers."""
-        return self._shared.lock_free
+        return self._lease.shared.lock_free
 
     @classmethod
     def verify_location(cls, location: str, repair: bool = False, force: bool = False, lock: bool = True,
@@ -275,150 +254,45 @@ class LMDBStore(StoreHandle):
         return not lock_file_writable(path)
 
     def _bind_layout(self, layout: KVLayout, register: bool) -> None:
-        held = self._read(layout_records)
+        held = self._lease.read(layout_records)
         if not held and not register and not self.readonly:
             # a store that holds no layout record but pages of this layout: its record was lost (a repair keeps
             # the pages, `unknown_layout`); a layout id is a digest of every field, so this is that layout
-            register = self._read(lambda txn, dbs: has_pages_of(txn, dbs, layout.layout_id))
+            register = self._lease.read(lambda txn, dbs: has_pages_of(txn, dbs, layout.layout_id))
         if not layout_to_register(self.path, layout, held, register):
             return
-        self._check_writable()
         record = encoder.encode(LayoutRecord(layout, time.time()))
-        dbs = self._live().dbs
-        self._write(lambda txn: txn.put(layout.layout_id, record, db=dbs.layouts, overwrite=False))
-
-    def _live(self) -> SharedEnv:
-        if self._closed:
-            raise StoreClosed(self.path)
-        shared = self._shared
-        if shared.pid != os.getpid():
-            # A forked child: the parent's Environment (and its pending reads) are not ours.
-            self._shared = shared = acquire(self.path, False, self._map_size, self._durability, lock=self._lock)
-            self._access.reset()
-        return shared
-
-    def _write(self, body: Callable[[lmdb.Transaction], Any], wanted: int = 0) -> Any:
-        return self._live().write(body, grow_hint=wanted)
-
-    def _read(self, reader: Callable[[lmdb.Transaction, Any], T]) -> T:
-        """`reader(txn, dbs)` in one short read transaction."""
-        shared = self._live()
-        return shared.reading(lambda txn: reader(txn, shared.dbs))
-
-    def _check_writable(self) -> None:
-        if self.readonly:
-            why = "opened read-only" if self._shared.writable else "at a read-only location"
-            raise StoreReadOnly(self.path, f"cannot write: the store is {why}")
+        self._lease.update(lambda txn, dbs: txn.put(layout.layout_id, record, db=dbs.layouts, overwrite=False))
 
     # -- reading --------------------------------------------------------------------------------------------
 
     def exists_prefix(self, hashes: Sequence[bytes]) -> int:
         """How many pages from the start of `hashes` are stored (stops at the first gap)."""
-        if not hashes:
-            return 0
-        check_page_hashes(hashes)
-        shared = self._live()
-        corrupt = self._access.corrupt
-
-        found = 0  # pages found so far: what a read that fails midway still found
-
-        def walk(txn: lmdb.Transaction) -> int:
-            nonlocal found
-            # The metadata record, not the page: a page and its metadata are written and removed in one
-            # transaction, and a metadata record sits in a leaf page while a large page's value starts on an
-            # overflow page of its own (a cold page, often a fault, per lookup: 1 MiB pages were looked up 12-48x
-            # slower so). Damage that parts the two is found by get_into's checks and by verify.
-            get, db = txn.get, shared.dbs.meta
-            found = 0
-            for h in hashes:
-                if get(h, None, db) is None or (corrupt and h in corrupt):
-                    break
-                found += 1
-            return found
-
-        try:
-            shared.reading(walk, buffers=True)
-        except lmdb.Error:
-            self._counts["read_errors"] += 1
-        except StoreChanged:  # a lock-free read writers kept overtaking: nothing it found can be trusted
-            self._counts["read_errors"] += 1
-            found = 0
-        return count_read(self._counts, found, len(hashes))
+        return self._reads.exists_prefix(hashes)
 
     def get_into(self, hashes: Sequence[bytes], out_views: Sequence[Any]) -> int:
         """Copy pages into caller-provided writable byte views, each inside the read transaction and verified on
         the copy; return how many consecutive pages from the start were copied. A missing, corrupt or unreadable
-        page ends the run (and is counted)."""
-        outs = out_views_for(hashes, out_views, self.layout)
-        n = len(outs)
-        if n == 0:
-            return 0
-        shared = self._live()
-        digest, seeds, stored = self._checksum.digest, self._checksum.seeds(hashes), CHECKSUM_FIELD.unpack_from
-        digest_parts = self._checksum.digest_parts
-        corrupt = self._access.corrupt
-        suspect: list[bytes] = []  # failed their checks: quarantined once the read is known sound (lock-free)
-        done = 0  # pages copied and verified so far: what a read that fails midway still delivered
-
-        def copy(txn: lmdb.Transaction) -> int:
-            nonlocal done
-            get, db = txn.get, shared.dbs.pages
-            suspect.clear()
-            done = 0
-            for h, out, seed in zip(hashes, outs, seeds, strict=True):
-                value = get(h, None, db)
-                if value is None or (corrupt and h in corrupt):
-                    break
-                # A stored size other than a page's (the out views were checked above) is a damaged record: a
-                # miss, quarantined like a checksum failure. The copy happens inside the transaction (see the
-                # module docstring), and is checked on the copy, still in cache: what the caller got is what was
-                # verified.
-                if len(value) - HEADER != len(out):
-                    suspect.append(h)
-                    break
-                if type(out) is memoryview:
-                    if len(out) >= RELEASED_COPY_BYTES:  # numpy copies with the GIL released (see the constant)
-                        np.copyto(np.frombuffer(out, np.uint8), np.frombuffer(value, np.uint8, offset=HEADER))
-                    else:
-                        out[:] = value[HEADER:]
-                    summed = digest(out, seed)
-                else:  # a page in segments (checks.Segments): copied in order, summed as copied
-                    out.fill(value[HEADER:])
-                    summed = digest_parts(out.views, seed)
-                if summed != stored(value)[0]:
-                    suspect.append(h)
-                    break
-                done += 1
-            return done
-
-        try:
-            shared.reading(copy, buffers=True)
-            for h in suspect:
-                self._access.quarantine(h)
-        except lmdb.Error:
-            self._counts["read_errors"] += 1
-        except StoreChanged:  # a lock-free read writers kept overtaking: nothing it copied can be trusted
-            self._counts["read_errors"] += 1
-            done = 0
-        count_read(self._counts, done, n, copied=True)
+        page ends the run (and is counted). The pages served are logged, for the next write to fold in."""
+        done = self._reads.get_into(hashes, out_views)
         if done and not self.readonly:
             self._access.record(hashes[:done], self.flush)
         return done
 
     def page_meta(self, page_hash: bytes) -> PageMeta | None:
         """A page's metadata, or None when it is not stored."""
-        raw = self._read(lambda txn, dbs: txn.get(page_hash, db=dbs.meta))
+        raw = self._lease.read(lambda txn, dbs: txn.get(page_hash, db=dbs.meta))
         return None if raw is None else decode_meta(raw)
 
     def children(self, page_hash: bytes) -> list[ChildInfo]:
         """Stored children of a page hash or of a namespace root, hottest (most reads through the child, then
         most recent) first. Each child's figures cover its subtree (see `tree`): O(subtree) lookups."""
-        return children(self._live(), page_hash)
+        return children(self._lease.live(), page_hash)
 
     def child_pages(self, page_hash: bytes) -> list[ChildInfo]:
         """Stored children of a page hash or of a namespace root, unordered, each with its own figures (not its
         subtree's): one lookup per child. For a walk of a whole tree (`kvcache.ops.dump`)."""
-        return child_pages(self._live(), page_hash)
+        return child_pages(self._lease.live(), page_hash)
 
     # -- the registry ---------------------------------------------------------------------------------------
 
@@ -428,46 +302,43 @@ class LMDBStore(StoreHandle):
 
     def layouts(self) -> list[KVLayout]:
         """Every layout the store holds, oldest first."""
-        return [r.layout for r in sorted(self._read(layout_records).values(), key=lambda r: r.created)]
+        return [r.layout for r in sorted(self._lease.read(layout_records).values(), key=lambda r: r.created)]
 
     def namespaces(self) -> list[NamespaceRecord]:
         """The namespace registry, most pages first."""
-        return self._read(namespace_records)
+        return self._lease.read(namespace_records)
 
     def capacity_bytes(self) -> int:
         """The payload limit every process applies (0: unlimited)."""
-        return self._read(limits)[0]
+        return self._lease.read(limits)[0]
 
     def namespace_quota_bytes(self) -> int:
         """The payload limit of each namespace every process applies (0: none)."""
-        return self._read(limits)[1]
+        return self._lease.read(limits)[1]
 
     def set_capacity(self, capacity_bytes: int, namespace_quota_bytes: int | None = None) -> None:
         """Record new payload limits (`namespace_quota_bytes` None: keep the current quota). Take effect at the
         next put, which evicts down to them."""
         if capacity_bytes < 0 or (namespace_quota_bytes or 0) < 0:
             raise InvalidInput(f"limits must be >= 0, got {capacity_bytes} and {namespace_quota_bytes}")
-        self._check_writable()
-        dbs = self._live().dbs
-        self._write(lambda txn: set_limits(txn, dbs, capacity_bytes, namespace_quota_bytes))
+        self._lease.update(lambda txn, dbs: set_limits(txn, dbs, capacity_bytes, namespace_quota_bytes))
 
     def set_shares(self, namespace: Namespace, shares: Shares) -> None:
         """Record `namespace`'s shares (`Shares()` clears them). Its `store_bytes` takes effect at its next put,
         which evicts its own pages down to it."""
-        self._check_writable()
+        self._lease.check_writable()
         info = namespace.info(self.fingerprint_key)
         record = (None if shares.empty else
                   NamespaceShares(namespace.id_hex, info.extra_key, info.salt_fingerprint, shares, time.time()))
-        dbs = self._live().dbs
-        self._write(lambda txn: write_shares(txn, dbs, namespace.id, record))
+        self._lease.update(lambda txn, dbs: write_shares(txn, dbs, namespace.id, record))
 
     def shares(self) -> list[NamespaceShares]:
         """Every namespace's shares."""
-        return self._read(read_shares)
+        return self._lease.read(read_shares)
 
     def stats(self) -> StoreStats:
         """Totals from the store and this handle's counters."""
-        shared = self._live()
+        shared = self._lease.live()
 
         def figures(txn: lmdb.Transaction) -> tuple[StoreTotals, tuple[int, int], int, int]:
             return (read_totals(txn, shared.dbs), limits(txn, shared.dbs), txn.stat(shared.dbs.layouts)["entries"],
@@ -485,7 +356,7 @@ class LMDBStore(StoreHandle):
 
     def map_size(self) -> int:
         """The current LMDB map size in bytes."""
-        return self._live().env.info()["map_size"]
+        return self._lease.live().env.info()["map_size"]
 
     # -- writing --------------------------------------------------------------------------------------------
 
@@ -502,37 +373,11 @@ class LMDBStore(StoreHandle):
         namespace is rejected, so are the namespace's later pages in the batch (all of them, at the capacity),
         so what is stored of a chain stays a prefix. Logged reads are written in the same transaction.
         """
-        self._check_writable()
-        views = put_views(self.layout, hashes, pages, origins, self.chain_key)
-        if not hashes:
-            return PutResult(0, 0, 0, 0, 0)
-        layout = self.layout
-        assert layout is not None  # put_views refuses a handle without one
-        assert self.chain_key is not None  # a writer holds the key file (store_key), or the store is format 1
-        batch = PutBatch(self._live().dbs, layout, self._checksum, hashes, views, origins, self._evict_headroom,
-                         self.fingerprint_key, self.chain_key)
-        access = self._access
-        taken = access.take()
-        result = access.commit(self._write, lambda txn: batch.write(txn, access, taken), taken,
-                               wanted=len(hashes) * (layout.bytes_per_page + 512))
-        c = self._counts
-        c["pages_written"] += result.written
-        c["pages_existing"] += result.existing
-        c["pages_rejected"] += result.rejected
-        c["pages_evicted"] += result.evicted
-        if taken[0]:
-            c["flushes"] += 1
-        return result
+        return self._writes.put(hashes, pages, origins, self.chain_key, self.fingerprint_key)
 
     def flush(self) -> None:
         """Write logged reads (hit counts, access times) in one transaction, and drop pages seen corrupt."""
-        if self.readonly or self._closed:
-            return
-        taken = self._access.take()
-        if not taken[0] and not taken[1]:
-            return
-        self._access.write_back(self._write, self._live().dbs, taken, self.fingerprint_key)
-        self._counts["flushes"] += 1
+        self._writes.flush(self.fingerprint_key)
 
     def delete_namespace(self, ns_id: bytes, reason: RemovalReason = RemovalReason.DROP) -> DeleteResult:
         """Remove every page of namespace `ns_id` (16 bytes) and its registry record; the removal log records the
@@ -541,14 +386,7 @@ class LMDBStore(StoreHandle):
         Pages are found by scanning `meta` in chunks of short read transactions and removed in bounded write
         transactions (see `delete`), so a large tenant's offboarding never holds the writer lock (or pins old
         pages) for long. Scans repeat until one finds nothing, so pages a concurrent writer adds meanwhile go too."""
-        self._check_writable()
-        if not isinstance(ns_id, bytes) or len(ns_id) != 16:
-            raise InvalidInput(f"a namespace id is 16 bytes, got {ns_id!r:.60}")
-        if reason not in (RemovalReason.DROP, RemovalReason.TTL):
-            raise InvalidInput(f"a namespace is removed whole for a drop or a TTL expiry, not for {reason!r}")
-        self.flush()
-        return delete_namespace(self._live(), self._write, ns_id, self.fingerprint_key, self.progress,
-                                RemovalReason(reason))
+        return self._writes.delete_namespace(ns_id, reason, self.fingerprint_key, self.progress)
 
     def removals(self, hashes: Sequence[bytes], namespace: NamespaceId | None = None) -> list[PageRemoval | None]:
         """Per hash, the newest record of the removal log that answers for it (see `L3Store.removals`), read in one
@@ -556,42 +394,37 @@ class LMDBStore(StoreHandle):
         check_page_hashes(hashes)
         if namespace is not None and (not isinstance(namespace, bytes) or len(namespace) != 16):
             raise InvalidInput(f"a namespace id is 16 bytes, got {namespace!r:.60}")
-        return self._read(lambda txn, dbs: removal_lookup(txn, dbs.removals, hashes, namespace))
+        return self._lease.read(lambda txn, dbs: removal_lookup(txn, dbs.removals, hashes, namespace))
 
     # -- who serves the store, what was dropped from it (kvcache.storage.serving) --------------------------
 
     def register_serve(self, record: ServeRecord) -> None:
         """Record a live cache serving this store."""
-        self._check_writable()
-        dbs = self._live().dbs
-        self._write(lambda txn: put_serve(txn, dbs, record))
+        self._lease.update(lambda txn, dbs: put_serve(txn, dbs, record))
 
     def unregister_serve(self, token: str) -> None:
         """Remove a serving record (no error when it is gone)."""
-        self._check_writable()
-        dbs = self._live().dbs
-        self._write(lambda txn: delete_serve(txn, dbs, token))
+        self._lease.update(lambda txn, dbs: delete_serve(txn, dbs, token))
 
     def serves(self) -> list[ServeRecord]:
         """Every serving record, stale ones included."""
-        return self._read(read_serves)
+        return self._lease.read(read_serves)
 
     def record_drop(self, ns_id: bytes, extra_key: str | None, salt_fingerprint: str | None,
                     by: str) -> DropRecord:
         """Record a drop as the next of the store's drop sequence (before the namespace's pages go)."""
-        self._check_writable()
+        self._lease.check_writable()
         if not isinstance(ns_id, bytes) or len(ns_id) != 16:
             raise InvalidInput(f"a namespace id is 16 bytes, got {ns_id!r:.60}")
-        dbs = self._live().dbs
-        return self._write(lambda txn: add_drop(txn, dbs, ns_id, extra_key, salt_fingerprint, by))
+        return self._lease.update(lambda txn, dbs: add_drop(txn, dbs, ns_id, extra_key, salt_fingerprint, by))
 
     def drops(self, since: int = 0) -> list[DropRecord]:
         """The drop records numbered above `since`, oldest first."""
-        return self._read(lambda txn, dbs: read_drops(txn, dbs, since))
+        return self._lease.read(lambda txn, dbs: read_drops(txn, dbs, since))
 
     def drop_seq(self) -> int:
         """The number of the last drop recorded (0: none)."""
-        return self._read(read_drop_seq)
+        return self._lease.read(read_drop_seq)
 
     # -- integrity ------------------------------------------------------------------------------------------
 
@@ -610,8 +443,8 @@ class LMDBStore(StoreHandle):
         (`kvc audit` does: `verify_location`).
         """
         if repair:
-            self._check_writable()
-        report = verify(LMDBIntegrity(self._live(), self._write, self.progress), repair, scope)
+            self._lease.check_writable()
+        report = verify(LMDBIntegrity(self._lease.live(), self._lease.write, self.progress), repair, scope)
         gone = removed_pages(report)
         if gone:
             self._access.unquarantine(gone)  # a writer may store them again
@@ -621,15 +454,6 @@ class LMDBStore(StoreHandle):
 
     def close(self) -> None:
         """Flush logged reads and release this handle's share of the environment. Idempotent, and safe while other
-        threads use the handle: the last handle's release waits for the reads and writes in flight (`env`), and
-        a call that starts after the close raises StoreClosed."""
-        with self._closing:  # two threads closing one handle release its share once
-            if self._closed:
-                return
-            try:
-                if self._shared.pid == os.getpid():
-                    self.flush()
-            finally:
-                self._closed = True
-                if self._shared.pid == os.getpid():
-                    release(self._shared)
+        threads use the handle: the last handle's release waits for the reads and writes in flight (`shared_env`),
+        and a call that starts after the close raises StoreClosed."""
+        self._lease.close(self.flush)

@@ -13,7 +13,7 @@ import lmdb
 
 from ..api import ChildInfo, PageMeta
 from ..codec import decode_meta
-from .env import SharedEnv
+from .shared_env import SharedEnv
 
 
 def children(shared: SharedEnv, page_hash: bytes) -> list[ChildInfo]:

@@ -114,12 +114,12 @@ def test_lmdb_keeps_a_store_share_by_evicting_the_namespaces_own_oldest_pages(tm
 
 def test_a_salvage_rebuild_carries_the_share_records_into_the_fresh_store(tmp_path):
     from kvcache.storage.lmdb.bookkeeping import SHARES_PREFIX
-    from kvcache.storage.lmdb.salvage import _prepare
+    from kvcache.storage.lmdb.salvage_rebuild import prepare
 
     record = msgspec.msgpack.encode(NamespaceShares(A.id_hex, "tenant-a", None, Shares(store_bytes=64), 0.0))
     fresh = make_store(tmp_path / "fresh", make_layout(4))
     fresh.close()
-    _prepare(str(tmp_path / "fresh"), {SHARES_PREFIX + A.id: record, SHARES_PREFIX + B.id: b"\xc1damaged"})
+    prepare(str(tmp_path / "fresh"), {SHARES_PREFIX + A.id: record, SHARES_PREFIX + B.id: b"\xc1damaged"})
     fresh = make_store(tmp_path / "fresh", make_layout(4))
     assert [(r.ns_id_hex, r.shares) for r in fresh.shares()] == [(A.id_hex, Shares(store_bytes=64))]
     fresh.close()

@@ -393,7 +393,7 @@ def test_close_during_a_read_in_flight_waits_for_it_and_every_later_call_is_a_mi
     backend = storage(str(tmp_path / "l3"), pool)
     ks = keys("closing", 2)
     assert backend.batch_set_v1(ks, slots(pool, [0, 1])) == [True, True]
-    shared = backend.store._shared
+    shared = backend.store._lease.shared
     inside, go, closed, read = threading.Event(), threading.Event(), threading.Event(), []
 
     def hold(txn):

@@ -286,8 +286,8 @@ def test_repair_removes_in_bounded_transactions(path, chains, monkeypatch):
     with LMDBStore.open(path, LAYOUT) as s:
         assert kinds(s.verify()) == [("orphan", chains.c[1].hex())]
         writes = []
-        real_write = s._write
-        monkeypatch.setattr(s, "_write", lambda body, wanted=0: writes.append(body) or real_write(body, wanted))
+        real_write = s._lease.write
+        monkeypatch.setattr(s._lease, "write", lambda body, wanted=0: writes.append(body) or real_write(body, wanted))
         report = s.verify(repair=True)
         assert len(removed(report)) == 9
         assert len(writes) == 3 + 1  # 9 pages, 3 per transaction, then the recount
@@ -493,7 +493,7 @@ def write_engine(store: LMDBStore, keys: list[bytes], ns: Namespace = NS) -> lis
 
 def keyless(s: LMDBStore, repair: bool = False):
     """verify as a reader who may not read the key file: roots from the namespace records."""
-    source = lmdb_integrity.LMDBIntegrity(s._live(), s._write)
+    source = lmdb_integrity.LMDBIntegrity(s._lease.live(), s._lease.write)
     source.chain_key = None
     return shared_verify(source, repair)
 

@@ -246,11 +246,12 @@ def test_since_last_finds_a_page_written_while_the_last_clean_audit_ran_and_dama
         raise AssertionError("no hash below the scan's position")
 
     try:
-        source = LMDBIntegrity(store._live(), store._write, write_behind, record=True)
+        source = LMDBIntegrity(store._lease.live(), store._lease.write, write_behind, record=True)
         report = verify(source)
         assert behind and report.ok and report.recorded  # the scan had passed it: this audit is clean
         assert history_of(store).last_clean.started <= time.time()
-        again = verify(LMDBIntegrity(store._live(), store._write, record=True), scope=AuditScope(since_last=True))
+        again = verify(LMDBIntegrity(store._lease.live(), store._lease.write, record=True),
+                       scope=AuditScope(since_last=True))
     finally:
         store.close()
     assert [(f.kind, f.page_hash) for f in again.findings] == [("checksum_mismatch", behind[0].hex())]
@@ -258,14 +259,14 @@ def test_since_last_finds_a_page_written_while_the_last_clean_audit_ran_and_dama
 
 def damage(store: LMDBStore, h: bytes) -> None:
     """Flip the last payload byte of page `h` through the open store's own environment (a writer's fault)."""
-    shared = store._live()
+    shared = store._lease.live()
     value = bytearray(shared.reading(lambda txn: bytes(txn.get(h, db=shared.dbs.pages))))
     value[-1] ^= 0xFF
     shared.write(lambda txn: txn.put(h, bytes(value), db=shared.dbs.pages))
 
 
 def history_of(store: LMDBStore):
-    shared = store._live()
+    shared = store._lease.live()
     return shared.reading(lambda txn: read_history(txn, shared.dbs))
 
 

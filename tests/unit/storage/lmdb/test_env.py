@@ -97,7 +97,7 @@ def test_a_lock_free_open_is_a_read_only_one(filled):
 
 def test_a_lock_free_read_that_writers_overtook_is_store_changed(filled):
     with LMDBStore.open(str(filled), readonly=True, lock=False) as store:
-        shared = store._shared
+        shared = store._lease.shared
         with shared.read() as txn:
             commit(filled, 1)  # one commit reuses nothing this snapshot holds
             assert txn.get(b"format", db=shared.dbs.store) is not None
@@ -108,7 +108,7 @@ def test_a_lock_free_read_that_writers_overtook_is_store_changed(filled):
 
 def test_reading_runs_an_overtaken_lock_free_read_again(filled):
     with LMDBStore.open(str(filled), readonly=True, lock=False) as store:
-        shared, snapshots = store._shared, []
+        shared, snapshots = store._lease.shared, []
 
         def body(txn):
             snapshots.append(txn.id())
@@ -123,17 +123,17 @@ def test_reading_runs_an_overtaken_lock_free_read_again(filled):
 def test_a_registered_reader_is_never_overtaken(filled):
     with LMDBStore.open(str(filled), readonly=True) as store:
         assert not store.lock_free
-        with store._shared.read() as txn:
+        with store._lease.shared.read() as txn:
             commit(filled, 3)  # the writers see this reader in lock.mdb and keep its pages
-            assert txn.get(b"format", db=store._shared.dbs.store) is not None
+            assert txn.get(b"format", db=store._lease.shared.dbs.store) is not None
 
 
 def test_committed_txnid_reads_the_last_commit_from_the_data_file(filled):
     with LMDBStore.open(str(filled), readonly=True, lock=False) as store:
-        first = store._shared.env.info()["last_txnid"]
+        first = store._lease.shared.env.info()["last_txnid"]
         assert committed_txnid(str(filled)) == first
         commit(filled, 3)
-        assert committed_txnid(str(filled)) == store._shared.env.info()["last_txnid"] == first + 3
+        assert committed_txnid(str(filled)) == store._lease.shared.env.info()["last_txnid"] == first + 3
 
 
 # -- closing while other threads read and write (issue 36) ------------------------------------------------------
@@ -204,8 +204,8 @@ def test_the_last_close_waits_for_a_read_in_flight_on_another_thread(filled):
     # The issue's repro: the last handle's close unmapped the map under a reader's zero-copy view (SIGSEGV). Now
     # the close waits for the read; new reads meanwhile are StoreClosed, never a read of unmapped memory.
     store = LMDBStore.open(str(filled))
-    shared = store._shared
-    record = store._read(lambda txn, dbs: bytes(txn.get(b"format", db=dbs.store)))
+    shared = store._lease.shared
+    record = store._lease.read(lambda txn, dbs: bytes(txn.get(b"format", db=dbs.store)))
     closing = None
     reader = InFlight(lambda body: shared.reading(body, buffers=True),
                       lambda txn: None if closing is None or closing.done.is_set()  # unmapped: never touched
@@ -226,7 +226,7 @@ def test_the_last_close_waits_for_a_read_in_flight_on_another_thread(filled):
 
 def test_a_write_in_flight_is_waited_for_and_commits(filled):
     store = LMDBStore.open(str(filled))
-    shared = store._shared
+    shared = store._lease.shared
     closing = None
     writer = InFlight(lambda body: shared.write(body),
                       lambda txn: txn.put(b"close-test", b"1", db=shared.dbs.store) if closing is not None
@@ -239,24 +239,24 @@ def test_a_write_in_flight_is_waited_for_and_commits(filled):
         writer.finish()
         closing.thread.join()
     with LMDBStore.open(str(filled), readonly=True) as again:
-        assert again._read(lambda txn, dbs: txn.get(b"close-test", db=dbs.store)) == b"1"
+        assert again._lease.read(lambda txn, dbs: txn.get(b"close-test", db=dbs.store)) == b"1"
 
 
 def test_closing_one_of_two_handles_leaves_the_other_reading(filled):
     first, second = LMDBStore.open(str(filled)), LMDBStore.open(str(filled))
-    assert first._shared is second._shared
+    assert first._lease.shared is second._lease.shared
     first.close()
-    assert not second._shared.closed and [r.pages for r in second.namespaces()] == [3]
+    assert not second._lease.shared.closed and [r.pages for r in second.namespaces()] == [3]
     with pytest.raises(StoreClosed):
         first.namespaces()
     second.close()
-    assert second._shared.closed
+    assert second._lease.shared.closed
 
 
 def test_a_close_from_inside_a_scan_closes_the_environment_when_the_scan_ends(filled):
     # the thread that closes is itself inside a read: it cannot wait for it; the read's end closes the map
     store = LMDBStore.open(str(filled))
-    shared = store._shared
+    shared = store._lease.shared
     scan = shared.scan(shared.dbs.meta, chunk=1)
     _, key, value = next(scan)
     store.close()
@@ -275,6 +275,6 @@ def test_two_threads_closing_one_handle_release_it_once(filled):
         t.start()
     for t in threads:
         t.join()
-    assert not other._shared.closed and other._shared.refs == 1  # the other handle still holds it
+    assert not other._lease.shared.closed and other._lease.shared.refs == 1  # the other handle still holds it
     assert [r.pages for r in other.namespaces()] == [3]
     other.close()

@@ -84,7 +84,7 @@ def test_a_page_removed_again_keeps_its_newest_record_past_the_older_ones_trim(p
     monkeypatch.setattr(removal_rules, "REMOVALS_KEPT", 3)
     with LMDBStore.open(path, LAYOUT, create=True) as store:
         hashes, _ = write(store, range(4))
-        env = store._live()
+        env = store._lease.live()
         for reason in (RemovalReason.REPAIR, RemovalReason.QUARANTINE):  # the same page twice: seq 1, then 2
             env.write(lambda txn, r=reason: log.record(txn, env.dbs.removals, [(hashes[0], NS.id)], r, 1.0))
         for k in range(3):  # three more removals of other subjects: seq 3..5 push seq 1 and 2 out...
@@ -104,7 +104,7 @@ def test_a_store_written_before_the_log_reads_no_record_and_its_next_writer_adds
         hashes, _ = write(store, range(8))
     drop_log(path)
     with LMDBStore.open(path, readonly=True, lock=False) as reader:  # lock-free: cannot create the sub-database
-        assert reader._live().dbs.removals is None
+        assert reader._lease.live().dbs.removals is None
         assert reader.removals(hashes, NS.id) == [None, None]
         assert reader.verify().ok
     with LMDBStore.open(path, LAYOUT) as store:  # a writer's open creates it, empty

@@ -14,7 +14,8 @@ import pytest
 from kvcache.errors import RepairRefused
 from kvcache.storage.api import page_origins
 from kvcache.storage.lmdb import pagefile
-from kvcache.storage.lmdb.salvage import ORIGINAL_PREFIX, audit_location
+from kvcache.storage.lmdb.rewrite import ORIGINAL_PREFIX
+from kvcache.storage.lmdb.salvage import audit_location
 from kvcache.storage.registry import open_store
 from kvcache.types.keys import pack_tokens
 from kvcache.types.layout import KVLayout

@@ -45,9 +45,9 @@ def path(tmp_path: Path) -> str:
 
 
 def _dying(path: str, marker: Path, commits: int, times: int):
-    """A `_verify_in` whose first `times` runs (counted in `marker`, the runs are forked children) let `commits`
+    """A `verify_in` whose first `times` runs (counted in `marker`, the runs are forked children) let `commits`
     transactions commit and then die of SIGSEGV, as a lock-free walk of reused pages may."""
-    real = salvage._verify_in
+    real = salvage.verify_in
 
     def verify_in(where, report, repair, lock=True, scope=None, record=False):
         runs = marker.stat().st_size if marker.exists() else 0
@@ -70,14 +70,14 @@ def test_a_lock_free_audit_writes_nothing_and_finds_nothing_in_a_sound_store(pat
 
 
 def test_a_lock_free_check_whose_child_died_while_writers_committed_is_run_again(path, tmp_path, monkeypatch):
-    monkeypatch.setattr(salvage, "_verify_in", _dying(path, tmp_path / "runs", commits=2, times=1))
+    monkeypatch.setattr(salvage, "verify_in", _dying(path, tmp_path / "runs", commits=2, times=1))
     report = salvage.audit_location(path, lock=False)
     assert report.ok and report.findings == []
     assert (tmp_path / "runs").stat().st_size == 1
 
 
 def test_a_lock_free_check_writers_keep_overtaking_is_store_changed_not_damage(path, tmp_path, monkeypatch):
-    monkeypatch.setattr(salvage, "_verify_in", _dying(path, tmp_path / "runs", commits=2, times=99))
+    monkeypatch.setattr(salvage, "verify_in", _dying(path, tmp_path / "runs", commits=2, times=99))
     with pytest.raises(StoreChanged, match="lock-free audits"):
         salvage.audit_location(path, lock=False)
     assert (tmp_path / "runs").stat().st_size == salvage.LOCK_FREE_CHECKS
@@ -85,7 +85,7 @@ def test_a_lock_free_check_writers_keep_overtaking_is_store_changed_not_damage(p
 
 def test_a_lock_free_child_that_died_while_the_store_stood_still_met_damage(path, tmp_path, monkeypatch):
     # one commit cannot make a lock-free reader see reused pages: the death is the store's
-    monkeypatch.setattr(salvage, "_verify_in", _dying(path, tmp_path / "runs", commits=1, times=99))
+    monkeypatch.setattr(salvage, "verify_in", _dying(path, tmp_path / "runs", commits=1, times=99))
     report = salvage.audit_location(path, lock=False)
     assert [f.kind for f in report.findings] == ["structure_corrupt"]
     assert (tmp_path / "runs").stat().st_size == 1

@@ -20,6 +20,7 @@ from kvcache.errors import InvalidInput, LayoutMismatch, NotAStore, StoreFull, S
 from kvcache.storage.api import AccessPolicy, CapacityPolicy, DeleteResult, PageOrigin, page_origins
 from kvcache.storage.lmdb import delete as lmdb_delete
 from kvcache.storage.lmdb import store as lmdb_store
+from kvcache.storage.lmdb.reads import RELEASED_COPY_BYTES
 from kvcache.storage.lmdb.store import LMDBStore
 from kvcache.storage.registry import open_store
 from kvcache.types.keys import pack_tokens
@@ -574,8 +575,7 @@ def test_a_read_rewrites_one_record_per_chain_and_one_per_unchained_engine_page(
         assert changed == {tokens[-1], chain[-1], *loose}
 
 
-@pytest.mark.parametrize("page_bytes", [lmdb_store.RELEASED_COPY_BYTES // 2, lmdb_store.RELEASED_COPY_BYTES,
-                                        2 * lmdb_store.RELEASED_COPY_BYTES])
+@pytest.mark.parametrize("page_bytes", [RELEASED_COPY_BYTES // 2, RELEASED_COPY_BYTES, 2 * RELEASED_COPY_BYTES])
 def test_pages_either_side_of_the_released_copy_size_read_back_and_a_flipped_one_is_a_miss(tmp_path, page_bytes):
     # a page at least RELEASED_COPY_BYTES long is copied by numpy (the GIL released), a smaller one by a memoryview
     layout = KVLayout("big-model@r1", layers=1, kv_heads=1, head_dim=page_bytes // 16, dtype="float16", page_size=4)
