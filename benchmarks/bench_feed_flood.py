@@ -34,7 +34,8 @@ import time
 from pathlib import Path
 
 from _report import machine, publish, table
-from kvcache.live.events import REPLAY_BUSY, KVEventSubscriber
+from kvcache.live.feed import REPLAY_BUSY
+from kvcache.live.subscriber import KVEventSubscriber
 
 MiB = 1 << 20
 HERE = Path(__file__).resolve().parent

@@ -1,5 +1,5 @@
 """A KV-event publisher a test scripts, on real ZeroMQ sockets on loopback: the feed (XPUB) and its replay socket
-(ROUTER), speaking the framing of kvc's, SGLang's and vLLM's publishers (`kvcache.live.events`), answering as the
+(ROUTER), speaking the framing of kvc's, SGLang's and vLLM's publishers (`kvcache.live.feed`), answering as the
 test says — a well-behaved publisher, a restarted or jumping one, or a hostile one that floods, never ends, or sends
 what no publisher would."""
 
@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 
 import zmq
 
-from kvcache.live.events import END_OF_REPLAY
+from kvcache.live.feed import END_OF_REPLAY
 
 
 def seq_frame(n: int) -> bytes:

@@ -139,7 +139,7 @@ MAX_PORT = 65535
 
 
 def endpoint(text: str) -> str:
-    """A ZeroMQ endpoint as given (`kvcache.live.events.endpoint_of` turns a port alone into loopback): a port alone
+    """A ZeroMQ endpoint as given (`kvcache.live.feed.endpoint_of` turns a port alone into loopback): a port alone
     (0..65535; 0 or `*`: any free one), or `tcp://HOST:PORT` with such a port; other transports (`ipc://PATH`,
     `inproc://NAME`) as written. A typer `parser`: a bad one is exit 2 naming the option. ZeroMQ itself takes a
     port above 65535 modulo 65536 (99999 binds 34463): refused here."""

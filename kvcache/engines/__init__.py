@@ -12,8 +12,10 @@ the store copies to and from without a bounce buffer.
   `sglang_keys` recomputes SGLang's storage key chain for a prompt (`kvc ns probe`); `sglang_events` decodes
   SGLang's own KV-event feed (`kvc events --engine sglang`).
 - `vllm`: `KvcTier`, a secondary tier of vLLM's KV offloading on any kvc store (`tier_class()` builds it on vLLM's
-  own base class); `vllm_deployment` turns vLLM's config into the layout of its offloaded chunks; `vllm_io` runs
-  the tier's loads and stores off vLLM's thread, with priorities and deadlines; `vllm_events` decodes vLLM's own
+  own base class from `vllm_tier.VLLMTier`, the scheduler's side, with its settings in `vllm_config`, its values in
+  `vllm_vocabulary`, its counters in `vllm_counters`, its lookups' verdicts in `vllm_verdicts`);
+  `vllm_deployment` turns vLLM's config into the layout of its offloaded chunks; `vllm_io` runs the tier's loads
+  and stores off vLLM's thread, with priorities and deadlines, as `vllm_chunks` copies them; `vllm_events` decodes vLLM's own
   KV-event feed, its KV offloading tiers' events included (`kvc events --engine vllm`), the salts vLLM sends among
   each block's extra keys turned into keyed fingerprints.
 - `engine_store`: the store an adapter opens, created and refused in one line when it could never name a page.

@@ -2,13 +2,13 @@
 
 An SGLang engine started with ``--kv-events-config '{"publisher": "zmq", "endpoint": "tcp://*:5557", ...}'``
 publishes where its pages live (`sglang.srt.disaggregation.kv_events`). The wire, as kvc's own feed has it
-(`kvcache.live.events`):
+(`kvcache.live.feed`):
 
 - a ZeroMQ PUB socket; one message per scheduler step of three frames: the topic (the config's ``topic``, ""
   by default), the sequence number (8 bytes, big-endian, from 0), the msgpack `KVEventBatch`;
 - with ``replay_endpoint``, a ROUTER socket: a client sends ``[b"", start]`` (8 bytes, big-endian) and gets
   ``[b"", topic, seq, payload]`` for every batch still buffered (``buffer_steps``) from `start` on, then
-  ``[b"", b"", -1 as 8 signed bytes, b""]`` (`kvcache.live.events.FeedSubscriber` reads both framings);
+  ``[b"", b"", -1 as 8 signed bytes, b""]`` (`kvcache.live.subscriber.FeedSubscriber` reads both framings);
 - a batch is an array ``[ts, events, attn_dp_rank]``; an event a map tagged by ``type`` (`BlockStored`,
   `BlockRemoved`, `AllBlocksCleared`), optional fields omitted when None.
 

@@ -9,7 +9,7 @@ A vLLM engine started with ``--kv-events-config '{"enable_kv_cache_events": true
   rank publishes on the endpoint's port plus its rank;
 - with ``replay_endpoint``, a ROUTER socket: a client sends ``[b"", start]`` (8 bytes, big-endian) and gets
   ``[b"", topic, seq, payload]`` for every batch still buffered (``buffer_steps``) from `start` on, then
-  ``[b"", b"", -1 as 8 signed bytes, b""]`` (`kvcache.live.events.FeedSubscriber` reads both framings);
+  ``[b"", b"", -1 as 8 signed bytes, b""]`` (`kvcache.live.subscriber.FeedSubscriber` reads both framings);
 - a batch is an array ``[ts, events, data_parallel_rank]``; an event a map tagged by ``type`` (`BlockStored`,
   `BlockRemoved`, `AllBlocksCleared`).
 

@@ -11,7 +11,11 @@
   allow-list), with bounds on threads, connections and reads of the cache;
 - `credentials`: who is at the other end of an admin socket (SO_PEERCRED), checked by both sides;
 - `serves`: the live caches serving a store, from the store's serving records;
-- `events`: the KV-event feed over ZeroMQ, its publisher and its subscriber (`kvc events`);
+- `feed`: the KV-event feed's framing over ZeroMQ and its endpoints, shared by its two ends;
+- `events`: `KVEventPublisher`, the feed's publisher around a cache (`kvc serve --events`);
+- `subscriber`: `FeedSubscriber`, the other end, for any engine's feed (`kvc events`);
+- `replay_client`: the subscriber's conversation with a publisher's replay socket;
+- `event_records`: the events of a received batch as flat, printable records;
 - `holdings`: what a consumer of KV events holds per tier and namespace, rebuilt from the events (`kvc events`,
   `kvc ns dump`).
 

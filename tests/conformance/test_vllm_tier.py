@@ -14,7 +14,8 @@ import hashlib
 import numpy as np
 import pytest
 
-from kvcache.engines.vllm import KvcTier, Lookup
+from kvcache.engines.vllm import KvcTier
+from kvcache.engines.vllm_vocabulary import Lookup
 from kvcache.storage.api import engine_hashes
 from kvcache.types.namespace import Namespace
 from unit.engines.fake_vllm import Manager, Region, Spec, chunk_bytes, offload_key, offloading_config

@@ -16,7 +16,7 @@ import pytest
 
 from feed_peer import ReplayPeer, seq_frame
 from kvc.commands.events import FEEDS as CLI_FEEDS
-from kvcache.live.events import REPLAY_CHUNK_BATCHES
+from kvcache.live.subscriber import REPLAY_CHUNK_BATCHES
 from kvcache.types.events import BlockStored, EventBatch, encode_batch
 
 KVC = str(Path(sys.executable).with_name("kvc"))

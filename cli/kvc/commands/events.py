@@ -25,7 +25,7 @@ token id or rank) is such a message: its feed's decoder refuses it, in every out
 Nor can a publisher blind or flood the reader. One whose numbering goes back (an engine or `kvc serve` restarted on
 the endpoint) or leaps forward past any replay buffer is followed from its new number on, said in one line on
 stderr (rate-limited alike) and counted (`restarts`, `jumps`); after a restart the blocks held are counted afresh.
-A replay answer is printed as it arrives, a bounded chunk at a time (`kvcache.live.events.REPLAY_CHUNK_BATCHES`,
+A replay answer is printed as it arrives, a bounded chunk at a time (`kvcache.live.subscriber.REPLAY_CHUNK_BATCHES`,
 `REPLAY_CHUNK_BYTES`), never gathered whole; one that stops short of its end marker (silent for the replay timeout,
 a message over `REPLAY_MESSAGE_MAX_BYTES`, more than `REPLAY_MAX_BATCHES`) is counted (`replays_cut_short`).
 """
@@ -44,19 +44,18 @@ import zmq
 
 from kvcache.engines import sglang_events, vllm_events
 from kvcache.errors import EventEndpointError
-from kvcache.live.events import (
+from kvcache.live.event_records import EventRecord, records
+from kvcache.live.holdings import Holdings
+from kvcache.live.subscriber import (
     REPLAY_MESSAGE_MAX_BYTES,
     Discontinuity,
-    EventRecord,
     FeedSubscriber,
     MalformedMessage,
     ReceivedBatch,
-    records,
 )
-from kvcache.live.holdings import Holdings
 from kvcache.storage.location import StoreLocation
 from kvcache.types.events import decode_batch
-from kvcache.types.namespace import FINGERPRINT_KEY_BYTES, env_fingerprint_key
+from kvcache.types.fingerprint_key import FINGERPRINT_KEY_BYTES, env_fingerprint_key
 
 from .. import live
 from ..errors import UsageError

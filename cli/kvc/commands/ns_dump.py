@@ -25,9 +25,10 @@ from typing import IO, Annotated
 import msgspec
 import typer
 
-from kvcache.live.events import ReceivedBatch, records
+from kvcache.live.event_records import records
 from kvcache.live.holdings import HeldPages
 from kvcache.live.protocol import DumpChunk, DumpRequest
+from kvcache.live.subscriber import ReceivedBatch
 from kvcache.ops.dump import BATCH_EVENTS, DumpTier, StoreWalk, batches, medium_of, store_events
 from kvcache.types.events import BlockStored, EventBatch, KVEvent, MediumNames, encode_batch
 

@@ -269,7 +269,8 @@ def _events_publisher(cache, endpoint: str | None, replay: str | None, topic: st
     alone binds loopback."""
     if endpoint is None:
         return None
-    from kvcache.live.events import KVEventPublisher, endpoint_of
+    from kvcache.live.events import KVEventPublisher
+    from kvcache.live.feed import endpoint_of
 
     try:
         return KVEventPublisher(cache, endpoint_of(endpoint),

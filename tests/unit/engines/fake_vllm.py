@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcache.engines.vllm import Lookup
+from kvcache.engines.vllm_vocabulary import Lookup
 
 WAIT_S = 120.0  # how long `Manager.wait` polls for reports before failing the test (a hung tier, not a slow one)
 

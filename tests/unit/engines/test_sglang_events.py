@@ -17,7 +17,7 @@ from kvcache.engines.sglang_events import (
     event_records,
 )
 from kvcache.engines.sglang_keys import storage_keys
-from kvcache.live.events import FeedSubscriber
+from kvcache.live.subscriber import FeedSubscriber
 from kvcache.types.namespace import Namespace
 from sglang_feed import GOLDEN, MESSAGES, SALTS, GoldenFeed
 

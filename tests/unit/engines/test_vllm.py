@@ -17,10 +17,15 @@ from pathlib import Path
 import pytest
 
 from kvcache.engines import vllm as tier_module
-from kvcache.engines.vllm import STORE_ENV, KvcTier, LookupMode, TierEvent, VLLMTier, tier_config
+from kvcache.engines.vllm import KvcTier
+from kvcache.engines.vllm_config import STORE_ENV, LookupMode, tier_config
+from kvcache.engines.vllm_counters import METRICS
 from kvcache.engines.vllm_io import JobKind
+from kvcache.engines.vllm_tier import VLLMTier
+from kvcache.engines.vllm_vocabulary import Lookup, TierEvent
 from kvcache.errors import EngineUnsupported, InvalidInput
 from kvcache.storage.api import CapacityPolicy
+from kvcache.storage.location import StoreLocation
 from kvcache.storage.registry import open_store
 from redis_server import own_redis  # noqa: F401  (fixture)
 from unit.engines.fake_vllm import Manager, Region, Spec, chunk_bytes, offload_key, offloading_config
@@ -197,7 +202,7 @@ def test_a_promotion_still_copying_at_its_deadline_is_failed_with_a_deferred_rel
     assert report.deferred_release.wait(60)  # set when the copy ends
     reader.collect()
     assert not reader.deferred and len(reader.free) == reader.region.chunks
-    assert reader.tier.lookup(ks[0], req) == tier_module.Lookup.MISS  # not promoted again for this request
+    assert reader.tier.lookup(ks[0], req) == Lookup.MISS  # not promoted again for this request
     reader.drain()
     for x in (m, reader):
         x.tier.shutdown()
@@ -246,7 +251,7 @@ def test_stat_deltas_are_the_increments_since_the_last_call(tmp_path):
     assert m.tier.stat_deltas() == {}  # nothing since
     cascade(m, "st", 3)  # stored already
     assert m.tier.stat_deltas() == {"chunks_existing": 3}
-    assert set(tier_module.METRICS) <= set(m.tier.kvc_stats().__struct_fields__) | {"checksum_misses"}
+    assert set(METRICS) <= set(m.tier.kvc_stats().__struct_fields__) | {"checksum_misses"}
     m.tier.shutdown()
 
 
@@ -254,7 +259,7 @@ def test_config_info_names_the_store_without_its_password(own_redis):  # noqa: F
     url = own_redis.store_url().replace("redis://", "redis://:hunter2@")
     info = tier_config({"kvc_store": url})
     assert info.store == url
-    shown = str(tier_module.StoreLocation(url))
+    shown = str(StoreLocation(url))
     assert "hunter2" not in shown
 
 
@@ -265,15 +270,15 @@ def test_a_verdict_is_kept_while_a_request_that_asked_lives_and_asked_again_afte
     reader = engine(location, kvc_lookup="sync")
     (k,) = keys("v", 1)
     a, b = reader.request("a", [k]), reader.request("b", [k])
-    assert reader.tier.lookup(k, a) == tier_module.Lookup.MISS
+    assert reader.tier.lookup(k, a) == Lookup.MISS
     writer = engine(location)
     cascade(writer, "v", 1)  # another engine stores it meanwhile
-    assert reader.tier.lookup(k, b) == tier_module.Lookup.MISS  # the verdict a asked for, shared with b
+    assert reader.tier.lookup(k, b) == Lookup.MISS  # the verdict a asked for, shared with b
     reader.finish(a)
-    assert reader.tier.lookup(k, b) == tier_module.Lookup.MISS  # b still lives: kept
+    assert reader.tier.lookup(k, b) == Lookup.MISS  # b still lives: kept
     reader.finish(b)
     assert reader.tier._verdicts.known == {} and reader.tier._verdicts.refs == {}
     c = reader.request("c", [k])
-    assert reader.tier.lookup(k, c) == tier_module.Lookup.HIT  # asked again: found
+    assert reader.tier.lookup(k, c) == Lookup.HIT  # asked again: found
     for x in (reader, writer):
         x.tier.shutdown()

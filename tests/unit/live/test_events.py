@@ -12,7 +12,8 @@ from factories import make_cache
 from feed_peer import ReplayPeer
 from feed_peer import seq_frame as _seq
 from kvcache import InvalidInput, KVEventPublisher, KVEventSubscriber, Namespace, Request
-from kvcache.live.events import END_OF_REPLAY, records
+from kvcache.live.event_records import records
+from kvcache.live.feed import END_OF_REPLAY
 from kvcache.types.events import AllBlocksCleared, BlockStored, decode_batch
 
 
@@ -76,7 +77,7 @@ def test_a_late_subscriber_gets_what_it_missed_and_then_the_live_feed():
         recs = [r for b in got for r in records(b)]
         assert recs[0].type == "AllBlocksCleared" and recs[0].replayed
         assert recs[-1].type == "BlockStored" and recs[-1].token_ids == list(range(2000, 2008))
-        assert recs[-1].extra_key == "t" and recs[-1].salt_fingerprint == Namespace("t", "s").salt_fingerprint
+        assert recs[-1].extra_key == "t" and recs[-1].salt_fingerprint == cache.fingerprints.fingerprint(Namespace("t", "s"))
         assert len(recs[-1].block_hashes[0]) == 32  # hex of a 16-byte page hash
     cache.close()
 
@@ -134,7 +135,7 @@ def test_a_malformed_message_is_skipped_and_counted_and_the_reading_goes_on():
     the feed and in a replay answer alike; the good batches around it all arrive, none counted missed."""
     import threading
 
-    from kvcache.live.events import MalformedMessage
+    from kvcache.live.subscriber import MalformedMessage
     from kvcache.types.events import EventBatch, encode_batch
 
     ctx = zmq.Context()
@@ -219,7 +220,7 @@ def test_an_ipc_endpoint_never_replaces_what_is_at_its_path(tmp_path, kind):
     ("tcp://10.1.2.3:5557", "tcp://10.1.2.3:5557"), ("ipc:///run/kvc/events", "ipc:///run/kvc/events"),
 ])
 def test_a_port_alone_means_loopback(typed, endpoint):
-    from kvcache.live.events import endpoint_of
+    from kvcache.live.feed import endpoint_of
 
     assert endpoint_of(typed) == endpoint
 
@@ -230,7 +231,7 @@ def test_a_port_alone_means_loopback(typed, endpoint):
     ("ipc:///tmp/feed", False), ("inproc://feed", False),
 ])
 def test_a_wildcard_host_is_recognised_as_every_interface(endpoint, wide):
-    from kvcache.live.events import binds_every_interface
+    from kvcache.live.feed import binds_every_interface
 
     assert binds_every_interface(endpoint) is wide
 
@@ -435,7 +436,7 @@ def test_a_publisher_restarted_on_the_same_endpoint_is_followed_from_its_new_num
     subscriber dropped every batch below the highest sequence number it had seen — silently, with no count: the
     reader went blind. Now the restart is handed to on_discontinuity and counted, and the new run is followed from
     its batch 0 (the ones before the first received live fetched from the new publisher's replay socket)."""
-    from kvcache.live.events import Discontinuity
+    from kvcache.live.subscriber import Discontinuity
 
     breaks: list[Discontinuity] = []
     first = make_cache(page_size=2, device_tokens=512, host_tokens=0)
@@ -463,7 +464,7 @@ def test_a_numbering_that_jumps_forward_or_back_is_followed_said_and_counted():
     """Issue 36 #4: a jump of the numbering (10**12 ahead) counted 10**12 batches "missed", and every batch after
     a jump back was dropped. Now a leap past max_gap is a jump, a step back a restart: both followed and counted;
     a restarted publisher numbers from 0, so the new run's batches before the first one seen are missed."""
-    from kvcache.live.events import MAX_GAP, Discontinuity
+    from kvcache.live.subscriber import MAX_GAP, Discontinuity
 
     far = 10**12
     breaks: list[Discontinuity] = []
@@ -515,7 +516,7 @@ def test_a_replay_answer_is_handed_over_in_bounded_chunks_as_it_arrives(how):
     of either cap — still arrives whole, every chunk within both caps. What is held is counted, not timed."""
     import threading
 
-    from kvcache.live.events import REPLAY_CHUNK_BATCHES, REPLAY_CHUNK_BYTES
+    from kvcache.live.subscriber import REPLAY_CHUNK_BATCHES, REPLAY_CHUNK_BYTES
     from kvcache.types.events import encode_batch
 
     total, ahead = 4_000, 2 * REPLAY_CHUNK_BATCHES
