@@ -50,8 +50,9 @@ while arrivals or waiting:
     # 2. admit the head of the queue (one request per step keeps the toy simple)
     request = waiting.popleft()
     adm = cache.admit(request)
+    label = cache.fingerprints.label(request.namespace)  # its salt's fingerprint under the store's key
     if adm.status is AdmitStatus.TOO_LARGE:  # more tokens than the device pool holds: it never fits
-        print(f"{request.rid:9} {request.namespace.label:20} {len(request):4} tokens: too large, skipped")
+        print(f"{request.rid:9} {label:20} {len(request):4} tokens: too large, skipped")
         continue
     # POOL_FULL means other running requests hold the room (admit itself evicts, waits for copies and cancels
     # prefetch holds first): with one request per step there are none.
@@ -64,8 +65,8 @@ while arrivals or waiting:
     checked += n_cached
     kv.write(cache.device_pool.pages, adm.fresh_pages[:len(hashes) - n_cached], hashes[n_cached:])
     cache.commit(request.rid)
-    hits[request.namespace.label] = hits.get(request.namespace.label, 0) + adm.cached_tokens
-    print(f"{request.rid:9} {request.namespace.label:20} {len(request):4} tokens: {adm.device_hit_tokens:4} from L1, "
+    hits[label] = hits.get(label, 0) + adm.cached_tokens
+    print(f"{request.rid:9} {label:20} {len(request):4} tokens: {adm.device_hit_tokens:4} from L1, "
           f"{adm.host_hit_tokens:4} from L2, {adm.storage_hit_tokens:4} from L3")
 
 cache.close()  # flushes the L3 writes

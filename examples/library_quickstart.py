@@ -20,7 +20,8 @@ for rid, ns, question in [("a1", tenant_a, [1, 2, 3]), ("a2", tenant_a, [4, 5]),
     new_slots = torch.from_numpy(adm.slots[adm.cached_tokens:])
     cache.device_pool.storage[new_slots] = len(rid)
     cache.commit(rid)  # insert into the tree; back up to host (write_through)
-    print(f"{rid} ({ns.label}): {adm.cached_tokens} cached tokens, {adm.new_tokens} computed")
+    # the namespace as outputs show it: its salt's fingerprint under the cache's key (its store's, when it has one)
+    print(f"{rid} ({cache.fingerprints.label(ns)}): {adm.cached_tokens} cached tokens, {adm.new_tokens} computed")
 
 cache.flush()  # wait for in-flight backups
 report = cache.audit()

@@ -151,15 +151,17 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "ops.warm": ("warm_namespace",),
     "live.client": ("AdminClient",),
     "live.server": ("AdminServer",),
-    "live.events": ("KVEventPublisher", "KVEventSubscriber"),
+    "live.events": ("KVEventPublisher",),
+    "live.subscriber": ("KVEventSubscriber",),
 }
 _HOME = {name: module for module, names in _LAZY.items() for name in names}
 
 if TYPE_CHECKING:  # the same names for mypy, with their real types (at run time `__getattr__` imports them)
     from .engine.cache import TieredCache
     from .live.client import AdminClient
-    from .live.events import KVEventPublisher, KVEventSubscriber
+    from .live.events import KVEventPublisher
     from .live.server import AdminServer
+    from .live.subscriber import KVEventSubscriber
     from .ops.warm import warm_namespace
     from .storage.api import L3Store, PageOutcome, PageStore, engine_hashes, engine_origins, page_origins
     from .storage.registry import open_store

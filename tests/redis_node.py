@@ -56,7 +56,7 @@ def serve(cache, reqs: list[Request], before=None) -> dict:
     stats = cache.stats()
     hits = {"device": 0, "host": 0, "storage": 0}
     for h in stats.hits:
-        if reqs and h.namespace != reqs[0].namespace.info():
+        if reqs and h.namespace != cache.fingerprints.info(reqs[0].namespace):
             continue
         hits["device"] += h.device
         hits["host"] += h.host

@@ -18,7 +18,8 @@ from kvcache.storage.api import L3Store, NamespaceRecord
 from kvcache.storage.codec import KEYED_ROOTS_VERSION
 from kvcache.storage.location import StoreLocation
 from kvcache.storage.registry import backend_class, open_store, scheme_of
-from kvcache.types.namespace import Namespace, use_fingerprint_key, withhold_fingerprint_key
+from kvcache.types.fingerprint_key import FingerprintKey
+from kvcache.types.namespace import Namespace
 
 from .errors import UsageError
 from .formats import note_old_format
@@ -35,23 +36,28 @@ def require_store(location: StoreLocation) -> None:
         raise UsageError(f"{location}: no store here (create one with `kvc init`, or pass --store / KVC_STORE)")
 
 
-def _keyed(store: L3Store) -> L3Store:
-    """Show fingerprints and namespace ids under the store's own key, as its registry records them. A store opened
-    without its key (read-only, by a user who may not read it: monitoring) shows what its registry recorded, and
-    anything that would derive a keyed value refuses in one line (KeyFileError)."""
+def fingerprints_of(store: L3Store) -> FingerprintKey:
+    """The key kvc shows `store`'s fingerprints and namespace ids under: the store's own, as its registry records
+    them (else env KVC_FINGERPRINT_KEY, the deployment's). A store opened without its key (read-only, by a user who
+    may not read it: monitoring) shows what its registry recorded, and anything that would derive a keyed value
+    refuses in one line (a withheld key: KeyFileError), never keyed by a random key."""
     key = getattr(store, "fingerprint_key", None)
     if key is not None:
-        use_fingerprint_key(key)
-        return store
+        return FingerprintKey(key)
     path = getattr(store, "path", None)
     if path is not None and getattr(store, "backend", "") == "lmdb":
         from kvcache.storage.keyfile import key_status
 
         status = key_status(path)
-        withhold_fingerprint_key(status.path, status.refusal())
-    else:
-        withhold_fingerprint_key(str(store.location), "the store records no fingerprint key: this needs one")
-    return store
+        return FingerprintKey.or_withheld(None, status.path, status.refusal())
+    return FingerprintKey.or_withheld(None, str(store.location), "the store records no fingerprint key: this needs one")
+
+
+def no_store_fingerprints() -> FingerprintKey:
+    """The key of a message said before any store is open: env KVC_FINGERPRINT_KEY (one key for a deployment),
+    else withheld (a fingerprint under any other key would match nothing a store or a live cache shows)."""
+    return FingerprintKey.or_withheld(None, "kvc", "no store's fingerprint key is at hand here to key a fingerprint "
+                                                   "or id by (open the store: --store)")
 
 
 def open_inspect(location: StoreLocation, writable: bool = False, read_only: bool = False) -> L3Store:
@@ -62,7 +68,7 @@ def open_inspect(location: StoreLocation, writable: bool = False, read_only: boo
     if read_only and writable:
         raise UsageError("--read-only: this command writes the store")
     options: dict[str, Any] = {"lock": False} if read_only and scheme_of(location.url) == "lmdb" else {}
-    store = _keyed(open_store(location.url, readonly=not writable, **options))
+    store = open_store(location.url, readonly=not writable, **options)
     if getattr(store, "lock_free", False):
         note_lock_free(location, read_only)
     if writable:
@@ -98,7 +104,7 @@ def open_for_cache(location: StoreLocation) -> L3Store:
     if len(layouts) != 1:
         raise UsageError(f"{location}: the store holds {len(layouts)} layouts; kvc commands drive a cache of "
                          f"one layout (`kvc init` creates a store with one)")
-    store = _keyed(open_store(location.url, layouts[0]))
+    store = open_store(location.url, layouts[0])
     note_old_format(location, getattr(store, "format_version", KEYED_ROOTS_VERSION))
     return store
 

@@ -42,7 +42,6 @@ import typer
 from typer.core import TyperGroup
 
 from kvcache.errors import AdminRemoteError, KVCacheError
-from kvcache.types.namespace import fingerprint_key_scope, withhold_fingerprint_key
 
 from . import secrets
 from .clickapi import exceptions as click_exc  # the click typer raises with (its own from 0.26), not `import click`
@@ -244,10 +243,7 @@ class KvcGroup(TyperGroup):
         STATE.start(args)
         secrets.forget()
         code = EXIT_OK
-        with _sigint_unwinds(), collapsed_warnings(), fingerprint_key_scope():
-            # one key per store: what kvc prints is keyed by the store's key (context._keyed), never a random one
-            withhold_fingerprint_key("kvc", "no store's fingerprint key is at hand here to key a fingerprint or id "
-                                            "by (open the store: --store)")
+        with _sigint_unwinds(), collapsed_warnings():
             try:
                 result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
                 code = result if isinstance(result, int) and not isinstance(result, bool) else EXIT_OK

@@ -69,7 +69,8 @@ class SnapshotSource(OwnershipSource, Protocol):
 
 def take_snapshot(cache: SnapshotSource) -> Snapshot:
     """Read `cache` into a snapshot (between scheduler steps: the cache must not change meanwhile)."""
-    namespaces = [SnapshotNamespace(ns.id_hex, ns.info()) for ns in _namespaces(cache)]
+    fingerprints = cache.tree.fingerprints  # the cache's key: its store's, as the store's registry shows them
+    namespaces = [SnapshotNamespace(ns.id_hex, fingerprints.info(ns)) for ns in _namespaces(cache)]
     return Snapshot(SNAPSHOT_KIND, SNAPSHOT_VERSION, time.time(), cache.layout, cache.device_pool.num_pages,
                     cache.host_pool.num_pages if cache.host_pool is not None else 0, namespaces,
                     collect_state(cache), msgspec.structs.replace(cache.counters))

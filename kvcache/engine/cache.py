@@ -43,6 +43,7 @@ from ..tree import RadixTree, TreeMatch
 from ..types.config import CacheConfig, PrefetchPolicy
 from ..types.events import MediumNames
 from ..types.explain import Explanation
+from ..types.fingerprint_key import FingerprintKey
 from ..types.namespace import Namespace
 from ..types.owners import FREE_CODE, OwnerKind, owner_code
 from ..types.reports import AuditReport
@@ -93,6 +94,12 @@ def _chain_key(store: PageStore | None) -> bytes | None:
     return key
 
 
+def _fingerprints(store: PageStore | None) -> FingerprintKey:
+    """The key a cache wired to `store` shows its namespaces under: the store's (what its registry records), else
+    env KVC_FINGERPRINT_KEY, else a random key of the cache's own."""
+    return FingerprintKey.of(getattr(store, "fingerprint_key", None))
+
+
 class TieredCache:
     """The tiered KV cache of one engine: L1 (device) and L2 (host) pools under one namespaced radix tree."""
 
@@ -114,7 +121,9 @@ class TieredCache:
         if config.host_pages:
             self.host_pool = SlotPool("host", config.host_pages, ps, bpt, device="cpu",
                                       pin_memory=torch.device(device).type == "cuda", ledger=config.ledger)
-        self.tree = RadixTree(ps, config.layout.layout_id, chain_key)
+        # the key every output of this cache shows namespaces under: its store's, so they match its registry
+        self.fingerprints: FingerprintKey = _fingerprints(store)
+        self.tree = RadixTree(ps, config.layout.layout_id, chain_key, self.fingerprints)
         self.counters, self.prefetch_stats, self.backup_stats = CacheCounters(), PrefetchStats(), BackupStats()
         self.holders = Holders()
         self._live = self.holders.live  # the hot path's own reference
@@ -215,7 +224,7 @@ class TieredCache:
         c.loaded_back_tokens += loaded
         storage_tokens = min(from_storage * ps, cached_tokens - device_tokens)
         host_tokens = cached_tokens - device_tokens - storage_tokens
-        add_hits(self._hits, request.key.namespace, device_tokens, host_tokens, storage_tokens)
+        add_hits(self._hits, request.key.namespace, device_tokens, host_tokens, storage_tokens, self.fingerprints)
         # Pages only, as the two runs the cache holds: the request's pages as one array and its per-token slots are
         # built if and when the caller reads `Admission.pages` / `Admission.slots`.
         return Admission(rid, _ADMITTED, cached_tokens, loaded, new_tokens, cached, fresh, device_tokens,

@@ -164,7 +164,7 @@ class EventLog:
     def _name(self, namespace: Namespace) -> tuple[str | None, str | None]:
         name = self._names.get(namespace.id)
         if name is None:
-            name = self._names[namespace.id] = (namespace.extra_key, namespace.salt_fingerprint)
+            name = self._names[namespace.id] = (namespace.extra_key, self.tree.fingerprints.fingerprint(namespace))
         return name
 
     def _stored(self, node: TreeNode, medium: str) -> BlockStored:

@@ -59,10 +59,11 @@ class Expiry:
     def expire(self, ns: Namespace, cause: ExpiryCause) -> NamespaceExpiry:
         """Drop `ns` from every tier, or defer that while its running requests lock their prefix."""
         running = self.holders.running(ns.id)
+        fp = self.tracker.fingerprints
         if running:
             self.tracker.defer(ns, cause)
-            return NamespaceExpiry(ns.info(), ns.display_id, cause, False, True, running)
+            return NamespaceExpiry(fp.info(ns), fp.display_id(ns.id), cause, False, True, running)
         drop = self.drop(ns)
         self.tracker.expired(ns, cause, drop.device_pages, drop.host_pages, drop.store_pages, drop.store_bytes)
-        return NamespaceExpiry(ns.info(), ns.display_id, cause, True, False, 0, drop.device_pages, drop.host_pages,
-                               drop.store_pages, drop.store_bytes)
+        return NamespaceExpiry(fp.info(ns), fp.display_id(ns.id), cause, True, False, 0, drop.device_pages,
+                               drop.host_pages, drop.store_pages, drop.store_bytes)

@@ -50,7 +50,7 @@ def explain_request(cache: TieredCache, request: Request) -> Explanation:
     l3_store = cache.l3_store
     storage = (explain_storage(l3_store, cache.layout, key.namespace, key.data, hashes, root)
                if l3_store is not None else None)
-    return Explanation(key.namespace.info(), len(request), ps, hits, tiers[Tier.DEVICE],
+    return Explanation(tree.fingerprints.info(key.namespace), len(request), ps, hits, tiers[Tier.DEVICE],
                        tiers[Tier.HOST] if cache.host_pool is not None and cache.config.host_mode is HostMode.CACHE
                        else None, storage,
                        cache.prefetches.last(hashes), request.rid)

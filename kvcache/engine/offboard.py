@@ -74,6 +74,7 @@ class Offboard:
             self.tree.unstore_namespace(ns_id)
             if events is not None:
                 events.dropped_from_store(namespace)  # the pages it announced, and only those
-        return NamespaceDrop(namespace.info(), namespace.display_id, freed.device_pages, freed.host_pages,
+        fp = self.tree.fingerprints
+        return NamespaceDrop(fp.info(namespace), fp.display_id(ns_id), freed.device_pages, freed.host_pages,
                              deleted.pages if deleted else 0, deleted.bytes if deleted else 0,
                              holders.running(ns_id))

@@ -60,7 +60,8 @@ class Parts:
         self.offboard = offboard = Offboard(room, prefetcher, completion, holders, store, writes, tree)
         # an expiry drops its namespace as offboarding does, its pages recorded removed for their time to live
         expire = functools.partial(offboard.drop, reason=RemovalReason.TTL)
-        self.expiry = Expiry(TTLTracker(config.ttl, clock), holders, expire) if config.ttl is not None else None
+        tracker = TTLTracker(config.ttl, clock, fingerprints=tree.fingerprints) if config.ttl is not None else None
+        self.expiry = Expiry(tracker, holders, expire) if tracker is not None else None
         room.wire(copies, writes, prefetcher)
         copies.room, copies.writes, copies.flush = room, writes, completion.flush
         writes.copies = copies

@@ -199,18 +199,20 @@ class Prefetcher:
         held = holders.held_key(rid)
         if held is not None and not request.key.starts_with(held):
             raise RequestIdInUse(rid, f"already holds a prefetch, staged record or admission for another request "
-                                      f"(namespace {held.namespace.label}, {len(held)} tokens); reuse an id only "
+                                      f"(namespace {self.tree.fingerprints.label(held.namespace)}, {len(held)} "
+                                      f"tokens); reuse an id only "
                                       f"once nothing is held for it")
         if match is not None:
             for node, where in ((match.anchor, "prefetch anchor"), (match.host_node, "prefetch attach node")):
                 if node.namespace is not None and node.namespace != ns:
                     st.namespace_mismatches += 1
+                    label = self.tree.fingerprints.label
                     log.error("request %s: %s is in namespace %s, the request is in %s: not prefetching", rid,
-                              where, node.namespace.label, ns.label)
+                              where, label(node.namespace), label(ns))
                     start = len(match.device_pages) + len(match.host_pages)
                     self._record(request, None, start, PrefetchRecord(PrefetchFate.NAMESPACE_MISMATCH, time.time(),
                                                                       start * self.tree.page_size))
-                    raise NamespaceMismatch(rid, ns.label, node.namespace.label, where)
+                    raise NamespaceMismatch(rid, label(ns), label(node.namespace), where)
         if self.expiry is not None:  # after the refusals above: a refused prefetch moves nothing, expires nothing
             self.expiry.use(request)
             held = holders.held_key(rid)  # an expiry of the request's own namespace gave back what it held
@@ -251,7 +253,7 @@ class Prefetcher:
             if reason is not DeclineReason.IN_FLIGHT and span > 0:  # in flight: that prefetch's record stands
                 self._record(request, None if stale else end_node, start_page, PrefetchRecord(
                     PrefetchFate.DECLINED, time.time(), start_page * ps, span * ps, declined=reason))
-            return PrefetchOutcome(rid, False, reason, namespace=ns.info())
+            return PrefetchOutcome(rid, False, reason, namespace=self.tree.fingerprints.info(ns))
         span = min(span, room)
         end = start_page + span
         key = RadixKey(request.key.data[: end * ps * TOKEN_BYTES], ns)
@@ -264,7 +266,7 @@ class Prefetcher:
         self._submit_check(op)
         st.issued += 1
         self.recent.record(hashes[0], PrefetchRecord(PrefetchFate.IN_FLIGHT, time.time(), start_page * ps, span * ps))
-        return PrefetchOutcome(rid, True, None, op.id, start_page * ps, span * ps, ns.info())
+        return PrefetchOutcome(rid, True, None, op.id, start_page * ps, span * ps, self.tree.fingerprints.info(ns))
 
     def _record(self, request: Request, end_node: TreeNode | None, start_page: int, record: PrefetchRecord) -> None:
         """Record `record` for a prefetch of `request` that did not start (declined, refused) and would have
@@ -390,7 +392,7 @@ class Prefetcher:
                 self.give_back(op, DropReason.ABORTED)
             raise
         return SettledPrefetch(rid, op.id, op.hit, op.fetched, inserted, rid in self.holders.staged,
-                               time.monotonic() - op.created, op.namespace.info())
+                               time.monotonic() - op.created, self.tree.fingerprints.info(op.namespace))
 
     def settle_op(self, op: PrefetchOp, policy: PrefetchPolicy | None = None,
                   timeout_ms: float | None = None) -> int:
@@ -522,8 +524,9 @@ class Prefetcher:
         A mismatch is counted and logged with both namespaces' fingerprints."""
         if key.namespace != request.namespace:
             self.stats.namespace_mismatches += 1
+            label = self.tree.fingerprints.label
             log.error("request %s: %s is in namespace %s, the request is in %s: dropped, not used", request.rid,
-                      what, key.namespace.label, request.namespace.label)
+                      what, label(key.namespace), label(request.namespace))
             return DropReason.NAMESPACE_MISMATCH
         if not request.key.data.startswith(key.data):
             log.error("request %s: %s was fetched for other tokens (the request id was reused): dropped, not used",

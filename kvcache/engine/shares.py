@@ -41,7 +41,7 @@ class AppliedShares:
         """Write `namespace`'s shares to the store (when there is one) and apply them now."""
         if self.store is not None:
             self.store.set_shares(namespace, shares)
-        info = namespace.info(getattr(self.store, "fingerprint_key", None))  # as the store's registry shows it
+        info = self.tree.fingerprints.info(namespace)  # the cache's key: its store's, as its registry shows it
         self._apply(NamespaceShares(namespace.id_hex, info.extra_key, info.salt_fingerprint, shares, time.time()))
 
     def refresh(self) -> int:

@@ -29,6 +29,7 @@ from .holders import release_anchor
 if TYPE_CHECKING:
     from ..ledger.pools import SlotPool
     from ..tree import RadixTree, TreeNode
+    from ..types.fingerprint_key import FingerprintKey
     from ..types.stats import PrefetchStats
     from .holders import Holders
     from .prefetch import PrefetchOp
@@ -60,11 +61,12 @@ class StagedPrefetch:
         """The prefetch that took the hold: holds are cancelled youngest first."""
         return self.op_id
 
-    def view(self) -> StagedView:
-        """Printable fields."""
+    def view(self, fingerprints: FingerprintKey) -> StagedView:
+        """Printable fields, the namespace shown under `fingerprints` (the cache's key)."""
         ns = self.key.namespace
-        return StagedView(self.id, self.rid, ns.info(), ns.display_id, len(self.key), self.start_page * self.page_size,
-                          len(self.pages) * self.page_size, self.op_id, [h.hex() for h in self.hashes])
+        return StagedView(self.id, self.rid, fingerprints.info(ns), fingerprints.display_id(ns.id), len(self.key),
+                          self.start_page * self.page_size, len(self.pages) * self.page_size, self.op_id,
+                          [h.hex() for h in self.hashes])
 
     def __repr__(self) -> str:
         return f"StagedPrefetch(#{self.id} {self.rid} {self.key.namespace.label} {len(self.pages)} pages)"

@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable
 
 from ..types.config import TTLMode, TTLPolicy
+from ..types.fingerprint_key import FingerprintKey
 from ..types.namespace import Namespace
 from ..types.results import ExpiryCause, NamespaceTTL
 from ..types.stats import TTLStats, bump
@@ -64,8 +65,11 @@ class TTLEntry:
 class TTLTracker:
     """Deadlines of the namespaces a cache has used, per a `TTLPolicy`. Says what is due; the cache drops it."""
 
-    def __init__(self, policy: TTLPolicy, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, policy: TTLPolicy, clock: Callable[[], float] = time.monotonic, *,
+                 fingerprints: FingerprintKey) -> None:
+        """`fingerprints`: the key the views show namespaces under (the cache's)."""
         self.policy = policy
+        self.fingerprints = fingerprints
         self.clock = clock
         self.stats = TTLStats()
         self.deferred: dict[bytes, TTLEntry] = {}  # ns id -> entry whose expiry waits for its running requests
@@ -196,7 +200,8 @@ class TTLTracker:
     def views(self, now: float) -> list[NamespaceTTL]:
         """Every tracked namespace's TTL, soonest deadline first."""
         entries = sorted(self._entries.values(), key=lambda e: e.deadline)
-        return [NamespaceTTL(e.namespace.info(), e.namespace.display_id, e.ttl_s, e.first_use, e.last_use,
+        fp = self.fingerprints
+        return [NamespaceTTL(fp.info(e.namespace), fp.display_id(e.namespace.id), e.ttl_s, e.first_use, e.last_use,
                              e.deadline, e.deadline - now, e.deferred) for e in entries]
 
     def snapshot_stats(self) -> TTLStats:

@@ -226,18 +226,14 @@ def tree_events(cache: "TieredCache", tier: DumpTier, medium_names: MediumNames 
 
     log = EventLog(cache.tree, lambda _batch: None, medium_names=medium_names)
     which = Tier.DEVICE if tier is DumpTier.DEVICE else Tier.HOST
-    # fingerprints under the store's key, as its registry and the storage tier's events name the namespace (the
-    # process's key is the store's under `kvc serve`; an engine that embeds the cache may have another)
-    key: bytes | None = getattr(cache.store, "fingerprint_key", None)
+    # fingerprints under the cache's key (its store's), as the store's registry and the storage tier's events name
+    # the namespace: the log keys them by the tree's
     out: list[KVEvent] = []
     for node in cache.tree.nodes():
         pages = node.device if which is Tier.DEVICE else node.host
         if pages is not None:
             log.copy_changed(node, which, None, pages)
-            ev = log.pending.pop()
-            if key is not None and node.namespace is not None and isinstance(ev, BlockStored):
-                ev = msgspec.structs.replace(ev, salt_fingerprint=node.namespace.fingerprint(key))
-            out.append(ev)
+            out.append(log.pending.pop())
     return out
 
 

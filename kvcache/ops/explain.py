@@ -20,6 +20,7 @@ from ..errors import InvalidInput
 from ..storage.api import L3Store
 from ..storage.misses import explain_storage
 from ..types.explain import Explanation, HitTokens
+from ..types.fingerprint_key import FingerprintKey
 from ..types.keys import RadixKey, hash_root, pack_tokens, page_hashes
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace
@@ -27,10 +28,11 @@ from ..workload.traces import TraceRequest, parse_trace, trace_lines
 
 
 def explain_stored(store: L3Store, layout: KVLayout, tokens: np.ndarray | list[int], namespace: Namespace,
-                   rid: str | None = None) -> Explanation:
+                   rid: str | None = None, fingerprints: FingerprintKey | None = None) -> Explanation:
     """Why the request of `tokens` in `namespace` misses `store` under `layout`, as a cold cache would meet it:
-    L3 only (`device` and `host` are None: no cache runs). InvalidInput without tokens, or when this user may not
-    read the store's key (the page hashes are keyed by it)."""
+    L3 only (`device` and `host` are None: no cache runs). The namespace is shown under `fingerprints` (default:
+    the store's key, as a cache on it shows it). InvalidInput without tokens, or when this user may not read the
+    store's key (the page hashes are keyed by it)."""
     if len(tokens) == 0:
         raise InvalidInput("the request has no tokens")
     chain_key = store.chain_key
@@ -42,8 +44,10 @@ def explain_stored(store: L3Store, layout: KVLayout, tokens: np.ndarray | list[i
     hashes = page_hashes(layout.layout_id, key, ps, chain_key)
     storage = explain_storage(store, layout, namespace, key.data, hashes, hash_root(layout.layout_id, namespace,
                                                                                      chain_key))
-    return Explanation(namespace.info(), len(tokens), ps, HitTokens(storage=storage.matched_tokens), None, None,
-                       storage, None, rid)
+    if fingerprints is None:
+        fingerprints = FingerprintKey.of(getattr(store, "fingerprint_key", None))
+    return Explanation(fingerprints.info(namespace), len(tokens), ps, HitTokens(storage=storage.matched_tokens), None,
+                       None, storage, None, rid)
 
 
 def trace_request(path: str | Path, rid: str) -> TraceRequest:

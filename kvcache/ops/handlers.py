@@ -33,7 +33,7 @@ from ..types.events import BlockStored
 from ..types.explain import Explanation
 from ..types.ids import DisplayId, NamespaceId
 from ..types.keys import page_hashes
-from ..types.namespace import Namespace, NamespaceInfo, display_id
+from ..types.namespace import Namespace, NamespaceInfo
 from ..types.request import Request
 from ..types.results import ExpiryCause, NamespaceExpiry
 from ..workload.replay import Replayer
@@ -132,12 +132,12 @@ def _namespaces(cache: "TieredCache", _: NamespacesRequest) -> NamespaceList:
         if rec is not None:
             extra_key, fingerprint = rec.extra_key, rec.salt_fingerprint
         else:
-            info = use.namespace.info() if use is not None else share
+            info = cache.fingerprints.info(use.namespace) if use is not None else share
             assert info is not None, "a namespace not in the store is in the tree or has shares"
             extra_key, fingerprint = info.extra_key, info.salt_fingerprint
         l3 = TierUse(rec.pages, rec.pages * ps, rec.bytes) if rec is not None else TierUse()
         # never the raw id: with the extra_key it is a salt oracle
-        shown_id = display_id(NamespaceId(bytes.fromhex(ns_hex)))
+        shown_id = cache.fingerprints.display_id(NamespaceId(bytes.fromhex(ns_hex)))
         rows[ns_hex] = LiveNamespace(extra_key, fingerprint, shown_id, l3.pages, l3.tokens, l3.bytes,
                                      rec.hits if rec is not None else 0,
                                      rec.created if rec is not None else 0.0,
@@ -207,7 +207,8 @@ def _prefetch_one(cache: "TieredCache", request: Request, req, command: str) -> 
         except BaseException:
             _release_quietly(cache, request.rid)  # a failed settle must not leave the prefetch holding L2 pages
             raise
-    return RequestResult(command, request.namespace.info(), len(request), pages * cache.page_size, pages,
+    return RequestResult(command, cache.fingerprints.info(request.namespace), len(request), pages * cache.page_size,
+                         pages,
                          pages * cache.layout.bytes_per_page, time.perf_counter() - start, _declined(outcome))
 
 
@@ -222,7 +223,7 @@ def _stage(cache: "TieredCache", req: StageRequest) -> RequestResult:
     try:
         result = _prefetch_one(cache, request, req, "stage")
         staged = [s for s in cache.staged_records() if s.rid == request.rid]
-        result.staged = staged[0].view() if staged else None
+        result.staged = staged[0].view(cache.fingerprints) if staged else None
     finally:
         _release_quietly(cache, request.rid)  # shown, not kept: nobody will admit this admin request id
     result.tiers = namespace_tiers(cache, request.namespace)
@@ -245,8 +246,8 @@ def _load_back(cache: "TieredCache", req: LoadBackRequest) -> RequestResult:
     finally:
         _release_quietly(cache, request.rid)  # the loaded pages stay in the tree; the request's own pages go
     buffer = cache.config.host_mode is HostMode.BUFFER
-    return RequestResult("load-back", request.namespace.info(), len(request), adm.cached_tokens, n_pages,
-                         n_pages * cache.layout.bytes_per_page, time.perf_counter() - start,
+    return RequestResult("load-back", cache.fingerprints.info(request.namespace), len(request), adm.cached_tokens,
+                         n_pages, n_pages * cache.layout.bytes_per_page, time.perf_counter() - start,
                          _declined(outcome),
                          loaded_back_tokens=adm.loaded_back_tokens + (adm.storage_hit_tokens if buffer else 0),
                          verified_tokens=check.compared * ps, verify_mismatches=check.differ,
@@ -341,7 +342,7 @@ def _stats(cache: "TieredCache", _: StatsRequest) -> LiveStats:
 def _evict(cache: "TieredCache", req: EvictRequest) -> EvictOutcome:
     ns = _namespace(req)
     freed = cache.evict_namespace(ns, device=req.device, host=req.host)
-    return EvictOutcome(ns.info(), freed.device_pages, freed.host_pages, namespace_tiers(cache, ns))
+    return EvictOutcome(cache.fingerprints.info(ns), freed.device_pages, freed.host_pages, namespace_tiers(cache, ns))
 
 
 def held_namespaces(cache: "TieredCache") -> dict[bytes, Namespace]:
@@ -363,13 +364,14 @@ def held_namespaces(cache: "TieredCache") -> dict[bytes, Namespace]:
 def _drop(cache: "TieredCache", req: DropRequest) -> "NamespaceDrop":
     from ..types.results import NamespaceDrop
 
+    fp = cache.fingerprints
     if req.id is None and req.fingerprint is None:
         ns = _namespace(req)
         if not req.dry_run:
             return cache.drop_namespace(ns)
         tiers = namespace_tiers(cache, ns)
-        return NamespaceDrop(ns.info(), ns.display_id, tiers.device.pages, tiers.host.pages, tiers.storage.pages,
-                             tiers.storage.bytes, _running(cache, ns.id))
+        return NamespaceDrop(fp.info(ns), fp.display_id(ns.id), tiers.device.pages, tiers.host.pages,
+                             tiers.storage.pages, tiers.storage.bytes, _running(cache, ns.id))
     # named without its salt: what the cache holds (Namespace objects) and what its store records
     key = req.extra_key or None
 
@@ -379,18 +381,18 @@ def _drop(cache: "TieredCache", req: DropRequest) -> "NamespaceDrop":
         return info.salt_fingerprint == req.fingerprint and (req.extra_key is None or info.extra_key == key)
 
     held = held_namespaces(cache)
-    found = {ns_id: ns.info() for ns_id, ns in held.items() if named(ns.display_id, ns.info())}
+    found = {ns_id: fp.info(ns) for ns_id, ns in held.items() if named(fp.display_id(ns.id), fp.info(ns))}
     stored = _stored(cache)
     for rec in stored.values():
         info = NamespaceInfo(rec.extra_key, rec.salt_fingerprint)
-        if named(display_id(NamespaceId(bytes.fromhex(rec.ns_id_hex))), info):
+        if named(fp.display_id(NamespaceId(bytes.fromhex(rec.ns_id_hex))), info):
             found.setdefault(bytes.fromhex(rec.ns_id_hex), info)
     if len(found) > 1:
         raise InvalidInput(f"{len(found)} namespaces match: name one by its id (see `kvc ns ls`)")
     if not found:
         return NamespaceDrop(NamespaceInfo(key, req.fingerprint), DisplayId(req.id or ""), 0, 0, 0, 0, 0)
     ns_id, info = next(iter(found.items()))
-    shown_id = display_id(NamespaceId(ns_id))
+    shown_id = fp.display_id(NamespaceId(ns_id))
     holder = held.get(ns_id)
     if req.dry_run:
         use = namespace_tiers(cache, holder) if holder is not None else None
@@ -414,7 +416,7 @@ def _set_shares(cache: "TieredCache", req: SharesRequest) -> SharesOutcome:
     previous = next((r.shares for r in cache.shares() if r.ns_id_hex == ns.id_hex), None)
     if previous is not None or not req.shares.empty:  # clearing shares a namespace does not have changes nothing
         cache.set_shares(ns, req.shares)
-    return SharesOutcome(ns.info(getattr(cache.store, "fingerprint_key", None)), ns.display_id, req.shares,
+    return SharesOutcome(cache.fingerprints.info(ns), cache.fingerprints.display_id(ns.id), req.shares,
                          namespace_tiers(cache, ns), previous)
 
 
@@ -423,8 +425,9 @@ def _expire(cache: "TieredCache", req: ExpireRequest) -> NamespaceExpiry:
     answer says `expired` False, and nothing is counted or dropped."""
     ns = _namespace(req)
     if cache.ttl_tracker is not None and not _known(cache, ns):  # without a policy: expire_namespace's own error
-        return NamespaceExpiry(ns.info(), ns.display_id, ExpiryCause.ON_DEMAND, expired=False, deferred=False,
-                               live_requests=0)
+        fp = cache.fingerprints
+        return NamespaceExpiry(fp.info(ns), fp.display_id(ns.id), ExpiryCause.ON_DEMAND, expired=False,
+                               deferred=False, live_requests=0)
     return cache.expire_namespace(ns)
 
 
@@ -433,7 +436,8 @@ def _known(cache: "TieredCache", ns: Namespace) -> bool:
     use = cache.tree.namespace_pages(ns).get(ns.id)
     if (use is not None and (use.device_pages or use.host_pages)) or ns.id_hex in _stored(cache):
         return True
-    return any(view.id == ns.display_id for view in cache.namespace_ttls())
+    shown = cache.fingerprints.display_id(ns.id)
+    return any(view.id == shown for view in cache.namespace_ttls())
 
 
 def _ping(cache: "TieredCache", _: PingRequest) -> ServerInfo:
@@ -467,7 +471,7 @@ def _probe(cache: "TieredCache", req: ProbeRequest) -> TierProbe:
     if req.tokens is not None:
         request = _request(req)
         hashes = list(page_hashes(cache.layout.layout_id, request.key, ps, cache.chain_key))
-        info = request.namespace.info(getattr(cache.store, "fingerprint_key", None))  # as the store shows it
+        info = cache.fingerprints.info(request.namespace)  # the cache's key: its store's, as the store shows it
     elif req.page_hashes:
         hashes = [bytes(h) for h in req.page_hashes]
     else:

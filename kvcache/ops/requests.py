@@ -119,7 +119,7 @@ class DropRequest(msgspec.Struct, frozen=True, tag="ns_drop", forbid_unknown_fie
 
     extra_key: str | None = None
     cache_salt: str | None = None
-    id: str | None = None  # 16 hex digits: Namespace.display_id
+    id: str | None = None  # 16 hex digits: a display id (FingerprintKey.display_id)
     fingerprint: str | None = None  # the salt fingerprint, as `kvc ns ls` prints it
     dry_run: bool = False  # change nothing: answer what would go (pages per tier, running requests)
 

@@ -111,5 +111,5 @@ def warm_namespace(cache: TieredCache, namespace: Namespace, max_pages: int, max
             declined[reason] = declined.get(reason, 0) + 1
             continue
         inserted += cache.settle_prefetch(request.rid, policy, timeout_ms).inserted_pages
-    return WarmResult(namespace.info(), len(plan.prefixes), plan.pages * ps, inserted * ps, inserted,
+    return WarmResult(cache.fingerprints.info(namespace), len(plan.prefixes), plan.pages * ps, inserted * ps, inserted,
                       inserted * cache.layout.bytes_per_page, declined, time.perf_counter() - start)

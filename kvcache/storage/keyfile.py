@@ -25,8 +25,8 @@ from collections.abc import Iterable
 import msgspec
 
 from ..errors import KeyFileError, KeyMismatch, StoreError
+from ..types.fingerprint_key import new_fingerprint_key, parse_fingerprint_key
 from ..types.keys import hash_root_of_id
-from ..types.namespace import new_fingerprint_key, parse_fingerprint_key
 from .api import NamespaceRecord, PageMeta, VerifyFinding
 from .codec import engine_keyed
 

@@ -23,6 +23,7 @@ from ..errors import (
     StoreUnsupported,
     UnknownBackend,
 )
+from ..types.fingerprint_key import new_fingerprint_key
 from ..types.ids import NamespaceId
 from ..types.keys import (
     ENGINE_KEY_MAX,
@@ -35,7 +36,7 @@ from ..types.keys import (
     new_chain_key,
 )
 from ..types.layout import ARRANGEMENTS, KVLayout, Shard
-from ..types.namespace import Namespace, NamespaceInfo, new_fingerprint_key
+from ..types.namespace import Namespace, NamespaceInfo
 from ..types.shares import NamespaceShares, Shares, decode_shares_record
 from .api import (
     DROPS_KEPT,
@@ -101,18 +102,9 @@ from .handle import AccessLog, StoreHandle, count_read, new_counts
 from .maintenance import MigrateReport, PageDisk, RekeyResult, StoreMaintenance
 from .registry import DEFAULT_SCHEME, ENTRY_POINT_GROUP, backend_class, backends, open_store, scheme_of
 from .removals import NAMESPACE_WIDE, REMOVALS_KEPT, PageRemoval, RemovalReason, newest_removal, removals_kept
-from .verify import (
-    Findings,
-    Guard,
-    IntegritySource,
-    PageRow,
-    Removal,
-    RepairOps,
-    ScannedPage,
-    Snapshot,
-    removed_pages,
-    verify,
-)
+from .verify import verify
+from .verify_repair import removed_pages
+from .verify_source import Findings, Guard, IntegritySource, PageRow, Removal, RepairOps, ScannedPage, Snapshot
 
 __all__ = [
     # the protocol and its records (api)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import InvalidConfig, InvalidInput
+from ..types.fingerprint_key import new_fingerprint_key
 from ..types.ids import NamespaceId
 from ..types.keys import hash_root, new_chain_key
 from ..types.layout import KVLayout
@@ -31,13 +32,16 @@ from .api import DeleteResult, PageOrigin, PageOutcome, PutResult
 class PageSet:
     """An unlimited, byte-free `PageStore` under one layout: page hash -> the namespace id it was written under."""
 
-    def __init__(self, layout: KVLayout, chain_key: bytes | None = None, location: str = "page-set:") -> None:
+    def __init__(self, layout: KVLayout, chain_key: bytes | None = None, location: str = "page-set:",
+                 fingerprint_key: bytes | None = None) -> None:
         """`chain_key`: the key of the store this one stands for (its page hashes chain alike); a new one when
-        None."""
+        None. `fingerprint_key`: that store's fingerprint key (its namespaces are shown alike); when None, env
+        KVC_FINGERPRINT_KEY, else a new one."""
         self.location = location
         self.layout: KVLayout | None = layout
         self.readonly = False
         self.chain_key: bytes | None = chain_key if chain_key is not None else new_chain_key()
+        self.fingerprint_key: bytes = fingerprint_key if fingerprint_key is not None else new_fingerprint_key()
         self._held: dict[bytes, bytes] = {}  # page hash -> Namespace.id (16 bytes) it was written under
         self._roots: dict[bytes, bytes] = {}  # Namespace.id -> its root under the layout (computed once)
         self._shares: dict[bytes, NamespaceShares] = {}  # Namespace.id -> its L1/L2 shares (set_shares)
@@ -109,8 +113,8 @@ class PageSet:
             raise InvalidConfig("a page set holds every page written: it cannot enforce an L3 share")
         if shares.empty:
             self._shares.pop(namespace.id, None)
-        else:  # a salt fingerprint under the process's key: this store has no registry of its own to key it
-            info = namespace.info()
+        else:  # a salt fingerprint under the key of the store this one stands for, as its registry would show it
+            info = namespace.info(self.fingerprint_key)
             self._shares[namespace.id] = NamespaceShares(namespace.id_hex, info.extra_key, info.salt_fingerprint,
                                                          shares, time.time())
 

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from ..errors import InvalidInput, InvariantViolation
+from ..types.fingerprint_key import FingerprintKey
 from ..types.keys import TOKEN_BYTES, RadixKey, extend_chain, hash_root, new_chain_key
 from ..types.namespace import Namespace
 from ..types.owners import OwnerKind, owner_code
@@ -71,16 +72,21 @@ class RadixTree(BookKeeper):
     """Radix tree of page-aligned token keys, one subtree per namespace (module docstring); locks, holds, pins,
     copies and shares are `BookKeeper`'s."""
 
-    def __init__(self, page_size: int, layout_id: bytes = b"", chain_key: bytes | None = None) -> None:
+    def __init__(self, page_size: int, layout_id: bytes = b"", chain_key: bytes | None = None,
+                 fingerprints: FingerprintKey | None = None) -> None:
         """`chain_key`: the key of the namespace roots' page hashes (kvcache.types.keys), the L3 store's
         `chain_key` when the cache has one; None draws a random one (a cache without a store shares its page
-        hashes with nobody, and nobody can test a guessed salt against them)."""
+        hashes with nobody, and nobody can test a guessed salt against them). `fingerprints`: the key the
+        namespaces held here are shown under, the store's when the cache has one; None: env KVC_FINGERPRINT_KEY,
+        else a random one of this tree's own."""
         if page_size < 1:
             raise InvalidInput(f"page_size must be >= 1, got {page_size}")
         super().__init__()
         self.page_size = page_size
         self.layout_id = layout_id  # seeds the page hash chains of every namespace root
         self.chain_key = new_chain_key() if chain_key is None else chain_key  # ... and keys them
+        # what every part of the cache that shows a namespace keys its fingerprints and display ids by
+        self.fingerprints = FingerprintKey.of(None) if fingerprints is None else fingerprints
         self._page_bytes = page_size * TOKEN_BYTES
         self.root = TreeNode(0, owner_code(_NODE, 0), b"", None, None)
         self.root.device = self.root.host = EMPTY

@@ -19,28 +19,18 @@ Two digests, two keys:
   format record of a shared store; `kvcache.storage.keyfile`), never a constant in the code, so a fingerprint
   seen in a metric or a log cannot be turned back into a short salt by anyone without the key.
 
-The fingerprint key of this process: the one given to `use_fingerprint_key` (the kvc CLI passes its store's,
-and so should an engine that shows fingerprints: `use_fingerprint_key(store.fingerprint_key)`), else env
-`KVC_FINGERPRINT_KEY` (hex), else a random key drawn once per process (fingerprints then match nothing outside
-the process, which is safe but useless for correlation). A store records fingerprints under its own key.
-
-A process that must never show a value keyed by a random key (the kvc CLI: one key per store for every message)
-calls `withhold_fingerprint_key(where, why)` instead: until a key is given, deriving a fingerprint or display id
-raises KeyFileError naming `where` and `why`, and `known_fingerprint_key()` says whether one is at hand.
+The fingerprint key is context, not a property of the namespace: every keyed value here takes the key as an
+argument, and the key travels with the object that owns it (`kvcache.types.fingerprint_key.FingerprintKey`: a
+store's, a cache's). Without one, `label` and `info(None)` show a salted namespace's fingerprint as unknown (`?`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import hashlib
-import os
-import threading
-from collections.abc import Iterator
 
 import msgspec
 
-from ..errors import InvalidInput, InvalidNamespace, KeyFileError
+from ..errors import InvalidNamespace
 from .ids import DisplayId, NamespaceId
 
 # The key of `id`: fixed, so ids agree across processes and machines (they seed the L3 page hashes). Not a
@@ -55,110 +45,11 @@ _DISPLAY_PERSON = b"kvc.ns.shown.v1"
 # namespace's next write records it. Never a valid fingerprint (those are 12 hex digits).
 UNKNOWN_FINGERPRINT = "?"
 
-FINGERPRINT_KEY_ENV = "KVC_FINGERPRINT_KEY"
-FINGERPRINT_KEY_BYTES = 32  # of a key drawn here; one given may be 16..64 bytes (blake2b's key limit)
-_KEY_RANGE = (16, 64)
 
-_key_lock = threading.Lock()
-_process_key: bytes | None = None  # given by use_fingerprint_key
-_drawn_key: bytes | None = None  # the random key of this process, drawn on first need; never "known"
-# (where, why) while a random key is refused in this context (`withhold_fingerprint_key`): a context variable, so a
-# CLI command run inside a host process (an in-process server thread, a test) withholds it from itself only
-_withheld: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("kvc_withheld_key", default=None)
-
-
-def parse_fingerprint_key(text: str, source: str = FINGERPRINT_KEY_ENV) -> bytes:
-    """A fingerprint key from its hex form (32 to 128 hex digits); InvalidInput naming `source` otherwise (never
-    echoing the text: it is a secret)."""
-    text = text.strip()
-    try:
-        key = bytes.fromhex(text)
-    except ValueError:
-        key = b""
-    if not _KEY_RANGE[0] <= len(key) <= _KEY_RANGE[1]:
-        raise InvalidInput(f"{source}: a fingerprint key is {2 * _KEY_RANGE[0]} to {2 * _KEY_RANGE[1]} hex digits "
-                           f"(this one is not: its length and text are not echoed, it is a secret)")
-    return key
-
-
-def env_fingerprint_key() -> bytes | None:
-    """The key in env KVC_FINGERPRINT_KEY, or None when it is unset or empty."""
-    text = os.environ.get(FINGERPRINT_KEY_ENV, "")
-    return parse_fingerprint_key(text) if text.strip() else None
-
-
-def new_fingerprint_key() -> bytes:
-    """The key a new store records: env KVC_FINGERPRINT_KEY when set (one key for a whole deployment), else
-    FINGERPRINT_KEY_BYTES random bytes."""
-    return env_fingerprint_key() or os.urandom(FINGERPRINT_KEY_BYTES)
-
-
-def fingerprint_key() -> bytes:
-    """The fingerprint key of this process (see the module docstring for where it comes from). KeyFileError
-    while the key is withheld (`withhold_fingerprint_key`) and none is at hand."""
-    global _drawn_key
-    with _key_lock:
-        if _process_key is not None:
-            return _process_key
-    env = env_fingerprint_key()
-    if env is not None:
-        return env
-    withheld = _withheld.get()
-    if withheld is not None:
-        raise KeyFileError(*withheld)
-    with _key_lock:
-        if _drawn_key is None:
-            _drawn_key = os.urandom(FINGERPRINT_KEY_BYTES)
-        return _drawn_key
-
-
-def known_fingerprint_key() -> bytes | None:
-    """The key given to this process or in env KVC_FINGERPRINT_KEY; None when neither (never draws a random one):
-    what a message may key a fingerprint by when it must match what the store shows."""
-    with _key_lock:
-        if _process_key is not None:
-            return _process_key
-    return env_fingerprint_key()
-
-
-def use_fingerprint_key(key: bytes | None) -> None:
-    """Make `key` the fingerprint key of this process (None: back to env KVC_FINGERPRINT_KEY or a random key)."""
-    global _process_key
-    if key is not None and not _KEY_RANGE[0] <= len(key) <= _KEY_RANGE[1]:
-        raise InvalidInput(f"a fingerprint key is {_KEY_RANGE[0]} to {_KEY_RANGE[1]} bytes, got {len(key)}")
-    with _key_lock:
-        _process_key = key
-
-
-def withhold_fingerprint_key(where: str, why: str) -> None:
-    """Never key by a random key in this context (this thread, and what runs in it): until `use_fingerprint_key`
-    gives one, a fingerprint or display id derived here raises KeyFileError(`where`, `why`) (env
-    KVC_FINGERPRINT_KEY, and a key given before, still count)."""
-    _withheld.set((where, why))
-
-
-@contextlib.contextmanager
-def fingerprint_key_scope() -> Iterator[None]:
-    """Whatever `use_fingerprint_key` or `withhold_fingerprint_key` is called with inside, the process's key is
-    restored on leaving (a CLI command run inside a test or a host process must not re-key the host's
-    namespaces)."""
-    global _process_key
-    with _key_lock:
-        saved = _process_key
-    token = _withheld.set(_withheld.get())
-    try:
-        yield
-    finally:
-        with _key_lock:
-            _process_key = saved
-        _withheld.reset(token)
-
-
-def display_id(ns_id: NamespaceId, key: bytes | None = None) -> DisplayId:
-    """How a namespace id is shown (16 hex digits): a digest of the id under the fingerprint key (default: this
-    process's). An id shown as is, next to its extra_key, would let a short salt be brute-forced offline."""
-    return DisplayId(hashlib.blake2b(ns_id, digest_size=8, key=key if key is not None else fingerprint_key(),
-                                     person=_DISPLAY_PERSON).hexdigest())
+def display_id(ns_id: NamespaceId, key: bytes) -> DisplayId:
+    """How a namespace id is shown (16 hex digits): a digest of the id under the fingerprint key `key`. An id
+    shown as is, next to its extra_key, would let a short salt be brute-forced offline."""
+    return DisplayId(hashlib.blake2b(ns_id, digest_size=8, key=key, person=_DISPLAY_PERSON).hexdigest())
 
 
 def _field(value: str | None) -> bytes:
@@ -250,16 +141,6 @@ class Namespace:
         """`id` as 32 hex characters (internal: the store's registry key; outputs show `display_id`)."""
         return self.id.hex()
 
-    @property
-    def display_id(self) -> DisplayId:
-        """The id as outputs show it: keyed by this process's fingerprint key (see `display_id()`)."""
-        return display_id(self.id)
-
-    @property
-    def salt_fingerprint(self) -> str | None:
-        """12 hex digits of a digest of the salt keyed by this process's fingerprint key; None without a salt."""
-        return self.fingerprint(fingerprint_key())
-
     def fingerprint(self, key: bytes) -> str | None:
         """The salt fingerprint under `key` (a store's fingerprint key); None without a salt."""
         if self._salt is None:
@@ -274,13 +155,18 @@ class Namespace:
 
     @property
     def label(self) -> str:
-        """A short human label: ``extra_key/salt_fingerprint`` with ``-`` for an absent part. Safe to log."""
-        return f"{self.extra_key if self.extra_key is not None else '-'}/{self.salt_fingerprint or '-'}"
+        """A short human label keyed by nothing: ``extra_key/?`` for a salted namespace (which salt is not said),
+        ``extra_key/-`` without one, ``-`` for an absent extra_key. Safe to log anywhere; where a fingerprint key
+        is at hand, `FingerprintKey.label` names the salt by its fingerprint."""
+        salt = UNKNOWN_FINGERPRINT if self.has_salt else "-"
+        return f"{self.extra_key if self.extra_key is not None else '-'}/{salt}"
 
-    def info(self, key: bytes | None = None) -> NamespaceInfo:
-        """The public, printable fields (never the salt); the fingerprint under `key` (default: this process's
-        fingerprint key)."""
-        return NamespaceInfo(self.extra_key, self.fingerprint(key) if key is not None else self.salt_fingerprint)
+    def info(self, key: bytes | None) -> NamespaceInfo:
+        """The public, printable fields (never the salt), the fingerprint under `key` (a store's fingerprint key);
+        without a key a salted namespace's fingerprint is unknown (UNKNOWN_FINGERPRINT, as a registry records it)."""
+        if key is None:
+            return NamespaceInfo(self.extra_key, UNKNOWN_FINGERPRINT if self.has_salt else None)
+        return NamespaceInfo(self.extra_key, self.fingerprint(key))
 
 
 DEFAULT_NAMESPACE = Namespace()

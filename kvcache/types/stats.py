@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
+from .fingerprint_key import FingerprintKey
 from .namespace import Namespace, NamespaceInfo
 
 
@@ -41,11 +42,13 @@ class TierHits(msgspec.Struct):
     storage: int = 0  # fetched from L3 by the request's prefetch
 
 
-def add_hits(book: dict[bytes, TierHits], namespace: Namespace, device: int, host: int, storage: int) -> None:
-    """Add an admission's hit tokens by tier to its namespace's row of `book` (namespace id -> TierHits)."""
+def add_hits(book: dict[bytes, TierHits], namespace: Namespace, device: int, host: int, storage: int,
+             fingerprints: FingerprintKey) -> None:
+    """Add an admission's hit tokens by tier to its namespace's row of `book` (namespace id -> TierHits), a new
+    row showing the namespace under `fingerprints` (the cache's key)."""
     hits = book.get(namespace.id)
     if hits is None:
-        hits = book[namespace.id] = TierHits(namespace.info())
+        hits = book[namespace.id] = TierHits(fingerprints.info(namespace))
     hits.device += device
     hits.host += host
     hits.storage += storage

@@ -27,6 +27,7 @@ from ..engine.cache import TieredCache
 from ..engine.explain import after_admission
 from ..errors import InvariantViolation, NamespaceMismatch
 from ..types.explain import Explanation
+from ..types.fingerprint_key import FingerprintKey
 from ..types.keys import page_hashes
 from ..types.reports import NamespaceReplay, ReplayReport, TierTokens, VerifyMismatch
 from ..types.request import Request
@@ -45,7 +46,9 @@ MAX_MISMATCH_EXAMPLES = 20
 class _Tally:
     """Running totals of one replay."""
 
-    def __init__(self) -> None:
+    def __init__(self, fingerprints: FingerprintKey) -> None:
+        """`fingerprints`: the key the rows show their namespaces under (the cache's)."""
+        self.fingerprints = fingerprints
         self.requests = self.refused = self.tokens = 0
         self.hits = TierTokens()
         self.by_ns: dict[bytes, NamespaceReplay] = {}
@@ -57,12 +60,12 @@ class _Tally:
         self.blocked = 0
 
     def row(self, request: Request) -> NamespaceReplay:
-        """The namespace's row of `request` (made on its first request, with the namespace's info under this
-        process's key: the report's rows carry everything a table needs, so no client keys them again)."""
+        """The namespace's row of `request` (made on its first request, with the namespace's info under the cache's
+        key: the report's rows carry everything a table needs, so no client keys them again)."""
         ns = request.namespace
         row = self.by_ns.get(ns.id)
         if row is None:
-            row = self.by_ns[ns.id] = NamespaceReplay(ns.info())
+            row = self.by_ns[ns.id] = NamespaceReplay(self.fingerprints.info(ns))
         return row
 
     def admitted(self, request: Request, adm) -> None:
@@ -116,7 +119,7 @@ class Replayer:
     def run(self, trace: Iterable[TraceRequest],
             progress: Callable[[int], object] | None = None) -> ReplayReport:
         """Replay every request of `trace` in order; `progress(n)` after each step with the requests done."""
-        cache, tally = self.cache, _Tally()
+        cache, tally = self.cache, _Tally(self.cache.fingerprints)
         stats0 = cache.stats()
         start = time.perf_counter()
         source = iter(trace)
@@ -225,7 +228,7 @@ class Replayer:
             tally.verified += adm.cached_tokens
             tally.mismatched += len(bad)
             for p in bad[: MAX_MISMATCH_EXAMPLES - len(tally.examples)].tolist():
-                tally.examples.append(VerifyMismatch(request.rid, p, request.namespace.info()))
+                tally.examples.append(VerifyMismatch(request.rid, p, cache.fingerprints.info(request.namespace)))
         n_whole = len(hashes)
         self.kv.write(rows, fresh[:n_whole - n_cached], hashes[n_cached:n_whole])
         if n_whole < n_cached + len(fresh):

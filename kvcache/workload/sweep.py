@@ -45,6 +45,7 @@ from ..storage.keyfile import install_key
 from ..storage.page_set import PageSet
 from ..storage.registry import open_store
 from ..types.config import CacheConfig, PrefetchPolicy
+from ..types.fingerprint_key import FingerprintKey
 from ..types.keys import derive_chain_key
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace
@@ -158,7 +159,8 @@ def run_point(layout: KVLayout, point: SweepPoint, policies: SweepPolicies, trac
             cache.close()
 
     if not point.storage_bytes:  # L3 unlimited: it never evicts, so it holds exactly the pages written
-        report = replay_on(PageSet(layout, derive_chain_key(store_key) if store_key is not None else None))
+        report = replay_on(PageSet(layout, derive_chain_key(store_key) if store_key is not None else None,
+                                   fingerprint_key=store_key))
     else:
         root = tempfile.mkdtemp(prefix="kvc-sweep-", dir=scratch_dir)  # mode 0700: the key file is a secret
         try:
@@ -260,7 +262,8 @@ def sweep(layout: KVLayout, trace: Sequence[TraceRequest], points: Sequence[Swee
     """Replay `trace` once per size in `points` (see the module docstring) and report the hits of each, per
     namespace and per tier. `workers` > 1 runs that many sizes at once (this process and `workers - 1` others).
     `store_key`: the key of the store a replay would run on (its page hashes, so LRU ties break alike); None: a
-    new key per size. Namespaces are shown (extra_key, salt fingerprint) under this process's fingerprint key.
+    new key per size. Namespaces are shown (extra_key, salt fingerprint) under `store_key` (then they match what
+    that store shows), else under env KVC_FINGERPRINT_KEY, else under a key drawn for this sweep.
     `progress(n)` after each size, with the sizes done. `between_steps()` after each scheduler step of a size run
     in this process: what it raises (kvc's Ctrl-C) stops the sweep with that cache between steps; the sizes
     running in workers then finish, the rest are cancelled."""
@@ -282,7 +285,8 @@ def sweep(layout: KVLayout, trace: Sequence[TraceRequest], points: Sequence[Swee
                       results)
     per_request = _namespace_per_request(trace)
     index = {ns: i for i, ns in enumerate(dict.fromkeys(per_request))}
-    namespaces = [ns.info() for ns in index]
+    fingerprints = FingerprintKey.of(store_key)
+    namespaces = [fingerprints.info(ns) for ns in index]
     sent = [0] * len(namespaces)
     for ns in per_request:
         sent[index[ns]] += 1

@@ -264,14 +264,18 @@ def test_cli_golden(ran, case: Case) -> None:
 
 @contextlib.contextmanager
 def _fixed_fingerprint_key() -> Iterator[None]:
-    """This process's fingerprint key is FINGERPRINT_KEY inside (a snapshot records namespaces' salt fingerprints
-    under the process's key, and an earlier test in this process may have drawn a random one); restored after.
-    The one import of an internal module in this file."""
-    from kvcache.types.namespace import fingerprint_key_scope, use_fingerprint_key
-
-    with fingerprint_key_scope():
-        use_fingerprint_key(bytes.fromhex(FINGERPRINT_KEY))
+    """A store created inside records FINGERPRINT_KEY as its fingerprint key (env KVC_FINGERPRINT_KEY, as for the
+    CLI cases): a snapshot records namespaces' salt fingerprints under its cache's store's key. Env restored
+    after."""
+    saved = os.environ.get("KVC_FINGERPRINT_KEY")
+    os.environ["KVC_FINGERPRINT_KEY"] = FINGERPRINT_KEY
+    try:
         yield
+    finally:
+        if saved is None:
+            del os.environ["KVC_FINGERPRINT_KEY"]
+        else:
+            os.environ["KVC_FINGERPRINT_KEY"] = saved
 
 
 def _snapshot_workload(tmp: Path) -> Path:

@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 
 from kvc.main import app
 from kvcache.storage.registry import open_store
-from kvcache.types.namespace import use_fingerprint_key
 from kvcache.types.sweep import SweepPoint, SweepPolicies, SweepReport
 from kvcache.workload.sweep import sweep
 from kvcache.workload.traces import read_trace
@@ -50,11 +49,7 @@ def test_json_is_the_library_report_at_every_combination(setup):
     handle = open_store(str(store), readonly=True)
     layout, key = handle.layouts()[0], handle.fingerprint_key
     handle.close()
-    use_fingerprint_key(key)  # fingerprints as the CLI shows them: under the store's key
-    try:
-        expected = sweep(layout, read_trace(trace), points, SweepPolicies(), store_key=key)
-    finally:
-        use_fingerprint_key(None)
+    expected = sweep(layout, read_trace(trace), points, SweepPolicies(), store_key=key)  # shown under the store's key
     assert [(p.hit_tokens, p.tenants, p.storage_pages) for p in got.points] == \
         [(p.hit_tokens, p.tenants, p.storage_pages) for p in expected.points]
     assert any(p.hit_tokens.storage for p in got.points) and any(p.hit_tokens.host for p in got.points)

@@ -16,7 +16,6 @@ import zmq
 from factories import l3_cache, make_layout, make_store, store_holdings
 from kvcache import KVEventPublisher, RadixKey, WorkloadSpec, generate, replay
 from kvcache.types.keys import page_hashes
-from kvcache.types.namespace import fingerprint_key_scope, use_fingerprint_key
 
 SPEC = WorkloadSpec(requests=60, tenants=3, shared_prefix_tokens=16, system_prompt_tokens=64, documents=4,
                     document_tokens=48, user_tokens=12, output_tokens=8, seed=17)
@@ -98,75 +97,74 @@ def expected(cache, snapshot) -> set[tuple]:
 def test_a_router_rebuilds_exactly_what_the_cache_holds_from_the_feed_alone(tmp_path):
     store = make_store(tmp_path / "store", make_layout(4))
     ctx = zmq.Context()
-    with fingerprint_key_scope():
-        use_fingerprint_key(store.fingerprint_key)  # as kvc serve does: the feed's fingerprints are the store's
-        cache = l3_cache(store, page_size=4, device_tokens=256, host_tokens=512)
-        publisher = KVEventPublisher(cache, "tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*")
-        sub = ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.RCVHWM, 0)
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.connect(publisher.endpoint)
-        time.sleep(0.2)  # the subscription reaches the publisher (what it misses meanwhile is replayed below)
+    # the cache's feed keys its fingerprints by its store's key: the registry's are the feed's
+    cache = l3_cache(store, page_size=4, device_tokens=256, host_tokens=512)
+    publisher = KVEventPublisher(cache, "tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*")
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.RCVHWM, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(publisher.endpoint)
+    time.sleep(0.2)  # the subscription reaches the publisher (what it misses meanwhile is replayed below)
 
-        frames_seen: list[bytes] = []
-        batches: dict[int, Batch] = {}
+    frames_seen: list[bytes] = []
+    batches: dict[int, Batch] = {}
 
-        def take(frames: list[bytes], live: bool) -> None:
-            frames_seen.extend(frames)
-            seq = int.from_bytes(frames[-2], "big")
-            batches[seq] = DECODE.decode(frames[-1])
-            if live:
-                live_seqs.append(seq)
+    def take(frames: list[bytes], live: bool) -> None:
+        frames_seen.extend(frames)
+        seq = int.from_bytes(frames[-2], "big")
+        batches[seq] = DECODE.decode(frames[-1])
+        if live:
+            live_seqs.append(seq)
 
-        live_seqs: list[int] = []
+    live_seqs: list[int] = []
 
-        def drain() -> None:
-            while sub.poll(0):
-                take(sub.recv_multipart(), True)
+    def drain() -> None:
+        while sub.poll(0):
+            take(sub.recv_multipart(), True)
 
-        report = replay(cache, generate(SPEC), on_admit=lambda *_: drain())
-        assert report.audit.ok and report.refused == 0
-        assert cache.counters.device_pages_evicted > 0 and cache.counters.host_pages_evicted > 0  # pressure
-        assert report.backup.storage_pages > 0
-        last = publisher.stats().next_seq - 1
-        deadline = time.monotonic() + 5
-        while (not batches or max(batches) < last) and time.monotonic() < deadline:
-            if sub.poll(100):
-                take(sub.recv_multipart(), True)
-        # what the subscription missed (at least the first batches, sent before it reached the publisher): asked
-        # of the replay socket, as a router does on a gap
-        missing = sorted(set(range(last + 1)) - set(batches))
-        if missing:
-            dealer = ctx.socket(zmq.DEALER)
-            dealer.connect(publisher.replay_endpoint)
-            dealer.send_multipart([b"", missing[0].to_bytes(8, "big")])
-            while dealer.poll(5000):
-                frames = dealer.recv_multipart()
-                if int.from_bytes(frames[1], "big", signed=True) == -1:
-                    break
-                seq = int.from_bytes(frames[1], "big")
-                if seq not in batches:
-                    take(frames, False)
-            dealer.close(0)
-        assert sorted(batches) == list(range(last + 1)), "every batch, live or replayed"
-        assert len(live_seqs) > len(batches) // 2  # most came live
-        assert all(batch.data_parallel_rank == 0 for batch in batches.values())
+    report = replay(cache, generate(SPEC), on_admit=lambda *_: drain())
+    assert report.audit.ok and report.refused == 0
+    assert cache.counters.device_pages_evicted > 0 and cache.counters.host_pages_evicted > 0  # pressure
+    assert report.backup.storage_pages > 0
+    last = publisher.stats().next_seq - 1
+    deadline = time.monotonic() + 5
+    while (not batches or max(batches) < last) and time.monotonic() < deadline:
+        if sub.poll(100):
+            take(sub.recv_multipart(), True)
+    # what the subscription missed (at least the first batches, sent before it reached the publisher): asked
+    # of the replay socket, as a router does on a gap
+    missing = sorted(set(range(last + 1)) - set(batches))
+    if missing:
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.connect(publisher.replay_endpoint)
+        dealer.send_multipart([b"", missing[0].to_bytes(8, "big")])
+        while dealer.poll(5000):
+            frames = dealer.recv_multipart()
+            if int.from_bytes(frames[1], "big", signed=True) == -1:
+                break
+            seq = int.from_bytes(frames[1], "big")
+            if seq not in batches:
+                take(frames, False)
+        dealer.close(0)
+    assert sorted(batches) == list(range(last + 1)), "every batch, live or replayed"
+    assert len(live_seqs) > len(batches) // 2  # most came live
+    assert all(batch.data_parallel_rank == 0 for batch in batches.values())
 
-        snap = cache.snapshot()
-        held = expected(cache, snap)
-        assert {tier for _, _, tier in held} == {"device", "host", "storage"}
-        assert rebuild(batches) == held
-        for frame in frames_seen:
-            assert not any(salt in frame for salt in SALTS), "a salt on the wire"
+    snap = cache.snapshot()
+    held = expected(cache, snap)
+    assert {tier for _, _, tier in held} == {"device", "host", "storage"}
+    assert rebuild(batches) == held
+    for frame in frames_seen:
+        assert not any(salt in frame for salt in SALTS), "a salt on the wire"
 
-        publisher_stats = publisher.stats()
-        cache.close()  # the last batch: everything is gone
-        deadline = time.monotonic() + 5
-        while max(batches) < publisher.stats().next_seq - 1 and time.monotonic() < deadline:
-            if sub.poll(100):
-                take(sub.recv_multipart(), True)
-        assert rebuild(batches) == set()
-        publisher.close()
+    publisher_stats = publisher.stats()
+    cache.close()  # the last batch: everything is gone
+    deadline = time.monotonic() + 5
+    while max(batches) < publisher.stats().next_seq - 1 and time.monotonic() < deadline:
+        if sub.poll(100):
+            take(sub.recv_multipart(), True)
+    assert rebuild(batches) == set()
+    publisher.close()
     sub.close(0)
     ctx.term()
     store.close()

@@ -30,7 +30,7 @@ def test_two_caches_share_l3_per_namespace(tmp_path, mode):
         m = b.match(req)
         assert m.device_tokens == 0 and m.host_tokens == 0 and m.anchor is b.tree.root
         out = b.prefetch(req, m)
-        assert out.issued and out.requested_tokens == 72 and out.namespace == ns.info()
+        assert out.issued and out.requested_tokens == 72 and out.namespace == b.fingerprints.info(ns)
         b.flush()
         adm = b.admit(req)
         assert adm.status is AdmitStatus.ADMITTED and adm.cached_tokens == 72

@@ -130,7 +130,8 @@ class Walk:
         self.cache = TieredCache(self.config, self.faults, clock=lambda: self.now)
         self.feed = Rebuilt(layout.layout_id, ps)
         for ns in NAMESPACES:
-            self.feed.roots[(ns.extra_key, ns.salt_fingerprint)] = hash_root(layout.layout_id, ns, self.cache.chain_key)
+            name = (ns.extra_key, self.cache.fingerprints.fingerprint(ns))
+            self.feed.roots[name] = hash_root(layout.layout_id, ns, self.cache.chain_key)
         self.log = self.cache.attach_events(self.feed)
         self.live: dict[str, Request] = {}
         self.pending: dict[str, Request] = {}
@@ -239,7 +240,7 @@ class Walk:
         real: set[tuple] = set()
         for node in tree.nodes():
             ns = node.namespace
-            name = (ns.extra_key, ns.salt_fingerprint)
+            name = (ns.extra_key, cache.fingerprints.fingerprint(ns))
             chain = page_hashes(cache.layout.layout_id, RadixKey.of(tree.path_key(node), ns), ps, cache.chain_key)
             mine = chain[len(chain) - len(node.key) // (4 * ps):]
             for tier, present in (("device", node.device is not None), ("host", node.host is not None)):

@@ -42,7 +42,7 @@ from typer.testing import CliRunner
 from kvc.main import app
 from kvcache import WorkloadSpec, generate, write_trace
 from kvcache.storage.location import StoreLocation
-from kvcache_redis.store import _parse_url
+from kvcache_redis.url import parse_url
 from redis_server import RedisServer, require_server
 
 KVC = Path(sys.executable).with_name("kvc")
@@ -115,8 +115,9 @@ class Run:
         out = self.root / "dump.kvev"
         self.cli(label, "ns", "dump", *args, "--out", out)
         if out.exists():
-            from kvcache.live.events import ReceivedBatch, records
+            from kvcache.live.event_records import records
             from kvcache.live.holdings import read_batches
+            from kvcache.live.subscriber import ReceivedBatch
 
             recs = [r for i, b in enumerate(read_batches(out.read_bytes()))
                     for r in records(ReceivedBatch(i, b, False))]
@@ -375,4 +376,4 @@ def test_the_redis_backend_shows_a_url_as_the_cli_does(password):
     spelled = quote(password, safe="")
     url = f"redis://:{spelled}@127.0.0.1:6379/0?prefix=a.1:&password={spelled}"
     shown = "redis://:***@127.0.0.1:6379/0?prefix=a.1:&password=***"
-    assert _parse_url(url, {}).shown == str(StoreLocation(url)) == shown
+    assert parse_url(url, {}).shown == str(StoreLocation(url)) == shown

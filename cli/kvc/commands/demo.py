@@ -13,10 +13,10 @@ import typer
 
 from kvcache.storage.registry import open_store
 from kvcache.types.layout import KVLayout
-from kvcache.types.namespace import NamespaceInfo, use_fingerprint_key
+from kvcache.types.namespace import NamespaceInfo
 from kvcache.workload.traces import WorkloadSpec, generate
 
-from ..context import offline_cache
+from ..context import fingerprints_of, offline_cache
 from ..errors import EXIT_FOUND, UsageError
 from ..options import MAX_TOKENS, DebugOpt, JsonOpt
 from ..render.output import Column, Kind, Listing, emit_json, output_format, render, say
@@ -93,7 +93,7 @@ def demo(
     location = str(root / "store") if root is not None else str(store)
     try:
         with contextlib.closing(open_store(location, DEMO_LAYOUT, create=True, durability="data")) as handle:
-            use_fingerprint_key(getattr(handle, "fingerprint_key", None))  # what it shows: keyed by its store's key
+            fingerprints = fingerprints_of(handle)  # what it shows: keyed by its store's key, as its caches do
             reports = []
             for run in ("cold", "warm"):
                 cache = offline_cache(handle, DEMO_LAYOUT, device_tokens, host_tokens, prefetch_policy="timeout")
@@ -106,7 +106,7 @@ def demo(
         if root is not None:
             shutil.rmtree(root, ignore_errors=True)
     cold, warm = reports
-    sent = trace_counts(trace)
+    sent = trace_counts(trace, fingerprints)
     runs = [{r.namespace: r for r in report.namespaces} for report in (cold, warm)]
     rows = []
     for info in sorted(sent, key=lambda i: (i.extra_key or "", i.salt_fingerprint or "")):

@@ -23,7 +23,7 @@ from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import Namespace
 
 from .. import live
-from ..context import open_inspect
+from ..context import fingerprints_of, open_inspect
 from ..errors import UsageError
 from ..inputs import tokens_arg
 from ..options import (
@@ -104,7 +104,7 @@ def _offline(store, request: ExplainRequest, layout: str | None, read_only: bool
         chosen = _layout(handle.layouts(), layout, str(store))
         try:
             return explain_stored(handle, chosen, request.tokens, Namespace(request.extra_key, request.cache_salt),
-                                  request.rid)
+                                  request.rid, fingerprints_of(handle))
         except InvalidInput as exc:
             raise UsageError(str(exc)) from None
 

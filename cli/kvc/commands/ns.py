@@ -23,13 +23,14 @@ from kvcache.live.protocol import DropRequest, EvictOutcome, EvictRequest, Expir
 from kvcache.live.protocol import NamespaceList as LiveNamespaceList
 from kvcache.storage.api import DropRecord, L3Store, NamespaceRecord
 from kvcache.storage.location import StoreLocation
+from kvcache.types.fingerprint_key import FingerprintKey
 from kvcache.types.ids import NamespaceId
 from kvcache.types.keys import unpack_tokens
-from kvcache.types.namespace import Namespace, NamespaceInfo, display_id, known_fingerprint_key
+from kvcache.types.namespace import Namespace, NamespaceInfo
 from kvcache.types.shares import Shares
 
 from .. import live
-from ..context import namespace_record, open_inspect
+from ..context import fingerprints_of, namespace_record, no_store_fingerprints, open_inspect
 from ..errors import EXIT_FOUND, UsageError
 from ..inputs import namespace_arg
 from ..options import (
@@ -139,23 +140,23 @@ def _page_size(store: L3Store) -> int:
     return sizes.pop() if len(sizes) == 1 else 0  # tokens per page is ambiguous across layouts
 
 
-def _shown_id(rec: NamespaceRecord) -> str:
-    return display_id(NamespaceId(bytes.fromhex(rec.ns_id_hex)))
+def _shown_id(rec: NamespaceRecord, fp: FingerprintKey) -> str:
+    return fp.display_id(NamespaceId(bytes.fromhex(rec.ns_id_hex)))
 
 
-def _listed_id(rec: NamespaceRecord) -> str | None:
+def _listed_id(rec: NamespaceRecord, fp: FingerprintKey) -> str | None:
     """The display id of a listed record; None when the store's key is not at hand (a monitoring account that may
     not read it: a listing shows what the registry recorded and derives nothing)."""
-    return _shown_id(rec) if known_fingerprint_key() is not None else None
+    return _shown_id(rec, fp) if not fp.is_withheld else None
 
 
-def _named(ns: Namespace) -> str:
-    """A namespace named by its extra_key and salt, for a message: ``extra_key/fingerprint`` under the store's key
-    when it is at hand (the store is open), else the extra_key alone, saying a salt was given: a fingerprint under
-    any other key would match nothing the store or a live cache shows."""
+def _named(ns: Namespace, fp: FingerprintKey) -> str:
+    """A namespace named by its extra_key and salt, for a message: ``extra_key/fingerprint`` under `fp` (the
+    store's key, once it is open) when it is at hand, else the extra_key alone, saying a salt was given: a
+    fingerprint under any other key would match nothing the store or a live cache shows."""
     if not ns.has_salt:
         return f"{shown(ns.extra_key)}/-"
-    key = known_fingerprint_key()
+    key = fp.known
     return f"{shown(ns.extra_key)}/{ns.fingerprint(key)}" if key is not None else \
         f"{shown(ns.extra_key)} (with the salt given)"
 
@@ -195,9 +196,9 @@ def ls(
         return
     st = open_inspect(store, read_only=read_only)
     try:
-        ps = _page_size(st)
+        ps, fp = _page_size(st), fingerprints_of(st)
         shares = {r.ns_id_hex: r.shares for r in st.shares()}
-        rows = [NamespaceRow(r.extra_key, r.salt_fingerprint, _listed_id(r), r.pages, r.pages * ps, r.bytes, r.hits,
+        rows = [NamespaceRow(r.extra_key, r.salt_fingerprint, _listed_id(r, fp), r.pages, r.pages * ps, r.bytes, r.hits,
                              r.created, r.last_access, shares.get(r.ns_id_hex)) for r in st.namespaces()]
     finally:
         st.close()
@@ -244,9 +245,10 @@ def show(
     fmt = output_format(output, json)
     st = open_inspect(store, read_only=read_only)
     try:
+        fp = fingerprints_of(st)
         rec = namespace_record(st, ns)
         if rec is None:
-            raise UsageError(f"no namespace {_named(ns)} in {store} (check the extra_key and the salt)")
+            raise UsageError(f"no namespace {_named(ns, fp)} in {store} (check the extra_key and the salt)")
         roots, more = [], 0
         # a reader who may not read the store's key cannot key a root: the record keeps the roots it has
         heads = ([st.root(ns, layout) for layout in st.layouts()] if st.chain_key is not None
@@ -257,7 +259,7 @@ def show(
             more += max(0, len(kids) - width)
     finally:
         st.close()
-    tree = NamespaceTree(NamespaceInfo(rec.extra_key, rec.salt_fingerprint), _listed_id(rec), rec.pages, rec.bytes,
+    tree = NamespaceTree(NamespaceInfo(rec.extra_key, rec.salt_fingerprint), _listed_id(rec, fp), rec.pages, rec.bytes,
                          roots, more)
     emit_listing(fmt, tree, prefix_rows(tree), lambda: render_prefix_tree(tree, fmt, no_headers))
 
@@ -273,12 +275,12 @@ def _walk(store: L3Store, child, depth: int, width: int) -> PrefixNode:
     return node
 
 
-def _targets(store: L3Store, extra_key: str | None, ns: Namespace | None, ns_id: str | None,
+def _targets(store: L3Store, fp: FingerprintKey, extra_key: str | None, ns: Namespace | None, ns_id: str | None,
              fingerprint: str | None) -> list[NamespaceRecord]:
-    """The registry records a drop names (at most one unless the name is ambiguous)."""
+    """The registry records a drop names (at most one unless the name is ambiguous); ids under `fp`."""
     records = store.namespaces()
     if ns_id is not None:
-        return [r for r in records if _shown_id(r) == ns_id.lower()]
+        return [r for r in records if _shown_id(r, fp) == ns_id.lower()]
     if fingerprint is not None:
         key = extra_key or None
         return [r for r in records if r.salt_fingerprint == fingerprint.lower()
@@ -345,55 +347,58 @@ def drop(
     salt_value = None if by_digest else salt_from(salt, salt_file)  # read once: it may come from stdin
     ns = None if by_digest else Namespace(extra_key, salt_value)
     if not yes and not dry_run:  # nothing is open yet: the name as given, no fingerprint (_named)
-        raise UsageError(f"refusing to drop namespace {_what(ns, ns_id, fingerprint, extra_key)} without --yes "
-                         f"(--dry-run shows what would go)")
+        named = _what(ns, ns_id, fingerprint, extra_key, no_store_fingerprints())
+        raise UsageError(f"refusing to drop namespace {named} without --yes (--dry-run shows what would go)")
     path = live.socket_path(socket)
     if path is not None:
         request = DropRequest(extra_key, salt_value, ns_id, fingerprint, dry_run)
         return _drop_live(path, request, store, missing_ok, json)
     st = open_inspect(store, writable=not dry_run)
     try:
-        what = _what(ns, ns_id, fingerprint, extra_key)  # the store is open: a fingerprint under its key
-        found = _targets(st, extra_key, ns, ns_id, fingerprint)
+        fp = fingerprints_of(st)
+        what = _what(ns, ns_id, fingerprint, extra_key, fp)  # the store is open: a fingerprint under its key
+        found = _targets(st, fp, extra_key, ns, ns_id, fingerprint)
         if len(found) > 1:
             raise UsageError(f"{len(found)} namespaces have {what}: name one by --id (see `kvc ns ls`)")
         if not found:
-            shown_id = ns.display_id if ns is not None else ns_id
+            shown_id = fp.display_id(ns.id) if ns is not None else ns_id
             if shown_id is not None and not dry_run:
-                _refuse_if_held(st, ns.info() if ns is not None else None, shown_id)
-            before = _dropped_before(st, ns, ns_id, extra_key, fingerprint)
+                _refuse_if_held(st, fp.info(ns) if ns is not None else None, shown_id)
+            before = _dropped_before(st, fp, ns, ns_id, extra_key, fingerprint)
             if not missing_ok:
                 again = " (the store recorded its drop before: --missing-ok makes a re-run a success)" if before \
                     else " (--missing-ok makes that a success)"
                 raise UsageError(f"no namespace {what} in {store}{again}")
-            info = ns.info() if ns is not None else None
+            info = fp.info(ns) if ns is not None else None
             if info is None and before is not None:
                 info = NamespaceInfo(before.extra_key, before.salt_fingerprint)
-            output = DropOutput(info, ns.display_id if ns is not None else ns_id, False, dry_run, 0, 0, 0, 0, 0, 0,
-                                None, dropped_before=before.at if before is not None else None)
+            output = DropOutput(info, shown_id, False, dry_run, 0, 0, 0, 0, 0, 0, None,
+                                dropped_before=before.at if before is not None else None)
         else:
-            output = _drop_offline(st, found[0], dry_run)
+            output = _drop_offline(st, fp, found[0], dry_run)
     finally:
         st.close()
     _say_dropped(output, what, store, json)
 
 
-def _what(ns: Namespace | None, ns_id: str | None, fingerprint: str | None, extra_key: str | None) -> str:
-    """How a drop names its namespace in messages: as the command line named it."""
+def _what(ns: Namespace | None, ns_id: str | None, fingerprint: str | None, extra_key: str | None,
+          fp: FingerprintKey) -> str:
+    """How a drop names its namespace in messages: as the command line named it (a salt's fingerprint under
+    `fp`, when it is at hand)."""
     if ns_id is not None:
         return f"id {ns_id}"
     if fingerprint is not None:
         return f"fingerprint {fingerprint}" + (f" and extra_key {shown(extra_key)}" if extra_key else "")
     assert ns is not None  # named by EXTRA_KEY and its salt
-    return _named(ns)
+    return _named(ns, fp)
 
 
-def _drop_offline(st: L3Store, rec: NamespaceRecord, dry_run: bool) -> DropOutput:
+def _drop_offline(st: L3Store, fp: FingerprintKey, rec: NamespaceRecord, dry_run: bool) -> DropOutput:
     """Drop (or, `dry_run`, show) one namespace offline: refused while a live cache holds it."""
     from kvcache.live.serves import holding, live_serves, where
     from kvcache.storage.serving import OFFLINE, recorded_drop
 
-    info, shown_id = NamespaceInfo(rec.extra_key, rec.salt_fingerprint), _shown_id(rec)
+    info, shown_id = NamespaceInfo(rec.extra_key, rec.salt_fingerprint), _shown_id(rec, fp)
     holders = holding(live_serves(st), shown_id)
     if dry_run:
         rows = [h.holds for h in holders if h.holds is not None]
@@ -418,16 +423,16 @@ def _refuse_if_held(st: L3Store, info: NamespaceInfo | None, shown_id: str, hold
                          f"{shown_id} --yes`")
 
 
-def _dropped_before(st: L3Store, ns: Namespace | None, ns_id: str | None, extra_key: str | None,
-                    fingerprint: str | None) -> DropRecord | None:
-    """The store's latest record of a drop of the namespace named so (None: it records none)."""
+def _dropped_before(st: L3Store, fp: FingerprintKey, ns: Namespace | None, ns_id: str | None,
+                    extra_key: str | None, fingerprint: str | None) -> DropRecord | None:
+    """The store's latest record of a drop of the namespace named so (None: it records none); ids under `fp`."""
     from kvcache.storage.serving import last_drop
 
     if ns is not None:
         rec = last_drop(st, ns_id_hex=ns.id_hex)
     elif ns_id is not None:
         rec = next((r for r in reversed(st.drops())
-                    if display_id(NamespaceId(bytes.fromhex(r.ns_id_hex))) == ns_id), None)
+                    if fp.display_id(NamespaceId(bytes.fromhex(r.ns_id_hex))) == ns_id), None)
     else:
         rec = last_drop(st, extra_key=extra_key or None if extra_key is not None else None,
                         salt_fingerprint=fingerprint)
@@ -473,8 +478,8 @@ def _drop_live(path: str, request: DropRequest, store: StoreLocation, missing_ok
     outcome = live.call(path, request, NamespaceDrop)
     # named by its salt, the namespace is said as the live cache shows it (its store's key); else as given
     info = outcome.namespace
-    what = f"{shown(info.extra_key)}/{info.salt_fingerprint or '-'}" if ns is not None else _what(None, request.id, request.fingerprint,
-                                                                    request.extra_key)
+    what = f"{shown(info.extra_key)}/{info.salt_fingerprint or '-'}" if ns is not None else \
+        _what(None, request.id, request.fingerprint, request.extra_key, no_store_fingerprints())
     held = outcome.device_pages + outcome.host_pages + outcome.store_pages
     found = bool(held or outcome.live_requests)
     before = None
@@ -497,7 +502,7 @@ def _live_dropped_before(store: StoreLocation, request: DropRequest) -> float | 
         try:
             ns = Namespace(request.extra_key, request.cache_salt) if request.id is None and \
                 request.fingerprint is None else None
-            rec = _dropped_before(st, ns, request.id, request.extra_key, request.fingerprint)
+            rec = _dropped_before(st, fingerprints_of(st), ns, request.id, request.extra_key, request.fingerprint)
             return rec.at if rec is not None else None
         finally:
             st.close()
@@ -561,7 +566,7 @@ def expire(
     salt_value = salt_from(salt, salt_file)
     ns = Namespace(extra_key, salt_value)  # checked here, before the request goes out
     if not yes:
-        raise UsageError(f"refusing to expire namespace {_named(ns)} without --yes")
+        raise UsageError(f"refusing to expire namespace {_named(ns, no_store_fingerprints())} without --yes")
     from kvcache.types.results import NamespaceExpiry
 
     outcome = live.call(path, ExpireRequest(extra_key, salt_value), NamespaceExpiry)

@@ -35,11 +35,11 @@ from kvcache.live.protocol import ProbeRequest, TierProbe
 from kvcache.storage.api import engine_hashes
 from kvcache.types.keys import page_hashes
 from kvcache.types.layout import KVLayout
-from kvcache.types.namespace import Namespace, NamespaceInfo, known_fingerprint_key
+from kvcache.types.namespace import Namespace, NamespaceInfo
 from kvcache.types.request import Request
 
 from .. import live
-from ..context import open_inspect
+from ..context import fingerprints_of, open_inspect
 from ..errors import UsageError
 from ..inputs import read_bounded, tokens_arg
 from ..options import (
@@ -210,10 +210,11 @@ def probe(
             hashes = engine_hashes(lay, kvc_ns, st.chain_key, keys)
             present = sum(st.page_meta(h) is not None for h in hashes)
             rows.append(LayoutProbe(lay.layout_id.hex(), lay.describe(), st.exists_prefix(hashes), present))
-        key = known_fingerprint_key()  # the store's, once it is open (a monitoring user may have none)
+        fp = fingerprints_of(st)  # the store's (a monitoring user may have none)
+        key = fp.known
     finally:
         st.close()
-    result = ProbeResult(str(store), engine.value, kvc_ns.info(), extra_key,
+    result = ProbeResult(str(store), engine.value, fp.info(kvc_ns), extra_key,
                          Namespace(None, cache_salt).fingerprint(key) if key is not None else None,
                          len(prompt), size, len(keys), rows)
 
@@ -333,7 +334,7 @@ def _probe_store(chain: list[bytes] | None, prompt, ns: Namespace, page_size: in
         for lay in chosen:
             got = st.exists_prefix(page_hashes(lay.layout_id, key, size, st.chain_key))
             rows.append(TierRow("storage", got, got * size, lay.layout_id.hex()))
-        fingerprint_key = known_fingerprint_key()  # the store's, once it is open
+        fingerprint_key = fingerprints_of(st).known  # the store's (a monitoring user may have none)
         info = ns.info(fingerprint_key) if fingerprint_key is not None else NamespaceInfo(ns.extra_key, None)
     finally:
         st.close()

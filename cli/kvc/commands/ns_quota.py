@@ -13,11 +13,11 @@ import typer
 from kvcache.live.protocol import NamespaceList as LiveNamespaceList
 from kvcache.live.protocol import NamespacesRequest, SharesOutcome, SharesRequest
 from kvcache.types.ids import NamespaceId
-from kvcache.types.namespace import Namespace, display_id
+from kvcache.types.namespace import Namespace
 from kvcache.types.shares import MAX_SHARE, Shares
 
 from .. import live
-from ..context import namespace_record, open_inspect
+from ..context import fingerprints_of, namespace_record, open_inspect
 from ..errors import EXIT_FOUND, UsageError
 from ..options import (
     DEFAULT_STORE,
@@ -137,10 +137,11 @@ def _quota_write(extra_key: str | None, salt: str | None, shares: Shares, store,
             if previous is not None or not shares.empty:  # clearing shares that are not there writes nothing
                 st.set_shares(ns, shares)
             rec = namespace_record(st, ns)
-            info = ns.info(getattr(st, "fingerprint_key", None))
+            fp = fingerprints_of(st)
+            info, shown_id = fp.info(ns), fp.display_id(ns.id)
         finally:
             st.close()
-        row = ShareChange(info.extra_key, info.salt_fingerprint, ns.display_id, shares, None, None,
+        row = ShareChange(info.extra_key, info.salt_fingerprint, shown_id, shares, None, None,
                           rec.bytes if rec is not None else 0, previous)
     row.changed = row.previous != (None if row.shares.empty else row.shares)
     if json:
@@ -178,9 +179,9 @@ def quota_show(
     else:
         st = open_inspect(store, read_only=read_only)
         try:
-            used = {r.ns_id_hex: r.bytes for r in st.namespaces()}
+            used, fp = {r.ns_id_hex: r.bytes for r in st.namespaces()}, fingerprints_of(st)
             result = ShareList(str(store), False, [
-                ShareRow(r.extra_key, r.salt_fingerprint, display_id(NamespaceId(bytes.fromhex(r.ns_id_hex))),
+                ShareRow(r.extra_key, r.salt_fingerprint, fp.display_id(NamespaceId(bytes.fromhex(r.ns_id_hex))),
                          r.shares, None, None, used.get(r.ns_id_hex, 0)) for r in st.shares()])
         finally:
             st.close()

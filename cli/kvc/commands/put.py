@@ -16,7 +16,7 @@ from kvcache.types.keys import pack_tokens
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import NamespaceInfo
 
-from ..context import open_for_cache
+from ..context import fingerprints_of, open_for_cache
 from ..errors import EXIT_FOUND, UsageError
 from ..inputs import namespace_arg, tokens_arg
 from ..options import (
@@ -101,13 +101,14 @@ def put(
                 nbytes += result.bytes_written
                 advance(at + len(hs))
         handle.flush()
-    result_ = PutOutput(ns.info(), len(ids), len(hashes), written, existing, rejected, failed, nbytes,
+        info = fingerprints_of(handle).info(ns)  # under the store's key, as its registry shows the namespace
+    result_ = PutOutput(info, len(ids), len(hashes), written, existing, rejected, failed, nbytes,
                         time.perf_counter() - start, "file" if kv_file is not None else "synthetic")
     if json:
         emit_json(result_)
     else:
         rate = nbytes / result_.seconds if result_.seconds else 0.0
-        say(f"{ns_label(ns)}: {len(hashes)} pages of {len(ids)} tokens: "
+        say(f"{ns_label(info)}: {len(hashes)} pages of {len(ids)} tokens: "
             f"{written} written, {existing} already stored, {rejected} rejected, {failed} failed; "
             f"{human_bytes(nbytes)} in "
             f"{result_.seconds * 1000:.1f} ms ({human_bytes(rate)}/s)")

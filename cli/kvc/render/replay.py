@@ -11,14 +11,15 @@ from .output import Column, Kind, Listing, output_format, render, say
 from .text import esc, human_bytes, ns_label
 
 if TYPE_CHECKING:
+    from kvcache.types.fingerprint_key import FingerprintKey
     from kvcache.types.reports import ReplayReport
     from kvcache.workload.traces import TraceRequest
 
 
-def trace_counts(requests: "list[TraceRequest]") -> Counter:
-    """Requests per namespace in a trace, keyed by the namespace's info under this process's key (only where a
-    store's key is in use here: `kvc demo`)."""
-    return Counter(r.namespace().info() for r in requests)
+def trace_counts(requests: "list[TraceRequest]", fingerprints: "FingerprintKey") -> Counter:
+    """Requests per namespace in a trace, keyed by the namespace's info under `fingerprints` (a store's key: `kvc
+    demo`'s, as its caches show them)."""
+    return Counter(fingerprints.info(r.namespace()) for r in requests)
 
 
 def hit_listing(report: "ReplayReport", title: str, requests: "list[TraceRequest]") -> Listing:

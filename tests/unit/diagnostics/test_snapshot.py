@@ -45,7 +45,7 @@ def test_healthy_cache_audits_clean_live_and_offline(tmp_path):
     assert both(c, tmp_path) == []
     snap = read_snapshot(tmp_path / "s.snap")
     assert snap.version == SNAPSHOT_VERSION and snap.layout == c.layout and snap.device_pages == 16
-    assert [n.info for n in snap.namespaces] == [T1.info()]
+    assert [n.info for n in snap.namespaces] == [c.fingerprints.info(T1)]  # under the cache's key
     assert b"xyzzy" not in (tmp_path / "s.snap").read_bytes()
 
 

@@ -51,7 +51,7 @@ def holdings(cache) -> set[tuple]:
     out = set()
     for node in tree.nodes():
         ns = node.namespace
-        name = (ns.extra_key, ns.salt_fingerprint)
+        name = (ns.extra_key, cache.fingerprints.fingerprint(ns))
         chain = page_hashes(cache.layout.layout_id, RadixKey.of(tree.path_key(node), ns), ps, cache.chain_key)
         mine = chain[len(chain) - len(node.key) // (4 * ps):]
         for tier, present in (("device", node.device is not None), ("host", node.host is not None)):
@@ -66,14 +66,10 @@ def _tiers(held: set[tuple]) -> set[str]:
 
 @pytest.fixture
 def store(tmp_path):
-    """An LMDB store whose fingerprint key is the process's meanwhile (the registry's fingerprints are the feed's,
-    as under `kvc serve`)."""
-    from kvcache.types.namespace import fingerprint_key_scope, use_fingerprint_key
-
+    """An LMDB store (a cache on it keys its feed's fingerprints by the store's key: the registry's are the
+    feed's)."""
     handle = make_store(tmp_path / "store", make_layout(4))
-    with fingerprint_key_scope():
-        use_fingerprint_key(handle.fingerprint_key)
-        yield handle
+    yield handle
     handle.close()
 
 
@@ -109,7 +105,8 @@ def test_dropping_a_namespace_reports_its_pages_leaving_every_tier(store):
         cache.commit(req.rid)
     cache.flush()
     assert feed.rebuilt() == holdings(cache)
-    assert {name for name, _, tier in feed.rebuilt() if tier == "storage"} == {("a", a.salt_fingerprint), ("b", None)}
+    stored = {name for name, _, tier in feed.rebuilt() if tier == "storage"}
+    assert stored == {("a", a.fingerprint(store.fingerprint_key)), ("b", None)}
     drop = cache.drop_namespace(a)
     assert drop.store_pages == 6
     cache.poll()

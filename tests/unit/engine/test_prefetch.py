@@ -44,7 +44,7 @@ def test_prefetch_hits_its_own_namespace_only(store):
     warm(store, T1)
     c = l3_cache(store)
     for ns, expect in ((T1, 64), (T2, 0), (Namespace("t1", "other-salt"), 0), (Namespace("t1"), 0)):
-        req = Request(f"r-{ns.label}", TOKENS, ns)
+        req = Request(f"r-{c.fingerprints.label(ns)}", TOKENS, ns)
         assert c.prefetch(req).issued
         c.flush()
         adm, ok = serve(c, req)
@@ -71,7 +71,7 @@ def test_anchor_of_another_namespace_is_refused_and_serving_goes_on(store):
     held = (c.host_pool.used_pages, c.device_pool.used_pages)
     with pytest.raises(NamespaceMismatch) as err:
         c.prefetch(Request("t2", TOKENS, T2), foreign)
-    assert err.value.rid == "t2" and "salt-two" not in str(err.value) and T2.label in str(err.value)
+    assert err.value.rid == "t2" and "salt-two" not in str(err.value) and c.fingerprints.label(T2) in str(err.value)
     assert (c.host_pool.used_pages, c.device_pool.used_pages) == held  # no slot taken
     assert c.stats().prefetch.namespace_mismatches == 1
     adm, _ = serve(c, Request("t2", TOKENS, T2))  # the request goes on without L3

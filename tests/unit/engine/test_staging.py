@@ -7,6 +7,7 @@ import pytest
 from factories import device_bytes_ok, forward, l3_cache, make_layout, make_store
 from kvcache import AdmitStatus, Namespace, Request
 from kvcache.types.config import HostMode
+from kvcache.types.namespace import display_id
 from kvcache.types.owners import OwnerKind
 
 T1, T2 = Namespace("t1", "salt-one"), Namespace("t2", "salt-two")
@@ -31,8 +32,9 @@ def test_completed_fetch_is_parked_with_the_requests_namespace(warm_store):
     c.prefetch(Request("r", TOKENS, T1))
     c.flush()
     [staged] = c.staged_records()
-    view = staged.view()
-    assert view.rid == "r" and view.namespace == T1.info() and view.namespace_id == T1.display_id
+    view = staged.view(c.fingerprints)
+    key = warm_store.fingerprint_key  # the cache shows its store's fingerprints and ids
+    assert view.rid == "r" and view.namespace == T1.info(key) and view.namespace_id == display_id(T1.id, key)
     assert view.staged_tokens == 64 and view.start_tokens == 0 and len(view.page_hashes) == 16
     codes = set(c.host_pool.owners(staged.pages).tolist())
     assert codes == {staged.owner} and staged.owner >> 48 == OwnerKind.STAGED
@@ -65,7 +67,7 @@ def test_staged_record_consumed_by_another_namespace_is_dropped(warm_store, capl
     assert c.host_pool.used_pages == 0 and not c.staged_records()
     stats = c.stats().prefetch
     assert stats.namespace_mismatches == 1 and stats.dropped["namespace_mismatch"] == 16
-    assert T1.label in caplog.text and T2.label in caplog.text
+    assert c.fingerprints.label(T1) in caplog.text and c.fingerprints.label(T2) in caplog.text
     assert "salt-one" not in caplog.text and "salt-two" not in caplog.text
     c.release("r")
     assert c.audit().ok

@@ -23,6 +23,7 @@ from kvcache import (
 from kvcache.live.protocol import NamespacesRequest
 from kvcache.ops.handlers import execute
 from kvcache.types.config import HostMode
+from kvcache.types.fingerprint_key import FingerprintKey
 from kvcache.types.keys import page_hashes
 
 A, B, C, D = (Namespace(f"t{i}", f"ttl-salt-{i}") for i in "abcd")
@@ -84,7 +85,8 @@ def held(cache, store, ns, tokens=TOKENS):
 def listed(cache, store, ns) -> bool:
     """Is `ns` in the store's registry or in the live cache's `ns ls` (which also shows tracked namespaces)?"""
     live = {(r.extra_key, r.salt_fingerprint) for r in execute(cache, NamespacesRequest()).namespaces}
-    return ns.id_hex in {r.ns_id_hex for r in store.namespaces()} or (ns.extra_key, ns.salt_fingerprint) in live
+    named = (ns.extra_key, cache.fingerprints.fingerprint(ns))
+    return ns.id_hex in {r.ns_id_hex for r in store.namespaces()} or named in live
 
 
 def assert_gone(cache, store, ns, tokens=TOKENS):
@@ -397,7 +399,8 @@ def test_expire_now_drops_at_once_or_defers_for_running_requests(store):
     serve(c, "b0", B)
     out = c.expire_namespace(A)
     assert out.expired and not out.deferred and out.cause is ExpiryCause.ON_DEMAND
-    assert (out.device_pages, out.host_pages, out.store_pages) == (8, 8, 8) and out.id == A.display_id
+    assert (out.device_pages, out.host_pages, out.store_pages) == (8, 8, 8)
+    assert out.id == c.fingerprints.display_id(A.id)
     assert_gone(c, store, A)
     forward(c, Request("b1", TOKENS, B), c.admit(Request("b1", TOKENS, B)))
     out = c.expire_namespace(B)
@@ -472,7 +475,7 @@ def test_the_lazy_heap_says_what_a_plain_model_says(mode):
 
     rng = random.Random(17)
     policy = TTLPolicy(mode, 5.0, 30.0, 8, 0.0)
-    tracker = TTLTracker(policy, clock=lambda: now)
+    tracker = TTLTracker(policy, clock=lambda: now, fingerprints=FingerprintKey(b"k" * 32))
     spaces = [Namespace(f"n{i}", "s") for i in range(12)]
     model: dict[bytes, list] = {}  # ns id -> [first use, ttl, deadline]
     now = 0.0

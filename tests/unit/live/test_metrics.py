@@ -54,7 +54,7 @@ def test_cache_families_count_hits_per_namespace_and_tier(tmp_path):
     listing = execute(cache, NamespacesRequest())
     assert isinstance(live, LiveStats) and isinstance(listing, NamespaceList)
     values = _samples(exposition(cache_families(live, listing)))
-    fp = Namespace("t1", "a").salt_fingerprint
+    fp = Namespace("t1", "a").fingerprint(store.fingerprint_key)  # the cache shows its store's fingerprints
     assert values[("kvc_cache_hit_tokens_total", (("extra_key", "t1"), ("salt_fingerprint", fp),
                                                    ("tier", "device")))] == 32
     assert values[("kvc_cache_requests_total", (("outcome", "committed"),))] == 4
@@ -71,7 +71,7 @@ def test_cache_families_show_each_namespace_share_beside_its_use(tmp_path):
     store, cache = _served(tmp_path, t1, 32)
     cache.set_shares(t1, Shares(device_tokens=64, store_bytes=4096))
     values = _samples(exposition(cache_families(execute(cache, StatsRequest()), execute(cache, NamespacesRequest()))))
-    labels = (("extra_key", "t1"), ("salt_fingerprint", t1.salt_fingerprint))
+    labels = (("extra_key", "t1"), ("salt_fingerprint", t1.fingerprint(store.fingerprint_key)))
     assert values[("kvc_cache_namespace_share_tokens", (*labels, ("tier", "device")))] == 64
     assert values[("kvc_cache_namespace_share_tokens", (*labels, ("tier", "host")))] == 0
     assert values[("kvc_cache_namespace_share_bytes", labels)] == 4096
@@ -99,7 +99,7 @@ def test_control_characters_in_label_values_never_reach_the_exposition_raw(tmp_p
     shown = "\\x1b[31mred\\x1b[0m\\rover\\ttab\\x00nul\\u202eevil\nsplit"  # what a parser reads back
     assert label_value(hostile) == shown
     values = _samples(text)
-    fp = ns.salt_fingerprint
+    fp = ns.fingerprint(store.fingerprint_key)
     assert values[("kvc_cache_namespace_tokens", (("extra_key", shown), ("salt_fingerprint", fp),
                                                    ("tier", "device")))] == 40
     cache.close()

@@ -263,28 +263,28 @@ def test_an_audit_sent_during_a_replay_runs_between_its_steps(cache, sock_path, 
 # --- the commands ----------------------------------------------------------------------------------------------
 
 
-def _tiers(client, ns=T1):
+def _tiers(client, cache, ns=T1):
     rows = {r.id: r for r in client.call(NamespacesRequest(), NamespaceList).namespaces}
-    return rows[ns.display_id]
+    return rows[cache.fingerprints.display_id(ns.id)]  # ids as the cache shows them: under its store's key
 
 
 def test_namespace_prefetch_warms_l2_then_evict_empties_it(live):
     cache, client = live
-    before = _tiers(client)
+    before = _tiers(client, cache)
     assert (before.device.pages, before.host.pages, before.storage.pages) == (0, 0, 16)
     result = client.call(PrefetchRequest("t1", SALT, max_pages=100), RequestResult)
     assert result.command == "prefetch" and result.pages == 16 and result.hit_tokens == 64
-    assert result.tiers.host.pages == 16 and result.namespace.salt_fingerprint == T1.salt_fingerprint
-    assert _tiers(client).host.tokens == 64
+    assert result.tiers.host.pages == 16 and result.namespace.salt_fingerprint == cache.fingerprints.fingerprint(T1)
+    assert _tiers(client, cache).host.tokens == 64
     freed = client.call(EvictRequest("t1", SALT), EvictOutcome)
     assert freed.host_pages == 16 and freed.tiers.host.pages == 0 and freed.tiers.storage.pages == 16
     assert client.call(AuditRequest(), AuditReport).ok
 
 
 def test_the_budget_bounds_a_namespace_prefetch(live):
-    _, client = live
+    cache, client = live
     result = client.call(PrefetchRequest("t1", SALT, max_pages=5), RequestResult)
-    assert result.pages == 5 and _tiers(client).host.pages == 5
+    assert result.pages == 5 and _tiers(client, cache).host.pages == 5
 
 
 def test_one_request_prefetch_and_load_back_verify_against_the_store(live):
@@ -308,7 +308,7 @@ def test_stage_needs_buffer_mode_and_gives_its_record_back(tmp_path):
         server = AdminServer(cache, str(tmp_path / "s")).start_owner_thread()
         with server, AdminClient(str(tmp_path / "s")) as client:
             out = client.call(StageRequest(PROMPT + [2] * 8, "t1", SALT), RequestResult)
-            assert out.staged.staged_tokens == 48 and out.staged.namespace_id == T1.display_id
+            assert out.staged.staged_tokens == 48 and out.staged.namespace_id == cache.fingerprints.display_id(T1.id)
             assert client.call(StatsRequest(), LiveStats).staged == 0
             with pytest.raises(AdminRemoteError, match="cache mode") as err:
                 client.call(PrefetchRequest("t1", SALT), RequestResult)

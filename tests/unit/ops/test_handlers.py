@@ -59,7 +59,7 @@ def test_a_live_namespace_drop_empties_every_tier_and_writes_nothing_back(store)
     replay(c, [TraceRequest(f"d{i}", PROMPT + [i] * 8 + [7] * 8, "t1", SALT) for i in range(3)])
     c.evict(device_tokens=40)  # write-back: some pages only in L2 now, not in L3 yet
     dropped = execute(c, DropRequest("t1", SALT))
-    assert dropped.namespace == T1.info() and dropped.store_pages > 0
+    assert dropped.namespace == T1.info(store.fingerprint_key) and dropped.store_pages > 0  # the store's key
     assert dropped.device_pages + dropped.host_pages > 0 and dropped.live_requests == 0
     c.flush()
     assert T1.id_hex not in {r.ns_id_hex for r in store.namespaces()}

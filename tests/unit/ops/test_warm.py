@@ -71,7 +71,7 @@ def test_warm_lands_pages_as_host_only_nodes_of_the_namespace(tmp_path):
     cache = l3_cache(store, page_size=PS, device_tokens=64, host_tokens=256, prefetch_policy="wait_complete")
     result = warm_namespace(cache, T1, max_pages=100)
     assert result.pages == 7 and result.hit_tokens == 28 and result.prefixes == 2
-    assert result.namespace == T1.info() and not result.declined
+    assert result.namespace == T1.info(store.fingerprint_key) and not result.declined  # under the store's key
     assert cache.audit().ok
     from kvcache import Request
     m = cache.match(Request("probe", shared + [200] * 12, T1))

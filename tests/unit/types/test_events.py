@@ -25,14 +25,14 @@ from kvcache.types.events import (
 def test_the_batch_is_an_array_and_the_events_tagged_maps_with_the_namespace_as_extra_fields():
     ns = Namespace("t1", "a-secret-salt")
     batch = EventBatch(1.5, [BlockStored([b"h" * 16], None, [1, 2], 2, None, "device", None, ns.extra_key,
-                                         ns.salt_fingerprint), BlockRemoved([b"h" * 16], "device"),
+                                         ns.fingerprint(b"k" * 32)), BlockRemoved([b"h" * 16], "device"),
                              AllBlocksCleared()], 0)
     wire = msgspec.msgpack.decode(encode_batch(batch))
     assert wire[0] == 1.5 and wire[2] == 0 and len(wire) == 3
     stored, removed, cleared = wire[1]
     assert stored == {"type": "BlockStored", "block_hashes": [b"h" * 16], "parent_block_hash": None,
                       "token_ids": [1, 2], "block_size": 2, "lora_id": None, "medium": "device", "lora_name": None,
-                      "extra_key": "t1", "salt_fingerprint": ns.salt_fingerprint}
+                      "extra_key": "t1", "salt_fingerprint": ns.fingerprint(b"k" * 32)}
     assert removed == {"type": "BlockRemoved", "block_hashes": [b"h" * 16], "medium": "device"}
     assert cleared == {"type": "AllBlocksCleared"}
     assert b"a-secret-salt" not in encode_batch(batch)

@@ -4,6 +4,9 @@ import msgspec
 import pytest
 
 from kvcache import InvalidNamespace, Namespace, NamespaceInfo
+from kvcache.types.namespace import UNKNOWN_FINGERPRINT
+
+KEY = bytes(range(32))  # a fingerprint key (a store's)
 
 
 def test_empty_string_and_none_are_one_namespace():
@@ -23,18 +26,19 @@ def test_fields_matter():
 
 def test_salt_never_shown():
     ns = Namespace("tenant", "hunter2-secret")
-    for text in (repr(ns), str(ns), ns.label, repr(ns.info()), msgspec.json.encode(ns.info()).decode()):
+    for text in (repr(ns), str(ns), ns.label, repr(ns.info(KEY)), msgspec.json.encode(ns.info(KEY)).decode()):
         assert "hunter2-secret" not in text
-    assert ns.salt_fingerprint and len(ns.salt_fingerprint) == 12
+    fingerprint = ns.fingerprint(KEY)
+    assert fingerprint and len(fingerprint) == 12
     with pytest.raises(TypeError):
         msgspec.json.encode(ns)  # a Namespace cannot be serialised by accident
 
 
 def test_fingerprint_is_stable_and_keyed():
     a, b = Namespace("x", "s"), Namespace("y", "s")
-    assert a.salt_fingerprint == b.salt_fingerprint  # a property of the salt alone
-    assert Namespace("x", "t").salt_fingerprint != a.salt_fingerprint
-    assert Namespace("x").salt_fingerprint is None
+    assert a.fingerprint(KEY) == b.fingerprint(KEY)  # a property of the salt alone
+    assert Namespace("x", "t").fingerprint(KEY) != a.fingerprint(KEY)
+    assert Namespace("x").fingerprint(KEY) is None
 
 
 def test_immutable_and_picklable():
@@ -53,4 +57,9 @@ def test_wrong_types_rejected(bad):
 
 
 def test_info():
-    assert Namespace("t1").info() == NamespaceInfo("t1", None)
+    assert Namespace("t1").info(KEY) == NamespaceInfo("t1", None)
+    # without a key, a salted namespace's fingerprint is unknown (as a registry records one under an earlier key),
+    # and its label says it has a salt, not which
+    assert Namespace("t1", "s").info(None) == NamespaceInfo("t1", UNKNOWN_FINGERPRINT)
+    assert Namespace("t1").info(None) == NamespaceInfo("t1", None)
+    assert (Namespace("t1", "s").label, Namespace("t1").label, Namespace().label) == ("t1/?", "t1/-", "-/-")

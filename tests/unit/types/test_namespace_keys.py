@@ -1,28 +1,18 @@
 """Namespace's keyed digests (the fingerprint key) and text that cannot be a namespace field."""
 
 import os
+import pickle
 import subprocess
 import sys
 
 import pytest
 
 from kvcache import InvalidInput, InvalidNamespace, Namespace
-from kvcache.types.namespace import (
-    FINGERPRINT_KEY_ENV,
-    display_id,
-    fingerprint_key,
-    parse_fingerprint_key,
-    use_fingerprint_key,
-)
+from kvcache.errors import KeyFileError
+from kvcache.types.fingerprint_key import FINGERPRINT_KEY_ENV, FingerprintKey, parse_fingerprint_key
+from kvcache.types.namespace import display_id
 
 KEY_A, KEY_B = bytes(range(32)), bytes(range(1, 33))
-
-
-@pytest.fixture
-def restore_key():
-    before = fingerprint_key()
-    yield
-    use_fingerprint_key(before)
 
 
 @pytest.mark.parametrize("field", ["extra_key", "cache_salt"])
@@ -44,27 +34,38 @@ def test_fingerprints_differ_across_keys_and_never_equal_the_unkeyed_public_dige
     assert ns.info(KEY_A).salt_fingerprint == a and Namespace("t1").fingerprint(KEY_A) is None
 
 
-def test_the_process_key_drives_salt_fingerprint_and_display_id(restore_key):
+def test_a_key_value_derives_fingerprints_display_ids_and_labels_under_its_own_secret():
     ns = Namespace("t1", "s")
-    use_fingerprint_key(KEY_A)
-    fp_a, shown_a = ns.salt_fingerprint, ns.display_id
-    use_fingerprint_key(KEY_B)
-    assert ns.salt_fingerprint == ns.fingerprint(KEY_B) != fp_a
-    assert ns.display_id == display_id(ns.id, KEY_B) != shown_a
-    assert len(shown_a) == 16 and shown_a not in ns.id_hex  # not a prefix of the raw id
+    a, b = FingerprintKey(KEY_A), FingerprintKey(KEY_B)
+    assert a.fingerprint(ns) == ns.fingerprint(KEY_A) != b.fingerprint(ns)
+    assert a.display_id(ns.id) == display_id(ns.id, KEY_A) != b.display_id(ns.id)
+    assert len(a.display_id(ns.id)) == 16 and a.display_id(ns.id) not in ns.id_hex  # not a prefix of the raw id
+    assert a.info(ns).salt_fingerprint == a.fingerprint(ns) and a.info(Namespace("t1")).salt_fingerprint is None
+    assert a.label(ns) == f"t1/{a.fingerprint(ns)}" and a.label(Namespace()) == "-/-"
+    assert a == FingerprintKey(bytes(KEY_A)) and a != b and a.secret == a.known == KEY_A
+    assert KEY_A.hex() not in repr(a) and pickle.loads(pickle.dumps(a)) == a
     with pytest.raises(InvalidInput):
-        use_fingerprint_key(b"short")
+        FingerprintKey(b"short")
 
 
-def test_an_unconfigured_process_draws_a_random_key_and_env_sets_one():
-    code = ("from kvcache import Namespace; print(Namespace('t1', 'wrong').salt_fingerprint)")
+def test_of_takes_the_given_key_else_env_else_a_random_key_of_its_own(monkeypatch):
+    monkeypatch.delenv(FINGERPRINT_KEY_ENV, raising=False)
+    assert FingerprintKey.of(KEY_A) == FingerprintKey(KEY_A)
+    drawn = {FingerprintKey.of(None).fingerprint(Namespace("t1", "wrong")) for _ in range(2)}
+    assert len(drawn) == 2  # no constant in the code: two keyless values disagree
+    monkeypatch.setenv(FINGERPRINT_KEY_ENV, KEY_B.hex())
+    assert FingerprintKey.of(None) == FingerprintKey(KEY_B) and FingerprintKey.of(KEY_A) == FingerprintKey(KEY_A)
+
+
+def test_nothing_in_the_process_keys_a_namespace():
+    """A namespace has no fingerprint of its own: none is derived without a key given (no key of the process)."""
+    code = ("from kvcache import Namespace; ns = Namespace('t1', 'wrong'); "
+            "print(ns.label, ns.info(None).salt_fingerprint, hasattr(ns, 'salt_fingerprint'), "
+            "hasattr(ns, 'display_id'))")
     env = {k: v for k, v in os.environ.items() if k != FINGERPRINT_KEY_ENV}
-    runs = {subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                           check=True).stdout.strip() for _ in range(2)}
-    assert len(runs) == 2  # no constant in the code: two unconfigured processes disagree
     env[FINGERPRINT_KEY_ENV] = KEY_A.hex()
-    keyed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert keyed.stdout.strip() == Namespace("t1", "wrong").fingerprint(KEY_A)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["t1/?", "?", "False", "False"]
 
 
 @pytest.mark.parametrize("text", ["", "xyz", "00" * 15, "00" * 65])
@@ -75,32 +76,20 @@ def test_bad_keys_are_refused_without_echoing_them(text):
     assert parse_fingerprint_key("ab" * 32) == b"\xab" * 32
 
 
-def test_a_withheld_key_is_never_replaced_by_a_random_one_in_that_context_only(monkeypatch):
-    import threading
-
-    from kvcache.errors import KeyFileError
-    from kvcache.types.namespace import (
-        fingerprint_key_scope,
-        known_fingerprint_key,
-        use_fingerprint_key,
-        withhold_fingerprint_key,
-    )
-
-    monkeypatch.delenv("KVC_FINGERPRINT_KEY", raising=False)
+def test_a_withheld_key_refuses_every_keyed_value_naming_where_and_why(monkeypatch):
     ns = Namespace("t1", "withheld-salt")
-    with fingerprint_key_scope():
-        use_fingerprint_key(None)
-        withhold_fingerprint_key("here", "no key")
-        assert known_fingerprint_key() is None
+    withheld = FingerprintKey.withheld("here", "no key")
+    assert withheld.is_withheld and withheld.known is None and "here" in repr(withheld)
+    for derive in (withheld.fingerprint, withheld.info, withheld.label, lambda n: withheld.display_id(n.id),
+                   lambda n: withheld.secret):
         with pytest.raises(KeyFileError, match="here: no key"):
-            ns.info()
-        with pytest.raises(KeyFileError):
-            _ = ns.display_id
-        other: list = []
-        thread = threading.Thread(target=lambda: other.append(ns.info().salt_fingerprint))  # another context
-        thread.start()
-        thread.join()
-        assert other[0] is not None and known_fingerprint_key() is None  # its random key is never "known"
-        use_fingerprint_key(b"k" * 32)
-        assert ns.info().salt_fingerprint == ns.fingerprint(b"k" * 32) and known_fingerprint_key() == b"k" * 32
-    ns.info()  # the scope ended: nothing withheld
+            derive(ns)
+    with pytest.raises(KeyFileError):
+        withheld.info(Namespace("t1"))  # even without a salt: a context without a key derives nothing
+    assert pickle.loads(pickle.dumps(withheld)) == withheld
+    # or_withheld: the key given, else the deployment's (env), else withheld — never a random one
+    monkeypatch.delenv(FINGERPRINT_KEY_ENV, raising=False)
+    assert FingerprintKey.or_withheld(KEY_A, "here", "no key") == FingerprintKey(KEY_A)
+    assert FingerprintKey.or_withheld(None, "here", "no key") == withheld
+    monkeypatch.setenv(FINGERPRINT_KEY_ENV, KEY_B.hex())
+    assert FingerprintKey.or_withheld(None, "here", "no key") == FingerprintKey(KEY_B)

@@ -9,7 +9,7 @@ from kvcache.errors import InvalidConfig, InvalidInput
 from kvcache.storage.api import CapacityPolicy
 from kvcache.storage.registry import open_store
 from kvcache.types.config import PrefetchPolicy
-from kvcache.types.namespace import FINGERPRINT_KEY_ENV
+from kvcache.types.fingerprint_key import FINGERPRINT_KEY_ENV
 from kvcache.types.sweep import MAX_SWEEP_POINTS, SweepPoint, SweepPolicies
 from kvcache.workload.sweep import namespaces_of, sweep, sweep_config
 
@@ -64,7 +64,7 @@ def test_a_sweep_reports_exactly_the_hits_of_full_replays_at_each_size(tmp_path,
         assert result.storage_pages == full.backup.storage_pages
         assert result.storage_rejected == full.backup.storage_rejected
         rows = {row.namespace: row for row in full.namespaces}
-        assert [t.namespace for t in result.tenants] == [ns.info() for ns in namespaces_of(trace)]
+        assert [t.namespace for t in result.tenants] == [ns.info(KEY) for ns in namespaces_of(trace)]
         for tenant in result.tenants:
             row = rows[tenant.namespace]
             assert (tenant.requests, tenant.tokens, tenant.hit_tokens) == (row.requests, row.tokens, row.hit_tokens)
