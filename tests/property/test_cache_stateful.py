@@ -33,6 +33,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from devices import TEST_DEVICE
 from factories import make_cache, make_layout, make_store
 from kvcache import (
     AdmitStatus,
@@ -134,7 +135,7 @@ class CacheMachine(RuleBasedStateMachine):
             self.flaky = FlakyStore(self.store, random.Random(seed), fault_rate)
             self.config = CacheConfig(
                 make_layout(page_size), device_tokens=device_pages * page_size, host_tokens=host_pages * page_size,
-                device="cpu", write_policy=policy, write_through_threshold=2, host_mode=mode,
+                device=TEST_DEVICE, write_policy=policy, write_through_threshold=2, host_mode=mode,
                 prefetch_policy=prefetch_policy, prefetch_timeout_ms=0, prefetch_timeout_per_page_ms=0,
                 prefetch_retry_interval_ms=0,
                 io_batch_pages=2, io_thread=False,
@@ -159,8 +160,8 @@ class CacheMachine(RuleBasedStateMachine):
                 hashes = self._expected_for(writer, req)
                 for p in range(adm.cached_tokens // page_size, -(-len(req) // page_size)):
                     slots = torch.from_numpy(adm.slots[p * page_size:(p + 1) * page_size])
-                    fill = page_content(hashes[p], writer.device_pool.page_bytes).view(page_size, -1) \
-                        if p < len(hashes) else 0xAB
+                    fill = page_content(hashes[p], writer.device_pool.page_bytes).view(page_size, -1).to(
+                        TEST_DEVICE) if p < len(hashes) else 0xAB
                     writer.device_pool.storage[slots] = fill
                 writer.commit(req.rid)
                 self.committed.append(req)
@@ -254,7 +255,7 @@ class CacheMachine(RuleBasedStateMachine):
         for i in range(cached // self.ps, -(-len(req) // self.ps)):
             slots = torch.from_numpy(adm_slots[i * self.ps:(i + 1) * self.ps])
             if i < len(hashes):
-                storage[slots] = page_content(hashes[i], self.page_bytes).view(self.ps, -1)
+                storage[slots] = page_content(hashes[i], self.page_bytes).view(self.ps, -1).to(storage.device)
             else:
                 storage[slots] = 0xAB
         self.cache.commit(rid)
@@ -459,7 +460,7 @@ class CacheMachine(RuleBasedStateMachine):
         hashes = self._expected(req)
         for i in range(len(slots) // self.ps):
             page_slots = torch.from_numpy(np.asarray(slots[i * self.ps:(i + 1) * self.ps]))
-            got = pool.storage[page_slots].reshape(-1)
+            got = pool.storage[page_slots].reshape(-1).cpu()
             assert torch.equal(got, page_content(hashes[i], self.page_bytes)), \
                 f"{pool.name} page {i} of {req.rid} ({req.namespace.label}) holds another page's KV"
 
