@@ -9,9 +9,27 @@ from devices import TEST_DEVICE
 from kvcache import CacheConfig, KVLayout, TieredCache
 
 
-def make_layout(page_size: int = 1, model: str = "test-model@r1") -> KVLayout:
-    """A tiny layout: 16 bytes per token."""
-    return KVLayout(model, layers=1, kv_heads=1, head_dim=4, dtype="float16", page_size=page_size)
+def make_layout(page_size: int = 1, model: str = "test-model@r1", layers: int = 1,
+                arrangement: str = "token") -> KVLayout:
+    """A tiny layout: 16 bytes per token and layer. `arrangement="kv_layer"` for a cache over an engine's tensors
+    (`engine_kv`)."""
+    return KVLayout(model, layers=layers, kv_heads=1, head_dim=4, dtype="float16", page_size=page_size,
+                    arrangement=arrangement)
+
+
+def engine_kv(layout: KVLayout, tokens: int, device: str = TEST_DEVICE):
+    """An engine's own KV for `layout`, as SGLang's MHA pool holds it: per layer a K and a V tensor
+    ``[tokens, kv_heads, head_dim]`` of the layout's dtype (MLA: the latents alone), as a `KVPages`."""
+    import torch
+
+    from kvcache.ledger.kv import KVPages
+
+    def tensor(dim: int):
+        return torch.zeros(tokens, layout.kv_heads, dim, dtype=getattr(torch, layout.dtype), device=device)
+
+    k = [tensor(layout.head_dim) for _ in range(layout.layers)]
+    v = None if layout.mla else [tensor(layout.v_head_dim or layout.head_dim) for _ in range(layout.layers)]
+    return KVPages.layer_first(k, v, layout.page_size)
 
 
 def make_cache(page_size: int = 1, device_tokens: int = 64, host_tokens: int = 128, **kw) -> TieredCache:
@@ -46,14 +64,19 @@ def page_content(digest: bytes, page_bytes: int):
 def forward(cache: TieredCache, request, admission) -> None:
     """Write the synthetic KV of the request's new tokens, as the engine's forward would: whole pages from their page
     hash, the tail page as noise."""
+    write_kv(cache, request, admission.slots, admission.cached_tokens)
+
+
+def write_kv(cache: TieredCache, request, slots, cached_tokens: int) -> None:
+    """`forward` for a request's device `slots` of which the first `cached_tokens` (whole pages) were cached."""
     from kvcache.types.keys import page_hashes
 
     ps, page_bytes = cache.page_size, cache.device_pool.page_bytes
     hashes = page_hashes(cache.layout.layout_id, request.key, ps, cache.chain_key)
-    first, end = admission.cached_tokens // ps, -(-len(request) // ps)
+    first, end = cached_tokens // ps, -(-len(request) // ps)
     if end <= first:
         return
-    pages = admission.slots[first * ps: end * ps: ps] // ps
+    pages = np.asarray(slots[first * ps: end * ps: ps]) // ps
     rows = np.full((end - first, page_bytes), 0xAB, dtype=np.uint8)
     for i, p in enumerate(range(first, min(end, len(hashes)))):
         rows[i] = page_content(hashes[p], page_bytes).numpy()
