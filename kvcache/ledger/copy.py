@@ -85,7 +85,8 @@ class Copier:
         self.device_pool = device_pool
         self.host_pool = host_pool
         self.cuda = device_pool.device_type == "cuda"
-        self.stream: torch.cuda.Stream | None = torch.cuda.Stream(device_pool.device) if self.cuda else None
+        self.stream: torch.cuda.Stream | None = (
+            torch.cuda.Stream(device_pool.device) if self.cuda else None)  # type: ignore[no-untyped-call]
         # (device view, host view) per span, as the kernels see them (the host through its alias on a GPU); empty
         # when the host side is staged or both sides are numpy rows
         self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -137,7 +138,7 @@ class Copier:
                 return None
             else:
                 self._staged_to_device(src, src_pages, dst_index)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(stream)
         return event
 

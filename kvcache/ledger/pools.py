@@ -114,7 +114,8 @@ class SlotPool:
     def owners(self, pages: np.ndarray) -> np.ndarray:
         """Ledger codes of `pages` (a copy)."""
         self._write_runs()
-        return self._owner[pages]
+        codes: np.ndarray = self._owner[pages]
+        return codes
 
     def ledger_codes(self) -> np.ndarray:
         """The whole ledger (a copy): owner code per page."""
