@@ -16,7 +16,7 @@ TORCH_INDEX ?= --index-url https://download.pytorch.org/whl/cpu
 BIN         := $(VENV)/bin
 STAMP       := $(VENV)/.installed
 
-.PHONY: install lint test typer-next demo bench clean engine-check engine-check-sglang engine-check-vllm
+.PHONY: install lint test typer-next gpu-check demo bench clean engine-check engine-check-sglang engine-check-vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -47,6 +47,13 @@ XDIST ?= -n auto --dist worksteal
 test: lint
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory typer-next
+
+# On a GPU machine (never in CI): the suite with every cache's device tier on CUDA, then the L1 <-> L2 transfer
+# benchmark against the bus (docs/gpu.md). With the machine's own CUDA torch: `make gpu-check TORCH=
+# VENV_FLAGS=--system-site-packages`. Under 5 minutes on one GPU.
+gpu-check: $(STAMP)
+	KVC_TEST_DEVICE=cuda $(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+	cd benchmarks && ../$(BIN)/python bench_transfer.py
 
 # kvc under the newest typer of the package index, beside the one kvc's venv holds (pyproject.toml keeps it below
 # 0.25 for start-up time): SGLang's venvs and GPU images carry 0.27-0.29, a `pip install -U` brings the newest, and

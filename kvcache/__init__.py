@@ -12,11 +12,12 @@ Core — an engine embedding the cache: the cache, its values and policies, the 
   `CacheStats`, `CancelReason`, `CommitResult`, `DeclineReason`, `DoubleFree`, `DropReason`, `engine_hashes`,
   `engine_origins`, `engine_page_hash`, `EngineUnsupported`, `EvictResult`, `ExpiryCause`, `Headroom`, `HostMode`,
   `InvalidConfig`, `InvalidInput`, `InvalidLayout`, `InvalidNamespace`, `InvalidTokens`, `InvalidTrace`,
-  `InvariantViolation`, `KeyFileError`, `KeyMismatch`, `KVCacheError`, `KVLayout`, `L3Store`, `LayoutMismatch`,
-  `LockUnderflow`, `Namespace`, `NamespaceDrop`, `NamespaceExpiry`, `NamespaceInfo`, `NamespaceMismatch`,
-  `NamespaceShares`, `NamespaceTTL`, `NotAStore`, `open_store`, `Owner`, `OwnerKind`, `OwnershipError`,
-  `page_hashes`, `page_origins`, `PageOutcome`, `PageStore`, `PrefetchOutcome`, `PrefetchPolicy`, `PrefetchStats`,
-  `RadixKey`, `RepairRefused`, `Request`, `RequestIdInUse`, `SettledPrefetch`, `Shard`, `Shares`, `StagedView`,
+  `InvariantViolation`, `KeyFileError`, `KeyMismatch`, `KVCacheError`, `KVLayout`, `KVPages`, `L3Store`,
+  `LayoutMismatch`, `LockUnderflow`, `Namespace`, `NamespaceDrop`, `NamespaceExpiry`, `NamespaceInfo`,
+  `NamespaceMismatch`, `NamespaceShares`, `NamespaceTTL`, `NotAStore`, `open_store`, `Owner`, `OwnerKind`,
+  `OwnershipError`, `page_hashes`, `page_origins`, `PageOutcome`, `PageStore`, `PrefetchOutcome`, `PrefetchPolicy`,
+  `PrefetchStats`, `RadixKey`, `RepairRefused`, `Request`, `RequestIdInUse`, `SettledPrefetch`, `Shard`, `Shares`,
+  `StagedView`,
   `StoreAccessDenied`, `StoreChanged`, `StoreClosed`, `StoreDamaged`, `StoreError`, `StoreFull`, `StoreReadOnly`,
   `StoreUnsupported`, `TieredCache`, `TierHits`, `TierRoom`, `TreeMatch`, `TTLMode`, `TTLPolicy`, `TTLStats`,
   `UnknownBackend`, `UnknownRequest`, `Violation`, `ViolationKind`, `warm_namespace`, `WarmResult`, `WritePolicy`
@@ -142,6 +143,7 @@ from .types import AuditChecked as AuditChecked  # kvcache.types has it too; not
 # command that only reads a store, does not pay for torch (seconds) and the cache behind it.
 _LAZY: dict[str, tuple[str, ...]] = {
     "engine.cache": ("TieredCache",),
+    "ledger.kv": ("KVPages",),
     "storage.api": ("L3Store", "PageOutcome", "PageStore", "engine_hashes", "engine_origins", "page_origins"),
     "storage.registry": ("open_store",),
     "tree": ("TreeMatch",),
@@ -158,6 +160,7 @@ _HOME = {name: module for module, names in _LAZY.items() for name in names}
 
 if TYPE_CHECKING:  # the same names for mypy, with their real types (at run time `__getattr__` imports them)
     from .engine.cache import TieredCache
+    from .ledger.kv import KVPages
     from .live.client import AdminClient
     from .live.events import KVEventPublisher
     from .live.server import AdminServer
@@ -191,7 +194,7 @@ __all__ = [  # sorted; the audiences are in the module docstring
     "CacheConfig", "CacheCounters", "CacheStats", "CancelReason", "CommitResult", "DeclineReason", "DoubleFree",
     "DropReason", "EngineUnsupported", "EventBatch", "EventEndpointError", "EvictResult", "ExpiryCause", "Headroom",
     "HostMode", "InvalidConfig", "InvalidInput", "InvalidLayout", "InvalidNamespace", "InvalidTokens", "InvalidTrace",
-    "InvariantViolation", "KVCacheError", "KVEventPublisher", "KVEventSubscriber", "KVLayout", "KeyFileError",
+    "InvariantViolation", "KVCacheError", "KVEventPublisher", "KVEventSubscriber", "KVLayout", "KVPages", "KeyFileError",
     "KeyMismatch", "L3Store", "LayoutMismatch", "LockUnderflow", "MediumNames", "Namespace", "NamespaceDrop",
     "NamespaceExpiry", "NamespaceInfo", "NamespaceMismatch", "NamespaceReplay", "NamespaceShares", "NamespaceTTL",
     "NotAStore", "Owner", "OwnerKind", "OwnershipError", "PageOutcome", "PageStore", "PrefetchOutcome",

@@ -10,12 +10,33 @@ one (`subprocess`). tests/README.md says which suites do which.
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+import sysconfig
 from collections.abc import Mapping
+from pathlib import Path
 from typing import NamedTuple
 
 from typer.testing import CliRunner
 
 from kvc.main import app
+
+
+def _installed_kvc() -> Path:
+    """The `kvc` console script the project's install made: in the scripts folder of the Python running the tests
+    (a venv's bin, or the user's scripts folder on a host's own Python), else on PATH."""
+    for folder in (Path(sysconfig.get_path("scripts")), Path(sys.executable).parent,
+                   Path(sysconfig.get_path("scripts", f"{os.name}_user"))):
+        if (folder / "kvc").is_file():
+            return folder / "kvc"
+    found = shutil.which("kvc")
+    if found is None:
+        raise RuntimeError(f"the tests run kvc as a command, and no kvc console script is installed for "
+                           f"{sys.executable} (nor on PATH): install the project first (make install)")
+    return Path(found)
+
+
+KVC = _installed_kvc()  # the kvc command the tests that need a process of their own run
 
 
 class Ran(NamedTuple):

@@ -1,19 +1,41 @@
-"""Builders shared by the tests: small layouts and caches on the CPU (importable as `factories`)."""
+"""Builders shared by the tests: small layouts and caches on the tests' device (`devices.TEST_DEVICE`: the CPU unless
+KVC_TEST_DEVICE says otherwise), importable as `factories`."""
 
 from __future__ import annotations
 
+import numpy as np
+
+from devices import TEST_DEVICE
 from kvcache import CacheConfig, KVLayout, TieredCache
 
 
-def make_layout(page_size: int = 1, model: str = "test-model@r1") -> KVLayout:
-    """A tiny layout: 16 bytes per token."""
-    return KVLayout(model, layers=1, kv_heads=1, head_dim=4, dtype="float16", page_size=page_size)
+def make_layout(page_size: int = 1, model: str = "test-model@r1", layers: int = 1,
+                arrangement: str = "token") -> KVLayout:
+    """A tiny layout: 16 bytes per token and layer. `arrangement="kv_layer"` for a cache over an engine's tensors
+    (`engine_kv`)."""
+    return KVLayout(model, layers=layers, kv_heads=1, head_dim=4, dtype="float16", page_size=page_size,
+                    arrangement=arrangement)
+
+
+def engine_kv(layout: KVLayout, tokens: int, device: str = TEST_DEVICE):
+    """An engine's own KV for `layout`, as SGLang's MHA pool holds it: per layer a K and a V tensor
+    ``[tokens, kv_heads, head_dim]`` of the layout's dtype (MLA: the latents alone), as a `KVPages`."""
+    import torch
+
+    from kvcache.ledger.kv import KVPages
+
+    def tensor(dim: int):
+        return torch.zeros(tokens, layout.kv_heads, dim, dtype=getattr(torch, layout.dtype), device=device)
+
+    k = [tensor(layout.head_dim) for _ in range(layout.layers)]
+    v = None if layout.mla else [tensor(layout.v_head_dim or layout.head_dim) for _ in range(layout.layers)]
+    return KVPages.layer_first(k, v, layout.page_size)
 
 
 def make_cache(page_size: int = 1, device_tokens: int = 64, host_tokens: int = 128, **kw) -> TieredCache:
-    """A CPU cache with small pools."""
+    """A cache with small pools on the tests' device."""
     return TieredCache(CacheConfig(make_layout(page_size), device_tokens=device_tokens, host_tokens=host_tokens,
-                                   device="cpu", **kw))
+                                   device=TEST_DEVICE, **kw))
 
 
 def make_store(path, layout: KVLayout, **kw):
@@ -25,10 +47,10 @@ def make_store(path, layout: KVLayout, **kw):
 
 
 def l3_cache(store, page_size: int = 4, device_tokens: int = 256, host_tokens: int = 256, **kw) -> TieredCache:
-    """A CPU cache over `store`, L3 I/O run inline by poll() unless io_thread=True is given."""
+    """A cache over `store` on the tests' device, L3 I/O run inline by poll() unless io_thread=True is given."""
     kw.setdefault("io_thread", False)
     return TieredCache(CacheConfig(make_layout(page_size), device_tokens=device_tokens, host_tokens=host_tokens,
-                                   device="cpu", **kw), store)
+                                   device=TEST_DEVICE, **kw), store)
 
 
 def page_content(digest: bytes, page_bytes: int):
@@ -40,35 +62,37 @@ def page_content(digest: bytes, page_bytes: int):
 
 
 def forward(cache: TieredCache, request, admission) -> None:
-    """Write the synthetic KV of the request's new tokens: whole pages from their page hash, the tail as noise."""
-    import torch
+    """Write the synthetic KV of the request's new tokens, as the engine's forward would: whole pages from their page
+    hash, the tail page as noise."""
+    write_kv(cache, request, admission.slots, admission.cached_tokens)
 
+
+def write_kv(cache: TieredCache, request, slots, cached_tokens: int) -> None:
+    """`forward` for a request's device `slots` of which the first `cached_tokens` (whole pages) were cached."""
     from kvcache.types.keys import page_hashes
 
-    ps = cache.page_size
+    ps, page_bytes = cache.page_size, cache.device_pool.page_bytes
     hashes = page_hashes(cache.layout.layout_id, request.key, ps, cache.chain_key)
-    storage = cache.device_pool.storage
-    for p in range(admission.cached_tokens // ps, -(-len(request) // ps)):
-        slots = torch.from_numpy(admission.slots[p * ps:(p + 1) * ps])
-        if p < len(hashes):
-            storage[slots] = page_content(hashes[p], cache.device_pool.page_bytes).view(ps, -1)
-        else:
-            storage[slots] = 0xAB
+    first, end = cached_tokens // ps, -(-len(request) // ps)
+    if end <= first:
+        return
+    pages = np.asarray(slots[first * ps: end * ps: ps]) // ps
+    rows = np.full((end - first, page_bytes), 0xAB, dtype=np.uint8)
+    for i, p in enumerate(range(first, min(end, len(hashes)))):
+        rows[i] = page_content(hashes[p], page_bytes).numpy()
+    cache.device_pool.kv.write(pages, rows)
 
 
 def device_bytes_ok(cache: TieredCache, request, slots, n_tokens: int) -> bool:
     """Do the first `n_tokens` (whole pages) at `slots` hold the request's synthetic KV?"""
-    import torch
-
     from kvcache.types.keys import page_hashes
 
     ps = cache.page_size
+    n_pages = n_tokens // ps
     hashes = page_hashes(cache.layout.layout_id, request.key, ps, cache.chain_key)
-    for p in range(n_tokens // ps):
-        got = cache.device_pool.storage[torch.from_numpy(slots[p * ps:(p + 1) * ps])].reshape(-1)
-        if not torch.equal(got, page_content(hashes[p], cache.device_pool.page_bytes)):
-            return False
-    return True
+    got = cache.device_pool.kv.read(np.asarray(slots[: n_pages * ps: ps]) // ps)
+    return all(np.array_equal(got[p], page_content(hashes[p], cache.device_pool.page_bytes).numpy())
+               for p in range(n_pages))
 
 
 def store_holdings(store) -> set[tuple]:

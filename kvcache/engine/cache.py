@@ -30,6 +30,7 @@ from ..diagnostics.ownership import HolderState
 from ..diagnostics.snapshot import Snapshot, take_snapshot, write_snapshot
 from ..errors import (
     CacheClosed,
+    InvalidConfig,
     InvalidInput,
     InvariantViolation,
     LayoutMismatch,
@@ -37,6 +38,7 @@ from ..errors import (
     StoreAccessDenied,
     UnknownRequest,
 )
+from ..ledger.kv import KVPages
 from ..ledger.pools import SlotPool
 from ..storage.api import L3Store, PageStore
 from ..tree import RadixTree, TreeMatch
@@ -104,8 +106,13 @@ class TieredCache:
     """The tiered KV cache of one engine: L1 (device) and L2 (host) pools under one namespaced radix tree."""
 
     def __init__(self, config: CacheConfig, store: PageStore | None = None, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        """`clock`: what namespace deadlines (`config.ttl`) run on, in seconds; tests inject a fake one."""
+                 clock: Callable[[], float] = time.monotonic, device_kv: KVPages | None = None) -> None:
+        """`clock`: what namespace deadlines (`config.ttl`) run on, in seconds; tests inject a fake one.
+        `device_kv`: the engine's own KV tensors as L1 (`KVPages.layer_first`; `config.device_tokens` of them, pages
+        in the order `config.layout.arrangement` names); None: kvc allocates its own L1 on `config.device`."""
+        if device_kv is not None and device_kv.arrangement != config.layout.arrangement:
+            raise InvalidConfig(f"the engine's KV holds pages in {device_kv.arrangement!r} order; the layout says "
+                                f"{config.layout.arrangement!r} ({config.layout.describe()})")
         if store is not None and store.layout is not None and store.layout.layout_id != config.layout.layout_id:
             raise LayoutMismatch(store.location, config.layout.describe(), [store.layout.describe()])
         chain_key = _chain_key(store)  # before anything is allocated
@@ -114,9 +121,11 @@ class TieredCache:
         # warming and the live handlers read. None without a store, or for a page store only (a sweep's).
         self.l3_store: L3Store | None = store if isinstance(store, L3Store) else None
         self.page_size = ps = config.layout.page_size
-        device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = device_kv.device if device_kv is not None else \
+            config.device or ("cuda" if torch.cuda.is_available() else "cpu")
         bpt = config.layout.bytes_per_token
-        self.device_pool = SlotPool("device", config.device_pages, ps, bpt, device=device, ledger=config.ledger)
+        self.device_pool = SlotPool("device", config.device_pages, ps, bpt, device=device, ledger=config.ledger,
+                                    kv=device_kv)
         self.host_pool: SlotPool | None = None
         if config.host_pages:
             self.host_pool = SlotPool("host", config.host_pages, ps, bpt, device="cpu",

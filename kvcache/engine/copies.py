@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..ledger.copy import copy_pages
 from ..types.owners import OwnerKind, owner_code
 from ..types.tier import Tier
 from .host_mode import BackupTarget
 
 if TYPE_CHECKING:
+    from ..ledger.copy import Copier
     from ..ledger.pools import SlotPool
     from ..tree import RadixTree, TreeMatch, TreeNode
     from ..types.config import CacheConfig
@@ -84,6 +84,12 @@ class TransferOp:
         if self.event is not None:
             self.event.synchronize()
 
+    def order_current_stream(self) -> None:
+        """Make the caller's current stream wait for the copy (the GPU waits, the calling thread does not): what it
+        queues from now on sees the copied pages."""
+        if self.event is not None:
+            torch.cuda.current_stream(self.pool.device).wait_event(self.event)
+
     def split_target(self, child: TreeNode, new_parent: TreeNode, head_pages: int) -> None:
         """Follow a tree split: the target `child` lost its first `head_pages` pages to `new_parent`."""
         for i, target in enumerate(self.targets):
@@ -100,13 +106,14 @@ class TransferOp:
 class Copies:
     """Issues, tracks and completes the copies between a cache's device and host pools."""
 
-    def __init__(self, config: CacheConfig, rules: HostModeRules, device_pool: SlotPool, host_pool: SlotPool | None,
-                 tree: RadixTree, holders: Holders, counters: CacheCounters, backup_stats: BackupStats) -> None:
+    def __init__(self, config: CacheConfig, rules: HostModeRules, copier: Copier, tree: RadixTree, holders: Holders,
+                 counters: CacheCounters, backup_stats: BackupStats) -> None:
         self.config = config
         self.rules = rules
         self._bounce = rules.bounce  # read on every backup and completion: an attribute, not the rules' property
-        self.device_pool = device_pool
-        self.host_pool = host_pool
+        self.copier = copier  # moves the bytes (a stream of its own on a GPU)
+        self.device_pool = copier.device_pool
+        self.host_pool = copier.host_pool
         self.tree = tree
         self.holders = holders
         self.counters = counters
@@ -159,7 +166,7 @@ class Copies:
         self.tree.pin(nodes)
         self._track(op)
         src = np.concatenate([n.device for n in nodes if n.device is not None])
-        op.event = copy_pages(self.device_pool, src, host, pages)
+        op.event = self.copier.copy(self.device_pool, src, host, pages)
         self.counters.backups_started += 1
         self.counters.backup_pages += n_pages
         return op
@@ -226,10 +233,12 @@ class Copies:
                         _targets(nodes, [len(n.host) if n.host is not None else 0 for n in nodes], pages))
         self._track(op)
         assert self.host_pool is not None  # a host-only extension lives in the host pool
-        op.event = copy_pages(self.host_pool, m.host_pages, self.device_pool, pages)
+        op.event = self.copier.copy(self.host_pool, m.host_pages, self.device_pool, pages)
         if not wait:
             return pages
-        op.wait()  # the request's forward reads these pages: the load-back completes before admit returns
+        # The request's forward reads these pages: it runs on the caller's stream, which waits for the copy (on
+        # the GPU: the host goes on). Every later copy of these pages runs on the copier's stream, after this one.
+        op.order_current_stream()
         self.complete(op)
         return pages
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..ledger.copy import Copier
 from ..types.removals import RemovalReason
 from ..types.tier import Tier
 from .completion import Completion
@@ -50,9 +51,11 @@ class Parts:
         # what explains a miss later (`TieredCache.explain`): the pages each tier removed, the prefetches' ends
         self.removals, self.prefetches = RecentRemovals(), RecentPrefetches()
         self.room = room = Room(config, rules, pools, tree, holders, counters, prefetch_stats, self.removals)
-        self.copies = copies = Copies(config, rules, device_pool, host_pool, tree, holders, counters, backup_stats)
+        # the bytes under every L1 <-> L2 move, on a stream of its own on a GPU
+        self.copier = copier = Copier(device_pool, host_pool)
+        self.copies = copies = Copies(config, rules, copier, tree, holders, counters, backup_stats)
         self.writes = writes = Writes(config, host_pool, tree, holders, io, backup_stats)
-        self.staging = staging = Staging(device_pool, host_pool, tree, holders, prefetch_stats)
+        self.staging = staging = Staging(copier, tree, holders, prefetch_stats)
         self.prefetcher = prefetcher = Prefetcher(config, rules, tree, host_pool, holders, io, prefetch_stats,
                                                   self.prefetches)
         self.shares = shares = AppliedShares(config, store, tree, counters)

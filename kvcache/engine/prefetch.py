@@ -340,7 +340,7 @@ class Prefetcher:
                 assert self.io is not None and self.host_pool is not None
                 op.pages = np.concatenate([op.pages, pages])
                 self.holders.prefetch_host_pages += n
-                rows = self.host_pool.pages.numpy()  # one writable byte row per page
+                rows = self.host_pool.rows()  # one writable byte row per page
                 op.state = PrefetchState.FETCHING
                 op.job = FetchJob(op, [rows[p] for p in pages.tolist()], self.config.io_batch_pages)
                 self.io.submit(op.job)

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from ..errors import InvariantViolation
-from ..ledger.copy import copy_pages
 from ..types.ids import PageHash
 from ..types.keys import TOKEN_BYTES, RadixKey
 from ..types.owners import FREE_CODE, OwnerKind, owner_code
@@ -27,7 +26,7 @@ from ..types.tier import Tier
 from .holders import release_anchor
 
 if TYPE_CHECKING:
-    from ..ledger.pools import SlotPool
+    from ..ledger.copy import Copier
     from ..tree import RadixTree, TreeNode
     from ..types.fingerprint_key import FingerprintKey
     from ..types.stats import PrefetchStats
@@ -75,10 +74,10 @@ class StagedPrefetch:
 class Staging:
     """A cache's staged records: parked by the prefetch, spliced by admission, or dropped."""
 
-    def __init__(self, device_pool: SlotPool, host_pool: SlotPool | None, tree: RadixTree, holders: Holders,
-                 stats: PrefetchStats) -> None:
-        self.device_pool = device_pool
-        self.host_pool = host_pool
+    def __init__(self, copier: Copier, tree: RadixTree, holders: Holders, stats: PrefetchStats) -> None:
+        self.copier = copier  # a splice's host -> device copy (on the copier's stream on a GPU)
+        self.device_pool = copier.device_pool
+        self.host_pool = copier.host_pool
         self.tree = tree
         self.holders = holders
         self.stats = stats
@@ -117,9 +116,9 @@ class Staging:
             self.drop(staged, DropReason.DUPLICATE if not len(use) else DropReason.UNATTACHED)
             return node, cached, 0
         assert self.host_pool is not None
-        copy_pages(self.host_pool, use, self.device_pool, dev)
-        if self.device_pool.device_type == "cuda":
-            torch.cuda.current_stream().synchronize()
+        copied = self.copier.copy(self.host_pool, use, self.device_pool, dev)
+        if copied is not None:  # the request's forward, on the caller's stream, reads these pages after the copy
+            torch.cuda.current_stream(self.device_pool.device).wait_event(copied)
         # The splice key is rebuilt from the record's own namespace (checked equal to the request's above).
         end = staged.start_page + len(staged.pages)
         key = RadixKey(staged.key.data[: end * self.tree.page_size * TOKEN_BYTES], staged.key.namespace)

@@ -192,7 +192,7 @@ class Writes:
         first_parent = nodes[0].parent
         check_parent = (first_parent is not None and first_parent.parent is not None
                         and not first_parent.is_namespace_root)
-        rows = host.pages.numpy()  # one byte row per page
+        rows = host.rows()  # one byte row per page
         job = StorageWriteJob(self.holders.mint(), nodes, hashes, [rows[p] for p in pages.tolist()], origins,
                               self.config.io_batch_pages, check_parent, pages if bounce is not None else None,
                               self._clock)

@@ -1,8 +1,21 @@
-"""Copies of whole pages between two slot pools: real tensor copies, the bytes under every ledger move.
+"""Copies of whole pages between a cache's two pools: the bytes under every ledger move.
 
-Host-side gathers and scatters run through numpy (fancy indexing over the pool's page rows, one opaque element per
-page), several times faster than `torch` indexing with few threads. A copy into a CUDA pool is queued on the current
-stream and completes when its event does; a copy out of one waits for itself.
+A copy moves scattered pages with one gather and one scatter per span of a page (`kv.KVPages`: one span for kvc's
+own pools, one per layer's K or V over an engine's tensors), never a launch per page, and allocates nothing per call
+beyond what torch's caching allocators hand back.
+
+- Both pools on the CPU, pages one span each: numpy, row by row (`copy_rows`); the host side of every CPU copy.
+- A CUDA pool and the pinned host pool: queued on the copier's own stream, after the work already queued on the
+  caller's current stream (an event, never a device-wide wait), and completed by the event `copy` returns. The host
+  pool is seen from the GPU through unified addressing (`host_alias`), so the kernels gather and scatter its pages
+  over the bus themselves: no staging through pageable memory, no CPU-side scatter. Where the driver refuses that
+  alias, a copy stages through pinned memory instead, and device -> host then waits for itself (`Copier.aliased`
+  says which path a copier took).
+
+The contract an engine relies on (docs/gpu.md): kvc reads a page the engine wrote after everything the engine had
+queued on its current stream when it handed kvc the page (commit, backup); a page kvc loaded is ready for the
+stream that was current when the call that loaded it returned (admission waits on the copy's event there, on the
+GPU, not on the host).
 """
 
 from __future__ import annotations
@@ -10,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .kv import KVPages
 from .pools import SlotPool, page_rows
 
 _RUN_COPY_MIN_BYTES = 4096  # rows at least this long are copied run by run; shorter ones by fancy indexing
@@ -33,30 +47,149 @@ def copy_rows(dst: np.ndarray, dst_rows: np.ndarray, src: np.ndarray, src_rows: 
         np.copyto(dst[d0:d0 + b - a], src[s0:s0 + b - a])
 
 
-def copy_pages(src: SlotPool, src_pages: np.ndarray, dst: SlotPool, dst_pages: np.ndarray) -> torch.cuda.Event | None:
-    """Copy whole pages `src_pages` of `src` into `dst_pages` of `dst`. Returns an event to wait on when the copy
-    was queued on a CUDA stream, None when it has completed."""
-    if len(src_pages) != len(dst_pages):
-        raise ValueError(f"copy of {len(src_pages)} pages into {len(dst_pages)}")
-    if not len(src_pages):
+class _CudaInterface:
+    """A pointer the GPU can address, in the CUDA array interface `torch.asarray` reads (no copy is made)."""
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], owner: torch.Tensor) -> None:
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": "|u1", "data": (ptr, False), "version": 2,
+                                         "strides": None}
+        self.owner = owner  # keeps the host memory alive as long as the alias
+
+
+def host_alias(host: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+    """`host` (pinned, contiguous uint8) as a CUDA tensor over the same memory, which kernels on `device` read and
+    write over the bus (unified addressing: a pinned page's device address is its host address). Checked by a round
+    trip before use; None where the driver or torch refuses it."""
+    if not host.is_pinned() or not host.is_contiguous() or host.numel() == 0:
         return None
-    if dst.page_rows is not None:
-        if src.page_rows is not None:
-            copy_rows(dst.page_rows, dst_pages, src.page_rows, src_pages)
+    try:
+        alias = torch.asarray(_CudaInterface(host.data_ptr(), tuple(host.shape), host), device=device)
+        if alias.data_ptr() != host.data_ptr() or alias.device.type != "cuda":
             return None
-        # Device -> host: the gathered rows must have landed before the CPU scatters them, so this direction
-        # waits for its own copy (a non-blocking D2H followed by a CPU read would race).
-        rows = src.pages.index_select(0, torch.from_numpy(np.ascontiguousarray(src_pages)).to(src.device)).cpu()
-        copy_rows(dst.page_rows, dst_pages, page_rows(rows.numpy()), np.arange(len(dst_pages)))
+        probe = host.view(-1)[:1]
+        before = int(probe.item())
+        alias.view(-1)[:1].fill_((before + 1) % 256)
+        torch.cuda.synchronize(device)
+        ok = int(probe.item()) == (before + 1) % 256
+        probe.fill_(before)
+        return alias if ok else None
+    except (RuntimeError, TypeError, ValueError):
         return None
-    # Host (or device) -> device: gather on the source, copy, scatter on the destination stream; the host rows are
-    # staged by the H2D copy itself, so nothing on the host side is read after this call returns.
-    if src.page_rows is not None:
-        rows = torch.from_numpy(src.page_rows[src_pages].view(np.uint8).reshape(len(src_pages), src.page_bytes))
-    else:
-        rows = src.pages.index_select(0, torch.from_numpy(np.ascontiguousarray(src_pages)).to(src.device))
-    dst_idx = torch.from_numpy(np.ascontiguousarray(dst_pages)).to(dst.device, non_blocking=True)
-    dst.pages.index_copy_(0, dst_idx, rows.to(dst.device, non_blocking=True))
-    event = torch.cuda.Event()
-    event.record()
-    return event
+
+
+class Copier:
+    """Copies pages between one cache's device pool and its host pool, on a stream of its own when the device is
+    a GPU. The span pairs each direction moves are made once, here."""
+
+    def __init__(self, device_pool: SlotPool, host_pool: SlotPool | None) -> None:
+        self.device_pool = device_pool
+        self.host_pool = host_pool
+        self.cuda = device_pool.device_type == "cuda"
+        self.stream: torch.cuda.Stream | None = (
+            torch.cuda.Stream(device_pool.device) if self.cuda else None)  # type: ignore[no-untyped-call]
+        # (device view, host view) per span, as the kernels see them (the host through its alias on a GPU); empty
+        # when the host side is staged or both sides are numpy rows
+        self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.aliased = False  # a GPU copier whose kernels move the host pages themselves (no staging)
+        if host_pool is not None and host_pool.pages is not None:
+            host_kv: KVPages | None = host_pool.kv
+            if self.cuda:
+                alias = host_alias(host_pool.pages, device_pool.device)
+                host_kv = KVPages([alias], host_pool.kv.arrangement, owned=False) if alias is not None else None
+                self.aliased = alias is not None
+            if host_kv is not None and not (device_pool.page_rows is not None and host_pool.page_rows is not None):
+                self._pairs = [_wide(d, h) for d, h in device_pool.kv.pair(host_kv)]
+        # on the CPU, the same pairs as numpy rows (one opaque element a page's span): copied as `copy_rows` does
+        self._row_pairs = [(page_rows(d.view(torch.uint8).numpy()), page_rows(h.view(torch.uint8).numpy()))
+                           for d, h in self._pairs] if not self.cuda else []
+
+    def copy(self, src: SlotPool, src_pages: np.ndarray, dst: SlotPool, dst_pages: np.ndarray) \
+            -> torch.cuda.Event | None:
+        """Copy whole pages `src_pages` of `src` into `dst_pages` of `dst` (one of them this copier's device pool,
+        the other its host pool). Returns the event that completes the copy when it was queued on the GPU, None
+        when it has completed."""
+        if len(src_pages) != len(dst_pages):
+            raise ValueError(f"copy of {len(src_pages)} pages into {len(dst_pages)}")
+        if {id(src), id(dst)} != {id(self.device_pool), id(self.host_pool)}:
+            raise ValueError(f"a copier of {self.device_pool.name} <-> {self.host_pool and self.host_pool.name} "
+                             f"asked to copy {src.name} -> {dst.name}")
+        if not len(src_pages):
+            return None
+        to_host = src is self.device_pool
+        if not self.cuda:
+            if src.page_rows is not None and dst.page_rows is not None:
+                copy_rows(dst.page_rows, dst_pages, src.page_rows, src_pages)
+            else:
+                for device_rows, host_rows in self._row_pairs:
+                    s_rows, d_rows = (device_rows, host_rows) if to_host else (host_rows, device_rows)
+                    copy_rows(d_rows, dst_pages, s_rows, src_pages)
+            return None
+        stream = self.stream
+        assert stream is not None
+        device = self.device_pool.device
+        stream.wait_stream(torch.cuda.current_stream(device))  # after what the engine queued (the pages it wrote)
+        with torch.cuda.stream(stream):
+            src_index = _index(src_pages).pin_memory().to(device, non_blocking=True)
+            dst_index = _index(dst_pages).pin_memory().to(device, non_blocking=True)
+            if self.aliased:
+                self._scatter(to_host, src_index, dst_index)
+            elif to_host:
+                self._staged_to_host(src_index, dst, dst_pages)
+                return None
+            else:
+                self._staged_to_device(src, src_pages, dst_index)
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record(stream)
+        return event
+
+    def _scatter(self, to_host: bool, src_index: torch.Tensor, dst_index: torch.Tensor) -> None:
+        """One gather and one scatter per span pair."""
+        for device_view, host_view in self._pairs:
+            src, dst = (device_view, host_view) if to_host else (host_view, device_view)
+            dst.index_copy_(0, dst_index, src.index_select(0, src_index))
+
+    def _staged_to_host(self, src_index: torch.Tensor, dst: SlotPool, dst_pages: np.ndarray) -> None:
+        """Device -> host without the alias: gather on the GPU, one copy over the bus into pinned rows, and the CPU
+        scatters them once they have landed (this direction waits for itself)."""
+        device_pool, stream = self.device_pool, self.stream
+        assert stream is not None and dst.page_rows is not None
+        gathered = torch.empty((len(dst_pages), device_pool.page_bytes), dtype=torch.uint8, device=device_pool.device)
+        for s, d in device_pool.kv.pair(KVPages([gathered], "token", owned=False)):
+            d.copy_(s.index_select(0, src_index))
+        rows = torch.empty(gathered.shape, dtype=torch.uint8, pin_memory=True)
+        rows.copy_(gathered, non_blocking=True)
+        stream.synchronize()
+        copy_rows(dst.page_rows, dst_pages, page_rows(rows.numpy()), np.arange(len(dst_pages)))
+
+    def _staged_to_device(self, src: SlotPool, src_pages: np.ndarray, dst_index: torch.Tensor) -> None:
+        """Host -> device without the alias: a numpy gather into pinned rows (torch's caching host allocator keeps
+        them until the copy that reads them is done), one copy over the bus, a scatter per span on the GPU."""
+        assert src.page_rows is not None
+        n = len(src_pages)
+        rows = torch.empty((n, src.page_bytes), dtype=torch.uint8, pin_memory=True)
+        rows.numpy()[:] = src.page_rows[src_pages].view(np.uint8).reshape(n, src.page_bytes)
+        staged = KVPages([rows.to(self.device_pool.device, non_blocking=True)], "token", owned=False)
+        for s, d in staged.pair(self.device_pool.kv):
+            d.index_copy_(0, dst_index, s)
+
+
+def _index(pages: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(pages, dtype=np.int64))
+
+
+def _wide(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two ``[pages, bytes]`` uint8 views of the same width as the widest integer elements both their widths, row
+    strides and offsets allow: the kernels then move 8 bytes an element, not 1 (the same bytes, no copy)."""
+    for dtype, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
+        if all(v.shape[1] % size == 0 and v.stride(0) % size == 0 and v.storage_offset() % size == 0
+               for v in (a, b)):
+            return a.view(dtype), b.view(dtype)
+    return a, b
+
+
+def copy_pages(src: SlotPool, src_pages: np.ndarray, dst: SlotPool, dst_pages: np.ndarray) -> torch.cuda.Event | None:
+    """Copy whole pages `src_pages` of `src` into `dst_pages` of `dst` with a copier made for this one copy (tests
+    and benchmarks; a cache keeps one `Copier`, and its stream, for its life). The pool on a GPU, if any, is the
+    copier's device pool."""
+    device, host = (src, dst) if src.device_type == "cuda" or dst.device_type != "cuda" else (dst, src)
+    return Copier(device, host).copy(src, src_pages, dst, dst_pages)

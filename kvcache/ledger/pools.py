@@ -1,7 +1,7 @@
 """SlotPool: one tier's KV storage, its page allocator, and the ownership ledger over its pages.
 
-Storage is token-major: ``[slots, bytes_per_token]`` uint8, so one page (`page_size` consecutive slots) is one
-contiguous span. Allocation is page-granular and a page is never split between owners, so the ledger keeps one
+The bytes are a `KVPages` (`kv.py`): kvc's own token-major ``[slots, bytes_per_token]`` uint8 tensor, where one page
+(`page_size` consecutive slots) is one contiguous span, or the per-layer tensors an engine owns. Allocation is page-granular and a page is never split between owners, so the ledger keeps one
 owner per page; a slot's owner is its page's owner.
 
 Ledger moves (`alloc`, `transfer`, `free`, `disperse`) validate their arguments (`InvalidInput`: a count that is
@@ -25,6 +25,7 @@ import torch
 
 from ..errors import DoubleFree, InvalidConfig, InvalidInput, OwnershipError
 from ..types.owners import FREE_CODE, describe_code
+from .kv import KVPages
 
 _INDEX = np.int64
 
@@ -33,23 +34,37 @@ class SlotPool:
     """Pages of KV in one tier, each with exactly one recorded owner."""
 
     def __init__(self, name: str, num_pages: int, page_size: int, bytes_per_token: int,
-                 device: str | torch.device = "cpu", pin_memory: bool = False, ledger: bool = True) -> None:
+                 device: str | torch.device = "cpu", pin_memory: bool = False, ledger: bool = True,
+                 kv: KVPages | None = None) -> None:
+        """`kv`: the tensors an engine owns (`KVPages.layer_first`), `num_pages` of them; None: kvc allocates its
+        own token-major tensor on `device` (pinned when `pin_memory` and on the CPU)."""
         if num_pages < 0 or page_size < 1 or bytes_per_token < 1:
             raise InvalidConfig(f"{name} pool: num_pages={num_pages}, page_size={page_size}, "
                                 f"bytes_per_token={bytes_per_token} is not a pool")
+        if kv is None:
+            kv = KVPages.own(num_pages, page_size, bytes_per_token, device, pin_memory)
+        elif kv.num_pages != num_pages or kv.page_bytes != page_size * bytes_per_token:
+            raise InvalidConfig(f"{name} pool: the engine's KV holds {kv.num_pages} pages of {kv.page_bytes} bytes; "
+                                f"the pool needs {num_pages} of {page_size * bytes_per_token} "
+                                f"({page_size} tokens of {bytes_per_token} bytes)")
         self.name = name  # "device" or "host": the tier, as errors and reports name it
         self.num_pages = num_pages
         self.page_size = page_size  # tokens (slots) per page
         self.page_bytes = page_size * bytes_per_token
         self.ledger = ledger  # False only to measure the ledger's cost
-        self.storage = torch.empty((num_pages * page_size, bytes_per_token), dtype=torch.uint8, device=device,
-                                   pin_memory=pin_memory and torch.device(device).type == "cpu")
-        # [num_pages, page_bytes] view: row p is page p, the unit every copy moves.
-        self.pages = self.storage.view(num_pages, self.page_bytes)
-        self.device_type = self.storage.device.type  # "cpu" or "cuda": copies branch on it (a torch call to ask)
-        # CPU pools: the pages as a numpy array of opaque page-sized elements (`page_rows`), made once: the host
-        # side of every copy indexes it (None on a device pool).
-        self.page_rows = page_rows(self.pages.numpy()) if self.device_type == "cpu" else None
+        self.kv = kv  # where the pages' bytes are (the spans every copy moves)
+        # [num_pages, page_bytes] view when a page is one contiguous span (kvc's own pools), row p page p; None over
+        # an engine's layer-first tensors
+        self.pages = kv.views[0] if len(kv.views) == 1 else None
+        # kvc's own pools: the token-major [slots, bytes_per_token] tensor itself (slot s is row s); None over an
+        # engine's tensors
+        self.storage = self.pages.view(num_pages * page_size, bytes_per_token) if kv.owned and self.pages is not None \
+            else None
+        self.device_type = kv.device.type  # "cpu" or "cuda": copies branch on it (a torch call to ask)
+        # CPU pools of one span: the pages as a numpy array of opaque page-sized elements (`page_rows`), made once:
+        # the host side of every copy indexes it (None otherwise).
+        self._array = self.pages.numpy() if self.pages is not None and self.device_type == "cpu" else None
+        self.page_rows = page_rows(self._array) if self._array is not None else None
         # Free pages are _stack[:free_pages]. Pop and push are slices: O(pages moved), never O(pool).
         self._stack = np.arange(num_pages, dtype=_INDEX)
         # _stack[:_run_end] still holds each page at its own index, as made: an alloc popped from below it takes the
@@ -85,13 +100,22 @@ class SlotPool:
 
     @property
     def device(self) -> torch.device:
-        """Where the storage tensor lives."""
-        return self.storage.device
+        """Where the pages' bytes live."""
+        return self.kv.device
+
+    def rows(self) -> np.ndarray:
+        """The pages as a ``[num_pages, page_bytes]`` uint8 numpy array over the pool's own memory (row p is page p),
+        for a CPU pool of one span, as the host pool always is: L3 reads and writes its pages there in place."""
+        if self._array is None:
+            raise InvalidConfig(f"{self.name} pool: its pages are not one span in CPU memory ({self.device}, "
+                                f"{len(self.kv.views)} spans)")
+        return self._array
 
     def owners(self, pages: np.ndarray) -> np.ndarray:
         """Ledger codes of `pages` (a copy)."""
         self._write_runs()
-        return self._owner[pages]
+        codes: np.ndarray = self._owner[pages]
+        return codes
 
     def ledger_codes(self) -> np.ndarray:
         """The whole ledger (a copy): owner code per page."""

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
-import torch
 
 from ..diagnostics.snapshot import encode_snapshot
 from ..errors import InvalidInput, UnknownRequest
@@ -281,7 +280,7 @@ def _compare_with_store(cache: "TieredCache", request: Request, pages: np.ndarra
     store, ps = cache.l3_store, cache.page_size
     hashes = page_hashes(cache.layout.layout_id, request.key, ps, cache.chain_key)[:n_pages]
     want = np.empty((n_pages, cache.layout.bytes_per_page), dtype=np.uint8)
-    device = cache.device_pool.pages[torch.from_numpy(np.ascontiguousarray(pages))].cpu().numpy()
+    device = cache.device_pool.kv.read(pages)
     rows = list(want)
     readable = np.zeros(n_pages, dtype=bool)
     absent = unreadable = 0

@@ -25,7 +25,7 @@ import msgspec
 
 from ..engine.cache import TieredCache
 from ..engine.explain import after_admission
-from ..errors import InvariantViolation, NamespaceMismatch
+from ..errors import InvalidConfig, InvariantViolation, NamespaceMismatch
 from ..types.explain import Explanation
 from ..types.fingerprint_key import FingerprintKey
 from ..types.keys import page_hashes
@@ -219,6 +219,8 @@ class Replayer:
         """Check the cached pages (verify), then write the new tokens' KV as the engine's forward would."""
         cache, ps = self.cache, self.cache.page_size
         rows = cache.device_pool.pages
+        if rows is None:  # (a replay is kvc standing in for an engine: it never runs over an engine's own KV)
+            raise InvalidConfig("a replay writes the KV of kvc's own device pool; this cache's L1 is an engine's")
         # the device pages of the cached prefix, then of the rest (the last possibly partial)
         cached, fresh = adm.cached_pages, adm.fresh_pages
         hashes = page_hashes(cache.layout.layout_id, request.key, ps, cache.chain_key)

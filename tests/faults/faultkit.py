@@ -14,7 +14,6 @@ import pwd
 import shutil
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +21,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
+import clirun
+
 LONG_FACTOR = 10
-KVC = Path(sys.executable).with_name("kvc")
+KVC = clirun.KVC
 
 
 def _env_scale() -> int:

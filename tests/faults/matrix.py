@@ -34,6 +34,8 @@ from pathlib import Path
 
 import msgspec
 
+import clirun
+
 HERE = Path(__file__).resolve().parent
 for _dir in (str(HERE), str(HERE.parent)):  # tests/ (lmdbpages, read_only_user) when run as a script
     if _dir not in sys.path:
@@ -42,7 +44,7 @@ for _dir in (str(HERE), str(HERE.parent)):  # tests/ (lmdbpages, read_only_user)
 import lmdbpages  # noqa: E402
 from read_only_user import NO_CAPS  # noqa: E402
 
-KVC = Path(sys.executable).with_name("kvc")
+KVC = clirun.KVC
 PYTHON = sys.executable
 SEED = int(os.environ.get("KVC_DAMAGE_SEED", "36"))
 FIXED_KEY = "a5" * 32  # the template's key: its page hashes, so where each record lies, are the same every run

@@ -2,11 +2,12 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-KVC = Path(sys.executable).with_name("kvc")
+import clirun
+
+KVC = clirun.KVC
 
 
 def run(*args):

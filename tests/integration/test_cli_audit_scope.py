@@ -4,17 +4,14 @@ output, the store's record of its last clean audit, progress lines, and bad inpu
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import msgspec
 import pytest
 
-from clirun import in_process
+from clirun import KVC, in_process
 from kvcache.storage.api import PageMeta
 from lmdb_surgery import raw
 
-KVC = Path(sys.executable).with_name("kvc")
 TOKENS = ",".join(map(str, range(400)))
 
 

@@ -8,12 +8,12 @@ Redis cases guard the same contract for a backend whose own messages show its UR
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+import clirun
 import lmdb_surgery
 from kvc.main import app
 from redis_server import RedisServer, require_server
@@ -120,7 +120,7 @@ def test_the_traceback_of_a_subprocess_is_redacted_too(tmp_path):
     """The console script, as a user runs it (KVC_DEBUG=1 instead of --debug)."""
     import subprocess
 
-    kvc = Path(sys.executable).with_name("kvc")
+    kvc = clirun.KVC
     env = {**{k: v for k, v in os.environ.items() if k != "KVC_STORE"}, "KVC_DEBUG": "1"}
     result = subprocess.run([str(kvc), "ns", "ls", "--store", f"lmdb://{tmp_path}/x?token={TOKEN}"],
                             capture_output=True, text=True, env=env, timeout=120)

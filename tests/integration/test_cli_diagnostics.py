@@ -5,13 +5,12 @@ Run through typer's CliRunner (in process) and as real subprocesses of the insta
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+import clirun
 from factories import forward, l3_cache, make_cache, make_layout, make_store
 from kvc.main import app
 from kvcache import Namespace, Request
@@ -19,7 +18,7 @@ from kvcache.storage.keyfile import read_key
 from kvcache.types.owners import OwnerKind, owner_code
 
 SALTS = {"t1": "cli-salt-one-qwerty", "t2": "cli-salt-two-asdfgh"}
-KVC = Path(sys.executable).with_name("kvc")
+KVC = clirun.KVC
 runner = CliRunner()
 
 

@@ -19,12 +19,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import clirun
 from kvc.main import app
 from kvc.reporting import collapsed_warnings
 from kvcache import WorkloadSpec, generate, write_trace
 from redis_server import RedisServer, require_server
 
-KVC = Path(sys.executable).with_name("kvc")
+KVC = clirun.KVC
 TOKENS = ",".join(str(t) for t in range(1, 101))
 runner = CliRunner()
 

@@ -7,19 +7,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
-from pathlib import Path
 
 import msgspec
 import pytest
 
+import clirun
 from feed_peer import ReplayPeer, seq_frame
 from kvc.commands.events import FEEDS as CLI_FEEDS
 from kvcache.live.subscriber import REPLAY_CHUNK_BATCHES
 from kvcache.types.events import BlockStored, EventBatch, encode_batch
 
-KVC = str(Path(sys.executable).with_name("kvc"))
+KVC = str(clirun.KVC)
 
 
 def _stored(tokens: int = 4, ts: float = 1_700_000_000.0) -> bytes:

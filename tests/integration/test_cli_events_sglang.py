@@ -7,15 +7,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+import clirun
 from kvcache.types.namespace import Namespace
 from sglang_feed import MESSAGES, SALTS, GoldenFeed
 
-KVC = str(Path(sys.executable).with_name("kvc"))
+KVC = str(clirun.KVC)
 
 
 def _follow(feed: GoldenFeed, *args: str, live: tuple[int, ...] = tuple(range(len(MESSAGES))),

@@ -8,16 +8,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import msgspec
 import pytest
 
+import clirun
 from kvcache.types.namespace import Namespace
 from sglang_feed import GoldenFeed
 
-KVC = str(Path(sys.executable).with_name("kvc"))
+KVC = str(clirun.KVC)
 GOLDEN = json.loads((Path(__file__).resolve().parents[1] / "goldens" / "vllm" / "vllm_events.json").read_text())
 MESSAGES: list[list[bytes]] = [[bytes.fromhex(f) for f in m] for m in GOLDEN["messages"]]  # [topic, seq, payload]
 BYTES_MESSAGES: list[list[bytes]] = [[bytes.fromhex(f) for f in m] for m in GOLDEN["bytes_messages"]]

@@ -12,17 +12,16 @@ import contextlib
 import os
 import resource
 import subprocess
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+import clirun
 from kvc.main import app
 from kvcache import read_trace
 
-KVC = Path(sys.executable).with_name("kvc")
+KVC = clirun.KVC
 SALT = "salt-Vb7q2-inputs-secret"
 TOKENS = ",".join(str(t) for t in range(1, 33))
 runner = CliRunner()

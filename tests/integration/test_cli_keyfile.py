@@ -10,17 +10,14 @@ import json
 import os
 import stat
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from clirun import in_process
+from clirun import KVC, in_process
 from kvcache import Namespace
 from read_only_user import NO_CAPS, read_only_store
 from unit.storage.lmdb.test_migrate import set_format_version
 
-KVC = Path(sys.executable).with_name("kvc")
 SALT = "kf-salt-Qw3"
 TOKENS = ",".join(map(str, range(1, 41)))
 ENV = {k: v for k, v in os.environ.items() if k != "KVC_FINGERPRINT_KEY"}

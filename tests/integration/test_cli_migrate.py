@@ -10,9 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import clirun
 from unit.storage.lmdb.test_migrate import set_format_version
 
-KVC = Path(sys.executable).with_name("kvc")
+KVC = clirun.KVC
 TOKENS = ",".join(map(str, range(1, 50)))
 SALT = dict(os.environ, KVC_SALT="abc")
 

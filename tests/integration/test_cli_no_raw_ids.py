@@ -10,7 +10,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -18,12 +17,13 @@ import lmdb
 import pytest
 from typer.testing import CliRunner
 
+import clirun
 from kvc.main import app
 from kvcache import Namespace, WorkloadSpec, generate, write_trace
 from kvcache.storage.keyfile import read_key
 from kvcache.types.namespace import display_id
 
-KVC = Path(sys.executable).with_name("kvc")
+KVC = clirun.KVC
 SALT = "zqxv-Salt-77"
 TOKENS = ",".join(map(str, range(1, 41)))  # 10 pages of 4
 T1, T2, ABSENT = Namespace("t1", SALT), Namespace("t2"), Namespace("t9", SALT)

@@ -4,22 +4,21 @@ and the salt never in any output."""
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
-import kvcache.engine.copies
+import clirun
 from kvc.main import app
 from kvcache import Namespace, WorkloadSpec, generate, write_trace
+from kvcache.ledger.copy import Copier
 from kvcache.storage.keyfile import read_key
 from kvcache.types.namespace import display_id
 
 SALT = "op-salt-zxcvbnm-123"
 OTHER_SALT = "op-salt-other-456"
-KVC = Path(sys.executable).with_name("kvc")
+KVC = clirun.KVC
 TOKENS = ",".join(str(t) for t in range(1, 101))  # 100 tokens: 6 whole pages of 16
 runner = CliRunner()
 PINNED_REQUEST = {"requested_tokens", "hit_tokens", "pages", "bytes", "seconds", "namespace"}
@@ -179,12 +178,12 @@ def test_load_back_verifies_the_device_bytes(store, mode):
 
 def test_load_back_exits_1_when_the_copy_corrupts_pages(store, monkeypatch):
     invoke("put", "--store", store, "--extra-key", "t1", "--salt", SALT, "--tokens", TOKENS)
-    real = kvcache.engine.copies.copy_pages
+    real = Copier.copy
 
-    def reversed_copy(src, src_pages, dst, dst_pages):  # the classic bug: pages land in the wrong slots
-        return real(src, src_pages[::-1].copy(), dst, dst_pages)
+    def reversed_copy(self, src, src_pages, dst, dst_pages):  # the classic bug: pages land in the wrong slots
+        return real(self, src, src_pages[::-1].copy(), dst, dst_pages)
 
-    monkeypatch.setattr(kvcache.engine.copies, "copy_pages", reversed_copy)
+    monkeypatch.setattr(Copier, "copy", reversed_copy)
     result = invoke("load-back", "--store", store, "--extra-key", "t1", "--salt", SALT, "--tokens", TOKENS, "--json")
     assert result.exit_code == 1
     assert json.loads(result.stdout)["verify_mismatches"] == 6
@@ -268,9 +267,8 @@ def test_a_bad_trace_as_a_subprocess_prints_one_line_and_no_traceback(store, tmp
 
 
 def test_replay_verify_failure_exits_1(store, tmp_path, monkeypatch):
-    real = kvcache.engine.copies.copy_pages
-    monkeypatch.setattr(kvcache.engine.copies, "copy_pages",
-                        lambda src, sp, dst, dp: real(src, sp[::-1].copy(), dst, dp))
+    real = Copier.copy
+    monkeypatch.setattr(Copier, "copy", lambda self, src, sp, dst, dp: real(self, src, sp[::-1].copy(), dst, dp))
     result = invoke("replay", _trace(tmp_path, 200), "--store", store, "--verify", "--device-tokens", 512,
                     "--host-tokens", 4096, "--json")
     assert result.exit_code == 1

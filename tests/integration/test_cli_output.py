@@ -21,10 +21,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
+import clirun
 from kvc.main import app
 from kvcache import WorkloadSpec, generate, write_trace
 
-KVC = Path(sys.executable).with_name("kvc")
+KVC = clirun.KVC
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = ",".join(str(t) for t in range(1, 41))
 runner = CliRunner()

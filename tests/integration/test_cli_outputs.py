@@ -11,18 +11,17 @@ import json
 import os
 import stat
 import subprocess
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+import clirun
 from kvc.errors import UsageError
 from kvc.main import app
 from kvcache import WorkloadSpec, generate, read_trace, write_trace
 
-KVC = Path(sys.executable).with_name("kvc")
+KVC = clirun.KVC
 runner = CliRunner()
 ORIGINAL = b"the file a link leads to: kept as it was\n"
 

@@ -9,15 +9,13 @@ f3c3857 answered that user's audit of a healthy store with `structure_corrupt ..
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from clirun import in_process
+from clirun import KVC, in_process
 from read_only_user import NO_CAPS, files_and_mtimes, read_only_store
 
-KVC = Path(sys.executable).with_name("kvc")
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = ",".join(map(str, range(1, 50)))
 NOTE = "read lock-free and read-only (this user cannot write its lock.mdb)"

@@ -5,14 +5,11 @@ import glob
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from clirun import in_process
-
-KVC = Path(sys.executable).with_name("kvc")
+from clirun import KVC, in_process
 
 
 def kvc(*args):

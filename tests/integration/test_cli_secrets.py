@@ -10,7 +10,6 @@ import os
 import signal
 import stat
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -18,11 +17,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import clirun
 from kvc.main import app
 from kvcache import Namespace, WorkloadSpec, generate, write_trace
 from redis_server import RedisServer, require_server
 
-KVC = Path(sys.executable).with_name("kvc")
+KVC = clirun.KVC
 PASSWORD = "pw-Zq8xV3-redis-secret"
 SALT = "salt-Hk2mW9-tenant-secret"
 TOKENS = ",".join(str(t) for t in range(1, 101))

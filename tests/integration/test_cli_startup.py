@@ -5,11 +5,12 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-KVC = Path(sys.executable).with_name("kvc")
+import clirun
+
+KVC = clirun.KVC
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
+import clirun
 from kvcache.diagnostics.snapshot import SNAPSHOT_VERSION
 from kvcache.ops.requests import PROTOCOL_VERSION
 from kvcache.storage.codec import FORMAT_VERSION
 
-KVC = Path(sys.executable).with_name("kvc")
+KVC = clirun.KVC
 
 
 def kvc(*args, timeout=120):

@@ -8,20 +8,20 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import click
 import pytest
 from rich.text import Text
 
+import clirun
 from kvc.main import COMMANDS, _build
 from kvcache.workload.traces import TraceRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 RUNBOOKS = sorted((ROOT / "examples" / "runbooks").glob("*.sh"))
-KVC = Path(sys.executable).with_name("kvc")
+KVC = clirun.KVC
 SALT = "docs-test-salt-1"
 
 

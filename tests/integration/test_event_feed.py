@@ -13,6 +13,7 @@ import msgspec
 import pytest
 import zmq
 
+import clirun
 from factories import l3_cache, make_layout, make_store, store_holdings
 from kvcache import KVEventPublisher, RadixKey, WorkloadSpec, generate, replay
 from kvcache.types.keys import page_hashes
@@ -190,10 +191,8 @@ CLI_SALT = "events-salt-zq81"
 
 def _kvc(*args, timeout=120):
     import subprocess
-    import sys
-    from pathlib import Path
 
-    proc = subprocess.run([str(Path(sys.executable).with_name("kvc")), *map(str, args)], capture_output=True,
+    proc = subprocess.run([str(clirun.KVC), *map(str, args)], capture_output=True,
                           text=True, timeout=timeout)
     assert CLI_SALT not in proc.stdout + proc.stderr
     return proc
@@ -214,13 +213,11 @@ def test_kvc_events_prints_what_kvc_serve_published(tmp_path):
     import json
     import signal
     import subprocess
-    import sys
-    from pathlib import Path
 
     from kvcache import Namespace
     from kvcache.storage.keyfile import read_key
 
-    kvc = str(Path(sys.executable).with_name("kvc"))
+    kvc = str(clirun.KVC)
     store, sock = tmp_path / "store", tmp_path / "s.sock"
     assert _invoke("init", "--store", store, "--page-size", 4).exit_code == 0
     for key, salt in (("t1", CLI_SALT), ("t2", None)):
@@ -278,10 +275,8 @@ def test_kvc_serve_binds_events_on_loopback_for_a_port_alone_and_warns_of_a_wild
     import signal
     import socket
     import subprocess
-    import sys
-    from pathlib import Path
 
-    kvc = str(Path(sys.executable).with_name("kvc"))
+    kvc = str(clirun.KVC)
     store = tmp_path / "store"
     assert _invoke("init", "--store", store, "--page-size", 4).exit_code == 0
     with socket.socket() as probe:  # a port number alone (0 is no port: issue 36 refuses it), free a moment ago
@@ -355,8 +350,6 @@ def test_kvc_events_follow_survives_malformed_messages_and_counts_them(json_out)
     and (with --json) in the summary object, and the good batch after 150 bad messages is printed."""
     import json
     import subprocess
-    import sys
-    from pathlib import Path
 
     import zmq
 
@@ -368,7 +361,7 @@ def test_kvc_events_follow_survives_malformed_messages_and_counts_them(json_out)
         pub.bind("tcp://127.0.0.1:*")
         endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
         args = ["events", "--endpoint", endpoint, "--follow", "--count", "1", *(["--json"] if json_out else [])]
-        follower = subprocess.Popen([str(Path(sys.executable).with_name("kvc")), *args], stdout=subprocess.PIPE,
+        follower = subprocess.Popen([str(clirun.KVC), *args], stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True)
         with follower:
             assert pub.poll(60_000) and pub.recv() == b"\x01"

@@ -10,7 +10,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -18,13 +17,14 @@ import msgspec
 import pytest
 from typer.testing import CliRunner
 
+import clirun
 from kvc.main import app
 from kvcache import Namespace, WorkloadSpec, generate, write_trace
 from kvcache.live.protocol import PROTOCOL_VERSION, Truncated, read_frame
 from kvcache.storage.keyfile import read_key
 
 SALT = "live-salt-qwerty-987"
-KVC = Path(sys.executable).with_name("kvc")
+KVC = clirun.KVC
 PROMPT = list(range(1, 65))  # 16 pages of 4
 runner = CliRunner()
 

@@ -14,14 +14,15 @@ import selectors
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-KVC = Path(sys.executable).with_name("kvc")
+import clirun
+
+KVC = clirun.KVC
 WAIT = 60  # seconds: the most a test waits for an event; never slept
 NOBODY = 65534  # a uid that is not ours (the forked scraper takes it; as root only)
 

@@ -4,11 +4,11 @@ reported in the issue note; it is not asserted: CI machines are shared and noisy
 
 import json
 import subprocess
-import sys
 import time
-from pathlib import Path
 
-KVC = Path(sys.executable).with_name("kvc")
+import clirun
+
+KVC = clirun.KVC
 
 
 def run(*args):

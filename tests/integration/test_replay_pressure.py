@@ -12,6 +12,7 @@ import shutil
 
 import pytest
 
+from devices import TEST_DEVICE
 from factories import make_layout, make_store
 from kvcache import CacheConfig, TieredCache, TraceRequest, WorkloadSpec, generate, replay
 
@@ -38,7 +39,7 @@ def seeded(tmp_path_factory):
     path = tmp_path_factory.mktemp("pressure") / "store"
     store = make_store(path, make_layout(PS))
     writer = TieredCache(CacheConfig(make_layout(PS), device_tokens=8 * SYSTEM, host_tokens=8 * SYSTEM,
-                                     device="cpu"), store)
+                                     device=TEST_DEVICE), store)
     prompts = [TraceRequest(f"sys-{key}", first.tokens[:SYSTEM], first.extra_key, first.cache_salt)
                for key, first in firsts.items()]
     report = replay(writer, prompts)
@@ -59,7 +60,7 @@ def test_a_pool_of_a_few_requests_refuses_nothing_and_serves_first_requests_from
     store = make_store(path, make_layout(PS))
     one = max(len(item.tokens) for item in trace)  # one request: the longest of the trace
     device = pool * one
-    cache = TieredCache(CacheConfig(make_layout(PS), device_tokens=device, host_tokens=2 * device, device="cpu",
+    cache = TieredCache(CacheConfig(make_layout(PS), device_tokens=device, host_tokens=2 * device, device=TEST_DEVICE,
                                     host_mode=mode, prefetch_policy=policy), store)
     admitted = {}
 

@@ -2,7 +2,10 @@
 wrapper that fails and reads short, prefetch, termination, staging, namespace drops, namespace expiry (a TTL
 policy, sliding or absolute, on a fake clock: deadlines, overflow, deferral, reuse) and storage writes — over four
 namespaces, with several requests in flight, request ids reused with other tokens or a shorter prompt, releases at
-any point, and device pools from a few pages up (down to less than one request).
+any point, and device pools from a few pages up (down to less than one request) — kvc's own token-major pool or an
+engine's own per-layer K and V tensors (`device_kv`), on the tests' device (KVC_TEST_DEVICE: on a GPU the engine's
+writes run on the compute stream and the copies on the copier's, so a page read before its copy's event or freed
+while a copy still reads it shows up in the bytes).
 
 After every step: the ownership audit is clean, and every page the tree holds (device and host) holds the bytes
 written for its page hash. On every admit: each cached page holds the request's own KV, and the request is never
@@ -33,7 +36,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from factories import make_cache, make_layout, make_store
+from devices import TEST_DEVICE
+from factories import engine_kv, forward, make_layout, make_store, write_kv
 from kvcache import (
     AdmitStatus,
     CacheConfig,
@@ -123,45 +127,45 @@ class CacheMachine(RuleBasedStateMachine):
                 l3=st.sampled_from([True, True, False]), mode=st.sampled_from(list(HostMode)),
                 prefetch_policy=st.sampled_from(list(PrefetchPolicy)), seed=st.integers(0, 2**32 - 1),
                 fault_rate=st.sampled_from([0.0, 0.0, 0.05, 0.2]),
-                ttl=st.sampled_from([None, None, TTLMode.SLIDING, TTLMode.ABSOLUTE]))
+                ttl=st.sampled_from([None, None, TTLMode.SLIDING, TTLMode.ABSOLUTE]), engine=st.booleans())
     def build(self, page_size, policy, device_requests, host_pages, l3, mode, prefetch_policy, seed, fault_rate,
-              ttl):
+              ttl, engine):
         # the device pool in requests of the longest kind (20 tokens): half of one (it is refused) up to four
         device_pages = max(1, int(device_requests * -(-MAX_TOKENS // page_size)))
+        # `engine`: L1 is an engine's own tensors, two layers of K and V (pages in kv_layer order), not kvc's pool
+        self.layout = make_layout(page_size, layers=2, arrangement="kv_layer") if engine else make_layout(page_size)
+        self.engine = engine
+        device_kv = engine_kv(self.layout, device_pages * page_size) if engine else None
         if l3:
             self.tmp = tempfile.mkdtemp(prefix="kvc-stateful-")
-            self.store = make_store(os.path.join(self.tmp, "store"), make_layout(page_size))
+            self.store = make_store(os.path.join(self.tmp, "store"), self.layout)
             self.flaky = FlakyStore(self.store, random.Random(seed), fault_rate)
             self.config = CacheConfig(
-                make_layout(page_size), device_tokens=device_pages * page_size, host_tokens=host_pages * page_size,
-                device="cpu", write_policy=policy, write_through_threshold=2, host_mode=mode,
+                self.layout, device_tokens=device_pages * page_size, host_tokens=host_pages * page_size,
+                device=TEST_DEVICE, write_policy=policy, write_through_threshold=2, host_mode=mode,
                 prefetch_policy=prefetch_policy, prefetch_timeout_ms=0, prefetch_timeout_per_page_ms=0,
                 prefetch_retry_interval_ms=0,
                 io_batch_pages=2, io_thread=False,
                 ttl=TTLPolicy(ttl, 5.0, 8.0, 3, 1.0) if ttl is not None else None)  # 3 of the 4 namespaces
             self._seed_store(page_size)
-            self.cache = TieredCache(self.config, self.flaky, clock=self.clock)
+            self.cache = TieredCache(self.config, self.flaky, clock=self.clock, device_kv=device_kv)
         else:
-            self.cache = make_cache(page_size=page_size, device_tokens=device_pages * page_size,
-                                    host_tokens=host_pages * page_size, write_policy=policy,
-                                    write_through_threshold=2)
+            self.cache = TieredCache(CacheConfig(self.layout, device_tokens=device_pages * page_size,
+                                                 host_tokens=host_pages * page_size, device=TEST_DEVICE,
+                                                 write_policy=policy, write_through_threshold=2), device_kv=device_kv)
         self.ps = page_size
         self.page_bytes = self.cache.device_pool.page_bytes
 
     def _seed_store(self, page_size: int) -> None:
         """An earlier process wrote some sequences of two namespaces to L3 (with the bytes of their page hashes)."""
-        writer = make_cache(page_size=page_size, device_tokens=64 * page_size, host_tokens=64 * page_size)
-        writer = TieredCache(writer.config, self.store)
+        config = CacheConfig(self.layout, device_tokens=64 * page_size, host_tokens=64 * page_size,
+                             device=TEST_DEVICE)
+        writer = TieredCache(config, self.store,
+                             device_kv=engine_kv(self.layout, 64 * page_size) if self.engine else None)
         for i, ns in enumerate(NAMESPACES[:2]):
             for j, prefix in enumerate(PREFIXES[1:]):
                 req = Request(f"seed{i}.{j}", prefix + [j, i, 0, 1], ns)
-                adm = writer.admit(req)
-                hashes = self._expected_for(writer, req)
-                for p in range(adm.cached_tokens // page_size, -(-len(req) // page_size)):
-                    slots = torch.from_numpy(adm.slots[p * page_size:(p + 1) * page_size])
-                    fill = page_content(hashes[p], writer.device_pool.page_bytes).view(page_size, -1) \
-                        if p < len(hashes) else 0xAB
-                    writer.device_pool.storage[slots] = fill
+                forward(writer, req, writer.admit(req))
                 writer.commit(req.rid)
                 self.committed.append(req)
         writer.close()
@@ -176,6 +180,7 @@ class CacheMachine(RuleBasedStateMachine):
     def teardown(self):
         RUN_LENGTHS.append(self.steps)
         SEEN["runs with L3" if self.store is not None else "runs without L3"] += 1
+        SEEN["runs over an engine's tensors" if self.engine else "runs over kvc's own pool"] += 1
         if self.cache is not None:
             _tally(self.cache)
         if self.store is not None:
@@ -246,17 +251,9 @@ class CacheMachine(RuleBasedStateMachine):
             return
         rid = data.draw(st.sampled_from(sorted(self.live)))
         req = self.live.pop(rid)
-        adm_slots = self.cache.device_slots(rid)
-        hashes = self._expected(req)
-        storage = self.cache.device_pool.storage
         cached = self.cached_tokens.pop(rid)
         # the forward: write every new token's KV (whole pages from their hash, the tail as noise)
-        for i in range(cached // self.ps, -(-len(req) // self.ps)):
-            slots = torch.from_numpy(adm_slots[i * self.ps:(i + 1) * self.ps])
-            if i < len(hashes):
-                storage[slots] = page_content(hashes[i], self.page_bytes).view(self.ps, -1)
-            else:
-                storage[slots] = 0xAB
+        write_kv(self.cache, req, self.cache.device_slots(rid), cached)
         self.cache.commit(rid)
         self.committed.append(req)
 
@@ -269,9 +266,10 @@ class CacheMachine(RuleBasedStateMachine):
         req = self.live.pop(rid)
         cached = self.cached_tokens.pop(rid)
         if scribble:  # an aborted forward may have written garbage: it must never become visible
-            fresh = self.cache.device_slots(rid)[cached:]
-            if len(fresh):
-                self.cache.device_pool.storage[torch.from_numpy(fresh)] = 0xCD
+            fresh_pages = self.cache.device_slots(rid)[cached::self.ps] // self.ps
+            if len(fresh_pages):
+                self.cache.device_pool.kv.write(fresh_pages, np.full((len(fresh_pages), self.page_bytes), 0xCD,
+                                                                     dtype=np.uint8))
         self.cache.release(req.rid)
 
     @rule(device=st.integers(0, 12), host=st.integers(0, 12))
@@ -457,10 +455,10 @@ class CacheMachine(RuleBasedStateMachine):
 
     def _verify_pages(self, req, pool, slots):
         hashes = self._expected(req)
-        for i in range(len(slots) // self.ps):
-            page_slots = torch.from_numpy(np.asarray(slots[i * self.ps:(i + 1) * self.ps]))
-            got = pool.storage[page_slots].reshape(-1)
-            assert torch.equal(got, page_content(hashes[i], self.page_bytes)), \
+        n = len(slots) // self.ps
+        pages = pool.kv.read(np.asarray(slots[: n * self.ps: self.ps]) // self.ps)
+        for i in range(n):
+            assert np.array_equal(pages[i], page_content(hashes[i], self.page_bytes).numpy()), \
                 f"{pool.name} page {i} of {req.rid} ({req.namespace.label}) holds another page's KV"
 
     @invariant()
@@ -484,8 +482,9 @@ class CacheMachine(RuleBasedStateMachine):
             for pool, pages in ((self.cache.device_pool, node.device), (self.cache.host_pool, node.host)):
                 if pages is None:
                     continue
-                for page, digest in zip(pages.tolist(), tree.page_hashes(node), strict=True):
-                    assert torch.equal(pool.pages[page], page_content(digest, self.page_bytes)), \
+                held = pool.kv.read(pages)
+                for row, page, digest in zip(held, pages.tolist(), tree.page_hashes(node), strict=True):
+                    assert np.array_equal(row, page_content(digest, self.page_bytes).numpy()), \
                         f"{pool.name} page {page} of node #{node.id} holds another page's KV"
 
     steps = -1  # invariant checks after the first (initialize) one: the number of rule steps run

@@ -29,6 +29,7 @@ import time
 
 import pytest
 
+from devices import TEST_DEVICE
 from factories import make_layout, make_store, store_holdings
 from kvcache import (
     AdmitStatus,
@@ -122,7 +123,7 @@ class Walk:
         ttl = rng.choice([None, TTLMode.SLIDING, TTLMode.ABSOLUTE])
         device_pages = rng.choice([6, 10, 16, 32]) * 4 // ps
         self.config = CacheConfig(
-            layout, device_tokens=device_pages * ps, host_tokens=rng.choice([8, 16, 48]) * 4, device="cpu",
+            layout, device_tokens=device_pages * ps, host_tokens=rng.choice([8, 16, 48]) * 4, device=TEST_DEVICE,
             write_policy=policy, write_through_threshold=2, host_mode=self.mode,
             prefetch_policy=rng.choice(list(PrefetchPolicy)), prefetch_timeout_ms=0,
             prefetch_timeout_per_page_ms=0, prefetch_retry_interval_ms=0, io_batch_pages=2, io_thread=False,

@@ -26,7 +26,6 @@ import re
 import signal
 import string
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -39,13 +38,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+import clirun
 from kvc.main import app
 from kvcache import WorkloadSpec, generate, write_trace
 from kvcache.storage.location import StoreLocation
 from kvcache_redis.url import parse_url
 from redis_server import RedisServer, require_server
 
-KVC = Path(sys.executable).with_name("kvc")
+KVC = clirun.KVC
 NAMED = ["a", "e", "1", "/", "."]
 EXAMPLES = int(os.environ.get("KVC_SECRET_EXAMPLES", "1"))
 TOKENS = ",".join(str(t) for t in range(1, 33))  # 8 pages of 4

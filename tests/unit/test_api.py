@@ -13,6 +13,7 @@ PUBLIC = {
     "page_hashes", "L3Store", "PageStore", "open_store", "page_origins", "NamespaceShares", "Shares",
     "SettledPrefetch", "SyntheticKV", "WarmResult", "warm_namespace",
     "Shard", "engine_page_hash", "engine_origins", "engine_hashes", "PageOutcome",
+    "KVPages",
     "ExpiryCause", "NamespaceExpiry", "NamespaceTTL", "TTLMode", "TTLPolicy", "TTLStats",
     "TraceRequest", "WorkloadSpec", "generate", "read_trace", "write_trace",
     "NamespaceReplay", "Replayer", "ReplayReport", "TierTokens", "VerifyMismatch", "replay",

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 import torch
 
+from devices import TEST_DEVICE
 from factories import make_cache
 from kvcache import AdmitStatus, DoubleFree, Namespace, Request, UnknownRequest, WritePolicy
 from kvcache.types.owners import FREE_CODE
@@ -142,7 +143,7 @@ def test_write_back_backs_up_on_eviction_only():
 
 def test_load_back_restores_exact_bytes():
     c = make_cache(page_size=2, device_tokens=32, host_tokens=64)
-    marker = torch.randint(0, 256, (12, c.layout.bytes_per_token), dtype=torch.uint8)
+    marker = torch.randint(0, 256, (12, c.layout.bytes_per_token), dtype=torch.uint8, device=TEST_DEVICE)
     req = Request("a", range(12), T1)
     adm = c.admit(req)
     c.device_pool.storage[torch.from_numpy(adm.slots)] = marker
@@ -257,5 +258,5 @@ def test_a_store_handle_of_another_layout_is_a_layout_mismatch(tmp_path):
 
     store = make_store(tmp_path / "store", make_layout(4))
     with pytest.raises(LayoutMismatch, match=r"page_size=1 is not in this store \(it holds: .*page_size=4\)"):
-        TieredCache(CacheConfig(make_layout(1), device_tokens=8, device="cpu"), store)
+        TieredCache(CacheConfig(make_layout(1), device_tokens=8, device=TEST_DEVICE), store)
     store.close()

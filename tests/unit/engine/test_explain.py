@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 
+from devices import TEST_DEVICE
 from factories import forward, l3_cache, make_layout, make_store
 from kvcache import CacheConfig, Namespace, Request, TieredCache
 from kvcache.types.config import HostMode, PrefetchPolicy, TTLPolicy
@@ -118,7 +119,7 @@ def test_drop_is_named_in_every_tier(store):
 
 def test_ttl_expiry_is_named_ttl_in_every_tier(store):
     now = [1000.0]
-    config = CacheConfig(make_layout(PS), device_tokens=64, host_tokens=64, device="cpu", io_thread=False,
+    config = CacheConfig(make_layout(PS), device_tokens=64, host_tokens=64, device=TEST_DEVICE, io_thread=False,
                          ttl=TTLPolicy(default_ttl_s=10.0, sweep_interval_s=0.0))
     cache = TieredCache(config, store, clock=lambda: now[0])
     r = req("a", 100)
@@ -222,7 +223,7 @@ def test_pages_under_another_layout_are_named_other_layout(tmp_path):
     from kvcache.storage.registry import open_store
 
     def cache_on(store, layout):
-        return TieredCache(CacheConfig(layout, device_tokens=64, host_tokens=64, device="cpu", io_thread=False),
+        return TieredCache(CacheConfig(layout, device_tokens=64, host_tokens=64, device=TEST_DEVICE, io_thread=False),
                            store)
 
     path, x, y = str(tmp_path / "s"), make_layout(PS, model="model-x@r1"), make_layout(PS, model="model-y@r1")

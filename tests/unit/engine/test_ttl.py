@@ -7,6 +7,7 @@ import math
 import msgspec
 import pytest
 
+from devices import TEST_DEVICE
 from factories import forward, l3_cache, make_layout, make_store
 from kvcache import (
     AdmitStatus,
@@ -58,7 +59,7 @@ def store(tmp_path):
 
 
 def ttl_cache(store, clock, mode=TTLMode.SLIDING, default=10.0, maximum=20.0, namespaces=100, sweep=0.0, **kw):
-    config = CacheConfig(make_layout(4), device_tokens=256, host_tokens=256, device="cpu", io_thread=False,
+    config = CacheConfig(make_layout(4), device_tokens=256, host_tokens=256, device=TEST_DEVICE, io_thread=False,
                          ttl=TTLPolicy(mode, default, maximum, namespaces, sweep), **kw)
     return TieredCache(config, store, clock=clock)
 

@@ -2,8 +2,10 @@ import functools
 
 import numpy as np
 import pytest
+import torch
 
-from kvcache import DoubleFree, InvalidInput, OwnershipError
+from kvcache import DoubleFree, InvalidConfig, InvalidInput, OwnershipError
+from kvcache.ledger.kv import KVPages
 from kvcache.ledger.pools import SlotPool
 from kvcache.types.owners import FREE_CODE, OwnerKind, owner_code
 
@@ -14,13 +16,23 @@ def pool(pages=8, page_size=4, ledger=True):
     return SlotPool("device", pages, page_size, 16, ledger=ledger)
 
 
-def test_storage_shape_and_page_views():
+def test_own_storage_is_one_token_major_span_with_page_views():
     p = pool()
-    assert tuple(p.storage.shape) == (32, 16) and tuple(p.pages.shape) == (8, 64)
-    p.storage.zero_()
+    assert p.kv.owned and p.kv.arrangement == "token" and len(p.kv.views) == 1
+    assert tuple(p.pages.shape) == (8, 64) and p.page_rows is not None
+    p.pages.zero_()
     p.pages[3] = 9
-    assert (p.storage[12:16] == 9).all() and int(p.storage.sum()) == 9 * 64
+    assert (p.kv.read(np.array([3])) == 9).all() and int(p.pages.sum()) == 9 * 64
     assert list(p.slots(np.array([0, 2]))) == [0, 1, 2, 3, 8, 9, 10, 11]
+
+
+def test_a_pool_over_an_engines_kv_must_match_its_geometry():
+    kv = KVPages.layer_first([torch.zeros(16, 2, 4, dtype=torch.float16)] * 2, [torch.zeros(16, 2, 4,
+                                                                                          dtype=torch.float16)] * 2, 4)
+    p = SlotPool("device", 4, 4, 2 * 2 * 2 * 4 * 2, kv=kv)  # 2 layers, K and V, 2 heads of 4 fp16
+    assert p.kv is kv and p.pages is None and p.page_rows is None and p.page_bytes == kv.page_bytes
+    with pytest.raises(InvalidConfig, match="holds 4 pages of 256 bytes; the pool needs 5"):
+        SlotPool("device", 5, 4, 64, kv=kv)
 
 
 def test_alloc_records_owner_and_full_pool_is_a_value():

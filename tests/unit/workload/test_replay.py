@@ -2,6 +2,7 @@
 
 import pytest
 
+from devices import TEST_DEVICE
 from factories import make_layout, make_store
 from kvcache import CacheConfig, Namespace, Replayer, TieredCache, TraceRequest, WorkloadSpec, generate, replay
 
@@ -12,7 +13,7 @@ SPEC = WorkloadSpec(requests=150, tenants=3, system_prompt_tokens=40, document_t
 def _cache(store=None, device_tokens=512, host_tokens=1024, **kw):
     kw.setdefault("io_thread", False)
     return TieredCache(CacheConfig(make_layout(8), device_tokens=device_tokens, host_tokens=host_tokens,
-                                   device="cpu", **kw), store)
+                                   device=TEST_DEVICE, **kw), store)
 
 
 @pytest.mark.parametrize("mode", ["cache", "buffer"])
