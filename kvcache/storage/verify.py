@@ -24,7 +24,7 @@ from ..types.layout import KVLayout
 from .api import VerifyReport
 from .chain import ChainRoots
 from .codec import HEADER
-from .verify_checks import EngineHashes, check_page, check_snapshot, hash_mismatch, implausible, life, recorded_roots
+from .verify_checks import EngineHashes, check_page, check_snapshot, hash_mismatch, life
 from .verify_parts import (
     NOT_CHECKED,
     AuditLog,
@@ -34,24 +34,13 @@ from .verify_parts import (
     run_parts,
     structure_proven,
 )
-from .verify_repair import removed_pages
 from .verify_repair import repair as apply_repairs
 from .verify_source import (
     Findings,
     Guard,
     IntegritySource,
     OwnChecks,
-    PageRow,
-    Removal,
-    RepairOps,
-    ScannedPage,
-    Snapshot,
 )
-
-# `verify`, and the names the LMDB backend (kvcache/storage/lmdb/) imports from here as it did before the audit was
-# split into the modules above: kept until its imports name their homes.
-__all__ = ["verify", "EngineHashes", "Findings", "Guard", "PageRow", "Removal", "RepairOps", "ScannedPage",
-           "Snapshot", "check_page", "implausible", "life", "recorded_roots", "removed_pages"]
 
 UNRECORDED = ("structure_corrupt", "key_mismatch")  # findings after which an audit writes nothing to the store
 

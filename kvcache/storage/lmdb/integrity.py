@@ -47,8 +47,9 @@ from ..codec import (
 )
 from ..isolated import Died
 from ..keyfile import KEY_MISMATCH, key_if_any, mismatch_detail
-from ..verify import Findings, PageRow, RepairOps, ScannedPage, Snapshot, life
+from ..verify_checks import life
 from ..verify_parts import Catalogue, KeyRange, PartContext, PartProgress, PartReport
+from ..verify_source import Findings, PageRow, RepairOps, ScannedPage, Snapshot
 from . import pagemap
 from . import removals as removal_log
 from .bookkeeping import decode_totals, key_evidence, recount

@@ -11,7 +11,7 @@ import lmdb
 
 from ...types.keys import PAGE_HASH_BYTES
 from ..codec import decode_meta, decode_namespace, decode_or_none
-from ..verify import ScannedPage
+from ..verify_source import ScannedPage
 from .shared_env import SharedEnv
 
 

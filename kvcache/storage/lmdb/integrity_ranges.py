@@ -14,8 +14,9 @@ import msgspec
 
 from ..api import PageMeta
 from ..codec import HEADER, decode_meta, decode_or_none
-from ..verify import EngineHashes, Findings, check_page
+from ..verify_checks import EngineHashes, check_page
 from ..verify_parts import HeldPage, KeyRange, NsSum, PartContext, PartProgress, PartReport, replays
+from ..verify_source import Findings
 from .integrity_page import PageReader
 from .shared_env import SharedEnv
 

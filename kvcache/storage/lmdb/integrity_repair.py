@@ -31,7 +31,8 @@ from ..codec import (
     stored_checksum,
 )
 from ..removals import RemovalReason
-from ..verify import Guard, PageRow, Removal, implausible, recorded_roots
+from ..verify_checks import implausible, recorded_roots
+from ..verify_source import Guard, PageRow, Removal
 from . import removals as removal_log
 from .bookkeeping import NsDelta, adjust_totals, apply_deltas, drop_page
 

@@ -25,7 +25,7 @@ from ..codec import (
     engine_keyed,
 )
 from ..keyfile import key_if_any
-from ..verify import recorded_roots
+from ..verify_checks import recorded_roots
 from . import recover
 from .salvage_child import env_of
 

@@ -17,7 +17,7 @@ from ...types.keys import PAGE_HASH_BYTES
 from ...types.shares import decode_shares_record
 from ..codec import CHECKSUMS, StoreFormat, decode_format, decode_meta, decode_namespace, decode_or_none
 from ..isolated import run_isolated
-from ..verify import recorded_roots
+from ..verify_checks import recorded_roots
 from . import pagefile, pagemap, recover
 from .bookkeeping import SHARES_PREFIX
 from .salvage_child import env_of

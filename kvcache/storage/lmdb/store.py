@@ -88,8 +88,9 @@ from ..handle import StoreHandle, new_counts
 from ..keyfile import create_key, refuse_mismatch, store_key
 from ..location import StoreLocation
 from ..maintenance import StoreMaintenance
-from ..verify import removed_pages, verify
+from ..verify import verify
 from ..verify_parts import AuditScope
+from ..verify_repair import removed_pages
 from .access import AccessRecords
 from .bookkeeping import (  # noqa: F401
     StoreTotals,

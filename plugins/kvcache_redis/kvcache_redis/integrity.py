@@ -42,7 +42,7 @@ T = TypeVar("T")
 
 
 class RedisIntegrity:
-    """A Redis store as `kvcache.storage.verify.IntegritySource`. One per verify: the tree the checks judge is
+    """A Redis store as `kvcache.storage.verify_source.IntegritySource`. One per verify: the tree the checks judge is
     what the scan of the page records saw (kept here)."""
 
     checksum = XXH3
