@@ -5,8 +5,8 @@ allocate device slots for the rest) → the engine's forward writes KV → ``com
 unlock, back up per the write policy) or ``release`` (abort). Every slot move is a ledger move; `audit()` checks
 the whole partition at any moment.
 
-This class is the facade: admission and commit run here (the hot path, inline), and each other state machine has
-its own module, wired together here — `holders` (every slot holder, one id mint), `host_mode` (the rules of cache
+This class is the facade over the state machines `parts` builds, each in its own module: `admission` (admit,
+commit, release: the top, calling down), `holders` (every slot holder, one id mint), `host_mode` (the rules of cache
 and buffer mode), `room` (allocation, eviction, admission's order), `copies` (backups and load-backs), `writes`
 (L2 -> L3), `prefetch` (L3 -> L2), `staging` (buffer-mode records), `expiry` (namespace TTL), `shares` and
 `event_log` (the KV-event feed).
@@ -32,9 +32,7 @@ from ..errors import (
     CacheClosed,
     InvalidConfig,
     InvalidInput,
-    InvariantViolation,
     LayoutMismatch,
-    RequestIdInUse,
     StoreAccessDenied,
     UnknownRequest,
 )
@@ -47,12 +45,10 @@ from ..types.events import MediumNames
 from ..types.explain import Explanation
 from ..types.fingerprint_key import FingerprintKey
 from ..types.namespace import Namespace
-from ..types.owners import FREE_CODE, OwnerKind, owner_code
 from ..types.reports import AuditReport
 from ..types.request import Request
 from ..types.results import (
     Admission,
-    AdmitStatus,
     CommitResult,
     DropReason,
     EvictResult,
@@ -65,7 +61,7 @@ from ..types.results import (
     SettledPrefetch,
 )
 from ..types.shares import NamespaceShares, Shares
-from ..types.stats import BackupStats, CacheCounters, CacheStats, PrefetchStats, TierHits, add_hits
+from ..types.stats import BackupStats, CacheCounters, CacheStats, PrefetchStats
 from ..types.tier import Tier
 from .copies import TransferOp
 from .event_log import EventLog, EventSink
@@ -76,12 +72,6 @@ from .prefetch import PrefetchOp
 from .staging import StagedPrefetch
 from .ttl import TTLTracker
 from .writes import StorageWriteJob
-
-# Enum members looked up once: on Python 3.11 each `Enum.MEMBER` lookup in a hot path goes through the enum type's
-# __getattr__ hook (~0.1 us).
-_ADMITTED = AdmitStatus.ADMITTED
-_REQUEST_BASE = owner_code(OwnerKind.REQUEST, 0)  # a request's ledger code is this | its handle (owner_code)
-_DEVICE = Tier.DEVICE
 
 
 def _chain_key(store: PageStore | None) -> bytes | None:
@@ -135,8 +125,7 @@ class TieredCache:
         self.tree = RadixTree(ps, config.layout.layout_id, chain_key, self.fingerprints)
         self.counters, self.prefetch_stats, self.backup_stats = CacheCounters(), PrefetchStats(), BackupStats()
         self.holders = Holders()
-        self._live = self.holders.live  # the hot path's own reference
-        self._hits: dict[bytes, TierHits] = {}  # namespace id -> tier hits
+        self._live = self.holders.live  # rid -> the request between admit and commit/release
         self._closed = False
         p = Parts(config, store, self.device_pool, self.host_pool, self.tree, self.holders, self.counters,
                   self.prefetch_stats, self.backup_stats, clock)
@@ -144,10 +133,11 @@ class TieredCache:
         self._staging, self._prefetcher, self._shares = p.staging, p.prefetcher, p.shares
         self._completion, self._offboard, self._expiry = p.completion, p.offboard, p.expiry
         self.removals, self.prefetches = p.removals, p.prefetches  # what explains a miss (`explain`)
+        self._admissions = p.admissions
+        self._admit, self._commit = p.admissions.admit, p.admissions.commit  # the hot path: bound once
         if store is not None:
             self._shares.refresh_quietly()
         self._events: EventLog | None = None  # the KV-event feed, when one is attached (attach_events)
-        self._backup_on_commit = config.backup_rule.on_commit and p.rules.backs_up
 
     # --- the request lifecycle -------------------------------------------------------------------------------
 
@@ -170,132 +160,20 @@ class TieredCache:
         `TOO_LARGE` (it could never fit). A request id that is already admitted is `RequestIdInUse`."""
         if self._closed:
             raise CacheClosed("admit")
-        rid, ps, n_tokens, holders = request.rid, self.page_size, len(request.key.data) >> 2, self.holders
-        if rid in self._live:
-            raise RequestIdInUse(rid, "is already admitted")
-        if self._expiry is not None:
-            self._expiry.use(request)
-        if holders.prefetches or holders.staged:
-            self._prefetcher.drop_foreign_holds(request)  # what was fetched for another request never serves it
-        # self.match(request), written out (one call less on every admission)
-        m = self.tree.match_prefix(request.key)
-        c = self.counters
-        c.matches += 1
-        c.match_tokens += n_tokens
-        device_tokens = len(m.device_pages) * ps
-        c.device_hit_tokens += device_tokens
-        c.host_hit_tokens += len(m.host_pages) * ps
-        node = m.device_node
-        self.tree.lock(node)
-        total_pages = -(-n_tokens // ps)
-        if total_pages - len(m.device_pages) > self.device_pool.free_pages:  # room to make, or never
-            refused = self._room.refuse(request, m, total_pages)
-            if refused is not None:
-                return Admission(rid, refused)
-        from_storage = 0
-        op = holders.prefetches.pop(rid, None) if holders.prefetches else None
-        if op is not None:
-            from_storage = self._prefetcher.settle_op(op)
-            m = self.tree.match_prefix(request.key, touch=False)  # the tree may hold host-only nodes of it now
-            device_tokens = len(m.device_pages) * ps
-        staged = holders.staged.pop(rid, None) if holders.staged else None
-        cached, loaded = m.device_pages, 0
-        if len(m.host_pages):
-            loaded_pages = self._copies.load_back(m)
-            if loaded_pages is not None:
-                self.tree.lock(m.host_node)
-                self.tree.unlock(node)
-                node = m.host_node
-                cached = np.concatenate([cached, loaded_pages])
-                loaded = len(loaded_pages) * ps
-        if staged is not None:
-            node, cached, spliced = self._staging.consume(staged, request, node, cached)
-            from_storage += spliced
-        cached_tokens = len(cached) * ps
-        if cached_tokens > n_tokens:
-            self.tree.unlock(node)
-            raise InvariantViolation(f"admit of request {rid}: {cached_tokens} cached tokens run past the end of its "
-                                     f"{n_tokens} tokens; nothing was allocated for it")
-        handle = holders.mint_handle()
-        owner = _REQUEST_BASE | handle  # owner_code(REQUEST, handle), without the call
-        new_tokens = n_tokens - cached_tokens
-        n_fresh = -(-new_tokens // ps)
-        # The pool first: room was made above when it was short, so eviction (room.alloc) is the rare path.
-        fresh = self.device_pool.alloc(n_fresh, owner)
-        if fresh is None:
-            fresh = self._room.alloc(_DEVICE, n_fresh, owner, request.key.namespace)
-        if fresh is None:  # the room was made above; only a copy still pinning its pages can take it back
-            self.tree.unlock(node)
-            self.counters.refused += 1
-            return Admission(rid, AdmitStatus.POOL_FULL)
-        self._live[rid] = LiveRequest(request, handle, owner, node, cached, fresh)
-        c.admitted += 1
-        c.loaded_back_tokens += loaded
-        storage_tokens = min(from_storage * ps, cached_tokens - device_tokens)
-        host_tokens = cached_tokens - device_tokens - storage_tokens
-        add_hits(self._hits, request.key.namespace, device_tokens, host_tokens, storage_tokens, self.fingerprints)
-        # Pages only, as the two runs the cache holds: the request's pages as one array and its per-token slots are
-        # built if and when the caller reads `Admission.pages` / `Admission.slots`.
-        return Admission(rid, _ADMITTED, cached_tokens, loaded, new_tokens, cached, fresh, device_tokens,
-                         host_tokens, storage_tokens, ps)
+        return self._admit(request)
 
     def commit(self, rid: str) -> CommitResult:
         """The forward wrote the request's KV: insert its whole pages into the tree (the tree's owners free
         duplicates), free the partial tail, unlock, and back up per the write policy."""
         if self._closed:
             raise CacheClosed("commit")
-        live = self._live.pop(rid, None)
-        if live is None:
-            raise UnknownRequest(rid, "cannot commit: not admitted (or already committed/released)")
-        request, ps = live.request, self.page_size
-        key = request.key
-        n_pages = (len(key.data) >> 2) // ps
-        if n_pages * ps != len(key.data) >> 2:  # the partial tail page is not cached
-            key = key.page_aligned(ps)
-        n_cached, fresh = len(live.cached_pages), live.fresh_pages
-        # The cached prefix is in the tree already (the request's lock kept it there): only the fresh pages are
-        # offered, so the request's pages are never joined into one array.
-        ins = self.tree.insert(key, fresh if len(fresh) == n_pages - n_cached else fresh[:n_pages - n_cached],
-                               n_cached)
-        # The request's fresh pages, in order: duplicates of pages the tree already held (a concurrent insert got
-        # there first) -> FREE; the adopted nodes' slices -> those nodes; the partial tail page -> FREE.
-        n_dup = max(0, ins.prefix_pages - n_cached)
-        adopted = ins.adopted
-        if len(adopted) == 1 and adopted[0].device is fresh:  # the hot case: one new leaf took them all
-            n_tail = 0
-            self.device_pool.transfer(fresh, live.owner, adopted[0].owner)
-        else:
-            parts, at = [(n_dup, FREE_CODE)], n_dup
-            for node in adopted:
-                at += len(node.device)  # type: ignore[arg-type]  # an adopted node took the caller's device pages
-                parts.append((at, node.owner))
-            n_tail = len(fresh) - at
-            parts.append((len(fresh), FREE_CODE))
-            self.device_pool.disperse(fresh, live.owner, parts)
-        self.tree.unlock(live.node)
-        c = self.counters
-        c.committed += 1
-        c.duplicate_pages_freed += n_dup
-        backed = self._copies.after_commit(ins.node) if self._backup_on_commit else 0
-        if self._expiry is not None and self._expiry.tracker.deferred:
-            self._expiry.ended(request.namespace)
-        return CommitResult(rid, n_pages * ps, n_dup, n_tail, backed)
+        return self._commit(rid)
 
     def release(self, rid: str) -> None:
         """Drop everything held for a request without caching it — abort at any stage: its prefetch (in flight or
         done), its staged record, its admission (path unlocked, fresh pages freed). Each slot is freed once."""
         self._check_open("release")
-        found = self._prefetcher.drop_holds(rid, DropReason.ABORTED)
-        live = self._live.pop(rid, None)
-        if live is not None:
-            self.device_pool.disperse(live.fresh_pages, live.owner, [(len(live.fresh_pages), FREE_CODE)])
-            self.tree.unlock(live.node)
-            self.counters.released += 1
-            found = True
-            if self._expiry is not None and self._expiry.tracker.deferred:
-                self._expiry.ended(live.request.namespace)
-        if not found:
-            raise UnknownRequest(rid, "cannot release: no prefetch, staged record or admission is held for it")
+        self._admissions.release(rid)
 
     def holds(self, rid: str) -> bool:
         """Does the cache hold anything for request id `rid`: a prefetch, a staged record or an admission?"""
@@ -491,7 +369,7 @@ class TieredCache:
     def stats(self) -> CacheStats:
         """Hits per namespace and tier, prefetch and backup figures, counters (copies: safe to keep)."""
         ttl = self.ttl_tracker.snapshot_stats() if self.ttl_tracker is not None else None
-        return msgspec.convert(msgspec.to_builtins(CacheStats(list(self._hits.values()), self.prefetch_stats,
+        return msgspec.convert(msgspec.to_builtins(CacheStats(list(self._admissions.hits.values()), self.prefetch_stats,
                                                               self.backup_stats, self.counters, ttl)), CacheStats)
 
     def audit(self) -> AuditReport:

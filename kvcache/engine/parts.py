@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ..ledger.copy import Copier
 from ..types.removals import RemovalReason
 from ..types.tier import Tier
+from .admission import Admissions
 from .completion import Completion
 from .copies import Copies
 from .expiry import Expiry
@@ -65,6 +66,9 @@ class Parts:
         expire = functools.partial(offboard.drop, reason=RemovalReason.TTL)
         tracker = TTLTracker(config.ttl, clock, fingerprints=tree.fingerprints) if config.ttl is not None else None
         self.expiry = Expiry(tracker, holders, expire) if tracker is not None else None
+        # the request lifecycle on top: it calls down into the machines above, none of which calls it
+        self.admissions = Admissions(config, tree, device_pool, holders, counters, room, copies, staging, prefetcher,
+                                     self.expiry, rules.backs_up)
         room.wire(copies, writes, prefetcher)
         copies.room, copies.writes, copies.flush = room, writes, completion.flush
         writes.copies = copies
