@@ -77,7 +77,7 @@ class TransferOp:
 
     def done(self) -> bool:
         """True once the copy has finished."""
-        return self.event is None or bool(self.event.query())
+        return self.event is None or bool(self.event.query())  # type: ignore[no-untyped-call]
 
     def wait(self) -> None:
         """Block until the copy has finished."""

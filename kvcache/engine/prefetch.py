@@ -145,7 +145,7 @@ class CheckJob:
 class FetchJob:
     """Reads the op's hit pages into its host pages, one batch per step."""
 
-    def __init__(self, op: PrefetchOp, views: list, batch: int) -> None:
+    def __init__(self, op: PrefetchOp, views: list[np.ndarray], batch: int) -> None:
         self.op = op
         self.views = views  # writable byte views of op.pages[op.fetched:], one per page
         self.batch = batch

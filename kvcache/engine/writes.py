@@ -56,7 +56,7 @@ class StorageWriteJob:
 
     kind = OpKind.STORAGE_WRITE  # what it does to the nodes it pins, as copies name it
 
-    def __init__(self, ident: int, nodes: list[TreeNode], hashes: list[bytes], views: list,
+    def __init__(self, ident: int, nodes: list[TreeNode], hashes: list[bytes], views: list[np.ndarray],
                  origins: list[PageOrigin], batch: int, check_parent: bool, pages: np.ndarray | None = None,
                  clock: Iterator[int] | None = None) -> None:
         self.id = ident

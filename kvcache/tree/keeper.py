@@ -324,7 +324,7 @@ class BookKeeper:
         # eviction of one node by the tree alone, within noise of one in TieredCache (which frees ledger pages, and
         # more, per node). The moves on every request's path are specialised: `_new_device_leaf`, `_protect`.
         attr = book.copy
-        had = getattr(node, attr)
+        had: np.ndarray | None = getattr(node, attr)
         if pages is not None:  # (a removal, eviction's move, skips the call)
             pages = exact(pages)
         setattr(node, attr, pages)
