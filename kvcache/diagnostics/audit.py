@@ -77,7 +77,9 @@ def audit_store(location: str, repair: bool = False, force: bool = False, lock: 
 
     isolated = getattr(backend_class(scheme_of(location)), "verify_location", None)
     if isolated is not None:
-        return isolated(location, repair=repair, force=force, lock=lock, scope=scope, progress=progress)
+        report: VerifyReport = isolated(location, repair=repair, force=force, lock=lock, scope=scope,
+                                        progress=progress)
+        return report
     with contextlib.closing(open_store(location, readonly=not repair)) as store:
         return store.verify(repair=repair)
 

@@ -90,7 +90,7 @@ def encode_snapshot(snapshot: Snapshot) -> bytes:
     return msgspec.msgpack.encode(snapshot)
 
 
-def write_snapshot(snapshot: Snapshot | bytes, path: str | os.PathLike) -> Path:
+def write_snapshot(snapshot: Snapshot | bytes, path: str | os.PathLike[str]) -> Path:
     """Write `snapshot` (or the bytes of one, as a live cache sends them) to `path` atomically (a temp file in
     the same directory, fsync, rename)."""
     path = Path(path)
@@ -108,7 +108,7 @@ def write_snapshot(snapshot: Snapshot | bytes, path: str | os.PathLike) -> Path:
     return path
 
 
-def read_snapshot(path: str | os.PathLike) -> Snapshot:
+def read_snapshot(path: str | os.PathLike[str]) -> Snapshot:
     """Load a snapshot; `InvalidSnapshot` names the file and what is wrong with it."""
     try:
         data = Path(path).read_bytes()

@@ -61,7 +61,7 @@ class AdminClient:
     server at its connection limit) is retried within the timeout.
     """
 
-    def __init__(self, path: str | os.PathLike, timeout: float | None = 30.0,
+    def __init__(self, path: str | os.PathLike[str], timeout: float | None = 30.0,
                  trusted_uids: Iterable[int] | None = None) -> None:
         self.path = os.fspath(path)
         self.timeout = timeout  # seconds to wait for each answer; None: no limit
@@ -144,7 +144,7 @@ class AdminClient:
         except RecursionError:
             raise AdminBadFrame(self.path, "unexpected result: nested too deep") from None
 
-    def replay(self, trace: bytes | str | os.PathLike | IO[bytes], result_type: type[T], *, verify: bool = False,
+    def replay(self, trace: bytes | str | os.PathLike[str] | IO[bytes], result_type: type[T], *, verify: bool = False,
                batch: int = 4, lookahead: int = 8, snapshot: bool = False,
                timeout: float | None | bool = None, explain: bool = False) -> T:
         """Have the live cache replay a JSONL trace (its bytes, a path or a binary file, sent in chunks of at most
@@ -193,7 +193,7 @@ class AdminClient:
         return sock
 
 
-def _chunks(trace: bytes | str | os.PathLike | IO[bytes]) -> Generator[bytes, None, None]:
+def _chunks(trace: bytes | str | os.PathLike[str] | IO[bytes]) -> Generator[bytes, None, None]:
     """A trace's bytes in replay chunks (TRACE_CHUNK_BYTES each); at least one, maybe empty."""
     if isinstance(trace, (bytes, bytearray, memoryview)):
         data = bytes(trace)

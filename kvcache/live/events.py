@@ -112,7 +112,7 @@ class KVEventPublisher:
         self._max_replays = max_replays
         self._stall_s = replay_stall_s
         self._ctx = zmq.Context()
-        self._router: zmq.Socket | None = None
+        self._router: zmq.Socket[bytes] | None = None
         try:
             self._pub, bound = _bind(self._ctx, zmq.PUB, endpoint, {
                 zmq.SNDHWM: hwm, zmq.MAXMSGSIZE: _SUBSCRIPTION_MAX_BYTES})
@@ -206,7 +206,7 @@ class KVEventPublisher:
                     del answers[answer.peer]
             self._stats.replay_active = len(answers)
 
-    def _take_request(self, router: zmq.Socket, frames: list[bytes], answers: dict[bytes, _Answer],
+    def _take_request(self, router: zmq.Socket[bytes], frames: list[bytes], answers: dict[bytes, _Answer],
                       stalled_peers: dict[bytes, None]) -> None:
         """Begin the answer to a request, or answer busy when `max_replays` are running."""
         st = self._stats
@@ -228,7 +228,8 @@ class KVEventPublisher:
             answer.stalled_since = time.monotonic() - self._stall_s
         answers[peer] = answer
 
-    def _advance(self, router: zmq.Socket, answer: _Answer, now: float, stalled_peers: dict[bytes, None]) -> bool:
+    def _advance(self, router: zmq.Socket[bytes], answer: _Answer, now: float,
+                 stalled_peers: dict[bytes, None]) -> bool:
         """Send `answer`'s next batches until its client's queue is full; True when it is done or abandoned."""
         st = self._stats
         try:
@@ -286,7 +287,8 @@ class KVEventPublisher:
         self.close()
 
 
-def _bind(ctx: zmq.Context, kind: int, endpoint: str, options: dict[int, int]) -> tuple[zmq.Socket, str]:
+def _bind(ctx: zmq.Context[zmq.Socket[bytes]], kind: int, endpoint: str,
+          options: dict[int, int]) -> tuple[zmq.Socket[bytes], str]:
     """A socket of `kind` bound to `endpoint`, `options` set before the bind (ZeroMQ gives a bound socket's
     connections the options it had when it was bound). MAXMSGSIZE: a larger inbound message disconnects its
     sender before it is read."""

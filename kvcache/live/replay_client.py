@@ -22,7 +22,8 @@ from .feed import END_OF_REPLAY, REPLAY_BUSY
 REPLAY_QUEUE = 4  # RCVHWM of the replay socket: messages ZeroMQ reads ahead of the subscriber
 
 
-def connect(ctx: zmq.Context, kind: int, endpoint: str, options: dict[int, int] | None = None) -> zmq.Socket:
+def connect(ctx: zmq.Context[zmq.Socket[bytes]], kind: int, endpoint: str,
+            options: dict[int, int] | None = None) -> zmq.Socket[bytes]:
     """A socket of `kind` connected to `endpoint`, `options` set before the connect; EventEndpointError when it
     cannot connect."""
     sock = ctx.socket(kind)
@@ -59,7 +60,8 @@ class ReplayClient:
     docstring): `ask` sends a request, `message` reads its answer. `timeout`: seconds of silence that end an answer;
     `max_batches`: messages one answer may send; `message_max`: bytes one message may have."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, timeout: float, max_batches: int, message_max: int) -> None:
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, timeout: float, max_batches: int,
+                 message_max: int) -> None:
         self._ctx = ctx
         self.endpoint = endpoint
         self.timeout = timeout
@@ -69,7 +71,7 @@ class ReplayClient:
         self._open = False  # a request was sent whose answer has not ended at its end marker
         self.cut_short = 0  # answers that ended without their end marker
 
-    def _socket(self) -> zmq.Socket:
+    def _socket(self) -> zmq.Socket[bytes]:
         """A DEALER on the replay endpoint that reads at most REPLAY_QUEUE messages ahead, none larger than the
         cap (a larger one disconnects the peer before it is read)."""
         return connect(self._ctx, zmq.DEALER, self.endpoint, {zmq.RCVHWM: REPLAY_QUEUE,

@@ -55,7 +55,7 @@ class AdminServer:
     """The admin socket of `cache` at `path`. Options (`mode`, `allow_uids`, `max_connections`, `idle_timeout`,
     upload caps) are `transport.AdminTransport`'s. Usable as a context manager (closes the socket on exit)."""
 
-    def __init__(self, cache: "TieredCache", path: str | os.PathLike, **options: Any) -> None:
+    def __init__(self, cache: "TieredCache", path: str | os.PathLike[str], **options: Any) -> None:
         self.cache = cache
         store = cache.store
         self.watch = store.watch if isinstance(store, FencedStore) else None  # the drops it follows

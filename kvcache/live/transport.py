@@ -41,7 +41,7 @@ import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterable
-from typing import IO, Any
+from typing import IO, Any, TypedDict
 
 import msgspec
 
@@ -84,6 +84,13 @@ class _Upload:
         self.size = 0
 
 
+class _Reply(TypedDict, total=False):
+    """The keyword arguments of `AdminTransport._send` for a reply sent at once: its result, or its error."""
+
+    result: msgspec.Raw
+    error: ErrorInfo
+
+
 class _Job:
     """A queued request and, once the owner thread ran it, its answer."""
 
@@ -117,7 +124,7 @@ class AdminTransport:
     the listen backlog (default: 16 x `max_connections`, at least 1024, at most SOMAXCONN).
     """
 
-    def __init__(self, path: str | os.PathLike, execute: Executor, *, mode: int = 0o600,
+    def __init__(self, path: str | os.PathLike[str], execute: Executor, *, mode: int = 0o600,
                  allow_uids: Iterable[int] | None = None, max_request_bytes: int = MAX_REQUEST_BYTES,
                  max_trace_bytes: int = MAX_TRACE_BYTES, max_upload_bytes: int | None = None,
                  upload_dir: str | None = None, max_connections: int = 64, idle_timeout: float = 10.0,
@@ -432,7 +439,7 @@ class AdminTransport:
 
     # --- replay uploads -------------------------------------------------------------------------------------
 
-    def _replay_chunk(self, upload: list[_Upload], request: ReplayRequest) -> tuple[ReplayJob | None, dict]:
+    def _replay_chunk(self, upload: list[_Upload], request: ReplayRequest) -> tuple[ReplayJob | None, _Reply]:
         """Add a chunk to the connection's upload: the job to queue once the last chunk is in (validated here,
         off the owner thread), or else the reply to send now. An upload over a cap is dropped whole."""
         n = len(request.chunk)

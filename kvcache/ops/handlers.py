@@ -18,7 +18,7 @@ import itertools
 import os
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import msgspec
 import numpy as np
@@ -33,6 +33,7 @@ from ..types.explain import Explanation
 from ..types.ids import DisplayId, NamespaceId
 from ..types.keys import page_hashes
 from ..types.namespace import Namespace, NamespaceInfo
+from ..types.reports import AuditReport
 from ..types.request import Request
 from ..types.results import ExpiryCause, NamespaceExpiry
 from ..workload.replay import Replayer
@@ -163,11 +164,17 @@ def _namespaces(cache: "TieredCache", _: NamespacesRequest) -> NamespaceList:
 # --- the L3 path: prefetch, stage, load-back ---------------------------------------------------------------------
 
 
-def _namespace(req) -> Namespace:
+# the requests that name a namespace by extra_key and salt, and those of them that carry a prompt's tokens
+_Named: TypeAlias = (PrefetchRequest | StageRequest | LoadBackRequest | ExplainRequest | ProbeRequest | EvictRequest
+                     | DropRequest | SharesRequest | ExpireRequest)
+_Prompted: TypeAlias = PrefetchRequest | StageRequest | LoadBackRequest | ExplainRequest | ProbeRequest
+
+
+def _namespace(req: _Named) -> Namespace:
     return Namespace(req.extra_key, req.cache_salt)
 
 
-def _request(req) -> Request:
+def _request(req: _Prompted) -> Request:
     if not req.tokens:
         raise InvalidInput("the request has no tokens")
     return Request(_rid(), np.asarray(req.tokens, dtype=np.uint32), _namespace(req))
@@ -196,7 +203,8 @@ def _prefetch(cache: "TieredCache", req: PrefetchRequest) -> RequestResult:
     return result
 
 
-def _prefetch_one(cache: "TieredCache", request: Request, req, command: str) -> RequestResult:
+def _prefetch_one(cache: "TieredCache", request: Request, req: PrefetchRequest | StageRequest,
+                  command: str) -> RequestResult:
     start = time.perf_counter()
     outcome = cache.prefetch(request)
     pages = 0
@@ -313,7 +321,7 @@ def _explain(cache: "TieredCache", req: ExplainRequest) -> Explanation:
 
 
 
-def _audit(cache: "TieredCache", _: AuditRequest):
+def _audit(cache: "TieredCache", _: AuditRequest) -> AuditReport:
     return cache.audit()
 
 

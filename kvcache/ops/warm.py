@@ -16,7 +16,7 @@ import msgspec
 
 from ..engine.cache import TieredCache
 from ..errors import InvalidInput
-from ..storage.api import L3Store
+from ..storage.api import ChildInfo, L3Store
 from ..types.config import HostMode, PrefetchPolicy
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace
@@ -47,7 +47,7 @@ def hottest_prefixes(store: L3Store, layout: KVLayout, namespace: Namespace, max
     if max_pages < 0 or (max_bytes is not None and max_bytes < 0):
         raise InvalidInput(f"budget max_pages={max_pages}, max_bytes={max_bytes} must be >= 0")
     # frontier entries: (-hits, -last_access, order, parent index into `chosen`, child)
-    frontier: list = []
+    frontier: list[tuple[int, float, int, int, ChildInfo]] = []
     order = 0
 
     def push(parent: int, page_hash: bytes) -> None:

@@ -52,7 +52,8 @@ class Checksum(msgspec.Struct, frozen=True):
     def seeds(self, hashes: Sequence[bytes]) -> list[int]:
         """The seeds of a batch of page hashes, in one vectorised step (the read loop then makes one call)."""
         words = np.frombuffer(b"".join(hashes), dtype=f"<u{self.seed_bytes}")
-        return words[::PAGE_HASH_BYTES // self.seed_bytes].tolist()
+        seeds: list[int] = words[::PAGE_HASH_BYTES // self.seed_bytes].tolist()
+        return seeds
 
     def sound(self, value: Any, page_hash: bytes) -> bool:
         """Whether a stored page value holds a checksum and a payload that matches it."""
@@ -87,7 +88,8 @@ DEFAULT_CHECKSUM = "xxh3_64" if "xxh3_64" in CHECKSUMS else "crc32"
 
 def stored_checksum(value: Any) -> int:
     """The checksum recorded at the head of a stored page value (at least HEADER bytes)."""
-    return CHECKSUM_FIELD.unpack_from(value)[0]
+    checksum: int = CHECKSUM_FIELD.unpack_from(value)[0]
+    return checksum
 
 
 class StoreFormat(msgspec.Struct, frozen=True, omit_defaults=True):

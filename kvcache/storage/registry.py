@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ..errors import InvalidInput, UnknownBackend
 from ..types.layout import KVLayout
@@ -47,7 +47,7 @@ def backend_class(scheme: str) -> StoreBackend:
     if scheme not in found:
         known = ", ".join(sorted(found)) or "none"
         raise UnknownBackend(f"{scheme}://", f"no L3 backend registered for scheme {scheme!r} (registered: {known})")
-    return found[scheme].load()
+    return cast(StoreBackend, found[scheme].load())  # an entry point loads an untyped object
 
 
 def open_store(url_or_path: str, layout: KVLayout | None = None, *, create: bool = False, readonly: bool = False,

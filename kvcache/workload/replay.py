@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -68,7 +68,7 @@ class _Tally:
             row = self.by_ns[ns.id] = NamespaceReplay(self.fingerprints.info(ns))
         return row
 
-    def admitted(self, request: Request, adm) -> None:
+    def admitted(self, request: Request, adm: Admission) -> None:
         row = self.row(request)
         for hits in (self.hits, row.hit_tokens):
             hits.device += adm.device_hit_tokens
@@ -86,7 +86,7 @@ _Counts = TypeVar("_Counts", bound=msgspec.Struct)
 def _delta(after: _Counts, before: _Counts) -> _Counts:
     """Field-wise `after - before` of two counter structs (nested dicts of counts included)."""
 
-    def sub(a, b):
+    def sub(a: Any, b: Any) -> Any:  # msgspec.to_builtins's values: counts, or dicts of them
         if isinstance(a, dict):
             return {k: sub(v, b.get(k, 0)) for k, v in a.items() if sub(v, b.get(k, 0))}
         return a - b
@@ -215,7 +215,7 @@ class Replayer:
         self._prefetching.discard(rid)
         self._retry.discard(rid)
 
-    def _forward(self, request: Request, adm, tally: _Tally) -> None:
+    def _forward(self, request: Request, adm: Admission, tally: _Tally) -> None:
         """Check the cached pages (verify), then write the new tokens' KV as the engine's forward would."""
         cache, ps = self.cache, self.cache.page_size
         rows = cache.device_pool.pages

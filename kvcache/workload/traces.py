@@ -169,7 +169,8 @@ class WorkloadSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 def _zipf_weights(n: int, s: float) -> np.ndarray:
     w = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** s
-    return w / w.sum()
+    weights: np.ndarray = w / w.sum()
+    return weights
 
 
 class _Conversation:
