@@ -10,6 +10,7 @@ from devices import TEST_DEVICE
 from factories import make_store
 from kvcache import AdmitStatus, CacheConfig, InvalidConfig, KVLayout, Namespace, Request, TieredCache
 from kvcache.ledger.kv import KVPages
+from kvcache.types.keys import page_hashes
 
 LAYERS, HEADS, DIM, PS, PAGES = 3, 2, 4, 4, 16
 NS = Namespace("t1", "salt-1")
@@ -44,6 +45,17 @@ class Engine:
                 for layer, t in enumerate([*self.k, *(self.v or [])])]
 
 
+def kv_layer_pages(engine, device_pages):
+    """What L2 and L3 must hold for these device pages, computed from the engine's tensors without kvc: per page, K
+    layer by layer, then V layer by layer, each page_size tokens of bytes."""
+    rows = []
+    for p in np.asarray(device_pages).tolist():
+        parts = [t[p * PS:(p + 1) * PS].cpu().contiguous().view(torch.uint8).reshape(-1)
+                 for t in [*engine.k, *(engine.v or [])]]
+        rows.append(torch.cat(parts).numpy())
+    return np.stack(rows)
+
+
 def run(cache, engine, rid, tokens):
     adm = cache.admit(Request(rid, tokens, NS))
     assert adm.status is AdmitStatus.ADMITTED
@@ -59,9 +71,12 @@ def test_a_prefix_backed_up_from_the_engines_tensors_loads_back_into_other_slots
     cache = TieredCache(CacheConfig(layout(mla=mla), device_tokens=PAGES * PS, host_tokens=64, device=TEST_DEVICE),
                         device_kv=engine.kv)
     tokens = list(range(100, 124))
-    run(cache, engine, "a", tokens)
+    adm = run(cache, engine, "a", tokens)
     cache.flush()
     assert cache.audit().ok
+    m = cache.match(Request("m", tokens, NS))
+    host = [n.host for n in cache.tree.path(m.device_node) if n.host is not None]
+    assert np.array_equal(cache.host_pool.kv.read(np.concatenate(host)), kv_layer_pages(engine, adm.pages))
     cache.evict(device_tokens=PAGES * PS)
     for t in [*engine.k, *(engine.v or [])]:
         t.fill_(-1)  # nothing stale can pass for what the load-back brings
@@ -78,8 +93,12 @@ def test_pages_stored_from_one_engines_tensors_are_read_into_another_engines_thr
     first = Engine()
     writer = TieredCache(config, store, device_kv=first.kv)
     tokens = list(range(7, 7 + 20))  # 5 pages
-    run(writer, first, "w", tokens)
+    adm = run(writer, first, "w", tokens)
     writer.flush()
+    stored = np.zeros((5, writer.device_pool.page_bytes), dtype=np.uint8)
+    hashes = page_hashes(writer.layout.layout_id, Request("w", tokens, NS).key, PS, writer.chain_key)
+    assert store.get_into(hashes, list(stored)) == 5
+    assert np.array_equal(stored, kv_layer_pages(first, adm.pages))  # L3 holds each page in kv_layer order
     writer.close()
     second = Engine()
     reader = TieredCache(config, store, device_kv=second.kv)
