@@ -51,6 +51,11 @@ either bad input from the caller, a broken invariant, or a storage fault the cal
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .types.ids import NodeId
+
 
 class KVCacheError(Exception):
     """Base of every exception raised by kvcache."""
@@ -155,7 +160,7 @@ class DoubleFree(OwnershipError):
 class LockUnderflow(InvariantViolation):
     """An unlock (or a hold's release) of a node whose count (or the count of an ancestor) is already zero."""
 
-    def __init__(self, node_id: int, namespace: str, what: str = "lock") -> None:
+    def __init__(self, node_id: NodeId, namespace: str, what: str = "lock") -> None:
         self.node_id, self.namespace, self.what = node_id, namespace, what
         super().__init__(f"{what} underflow at node {node_id} (namespace {namespace})")
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
+from ..types.ids import NodeId, OwnerCode
 from ..types.owners import FREE_CODE, OwnerKind, describe_code, owner_code
 from ..types.reports import AuditChecked, AuditReport, Violation, ViolationKind
 from .ownership import NodeState, OwnershipSource, OwnershipState, PoolState, collect_state, pages_of
@@ -104,9 +105,9 @@ def check_state(state: OwnershipState) -> AuditReport:
 
 class _Ref(msgspec.Struct):
     label: str  # how the holder reads in a report
-    owner: int
+    owner: OwnerCode
     pages: np.ndarray
-    node: int | None = None
+    node: NodeId | None = None
     rid: str | None = None
 
 
@@ -197,7 +198,7 @@ def _check_pool(pool: PoolState, state: OwnershipState, out: list[Violation]) ->
                              _listed(free[owned]), int(owned.sum()), names))
 
 
-def _check_structure(state: OwnershipState, by_id: dict[int, NodeState], out: list[Violation]) -> None:
+def _check_structure(state: OwnershipState, by_id: dict[NodeId, NodeState], out: list[Violation]) -> None:
     ps = state.page_size
     for n in state.nodes:
         if min(n.lock_ref, n.pins, n.host_pins, n.device_holds, n.host_holds) < 0:
@@ -230,7 +231,7 @@ def _check_structure(state: OwnershipState, by_id: dict[int, NodeState], out: li
                                      f"node#{parent.id} has none", "host", node=n.id))
 
 
-def _check_counts(state: OwnershipState, by_id: dict[int, NodeState], out: list[Violation]) -> None:
+def _check_counts(state: OwnershipState, by_id: dict[NodeId, NodeState], out: list[Violation]) -> None:
     locks: dict[int, int] = defaultdict(int)
     device_holds: dict[int, int] = defaultdict(int)
     host_holds: dict[int, int] = defaultdict(int)

@@ -13,11 +13,15 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 import numpy as np
 
+from ..types.ids import NodeId, OwnerCode
+
 if TYPE_CHECKING:
     from ..ledger.pools import SlotPool
     from ..tree import RadixTree
 
 STATE_VERSION = 1
+_TREE_ROOT = NodeId(0)  # the parent a namespace root names: the tree's root
+_DETACHED = NodeId(-1)  # the parent a node without one names: no node
 
 # --- the state an audit reads --------------------------------------------------------------------------------
 
@@ -36,8 +40,8 @@ class PoolState(msgspec.Struct):
 class NodeState(msgspec.Struct):
     """One tree node (namespace roots included; the tree's root is implicit, id 0)."""
 
-    id: int
-    parent: int  # 0 for namespace roots
+    id: NodeId
+    parent: NodeId  # 0 for namespace roots
     namespace: str  # namespace id, hex
     namespace_root: bool
     tokens: int
@@ -55,15 +59,15 @@ class HolderState(msgspec.Struct):
 
     kind: str  # "request", "op:<kind>", "staged"
     id: int
-    owner: int  # ledger code the holder's pages must carry
+    owner: OwnerCode  # ledger code the holder's pages must carry
     pool: str
     pages: bytes  # int64 little-endian
-    locks: list[int] = []  # node ids this holder keeps locked (a request: the end of its cached prefix)
-    pins: list[int] = []  # node ids this holder keeps pinned (a copy: its targets)
-    host_pins: list[int] = []  # node ids whose host copy this holder reads (an L3 write)
+    locks: list[NodeId] = []  # node ids this holder keeps locked (a request: the end of its cached prefix)
+    pins: list[NodeId] = []  # node ids this holder keeps pinned (a copy: its targets)
+    host_pins: list[NodeId] = []  # node ids whose host copy this holder reads (an L3 write)
     rid: str | None = None
-    device_holds: list[int] = []  # node ids whose path's device copies this holder holds (buffer-mode prefetch)
-    host_holds: list[int] = []  # node ids whose path's host copies this holder holds (cache-mode prefetch)
+    device_holds: list[NodeId] = []  # node ids whose path's device copies this holder holds (buffer-mode prefetch)
+    host_holds: list[NodeId] = []  # node ids whose path's host copies this holder holds (cache-mode prefetch)
 
 
 class TreeSizes(msgspec.Struct):
@@ -124,12 +128,12 @@ def collect_state(cache: OwnershipSource) -> OwnershipState:
     nodes = []
     for ns_root in tree.namespace_roots():
         assert ns_root.namespace is not None  # below the root every node carries its namespace
-        nodes.append(NodeState(ns_root.id, 0, ns_root.namespace.id_hex, True, 0, None, None,
+        nodes.append(NodeState(ns_root.id, _TREE_ROOT, ns_root.namespace.id_hex, True, 0, None, None,
                                ns_root.lock_ref, ns_root.pins, ns_root.host_pins, ns_root.device_holds,
                                ns_root.host_holds))
     for n in tree.nodes():
         assert n.namespace is not None
-        nodes.append(NodeState(n.id, n.parent.id if n.parent is not None else -1,
+        nodes.append(NodeState(n.id, n.parent.id if n.parent is not None else _DETACHED,
                                n.namespace.id_hex, False, len(n), _b(n.device), _b(n.host),
                                n.lock_ref, n.pins, n.host_pins, n.device_holds, n.host_holds))
     sizes = TreeSizes(tree.device_evictable, tree.device_protected, tree.host_evictable, tree.host_protected,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import InvariantViolation, RequestIdInUse, UnknownRequest
+from ..types.ids import OwnerCode
 from ..types.owners import FREE_CODE, OwnerKind, owner_code
 from ..types.request import Request
 from ..types.results import Admission, AdmitStatus, CommitResult, DropReason
@@ -114,7 +115,7 @@ class Admissions:
             raise InvariantViolation(f"admit of request {rid}: {cached_tokens} cached tokens run past the end of its "
                                      f"{n_tokens} tokens; nothing was allocated for it")
         handle = holders.mint_handle()
-        owner = _REQUEST_BASE | handle  # owner_code(REQUEST, handle), without the call
+        owner: OwnerCode = _REQUEST_BASE | handle  # type: ignore[assignment]  # owner_code(REQUEST, handle), without the call
         new_tokens = n_tokens - cached_tokens
         n_fresh = -(-new_tokens // ps)
         # The pool first: room was made above when it was short, so eviction (room.alloc) is the rare path.

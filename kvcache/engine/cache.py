@@ -137,7 +137,7 @@ class TieredCache:
         self._admit, self._commit = p.admissions.admit, p.admissions.commit  # the hot path: bound once
         if store is not None:
             self._shares.refresh_quietly()
-        self._events: EventLog | None = None  # the KV-event feed, when one is attached (attach_events)
+        self._events = p.events  # the KV-event feed: its log, when one is attached (attach_events)
 
     # --- the request lifecycle -------------------------------------------------------------------------------
 
@@ -272,8 +272,9 @@ class TieredCache:
         done = self._completion.poll()
         if self._expiry is not None:
             self._expiry.sweep()
-        if self._events is not None:
-            self._events.flush()  # one batch per scheduler step
+        log = self._events.log
+        if log is not None:
+            log.flush()  # one batch per scheduler step
         return done
 
     def run_io(self, max_steps: int | None = None) -> int:
@@ -288,8 +289,9 @@ class TieredCache:
         Returns how many completed."""
         self._check_open("flush")
         done = self._completion.flush()
-        if self._events is not None:
-            self._events.flush()
+        log = self._events.log
+        if log is not None:
+            log.flush()
         return done
 
     def close(self) -> None:
@@ -305,9 +307,10 @@ class TieredCache:
         if self._io is not None and self.store is not None:
             self._io.close()
             self.store.flush()
-        if self._events is not None:
-            self._events.cleared()  # nothing of this cache can be served any more
-            self._events.flush()
+        log = self._events.log
+        if log is not None:
+            log.cleared()  # nothing of this cache can be served any more
+            log.flush()
         self._closed = True
 
     # --- namespace time to live (kvcache.engine.ttl) ---------------------------------------------------------
@@ -349,18 +352,15 @@ class TieredCache:
         handed over before this returns, clears and announces what the cache holds now. One feed at a time
         (`kvcache.live.events.KVEventPublisher` is the ZeroMQ one); `detach_events` ends it."""
         self._check_open("attach_events")
-        if self._events is not None:
+        if self._events.log is not None:
             raise InvalidInput("this cache already has a KV-event feed attached: detach_events() first")
         log = EventLog.start(self.tree, sink, data_parallel_rank, medium_names)
-        self._events = self._writes.events = self._offboard.events = log
-        self.tree.on_copy = log.copy_changed
+        self._events.attach(log)
         return log
 
     def detach_events(self) -> None:
         """Hand the events still pending to the feed's sink and end the feed. Does nothing without one."""
-        log, self._events = self._events, None
-        self._writes.events = self._offboard.events = None
-        self.tree.on_copy = None
+        log = self._events.detach()
         if log is not None:
             log.flush()
 

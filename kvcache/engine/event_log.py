@@ -14,6 +14,9 @@ a removal (an eviction by the store, a dropped namespace) names only pages it an
 
 The events wait in `pending` until `flush` hands them to the sink as one `EventBatch` — `TieredCache.poll` flushes
 at the end of every call, so a feed carries one batch per scheduler step, not one message per page.
+
+`EventFeed` is where a cache attaches its log, once (`TieredCache.attach_events`): the one slot the cache, its L3
+writes and offboarding read, which also sets the tree's copy hook.
 """
 
 from __future__ import annotations
@@ -35,10 +38,35 @@ from ..types.events import (
     Medium,
     MediumNames,
 )
+from ..types.ids import NamespaceId, PageHash
 from ..types.keys import TOKEN_BYTES, hash_root
 from ..types.namespace import Namespace
 
 EventSink = Callable[[EventBatch], None]
+
+
+class EventFeed:
+    """Where one cache's KV-event log is attached: set here alone (`attach`, `detach`), read by every part that
+    reports a change (the cache's steps, L3 writes, offboarding) as `log`, None while no feed is attached. The
+    tree's copy hook goes with it: the tree, below the engine, calls a plain function on every copy change (one
+    test when no feed is attached), so `attach` sets that hook and `detach` clears it."""
+
+    __slots__ = ("log", "_tree")
+
+    def __init__(self, tree: RadixTree) -> None:
+        self.log: EventLog | None = None
+        self._tree = tree
+
+    def attach(self, log: EventLog) -> None:
+        """Make `log` the feed every part reports to."""
+        self.log = log
+        self._tree.on_copy = log.copy_changed
+
+    def detach(self) -> EventLog | None:
+        """End the feed; returns the log that was attached (None: none was)."""
+        log, self.log = self.log, None
+        self._tree.on_copy = None
+        return log
 
 
 class EventLog:
@@ -54,12 +82,12 @@ class EventLog:
         self.pending: list[KVEvent] = []
         self.events = 0  # handed to the sink so far
         self.batches = 0
-        self._names: dict[bytes, tuple[str | None, str | None]] = {}  # namespace id -> (extra_key, fingerprint)
-        self._roots: dict[bytes, bytes] = {}  # namespace id -> the hash its chains start from (a first page's parent)
+        self._names: dict[NamespaceId, tuple[str | None, str | None]] = {}  # namespace id -> (extra_key, fingerprint)
+        self._roots: dict[NamespaceId, PageHash] = {}  # namespace id -> the hash its chains start from (a first page's parent)
         # What the feed has announced in storage and not removed since: namespace id -> its pages (insertion
         # ordered), and page hash -> namespace id. What a removal may name, and what is never announced twice.
-        self._storage: dict[bytes, dict[bytes, None]] = {}
-        self._storage_ns: dict[bytes, bytes] = {}
+        self._storage: dict[NamespaceId, dict[PageHash, None]] = {}
+        self._storage_ns: dict[PageHash, NamespaceId] = {}
 
     @classmethod
     def start(cls, tree: RadixTree, sink: EventSink, data_parallel_rank: int = 0,
@@ -80,12 +108,12 @@ class EventLog:
         medium = self._tier_medium[tier]
         self.pending.append(self._stored(node, medium) if pages is not None else self._removed(node, medium))
 
-    def stored_pages(self, hashes: list[bytes], origins: list[PageOrigin]) -> None:
+    def stored_pages(self, hashes: list[PageHash], origins: list[PageOrigin]) -> None:
         """The store acknowledged these pages (a write's leading pages, in chain order, with the origins the write
         put them with: parent and tokens, so a node evicted meanwhile loses nothing). Pages this feed announced in
         storage already are not announced again; each run of the others is one `BlockStored` with its true
         parent."""
-        run_h: list[bytes] = []
+        run_h: list[PageHash] = []
         run_o: list[PageOrigin] = []
         for h, origin in zip(hashes, origins, strict=True):
             if h in self._storage_ns or (run_h and origin.parent != run_h[-1]):
@@ -96,10 +124,10 @@ class EventLog:
                 run_o.append(origin)
         self._announce_run(run_h, run_o)
 
-    def removed_from_store(self, hashes: list[bytes]) -> None:
+    def removed_from_store(self, hashes: list[PageHash]) -> None:
         """These pages left the store (evicted to make room by a write of this cache): those this feed announced
         are reported removed, one `BlockRemoved` per namespace."""
-        by_ns: dict[bytes, list[bytes]] = {}
+        by_ns: dict[NamespaceId, list[PageHash]] = {}
         for h in hashes:
             ns_id = self._storage_ns.pop(h, None)
             if ns_id is not None:
@@ -178,7 +206,7 @@ class EventLog:
         return BlockStored(list(tree.page_hashes(node)), parent_hash, np.frombuffer(node.key, dtype="<u4").tolist(),
                            tree.page_size, None, medium, None, extra_key, fingerprint)
 
-    def _announce_run(self, hashes: list[bytes], origins: list[PageOrigin]) -> None:
+    def _announce_run(self, hashes: list[PageHash], origins: list[PageOrigin]) -> None:
         """One `BlockStored` in storage for a run of consecutive pages of one chain, recorded as announced."""
         if not hashes:
             return
@@ -197,7 +225,7 @@ class EventLog:
             mine[h] = None
             self._storage_ns[h] = ns_id
 
-    def _removed_storage(self, ns_id: bytes, hashes: list[bytes]) -> None:
+    def _removed_storage(self, ns_id: NamespaceId, hashes: list[PageHash]) -> None:
         extra_key, fingerprint = self._names[ns_id]
         self.pending.append(BlockRemoved(hashes, self.medium.storage, extra_key, fingerprint))
 

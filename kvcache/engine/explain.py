@@ -25,6 +25,7 @@ from ..storage.misses import explain_storage
 from ..tree import RadixTree, TreeNode
 from ..types.config import HostMode
 from ..types.explain import Explanation, FirstMiss, HitTokens, MissReason, TierExplanation
+from ..types.ids import NamespaceId, PageHash
 from ..types.keys import TOKEN_BYTES, hash_root, page_hashes
 from ..types.request import Request
 from ..types.results import Admission
@@ -93,8 +94,8 @@ def _common(node_key: bytes, data: bytes, pos: int, n: int) -> int:
     return n
 
 
-def _tier(tree: RadixTree, removals: RecentRemovals, tier: Tier, ns_id: bytes, data: bytes,
-          hashes: Sequence[bytes], run: int) -> TierExplanation:
+def _tier(tree: RadixTree, removals: RecentRemovals, tier: Tier, ns_id: NamespaceId, data: bytes,
+          hashes: Sequence[PageHash], run: int) -> TierExplanation:
     """One tree tier: its run of the request's pages, and why the page after it is not there."""
     ps = tree.page_size
     if run >= len(hashes):

@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 
 from ..diagnostics.ownership import HolderState, encode_pages
+from ..types.ids import NamespaceId, NodeId, OwnerCode
 from ..types.keys import RadixKey
 from ..types.request import Request
 
@@ -35,7 +36,7 @@ class LiveRequest(msgspec.Struct, eq=False):
 
     request: Request
     handle: int  # unique per cache, never reused
-    owner: int  # the ledger code of Request(handle)
+    owner: OwnerCode  # the ledger code of Request(handle)
     node: TreeNode  # locked: ends the request's cached prefix
     cached_pages: np.ndarray  # device pages of the cached prefix; owned by tree nodes
     fresh_pages: np.ndarray  # device pages allocated for the rest; owned by this request
@@ -57,7 +58,7 @@ class Holders:
         self.prefetches: dict[str, PrefetchOp] = {}  # rid -> its prefetch, until admission or abort
         self.staged: dict[str, StagedPrefetch] = {}  # rid -> its parked fetch (buffer mode)
         # node id -> the copies and L3 writes pinning it, in the order they pinned it
-        self.pinners: dict[int, list[TransferOp | StorageWriteJob]] = {}
+        self.pinners: dict[NodeId, list[TransferOp | StorageWriteJob]] = {}
         # Host pages held by prefetches and staged records: what `prefetch_max_host_pages` bounds (>= 0).
         self.prefetch_host_pages = 0
         self._next_id = 1  # operations, staged records and L3 writes share one sequence
@@ -90,7 +91,7 @@ class Holders:
         staged = self.staged.get(rid)
         return staged.key if staged is not None else None
 
-    def running(self, namespace_id: bytes) -> int:
+    def running(self, namespace_id: NamespaceId) -> int:
         """Live requests of the namespace with this id."""
         return sum(1 for r in self.live.values() if r.request.key.namespace.id == namespace_id)
 
@@ -151,7 +152,7 @@ def release_anchor(tree: RadixTree, holder: PrefetchOp | StagedPrefetch) -> None
         holder.anchor = None
 
 
-def _holds(holder: PrefetchOp | StagedPrefetch) -> dict[str, list[int]]:
+def _holds(holder: PrefetchOp | StagedPrefetch) -> dict[str, list[NodeId]]:
     """The hold of a prefetch or staged record, as HolderState fields."""
     if holder.anchor is None or holder.hold is None:
         return {}

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ..storage.api import PageStore
     from ..tree import RadixTree
     from .completion import Completion
-    from .event_log import EventLog
+    from .event_log import EventFeed
     from .holders import Holders
     from .prefetch import Prefetcher
     from .room import Room
@@ -32,7 +32,7 @@ class Offboard:
     """Evicts or drops one namespace from a cache's tiers."""
 
     def __init__(self, room: Room, prefetcher: Prefetcher, completion: Completion, holders: Holders,
-                 store: PageStore | None, writes: Writes, tree: RadixTree) -> None:
+                 store: PageStore | None, writes: Writes, tree: RadixTree, events: EventFeed) -> None:
         self.room = room
         self.writes = writes
         self.tree = tree
@@ -40,7 +40,7 @@ class Offboard:
         self.completion = completion
         self.holders = holders
         self.store = store
-        self.events: EventLog | None = None  # the KV-event feed, while one is attached
+        self.events = events  # the KV-event feed: its log, while one is attached
 
     def evict(self, namespace: Namespace, device: bool, host: bool, write_back: bool = True,
               reason: RemovalReason = RemovalReason.EVICT) -> EvictResult:
@@ -62,10 +62,11 @@ class Offboard:
         for rid in held:
             self.prefetcher.drop_holds(rid, DropReason.ABORTED)
         self.completion.flush()  # a write still in flight would land after the delete below
-        if self.events is not None:
-            self.events.flush()
+        events = self.events.log
+        if events is not None:
+            events.flush()
         freed = self.evict(namespace, True, True, write_back=False, reason=reason)
-        store, events = self.store, self.events
+        store = self.store
         deleted = store.delete_namespace(ns_id, reason) if store is not None else None
         if store is not None:
             # What running requests lock stays in the tree, no longer in L3: its next write puts it again, and

@@ -19,6 +19,7 @@ from ..types.tier import Tier
 from .admission import Admissions
 from .completion import Completion
 from .copies import Copies
+from .event_log import EventFeed
 from .expiry import Expiry
 from .host_mode import rules_for
 from .io_worker import IOWorker
@@ -55,13 +56,15 @@ class Parts:
         # the bytes under every L1 <-> L2 move, on a stream of its own on a GPU
         self.copier = copier = Copier(device_pool, host_pool)
         self.copies = copies = Copies(config, rules, copier, tree, holders, counters, backup_stats)
-        self.writes = writes = Writes(config, host_pool, tree, holders, io, backup_stats)
+        # the KV-event log, attached in this one place (TieredCache.attach_events) and read by the parts that report
+        self.events = events = EventFeed(tree)
+        self.writes = writes = Writes(config, host_pool, tree, holders, io, backup_stats, events)
         self.staging = staging = Staging(copier, tree, holders, prefetch_stats)
         self.prefetcher = prefetcher = Prefetcher(config, rules, tree, host_pool, holders, io, prefetch_stats,
                                                   self.prefetches)
         self.shares = shares = AppliedShares(config, store, tree, counters)
         self.completion = completion = Completion(holders, copies, writes, prefetcher, io, shares)
-        self.offboard = offboard = Offboard(room, prefetcher, completion, holders, store, writes, tree)
+        self.offboard = offboard = Offboard(room, prefetcher, completion, holders, store, writes, tree, events)
         # an expiry drops its namespace as offboarding does, its pages recorded removed for their time to live
         expire = functools.partial(offboard.drop, reason=RemovalReason.TTL)
         tracker = TTLTracker(config.ttl, clock, fingerprints=tree.fingerprints) if config.ttl is not None else None

@@ -276,7 +276,7 @@ class Prefetcher:
         if start_page >= len(request) // ps:
             return
         pb = ps * TOKEN_BYTES
-        start: bytes
+        start: PageHash
         if start_page == 0:
             start = hash_root(tree.layout_id, request.namespace, tree.chain_key)
         elif end_node is None:  # the chain from the request's root (rare: a stale match, a mismatch)

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Sequence
 import msgspec
 
 from ..types.explain import PrefetchFate, PrefetchRecord, Removal
+from ..types.ids import PageHash
 from ..types.removals import RemovalReason
 from ..types.results import DropReason
 from ..types.tier import Tier
@@ -45,10 +46,10 @@ class RecentRemovals:
     def __init__(self, kept: int = REMOVALS_KEPT) -> None:
         self.kept = kept
         # tier -> [newest, older]
-        self._pages: dict[Tier, list[dict[bytes, Removal]]] = {Tier.DEVICE: [{}, {}], Tier.HOST: [{}, {}]}
+        self._pages: dict[Tier, list[dict[PageHash, Removal]]] = {Tier.DEVICE: [{}, {}], Tier.HOST: [{}, {}]}
         self._forgot: dict[Tier, bool] = {Tier.DEVICE: False, Tier.HOST: False}  # an entry was let go of
 
-    def removed(self, tier: Tier, hashes: Iterable[bytes], reason: RemovalReason, at: float | None = None) -> None:
+    def removed(self, tier: Tier, hashes: Iterable[PageHash], reason: RemovalReason, at: float | None = None) -> None:
         """`tier` removed the pages `hashes` for `reason` (now, or at unix seconds `at`)."""
         record = Removal(reason, time.time() if at is None else at)
         generations = self._pages[tier]
@@ -63,7 +64,7 @@ class RecentRemovals:
         """`tier` removed a page without recording it (its hash was never computed): the record is not complete."""
         self._forgot[tier] = True
 
-    def get(self, tier: Tier, page_hash: bytes) -> Removal | None:
+    def get(self, tier: Tier, page_hash: PageHash) -> Removal | None:
         """The newest removal of `page_hash` from `tier` this cache remembers."""
         newest, older = self._pages[tier]
         found = newest.get(page_hash)
@@ -82,10 +83,10 @@ class RecentPrefetches:
 
     def __init__(self, kept: int = PREFETCHES_KEPT) -> None:
         self.kept = kept
-        self._records: OrderedDict[bytes, tuple[int, PrefetchRecord]] = OrderedDict()  # (change number, record)
+        self._records: OrderedDict[PageHash, tuple[int, PrefetchRecord]] = OrderedDict()  # (change number, record)
         self._changes = 0
 
-    def record(self, start_hash: bytes, record: PrefetchRecord) -> None:
+    def record(self, start_hash: PageHash, record: PrefetchRecord) -> None:
         """The prefetch starting at page `start_hash` is now `record` (it replaces the one before)."""
         records = self._records
         self._changes += 1
@@ -94,14 +95,14 @@ class RecentPrefetches:
         while len(records) > self.kept:
             records.popitem(last=False)
 
-    def ended(self, start_hash: bytes, fate: PrefetchFate, dropped: DropReason | None = None) -> None:
+    def ended(self, start_hash: PageHash, fate: PrefetchFate, dropped: DropReason | None = None) -> None:
         """The prefetch starting at page `start_hash` ended so after its last record (a staged record given back):
         that record with its new fate, now. Nothing when it has none (let go of)."""
         found = self._records.get(start_hash)
         if found is not None:
             self.record(start_hash, msgspec.structs.replace(found[1], fate=fate, dropped=dropped, at=time.time()))
 
-    def last(self, hashes: Sequence[bytes]) -> PrefetchRecord | None:
+    def last(self, hashes: Sequence[PageHash]) -> PrefetchRecord | None:
         """The newest record of a prefetch that started at one of `hashes` (a request's pages): the last prefetch
         of a prefix of that request."""
         found = [r for r in (self._records.get(h) for h in hashes) if r is not None]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..types.ids import OwnerCode
 from ..types.namespace import Namespace
 from ..types.removals import RemovalReason
 from ..types.request import Request
@@ -70,7 +71,7 @@ class Room:
         device = {BackupTarget.TREE: copies.backup_now, BackupTarget.BOUNCE: copies.bounce_now}.get(self.rules.backup)
         self._write_back = {Tier.DEVICE: device, Tier.HOST: writes.store_now if writes.enabled else None}
 
-    def alloc(self, tier: Tier, n: int, owner: int, charge: Namespace | None = None) -> np.ndarray | None:
+    def alloc(self, tier: Tier, n: int, owner: OwnerCode, charge: Namespace | None = None) -> np.ndarray | None:
         """`n` pages of the tier's pool for `owner`, evicting when short; the room is made for namespace `charge`
         (its pages over its share go first). None when the room is not there."""
         pool = self.pools[tier]

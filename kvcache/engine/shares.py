@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from ..errors import StoreError
+from ..types.ids import NamespaceId
 from ..types.namespace import Namespace
 from ..types.shares import NamespaceShares, Shares
 
@@ -34,7 +35,7 @@ class AppliedShares:
         self.store = store
         self.tree = tree
         self.counters = counters
-        self.records: dict[bytes, NamespaceShares] = {}  # namespace id -> its shares, as applied to the tree
+        self.records: dict[NamespaceId, NamespaceShares] = {}  # namespace id -> its shares, as applied to the tree
         self.due = math.inf  # time.monotonic() of the next refresh from the store
 
     def set(self, namespace: Namespace, shares: Shares) -> None:
@@ -58,7 +59,7 @@ class AppliedShares:
                 self._apply(msgspec.structs.replace(rec, shares=Shares()))
                 changed += 1
         for rec in stored.values():
-            now = self.records.get(bytes.fromhex(rec.ns_id_hex))
+            now = self.records.get(NamespaceId(bytes.fromhex(rec.ns_id_hex)))
             if now is None or now.shares != rec.shares:
                 self._apply(rec)
                 changed += 1
@@ -73,7 +74,7 @@ class AppliedShares:
             log.warning("refreshing namespace shares from the store failed: %s", exc)
 
     def _apply(self, record: NamespaceShares) -> None:
-        ns_id = bytes.fromhex(record.ns_id_hex)
+        ns_id = NamespaceId(bytes.fromhex(record.ns_id_hex))
         if record.shares.empty:
             self.records.pop(ns_id, None)
             self.tree.set_share(ns_id, None, None)

@@ -42,6 +42,7 @@ from collections.abc import Callable
 
 from ..types.config import TTLMode, TTLPolicy
 from ..types.fingerprint_key import FingerprintKey
+from ..types.ids import NamespaceId
 from ..types.namespace import Namespace
 from ..types.results import ExpiryCause, NamespaceTTL
 from ..types.stats import TTLStats, bump
@@ -72,11 +73,11 @@ class TTLTracker:
         self.fingerprints = fingerprints
         self.clock = clock
         self.stats = TTLStats()
-        self.deferred: dict[bytes, TTLEntry] = {}  # ns id -> entry whose expiry waits for its running requests
-        self.ready: dict[bytes, TTLEntry] = {}  # of those, the ones whose last running request ended
+        self.deferred: dict[NamespaceId, TTLEntry] = {}  # ns id -> entry whose expiry waits for its running requests
+        self.ready: dict[NamespaceId, TTLEntry] = {}  # of those, the ones whose last running request ended
         self.next_sweep = -math.inf
-        self._entries: dict[bytes, TTLEntry] = {}
-        self._heap: list[tuple[float, int, bytes]] = []  # (deadline, seq, ns id); lazy, see the module docstring
+        self._entries: dict[NamespaceId, TTLEntry] = {}
+        self._heap: list[tuple[float, int, NamespaceId]] = []  # (deadline, seq, ns id); lazy, see the module docstring
         self._seq = 0
         self._sliding = policy.mode is TTLMode.SLIDING
 

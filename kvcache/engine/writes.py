@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..storage.api import PageOrigin, PageStore
+from ..types.ids import NamespaceId, NodeId, PageHash
 from ..types.keys import TOKEN_BYTES
 from ..types.owners import OwnerKind, owner_code
 from .copies import OpKind
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from ..types.config import CacheConfig
     from ..types.stats import BackupStats
     from .copies import Copies, TransferOp
-    from .event_log import EventLog
+    from .event_log import EventFeed
     from .holders import Holders
     from .io_worker import IOWorker
 
@@ -56,7 +57,7 @@ class StorageWriteJob:
 
     kind = OpKind.STORAGE_WRITE  # what it does to the nodes it pins, as copies name it
 
-    def __init__(self, ident: int, nodes: list[TreeNode], hashes: list[bytes], views: list[np.ndarray],
+    def __init__(self, ident: int, nodes: list[TreeNode], hashes: list[PageHash], views: list[np.ndarray],
                  origins: list[PageOrigin], batch: int, check_parent: bool, pages: np.ndarray | None = None,
                  clock: Iterator[int] | None = None) -> None:
         self.id = ident
@@ -71,12 +72,12 @@ class StorageWriteJob:
         self.acked = 0  # leading pages the store is known to hold (acknowledged)
         self.rejected = 0  # pages the store refused (capacity, a quota, a share)
         self.failed = 0  # pages the store could not write (PageOutcome.FAILED: unreachable, a fault it answered)
-        self.evicted: list[bytes] = []  # pages the store evicted to make room for this write's puts
+        self.evicted: list[PageHash] = []  # pages the store evicted to make room for this write's puts
         # The order of store changes across writes: each put takes the next number of `clock` (shared by a cache's
         # writes, run one at a time by the worker). (end, number) per batch put; (number, hashes) per eviction.
         self.clock = clock if clock is not None else itertools.count()
         self.puts: list[tuple[int, int]] = []
-        self.evictions: list[tuple[int, list[bytes]]] = []
+        self.evictions: list[tuple[int, list[PageHash]]] = []
         # The first page's parent is a stored page (not the namespace root) that L3 may have evicted since it was
         # written; writing below a missing parent would leave an unreachable (orphan) chain in the store.
         self.check_parent = check_parent
@@ -138,7 +139,7 @@ class Writes:
     """Issues a cache's L3 writes and takes them back when the store has answered."""
 
     def __init__(self, config: CacheConfig, host_pool: SlotPool | None, tree: RadixTree, holders: Holders,
-                 io: IOWorker | None, backup_stats: BackupStats) -> None:
+                 io: IOWorker | None, backup_stats: BackupStats, events: EventFeed) -> None:
         self.config = config
         self.host_pool = host_pool
         self.tree = tree
@@ -147,13 +148,13 @@ class Writes:
         self.enabled = io is not None  # the cache has a store to write to
         self.backup_stats = backup_stats
         self.copies: Copies  # wired by the cache: a bounce write rewritten after an L3 eviction backs up again
-        self.events: EventLog | None = None  # the KV-event feed, while one is attached
-        self.failed: dict[int, TreeNode] = {}  # node id -> the last node of a write that failed, for a retry
+        self.events = events  # the KV-event feed: its log, while one is attached
+        self.failed: dict[NodeId, TreeNode] = {}  # node id -> the last node of a write that failed, for a retry
         # The order of the store's changes (StorageWriteJob.clock), and per page hash the number of the last put
         # taken back that stored it, and of the last eviction taken back that removed it (bounded by `_prune`).
         self._clock = itertools.count()
-        self._put_at: dict[bytes, int] = {}
-        self._evicted_at: dict[bytes, int] = {}
+        self._put_at: dict[PageHash, int] = {}
+        self._evicted_at: dict[PageHash, int] = {}
         self._finished = 0
         self._retry_wait = 0  # polls to wait before the next retry (doubles while writes keep failing)
         self._retry_in = 0  # polls left of that wait
@@ -254,8 +255,9 @@ class Writes:
         bs.storage_pages += job.acked
         assert self.host_pool is not None
         bs.storage_bytes += job.acked * self.host_pool.page_bytes
-        if acked and self.events is not None:
-            self.events.stored_pages(job.hashes[:acked], job.origins[:acked])
+        feed = self.events.log
+        if acked and feed is not None:
+            feed.stored_pages(job.hashes[:acked], job.origins[:acked])
         for end, seq in job.puts:  # what a later eviction must come after to count
             for h in job.hashes[:min(end, acked)]:
                 self._put_at[h] = seq
@@ -289,7 +291,7 @@ class Writes:
             self._retry_wait = 0
             self._retry_in = 0  # the store answers: what failed before is tried again at the next poll
 
-    def store_evicted(self, hashes: list[bytes], seq: int) -> None:
+    def store_evicted(self, hashes: list[PageHash], seq: int) -> None:
         """The store evicted these pages to make room for the put numbered `seq`: the nodes holding them (and
         below) are not stored any more, and the feed reports removed those it announced. A page put again by a
         later put already taken back is back in the store, and stays."""
@@ -300,8 +302,9 @@ class Writes:
                 evicted_at[h] = seq
         self.backup_stats.storage_evicted += len(gone)
         self.tree.unstore_pages(gone)
-        if self.events is not None:
-            self.events.removed_from_store(gone)
+        feed = self.events.log
+        if feed is not None:
+            feed.removed_from_store(gone)
 
     def _still_held(self, job: StorageWriteJob) -> int:
         """How many leading pages of `job` the store still holds as far as this cache knows: those it
@@ -328,7 +331,7 @@ class Writes:
             for h in [h for h, seq in book.items() if seq < floor]:
                 del book[h]
 
-    def forget(self, ns_id: bytes) -> None:
+    def forget(self, ns_id: NamespaceId) -> None:
         """Namespace `ns_id` was dropped: none of its failed writes is tried again (offboarding sticks)."""
         self.failed = {k: n for k, n in self.failed.items() if n.namespace is None or n.namespace.id != ns_id}
 

@@ -33,6 +33,8 @@ from ..types.namespace import Namespace
 from .vllm_counters import TierCounters
 from .vllm_io import Done, Job, JobKind
 
+_NO_HASH = PageHash(b"")  # stands for a page whose key is no engine key (never asked of the store)
+
 
 class ChunkIO:
     """The copies and probes of one tier between vLLM's primary `region` and `store` (see the module docstring):
@@ -154,7 +156,7 @@ class ChunkIO:
             if not all(good):
                 self._count(bad_keys=good.count(False))
             views = [self._chunk(c) for c in job.chunk_ids]
-            hashes = [engine_page_hash(self._root, k) if g else b"" for k, g in zip(job.keys, good, strict=True)]
+            hashes = [engine_page_hash(self._root, k) if g else _NO_HASH for k, g in zip(job.keys, good, strict=True)]
             i = 0
             while i < n:  # get_into stops at the first page it cannot serve: go on past it
                 if not good[i]:

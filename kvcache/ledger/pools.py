@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from ..errors import DoubleFree, InvalidConfig, InvalidInput, OwnershipError
+from ..types.ids import OwnerCode
 from ..types.owners import FREE_CODE, describe_code
 from .kv import KVPages
 
@@ -84,12 +85,12 @@ class SlotPool:
         # the owner's next move (below). A move of exactly that array, unchanged, skips the per-page check and
         # writes the ledger where the proof says: a request's fresh pages come back whole at commit, and gathering
         # 500 owners from a ledger of millions costs more than the rest of the move.
-        self._proofs: dict[int, tuple[np.ndarray, bytes, slice | np.ndarray]] = {}
+        self._proofs: dict[OwnerCode, tuple[np.ndarray, bytes, slice | np.ndarray]] = {}
         # owner -> the run its last alloc took, not yet written to _owner (whose entries there still read FREE):
         # the move that takes the owner's proof back writes the run once, with its new owner, instead of twice. Only
         # a proven run is unwritten (its slice names its pages whatever the caller does to the array), and every
         # reader of _owner writes them all first (`_write_runs`): no check or view ever sees a stale entry.
-        self._unwritten: dict[int, slice] = {}
+        self._unwritten: dict[OwnerCode, slice] = {}
 
     # --- queries ---------------------------------------------------------------------------------------------
 
@@ -134,7 +135,7 @@ class SlotPool:
 
     # --- ledger moves ----------------------------------------------------------------------------------------
 
-    def alloc(self, n: int, owner: int) -> np.ndarray | None:
+    def alloc(self, n: int, owner: OwnerCode) -> np.ndarray | None:
         """Take `n` free pages for `owner` (a ledger code). None when fewer than `n` are free: a full pool is an
         expected outcome, not an error."""
         if type(n) is not int or n < 0:
@@ -164,14 +165,14 @@ class SlotPool:
             self._proofs[owner] = (pages, pages.tobytes(), where)
         return pages
 
-    def transfer(self, pages: np.ndarray, src: int, dst: int) -> None:
+    def transfer(self, pages: np.ndarray, src: OwnerCode, dst: OwnerCode) -> None:
         """Move `pages` from owner `src` to owner `dst`; every page must be owned by `src`."""
         if self.ledger:
             self._owner[self._check(pages, src, "transfer")] = dst
         else:
             self._check_pages(pages, "transfer")
 
-    def disperse(self, pages: np.ndarray, owner: int, parts: list[tuple[int, int]]) -> None:
+    def disperse(self, pages: np.ndarray, owner: OwnerCode, parts: list[tuple[int, OwnerCode]]) -> None:
         """Move a holding of `owner`, exactly as `alloc` returned it, to several owners at once: `parts` lists
         ``(end, new_owner)`` for consecutive ranges of `pages` ([previous end, end), the last end = len(pages));
         FREE_CODE returns a range to the free list. One ownership check covers every range. Parts that do not
@@ -209,7 +210,7 @@ class SlotPool:
             raise InvalidInput(f"{self.name} pool: disperse parts {[p[0] for p in parts]} do not partition a "
                                f"holding of {len(pages)} pages") from None
 
-    def free(self, pages: np.ndarray, owner: int) -> None:
+    def free(self, pages: np.ndarray, owner: OwnerCode) -> None:
         """Return `pages`, owned by `owner`, to FREE."""
         if self.ledger:
             where = self._check(pages, owner, "free")
@@ -257,7 +258,7 @@ class SlotPool:
             raise InvalidInput(f"{self.name} pool: {op} needs a 1-D integer array of pages in "
                                f"0..{self.num_pages - 1}, got {_describe(pages)}")
 
-    def _check(self, pages: np.ndarray, owner: int, op: str) -> slice | np.ndarray:
+    def _check(self, pages: np.ndarray, owner: OwnerCode, op: str) -> slice | np.ndarray:
         """Check `pages` (as `_check_pages`) and that `owner` owns each of them; returns where they sit in the
         ledger (`_owner[where]` is their owners): the slice of the run an alloc took, when proven, else `pages`.
 

@@ -37,6 +37,7 @@ from ..errors import StoreError
 from ..ops.handlers import execute, held_namespaces
 from ..storage.api import ServeRecord
 from ..storage.serving import FencedStore, new_serve_record
+from ..types.ids import NamespaceId
 from .serves import alive
 from .transport import AdminTransport
 
@@ -104,7 +105,7 @@ class AdminServer:
             return 0
         held, dropped = held_namespaces(self.cache), 0
         for record in records:
-            namespace = held.get(bytes.fromhex(record.ns_id_hex))
+            namespace = held.get(NamespaceId(bytes.fromhex(record.ns_id_hex)))
             if namespace is not None:
                 with watch.applying():
                     self.cache.drop_namespace(namespace)

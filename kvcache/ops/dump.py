@@ -33,6 +33,7 @@ import msgspec
 import numpy as np
 
 from ..storage.api import ChildInfo, L3Store, NamespaceRecord
+from ..types import ids
 from ..types.events import (
     MEDIUMS,
     AllBlocksCleared,
@@ -81,8 +82,8 @@ class StoredRun(msgspec.Struct, frozen=True, gc=False):
     """Consecutive pages of one chain in the store: what one `BlockStored` announces."""
 
     namespace: NamespaceRecord
-    parent: bytes | None  # the page before the first one; None for a namespace's first page
-    hashes: list[bytes]
+    parent: PageHash | None  # the page before the first one; None for a namespace's first page
+    hashes: list[PageHash]
     tokens: bytes  # packed token ids of the pages (b"" for engine pages)
     page_size: int
 
@@ -93,7 +94,7 @@ class _Frame:
 
     __slots__ = ("parent", "todo", "taken")
 
-    def __init__(self, parent: bytes, todo: list[ChildInfo], taken: bytes | None = None) -> None:
+    def __init__(self, parent: PageHash, todo: list[ChildInfo], taken: PageHash | None = None) -> None:
         self.parent = parent
         self.todo = todo  # reversed: the next child is todo[-1]
         self.taken = taken
@@ -110,13 +111,13 @@ class StoreWalk:
         self.store = store
         self.run_max_pages = run_max_pages
         records = {r.ns_id_hex: r for r in store.namespaces()}
-        starts = sorted((ns_hex, bytes.fromhex(root)) for ns_hex, r in records.items() for root in r.roots)
+        starts = sorted((ns_hex, ids.PageHash(bytes.fromhex(root))) for ns_hex, r in records.items() for root in r.roots)
         if cursor is not None:
             starts = [s for s in starts if s > (cursor.ns_id, cursor.root)]
         self._records = records
         self._starts = starts[::-1]  # popped from the end
         self._page_sizes = {lay.layout_id: lay.page_size for lay in store.layouts()}
-        self._at: tuple[str, bytes] | None = None
+        self._at: tuple[str, PageHash] | None = None
         self._frames: list[_Frame] = []
         if cursor is not None and cursor.ns_id in records:
             self._at = (cursor.ns_id, cursor.root)
@@ -129,7 +130,7 @@ class StoreWalk:
         self.pages = 0  # given so far
         self.engine_pages = 0  # of them, engine pages (no tokens)
 
-    def _children(self, page_hash: bytes) -> list[ChildInfo]:
+    def _children(self, page_hash: PageHash) -> list[ChildInfo]:
         # `child_pages` (LMDB, Redis): one lookup per child; `children`, every store's: the heat of each child's
         # subtree too, a lookup per page below it (a walk of a deep tree pays it at every page)
         listing = getattr(self.store, "child_pages", None) or self.store.children
@@ -170,7 +171,7 @@ class StoreWalk:
         ns_hex, root = self._at
         frame = self._frames[-1]
         parent = frame.parent
-        hashes: list[bytes] = []
+        hashes: list[PageHash] = []
         tokens: list[bytes] = []
         page_size, engine = 0, False
         while True:

@@ -18,7 +18,7 @@ import itertools
 import os
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import msgspec
 import numpy as np
@@ -30,7 +30,7 @@ from ..tree import NamespacePages
 from ..types.config import HostMode
 from ..types.events import BlockStored
 from ..types.explain import Explanation
-from ..types.ids import DisplayId, NamespaceId
+from ..types.ids import DisplayId, NamespaceId, PageHash
 from ..types.keys import page_hashes
 from ..types.namespace import Namespace, NamespaceInfo
 from ..types.reports import AuditReport
@@ -352,10 +352,10 @@ def _evict(cache: "TieredCache", req: EvictRequest) -> EvictOutcome:
     return EvictOutcome(cache.fingerprints.info(ns), freed.device_pages, freed.host_pages, namespace_tiers(cache, ns))
 
 
-def held_namespaces(cache: "TieredCache") -> dict[bytes, Namespace]:
+def held_namespaces(cache: "TieredCache") -> dict[NamespaceId, Namespace]:
     """namespace id -> the Namespace of everything the cache holds: tree pages, prefetches, staged records,
     running requests (what a drop must reach; the salt is known only here, in memory)."""
-    held: dict[bytes, Namespace] = {}
+    held: dict[NamespaceId, Namespace] = {}
     for root in cache.tree.namespace_roots():
         if root.namespace is not None:
             held[root.namespace.id] = root.namespace
@@ -392,14 +392,15 @@ def _drop(cache: "TieredCache", req: DropRequest) -> "NamespaceDrop":
     stored = _stored(cache)
     for rec in stored.values():
         info = NamespaceInfo(rec.extra_key, rec.salt_fingerprint)
-        if named(fp.display_id(NamespaceId(bytes.fromhex(rec.ns_id_hex))), info):
-            found.setdefault(bytes.fromhex(rec.ns_id_hex), info)
+        rec_id = NamespaceId(bytes.fromhex(rec.ns_id_hex))
+        if named(fp.display_id(rec_id), info):
+            found.setdefault(rec_id, info)
     if len(found) > 1:
         raise InvalidInput(f"{len(found)} namespaces match: name one by its id (see `kvc ns ls`)")
     if not found:
         return NamespaceDrop(NamespaceInfo(key, req.fingerprint), DisplayId(req.id or ""), 0, 0, 0, 0, 0)
     ns_id, info = next(iter(found.items()))
-    shown_id = fp.display_id(NamespaceId(ns_id))
+    shown_id = fp.display_id(ns_id)
     holder = held.get(ns_id)
     if req.dry_run:
         use = namespace_tiers(cache, holder) if holder is not None else None
@@ -409,11 +410,11 @@ def _drop(cache: "TieredCache", req: DropRequest) -> "NamespaceDrop":
     if holder is not None:
         return cache.drop_namespace(holder)
     assert cache.store is not None  # found in the store's registry
-    deleted = cache.store.delete_namespace(NamespaceId(ns_id))
+    deleted = cache.store.delete_namespace(ns_id)
     return NamespaceDrop(info, shown_id, 0, 0, deleted.pages, deleted.bytes, 0)
 
 
-def _running(cache: "TieredCache", ns_id: bytes) -> int:
+def _running(cache: "TieredCache", ns_id: NamespaceId) -> int:
     """Running requests of namespace `ns_id`."""
     return sum(1 for live in cache.live_requests() if live.request.namespace.id == ns_id)
 
@@ -474,13 +475,13 @@ def _probe(cache: "TieredCache", req: ProbeRequest) -> TierProbe:
     """What each tier would serve of a prompt or a hash chain, in admission order; reads only."""
     ps = cache.page_size
     info = None
-    hashes: list[bytes]
+    hashes: list[PageHash]
     if req.tokens is not None:
         request = _request(req)
         hashes = list(page_hashes(cache.layout.layout_id, request.key, ps, cache.chain_key))
         info = cache.fingerprints.info(request.namespace)  # the cache's key: its store's, as the store shows it
     elif req.page_hashes:
-        hashes = [bytes(h) for h in req.page_hashes]
+        hashes = cast("list[PageHash]", [bytes(h) for h in req.page_hashes])  # the request's, as they came
     else:
         raise InvalidInput("a probe needs tokens or page hashes")
     run = cache.tree.held_run(hashes)

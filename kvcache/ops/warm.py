@@ -18,6 +18,7 @@ from ..engine.cache import TieredCache
 from ..errors import InvalidInput
 from ..storage.api import ChildInfo, L3Store
 from ..types.config import HostMode, PrefetchPolicy
+from ..types.ids import PageHash
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace
 from ..types.reports import WarmResult
@@ -50,7 +51,7 @@ def hottest_prefixes(store: L3Store, layout: KVLayout, namespace: Namespace, max
     frontier: list[tuple[int, float, int, int, ChildInfo]] = []
     order = 0
 
-    def push(parent: int, page_hash: bytes) -> None:
+    def push(parent: int, page_hash: PageHash) -> None:
         nonlocal order
         for child in store.children(page_hash):
             if child.key:  # an engine's page: named by its key, it has no tokens a request could warm

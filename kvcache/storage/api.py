@@ -72,7 +72,7 @@ class PageOrigin(msgspec.Struct, frozen=True, gc=False):
     these for a token sequence, `engine_origins` for an engine's keys."""
 
     namespace: Namespace  # the namespace of the request that produced the page; its id is folded into the hash
-    parent: bytes  # PAGE_HASH_BYTES: the previous page's hash, or the namespace root for a first page
+    parent: PageHash  # PAGE_HASH_BYTES: the previous page's hash, or the namespace root for a first page
     tokens: bytes  # packed uint32 token ids of a token page (len = TOKEN_BYTES * page_size); b"" for an engine page
     # An engine page's own key (1..64 bytes; SGLang: 32 raw bytes); b"" for a token page. Its hash is then
     # engine_page_hash(root, key), and an unknown parent hangs it from the root instead of refusing the batch.
@@ -84,7 +84,7 @@ class PageMeta(msgspec.Struct, frozen=True, array_like=True, gc=False):
 
     ns_id: NamespaceId  # 16-byte Namespace.id of the page
     layout_id: bytes  # 16-byte KVLayout.layout_id the page was written under
-    parent: bytes  # PAGE_HASH_BYTES: parent page hash (the namespace root for a first page)
+    parent: PageHash  # PAGE_HASH_BYTES: parent page hash (the namespace root for a first page)
     tokens: bytes  # packed uint32 token ids of the page (TOKEN_BYTES * page_size bytes)
     nbytes: int  # payload size in bytes, = layout.bytes_per_page
     checksum: int  # 64-bit checksum of the payload, seeded by the page hash (algorithm: StoreStats.checksum)
@@ -120,7 +120,7 @@ class LayoutRecord(msgspec.Struct, frozen=True):
 class ChildInfo(msgspec.Struct, frozen=True, gc=False):
     """A stored child of a page hash (or of a namespace root): enough to walk a prefix tree hottest-first."""
 
-    page_hash: bytes  # PAGE_HASH_BYTES
+    page_hash: PageHash  # PAGE_HASH_BYTES
     tokens: bytes  # packed token ids of the child page: the key of the edge from its parent
     nbytes: int  # payload bytes
     hits: int  # reads that reached the child: those that ended anywhere in its subtree, as of the last flush
@@ -159,7 +159,7 @@ class PutResult(msgspec.Struct, frozen=True):
     bytes_written: int  # payload bytes of the written pages
     # The hashes of the `evicted` pages, when the backend names them (LMDB does; a backend that evicts nothing
     # leaves it empty): a cache that wrote them marks them gone from L3 and reports them removed (KV events).
-    evicted_hashes: list[bytes] = []
+    evicted_hashes: list[PageHash] = []
     # The engine key of each page of `evicted_hashes`, in the same order (b"" for a token page), when the backend
     # names evicted pages: an engine adapter reports what left the store by the engine's own keys (KV events).
     evicted_keys: list[bytes] = []
@@ -411,15 +411,15 @@ class PageStore(Protocol):
     # store's secret (it still verifies, from the roots the namespace records keep).
     chain_key: bytes | None
 
-    def exists_prefix(self, hashes: Sequence[bytes]) -> int:
+    def exists_prefix(self, hashes: Sequence[PageHash]) -> int:
         """How many pages from the start of `hashes` are stored (stops at the first gap)."""
 
-    def get_into(self, hashes: Sequence[bytes], out_views: Sequence[Any]) -> int:
+    def get_into(self, hashes: Sequence[PageHash], out_views: Sequence[Any]) -> int:
         """Copy pages into caller-provided writable byte views (numpy/torch uint8, memoryview), one per page or a
         list of segments per page; return how many consecutive pages from the start were copied. A missing,
         corrupt or unreadable page ends the run. Every page served is credited with the read's time."""
 
-    def put(self, hashes: Sequence[bytes], pages: Sequence[Any], origins: Sequence[PageOrigin]) -> PutResult:
+    def put(self, hashes: Sequence[PageHash], pages: Sequence[Any], origins: Sequence[PageOrigin]) -> PutResult:
         """Store a batch of pages (each one buffer or a list of segments) in one transaction; pages already stored
         are left as they are; `outcomes` says what became of each. A backend that evicts pages to make room names
         them in `PutResult.evicted_hashes` (a cache marks them gone). A batch the store could not write (a server
@@ -449,7 +449,7 @@ class L3Store(PageStore, Protocol):
     layouts, the page tree a walk reads, verification and the serving records. Every backend `open_store`
     returns implements this; the CLI, `kvcache.ops` and the live server ask it."""
 
-    def removals(self, hashes: Sequence[bytes], namespace: NamespaceId | None = None) -> list[PageRemoval | None]:
+    def removals(self, hashes: Sequence[PageHash], namespace: NamespaceId | None = None) -> list[PageRemoval | None]:
         """One answer per hash, in order, from the store's bounded removal log (`kvcache.storage.removals`): the
         newest record of what removed that page and when, or None (never removed, or its record aged out of the
         log, or a store without the log). A namespace removed whole (DROP, TTL) is one record for the namespace,
@@ -463,13 +463,13 @@ class L3Store(PageStore, Protocol):
     def layouts(self) -> list[KVLayout]:
         """Every layout the store holds."""
 
-    def root(self, namespace: Namespace, layout: KVLayout | None = None) -> bytes:
+    def root(self, namespace: Namespace, layout: KVLayout | None = None) -> PageHash:
         """The hash root of `namespace` under `layout` (default: this handle's): where its prefix tree starts."""
 
-    def children(self, page_hash: bytes) -> list[ChildInfo]:
+    def children(self, page_hash: PageHash) -> list[ChildInfo]:
         """Stored children of a page hash or of a root, hottest first."""
 
-    def page_meta(self, page_hash: bytes) -> PageMeta | None:
+    def page_meta(self, page_hash: PageHash) -> PageMeta | None:
         """A page's metadata, or None when it is not stored."""
 
     def stats(self) -> StoreStats:
@@ -501,7 +501,7 @@ class L3Store(PageStore, Protocol):
 
 
 def page_origins(layout: KVLayout, tokens: bytes, namespace: Namespace, chain_key: bytes,
-                 parent: bytes | None = None) -> tuple[list[PageHash], list[PageOrigin]]:
+                 parent: PageHash | None = None) -> tuple[list[PageHash], list[PageOrigin]]:
     """Page hashes and origins of the whole pages of packed `tokens` in `namespace`, chained from `parent`
     (default: the namespace root under `layout`, keyed by `chain_key`: the store's). What a writer passes to
     `L3Store.put`."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from ..types.ids import NamespaceId
 from ..types.keys import UNKEYED_CHAIN, derive_chain_key, hash_root_of_id
 from .api import NamespaceRecord
 from .codec import StoreFormat
@@ -45,7 +46,8 @@ class ChainRoots:
         self.keyed = chain_key is not None
         self.owners: dict[bytes, tuple[bytes | None, bytes]] = {}
         if chain_key is not None:
-            self.owners = {hash_root_of_id(lay, ns, chain_key): (lay, ns) for lay, ns in pairs}
+            # the ids as the store's keys and records name them: one NamespaceId per (layout, namespace) pair
+            self.owners = {hash_root_of_id(lay, NamespaceId(ns), chain_key): (lay, ns) for lay, ns in pairs}
             return
         for ns_id, record in registry.items():
             for root in record.roots:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidInput, LayoutMismatch, StoreAccessDenied
+from ..types.ids import NamespaceId, PageHash
 from ..types.keys import ENGINE_KEY_MAX, PAGE_HASH_BYTES, TOKEN_BYTES, engine_page_hash, extend_chain, hash_root
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace
@@ -163,7 +164,7 @@ def put_views(layout: KVLayout | None, hashes: Sequence[bytes], pages: Sequence[
     check_page_hashes(hashes)
     nbytes, step = layout.bytes_per_page, layout.page_size * TOKEN_BYTES
     views: list[PageView] = []
-    engine_roots: dict[bytes, bytes] = {}  # namespace id -> its root under `layout`, for engine pages
+    engine_roots: dict[NamespaceId, PageHash] = {}  # namespace id -> its root under `layout`, for engine pages
     for h, page, origin in zip(hashes, pages, origins, strict=True):
         mv = page_source(page) if type(page) not in _SEGMENTED else _segments(page, page_bytes)
         if len(mv) != nbytes:
@@ -186,7 +187,7 @@ def put_views(layout: KVLayout | None, hashes: Sequence[bytes], pages: Sequence[
 
 
 def _check_engine_origin(h: bytes, origin: PageOrigin, layout: KVLayout, chain_key: bytes | None,
-                         roots: dict[bytes, bytes]) -> None:
+                         roots: dict[NamespaceId, PageHash]) -> None:
     """An engine page's origin: a key of 1..ENGINE_KEY_MAX bytes, no tokens, a 16-byte parent, and `h` the hash
     of the key under its namespace root (`roots` caches the roots per namespace)."""
     if type(origin.key) is not bytes or len(origin.key) > ENGINE_KEY_MAX:
@@ -217,7 +218,7 @@ def layout_to_register(location: str, layout: KVLayout, held: dict[bytes, Layout
     return True
 
 
-def namespace_root(namespace: Namespace, layout: KVLayout | None, chain_key: bytes | None, location: str) -> bytes:
+def namespace_root(namespace: Namespace, layout: KVLayout | None, chain_key: bytes | None, location: str) -> PageHash:
     """`L3Store.root`: the hash root of `namespace` under `layout` keyed by the store's `chain_key` (InvalidInput
     when the handle has no layout; StoreAccessDenied when this user may not read the store's secret)."""
     if layout is None:

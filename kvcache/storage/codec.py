@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from ..types.ids import PageHash
 from ..types.keys import ENGINE_KEY_MAX, PAGE_HASH_BYTES, TOKEN_BYTES, engine_page_hash, extend_chain
 from .api import LayoutRecord, NamespaceRecord, PageMeta
 
@@ -134,7 +135,7 @@ def chains_to(page_hash: bytes, meta: PageMeta) -> bool:
     return n > 0 and n * TOKEN_BYTES == len(meta.tokens) and extend_chain(meta.parent, meta.tokens, n) == [page_hash]
 
 
-def engine_keyed(page_hash: bytes, meta: PageMeta, roots: Iterable[bytes]) -> bool:
+def engine_keyed(page_hash: bytes, meta: PageMeta, roots: Iterable[PageHash]) -> bool:
     """Whether `page_hash` is the hash of its metadata's engine key under one of `roots` (its namespace/layout
     root; several when it is known only as one of its namespace's recorded roots): an engine page's hash check.
     False for a key no engine page can have (empty, too long) or tokens beside it (damaged metadata)."""

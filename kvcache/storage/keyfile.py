@@ -26,6 +26,7 @@ import msgspec
 
 from ..errors import KeyFileError, KeyMismatch, StoreError
 from ..types.fingerprint_key import new_fingerprint_key, parse_fingerprint_key
+from ..types.ids import NamespaceId, PageHash
 from ..types.keys import hash_root_of_id
 from .api import NamespaceRecord, PageMeta, VerifyFinding
 from .codec import engine_keyed
@@ -259,9 +260,9 @@ class KeyEvidence:
         self.chain_key = chain_key
         self.proves = 0
         self.contradicts = 0
-        self._roots: dict[tuple[bytes, bytes], bytes] = {}
+        self._roots: dict[tuple[bytes, NamespaceId], PageHash] = {}
 
-    def root(self, layout_id: bytes, ns_id: bytes) -> bytes:
+    def root(self, layout_id: bytes, ns_id: NamespaceId) -> PageHash:
         """The root of (layout, namespace) under the key (computed once)."""
         pair = (layout_id, ns_id)
         found = self._roots.get(pair)
@@ -275,7 +276,7 @@ class KeyEvidence:
         else:
             self.contradicts += 1
 
-    def record(self, ns_id: bytes, record: NamespaceRecord, layout_ids: Iterable[bytes]) -> None:
+    def record(self, ns_id: NamespaceId, record: NamespaceRecord, layout_ids: Iterable[bytes]) -> None:
         """A namespace record (registered under `ns_id`) and the layouts of the store: its recorded roots against
         the roots the key gives (a record without roots, or a store without layouts, says nothing)."""
         layouts = list(layout_ids)

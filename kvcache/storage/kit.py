@@ -24,7 +24,7 @@ from ..errors import (
     UnknownBackend,
 )
 from ..types.fingerprint_key import new_fingerprint_key
-from ..types.ids import NamespaceId
+from ..types.ids import NamespaceId, PageHash
 from ..types.keys import (
     ENGINE_KEY_MAX,
     PAGE_HASH_BYTES,
@@ -137,7 +137,7 @@ __all__ = [
     "InvalidInput", "LayoutMismatch", "NotAStore", "StoreClosed", "StoreError", "StoreFull", "StoreReadOnly",
     "StoreUnsupported", "UnknownBackend",
     # the values that name a page, a layout, a namespace and its shares (kvcache.types)
-    "NamespaceId", "PAGE_HASH_BYTES", "TOKEN_BYTES", "extend_chain", "hash_root", "hash_root_of_id",
+    "NamespaceId", "PageHash", "PAGE_HASH_BYTES", "TOKEN_BYTES", "extend_chain", "hash_root", "hash_root_of_id",
     "engine_page_hash", "ENGINE_KEY_MAX", "Shard", "ARRANGEMENTS", "new_chain_key", "KVLayout", "Namespace",
     "NamespaceInfo", "new_fingerprint_key", "NamespaceShares", "Shares", "decode_shares_record",
 ]

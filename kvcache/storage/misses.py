@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..types.explain import FirstMiss, MissReason, Removal, TierExplanation
+from ..types.ids import PageHash
 from ..types.keys import TOKEN_BYTES, extend_chain
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace
@@ -29,8 +30,8 @@ from .api import L3Store
 ROOTS_SEARCHED = 1024  # namespace roots (namespaces x layouts) searched for the tokens at most; more: counts are lower bounds
 
 
-def explain_storage(store: L3Store, layout: KVLayout, namespace: Namespace, tokens: bytes, hashes: Sequence[bytes],
-                    root: bytes) -> TierExplanation:
+def explain_storage(store: L3Store, layout: KVLayout, namespace: Namespace, tokens: bytes, hashes: Sequence[PageHash],
+                    root: PageHash) -> TierExplanation:
     """How many of a request's whole pages `store` holds from the first on, and why not the next one. `tokens`:
     the request's packed tokens; `hashes`: its page hashes under `layout`, chained from `root` (the namespace's
     root: `hash_root(layout.layout_id, namespace, store.chain_key)`)."""
@@ -63,14 +64,14 @@ def explain_storage(store: L3Store, layout: KVLayout, namespace: Namespace, toke
     return TierExplanation(matched * ps, FirstMiss(page, h.hex(), reason, removal, others, layouts, searched))
 
 
-def held_elsewhere(store: L3Store, layout: KVLayout, prefix: bytes, root: bytes) -> tuple[int, int, bool]:
+def held_elsewhere(store: L3Store, layout: KVLayout, prefix: bytes, root: PageHash) -> tuple[int, int, bool]:
     """(other namespaces of `layout`, other layouts, every root searched) whose stored pages hold the packed tokens
     `prefix` (whole pages of `layout`) from their root on, every page of it. `root` (the request's own) is skipped;
     the request's namespace under another layout counts as another layout."""
     sizes = sorted({lay.page_size for lay in store.layouts()})
     namespaces: set[str] = set()
     layouts: set[bytes] = set()
-    roots = [(rec.ns_id_hex, bytes.fromhex(r)) for rec in store.namespaces() for r in rec.roots]
+    roots = [(rec.ns_id_hex, PageHash(bytes.fromhex(r))) for rec in store.namespaces() for r in rec.roots]
     roots = [(ns, r) for ns, r in roots if r != root]
     for ns_hex, other in roots[:ROOTS_SEARCHED]:
         for size in sizes:

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import InvalidConfig, InvalidInput
 from ..types.fingerprint_key import new_fingerprint_key
-from ..types.ids import NamespaceId
+from ..types.ids import NamespaceId, PageHash
 from ..types.keys import hash_root, new_chain_key
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace
@@ -43,14 +43,14 @@ class PageSet:
         self.chain_key: bytes | None = chain_key if chain_key is not None else new_chain_key()
         self.fingerprint_key: bytes = fingerprint_key if fingerprint_key is not None else new_fingerprint_key()
         self._held: dict[bytes, bytes] = {}  # page hash -> Namespace.id (16 bytes) it was written under
-        self._roots: dict[bytes, bytes] = {}  # Namespace.id -> its root under the layout (computed once)
+        self._roots: dict[NamespaceId, PageHash] = {}  # Namespace.id -> its root under the layout (computed once)
         self._shares: dict[bytes, NamespaceShares] = {}  # Namespace.id -> its L1/L2 shares (set_shares)
 
     def __len__(self) -> int:
         """Pages held."""
         return len(self._held)
 
-    def exists_prefix(self, hashes: Sequence[bytes]) -> int:
+    def exists_prefix(self, hashes: Sequence[PageHash]) -> int:
         """How many pages from the start of `hashes` are held."""
         held = self._held
         n = 0
@@ -60,12 +60,12 @@ class PageSet:
             n += 1
         return n
 
-    def get_into(self, hashes: Sequence[bytes], out_views: Sequence[Any]) -> int:
+    def get_into(self, hashes: Sequence[PageHash], out_views: Sequence[Any]) -> int:
         """How many pages from the start of `hashes` a store holding these pages would serve; nothing is copied
         (the views keep their bytes)."""
         return self.exists_prefix(hashes[:len(out_views)])
 
-    def put(self, hashes: Sequence[bytes], pages: Sequence[Any], origins: Sequence[PageOrigin]) -> PutResult:
+    def put(self, hashes: Sequence[PageHash], pages: Sequence[Any], origins: Sequence[PageOrigin]) -> PutResult:
         """Hold the batch's new pages (each WRITTEN once, EXISTING when held already or repeated). A token page
         whose parent is neither its namespace's root nor a held page of its namespace (one earlier in the batch
         counts) refuses the whole batch, as the LMDB store's put does."""
@@ -91,7 +91,7 @@ class PageSet:
         return PutResult(len(new), len(hashes) - len(new), 0, 0, len(new) * self.layout.bytes_per_page,
                          outcomes=bytes(outcomes))
 
-    def _root(self, namespace: Namespace) -> bytes:
+    def _root(self, namespace: Namespace) -> PageHash:
         root = self._roots.get(namespace.id)
         if root is None:
             assert self.layout is not None and self.chain_key is not None

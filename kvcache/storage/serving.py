@@ -35,7 +35,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..errors import InvariantViolation, StoreError
-from ..types.ids import NamespaceId
+from ..types.ids import NamespaceId, PageHash
 from ..types.layout import KVLayout
 from ..types.namespace import Namespace
 from ..types.removals import PageRemoval, RemovalReason
@@ -63,7 +63,7 @@ def new_serve_record(socket_path: str) -> ServeRecord:
     return ServeRecord(uuid.uuid4().hex, os.getpid(), socket.gethostname(), socket_path, time.time())
 
 
-def registry_record(store: L3Store, ns_id: bytes) -> NamespaceRecord | None:
+def registry_record(store: L3Store, ns_id: NamespaceId) -> NamespaceRecord | None:
     """The store's registry record of namespace `ns_id`; None when it holds nothing of it."""
     ns_hex = bytes(ns_id).hex()
     return next((r for r in store.namespaces() if r.ns_id_hex == ns_hex), None)
@@ -180,7 +180,7 @@ class FencedStore:
         """The store handle behind the fence."""
         return self._store
 
-    def put(self, hashes: Sequence[bytes], pages: Sequence[Any], origins: Sequence[PageOrigin]) -> PutResult:
+    def put(self, hashes: Sequence[PageHash], pages: Sequence[Any], origins: Sequence[PageOrigin]) -> PutResult:
         """The store's put, less the pages of fenced namespaces (counted `rejected`)."""
         fenced = self.watch.fenced()
         keep = [i for i, o in enumerate(origins) if o.namespace.id not in fenced] if fenced else None
@@ -207,10 +207,10 @@ class FencedStore:
 
     # -- the rest of L3Store: the store's own ----------------------------------------------------------------
 
-    def exists_prefix(self, hashes: Sequence[bytes]) -> int:
+    def exists_prefix(self, hashes: Sequence[PageHash]) -> int:
         return self._store.exists_prefix(hashes)
 
-    def get_into(self, hashes: Sequence[bytes], out_views: Sequence[Any]) -> int:
+    def get_into(self, hashes: Sequence[PageHash], out_views: Sequence[Any]) -> int:
         return self._store.get_into(hashes, out_views)
 
     def namespaces(self) -> list[NamespaceRecord]:
@@ -225,16 +225,16 @@ class FencedStore:
     def layouts(self) -> list[KVLayout]:
         return self._store.layouts()
 
-    def root(self, namespace: Namespace, layout: KVLayout | None = None) -> bytes:
+    def root(self, namespace: Namespace, layout: KVLayout | None = None) -> PageHash:
         return self._store.root(namespace, layout)
 
-    def children(self, page_hash: bytes) -> list[ChildInfo]:
+    def children(self, page_hash: PageHash) -> list[ChildInfo]:
         return self._store.children(page_hash)
 
-    def removals(self, hashes: Sequence[bytes], namespace: NamespaceId | None = None) -> list[PageRemoval | None]:
+    def removals(self, hashes: Sequence[PageHash], namespace: NamespaceId | None = None) -> list[PageRemoval | None]:
         return self._store.removals(hashes, namespace)
 
-    def page_meta(self, page_hash: bytes) -> PageMeta | None:
+    def page_meta(self, page_hash: PageHash) -> PageMeta | None:
         return self._store.page_meta(page_hash)
 
     def stats(self) -> StoreStats:

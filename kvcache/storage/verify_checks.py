@@ -23,7 +23,9 @@ check; one that would steer eviction or an incremental audit far off is not.
 from __future__ import annotations
 
 import math
+from typing import cast
 
+from ..types.ids import NamespaceId, PageHash
 from ..types.keys import hash_root_of_id
 from ..types.layout import KVLayout
 from .api import NamespaceRecord, PageMeta
@@ -44,7 +46,7 @@ class EngineHashes:
 
     def __init__(self, chain_key: bytes | None) -> None:
         self.chain_key = chain_key
-        self.roots: dict[tuple[bytes, bytes], bytes] = {}  # (layout id, namespace id) -> its root
+        self.roots: dict[tuple[bytes, NamespaceId], PageHash] = {}  # (layout id, namespace id) -> its root
         self.held: list[tuple[bytes, PageMeta]] = []  # pages to judge once the registry is read (no chain key)
 
     def sound(self, page_hash: bytes, meta: PageMeta) -> bool | None:
@@ -70,7 +72,7 @@ class EngineHashes:
         return bad
 
 
-def recorded_roots(record: NamespaceRecord) -> list[bytes]:
+def recorded_roots(record: NamespaceRecord) -> list[PageHash]:
     """The roots a namespace record keeps (a damaged entry names none)."""
     roots = []
     for root in record.roots:
@@ -78,7 +80,7 @@ def recorded_roots(record: NamespaceRecord) -> list[bytes]:
             roots.append(bytes.fromhex(root))
         except ValueError:
             continue
-    return roots
+    return cast("list[PageHash]", roots)  # a record's roots: one cast, no call per root
 
 
 def hash_mismatch(found: Findings, h: bytes, meta: PageMeta) -> None:

@@ -25,6 +25,7 @@ import heapq
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING
 
+from ..types.ids import NodeId
 from ..types.tier import Tier
 
 if TYPE_CHECKING:
@@ -102,7 +103,7 @@ class TierBook:
         """Could `node`'s copy in this tier go now (a leaf of the tier, not busy)?"""
         return self.is_leaf(node) and not self.is_busy(node)
 
-    def victims(self, by_id: dict[int, TreeNode], share: ShareState | None = None) -> Generator[TreeNode, None, None]:
+    def victims(self, by_id: dict[NodeId, TreeNode], share: ShareState | None = None) -> Generator[TreeNode, None, None]:
         """This tier's evictable nodes, least recently used first, from its lazy LRU heap (`share`: from that
         namespace's heap of the tier, its nodes only). `by_id` is the tree's index of its nodes below the namespace
         roots, which heap entries name.
@@ -127,7 +128,7 @@ class TierBook:
         try:
             while heap:
                 entry = pop(heap)
-                node = by_id.get(entry & ID_MASK)
+                node = by_id.get(entry & ID_MASK)  # type: ignore[call-overload]  # the low bits: a NodeId
                 if node is None or not is_leaf(node):
                     continue  # deleted, or not a leaf of this tier now: offered again when it becomes one
                 if entry >> ID_BITS != node.last_access:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..types.ids import PageHash
 from .node import HeldRun, NamespacePages, TreeNode
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ def namespace_pages(tree: RadixTree, namespace: Namespace | None = None) -> dict
         stack.extend((c, use) for c in node.children.values())
     return out
 
-def held_run(tree: RadixTree, hashes: list[bytes]) -> HeldRun:
+def held_run(tree: RadixTree, hashes: list[PageHash]) -> HeldRun:
     """How much of the chain `hashes` the tree holds from its first page on: the device prefix, then the
     host-only extension after it, as a match would find them. Walked by page hash (a hash names its namespace
     and its whole prefix), touching nothing: no hit, no LRU clock, no split."""

@@ -26,6 +26,7 @@ from operator import attrgetter
 import numpy as np
 
 from ..errors import LockUnderflow
+from ..types.ids import NamespaceId, PageHash
 from ..types.tier import Tier
 from .books import ID_BITS, TierBook, new_books
 from .node import TreeNode, exact, namespace_label, subtree
@@ -55,11 +56,11 @@ class BookKeeper:
         self._device, self._host = self._books
         self._book_of = {book.tier: book for book in self._books}
         self.on_copy: CopyListener | None = None  # see CopyListener; None (no event feed) costs one test per change
-        self._shares: dict[bytes, ShareState] = {}  # namespace id -> its share state (namespaces with a share)
+        self._shares: dict[NamespaceId, ShareState] = {}  # namespace id -> its share state (namespaces with a share)
         # page hash -> the attached node marked stored that holds it (mark_stored / mark_unstored, splits, deletes)
-        self._stored_pages: dict[bytes, TreeNode] = {}
+        self._stored_pages: dict[PageHash, TreeNode] = {}
 
-    def page_hashes(self, node: TreeNode) -> list[bytes]:
+    def page_hashes(self, node: TreeNode) -> list[PageHash]:
         """The page hash chain of `node`'s pages (RadixTree's: it knows the layout that seeds the chains)."""
         raise NotImplementedError
 
@@ -199,7 +200,7 @@ class BookKeeper:
                     if index.get(h) is node:
                         del index[h]
 
-    def unstore_pages(self, hashes: Iterable[bytes]) -> int:
+    def unstore_pages(self, hashes: Iterable[PageHash]) -> int:
         """The store no longer holds these pages (evicted to make room, deleted): every node holding one of them,
         and every node below it (a chain hangs from its parent), is marked not stored. Returns how many nodes."""
         index, n = self._stored_pages, 0
@@ -211,7 +212,7 @@ class BookKeeper:
                 self.mark_unstored(stale)
         return n
 
-    def unstore_namespace(self, ns_id: bytes) -> int:
+    def unstore_namespace(self, ns_id: NamespaceId) -> int:
         """Every page of namespace `ns_id` left the store (dropped): none of its nodes is stored any more (those
         running requests lock stay in the tree and are written again by the next write of their path). Returns
         how many nodes were marked."""
@@ -222,7 +223,7 @@ class BookKeeper:
         self.mark_unstored(stale)
         return len(stale)
 
-    def stored_node(self, page_hash: bytes) -> TreeNode | None:
+    def stored_node(self, page_hash: PageHash) -> TreeNode | None:
         """The node marked stored that holds page `page_hash`, if any (read it; the tree keeps the index)."""
         return self._stored_pages.get(page_hash)
 
@@ -263,7 +264,7 @@ class BookKeeper:
 
     # --- shares ----------------------------------------------------------------------------------------------
 
-    def set_share(self, ns_id: bytes, device_pages: int | None, host_pages: int | None, label: str = "") -> None:
+    def set_share(self, ns_id: NamespaceId, device_pages: int | None, host_pages: int | None, label: str = "") -> None:
         """Give namespace `ns_id` a share of each tier in pages (None: no share there; both None clears it). Its
         nodes are counted now (one walk of its subtree); from then on every copy move keeps the count."""
         self._shares.pop(ns_id, None)
@@ -283,7 +284,7 @@ class BookKeeper:
         if state is not None:
             self._rebuild_share_heaps(state)
 
-    def share_of(self, ns_id: bytes) -> ShareState | None:
+    def share_of(self, ns_id: NamespaceId) -> ShareState | None:
         """The share state of namespace `ns_id` (its shares in pages, its use of each tier); None without one."""
         return self._shares.get(ns_id)
 

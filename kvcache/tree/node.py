@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import msgspec
 import numpy as np
 
+from ..types.ids import NodeId, OwnerCode, PageHash
 from ..types.keys import TOKEN_BYTES
 from ..types.namespace import Namespace
 from .shares import ShareState
@@ -33,8 +34,8 @@ class TreeNode(msgspec.Struct, gc=False, eq=False):
     Every field is written by the tree package only (module docstring); callers read them.
     """
 
-    id: int  # unique in the tree, never reused; the ledger owner is Node(id)
-    owner: int  # ledger code of this node (hot paths)
+    id: NodeId  # unique in the tree, never reused; the ledger owner is Node(id)
+    owner: OwnerCode  # ledger code of this node (hot paths)
     key: bytes  # packed tokens, whole pages; b"" for the root and namespace roots
     namespace: Namespace | None  # None only for the root
     parent: TreeNode | None
@@ -44,7 +45,7 @@ class TreeNode(msgspec.Struct, gc=False, eq=False):
     children: dict[bytes, TreeNode] = {}  # first page of the child's key (root: namespace id) -> child; own dict
     device: np.ndarray | None = None  # L1 page indices, one per page of key; None = no device copy
     host: np.ndarray | None = None  # L2 page indices, one per page of key; None = no host copy
-    page_hashes: list[bytes] | None = None  # chain hashes of key's pages (one each), computed on demand
+    page_hashes: list[PageHash] | None = None  # chain hashes of key's pages (one each), computed on demand
     stored: bool = False  # every page of key is acknowledged by the L3 store (RadixTree.mark_stored)
     lock_ref: int = 0  # running requests using this node (>= 0); a locked node is never evicted
     device_holds: int = 0  # prefetch holds on this path's device copies (>= 0); they are not evicted
@@ -138,7 +139,7 @@ class HostInsert(msgspec.Struct, gc=False):
 class Evicted(msgspec.Struct, gc=False):
     """Pages an eviction detached from a node; the caller frees them from the node's owner."""
 
-    owner: int  # ledger code of the node that held the pages
+    owner: OwnerCode  # ledger code of the node that held the pages
     pages: np.ndarray
 
 

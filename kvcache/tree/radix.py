@@ -40,6 +40,7 @@ import numpy as np
 
 from ..errors import InvalidInput, InvariantViolation
 from ..types.fingerprint_key import FingerprintKey
+from ..types.ids import NodeId, PageHash
 from ..types.keys import TOKEN_BYTES, RadixKey, extend_chain, hash_root, new_chain_key
 from ..types.namespace import Namespace
 from ..types.owners import OwnerKind, owner_code
@@ -89,7 +90,7 @@ class RadixTree(BookKeeper):
         # what every part of the cache that shows a namespace keys its fingerprints and display ids by
         self.fingerprints = FingerprintKey.of(None) if fingerprints is None else fingerprints
         self._page_bytes = page_size * TOKEN_BYTES
-        self.root = TreeNode(0, owner_code(_NODE, 0), b"", None, None)
+        self.root = TreeNode(NodeId(0), owner_code(_NODE, 0), b"", None, None)
         self.root.device = self.root.host = EMPTY
         # Nodes are invisible to the cyclic GC; when the tree goes, its parent <-> children cycles are unlinked here.
         weakref.finalize(self, unlink, self.root).atexit = False
@@ -97,7 +98,7 @@ class RadixTree(BookKeeper):
         self._clock = 0
         # Called as on_split(child, new_parent, head_pages) after a split moved child's first pages to new_parent.
         self.on_split: SplitListener | None = None
-        self._by_id: dict[int, TreeNode] = {}  # nodes below the namespace roots, by id (what heap entries name)
+        self._by_id: dict[NodeId, TreeNode] = {}  # nodes below the namespace roots, by id (what heap entries name)
         self.node_count = 0  # nodes below the namespace roots
 
     # --- lookup ----------------------------------------------------------------------------------------------
@@ -251,7 +252,7 @@ class RadixTree(BookKeeper):
 
     # --- copies ----------------------------------------------------------------------------------------------
 
-    def page_hashes(self, node: TreeNode) -> list[bytes]:
+    def page_hashes(self, node: TreeNode) -> list[PageHash]:
         """The page hash chain of `node`'s pages (computed once, from its namespace root down)."""
         missing = []
         walk = node
@@ -262,16 +263,16 @@ class RadixTree(BookKeeper):
             return []
         if walk.is_namespace_root:
             assert walk.namespace is not None  # a namespace root carries its namespace
-            last: bytes = hash_root(self.layout_id, walk.namespace, self.chain_key)
+            last: PageHash = hash_root(self.layout_id, walk.namespace, self.chain_key)
         else:
             assert walk.page_hashes is not None  # the walk stopped at a node with its hashes
             last = walk.page_hashes[-1]
         for n in reversed(missing):
-            n.page_hashes = chain = extend_chain(last, n.key, self.page_size)  # type: ignore[assignment]  # PageHash
+            n.page_hashes = chain = extend_chain(last, n.key, self.page_size)
             last = chain[-1]
         return node.page_hashes or []
 
-    def chain_parent(self, node: TreeNode) -> bytes:
+    def chain_parent(self, node: TreeNode) -> PageHash:
         """The hash the chain of `node`'s first page extends: its parent's last page hash, or the namespace root."""
         parent = node.parent
         if parent is None or parent.is_namespace_root or parent is self.root:
@@ -340,7 +341,7 @@ class RadixTree(BookKeeper):
         """Namespace id -> the pages its nodes hold in each tier (only `namespace`'s when given). Reads only."""
         return namespace_pages(self, namespace)
 
-    def held_run(self, hashes: list[bytes]) -> HeldRun:
+    def held_run(self, hashes: list[PageHash]) -> HeldRun:
         """How much of the chain `hashes` the tree holds from its first page on (the device prefix, then the
         host-only extension), touching nothing."""
         return held_run(self, hashes)
@@ -354,7 +355,9 @@ class RadixTree(BookKeeper):
     # --- internals: structure --------------------------------------------------------------------------------
 
     def _new_node(self, key: bytes, namespace: Namespace, parent: TreeNode) -> TreeNode:
-        node = TreeNode(self._next_id, _NODE_BASE | self._next_id, key, namespace, parent, parent.share)
+        # a NodeId and its OwnerCode, ints as they are (no NewType call per new node)
+        node = TreeNode(self._next_id, _NODE_BASE | self._next_id, key, namespace, parent,  # type: ignore[arg-type]
+                        parent.share)
         self._next_id += 1
         if parent is not self.root:
             self.node_count += 1

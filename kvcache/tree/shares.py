@@ -11,6 +11,7 @@ import heapq
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from ..types.ids import NamespaceId
 from ..types.tier import Tier
 from .books import ID_BITS, TierBook
 
@@ -46,7 +47,7 @@ class ShareState:
 
     __slots__ = ("ns_id", "label", "tiers")
 
-    def __init__(self, ns_id: bytes, label: str, device_limit: int | None, host_limit: int | None) -> None:
+    def __init__(self, ns_id: NamespaceId, label: str, device_limit: int | None, host_limit: int | None) -> None:
         self.ns_id = ns_id  # Namespace.id (a share may come from a store, which knows no salt)
         self.label = label  # for messages: extra_key/salt fingerprint
         self.tiers = (ShareTier(device_limit), ShareTier(host_limit))  # indexed by TierBook.index

@@ -34,6 +34,8 @@ from typing import Annotated
 
 import msgspec
 
+from . import ids
+
 TS_MAX = 4_102_444_800.0  # 2100-01-01T00:00:00Z: no engine's clock of today says later (and localtime takes it)
 BLOCK_SIZE_MAX = 1 << 20  # tokens per page or block: far past any engine's (a million-token page is no page)
 INDEX_MAX = (1 << 16) - 1  # a data-parallel rank or a KV-cache group: far past any deployment's count
@@ -43,7 +45,7 @@ Timestamp = Annotated[float, msgspec.Meta(ge=0.0, le=TS_MAX)]
 TokenId = Annotated[int, msgspec.Meta(ge=0, lt=1 << 32)]  # a token id, as kvc's Request takes it (DESIGN §3)
 BlockSize = Annotated[int, msgspec.Meta(ge=0, le=BLOCK_SIZE_MAX)]  # an engine's 0 means "not known"
 SmallIndex = Annotated[int, msgspec.Meta(ge=0, le=INDEX_MAX)]  # a rank or a group index
-PageHash = Annotated[bytes, msgspec.Meta(min_length=16, max_length=16)]  # kvc's page hashes are 16-byte digests
+PageHash = Annotated[ids.PageHash, msgspec.Meta(min_length=16, max_length=16)]  # kvc's page hashes are 16-byte digests
 
 
 class KVCacheEvent(msgspec.Struct, tag=True, omit_defaults=True, gc=False):

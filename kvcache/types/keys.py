@@ -35,7 +35,7 @@ import msgspec
 import numpy as np
 
 from ..errors import InvalidInput, InvalidTokens
-from .ids import PageHash
+from .ids import NamespaceId, PageHash
 from .namespace import Namespace
 
 TOKEN_BYTES = 4  # one token id packed as uint32
@@ -177,7 +177,7 @@ def hash_root(layout_id: bytes, namespace: Namespace, chain_key: bytes) -> PageH
     return hash_root_of_id(layout_id, namespace.id, chain_key)
 
 
-def hash_root_of_id(layout_id: bytes, ns_id: bytes, chain_key: bytes) -> PageHash:
+def hash_root_of_id(layout_id: bytes, ns_id: NamespaceId, chain_key: bytes) -> PageHash:
     """h_0 of the chain from a raw 16-byte `Namespace.id`: what a store that records ids (never salts) and holds
     the chain key can recompute on its own, e.g. to tell a namespace root from a missing parent page."""
     return PageHash(hashlib.blake2b(layout_id + ns_id, digest_size=PAGE_HASH_BYTES, key=chain_key,
@@ -195,14 +195,15 @@ def derive_chain_key(secret: bytes) -> bytes:
     return hashlib.blake2b(b"", digest_size=CHAIN_KEY_BYTES, key=secret, person=_CHAIN_KEY_PERSON).digest()
 
 
-def extend_chain(parent: bytes, data: bytes, page_size: int) -> list[PageHash]:
+def extend_chain(parent: PageHash, data: bytes, page_size: int) -> list[PageHash]:
     """Page hashes of the whole pages of packed tokens `data`, chained from `parent`."""
     step = page_size * TOKEN_BYTES
     out: list[bytes] = []
     blake = hashlib.blake2b
+    last: bytes = parent
     for start in range(0, len(data) - step + 1, step):
-        parent = blake(parent + data[start:start + step], digest_size=PAGE_HASH_BYTES).digest()
-        out.append(parent)
+        last = blake(last + data[start:start + step], digest_size=PAGE_HASH_BYTES).digest()
+        out.append(last)
     # PageHash values: a NewType call per page would cost in this hot loop
     return out  # type: ignore[return-value]  # bytes, as PageHash is
 
@@ -213,7 +214,7 @@ def page_hashes(layout_id: bytes, key: RadixKey, page_size: int, chain_key: byte
     return extend_chain(hash_root(layout_id, key.namespace, chain_key), key.data, page_size)
 
 
-def engine_page_hash(root: bytes, key: bytes) -> PageHash:
+def engine_page_hash(root: PageHash, key: bytes) -> PageHash:
     """The page hash of a page an engine names by its own `key` (1..ENGINE_KEY_MAX bytes; SGLang: the 32 raw
     bytes of its 64-hex key) under the namespace/layout `root` (`hash_root`). A blake2b of the key keyed by the
     root, with its own personalisation: it never equals a token chain hash, and it is as unguessable as the root

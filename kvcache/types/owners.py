@@ -50,9 +50,9 @@ class Owner(msgspec.Struct, frozen=True, gc=False):
     id: int  # 0 <= id < 2**48; 0 for FREE
 
     @property
-    def code(self) -> int:
+    def code(self) -> OwnerCode:
         """The int64 the ledger stores for this owner."""
-        return (int(self.kind) << _KIND_SHIFT) | self.id
+        return OwnerCode((int(self.kind) << _KIND_SHIFT) | self.id)
 
     @classmethod
     def from_code(cls, code: int) -> "Owner":
@@ -66,7 +66,7 @@ class Owner(msgspec.Struct, frozen=True, gc=False):
 
 
 FREE = Owner(OwnerKind.FREE, 0)
-FREE_CODE = 0
+FREE_CODE = OwnerCode(0)
 
 
 # Indexed by kind (int(kind) costs a call on the hot path); the kinds are numbered 0, 1, 2, ... for this.

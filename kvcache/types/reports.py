@@ -6,6 +6,7 @@ import enum
 
 import msgspec
 
+from .ids import NodeId
 from .namespace import NamespaceInfo
 from .stats import BackupStats, PrefetchStats
 
@@ -40,7 +41,7 @@ class Violation(msgspec.Struct, omit_defaults=True):
     pages: list[int] = []  # the pages involved (first 32)
     count: int = 0  # how many pages are involved in all
     owners: list[str] = []  # owners involved, as the ledger or the holders name them
-    node: int | None = None  # the tree node involved
+    node: NodeId | None = None  # the tree node involved
     rid: str | None = None  # the request involved
 
 

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import xxhash
 
+from ..types.ids import PageHash
 from ..types.keys import PAGE_HASH_BYTES
 from ..types.layout import KVLayout
 
@@ -44,21 +45,21 @@ class SyntheticKV:
         self._words = self.row_bytes % PAGE_HASH_BYTES == 0
         mix = (np.arange(1, self.page_size + 1, dtype=np.uint64) * _ROW_MIX)
         self._mix = np.repeat(mix, 2).reshape(self.page_size, 2)  # [row, word]
-        self._digests: dict[bytes, int] = {}  # page hash -> XXH3-128 of the page it prescribes
+        self._digests: dict[PageHash, int] = {}  # page hash -> XXH3-128 of the page it prescribes
         self._scratch: np.ndarray | None = None  # pages generated to learn their digests
 
-    def patterns(self, hashes: Sequence[bytes]) -> np.ndarray:
+    def patterns(self, hashes: Sequence[PageHash]) -> np.ndarray:
         """[pages, page_size, 2] uint64: the 16-byte pattern of every row of every page."""
         words = np.frombuffer(b"".join(hashes), dtype="<u8").reshape(len(hashes), 1, 2)
         return words ^ self._mix[None]
 
-    def pages(self, hashes: Sequence[bytes]) -> torch.Tensor:
+    def pages(self, hashes: Sequence[PageHash]) -> torch.Tensor:
         """[pages, page_bytes] uint8: the contents of these pages."""
         out = np.empty((len(hashes), self.page_bytes), dtype=np.uint8)
         self._fill(hashes, out)
         return torch.from_numpy(out)
 
-    def _fill(self, hashes: Sequence[bytes], out: np.ndarray) -> None:
+    def _fill(self, hashes: Sequence[PageHash], out: np.ndarray) -> None:
         """Write the contents of `hashes` into `out` ([len(hashes), page_bytes] uint8, C-contiguous): each row's
         pattern, then the row doubled onto itself (a few long copies rather than many 16-byte ones)."""
         rows = out.reshape(len(hashes) * self.page_size, self.row_bytes)
@@ -70,13 +71,13 @@ class SyntheticKV:
             rows[:, filled:filled + k] = rows[:, :k]
             filled += k
 
-    def write(self, page_rows: torch.Tensor, pages: np.ndarray, hashes: Sequence[bytes]) -> None:
+    def write(self, page_rows: torch.Tensor, pages: np.ndarray, hashes: Sequence[PageHash]) -> None:
         """Write the contents of `hashes` into rows `pages` of a pool's [pages, page_bytes] view."""
         if len(pages):
             idx = torch.from_numpy(np.asarray(pages, dtype=np.int64))
             page_rows.index_copy_(0, idx.to(page_rows.device), self.pages(hashes).to(page_rows.device))
 
-    def digest(self, page_hash: bytes) -> int:
+    def digest(self, page_hash: PageHash) -> int:
         """XXH3-128 of the contents of `page_hash` (remembered)."""
         d = self._digests.get(page_hash)
         if d is None:
@@ -85,7 +86,7 @@ class SyntheticKV:
             d = self._digests[page_hash] = xxhash.xxh3_128_intdigest(self.pages([page_hash]).numpy().data)
         return d
 
-    def _learn(self, hashes: list[bytes]) -> None:
+    def _learn(self, hashes: list[PageHash]) -> None:
         """Compute the expected digests of `hashes` in one batch (pages generated together, hashed row by row)."""
         if not hashes:
             return
@@ -102,7 +103,7 @@ class SyntheticKV:
             for h, row in zip(chunk, rows, strict=True):
                 self._digests[h] = h128(row)
 
-    def mismatches(self, page_rows: torch.Tensor, pages: np.ndarray, hashes: Sequence[bytes]) -> np.ndarray:
+    def mismatches(self, page_rows: torch.Tensor, pages: np.ndarray, hashes: Sequence[PageHash]) -> np.ndarray:
         """Indices (into `pages`) of the pages whose bytes differ from the contents of their hash."""
         if len(pages) != len(hashes):
             raise ValueError(f"{len(pages)} pages but {len(hashes)} hashes")
@@ -116,7 +117,7 @@ class SyntheticKV:
         return np.asarray(bad, dtype=np.int64)
 
     def _mismatches_on_device(self, page_rows: torch.Tensor, pages: np.ndarray,
-                              hashes: Sequence[bytes]) -> np.ndarray:
+                              hashes: Sequence[PageHash]) -> np.ndarray:
         n = len(pages)
         bad: list[np.ndarray] = []
         step = max(1, _CHECK_CHUNK_BYTES // self.page_bytes)

@@ -24,7 +24,7 @@ from kvcache.live.protocol import NamespaceList as LiveNamespaceList
 from kvcache.storage.api import DropRecord, L3Store, NamespaceRecord
 from kvcache.storage.location import StoreLocation
 from kvcache.types.fingerprint_key import FingerprintKey
-from kvcache.types.ids import NamespaceId
+from kvcache.types.ids import NamespaceId, PageHash
 from kvcache.types.keys import unpack_tokens
 from kvcache.types.namespace import Namespace, NamespaceInfo
 from kvcache.types.shares import Shares
@@ -252,7 +252,7 @@ def show(
         roots, more = [], 0
         # a reader who may not read the store's key cannot key a root: the record keeps the roots it has
         heads = ([st.root(ns, layout) for layout in st.layouts()] if st.chain_key is not None
-                 else [bytes.fromhex(r) for r in rec.roots])
+                 else [PageHash(bytes.fromhex(r)) for r in rec.roots])
         for head in heads:
             kids = st.children(head)
             roots += [_walk(st, c, depth - 1, width) for c in kids[:width]]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import enum
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import msgspec
 import typer
@@ -33,6 +33,7 @@ import typer
 from kvcache.engines.sglang_keys import storage_keys
 from kvcache.live.protocol import ProbeRequest, TierProbe
 from kvcache.storage.api import engine_hashes
+from kvcache.types.ids import PageHash
 from kvcache.types.keys import page_hashes
 from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import Namespace, NamespaceInfo
@@ -258,7 +259,7 @@ class TierProbeResult(msgspec.Struct):
 TIER_COLUMNS = [Column("tier"), Column("layout id"), Column("pages", Kind.INT), Column("tokens", Kind.INT)]
 
 
-def hashes_arg(hashes: str | None, hashes_file: Path | None) -> list[bytes] | None:
+def hashes_arg(hashes: str | None, hashes_file: Path | None) -> list[PageHash] | None:
     """The page hashes of --hashes or --hashes-file (not both); None when neither is given."""
     if hashes is not None and hashes_file is not None:
         raise UsageError("give --hashes or --hashes-file, not both")
@@ -267,7 +268,7 @@ def hashes_arg(hashes: str | None, hashes_file: Path | None) -> list[bytes] | No
     return parse_hashes(hashes, "--hashes") if hashes is not None else None
 
 
-def parse_hashes(text: str, source: str) -> list[bytes]:
+def parse_hashes(text: str, source: str) -> list[PageHash]:
     """Page hashes from hex words separated by commas or whitespace, or a JSON array of hex strings; UsageError
     naming the first bad one."""
     text = text.strip()
@@ -285,10 +286,10 @@ def parse_hashes(text: str, source: str) -> list[bytes]:
     for i, w in enumerate(words):
         if not _HEX32.fullmatch(w):
             raise UsageError(f"{source}: page hash {i} is {w[:40]!r}, not 32 hex digits")
-    return [bytes.fromhex(w) for w in words]
+    return cast("list[PageHash]", [bytes.fromhex(w) for w in words])  # checked: 16-byte page hashes
 
 
-def probe_tiers(chain: list[bytes] | None, extra_key: str | None, salt: str | None, salt_file: Path | None,
+def probe_tiers(chain: list[PageHash] | None, extra_key: str | None, salt: str | None, salt_file: Path | None,
                 tokens: str | None, tokens_file: Path | None, page_size: int | None, layout: str | None,
                 store: object, sock: str | None, read_only: bool, fmt, no_headers: bool) -> None:
     """`kvc ns probe` without --engine: per tier, by kvc's page hashes, offline (the store) or live."""
@@ -313,7 +314,7 @@ def probe_tiers(chain: list[bytes] | None, extra_key: str | None, salt: str | No
     _show_tiers(result, fmt, no_headers)
 
 
-def _probe_store(chain: list[bytes] | None, prompt, ns: Namespace, page_size: int | None, layout: str | None,
+def _probe_store(chain: list[PageHash] | None, prompt, ns: Namespace, page_size: int | None, layout: str | None,
                  store, read_only: bool) -> TierProbeResult:
     """The store's pages of a prompt (per layout of the page size) or of a hash chain, from the first one on."""
     st = open_inspect(store, read_only=read_only)

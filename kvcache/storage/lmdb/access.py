@@ -19,6 +19,7 @@ import lmdb
 import msgspec
 
 from ...errors import StoreError
+from ...types.ids import NamespaceId, PageHash
 from ..api import AccessPolicy, PageMeta
 from ..codec import HEADER, Checksum, decode_meta, decode_or_none, encoder
 from ..handle import AccessLog
@@ -44,7 +45,7 @@ class AccessRecords:
         self._checksum = checksum
         self._counts = counts  # the handle's counters (kvcache.storage.handle)
 
-    def quarantine(self, page_hash: bytes) -> None:
+    def quarantine(self, page_hash: PageHash) -> None:
         """A page failed verification on read: a miss from now on in this handle, dropped by its next write
         transaction (which checks it again first) or by `verify(repair=True)`."""
         with self._lock:
@@ -85,7 +86,7 @@ class AccessRecords:
             self.log.clear()
             self.corrupt = set()
 
-    def fold(self, txn: lmdb.Transaction, dbs: Any, taken: Taken, deltas: dict[bytes, NsDelta]) -> tuple[int, int]:
+    def fold(self, txn: lmdb.Transaction, dbs: Any, taken: Taken, deltas: dict[NamespaceId, NsDelta]) -> tuple[int, int]:
         """Into write transaction `txn`: drop the quarantined pages that still fail, then fold the reads into page
         metadata, registry changes into `deltas`. (pages, bytes) dropped: the caller adjusts the store totals."""
         dropped = drop_corrupt(txn, dbs, self._checksum, taken[1], deltas)
@@ -107,7 +108,7 @@ class AccessRecords:
     def write_back(self, write: Callable[..., Any], dbs: Any, taken: Taken, fingerprint_key: bytes | None) -> None:
         """`flush`: one write transaction that folds `taken` in and nothing else."""
         def body(txn: lmdb.Transaction) -> None:
-            deltas: dict[bytes, NsDelta] = {}
+            deltas: dict[NamespaceId, NsDelta] = {}
             dropped = self.fold(txn, dbs, taken, deltas)
             apply_deltas(txn, dbs, deltas, time.time(), fingerprint_key)
             if dropped[0]:
@@ -116,7 +117,7 @@ class AccessRecords:
         self.commit(write, body, taken)
 
 
-def apply_access(txn: lmdb.Transaction, dbs: Any, reads: Reads, deltas: dict[bytes, NsDelta]) -> int:
+def apply_access(txn: lmdb.Transaction, dbs: Any, reads: Reads, deltas: dict[NamespaceId, NsDelta]) -> int:
     """Fold logged reads into page metadata and namespace counters; pages updated.
 
     Every page a read served is credited with the read's time, so LRU never takes a page that was just read: the
@@ -183,7 +184,7 @@ def _credited_alone(txn: lmdb.Transaction, dbs: Any, reads: Reads, metas: dict[b
 
 
 def drop_corrupt(txn: lmdb.Transaction, dbs: Any, checksum: Checksum, corrupt: set[bytes],
-                 deltas: dict[bytes, NsDelta]) -> tuple[int, int]:
+                 deltas: dict[NamespaceId, NsDelta]) -> tuple[int, int]:
     """Drop pages that failed their checksum (rechecked here), each recorded in the removal log as QUARANTINE;
     (pages, bytes) dropped."""
     dropped = freed = 0

@@ -20,6 +20,7 @@ import lmdb
 import msgspec
 import numpy as np
 
+from ...types.ids import NamespaceId
 from ...types.namespace import UNKNOWN_FINGERPRINT, Namespace
 from ...types.shares import NamespaceShares, decode_shares_record
 from ..api import LayoutRecord, NamespaceRecord, PageMeta
@@ -80,7 +81,7 @@ def key_evidence(txn: lmdb.Transaction, dbs: Any, chain_key: bytes, limit: int =
         record = decode_or_none(decode_namespace, raw)
         if record is None or not record.roots:
             continue
-        evidence.record(bytes(key), record, layout_ids)
+        evidence.record(NamespaceId(bytes(key)), record, layout_ids)
         seen += 1
         if seen == limit:
             break
@@ -136,7 +137,7 @@ def read_shares(txn: lmdb.Transaction, dbs: Any) -> list[NamespaceShares]:
     return out
 
 
-def write_shares(txn: lmdb.Transaction, dbs: Any, ns_id: bytes, record: NamespaceShares | None) -> None:
+def write_shares(txn: lmdb.Transaction, dbs: Any, ns_id: NamespaceId, record: NamespaceShares | None) -> None:
     """Record one namespace's shares (None: clear them)."""
     if record is None:
         txn.delete(SHARES_PREFIX + ns_id, db=dbs.store)
@@ -144,7 +145,7 @@ def write_shares(txn: lmdb.Transaction, dbs: Any, ns_id: bytes, record: Namespac
         txn.put(SHARES_PREFIX + ns_id, encoder.encode(record), db=dbs.store)
 
 
-def store_share(txn: lmdb.Transaction, dbs: Any, ns_id: bytes) -> int:
+def store_share(txn: lmdb.Transaction, dbs: Any, ns_id: NamespaceId) -> int:
     """Namespace `ns_id`'s store share in payload bytes (0: none; the uniform quota applies)."""
     raw = txn.get(SHARES_PREFIX + ns_id, db=dbs.store)
     record = decode_or_none(decode_shares_record, raw) if raw is not None else None
@@ -165,12 +166,12 @@ class NsDelta:
         self.info: Namespace | None = None  # set by writers, which know extra_key and salt fingerprint
 
 
-def delta(deltas: dict[bytes, NsDelta], ns_id: bytes) -> NsDelta:
+def delta(deltas: dict[NamespaceId, NsDelta], ns_id: NamespaceId) -> NsDelta:
     """The delta of namespace `ns_id` in `deltas`, made on first use."""
     return deltas.get(ns_id) or deltas.setdefault(ns_id, NsDelta())
 
 
-def apply_deltas(txn: lmdb.Transaction, dbs: Any, deltas: dict[bytes, NsDelta], now: float,
+def apply_deltas(txn: lmdb.Transaction, dbs: Any, deltas: dict[NamespaceId, NsDelta], now: float,
                  fingerprint_key: bytes | None) -> None:
     """Fold the gathered changes into the namespace records (a namespace new here is registered, with its salt
     fingerprinted by `fingerprint_key`)."""
@@ -195,7 +196,8 @@ def apply_deltas(txn: lmdb.Transaction, dbs: Any, deltas: dict[bytes, NsDelta], 
         txn.put(ns_id, encoder.encode(record), db=db)
 
 
-def drop_page(txn: lmdb.Transaction, dbs: Any, page_hash: bytes, meta: PageMeta, deltas: dict[bytes, NsDelta]) -> None:
+def drop_page(txn: lmdb.Transaction, dbs: Any, page_hash: bytes, meta: PageMeta,
+              deltas: dict[NamespaceId, NsDelta]) -> None:
     """Remove one page and every index entry of it; its namespace's counters go into `deltas`."""
     txn.delete(page_hash, db=dbs.pages)
     txn.delete(page_hash, db=dbs.meta)
@@ -205,7 +207,8 @@ def drop_page(txn: lmdb.Transaction, dbs: Any, page_hash: bytes, meta: PageMeta,
     d.bytes -= meta.nbytes
 
 
-def drop_stored(txn: lmdb.Transaction, dbs: Any, page_hash: bytes, deltas: dict[bytes, NsDelta]) -> PageMeta | None:
+def drop_stored(txn: lmdb.Transaction, dbs: Any, page_hash: bytes,
+                deltas: dict[NamespaceId, NsDelta]) -> PageMeta | None:
     """`drop_page` of the page under `page_hash` if it is stored (its metadata, which says what was freed), else
     None."""
     raw = txn.get(page_hash, db=dbs.meta)
@@ -216,7 +219,7 @@ def drop_stored(txn: lmdb.Transaction, dbs: Any, page_hash: bytes, deltas: dict[
     return meta
 
 
-def evict(txn: lmdb.Transaction, dbs: Any, need: int, protect: set[bytes], deltas: dict[bytes, NsDelta],
+def evict(txn: lmdb.Transaction, dbs: Any, need: int, protect: set[bytes], deltas: dict[NamespaceId, NsDelta],
           only_ns: bytes | None = None, gone: list[bytes] | None = None,
           gone_keys: list[bytes] | None = None) -> tuple[int, int]:
     """Evict least recently used leaf pages (of namespace `only_ns`, or of any) until `need` payload bytes are

@@ -15,6 +15,7 @@ from typing import Any
 
 import lmdb
 
+from ...types.ids import NamespaceId
 from ..api import DeleteResult
 from ..codec import decode_meta, decode_or_none
 from ..removals import RemovalReason
@@ -26,7 +27,7 @@ from .shared_env import SharedEnv
 DELETE_BATCH_PAGES = 1024  # pages per write transaction when deleting a namespace
 
 
-def delete_namespace(shared: SharedEnv, write: Callable[..., Any], ns_id: bytes, fingerprint_key: bytes | None,
+def delete_namespace(shared: SharedEnv, write: Callable[..., Any], ns_id: NamespaceId, fingerprint_key: bytes | None,
                      progress: Progress | None, reason: RemovalReason = RemovalReason.DROP) -> DeleteResult:
     """Remove every page of namespace `ns_id` and its registry record, each batch through `write` (the handle's),
     the last one recording the namespace removed for `reason` (DROP or TTL); `progress` is called as `meta` is
@@ -48,18 +49,18 @@ def delete_namespace(shared: SharedEnv, write: Callable[..., Any], ns_id: bytes,
     return DeleteResult(pages, nbytes, txns)
 
 
-def pages_of(shared: SharedEnv, ns_id: bytes, progress: Progress | None) -> list[bytes]:
+def pages_of(shared: SharedEnv, ns_id: NamespaceId, progress: Progress | None) -> list[bytes]:
     """Hashes of the stored pages of one namespace: a scan of `meta`, VERIFY_CHUNK_PAGES x 16 per read txn."""
     return [h for _, h, value in shared.scan(shared.dbs.meta, VERIFY_CHUNK_PAGES * 16, progress, "meta")
             if getattr(decode_or_none(decode_meta, value), "ns_id", None) == ns_id]
 
 
-def _dropper(dbs: Any, ns_id: bytes, batch: list[bytes], last: bool, fingerprint_key: bytes | None,
+def _dropper(dbs: Any, ns_id: NamespaceId, batch: list[bytes], last: bool, fingerprint_key: bytes | None,
              reason: RemovalReason | None) -> Callable[[lmdb.Transaction], tuple[int, int]]:
     """The write transaction that drops `batch` (pages gone meanwhile are skipped); (pages, bytes) dropped. The
     `last` batch deletes the namespace's record instead of updating it; with a `reason` it records the removal."""
     def body(txn: lmdb.Transaction) -> tuple[int, int]:
-        deltas: dict[bytes, NsDelta] = {}
+        deltas: dict[NamespaceId, NsDelta] = {}
         dropped = freed = 0
         for h in batch:
             meta = drop_stored(txn, dbs, h, deltas)

@@ -26,7 +26,7 @@ tests/unit/storage/lmdb/test_footprint.py (within 10% from 512-byte to 256 KiB p
 
 from __future__ import annotations
 
-from ...types.ids import NamespaceId
+from ...types.ids import NamespaceId, PageHash
 from ...types.keys import PAGE_HASH_BYTES, TOKEN_BYTES
 from ...types.layout import KVLayout
 from ..api import PageMeta
@@ -62,7 +62,7 @@ def page_disk(layout: KVLayout) -> PageDisk:
     payload = layout.bytes_per_page
     # A token page's metadata as written (the largest kind: an engine page keeps a key of at most 64 bytes
     # instead of its tokens), times at their full width.
-    meta = len(encoder.encode(PageMeta(NamespaceId(b"\0" * 16), b"\0" * 16, b"\0" * PAGE_HASH_BYTES,
+    meta = len(encoder.encode(PageMeta(NamespaceId(b"\0" * 16), b"\0" * 16, PageHash(b"\0" * PAGE_HASH_BYTES),
                                        b"\0" * (TOKEN_BYTES * layout.page_size), payload, 2**64 - 1,
                                        1.7e9, 1.7e9, 2**32)))
     value_pages, value_leaf = _node(PAGE_HASH_BYTES, HEADER + payload)

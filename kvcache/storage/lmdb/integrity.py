@@ -32,6 +32,7 @@ import msgspec
 
 from ... import errors
 from ...errors import StoreError
+from ...types.ids import NamespaceId
 from ...types.keys import hash_root_of_id
 from ...types.layout import KVLayout
 from ..api import AuditHistory, AuditRecord, LayoutRecord, VerifyReport
@@ -378,7 +379,8 @@ class LMDBIntegrity:
                 record = decode_or_none(decode_namespace, raw)
                 if record is None or not record.roots:
                     continue
-                given = {hash_root_of_id(lay, bytes(key), chain_key).hex() for lay in layout_ids}
+                ns_id = NamespaceId(bytes(key))
+                given = {hash_root_of_id(lay, ns_id, chain_key).hex() for lay in layout_ids}
                 kept = [r for r in record.roots if r in given]
                 if kept != record.roots:
                     txn.put(bytes(key), encoder.encode(msgspec.structs.replace(record, roots=kept)),

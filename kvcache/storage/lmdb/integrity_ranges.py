@@ -12,6 +12,7 @@ from typing import Any
 import lmdb
 import msgspec
 
+from ...types.ids import NamespaceId, PageHash
 from ..api import PageMeta
 from ..codec import HEADER, decode_meta, decode_or_none
 from ..verify_checks import EngineHashes, check_page
@@ -37,7 +38,7 @@ class RangeReader:
         self.chunk = chunk  # pages per read transaction
         self.out = PartReport([], [], 0, 0, [])
         self.txnids: set[int] = set()
-        self.roots: dict[tuple[bytes, bytes], bytes] = {}  # EngineHashes.roots, computed once per range
+        self.roots: dict[tuple[bytes, NamespaceId], PageHash] = {}  # EngineHashes.roots, computed once per range
 
     def _first(self, cur: Any, after: bytes | None) -> bool:
         """Position `cur` on the first key of the range past `after` (None: from the range's start)."""

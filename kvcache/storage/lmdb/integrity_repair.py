@@ -16,6 +16,7 @@ from typing import Any
 import lmdb
 import msgspec
 
+from ...types.ids import NamespaceId
 from ...types.keys import PAGE_HASH_BYTES, hash_root_of_id
 from ...types.layout import KVLayout
 from ..api import PageMeta
@@ -45,7 +46,7 @@ class LMDBRepairOps:
         self.txn, self.dbs, self.layouts, self.checksum = txn, dbs, layouts, checksum
         self.chain_key = chain_key
         self.times = times  # the store's life (verify.life): what a page's times may be
-        self.deltas: dict[bytes, NsDelta] = {}
+        self.deltas: dict[NamespaceId, NsDelta] = {}
         self.freed_pages = self.freed_bytes = 0
         self.removed: list[tuple[bytes, bytes]] = []  # (page, namespace id) of what went: the removal log's
 
@@ -187,7 +188,7 @@ class LMDBRepairOps:
         record = decode_or_none(decode_namespace, raw) if raw is not None else None
         return record is None or engine_keyed(h, meta, recorded_roots(record))
 
-    def _own_root(self, root: bytes, layout_id: bytes, ns_id: bytes) -> bool:
+    def _own_root(self, root: bytes, layout_id: bytes, ns_id: NamespaceId) -> bool:
         """Whether `root` is the chain root of namespace `ns_id` under `layout_id`: recomputed with the chain key,
         else as the namespace's record keeps it (a record that does not decode: assume so, and keep the page)."""
         if self.chain_key is not None:

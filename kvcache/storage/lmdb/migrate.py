@@ -31,6 +31,7 @@ import lmdb
 import msgspec
 
 from ...errors import InvalidInput, NotAStore, StoreDamaged, StoreError, StoreReadOnly
+from ...types.ids import NamespaceId, PageHash
 from ...types.keys import TOKEN_BYTES, UNKEYED_CHAIN, derive_chain_key, engine_page_hash, extend_chain, hash_root_of_id
 from ..api import NamespaceRecord, PageMeta, VerifyReport
 from ..codec import (
@@ -165,13 +166,13 @@ def _rewrite(path: str, new: str, fmt: StoreFormat, chain_key: bytes) -> tuple[i
         with env.begin(buffers=True) as txn:
             dbs = {name: open_db(env, txn, name) for name in ("pages", "meta", "namespaces", "layouts", "store")}
             metas = {bytes(k): decode_meta(v) for k, v in txn.cursor(db=dbs["meta"])}
-            records = {bytes(k): decode_namespace(v) for k, v in txn.cursor(db=dbs["namespaces"])}
+            records = {NamespaceId(bytes(k)): decode_namespace(v) for k, v in txn.cursor(db=dbs["namespaces"])}
             store_records = {bytes(k): bytes(v) for k, v in txn.cursor(db=dbs["store"]) if bytes(k) != b"format"}
             layouts = {bytes(k): bytes(v) for k, v in txn.cursor(db=dbs["layouts"])}
         pairs = {(m.layout_id, m.ns_id) for m in metas.values()} | {(lay, ns) for lay in layouts for ns in records}
-        roots: dict[bytes, bytes] = {hash_root_of_id(lay, ns, old_key): hash_root_of_id(lay, ns, chain_key)
+        roots: dict[bytes, PageHash] = {hash_root_of_id(lay, ns, old_key): hash_root_of_id(lay, ns, chain_key)
                                      for lay, ns in pairs}
-        new_roots: dict[tuple[bytes, bytes], bytes] = {(lay, ns): hash_root_of_id(lay, ns, chain_key)
+        new_roots: dict[tuple[bytes, NamespaceId], PageHash] = {(lay, ns): hash_root_of_id(lay, ns, chain_key)
                                                        for lay, ns in pairs}
         renamed = _new_hashes(path, metas, roots, new_roots)
         # each namespace's roots: those its pages hang from now (a store written before records kept roots too),
@@ -233,11 +234,11 @@ def _stored(path: str, value: memoryview | None, h: bytes) -> bytes:
     return bytes(value)
 
 
-def _new_hashes(path: str, metas: dict[bytes, PageMeta], roots: dict[bytes, bytes],
-                new_roots: dict[tuple[bytes, bytes], bytes]) -> dict[bytes, bytes]:
+def _new_hashes(path: str, metas: dict[bytes, PageMeta], roots: dict[bytes, PageHash],
+                new_roots: dict[tuple[bytes, NamespaceId], PageHash]) -> dict[bytes, PageHash]:
     """Old page hash -> new, each chained from its parent's new hash or its namespace's new root (`roots`: old
     root -> new); an engine page's, its key's under its (layout, namespace)'s new root (`new_roots`)."""
-    renamed: dict[bytes, bytes] = {}
+    renamed: dict[bytes, PageHash] = {}
     for h in metas:
         for page in reversed(list(_up(path, h, metas, renamed, roots))):
             meta = metas[page]
@@ -250,8 +251,8 @@ def _new_hashes(path: str, metas: dict[bytes, PageMeta], roots: dict[bytes, byte
     return renamed
 
 
-def _up(path: str, h: bytes, metas: dict[bytes, PageMeta], renamed: dict[bytes, bytes],
-        roots: dict[bytes, bytes]) -> Iterator[bytes]:
+def _up(path: str, h: bytes, metas: dict[bytes, PageMeta], renamed: dict[bytes, PageHash],
+        roots: dict[bytes, PageHash]) -> Iterator[bytes]:
     """`h` and the pages above it that have no new hash yet, bottom up, to a renamed page or a root."""
     while h not in renamed:
         yield h
@@ -264,7 +265,7 @@ def _up(path: str, h: bytes, metas: dict[bytes, PageMeta], renamed: dict[bytes, 
         h = parent
 
 
-def _new_roots(record: NamespaceRecord, roots: dict[bytes, bytes], hung: set[str]) -> NamespaceRecord:
+def _new_roots(record: NamespaceRecord, roots: dict[bytes, PageHash], hung: set[str]) -> NamespaceRecord:
     """`record` with its roots renamed, and every root its pages hang from now recorded."""
     renamed = {roots[bytes.fromhex(r)].hex() for r in record.roots if bytes.fromhex(r) in roots}
     return msgspec.structs.replace(record, roots=sorted(renamed | hung))

@@ -21,11 +21,12 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import lmdb
 
 from ...errors import InvalidInput
+from ...types.ids import NamespaceId, PageHash
 from ...types.keys import hash_root
 from ...types.layout import KVLayout
 from ..api import PageMeta, PageOrigin, PageOutcome, PutResult
@@ -39,7 +40,7 @@ class PutBatch:
     checksum seeds); `write` is the transaction's body, which may run more than once (env: a full map grows and
     reruns it), so every effect of it stays inside the transaction."""
 
-    def __init__(self, dbs: Any, layout: KVLayout, checksum: Checksum, hashes: Sequence[bytes],
+    def __init__(self, dbs: Any, layout: KVLayout, checksum: Checksum, hashes: Sequence[PageHash],
                  views: Sequence[Any], origins: Sequence[PageOrigin], evict_headroom: float,
                  fingerprint_key: bytes | None, chain_key: bytes) -> None:
         self.dbs = dbs
@@ -51,7 +52,7 @@ class PutBatch:
         self.roots = {ns.id: hash_root(self.layout_id, ns, chain_key) for ns in {o.namespace for o in origins}}
         # The parent each new page is linked under: its origin's, but the root for an engine page whose parent is
         # not a page of its namespace and layout (filled by `_new_pages`, inside the transaction).
-        self.parents: dict[int, bytes] = {}
+        self.parents: dict[int, PageHash] = {}
         # One page value reused for every page: [checksum][payload], the payload copied in and summed in place.
         self.scratch = bytearray(HEADER + self.nbytes)
         self.digest, self.seeds = checksum.digest, checksum.seeds(hashes)
@@ -62,7 +63,7 @@ class PutBatch:
         """The body of the put's write transaction, folding in `taken` (`access.take()`) on the way."""
         now = time.time()
         dbs, nbytes = self.dbs, self.nbytes
-        deltas: dict[bytes, NsDelta] = {}
+        deltas: dict[NamespaceId, NsDelta] = {}
         totals = read_totals(txn, dbs)
         capacity, quota = limits(txn, dbs)
         dropped = access.fold(txn, dbs, taken, deltas)
@@ -87,7 +88,9 @@ class PutBatch:
         pages_now = totals.pages - dropped[0] - evicted + written
         txn.put(b"totals", encoder.encode(StoreTotals(pages_now, stored_bytes + written * nbytes)), db=dbs.store)
         rejected = outcomes.count(PageOutcome.REJECTED)
-        return PutResult(written, len(self.hashes) - written - rejected, rejected, evicted, written * nbytes, gone,
+        # `gone`: the keys of the pages evict() took, page hashes all (one cast of the list, no call per page)
+        return PutResult(written, len(self.hashes) - written - rejected, rejected, evicted, written * nbytes,
+                         cast("list[PageHash]", gone),
                          gone_keys, bytes(outcomes))
 
     def _new_pages(self, txn: lmdb.Transaction, outcomes: bytearray) -> tuple[list[int], list[tuple[int, int]]]:
@@ -96,8 +99,8 @@ class PutBatch:
         repeats of a new page later in the batch, (index, index of the first). Pages stored already are marked
         EXISTING in `outcomes`."""
         dbs, hashes, origins, roots, parents = self.dbs, self.hashes, self.origins, self.roots, self.parents
-        first: dict[bytes, int] = {}  # page hash -> its first index in the batch
-        fresh: set[bytes] = set()  # pages of this batch not stored before it
+        first: dict[PageHash, int] = {}  # page hash -> its first index in the batch
+        fresh: set[PageHash] = set()  # pages of this batch not stored before it
         new: list[int] = []
         repeats: list[tuple[int, int]] = []
         parents.clear()
@@ -131,8 +134,8 @@ class PutBatch:
                                        f"{origin.namespace.label}")
         return new, repeats
 
-    def _engine_parent(self, txn: lmdb.Transaction, h: bytes, origin: PageOrigin, first: dict[bytes, int],
-                       fresh: set[bytes]) -> bytes:
+    def _engine_parent(self, txn: lmdb.Transaction, h: PageHash, origin: PageOrigin, first: dict[PageHash, int],
+                       fresh: set[PageHash]) -> PageHash:
         """Where new engine page `h` is linked: its origin's parent when that is its root, a page new earlier in
         the batch of its namespace (put_views checked the batch; the whole batch has this handle's layout) or a
         stored page of its namespace and layout; its root otherwise (the engine's parent is a hint, never
@@ -151,19 +154,19 @@ class PutBatch:
         meta = decode_meta(raw)
         return parent if (meta.ns_id, meta.layout_id) == (origin.namespace.id, self.layout_id) else root
 
-    def _make_room(self, txn: lmdb.Transaction, new: list[int], deltas: dict[bytes, NsDelta], stored_bytes: int,
+    def _make_room(self, txn: lmdb.Transaction, new: list[int], deltas: dict[NamespaceId, NsDelta], stored_bytes: int,
                    capacity: int, quota: int, gone: list[bytes], gone_keys: list[bytes]
-                   ) -> tuple[int, int, dict[bytes, int]]:
+                   ) -> tuple[int, int, dict[NamespaceId, int]]:
         """Evict for the new pages: within each namespace over its limit (its share, or the quota), then across
         the store over the capacity. (pages evicted, payload bytes stored after, payload room left of each
         namespace with a limit); the evicted pages' hashes are appended to `gone`, their engine keys to
         `gone_keys`."""
         dbs, nbytes, origins = self.dbs, self.nbytes, self.origins
         evicted = 0
-        protect = set(self.hashes) | {o.parent for o in origins}
+        protect: set[bytes] = set(self.hashes) | {o.parent for o in origins}
         # Evictions take a little past the need so the scan behind one is paid once per many puts.
-        ns_room: dict[bytes, int] = {}
-        ns_need: Counter[bytes] = Counter(origins[i].namespace.id for i in new)
+        ns_room: dict[NamespaceId, int] = {}
+        ns_need: Counter[NamespaceId] = Counter(origins[i].namespace.id for i in new)
         for ns_id, n_new in ns_need.items():
             limit = store_share(txn, dbs, ns_id) or quota
             if not limit:
@@ -186,12 +189,12 @@ class PutBatch:
             stored_bytes -= freed
         return evicted, stored_bytes, ns_room
 
-    def _admit(self, new: list[int], room: int, ns_room: dict[bytes, int]) -> list[int]:
+    def _admit(self, new: list[int], room: int, ns_room: dict[NamespaceId, int]) -> list[int]:
         """The new pages that fit, in batch order. Once a page of a namespace is rejected so are the namespace's
         later pages (all of them, once the store is full), so what is stored of a chain stays a prefix."""
         nbytes, origins = self.nbytes, self.origins
         accepted: list[int] = []
-        full: set[bytes] = set()  # namespaces with a rejected page in this batch
+        full: set[NamespaceId] = set()  # namespaces with a rejected page in this batch
         for i in new:
             ns_id = origins[i].namespace.id
             if room < nbytes:
@@ -205,7 +208,7 @@ class PutBatch:
                 ns_room[ns_id] -= nbytes
         return accepted
 
-    def _store(self, txn: lmdb.Transaction, accepted: list[int], deltas: dict[bytes, NsDelta], now: float) -> None:
+    def _store(self, txn: lmdb.Transaction, accepted: list[int], deltas: dict[NamespaceId, NsDelta], now: float) -> None:
         """Write the accepted pages, their metadata and their child links; their counters go into `deltas`."""
         dbs, nbytes, layout_id, roots, parents = self.dbs, self.nbytes, self.layout_id, self.roots, self.parents
         hashes, views, origins, digest, seeds = self.hashes, self.views, self.origins, self.digest, self.seeds

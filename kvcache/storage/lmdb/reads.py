@@ -22,6 +22,7 @@ import lmdb
 import numpy as np
 
 from ...errors import StoreChanged
+from ...types.ids import PageHash
 from ...types.layout import KVLayout
 from ..checks import check_page_hashes, out_views_for
 from ..codec import CHECKSUM_FIELD, HEADER, Checksum
@@ -48,7 +49,7 @@ class PageReads:
         self._checksum = checksum
         self._layout = layout  # the handle's: the size every page copied out must have
 
-    def exists_prefix(self, hashes: Sequence[bytes]) -> int:
+    def exists_prefix(self, hashes: Sequence[PageHash]) -> int:
         """How many pages from the start of `hashes` are stored (stops at the first gap)."""
         if not hashes:
             return 0
@@ -81,7 +82,7 @@ class PageReads:
             found = 0
         return count_read(self._counts, found, len(hashes))
 
-    def get_into(self, hashes: Sequence[bytes], out_views: Sequence[Any]) -> int:
+    def get_into(self, hashes: Sequence[PageHash], out_views: Sequence[Any]) -> int:
         """Copy pages into caller-provided writable byte views, each inside the read transaction and verified on
         the copy; return how many consecutive pages from the start were copied. A missing, corrupt or unreadable
         page ends the run (and is counted); one that fails its checks is quarantined (`access`)."""
@@ -93,7 +94,7 @@ class PageReads:
         digest, seeds, stored = self._checksum.digest, self._checksum.seeds(hashes), CHECKSUM_FIELD.unpack_from
         digest_parts = self._checksum.digest_parts
         corrupt = self._access.corrupt
-        suspect: list[bytes] = []  # failed their checks: quarantined once the read is known sound (lock-free)
+        suspect: list[PageHash] = []  # failed their checks: quarantined once the read is known sound (lock-free)
         done = 0  # pages copied and verified so far: what a read that fails midway still delivered
 
         def copy(txn: lmdb.Transaction) -> int:

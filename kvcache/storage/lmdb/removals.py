@@ -23,7 +23,7 @@ from typing import Any
 
 import lmdb
 
-from ...types.ids import NamespaceId
+from ...types.ids import NamespaceId, PageHash
 from ...types.keys import PAGE_HASH_BYTES
 from ..removals import (
     NAMESPACE_WIDE,
@@ -105,8 +105,8 @@ def decode(subject: bytes, value: Any) -> tuple[int, PageRemoval] | None:
     return seq, PageRemoval(bytes(subject[1:]), reason, at, NamespaceId(ns_id))
 
 
-def lookup(txn: lmdb.Transaction, db: Any | None, hashes: Sequence[bytes],
-           namespace: bytes | None) -> list[PageRemoval | None]:
+def lookup(txn: lmdb.Transaction, db: Any | None, hashes: Sequence[PageHash],
+           namespace: NamespaceId | None) -> list[PageRemoval | None]:
     """The record answered for each of `hashes` (`removals.newest_removal`); all None without the log."""
     if db is None:
         return [None] * len(hashes)

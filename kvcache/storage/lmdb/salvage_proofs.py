@@ -12,6 +12,7 @@ from typing import Any
 
 import lmdb
 
+from ...types.ids import PageHash
 from ...types.keys import PAGE_HASH_BYTES, UNKEYED_CHAIN, derive_chain_key, hash_root_of_id
 from ..codec import (
     CHECKSUMS,
@@ -44,7 +45,7 @@ def page_proves(key: bytes, value: Any, algos: list[Checksum]) -> bool:
 
 
 def meta_proves(key: bytes, value: Any, chain_keys: list[bytes],
-                recorded: dict[bytes, list[bytes]] | None = None) -> bool:
+                recorded: dict[bytes, list[PageHash]] | None = None) -> bool:
     """A metadata record that decodes and chains to its key: a token page's H(parent || tokens), an engine page's
     key under its namespace/layout root keyed by one of `chain_keys` (`possible_chain_keys`), or under a root its
     namespace's record keeps (`recorded`: what proves it when this user may not read the key, or it is lost)."""
@@ -57,7 +58,7 @@ def meta_proves(key: bytes, value: Any, chain_keys: list[bytes],
     return engine_keyed(key, meta, roots + (recorded or {}).get(meta.ns_id, []))
 
 
-def recorded_roots_in(txn: lmdb.Transaction, dbs: Any) -> dict[bytes, list[bytes]]:
+def recorded_roots_in(txn: lmdb.Transaction, dbs: Any) -> dict[bytes, list[PageHash]]:
     """Namespace id -> the roots its record keeps, for the namespace records in `txn` that prove themselves."""
     out = {}
     for key, raw in txn.cursor(db=dbs.namespaces):

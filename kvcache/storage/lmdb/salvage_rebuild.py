@@ -47,6 +47,7 @@ import lmdb
 import msgspec
 
 from ...errors import RepairRefused, StoreError
+from ...types.ids import NamespaceId
 from ...types.keys import derive_chain_key
 from ...types.shares import decode_shares_record
 from ..api import SalvageReport, VerifyFinding, VerifyRemoval, VerifyReport
@@ -267,7 +268,7 @@ def _refuse_foreign_key(path: str, new: str, store_records: dict[bytes, bytes], 
             for key, raw in txn.cursor(db=dbs.namespaces):
                 record = decode_or_none(decode_namespace, raw)
                 if record is not None:
-                    evidence.record(bytes(key), record, layout_ids)
+                    evidence.record(NamespaceId(bytes(key)), record, layout_ids)
         for h, meta in metas.items():
             if meta.key:
                 evidence.engine_page(h, meta)

@@ -17,6 +17,7 @@ from typing import Any
 import lmdb
 import msgspec
 
+from ...types.ids import NamespaceId
 from ..api import DROPS_KEPT, DropRecord, ServeRecord
 from ..codec import decode_or_none, encoder
 
@@ -62,7 +63,7 @@ def read_drop_seq(txn: lmdb.Transaction, dbs: Any) -> int:
     return _U64.unpack(raw)[0] if raw is not None and len(raw) == _U64.size else 0
 
 
-def add_drop(txn: lmdb.Transaction, dbs: Any, ns_id: bytes, extra_key: str | None,
+def add_drop(txn: lmdb.Transaction, dbs: Any, ns_id: NamespaceId, extra_key: str | None,
              salt_fingerprint: str | None, by: str) -> DropRecord:
     """Record a drop as the next of the sequence and forget those beyond DROPS_KEPT."""
     seq = read_drop_seq(txn, dbs) + 1

@@ -47,7 +47,7 @@ import lmdb
 
 # StoreError: re-exported, as the names below are
 from ...errors import InvalidInput, StoreDamaged, StoreError  # noqa: F401
-from ...types.ids import NamespaceId
+from ...types.ids import NamespaceId, PageHash
 from ...types.layout import KVLayout
 from ...types.namespace import Namespace
 from ...types.removals import PageRemoval, RemovalReason
@@ -267,11 +267,11 @@ class LMDBStore(StoreHandle):
 
     # -- reading --------------------------------------------------------------------------------------------
 
-    def exists_prefix(self, hashes: Sequence[bytes]) -> int:
+    def exists_prefix(self, hashes: Sequence[PageHash]) -> int:
         """How many pages from the start of `hashes` are stored (stops at the first gap)."""
         return self._reads.exists_prefix(hashes)
 
-    def get_into(self, hashes: Sequence[bytes], out_views: Sequence[Any]) -> int:
+    def get_into(self, hashes: Sequence[PageHash], out_views: Sequence[Any]) -> int:
         """Copy pages into caller-provided writable byte views, each inside the read transaction and verified on
         the copy; return how many consecutive pages from the start were copied. A missing, corrupt or unreadable
         page ends the run (and is counted). The pages served are logged, for the next write to fold in."""
@@ -280,24 +280,24 @@ class LMDBStore(StoreHandle):
             self._access.record(hashes[:done], self.flush)
         return done
 
-    def page_meta(self, page_hash: bytes) -> PageMeta | None:
+    def page_meta(self, page_hash: PageHash) -> PageMeta | None:
         """A page's metadata, or None when it is not stored."""
         raw = self._lease.read(lambda txn, dbs: txn.get(page_hash, db=dbs.meta))
         return None if raw is None else decode_meta(raw)
 
-    def children(self, page_hash: bytes) -> list[ChildInfo]:
+    def children(self, page_hash: PageHash) -> list[ChildInfo]:
         """Stored children of a page hash or of a namespace root, hottest (most reads through the child, then
         most recent) first. Each child's figures cover its subtree (see `tree`): O(subtree) lookups."""
         return children(self._lease.live(), page_hash)
 
-    def child_pages(self, page_hash: bytes) -> list[ChildInfo]:
+    def child_pages(self, page_hash: PageHash) -> list[ChildInfo]:
         """Stored children of a page hash or of a namespace root, unordered, each with its own figures (not its
         subtree's): one lookup per child. For a walk of a whole tree (`kvcache.ops.dump`)."""
         return child_pages(self._lease.live(), page_hash)
 
     # -- the registry ---------------------------------------------------------------------------------------
 
-    def root(self, namespace: Namespace, layout: KVLayout | None = None) -> bytes:
+    def root(self, namespace: Namespace, layout: KVLayout | None = None) -> PageHash:
         """The hash root of `namespace` under `layout` (default: this handle's layout)."""
         return namespace_root(namespace, layout or self.layout, self.chain_key, self.path)
 
@@ -361,7 +361,7 @@ class LMDBStore(StoreHandle):
 
     # -- writing --------------------------------------------------------------------------------------------
 
-    def put(self, hashes: Sequence[bytes], pages: Sequence[Any], origins: Sequence[PageOrigin]) -> PutResult:
+    def put(self, hashes: Sequence[PageHash], pages: Sequence[Any], origins: Sequence[PageOrigin]) -> PutResult:
         """Store a batch of pages in one write transaction (metadata, indexes and counters with it; see `put`).
 
         Every token page's parent must be its namespace's root or a stored page of its namespace (one earlier in
@@ -380,7 +380,7 @@ class LMDBStore(StoreHandle):
         """Write logged reads (hit counts, access times) in one transaction, and drop pages seen corrupt."""
         self._writes.flush(self.fingerprint_key)
 
-    def delete_namespace(self, ns_id: bytes, reason: RemovalReason = RemovalReason.DROP) -> DeleteResult:
+    def delete_namespace(self, ns_id: NamespaceId, reason: RemovalReason = RemovalReason.DROP) -> DeleteResult:
         """Remove every page of namespace `ns_id` (16 bytes) and its registry record; the removal log records the
         namespace removed for `reason` (DROP: an offboarding, TTL: an expiry), once.
 
@@ -389,7 +389,7 @@ class LMDBStore(StoreHandle):
         pages) for long. Scans repeat until one finds nothing, so pages a concurrent writer adds meanwhile go too."""
         return self._writes.delete_namespace(ns_id, reason, self.fingerprint_key, self.progress)
 
-    def removals(self, hashes: Sequence[bytes], namespace: NamespaceId | None = None) -> list[PageRemoval | None]:
+    def removals(self, hashes: Sequence[PageHash], namespace: NamespaceId | None = None) -> list[PageRemoval | None]:
         """Per hash, the newest record of the removal log that answers for it (see `L3Store.removals`), read in one
         short read transaction: a lookup per hash, one for `namespace`."""
         check_page_hashes(hashes)
@@ -411,7 +411,7 @@ class LMDBStore(StoreHandle):
         """Every serving record, stale ones included."""
         return self._lease.read(read_serves)
 
-    def record_drop(self, ns_id: bytes, extra_key: str | None, salt_fingerprint: str | None,
+    def record_drop(self, ns_id: NamespaceId, extra_key: str | None, salt_fingerprint: str | None,
                     by: str) -> DropRecord:
         """Record a drop as the next of the store's drop sequence (before the namespace's pages go)."""
         self._lease.check_writable()

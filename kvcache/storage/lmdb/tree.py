@@ -7,16 +7,17 @@ reporting it costs one lookup per page below, paid by the rare caller that walks
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import lmdb
 
+from ...types.ids import PageHash
 from ..api import ChildInfo, PageMeta
 from ..codec import decode_meta
 from .shared_env import SharedEnv
 
 
-def children(shared: SharedEnv, page_hash: bytes) -> list[ChildInfo]:
+def children(shared: SharedEnv, page_hash: PageHash) -> list[ChildInfo]:
     """Stored children of a page hash or of a namespace root, hottest (most reads through the child, then most
     recent) first. Each child's figures cover its subtree: O(subtree) lookups, in one read transaction."""
     def walk(txn: lmdb.Transaction) -> list[ChildInfo]:
@@ -36,7 +37,7 @@ def children(shared: SharedEnv, page_hash: bytes) -> list[ChildInfo]:
     return out
 
 
-def child_pages(shared: SharedEnv, page_hash: bytes) -> list[ChildInfo]:
+def child_pages(shared: SharedEnv, page_hash: PageHash) -> list[ChildInfo]:
     """Stored children of a page hash or of a namespace root, unordered, each with its own figures (not its
     subtree's): one lookup per child, in one read transaction. What a walk of a whole tree takes (`kvc ns dump`),
     where `children` would cost one lookup per page below each child."""
@@ -53,9 +54,10 @@ def child_pages(shared: SharedEnv, page_hash: bytes) -> list[ChildInfo]:
     return shared.reading(walk)  # run again if writers overtook a lock-free read
 
 
-def child_hashes(cur: lmdb.Cursor, page_hash: bytes) -> list[bytes]:
+def child_hashes(cur: lmdb.Cursor, page_hash: bytes) -> list[PageHash]:
     """The hashes `cur` (a cursor on `children`) lists under `page_hash`."""
-    return [bytes(c) for c in cur.iternext_dup(keys=False, values=True)] if cur.set_key(page_hash) else []
+    found = [bytes(c) for c in cur.iternext_dup(keys=False, values=True)] if cur.set_key(page_hash) else []
+    return cast("list[PageHash]", found)  # the index lists page hashes: one cast, no call per child
 
 
 def subtree_heat(txn: lmdb.Transaction, cur: lmdb.Cursor, meta_db: Any, top_hash: bytes,

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...errors import InvalidInput
+from ...types.ids import NamespaceId, PageHash
 from ...types.layout import KVLayout
 from ..api import CapacityPolicy, DeleteResult, PageOrigin, PutResult
 from ..checks import put_views
@@ -39,7 +40,7 @@ class PageWrites:
         self._layout = layout  # the handle's: what its puts write under
         self.evict_headroom = CapacityPolicy().evict_headroom
 
-    def put(self, hashes: Sequence[bytes], pages: Sequence[Any], origins: Sequence[PageOrigin],
+    def put(self, hashes: Sequence[PageHash], pages: Sequence[Any], origins: Sequence[PageOrigin],
             chain_key: bytes | None, fingerprint_key: bytes | None) -> PutResult:
         """`LMDBStore.put`: the batch checked (`checks.put_views`) and written in one write transaction with the
         logged reads (`put.PutBatch`), counted."""
@@ -76,7 +77,7 @@ class PageWrites:
         self._access.write_back(self._lease.write, self._lease.live().dbs, taken, fingerprint_key)
         self._counts["flushes"] += 1
 
-    def delete_namespace(self, ns_id: bytes, reason: RemovalReason, fingerprint_key: bytes | None,
+    def delete_namespace(self, ns_id: NamespaceId, reason: RemovalReason, fingerprint_key: bytes | None,
                          progress: Callable[[str, int, bytes | None], None] | None) -> DeleteResult:
         """`LMDBStore.delete_namespace`: the arguments checked, the logged reads flushed, then `delete`'s scans and
         bounded write transactions (`progress` called as they walk `meta`)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -20,6 +20,7 @@ from kvcache.storage.kit import (
     HEADER,
     ChildInfo,
     KVLayout,
+    PageHash,
     PageMeta,
     check_page_hashes,
     count_read,
@@ -168,7 +169,8 @@ class PageReads:
                     acc[0] += int(hits)
                     acc[1] = max(acc[1], float(last or 0))
             level = nxt
-        for child, meta, _, _ in heads:
+        # the children index holds page hashes: one cast of the list, no call per child
+        for child, meta, _, _ in cast("list[tuple[PageHash, PageMeta, int, float]]", heads):
             hits, last = heat[child]
             out.append(ChildInfo(child, meta.tokens, meta.nbytes, int(hits), last, key=meta.key))
         out.sort(key=lambda c: (-c.hits, -c.last_access))

@@ -27,6 +27,7 @@ from kvcache.storage.kit import (
     HEADER,
     InvalidInput,
     KVLayout,
+    PageHash,
     PageMeta,
     PageOrigin,
     PageOutcome,
@@ -68,7 +69,7 @@ class _Batch(msgspec.Struct, frozen=True):
     metas: list[bytes]  # each page's PageMeta (msgpack), parent as the origin says
     root_metas: list[bytes]  # an engine page's PageMeta hanging from its namespace root; b"" for the others
     origins: Sequence[PageOrigin]
-    roots: dict[bytes, bytes]  # namespace id -> its hash root under the handle's layout
+    roots: dict[bytes, PageHash]  # namespace id -> its hash root under the handle's layout
     now: float  # unix seconds of the write
 
 
@@ -104,7 +105,7 @@ class PageWrites:
         chain_key = self.chain_key
         assert chain_key is not None  # every store this backend opens keeps one (`schema.read_format`)
         namespaces = {o.namespace for o in origins}
-        roots: dict[bytes, bytes] = {ns.id: hash_root(layout_id, ns, chain_key) for ns in namespaces}
+        roots: dict[bytes, PageHash] = {ns.id: hash_root(layout_id, ns, chain_key) for ns in namespaces}
         metas: list[bytes] = []
         root_metas: list[bytes] = []  # an engine page's metadata hanging from its root ("" for the others)
         for o, v in zip(origins, values, strict=True):
