@@ -34,7 +34,7 @@ from typing import Annotated
 
 import msgspec
 
-from . import ids
+from .ids import PageHash as _HashId  # (the NewType; this module's PageHash adds the length msgspec checks)
 
 TS_MAX = 4_102_444_800.0  # 2100-01-01T00:00:00Z: no engine's clock of today says later (and localtime takes it)
 BLOCK_SIZE_MAX = 1 << 20  # tokens per page or block: far past any engine's (a million-token page is no page)
@@ -45,7 +45,7 @@ Timestamp = Annotated[float, msgspec.Meta(ge=0.0, le=TS_MAX)]
 TokenId = Annotated[int, msgspec.Meta(ge=0, lt=1 << 32)]  # a token id, as kvc's Request takes it (DESIGN §3)
 BlockSize = Annotated[int, msgspec.Meta(ge=0, le=BLOCK_SIZE_MAX)]  # an engine's 0 means "not known"
 SmallIndex = Annotated[int, msgspec.Meta(ge=0, le=INDEX_MAX)]  # a rank or a group index
-PageHash = Annotated[ids.PageHash, msgspec.Meta(min_length=16, max_length=16)]  # kvc's page hashes are 16-byte digests
+PageHash = Annotated[_HashId, msgspec.Meta(min_length=16, max_length=16)]  # kvc's page hashes are 16-byte digests
 
 
 class KVCacheEvent(msgspec.Struct, tag=True, omit_defaults=True, gc=False):

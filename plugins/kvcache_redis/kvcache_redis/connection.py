@@ -25,7 +25,7 @@ from redis.retry import Retry
 
 from kvcache.storage.kit import InvalidInput, StoreError, StoreHandle, new_counts
 
-from . import scripts
+from .scripts import NS_ADJUST, PUT_BATCH, PUT_PAGE, RECORD, REMOVE_BATCH, REMOVE_PAGE, TOUCH
 from .url import StoreUrl
 
 T = TypeVar("T")
@@ -140,13 +140,13 @@ class Connection:
         self._backoff_max = url.options.backoff_max
         self._down_until = 0.0  # monotonic time before which data calls do not try the server
         self._backoff = 0.0
-        self.put_batch = client.register_script(scripts.PUT_BATCH)
-        self.put_page = client.register_script(scripts.PUT_PAGE)
-        self.ns_adjust = client.register_script(scripts.NS_ADJUST)
-        self.touch = client.register_script(scripts.TOUCH)
-        self.remove_batch = client.register_script(scripts.REMOVE_BATCH)
-        self.remove_page = client.register_script(scripts.REMOVE_PAGE)
-        self.record = client.register_script(scripts.RECORD)
+        self.put_batch = client.register_script(PUT_BATCH)
+        self.put_page = client.register_script(PUT_PAGE)
+        self.ns_adjust = client.register_script(NS_ADJUST)
+        self.touch = client.register_script(TOUCH)
+        self.remove_batch = client.register_script(REMOVE_BATCH)
+        self.remove_page = client.register_script(REMOVE_PAGE)
+        self.record = client.register_script(RECORD)
 
     def call(self, script: Any, keys: list[Any], args: list[Any], client: Any) -> Any:
         """Run a script on `client` (the store's client or a pipeline of it). redis-py's cluster pipeline refuses
