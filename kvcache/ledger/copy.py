@@ -87,21 +87,22 @@ class Copier:
         self.cuda = device_pool.device_type == "cuda"
         self.stream: torch.cuda.Stream | None = (
             torch.cuda.Stream(device_pool.device) if self.cuda else None)  # type: ignore[no-untyped-call]
-        # (device view, host view) per span, as the kernels see them (the host through its alias on a GPU); empty
-        # when the host side is staged or both sides are numpy rows
+        # On a GPU with the alias: (device view, host view) per span, as the kernels move them. On the CPU over an
+        # engine's tensors: the same span pairs as numpy rows (one opaque element a page's span), copied as
+        # `copy_rows` does. Empty otherwise (kvc's own CPU pools copy whole page rows; a staged GPU copy pairs its
+        # staging buffer per call).
         self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._row_pairs: list[tuple[np.ndarray, np.ndarray]] = []
         self.aliased = False  # a GPU copier whose kernels move the host pages themselves (no staging)
         if host_pool is not None and host_pool.pages is not None:
-            host_kv: KVPages | None = host_pool.kv
             if self.cuda:
                 alias = host_alias(host_pool.pages, device_pool.device)
-                host_kv = KVPages([alias], host_pool.kv.arrangement, owned=False) if alias is not None else None
-                self.aliased = alias is not None
-            if host_kv is not None and not (device_pool.page_rows is not None and host_pool.page_rows is not None):
-                self._pairs = [_wide(d, h) for d, h in device_pool.kv.pair(host_kv)]
-        # on the CPU, the same pairs as numpy rows (one opaque element a page's span): copied as `copy_rows` does
-        self._row_pairs = [(page_rows(d.view(torch.uint8).numpy()), page_rows(h.view(torch.uint8).numpy()))
-                           for d, h in self._pairs] if not self.cuda else []
+                if alias is not None:
+                    self.aliased = True
+                    self._pairs = [_wide(d, h) for d, h in device_pool.kv.pair(KVPages([alias], "token", owned=False))]
+            elif device_pool.page_rows is None:
+                self._row_pairs = [(page_rows(d.numpy()), page_rows(h.numpy()))
+                                   for d, h in device_pool.kv.pair(host_pool.kv)]
 
     def copy(self, src: SlotPool, src_pages: np.ndarray, dst: SlotPool, dst_pages: np.ndarray) \
             -> torch.cuda.Event | None:
@@ -110,12 +111,13 @@ class Copier:
         when it has completed."""
         if len(src_pages) != len(dst_pages):
             raise ValueError(f"copy of {len(src_pages)} pages into {len(dst_pages)}")
-        if {id(src), id(dst)} != {id(self.device_pool), id(self.host_pool)}:
+        ours, host = self.device_pool, self.host_pool
+        if not ((src is ours and dst is host) or (src is host and dst is ours)):
             raise ValueError(f"a copier of {self.device_pool.name} <-> {self.host_pool and self.host_pool.name} "
                              f"asked to copy {src.name} -> {dst.name}")
         if not len(src_pages):
             return None
-        to_host = src is self.device_pool
+        to_host = src is ours
         if not self.cuda:
             if src.page_rows is not None and dst.page_rows is not None:
                 copy_rows(dst.page_rows, dst_pages, src.page_rows, src_pages)
@@ -191,5 +193,5 @@ def copy_pages(src: SlotPool, src_pages: np.ndarray, dst: SlotPool, dst_pages: n
     """Copy whole pages `src_pages` of `src` into `dst_pages` of `dst` with a copier made for this one copy (tests
     and benchmarks; a cache keeps one `Copier`, and its stream, for its life). The pool on a GPU, if any, is the
     copier's device pool."""
-    device, host = (src, dst) if src.device_type == "cuda" or dst.device_type != "cuda" else (dst, src)
+    device, host = (dst, src) if dst.device_type == "cuda" else (src, dst)
     return Copier(device, host).copy(src, src_pages, dst, dst_pages)
