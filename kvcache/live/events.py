@@ -33,7 +33,7 @@ import zmq
 
 from ..errors import EventEndpointError, InvalidInput
 from ..types.events import EventBatch, MediumNames, encode_batch
-from .feed import DEFAULT_ENDPOINT, END_OF_REPLAY, REPLAY_BUSY, binds_every_interface
+from .feed import DEFAULT_ENDPOINT, END_OF_REPLAY, REPLAY_BUSY, binds_every_interface, open_socket
 
 if TYPE_CHECKING:
     from ..engine.cache import TieredCache
@@ -293,15 +293,7 @@ def _bind(ctx: zmq.Context[zmq.Socket[bytes]], kind: int, endpoint: str,
     connections the options it had when it was bound). MAXMSGSIZE: a larger inbound message disconnects its
     sender before it is read."""
     _refuse_to_replace(endpoint)
-    sock = ctx.socket(kind)
-    sock.setsockopt(zmq.LINGER, 0)
-    for option, value in options.items():
-        sock.setsockopt(option, value)
-    try:
-        sock.bind(endpoint)
-    except zmq.ZMQError as exc:
-        sock.close(linger=0)
-        raise EventEndpointError(endpoint, f"cannot bind: {exc.strerror}") from None
+    sock = open_socket(ctx, kind, endpoint, options, bind=True)
     return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 

@@ -1,5 +1,5 @@
-"""A KV-event feed's framing over ZeroMQ, and its endpoints: what the publisher (`events`) and the subscriber
-(`subscriber`) share (DESIGN §7b).
+"""A KV-event feed's framing over ZeroMQ, its endpoints and how either end opens a socket (`open_socket`): what the
+publisher (`events`) and the subscriber (`subscriber`) share (DESIGN §7b).
 
 The framing is vLLM's and SGLang's, so KV-aware routers read kvc's feed unchanged:
 
@@ -16,6 +16,10 @@ other hosts only when an address is written out (a wildcard host is flagged: `bi
 """
 
 from __future__ import annotations
+
+import zmq
+
+from ..errors import EventEndpointError
 
 END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)  # the sequence frame that ends a replay answer
 REPLAY_BUSY = (-2).to_bytes(8, "big", signed=True)  # the answer when --max-replays answers are running: ask again
@@ -40,3 +44,23 @@ def binds_every_interface(endpoint: str) -> bool:
         return False
     host = endpoint[len("tcp://"):].rpartition(":")[0]
     return host in _WILDCARD_HOSTS
+
+
+def open_socket(ctx: zmq.Context[zmq.Socket[bytes]], kind: int, endpoint: str, options: dict[int, int],
+                bind: bool) -> zmq.Socket[bytes]:
+    """A socket of `kind` bound (`bind`) or connected to `endpoint`, with LINGER 0 and `options` set first: ZeroMQ
+    gives a socket's connections the options it had when it was bound or connected. EventEndpointError when it
+    cannot bind or connect."""
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    for option, value in options.items():
+        sock.setsockopt(option, value)
+    try:
+        if bind:
+            sock.bind(endpoint)
+        else:
+            sock.connect(endpoint)
+    except zmq.ZMQError as exc:
+        sock.close(linger=0)
+        raise EventEndpointError(endpoint, f"cannot {'bind' if bind else 'connect'}: {exc.strerror}") from None
+    return sock

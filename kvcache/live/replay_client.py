@@ -16,8 +16,7 @@ import time
 
 import zmq
 
-from ..errors import EventEndpointError
-from .feed import END_OF_REPLAY, REPLAY_BUSY
+from .feed import END_OF_REPLAY, REPLAY_BUSY, open_socket
 
 REPLAY_QUEUE = 4  # RCVHWM of the replay socket: messages ZeroMQ reads ahead of the subscriber
 
@@ -26,16 +25,7 @@ def connect(ctx: zmq.Context[zmq.Socket[bytes]], kind: int, endpoint: str,
             options: dict[int, int] | None = None) -> zmq.Socket[bytes]:
     """A socket of `kind` connected to `endpoint`, `options` set before the connect; EventEndpointError when it
     cannot connect."""
-    sock = ctx.socket(kind)
-    sock.setsockopt(zmq.LINGER, 0)
-    for option, value in (options or {}).items():  # before the connect: ZeroMQ gives a connection these
-        sock.setsockopt(option, value)
-    try:
-        sock.connect(endpoint)
-    except zmq.ZMQError as exc:
-        sock.close(linger=0)
-        raise EventEndpointError(endpoint, f"cannot connect: {exc.strerror}") from None
-    return sock
+    return open_socket(ctx, kind, endpoint, options or {}, bind=False)
 
 
 class Reading:
