@@ -12,16 +12,20 @@ million entries, and nothing for the GC). Entries are never updated in place (he
 (given an entry) when it may have become a candidate — a copy set, a child's copy gone, its last lock, hold or pin
 gone — and `TierBook.victims` drops or refreshes the entries that no longer say the truth.
 
-One book describes its tier completely — the node fields that hold its copy, holds and children count, and the
+One book describes its tier completely — which of a node's fields hold its copy, holds and children count, and the
 predicates that say whether a node is a leaf of the tier, busy in it, or in need of a backup before its copy goes —
-so the tree moves copies, holds and locks of either tier through one code path (`RadixTree._set_copy`, `hold`,
-`release`, `_protect`, `evict`), parameterised by the book. The predicates are plain functions stored on the book,
-not methods: calling one costs what calling a module function costs, no bound-method object per call.
+so the tree moves copies and holds of either tier through one code path (`RadixTree._set_copy`, `hold`,
+`release`, `evict`), parameterised by the book. `TierBook` is abstract; `DeviceBook` and `HostBook` read and write
+their tier's node fields (`node.device`, `node.device_holds`, `node.children_on_device` and the host twins) as
+plain attribute accesses in typed methods, so a type checker follows every access and no field is named by a
+string. The predicates are plain functions stored on the book, not methods: calling one costs what calling a
+module function costs, no bound-method object per call.
 """
 
 from __future__ import annotations
 
 import heapq
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING
 
@@ -29,6 +33,8 @@ from ..types.ids import NodeId
 from ..types.tier import Tier
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from .node import TreeNode
     from .shares import ShareState
 
@@ -75,19 +81,16 @@ def host_unstored(node: TreeNode) -> bool:
     return not node.stored
 
 
-class TierBook:
-    """One tier's books: its page counts per class, its LRU heap, and what a node's fields mean for the tier."""
+class TierBook(ABC):
+    """One tier's books: its page counts per class, its LRU heap, and what a node's fields mean for the tier. The
+    node field accessors are the concrete books' (`DeviceBook`, `HostBook`): one per tier, picked by `new_books`."""
 
-    __slots__ = ("tier", "index", "copy", "holds", "children", "is_leaf", "is_busy", "needs_backup", "unblocks",
-                 "protected", "held", "evictable", "lru")
+    __slots__ = ("tier", "index", "is_leaf", "is_busy", "needs_backup", "unblocks", "protected", "held", "evictable",
+                 "lru")
 
     def __init__(self, tier: Tier, index: int, is_leaf: NodeTest, is_busy: NodeTest, needs_backup: NodeTest) -> None:
         self.tier = tier
         self.index = index  # the tier's row in ShareState.tiers (device 0, host 1)
-        name = tier.value
-        self.copy = name  # the node field with this tier's page indices ("device" / "host")
-        self.holds = f"{name}_holds"  # the node field counting this tier's holds
-        self.children = f"children_on_{name}"  # the node field counting children with a copy in this tier
         self.is_leaf = is_leaf  # a candidate of this tier when not busy
         self.is_busy = is_busy  # locked, held or pinned for this tier
         self.needs_backup = needs_backup  # evicting the copy would lose the KV without a backup first
@@ -98,6 +101,33 @@ class TierBook:
         self.held = 0  # pages of nodes held on this tier and not locked (>= 0)
         self.evictable = 0  # pages of nodes neither locked nor held on this tier (>= 0; pins aside)
         self.lru: list[int] = []  # lazy LRU heap of entries ``last_access << ID_BITS | id`` (module docstring)
+
+    # --- the tier's node fields (written by the tree package only: kvcache.tree.node) ---------------------------
+
+    @abstractmethod
+    def copy(self, node: TreeNode) -> np.ndarray | None:
+        """`node`'s copy in this tier: its page indices, None without one."""
+
+    @abstractmethod
+    def swap_copy(self, node: TreeNode, pages: np.ndarray | None) -> np.ndarray | None:
+        """Make `pages` `node`'s copy in this tier (None: take it away) and return the copy it had. The field alone:
+        the counts and heaps that follow are `RadixTree._set_copy`'s."""
+
+    @abstractmethod
+    def holds(self, node: TreeNode) -> int:
+        """The holds on `node`'s path in this tier (`RadixTree.hold`)."""
+
+    @abstractmethod
+    def add_holds(self, node: TreeNode, delta: int) -> int:
+        """Add `delta` to `node`'s holds in this tier and return the new count."""
+
+    @abstractmethod
+    def children(self, node: TreeNode) -> int:
+        """How many of `node`'s children have a copy in this tier."""
+
+    @abstractmethod
+    def add_children(self, node: TreeNode, delta: int) -> int:
+        """Add `delta` to `node`'s count of children with a copy in this tier and return the new count."""
 
     def victim(self, node: TreeNode) -> bool:
         """Could `node`'s copy in this tier go now (a leaf of the tier, not busy)?"""
@@ -148,9 +178,80 @@ class TierBook:
                 f"evictable={self.evictable} heap={len(self.lru)})")
 
 
-def new_books() -> tuple[TierBook, TierBook]:
+class DeviceBook(TierBook):
+    """The device tier's (L1) books: a node's `device`, `device_holds` and `children_on_device`."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(Tier.DEVICE, 0, device_leaf, device_busy, device_unbacked)
+
+    def copy(self, node: TreeNode) -> np.ndarray | None:
+        """`node.device`."""
+        return node.device
+
+    def swap_copy(self, node: TreeNode, pages: np.ndarray | None) -> np.ndarray | None:
+        """Set `node.device`, returning the copy it had."""
+        had, node.device = node.device, pages
+        return had
+
+    def holds(self, node: TreeNode) -> int:
+        """`node.device_holds`."""
+        return node.device_holds
+
+    def add_holds(self, node: TreeNode, delta: int) -> int:
+        """Add to `node.device_holds`, returning the new count."""
+        node.device_holds = n = node.device_holds + delta
+        return n
+
+    def children(self, node: TreeNode) -> int:
+        """`node.children_on_device`."""
+        return node.children_on_device
+
+    def add_children(self, node: TreeNode, delta: int) -> int:
+        """Add to `node.children_on_device`, returning the new count."""
+        node.children_on_device = n = node.children_on_device + delta
+        return n
+
+
+class HostBook(TierBook):
+    """The host tier's (L2) books: a node's `host`, `host_holds` and `children_on_host`."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(Tier.HOST, 1, host_leaf, host_busy, host_unstored)
+
+    def copy(self, node: TreeNode) -> np.ndarray | None:
+        """`node.host`."""
+        return node.host
+
+    def swap_copy(self, node: TreeNode, pages: np.ndarray | None) -> np.ndarray | None:
+        """Set `node.host`, returning the copy it had."""
+        had, node.host = node.host, pages
+        return had
+
+    def holds(self, node: TreeNode) -> int:
+        """`node.host_holds`."""
+        return node.host_holds
+
+    def add_holds(self, node: TreeNode, delta: int) -> int:
+        """Add to `node.host_holds`, returning the new count."""
+        node.host_holds = n = node.host_holds + delta
+        return n
+
+    def children(self, node: TreeNode) -> int:
+        """`node.children_on_host`."""
+        return node.children_on_host
+
+    def add_children(self, node: TreeNode, delta: int) -> int:
+        """Add to `node.children_on_host`, returning the new count."""
+        node.children_on_host = n = node.children_on_host + delta
+        return n
+
+
+def new_books() -> tuple[DeviceBook, HostBook]:
     """A tree's two books, device then host (their `index` order), linked as the tiers' leaves depend."""
-    device = TierBook(Tier.DEVICE, 0, device_leaf, device_busy, device_unbacked)
-    host = TierBook(Tier.HOST, 1, host_leaf, host_busy, host_unstored)
+    device, host = DeviceBook(), HostBook()
     device.unblocks = host
     return device, host

@@ -24,9 +24,9 @@ def check_tree(tree: RadixTree) -> None:
         node = stack.pop()
         kids = node.children.values()
         for book in books:
-            recorded, actual = getattr(node, book.children), sum(getattr(c, book.copy) is not None for c in kids)
-            if recorded != actual:
-                raise InvariantViolation(f"tree node#{node.id} records {recorded} children with a {book.tier.value} "
+            kept, actual = book.children(node), sum(book.copy(c) is not None for c in kids)
+            if kept != actual:
+                raise InvariantViolation(f"tree node#{node.id} records {kept} children with a {book.tier.value} "
                                          f"copy, it has {actual}")
         if node.parent is not None:
             ns = node.namespace
@@ -36,13 +36,13 @@ def check_tree(tree: RadixTree) -> None:
             if not node.is_namespace_root:
                 count += 1
                 for book in books:
-                    pages = getattr(node, book.copy)
+                    pages = book.copy(node)
                     if pages is None:
                         continue
                     if node.share is not None:
                         used[ns.id][book.index] += len(pages)
                     row = classes[book.index]
-                    row[0 if node.lock_ref else 1 if getattr(node, book.holds) else 2] += len(pages)
+                    row[0 if node.lock_ref else 1 if book.holds(node) else 2] += len(pages)
         stack.extend(kids)
     for ns_id, row in used.items():
         st = shares[ns_id]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable
-from operator import attrgetter
 
 import numpy as np
 
@@ -43,18 +42,42 @@ class BookKeeper:
     root: TreeNode  # the tree's root (RadixTree.__init__)
 
     # Each tier's pages in three classes (kvcache.tree.books), read by headroom and the audit; the books keep them.
-    device_protected = property(attrgetter("_device.protected"), doc="Device pages of locked nodes.")
-    device_held = property(attrgetter("_device.held"), doc="Device pages held by a prefetch, not locked.")
-    device_evictable = property(attrgetter("_device.evictable"), doc="Device pages neither locked nor held.")
-    host_protected = property(attrgetter("_host.protected"), doc="Host pages of locked nodes.")
-    host_held = property(attrgetter("_host.held"), doc="Host pages held by a prefetch, not locked.")
-    host_evictable = property(attrgetter("_host.evictable"), doc="Host pages neither locked nor held.")
+    @property
+    def device_protected(self) -> int:
+        """Device pages of locked nodes."""
+        return self._device.protected
+
+    @property
+    def device_held(self) -> int:
+        """Device pages held by a prefetch, not locked."""
+        return self._device.held
+
+    @property
+    def device_evictable(self) -> int:
+        """Device pages neither locked nor held."""
+        return self._device.evictable
+
+    @property
+    def host_protected(self) -> int:
+        """Host pages of locked nodes."""
+        return self._host.protected
+
+    @property
+    def host_held(self) -> int:
+        """Host pages held by a prefetch, not locked."""
+        return self._host.held
+
+    @property
+    def host_evictable(self) -> int:
+        """Host pages neither locked nor held."""
+        return self._host.evictable
 
     def __init__(self) -> None:
         # One book per tier, kept exact on every change: its pages per class and its lazy LRU heap of candidates.
-        self._books = new_books()
-        self._device, self._host = self._books
-        self._book_of = {book.tier: book for book in self._books}
+        self._device: TierBook
+        self._host: TierBook
+        self._device, self._host = self._books = new_books()
+        self._book_of: dict[Tier, TierBook] = {book.tier: book for book in self._books}
         self.on_copy: CopyListener | None = None  # see CopyListener; None (no event feed) costs one test per change
         self._shares: dict[NamespaceId, ShareState] = {}  # namespace id -> its share state (namespaces with a share)
         # page hash -> the attached node marked stored that holds it (mark_stored / mark_unstored, splits, deletes)
@@ -105,32 +128,28 @@ class BookKeeper:
         """Hold `node`'s path on one tier for a prefetch: its copies in that tier are not evicted until `release`.
         The other tier's copies stay evictable."""
         book = self._book_of[tier]
-        copy, holds, root = book.copy, book.holds, self.root
+        add_holds, copy, root = book.add_holds, book.copy, self.root
         while node is not root:
-            n = getattr(node, holds)
-            if n == 0 and not node.lock_ref:
-                pages = getattr(node, copy)
+            if add_holds(node, 1) == 1 and not node.lock_ref:
+                pages = copy(node)
                 if pages is not None:
                     book.evictable -= len(pages)
                     book.held += len(pages)
-            setattr(node, holds, n + 1)
             node = node.parent  # type: ignore[assignment]  # below the root every node has a parent
 
     def release(self, node: TreeNode, tier: Tier) -> None:
         """Undo one `hold(node, tier)`. Raises `LockUnderflow` (changing nothing) when the path is not held."""
         book = self._book_of[tier]
-        copy, holds, root = book.copy, book.holds, self.root
+        holds, add_holds, copy, root = book.holds, book.add_holds, book.copy, self.root
         walk = node
         while walk is not root:
-            if getattr(walk, holds) <= 0:
+            if holds(walk) <= 0:
                 raise LockUnderflow(walk.id, namespace_label(walk), f"{book.tier.value} hold")
             walk = walk.parent  # type: ignore[assignment]  # below the root every node has a parent
         while node is not root:
             parent = node.parent
-            n = getattr(node, holds) - 1
-            setattr(node, holds, n)
-            if n == 0:
-                pages = getattr(node, copy)
+            if add_holds(node, -1) == 0:
+                pages = copy(node)
                 if pages is not None and not node.lock_ref:
                     book.held -= len(pages)
                     book.evictable += len(pages)
@@ -279,7 +298,7 @@ class BookKeeper:
             node.share = state
             if state is not None:
                 for book in self._books:
-                    pages = getattr(node, book.copy)
+                    pages = book.copy(node)
                     state.tiers[book.index].used += len(pages) if pages is not None else 0
         if state is not None:
             self._rebuild_share_heaps(state)
@@ -311,9 +330,7 @@ class BookKeeper:
 
     def _lost_child_copy(self, book: TierBook, parent: TreeNode) -> None:
         """A child of `parent` no longer holds a copy in `book`'s tier; `parent` is offered when it became a leaf."""
-        n = getattr(parent, book.children) - 1
-        setattr(parent, book.children, n)
-        if not n:
+        if not book.add_children(parent, -1):
             self._offer(book, parent)
 
     def _set_copy(self, book: TierBook, node: TreeNode, pages: np.ndarray | None) -> np.ndarray | None:
@@ -321,23 +338,19 @@ class BookKeeper:
         of either tier's copy moves (an insert's new leaf takes `_new_device_leaf`, its specialised twin; a split
         divides copies between two nodes and changes no count). Keeps the parent's children count, the tier's class
         counts, the namespace's share use and the heaps, and tells `on_copy`."""
-        # Reading and writing the tier's fields by name costs ~100 ns a move over plain attribute access: ~7% of an
-        # eviction of one node by the tree alone, within noise of one in TieredCache (which frees ledger pages, and
-        # more, per node). The moves on every request's path are specialised: `_new_device_leaf`, `_protect`.
-        attr = book.copy
-        had: np.ndarray | None = getattr(node, attr)
+        # The tier's fields through the book's typed accessors: a method call each, ~25 ns an access over a plain
+        # attribute (what reading them by name cost too), ~70 ns a move: within noise of an eviction. The moves on
+        # every request's path are specialised: `_new_device_leaf`, `_protect`.
         if pages is not None:  # (a removal, eviction's move, skips the call)
             pages = exact(pages)
-        setattr(node, attr, pages)
+        had = book.swap_copy(node, pages)
         delta = (0 if pages is None else len(pages)) - (0 if had is None else len(had))
         share = node.share
         if share is not None:
             share.tiers[book.index].used += delta
         parent = node.parent
         if (had is None) is not (pages is None) and parent is not None:  # a copy came or went: the parent's count
-            n = getattr(parent, book.children) + (1 if had is None else -1)
-            setattr(parent, book.children, n)
-            if not n:
+            if not book.add_children(parent, 1 if had is None else -1):
                 self._offer(book, parent)  # its last child's copy went: the parent may be a leaf of the tier now
         if pages is not None:
             self._offer(book, node)
@@ -345,7 +358,7 @@ class BookKeeper:
             self._offer(book.unblocks, node)  # this node may be a leaf of the tier its copy kept it out of now
         if node.lock_ref:  # the class the node's pages are in now (kvcache.tree.books)
             book.protected += delta
-        elif getattr(node, book.holds):
+        elif book.holds(node):
             book.held += delta
         else:
             book.evictable += delta
@@ -355,9 +368,9 @@ class BookKeeper:
 
     def _new_device_leaf(self, leaf: TreeNode, pages: np.ndarray) -> None:
         """`_set_copy(self._device, leaf, pages)` for a leaf an insert has just created, written out for the one
-        case it is: the copy move every insert makes. The generic path reads and writes the tier's fields by name
-        (getattr / setattr), which measured ~100 ns a move, 3-5% of a whole insert at page size 1
-        (benchmarks/bench_tree.py); here they are plain attribute accesses. What it may assume: the leaf is new (no
+        case it is: the copy move every insert makes. The generic path reads and writes the tier's fields through the
+        book's accessors (a method call each, ~70 ns a move, a few % of a whole insert at page size 1:
+        benchmarks/bench_tree.py); here they are plain attribute accesses. What it may assume: the leaf is new (no
         copy, no lock, hold or pin: its pages are evictable), below a namespace root and childless (a device leaf).
         `check()` recounts everything it keeps."""
         pages = exact(pages)  # type: ignore[assignment]  # a copy being set, never None here
@@ -380,8 +393,9 @@ class BookKeeper:
         """Move `node`'s pages in every tier between the locked class and the one they have without the lock.
 
         Written out per tier, not looped over the books: it runs for every node of every admission's path twice
-        (lock, unlock), and the loop's reads by name (getattr) measured +50% on a lock/unlock pair (~1 us a
-        request, 3-5% of an admission in benchmarks/bench_tree.py)."""
+        (lock, unlock), and a loop over the books, reading each tier's fields through its accessors, costs a call
+        per field per node (reads by name measured +50% on a lock/unlock pair, ~1 us a request, 3-5% of an
+        admission in benchmarks/bench_tree.py)."""
         sign = 1 if locked else -1
         pages = node.device
         if pages is not None:

@@ -436,9 +436,9 @@ class RadixTree(BookKeeper):
                     del index[h]
         # Callers take both copies away first (each offered the parent if it left it a leaf); a copy still here
         # leaves with the node.
-        if node.device is not None or node.host is not None:  # (eviction's deletes skip the loop's reads by name)
+        if node.device is not None or node.host is not None:  # (eviction's deletes skip the loop's calls)
             for book in self._books:
-                if getattr(node, book.copy) is not None:
+                if book.copy(node) is not None:
                     self._lost_child_copy(book, parent)
         if parent.is_namespace_root:
             self._reclaim_namespace_root(parent)

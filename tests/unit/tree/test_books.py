@@ -1,12 +1,17 @@
 """The per-tier books: page classes and lazy LRU heaps, one code path for both tiers (kvcache.tree.books)."""
 
+import ast
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from factories import page_range as pages
 from factories import tree_key
 from kvcache import InvariantViolation, Namespace
 from kvcache.tree import RadixTree, Tier
-from kvcache.tree.books import ID_BITS, device_leaf, host_leaf, lru_entry, new_books
+from kvcache.tree.books import ID_BITS, DeviceBook, HostBook, TierBook, device_leaf, host_leaf, lru_entry, new_books
+from kvcache.tree.node import TreeNode
 
 A = Namespace("tenant-a", "salt-a")
 
@@ -17,14 +22,48 @@ def key(tokens, ns=A):
 
 def test_a_trees_books_are_one_per_tier_in_share_order_and_the_device_copy_unblocks_host_leaves():
     device, host = new_books()
-    assert (device.tier, device.index, device.copy, device.holds, device.children) == (
-        Tier.DEVICE, 0, "device", "device_holds", "children_on_device")
-    assert (host.tier, host.index, host.copy, host.holds, host.children) == (
-        Tier.HOST, 1, "host", "host_holds", "children_on_host")
+    assert (type(device), device.tier, device.index) == (DeviceBook, Tier.DEVICE, 0)
+    assert (type(host), host.tier, host.index) == (HostBook, Tier.HOST, 1)
     assert device.unblocks is host and host.unblocks is None
     assert device.is_leaf is device_leaf and host.is_leaf is host_leaf
     t = RadixTree(1)
     assert t.book(Tier.DEVICE) is not t.book(Tier.HOST) and t.book("host") is t.book(Tier.HOST)
+
+
+def test_each_book_reads_and_writes_its_own_tiers_node_fields_and_no_other():
+    node = TreeNode(1, 1, b"", None, None, host_holds=5, children_on_host=7)
+    device, host = new_books()
+    copy = np.arange(3)
+    assert device.swap_copy(node, copy) is None and node.device is copy and device.copy(node) is copy
+    assert node.host is None and host.copy(node) is None
+    assert device.swap_copy(node, None) is copy and node.device is None
+    assert device.add_holds(node, 2) == 2 == node.device_holds == device.holds(node)
+    assert device.add_children(node, 3) == 3 == node.children_on_device == device.children(node)
+    assert (node.host_holds, node.children_on_host) == (5, 7)  # the host fields are untouched
+    assert host.add_holds(node, -1) == 4 == node.host_holds == host.holds(node)
+    assert host.add_children(node, 1) == 8 == node.children_on_host == host.children(node)
+    assert host.swap_copy(node, copy) is None and node.host is copy and host.copy(node) is copy
+    assert (node.device, node.device_holds, node.children_on_device) == (None, 2, 3)  # the device fields too
+    with pytest.raises(TypeError):
+        TierBook(Tier.DEVICE, 0, device_leaf, device_leaf, device_leaf)  # abstract: a tier's fields are its book's
+
+
+def test_no_tree_module_reaches_a_field_by_a_string_name():
+    # Per-tier fields go through the books' typed accessors, which a type checker follows; a getattr / setattr (or
+    # an attrgetter) with a field name built from the tier would hide them from it again (issue 35).
+    by_name = {"getattr", "setattr", "delattr", "hasattr", "attrgetter"}
+    package = Path(__file__).resolve().parents[3] / "kvcache" / "tree"
+    found = []
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+                if name in by_name:
+                    found.append(f"{path.name}:{node.lineno} {name}")
+            elif isinstance(node, ast.ImportFrom) and node.module == "operator":
+                found += [f"{path.name}:{node.lineno} {a.name}" for a in node.names if a.name in by_name]
+    assert len(list(package.glob("*.py"))) >= 8 and found == []
 
 
 def test_entries_order_by_last_access_then_id():
