@@ -32,7 +32,7 @@ import numpy as np
 from ..types.ids import NodeId, OwnerCode
 from ..types.owners import FREE_CODE, OwnerKind, describe_code, owner_code
 from ..types.reports import AuditChecked, AuditReport, Violation, ViolationKind
-from .ownership import NodeState, OwnershipSource, OwnershipState, PoolState, collect_state, pages_of
+from .ownership import NodeState, OwnershipSource, OwnershipState, PoolState, TreeSizes, collect_state, pages_of
 from .snapshot import Snapshot, decode_snapshot
 
 if TYPE_CHECKING:
@@ -43,6 +43,10 @@ if TYPE_CHECKING:
 
 _MAX_LISTED = 32  # pages listed per violation; `count` has the full number
 
+
+# the order size findings are reported in (tier, then evictable, held, protected)
+_SIZE_ORDER = {name: i for i, name in enumerate(("device_evictable", "device_held", "device_protected",
+                                                "host_evictable", "host_held", "host_protected"))}
 
 def audit_cache(cache: OwnershipSource) -> AuditReport:
     """Audit a live cache."""
@@ -270,13 +274,16 @@ def _check_counts(state: OwnershipState, by_id: dict[NodeId, NodeState], out: li
         if n.pins != pins[n.id] or n.host_pins != host_pins[n.id]:
             out.append(Violation(ViolationKind.PIN_MISMATCH, f"node#{n.id} has pins={n.pins}/{n.host_pins}, "
                                  f"in-flight operations account for {pins[n.id]}/{host_pins[n.id]}", node=n.id))
-    sizes = {f"{tier}_{word}": 0 for tier in ("device", "host") for word in ("evictable", "held", "protected")}
-    for n in state.nodes:  # a negative count is its own finding
-        for tier, pages, tier_holds in (("device", n.device, n.device_holds), ("host", n.host, n.host_holds)):
-            word = "protected" if n.lock_ref > 0 else "held" if tier_holds > 0 else "evictable"
-            sizes[f"{tier}_{word}"] += len(pages_of(pages))
-    for name, value in sizes.items():
-        recorded = getattr(state.sizes, name)
+    # per tier: pages of locked nodes, of held ones, of the rest (a negative count is its own finding)
+    device, host = [0, 0, 0], [0, 0, 0]
+    for n in state.nodes:
+        for by_class, pages, tier_holds in ((device, n.device, n.device_holds), (host, n.host, n.host_holds)):
+            by_class[0 if n.lock_ref > 0 else 1 if tier_holds > 0 else 2] += len(pages_of(pages))
+    recomputed = TreeSizes(device_evictable=device[2], device_protected=device[0], host_evictable=host[2],
+                           host_protected=host[0], device_held=device[1], host_held=host[1])
+    recorded_sizes = msgspec.structs.asdict(state.sizes)
+    for name, value in sorted(msgspec.structs.asdict(recomputed).items(), key=lambda kv: _SIZE_ORDER[kv[0]]):
+        recorded = recorded_sizes[name]
         if recorded != value:
             out.append(Violation(ViolationKind.SIZE_MISMATCH, f"tree {name} is {recorded} pages, recomputed "
                                  f"{value}", name.split("_")[0], count=abs(recorded - value)))

@@ -142,3 +142,16 @@ def test_partition_checked_with_or_without_ledger(ledger):
     assert c.audit().ok
     c.device_pool.free_pages -= 1  # one free page drops off the free list
     assert "leak" in kinds(c)
+
+
+@pytest.mark.parametrize("tier, field", [("device", "held"), ("host", "evictable"), ("device", "protected")])
+def test_a_tier_count_that_drifted_is_named_with_both_figures(tier, field):
+    from kvcache.types.tier import Tier
+
+    c = cache_with_data()
+    book = c.tree.book(Tier(tier))
+    recomputed = getattr(book, field)
+    setattr(book, field, recomputed + 3)  # the tree's running total drifts from its nodes
+    found = [v for v in c.audit().violations if v.kind.value == "size_mismatch"]
+    assert [(v.detail, v.pool, v.count) for v in found] == [
+        (f"tree {tier}_{field} is {recomputed + 3} pages, recomputed {recomputed}", tier, 3)]
