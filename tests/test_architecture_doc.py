@@ -79,10 +79,10 @@ def test_architecture_doc_names_every_module_and_only_those():
 def named_elsewhere(text: str) -> list[str]:
     """The Python files the rest of the document names, each as written: a path in backquotes (`engine/parts.py`,
     `tests/test_layers.py`: from the repository root or from kvcache/) and a module in the first column of the
-    engine's table (`holders.py`: in kvcache/engine/)."""
+    engine's table (`Holders` (`holders.py`): in kvcache/engine/)."""
     rest = text.replace(section(text, "Files"), "")
     paths = re.findall(r"`([\w./]+/\w+\.py)`", rest)
-    rows = re.findall(r"^\| ([^|]+) \|", section(text, "The engine: one facade, one module per state machine"), re.M)
+    rows = re.findall(r"^\| ([^|]+) \|", section(text, "The engine: one facade over a tree of parts"), re.M)
     table = [f"engine/{name}" for row in rows for name in re.findall(r"`(\w+\.py)`", row)]
     return paths + table
 

@@ -2,9 +2,10 @@
 
 An admission settles the request's prefetch, loads back its host extension (all-or-nothing), splices its staged
 record (buffer mode), locks its cached path and allocates device pages for the rest, making room in the order
-`room` keeps (evict, wait for copies, cancel prefetch holds). A commit inserts the request's whole pages into the
-tree, frees duplicates and the partial tail, unlocks, and backs up per the write policy; a release drops everything
-held for the request. It calls down into room, copies, staging, prefetch and expiry; nothing calls back up into it.
+`pressure` keeps (evict, wait for copies, cancel prefetch holds). A commit inserts the request's whole pages into
+the tree, frees duplicates and the partial tail, unlocks, and backs up per the write policy; a release drops
+everything held for the request. It calls down into pressure, room, copies, backups, staging, the prefetch's
+settlement and expiry; nothing calls back up into it.
 Admission and commit are the hot path: written out, with the enum members and the owner base looked up once.
 """
 
@@ -20,45 +21,50 @@ from ..types.owners import FREE_CODE, OwnerKind, owner_code
 from ..types.request import Request
 from ..types.results import Admission, AdmitStatus, CommitResult, DropReason
 from ..types.stats import TierHits, add_hits
-from ..types.tier import Tier
 from .holders import LiveRequest
+from .transfer import host_only_path
 
 if TYPE_CHECKING:
-    from ..ledger.pools import SlotPool
-    from ..tree import RadixTree
+    from ..tree import RadixTree, TreeMatch
     from ..types.config import CacheConfig
     from ..types.stats import CacheCounters
+    from .backups import Backups
     from .copies import Copies
     from .expiry import Expiry
     from .holders import Holders
     from .prefetch import Prefetcher
-    from .room import Room
+    from .pressure import Pressure
+    from .room import PoolRoom
+    from .settlement import Settlement
     from .staging import Staging
 
 # Enum members looked up once: on Python 3.11 each `Enum.MEMBER` lookup in a hot path goes through the enum type's
 # __getattr__ hook (~0.1 us).
 _ADMITTED = AdmitStatus.ADMITTED
 _REQUEST_BASE = owner_code(OwnerKind.REQUEST, 0)  # a request's ledger code is this | its handle (owner_code)
-_DEVICE = Tier.DEVICE
 
 
 class Admissions:
     """Admits, commits and releases one cache's requests."""
 
-    def __init__(self, config: CacheConfig, tree: RadixTree, device_pool: SlotPool, holders: Holders,
-                 counters: CacheCounters, room: Room, copies: Copies, staging: Staging, prefetcher: Prefetcher,
-                 expiry: Expiry | None, backs_up: bool) -> None:
+    def __init__(self, config: CacheConfig, tree: RadixTree, device_room: PoolRoom, holders: Holders,
+                 counters: CacheCounters, pressure: Pressure, copies: Copies, backups: Backups, staging: Staging,
+                 prefetcher: Prefetcher, settlement: Settlement, expiry: Expiry | None, backs_up: bool) -> None:
         self.page_size = config.layout.page_size
         self.tree = tree
-        self.device_pool = device_pool
+        self.device_pool = device_room.pool
+        self.load_back_budget = config.load_back_budget_tokens  # None: a load-back of any length
         self.holders = holders
         self._live = holders.live  # rid -> the request between admit and commit/release (the hot path's reference)
         self.counters = counters
         self.hits: dict[bytes, TierHits] = {}  # namespace id -> the tokens each tier served it
-        self._room = room
+        self._device_room = device_room
+        self._pressure = pressure
         self._copies = copies
+        self._backups = backups
         self._staging = staging
         self._prefetcher = prefetcher
+        self._settlement = settlement
         self._expiry = expiry  # None without a TTL policy
         # a commit starts a backup (write-through, selective) when the host mode backs up at all
         self.backs_up_on_commit = config.backup_rule.on_commit and backs_up
@@ -87,19 +93,19 @@ class Admissions:
         self.tree.lock(node)
         total_pages = -(-n_tokens // ps)
         if total_pages - len(m.device_pages) > self.device_pool.free_pages:  # room to make, or never
-            refused = self._room.refuse(request, m, total_pages)
+            refused = self._pressure.refuse(request, m, total_pages)
             if refused is not None:
                 return Admission(rid, refused)
         from_storage = 0
         op = holders.prefetches.pop(rid, None) if holders.prefetches else None
         if op is not None:
-            from_storage = self._prefetcher.settle_op(op)
+            from_storage = self._settlement.settle_op(op)
             m = self.tree.match_prefix(request.key, touch=False)  # the tree may hold host-only nodes of it now
             device_tokens = len(m.device_pages) * ps
         staged = holders.staged.pop(rid, None) if holders.staged else None
         cached, loaded = m.device_pages, 0
         if len(m.host_pages):
-            loaded_pages = self._copies.load_back(m)
+            loaded_pages = self.load_back(m)
             if loaded_pages is not None:
                 self.tree.lock(m.host_node)
                 self.tree.unlock(node)
@@ -121,7 +127,7 @@ class Admissions:
         # The pool first: room was made above when it was short, so eviction (room.alloc) is the rare path.
         fresh = self.device_pool.alloc(n_fresh, owner)
         if fresh is None:
-            fresh = self._room.alloc(_DEVICE, n_fresh, owner, request.key.namespace)
+            fresh = self._device_room.alloc(n_fresh, owner, request.key.namespace)
         if fresh is None:  # the room was made above; only a copy still pinning its pages can take it back
             self.tree.unlock(node)
             self.counters.refused += 1
@@ -136,6 +142,37 @@ class Admissions:
         # built if and when the caller reads `Admission.pages` / `Admission.slots`.
         return Admission(rid, _ADMITTED, cached_tokens, loaded, new_tokens, cached, fresh, device_tokens,
                          host_tokens, storage_tokens, ps)
+
+    def load_back(self, m: TreeMatch, wait: bool = True) -> np.ndarray | None:
+        """Copy the host-only extension of `m` to the device, all-or-nothing. Returns its device pages, or None
+        when it does not fit the budget or the device pool, or another load-back is filling those nodes.
+        `wait=False` leaves the copy in flight (completed by poll): tests use it to hold a load-back open."""
+        n_pages = len(m.host_pages)
+        if self.load_back_budget is not None and n_pages * self.page_size > self.load_back_budget:
+            self.counters.load_backs_skipped += 1
+            return None
+        nodes = host_only_path(m)
+        copies, tree = self._copies, self.tree
+        if copies.loading_back(nodes):
+            # another load-back is filling these nodes: never claim them twice; the request recomputes instead
+            self.counters.load_backs_refused += 1
+            return None
+        tree.pin(nodes)  # the host copies must survive any eviction the allocation below triggers
+        op_id = self.holders.mint()
+        pages = self._device_room.alloc(n_pages, owner_code(OwnerKind.OP_LOAD_BACK, op_id), nodes[0].namespace)
+        if pages is None:
+            for n in nodes:
+                tree.unpin(n)
+            self.counters.load_backs_skipped += 1
+            return None
+        op = copies.start_load_back(op_id, nodes, m.host_pages, pages)
+        if not wait:
+            return pages
+        # The request's forward reads these pages: it runs on the caller's stream, which waits for the copy (on
+        # the GPU: the host goes on). Every later copy of these pages runs on the copier's stream, after this one.
+        op.order_current_stream()
+        copies.complete(op)
+        return pages
 
     def commit(self, rid: str) -> CommitResult:
         """The forward wrote the request's KV: insert its whole pages into the tree (the tree's owners free
@@ -172,7 +209,7 @@ class Admissions:
         c = self.counters
         c.committed += 1
         c.duplicate_pages_freed += n_dup
-        backed = self._copies.after_commit(ins.node) if self.backs_up_on_commit else 0
+        backed = self._backups.after_commit(ins.node) if self.backs_up_on_commit else 0
         if self._expiry is not None and self._expiry.tracker.deferred:
             self._expiry.ended(request.namespace)
         return CommitResult(rid, n_pages * ps, n_dup, n_tail, backed)

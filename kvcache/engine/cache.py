@@ -5,10 +5,13 @@ allocate device slots for the rest) → the engine's forward writes KV → ``com
 unlock, back up per the write policy) or ``release`` (abort). Every slot move is a ledger move; `audit()` checks
 the whole partition at any moment.
 
-This class is the facade over the state machines `parts` builds, each in its own module: `admission` (admit,
-commit, release: the top, calling down), `holders` (every slot holder, one id mint), `host_mode` (the rules of cache
-and buffer mode), `room` (allocation, eviction, admission's order), `copies` (backups and load-backs), `writes`
-(L2 -> L3), `prefetch` (L3 -> L2), `staging` (buffer-mode records), `expiry` (namespace TTL), `shares` and
+This class is the facade over the parts `parts` builds bottom up, each in its own module and each calling only
+the parts below it: `admission` (admit, commit, release: the top), `settlement` (a request's prefetch started and
+settled), `pressure` (the order an admission makes room in), `holders` (every slot holder, one id mint), the
+in-flight operations (`operation`, `transfer`, `write_job`, `prefetch_op`, `staged`), `host_mode` (the rules of
+cache and buffer mode), `room` (allocation and eviction per tier), `copies` (backups and load-backs), `landing`
+and `backups` (what a backup becomes and when one runs, per host mode), `writes` (L2 -> L3), `prefetch`
+(L3 -> L2), `staging` (buffer-mode records), `completion`, `offboard`, `expiry` (namespace TTL), `shares` and
 `event_log` (the KV-event feed).
 
 Single-threaded by design: the engine's scheduler thread owns the cache and calls ``poll`` between steps. Backups
@@ -63,15 +66,15 @@ from ..types.results import (
 from ..types.shares import NamespaceShares, Shares
 from ..types.stats import BackupStats, CacheCounters, CacheStats, PrefetchStats
 from ..types.tier import Tier
-from .copies import TransferOp
 from .event_log import EventLog, EventSink
 from .explain import explain_request
 from .holders import Holders, LiveRequest
 from .parts import Parts
-from .prefetch import PrefetchOp
-from .staging import StagedPrefetch
+from .prefetch_op import PrefetchOp
+from .staged import StagedPrefetch
+from .transfer import TransferOp
 from .ttl import TTLTracker
-from .writes import StorageWriteJob
+from .write_job import StorageWriteJob
 
 
 def _chain_key(store: PageStore | None) -> bytes | None:
@@ -122,15 +125,16 @@ class TieredCache:
                                       pin_memory=torch.device(device).type == "cuda", ledger=config.ledger)
         # the key every output of this cache shows namespaces under: its store's, so they match its registry
         self.fingerprints: FingerprintKey = _fingerprints(store)
-        self.tree = RadixTree(ps, config.layout.layout_id, chain_key, self.fingerprints)
+        # every slot holder besides the tree's nodes; it follows the tree's splits
+        self.holders = Holders(self.device_pool, self.host_pool)
+        self.tree = RadixTree(ps, config.layout.layout_id, chain_key, self.fingerprints, self.holders.follow_split)
         self.counters, self.prefetch_stats, self.backup_stats = CacheCounters(), PrefetchStats(), BackupStats()
-        self.holders = Holders()
         self._live = self.holders.live  # rid -> the request between admit and commit/release
         self._closed = False
         p = Parts(config, store, self.device_pool, self.host_pool, self.tree, self.holders, self.counters,
                   self.prefetch_stats, self.backup_stats, clock)
-        self.rules, self._io, self._room, self._copies, self._writes = p.rules, p.io, p.room, p.copies, p.writes
-        self._staging, self._prefetcher, self._shares = p.staging, p.prefetcher, p.shares
+        self.rules, self._io, self._room, self._staging = p.rules, p.io, p.room, p.staging
+        self._prefetcher, self._shares, self._settlement = p.prefetcher, p.shares, p.settlement
         self._completion, self._offboard, self._expiry = p.completion, p.offboard, p.expiry
         self.removals, self.prefetches = p.removals, p.prefetches  # what explains a miss (`explain`)
         self._admissions = p.admissions
@@ -194,7 +198,7 @@ class TieredCache:
         something for another request raises `RequestIdInUse`. Declining is a value (`issued=False`, `reason`).
         What is fetched, what the operation holds and for how long: `kvcache.engine.prefetch`."""
         self._check_open("prefetch")
-        return self._prefetcher.start(request, match)
+        return self._settlement.prefetch(request, match)
 
     def settle_prefetch(self, rid: str, policy: PrefetchPolicy | None = None,
                         timeout_ms: float | None = None) -> SettledPrefetch:
@@ -204,7 +208,7 @@ class TieredCache:
         L2 before traffic arrives. `policy` / `timeout_ms` replace the configured ones for this call (the admin
         socket's prefetch waits for what an operator asked for, whatever the engine's policy)."""
         self._check_open("settle_prefetch")
-        return self._prefetcher.settle(rid, policy, timeout_ms)
+        return self._settlement.settle(rid, policy, timeout_ms)
 
     def prefetch_ops(self) -> list[PrefetchOp]:
         """Prefetches not yet settled by admission or abort."""
@@ -226,7 +230,7 @@ class TieredCache:
         self._check_open("evict")
         ps, room = self.page_size, self._room
         d = room.evict(Tier.DEVICE, -(-device_tokens // ps)) if device_tokens > 0 else 0
-        h = room.evict(Tier.HOST, -(-host_tokens // ps)) if host_tokens > 0 and self.host_pool is not None else 0
+        h = room.evict(Tier.HOST, -(-host_tokens // ps)) if host_tokens > 0 else 0
         return EvictResult(d, h)
 
     def evict_namespace(self, namespace: Namespace, device: bool = True, host: bool = True) -> EvictResult:

@@ -17,7 +17,7 @@ it, the store's pages past that), and `prefetch` how the last prefetch of the re
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
@@ -32,11 +32,39 @@ from ..types.results import Admission
 from ..types.tier import Tier
 
 if TYPE_CHECKING:
-    from .cache import TieredCache
-    from .recent import RecentRemovals
+    from ..ledger.pools import SlotPool
+    from ..storage.api import L3Store, PageStore
+    from ..types.config import CacheConfig
+    from ..types.layout import KVLayout
+    from .recent import RecentPrefetches, RecentRemovals
 
 
-def explain_request(cache: TieredCache, request: Request) -> Explanation:
+class Explained(Protocol):
+    """What an explanation reads of a cache (`TieredCache` is one): its tree, pools, store and records."""
+
+    @property
+    def config(self) -> CacheConfig: ...  # noqa: D102 - the fields are the cache's, documented there
+    @property
+    def layout(self) -> KVLayout: ...  # noqa: D102
+    @property
+    def page_size(self) -> int: ...  # noqa: D102
+    @property
+    def chain_key(self) -> bytes: ...  # noqa: D102
+    @property
+    def tree(self) -> RadixTree: ...  # noqa: D102
+    @property
+    def host_pool(self) -> SlotPool | None: ...  # noqa: D102
+    @property
+    def store(self) -> PageStore | None: ...  # noqa: D102
+    @property
+    def l3_store(self) -> L3Store | None: ...  # noqa: D102
+    @property
+    def removals(self) -> RecentRemovals: ...  # noqa: D102
+    @property
+    def prefetches(self) -> RecentPrefetches: ...  # noqa: D102
+
+
+def explain_request(cache: Explained, request: Request) -> Explanation:
     """See `TieredCache.explain`."""
     tree, ps, key = cache.tree, cache.page_size, request.key
     root = hash_root(cache.layout.layout_id, key.namespace, cache.chain_key)
@@ -112,7 +140,7 @@ def _tier(tree: RadixTree, removals: RecentRemovals, tier: Tier, ns_id: Namespac
     return TierExplanation(run * ps, FirstMiss(run, hashes[run].hex(), reason, removal, others))
 
 
-def after_admission(cache: TieredCache, request: Request, before: Explanation, admission: Admission) -> Explanation:
+def after_admission(cache: Explained, request: Request, before: Explanation, admission: Admission) -> Explanation:
     """`before` (`request` explained just before `admission`) with what the admission did: the tokens it took from
     each tier (a refused one took none) and how the prefetch of the request's prefix ended (its own, settled by
     the admission). A replay's per-request line (`kvc replay --requests-out`)."""

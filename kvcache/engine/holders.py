@@ -3,15 +3,17 @@
 A slot is owned by a tree node, by FREE, or by one of the holders kept here (DESIGN §4): a live request (its fresh
 device pages), an in-flight copy (`TransferOp`), an L3 write (`StorageWriteJob`), a prefetch (`PrefetchOp`) or a
 staged record (`StagedPrefetch`). Each engine module adds and removes its own kind; the audit and snapshots read
-them all from here (`states`), in one order, so a new kind of holder is one entry in this file.
+them all from here (`states`), in one order, through the `Holder` protocol (`kvcache.engine.operation`), so a new
+kind of holder is one table here and that protocol on its class.
 
 Nodes an in-flight copy or L3 write reads or fills are *pinned* by it (`pinners`): the pinners follow the node
-through splits, and tell "being backed up", "being loaded back" and "being written" apart.
+through splits (with the ledger owner of the pages the split moved), and tell "being backed up", "being loaded
+back" and "being written" apart.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -23,11 +25,13 @@ from ..types.keys import RadixKey
 from ..types.request import Request
 
 if TYPE_CHECKING:
+    from ..ledger.pools import SlotPool
     from ..tree import RadixTree, TreeNode
-    from .copies import TransferOp
-    from .prefetch import PrefetchOp
-    from .staging import StagedPrefetch
-    from .writes import StorageWriteJob
+    from .operation import Holder, Pinner
+    from .prefetch_op import PrefetchOp
+    from .staged import StagedPrefetch
+    from .transfer import TransferOp
+    from .write_job import StorageWriteJob
 
 
 class LiveRequest(msgspec.Struct, eq=False):
@@ -47,18 +51,30 @@ class LiveRequest(msgspec.Struct, eq=False):
         commit never need them as one array)."""
         return np.concatenate([self.cached_pages, self.fresh_pages])
 
+    @property
+    def id(self) -> int:
+        """Its handle: what the audit names it by."""
+        return self.handle
+
+    def holder_state(self, device_pool: str, host_pool: str) -> HolderState:
+        """Its fresh device pages, and the node it keeps locked."""
+        return HolderState("request", self.handle, self.owner, device_pool, encode_pages(self.fresh_pages),
+                           locks=[self.node.id], rid=self.request.rid)
+
 
 class Holders:
     """The registry of one cache's slot holders, by kind, and the mint of operation and request ids."""
 
-    def __init__(self) -> None:
+    def __init__(self, device_pool: SlotPool, host_pool: SlotPool | None) -> None:
+        self.device_pool = device_pool  # where a split moves the ledger owner of a node's head pages
+        self.host_pool = host_pool
         self.live: dict[str, LiveRequest] = {}  # rid -> admitted request, until commit or release
         self.copies: dict[int, TransferOp] = {}  # op id -> copy in flight, in issue order (completion order)
         self.writes: dict[int, StorageWriteJob] = {}  # job id -> L3 write not yet taken back by poll
         self.prefetches: dict[str, PrefetchOp] = {}  # rid -> its prefetch, until admission or abort
         self.staged: dict[str, StagedPrefetch] = {}  # rid -> its parked fetch (buffer mode)
         # node id -> the copies and L3 writes pinning it, in the order they pinned it
-        self.pinners: dict[NodeId, list[TransferOp | StorageWriteJob]] = {}
+        self.pinners: dict[NodeId, list[Pinner]] = {}
         # Host pages held by prefetches and staged records: what `prefetch_max_host_pages` bounds (>= 0).
         self.prefetch_host_pages = 0
         self._next_id = 1  # operations, staged records and L3 writes share one sequence
@@ -75,6 +91,10 @@ class Holders:
         handle = self._next_handle
         self._next_handle += 1
         return handle
+
+    def count_prefetch_pages(self, delta: int) -> None:
+        """The host pages prefetches and staged records hold grew by `delta` (shrank, when negative)."""
+        self.prefetch_host_pages += delta
 
     def holds(self, rid: str) -> bool:
         """Is anything held for request id `rid`: an admission, a prefetch or a staged record?"""
@@ -97,25 +117,31 @@ class Holders:
 
     # --- pins --------------------------------------------------------------------------------------------------
 
-    def add_pinner(self, nodes: list[TreeNode], pinner: TransferOp | StorageWriteJob) -> None:
+    def add_pinner(self, nodes: list[TreeNode], pinner: Pinner) -> None:
         """Record that `pinner` reads or fills `nodes` (the tree's pin counts are the caller's to take)."""
         pinners = self.pinners
         for node in nodes:
             pinners.setdefault(node.id, []).append(pinner)
 
-    def remove_pinner(self, node: TreeNode, pinner: TransferOp | StorageWriteJob) -> None:
-        """`pinner` is done with `node`."""
+    def unpin(self, tree: RadixTree, node: TreeNode, pinner: Pinner) -> None:
+        """`pinner` is done with `node`: its pin is given back, and it is no longer listed."""
+        pinner.unpin(tree, node)
         pinners = self.pinners[node.id]
         pinners.remove(pinner)
         if not pinners:
             del self.pinners[node.id]
 
-    def pinned_by(self, node: TreeNode) -> list[TransferOp | StorageWriteJob]:
+    def pinned_by(self, node: TreeNode) -> list[Pinner]:
         """What pins `node` now (empty when nothing does)."""
         return self.pinners.get(node.id, [])
 
     def follow_split(self, child: TreeNode, new: TreeNode, head_pages: int) -> None:
-        """The tree moved `child`'s first pages to `new`: every pinner of `child` now pins `new` too."""
+        """The tree moved `child`'s first pages to `new` (the tree's `on_split`): their ledger owner moves with
+        them, and every pinner of `child` now pins `new` too."""
+        if new.device is not None:
+            self.device_pool.transfer(new.device, child.owner, new.owner)
+        if new.host is not None and self.host_pool is not None:
+            self.host_pool.transfer(new.host, child.owner, new.owner)
         for pinner in self.pinners.get(child.id, ()):
             pinner.split_target(child, new, head_pages)
             self.pinners.setdefault(new.id, []).append(pinner)
@@ -125,35 +151,8 @@ class Holders:
     def states(self, device_pool: str, host_pool: str) -> Iterator[HolderState]:
         """Every holder as plain data, by kind in a fixed order (requests, copies, prefetches, staged records,
         L3 writes): what `kvcache.diagnostics` checks and serialises."""
-        for live in self.live.values():
-            yield HolderState("request", live.handle, live.owner, device_pool, encode_pages(live.fresh_pages),
-                              locks=[live.node.id], rid=live.request.rid)
-        for op in self.copies.values():
-            yield HolderState(f"op:{op.kind.value}", op.id, op.owner, op.pool.name, encode_pages(op.pages),
-                              pins=[t.node.id for t in op.targets])
-        for pf in self.prefetches.values():
-            yield HolderState("op:prefetch", pf.id, pf.owner, host_pool, encode_pages(pf.pages), rid=pf.rid,
-                              **_holds(pf))
-        for staged in self.staged.values():
-            yield HolderState("staged", staged.id, staged.owner, host_pool, encode_pages(staged.pages),
-                              rid=staged.rid, **_holds(staged))
-        for write in self.writes.values():
-            if write.pages is not None:  # buffer mode: owns its bounce copy, reads no node
-                yield HolderState("op:storage_write", write.id, write.owner, host_pool, encode_pages(write.pages))
-            else:
-                yield HolderState("op:storage_write", write.id, write.owner, host_pool, b"",
-                                  host_pins=[n.id for n in write.nodes])
-
-
-def release_anchor(tree: RadixTree, holder: PrefetchOp | StagedPrefetch) -> None:
-    """Release the hold a prefetch or staged record keeps on its anchor's path, once."""
-    if holder.anchor is not None and holder.hold is not None:
-        tree.release(holder.anchor, holder.hold)
-        holder.anchor = None
-
-
-def _holds(holder: PrefetchOp | StagedPrefetch) -> dict[str, list[NodeId]]:
-    """The hold of a prefetch or staged record, as HolderState fields."""
-    if holder.anchor is None or holder.hold is None:
-        return {}
-    return {f"{holder.hold.value}_holds": [holder.anchor.id]}
+        kinds: tuple[Iterable[Holder], ...] = (self.live.values(), self.copies.values(), self.prefetches.values(),
+                                               self.staged.values(), self.writes.values())
+        for holders in kinds:
+            for holder in holders:
+                yield holder.holder_state(device_pool, host_pool)

@@ -1,9 +1,10 @@
 """The background I/O worker: runs L3 jobs (storage writes, prefetch checks and fetches) off the scheduler thread.
 
 A job runs in steps (one L3 batch each) and is re-queued between steps, so a long prefetch never holds the
-worker and can be terminated between batches. Finished jobs wait in `done` until the scheduler thread's `poll()`
-takes them: the worker never touches the pools, the ledger or the tree — only the store and the page bytes of the
-pages its job was given (which the job's owner keeps allocated and pinned until the job is taken back).
+worker and can be terminated between batches. A finished job goes to the queue the part that submitted it named
+(`Writes.done`, `Prefetcher.done`), in the order jobs finish, until the scheduler thread's `poll()` has that part
+take it back: the worker never touches the pools, the ledger or the tree — only the store and the page bytes of
+the pages its job was given (which the job's owner keeps allocated and pinned until the job is taken back).
 
 With ``threaded=False`` nothing runs in the background: `run_pending()` runs queued steps in the caller's thread.
 Replays and property tests use that mode for reproducible interleavings.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ..storage.api import PageStore
 
@@ -29,14 +30,17 @@ class IOJob(Protocol):
         """Do one batch; True when the job wants another step."""
 
 
+J = TypeVar("J", bound=IOJob)
+
+
 class IOWorker:
     """A FIFO of L3 jobs, run by one background thread or by `run_pending`."""
 
     def __init__(self, store: PageStore, threaded: bool = True) -> None:
         self.store = store
         self.threaded = threaded
-        self._queue: collections.deque[IOJob] = collections.deque()
-        self.done: collections.deque[IOJob] = collections.deque()  # finished jobs, taken by the scheduler's poll
+        # jobs to step, each with the queue it goes to when it finishes
+        self._queue: collections.deque[tuple[IOJob, collections.deque[IOJob]]] = collections.deque()
         self._cv = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -44,10 +48,10 @@ class IOWorker:
             self._thread = threading.Thread(target=self._loop, name="kvc-io", daemon=True)
             self._thread.start()
 
-    def submit(self, job: IOJob) -> None:
-        """Queue a job."""
+    def submit(self, job: J, done: collections.deque[J]) -> None:
+        """Queue a job; when it finishes it is appended to `done` (its issuer's), and only then marked finished."""
         with self._cv:
-            self._queue.append(job)
+            self._queue.append((job, done))  # type: ignore[arg-type]  # `done` receives this job only
             self._cv.notify_all()
 
     def run_pending(self, max_steps: int | None = None) -> int:
@@ -100,15 +104,16 @@ class IOWorker:
 
     _busy = False
 
-    def _run_step(self, job: IOJob) -> None:
+    def _run_step(self, entry: tuple[IOJob, collections.deque[IOJob]]) -> None:
+        job, done = entry
         try:
             more = job.step(self.store)
         except Exception as exc:  # an L3 fault ends the job; the scheduler counts it and goes on
             job.error, more = exc, False
         if more:
-            self._queue.append(job)
+            self._queue.append(entry)
         else:
-            self.done.append(job)  # before `finished`: a waiter that sees it finished finds it in `done`
+            done.append(job)  # before `finished`: a waiter that sees it finished finds it in `done`
             job.finished = True
 
     def _loop(self) -> None:
@@ -118,10 +123,10 @@ class IOWorker:
                     self._cv.wait()
                 if not self._queue:
                     return
-                job = self._queue.popleft()
+                entry = self._queue.popleft()
                 self._busy = True
             try:
-                self._run_step(job)
+                self._run_step(entry)
             finally:
                 with self._cv:
                     self._busy = False

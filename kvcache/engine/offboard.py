@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 from ..types.namespace import Namespace
 from ..types.removals import RemovalReason
 from ..types.results import DropReason, EvictResult, NamespaceDrop
-from ..types.tier import Tier
 from .room import of_namespace
 
 if TYPE_CHECKING:
@@ -47,10 +46,10 @@ class Offboard:
         """Free what `namespace` holds in L1 and L2 that nobody locks, holds or pins (written back first under
         write-back unless `write_back` is False), recorded removed for `reason`."""
         mine, room = of_namespace(namespace), self.room
-        d = room.evict(Tier.DEVICE, room.pools[Tier.DEVICE].num_pages, mine, write_back, reason=reason) if device else 0
-        host_pool = room.pools.get(Tier.HOST)
-        h = (room.evict(Tier.HOST, host_pool.num_pages, mine, write_back, reason=reason)
-             if host and host_pool is not None else 0)
+        d = room.device.evict(room.device.pool.num_pages, mine, write_back, reason=reason) if device else 0
+        host_room = room.host
+        h = (host_room.evict(host_room.pool.num_pages, mine, write_back, reason=reason)
+             if host and host_room is not None else 0)
         return EvictResult(d, h)
 
     def drop(self, namespace: Namespace, reason: RemovalReason = RemovalReason.DROP) -> NamespaceDrop:

@@ -1,4 +1,5 @@
-"""L3 -> L2 prefetch: the operation a request's prefetch creates, its I/O jobs, and its whole life.
+"""L3 -> L2 prefetch: the whole life of the operation a request's prefetch creates (the operation and its I/O jobs
+are `kvcache.engine.prefetch_op`'s; waiting for them at a settle is `kvcache.engine.settlement`'s).
 
 The prefetch key is built from the **request's** namespace: the page hashes of the span come from the request's
 own chain (`page_hashes(layout_id, request.key, ps, chain_key)`), never from a tree node. The anchor the span hangs from is only
@@ -27,154 +28,48 @@ thread; the I/O worker only reads the store and writes the bytes of pages the op
 
 from __future__ import annotations
 
-import enum
+import collections
 import logging
-import math
-import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import InvalidInput, NamespaceMismatch, RequestIdInUse, UnknownRequest
+from ..errors import NamespaceMismatch, RequestIdInUse
 from ..types.config import PrefetchPolicy
 from ..types.explain import PrefetchFate, PrefetchRecord
 from ..types.ids import PageHash
 from ..types.keys import TOKEN_BYTES, RadixKey, extend_chain, hash_root, page_hashes
-from ..types.namespace import Namespace
-from ..types.owners import FREE_CODE, OwnerKind, owner_code
+from ..types.owners import FREE_CODE
 from ..types.request import Request
-from ..types.results import DeclineReason, DropReason, PrefetchOutcome, SettledPrefetch
+from ..types.results import DeclineReason, DropReason, PrefetchOutcome
 from ..types.stats import bump
 from ..types.tier import Tier
-from .holders import release_anchor
+from .operation import release_anchor
+from .prefetch_op import CheckJob, FetchJob, PrefetchOp, PrefetchState
 
 if TYPE_CHECKING:
     from ..ledger.pools import SlotPool
-    from ..storage.api import PageStore
     from ..tree import RadixTree, TreeMatch, TreeNode
     from ..types.config import CacheConfig
     from ..types.stats import PrefetchStats
-    from .expiry import Expiry
     from .holders import Holders
     from .host_mode import HostModeRules
     from .io_worker import IOWorker
     from .recent import RecentPrefetches
-    from .room import Room
-    from .staging import StagedPrefetch, Staging
+    from .room import PoolRoom
+    from .staged import StagedPrefetch
+    from .staging import Staging
 
 log = logging.getLogger("kvcache")
-
-
-class PrefetchState(str, enum.Enum):
-    """Where a prefetch operation is."""
-
-    CHECKING = "checking"  # waiting for exists_prefix
-    FETCHING = "fetching"  # pages allocated, batches being read
-    WAITING = "waiting"  # an attempt ended short; re-armed for a later attempt
-    DONE = "done"  # no more attempts; what arrived stays owned by the operation until admission
-    FINISHED = "finished"  # handed over (admission) or given back (abort); the operation holds nothing
-
-
-class PrefetchOp:
-    """An L3 -> L2 prefetch for one request. Owns its host pages (Op(prefetch)) until admission or abort."""
-
-    __slots__ = ("id", "owner", "rid", "namespace", "key", "start_page", "hashes", "anchor", "hold", "pages",
-                 "fetched", "attempts", "state", "lock", "terminated", "next_attempt", "created", "job", "hit")
-
-    def __init__(self, ident: int, rid: str, key: RadixKey, start_page: int, hashes: list[PageHash],
-                 anchor: TreeNode | None, hold: Tier | None) -> None:
-        self.id = ident
-        self.owner = owner_code(OwnerKind.OP_PREFETCH, ident)
-        self.rid = rid
-        self.namespace: Namespace = key.namespace  # the request's: every hash below was built from it
-        self.key = key  # the request's key, page-aligned, up to the end of the span
-        self.start_page = start_page  # pages of the key the tree held at issue; the span starts here
-        self.hashes = hashes  # page hashes of the span, from the request's own chain
-        self.anchor = anchor  # ends the span's prefix [0, start_page); None when the span starts at page 0
-        self.hold = hold  # the tier on which the anchor's path is held while the operation lives (None: no hold)
-        self.pages = np.empty(0, dtype=np.int64)  # host pages owned by this op; [:fetched] hold span pages
-        self.fetched = 0  # pages of the span that have arrived, in order; changed only under `lock`
-        self.attempts = 0
-        self.state = PrefetchState.CHECKING
-        self.lock = threading.Lock()  # held by the worker for one batch; taken by terminate()
-        self.terminated = False  # no further batch starts once set
-        self.next_attempt = 0.0  # monotonic seconds when a WAITING op is re-armed
-        self.created = time.monotonic()
-        self.job: CheckJob | FetchJob | None = None  # the job in flight, if any
-        self.hit = 0  # pages of the span the store reported present (the longest run seen by any attempt)
-
-    @property
-    def wanted(self) -> int:
-        """Pages of the span."""
-        return len(self.hashes)
-
-    @property
-    def issued_by(self) -> int:
-        """The prefetch that took the hold (this one): holds are cancelled youngest first."""
-        return self.id
-
-    def terminate(self) -> None:
-        """Stop between batches: after this returns, the worker writes no more bytes for this op."""
-        with self.lock:
-            self.terminated = True
-
-    def __repr__(self) -> str:
-        return (f"PrefetchOp(#{self.id} {self.rid} {self.namespace.label} {self.state.value} "
-                f"{self.fetched}/{self.wanted} pages)")
-
-
-class CheckJob:
-    """How many pages of the op's remaining span the store holds (consecutive from the first missing one)."""
-
-    def __init__(self, op: PrefetchOp) -> None:
-        self.op = op
-        self.hit = 0
-        self.finished = False
-        self.error: BaseException | None = None
-
-    def step(self, store: PageStore) -> bool:
-        """Ask the store once; never more to do."""
-        op = self.op
-        if not op.terminated:
-            self.hit = store.exists_prefix(op.hashes[op.fetched:])
-        return False
-
-
-class FetchJob:
-    """Reads the op's hit pages into its host pages, one batch per step."""
-
-    def __init__(self, op: PrefetchOp, views: list[np.ndarray], batch: int) -> None:
-        self.op = op
-        self.views = views  # writable byte views of op.pages[op.fetched:], one per page
-        self.batch = batch
-        self.done_pages = 0  # pages of `views` filled
-        self.finished = False
-        self.error: BaseException | None = None
-
-    def step(self, store: PageStore) -> bool:
-        """Read one batch; True when more remain."""
-        op = self.op
-        with op.lock:
-            if op.terminated:
-                return False
-            start = op.fetched
-            end = min(start + self.batch, start + len(self.views) - self.done_pages)
-            if end <= start:
-                return False
-            got = store.get_into(op.hashes[start:end], self.views[self.done_pages:self.done_pages + end - start])
-            self.done_pages += got
-            op.fetched = start + got
-            # a short batch: the page left the store (evicted, corrupt) since the check; the attempt ends here
-            return got == end - start and self.done_pages < len(self.views)
 
 
 class Prefetcher:
     """Issues a cache's prefetches, advances them as their I/O jobs finish, and settles or gives them back."""
 
     def __init__(self, config: CacheConfig, rules: HostModeRules, tree: RadixTree, host_pool: SlotPool | None,
-                 holders: Holders, io: IOWorker | None, stats: PrefetchStats, recent: RecentPrefetches) -> None:
+                 holders: Holders, io: IOWorker | None, stats: PrefetchStats, recent: RecentPrefetches,
+                 host_room: PoolRoom | None, staging: Staging) -> None:
         self.config = config
         self.recent = recent  # how the last prefetch of each prefix ended (`TieredCache.explain` reads it)
         self.rules = rules
@@ -183,20 +78,19 @@ class Prefetcher:
         self.holders = holders
         self.io = io  # None without a store: every prefetch declines
         self.stats = stats
-        self.room: Room  # wired by the cache: host pages for the hit
-        self.staging: Staging  # wired by the cache: buffer mode parks finished fetches there
-        self.expiry: Expiry | None = None  # wired by the cache with a TTL policy: a prefetch uses its namespace
-        # wired by the cache: takes every finished L3 job back (writes too), while admission waits for a fetch
-        self.take_io_jobs: Callable[[], int]
+        self.host_room = host_room  # host pages for the hit (None without a host tier: every prefetch declines)
+        self.staging = staging  # buffer mode parks finished fetches there
+        self.done: collections.deque[CheckJob | FetchJob] = collections.deque()  # jobs the worker finished, in order
 
     # --- issue -----------------------------------------------------------------------------------------------
 
-    def start(self, request: Request, match: TreeMatch | None = None) -> PrefetchOutcome:
-        """`TieredCache.prefetch`: see there."""
-        st, holders = self.stats, self.holders
+    def refuse(self, request: Request, match: TreeMatch | None) -> None:
+        """`TieredCache.prefetch`'s refusals, before anything moves: `RequestIdInUse` for an id that holds
+        something for another request, `NamespaceMismatch` for a match whose anchor is of another namespace."""
+        st = self.stats
         st.attempts += 1
         rid, ns = request.rid, request.namespace
-        held = holders.held_key(rid)
+        held = self.holders.held_key(rid)
         if held is not None and not request.key.starts_with(held):
             raise RequestIdInUse(rid, f"already holds a prefetch, staged record or admission for another request "
                                       f"(namespace {self.tree.fingerprints.label(held.namespace)}, {len(held)} "
@@ -213,9 +107,13 @@ class Prefetcher:
                     self._record(request, None, start, PrefetchRecord(PrefetchFate.NAMESPACE_MISMATCH, time.time(),
                                                                       start * self.tree.page_size))
                     raise NamespaceMismatch(rid, label(ns), label(node.namespace), where)
-        if self.expiry is not None:  # after the refusals above: a refused prefetch moves nothing, expires nothing
-            self.expiry.use(request)
-            held = holders.held_key(rid)  # an expiry of the request's own namespace gave back what it held
+
+    def start(self, request: Request, match: TreeMatch | None = None) -> PrefetchOutcome:
+        """`TieredCache.prefetch`, once `refuse` let it through (and its namespace's use was counted): decline, or
+        issue the operation."""
+        st, holders = self.stats, self.holders
+        rid, ns = request.rid, request.namespace
+        held = holders.held_key(rid)
         stale = False
         if match is None:
             match = self.tree.match_prefix(request.key)
@@ -317,7 +215,7 @@ class Prefetcher:
         assert self.io is not None
         op.state = PrefetchState.CHECKING
         op.job = CheckJob(op)
-        self.io.submit(op.job)
+        self.io.submit(op.job, self.done)
 
     # --- progress (poll) -------------------------------------------------------------------------------------
 
@@ -335,15 +233,16 @@ class Prefetcher:
             st.hit_pages += job.hit
             op.hit = max(op.hit, op.fetched + job.hit)
             n = min(job.hit, self.config.prefetch_max_host_pages - self.holders.prefetch_host_pages)
-            pages = self.room.alloc(Tier.HOST, n, op.owner, op.namespace) if n > 0 else None
+            assert self.host_room is not None  # a prefetch without a host tier declines
+            pages = self.host_room.alloc(n, op.owner, op.namespace) if n > 0 else None
             if pages is not None:
                 assert self.io is not None and self.host_pool is not None
                 op.pages = np.concatenate([op.pages, pages])
-                self.holders.prefetch_host_pages += n
+                self.holders.count_prefetch_pages(n)
                 rows = self.host_pool.rows()  # one writable byte row per page
                 op.state = PrefetchState.FETCHING
                 op.job = FetchJob(op, [rows[p] for p in pages.tolist()], self.config.io_batch_pages)
-                self.io.submit(op.job)
+                self.io.submit(op.job, self.done)
                 return
         self._end_attempt(op)
 
@@ -353,7 +252,7 @@ class Prefetcher:
         if len(extra):
             assert self.host_pool is not None
             self.host_pool.free(extra, op.owner)
-            self.holders.prefetch_host_pages -= len(extra)
+            self.holders.count_prefetch_pages(-len(extra))
             op.pages = op.pages[: op.fetched]
         op.attempts += 1
         if op.fetched < op.wanted and op.attempts <= self.config.prefetch_retries and not op.terminated:
@@ -376,43 +275,36 @@ class Prefetcher:
 
     # --- settle ----------------------------------------------------------------------------------------------
 
-    def settle(self, rid: str, policy: PrefetchPolicy | None = None,
-               timeout_ms: float | None = None) -> SettledPrefetch:
-        """`TieredCache.settle_prefetch`: see there."""
-        if timeout_ms is not None and not 0 <= timeout_ms < math.inf:
-            raise InvalidInput(f"timeout_ms={timeout_ms} must be >= 0 and finite")
-        op = self.holders.prefetches.pop(rid, None)
-        if op is None:
-            raise UnknownRequest(rid, "has no prefetch to settle")
-        try:
-            inserted = self.settle_op(op, policy, timeout_ms)
-        except BaseException:  # the op is out of the table: give back what it holds, or nobody ever will
-            if op.state is not PrefetchState.FINISHED:
-                op.terminate()
-                self.give_back(op, DropReason.ABORTED)
-            raise
-        return SettledPrefetch(rid, op.id, op.hit, op.fetched, inserted, rid in self.holders.staged,
-                               time.monotonic() - op.created, self.tree.fingerprints.info(op.namespace))
+    def take_back(self) -> int:
+        """Take back the check and fetch jobs the worker finished, in order (`job_done`). Returns how many."""
+        n, done = 0, self.done
+        while done:
+            self.job_done(done.popleft())
+            n += 1
+        return n
 
-    def settle_op(self, op: PrefetchOp, policy: PrefetchPolicy | None = None,
-                  timeout_ms: float | None = None) -> int:
-        """Admission: finish `op` (already out of the table) per the prefetch policy and hand what arrived to the
-        tree (cache mode) or to a staged record (buffer mode). Returns the pages inserted into the tree."""
-        policy = self.config.prefetch_policy if policy is None else PrefetchPolicy(policy)
-        io = self.io
-        if policy is not PrefetchPolicy.BEST_EFFORT and io is not None:
-            budget = None
-            if policy is PrefetchPolicy.TIMEOUT:
-                budget = (self.config.prefetch_timeout_ms if timeout_ms is None else timeout_ms) \
-                    + self.config.prefetch_timeout_per_page_ms * op.wanted
-                budget = max(0.0, op.created + budget / 1000 - time.monotonic())
-            deadline = None if budget is None else time.monotonic() + budget
-            while op.job is not None:
-                # one wait at most an hour (a condition wait overflows past ~9e9 s); the loop goes on to the end
-                left = None if deadline is None else min(3600.0, max(0.0, deadline - time.monotonic()))
-                if not io.wait(op.job, left):
-                    break
-                self.take_io_jobs()
+    def policy(self, policy: PrefetchPolicy | None) -> PrefetchPolicy:
+        """The policy a settle follows: the one asked for, else the configured one."""
+        return self.config.prefetch_policy if policy is None else PrefetchPolicy(policy)
+
+    def waits(self, policy: PrefetchPolicy) -> bool:
+        """Does settling under `policy` wait for the op's jobs (anything but best effort, with a store)?"""
+        return policy is not PrefetchPolicy.BEST_EFFORT and self.io is not None
+
+    def deadline(self, op: PrefetchOp, policy: PrefetchPolicy, timeout_ms: float | None = None) -> float | None:
+        """When settling `op` under `policy` stops waiting (monotonic seconds): the timeout policy's budget, from
+        the op's creation (`timeout_ms` in place of the configured one), plus its per-page allowance; None: wait
+        until the op's jobs end."""
+        if policy is not PrefetchPolicy.TIMEOUT:
+            return None
+        budget = (self.config.prefetch_timeout_ms if timeout_ms is None else timeout_ms) \
+            + self.config.prefetch_timeout_per_page_ms * op.wanted
+        return time.monotonic() + max(0.0, op.created + budget / 1000 - time.monotonic())
+
+    def conclude(self, op: PrefetchOp, policy: PrefetchPolicy) -> int:
+        """Admission or settle, once the wait `policy` asks for is over: finish `op` (already out of the table) and
+        hand what arrived to the tree (cache mode) or to a staged record (buffer mode). Returns the pages inserted
+        into the tree."""
         cut_short = op.state in (PrefetchState.CHECKING, PrefetchState.FETCHING)  # its check or fetch still running
         op.terminate()
         op.job = None  # a job still queued sees `terminated` and ends without touching the pages
@@ -452,7 +344,7 @@ class Prefetcher:
         bump(st.dropped, DropReason.DUPLICATE.value, duplicates)
         bump(st.dropped, DropReason.UNATTACHED.value, len(fetched) - used)
         st.used_pages += adopted
-        self.holders.prefetch_host_pages -= len(op.pages)
+        self.holders.count_prefetch_pages(-len(op.pages))
         op.pages = op.pages[:0]
         release_anchor(self.tree, op)
         op.state = PrefetchState.FINISHED
@@ -482,7 +374,7 @@ class Prefetcher:
             assert self.host_pool is not None
             self.host_pool.free(op.pages, op.owner)
             bump(self.stats.dropped, reason.value, int(op.fetched))
-        self.holders.prefetch_host_pages -= len(op.pages)
+        self.holders.count_prefetch_pages(-len(op.pages))
         op.pages = op.pages[:0]
         release_anchor(self.tree, op)
         op.state = PrefetchState.FINISHED

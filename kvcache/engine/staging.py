@@ -16,72 +16,35 @@ import numpy as np
 import torch
 
 from ..errors import InvariantViolation
-from ..types.ids import PageHash
 from ..types.keys import TOKEN_BYTES, RadixKey
 from ..types.owners import FREE_CODE, OwnerKind, owner_code
 from ..types.request import Request
-from ..types.results import DropReason, StagedView
+from ..types.results import DropReason
 from ..types.stats import bump
-from ..types.tier import Tier
-from .holders import release_anchor
+from .operation import release_anchor
+from .staged import StagedPrefetch
 
 if TYPE_CHECKING:
     from ..ledger.copy import Copier
     from ..tree import RadixTree, TreeNode
-    from ..types.fingerprint_key import FingerprintKey
     from ..types.stats import PrefetchStats
     from .holders import Holders
-    from .prefetch import PrefetchOp
-    from .room import Room
-
-
-class StagedPrefetch:
-    """A parked fetch, owning its host pages until it is spliced or dropped."""
-
-    __slots__ = ("id", "owner", "rid", "key", "page_size", "start_page", "pages", "hashes", "op_id", "anchor",
-                 "hold")
-
-    def __init__(self, ident: int, rid: str, key: RadixKey, page_size: int, start_page: int, pages: np.ndarray,
-                 hashes: list[PageHash], op_id: int, anchor: TreeNode | None, hold: Tier | None) -> None:
-        self.id = ident
-        self.owner = owner_code(OwnerKind.STAGED, ident)
-        self.rid = rid
-        self.key = key  # tokens + the namespace of the request the fetch was made for
-        self.page_size = page_size
-        self.start_page = start_page
-        self.pages = pages  # host pages holding key pages [start_page, start_page + len(pages))
-        self.hashes = hashes  # their page hashes (the request's chain)
-        self.op_id = op_id  # the prefetch operation that fetched them
-        self.anchor = anchor  # ends the prefix [0, start_page) on the device; None when the span starts at page 0
-        self.hold = hold  # the anchor's path is held on this tier until the record is consumed or dropped
-
-    @property
-    def issued_by(self) -> int:
-        """The prefetch that took the hold: holds are cancelled youngest first."""
-        return self.op_id
-
-    def view(self, fingerprints: FingerprintKey) -> StagedView:
-        """Printable fields, the namespace shown under `fingerprints` (the cache's key)."""
-        ns = self.key.namespace
-        return StagedView(self.id, self.rid, fingerprints.info(ns), fingerprints.display_id(ns.id), len(self.key),
-                          self.start_page * self.page_size, len(self.pages) * self.page_size, self.op_id,
-                          [h.hex() for h in self.hashes])
-
-    def __repr__(self) -> str:
-        return f"StagedPrefetch(#{self.id} {self.rid} {self.key.namespace.label} {len(self.pages)} pages)"
+    from .prefetch_op import PrefetchOp
+    from .room import PoolRoom
 
 
 class Staging:
     """A cache's staged records: parked by the prefetch, spliced by admission, or dropped."""
 
-    def __init__(self, copier: Copier, tree: RadixTree, holders: Holders, stats: PrefetchStats) -> None:
+    def __init__(self, copier: Copier, tree: RadixTree, holders: Holders, stats: PrefetchStats,
+                 device_room: PoolRoom) -> None:
         self.copier = copier  # a splice's host -> device copy (on the copier's stream on a GPU)
         self.device_pool = copier.device_pool
         self.host_pool = copier.host_pool
         self.tree = tree
         self.holders = holders
         self.stats = stats
-        self.room: Room  # wired by the cache: device pages for a splice
+        self.device_room = device_room  # device pages for a splice
 
     def park(self, op: PrefetchOp, fetched: np.ndarray) -> StagedPrefetch:
         """Record `op`'s fetched pages as the request's staged record (Op(prefetch) -> Staged); the record takes
@@ -97,7 +60,7 @@ class Staging:
         """Free a staged record's host pages (Staged -> FREE) and release its anchor's hold; never splice it."""
         assert self.host_pool is not None
         self.host_pool.free(staged.pages, staged.owner)
-        self.holders.prefetch_host_pages -= len(staged.pages)
+        self.holders.count_prefetch_pages(-len(staged.pages))
         release_anchor(self.tree, staged)
         bump(self.stats.dropped, reason.value, len(staged.pages))
 
@@ -111,7 +74,7 @@ class Staging:
             return node, cached, 0
         use = staged.pages[skip:]
         owner = owner_code(OwnerKind.OP_LOAD_BACK, self.holders.mint())
-        dev = self.room.alloc(Tier.DEVICE, len(use), owner, staged.key.namespace) if len(use) else None
+        dev = self.device_room.alloc(len(use), owner, staged.key.namespace) if len(use) else None
         if dev is None:
             self.drop(staged, DropReason.DUPLICATE if not len(use) else DropReason.UNATTACHED)
             return node, cached, 0
@@ -131,7 +94,7 @@ class Staging:
         parts.append((len(dev), FREE_CODE))
         self.device_pool.disperse(dev, owner, parts)
         self.host_pool.free(staged.pages, staged.owner)
-        self.holders.prefetch_host_pages -= len(staged.pages)
+        self.holders.count_prefetch_pages(-len(staged.pages))
         # After the splice the tree must own exactly the spliced device slots, in the request's namespace.
         again = self.tree.match_prefix(key)
         held = again.device_pages

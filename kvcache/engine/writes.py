@@ -1,4 +1,5 @@
-"""L2 -> L3 writes: the job the I/O worker runs, and its life on the scheduler thread.
+"""L2 -> L3 writes: their life on the scheduler thread, from issue to the store's answer (the job the I/O worker
+runs is `kvcache.engine.write_job`).
 
 A write covers whole nodes, root first, keyed by their page hashes (the nodes' own namespace chain). Cache mode:
 it reads the nodes' host copies, owns no page, and pins those copies until the store has acknowledged every page.
@@ -18,121 +19,40 @@ capacity, a quota, a share) or fails (a fault: the store unreachable, or answeri
 counted apart (`BackupStats.storage_rejected` pages, `storage_failed` writes). Its unstored nodes are kept for a
 retry (their path, parent first), after 1, 2, 4 ... up to `RETRY_MAX_POLLS` polls while the store keeps failing,
 at once after a write succeeds; a write of a node whose parent is unstored and not being written takes the parent
-along (parent first), so a chain is never refused for a
-parent that failed once.
+along (parent first), so a chain is never refused for a parent that failed once.
+
+Writes move bytes and marks only: which path is written again, and from which copy (the host copies, or bounced
+again from the device), is the host mode's (`kvcache.engine.backups`), which takes `rewrites` and `due_retries`.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..storage.api import PageOrigin, PageStore
+from ..storage.api import PageOrigin
 from ..types.ids import NamespaceId, NodeId, PageHash
 from ..types.keys import TOKEN_BYTES
-from ..types.owners import OwnerKind, owner_code
-from .copies import OpKind
+from .operation import OpKind
+from .write_job import StorageWriteJob
 
 if TYPE_CHECKING:
     from ..ledger.pools import SlotPool
     from ..tree import RadixTree, TreeNode
     from ..types.config import CacheConfig
     from ..types.stats import BackupStats
-    from .copies import Copies, TransferOp
     from .event_log import EventFeed
     from .holders import Holders
     from .io_worker import IOWorker
+    from .transfer import TransferOp
 
 log = logging.getLogger("kvcache")
 
 RETRY_MAX_POLLS = 64  # the longest wait, in polls, before failed writes are tried again while the store fails
-
-
-class StorageWriteJob:
-    """An L2 -> L3 write of whole nodes: batched puts, run by the I/O worker."""
-
-    kind = OpKind.STORAGE_WRITE  # what it does to the nodes it pins, as copies name it
-
-    def __init__(self, ident: int, nodes: list[TreeNode], hashes: list[PageHash], views: list[np.ndarray],
-                 origins: list[PageOrigin], batch: int, check_parent: bool, pages: np.ndarray | None = None,
-                 clock: Iterator[int] | None = None) -> None:
-        self.id = ident
-        self.owner = owner_code(OwnerKind.OP_STORAGE_WRITE, ident)  # names this write in audits and the ledger
-        self.nodes = nodes  # whose pages are written; marked stored when `poll` takes the finished job back
-        self.pages = pages  # buffer mode: the L2 bounce pages this job owns, one per hash; None: reads the tree
-        self.hashes = hashes  # page hashes, root first
-        self.views = views  # host page bytes, one per hash
-        self.origins = origins  # PageOrigin per hash
-        self.batch = batch  # pages per put
-        self.at = 0  # pages put so far
-        self.acked = 0  # leading pages the store is known to hold (acknowledged)
-        self.rejected = 0  # pages the store refused (capacity, a quota, a share)
-        self.failed = 0  # pages the store could not write (PageOutcome.FAILED: unreachable, a fault it answered)
-        self.evicted: list[PageHash] = []  # pages the store evicted to make room for this write's puts
-        # The order of store changes across writes: each put takes the next number of `clock` (shared by a cache's
-        # writes, run one at a time by the worker). (end, number) per batch put; (number, hashes) per eviction.
-        self.clock = clock if clock is not None else itertools.count()
-        self.puts: list[tuple[int, int]] = []
-        self.evictions: list[tuple[int, list[PageHash]]] = []
-        # The first page's parent is a stored page (not the namespace root) that L3 may have evicted since it was
-        # written; writing below a missing parent would leave an unreachable (orphan) chain in the store.
-        self.check_parent = check_parent
-        self.parent_missing = False
-        self.cut = False  # stopped because an earlier page of its own was evicted by another write meanwhile
-        self.finished = False
-        self.error: BaseException | None = None
-
-    def step(self, store: PageStore) -> bool:
-        """Put one batch; True when more remain. Stops at a batch the store did not take whole: nothing is put
-        below a page it refused (that page's children would be refused, or orphaned)."""
-        at, origins, hashes = self.at, self.origins, self.hashes
-        if (at or self.check_parent) and store.exists_prefix([origins[at].parent]) == 0:
-            if at and origins[at].parent == hashes[at - 1]:
-                # Another write's put evicted the page this batch hangs below since this job put it: the chain is
-                # cut here (written again later, parent first), never continued below a page the store let go.
-                self.cut = True
-            else:
-                self.parent_missing = True
-            return False
-        end = min(at + self.batch, len(hashes))
-        for i in range(at + 1, end):
-            if origins[i].parent != hashes[i - 1]:  # a node of the path left out (stored): its parent is checked
-                end = i  # first, at the start of the next batch
-                break
-        result = store.put(self.hashes[self.at:end], self.views[self.at:end], self.origins[self.at:end])
-        seq = next(self.clock)
-        self.puts.append((end, seq))
-        if result.evicted_hashes:
-            self.evicted += result.evicted_hashes
-            self.evictions.append((seq, list(result.evicted_hashes)))
-        if result.rejected or result.failed:
-            self.rejected += result.rejected
-            self.failed += result.failed
-            # What the store holds of the batch is a prefix of it (it rejects a chain's tail): ask how long, so
-            # that what it took is marked and announced. A store that cannot answer now: nothing of it counts.
-            try:
-                self.acked = self.at + store.exists_prefix(self.hashes[self.at:end])
-            except Exception:  # noqa: BLE001 - an L3 fault here only leaves the batch unacknowledged
-                self.acked = self.at
-            self.at = end
-            return False
-        self.acked = self.at = end
-        return end < len(self.hashes)
-
-    @property
-    def bounce(self) -> bool:
-        """True when the job writes its own bounce copy (buffer mode) instead of reading the nodes' host copies."""
-        return self.pages is not None
-
-    def split_target(self, child: TreeNode, new_parent: TreeNode, head_pages: int) -> None:
-        """Follow a tree split: `new_parent` now holds part of a node being written (and is pinned too, when the
-        job reads host copies)."""
-        if child in self.nodes:
-            self.nodes.insert(self.nodes.index(child), new_parent)
 
 
 class Writes:
@@ -147,9 +67,12 @@ class Writes:
         self.io = io  # None without a store: nothing is written
         self.enabled = io is not None  # the cache has a store to write to
         self.backup_stats = backup_stats
-        self.copies: Copies  # wired by the cache: a bounce write rewritten after an L3 eviction backs up again
         self.events = events  # the KV-event feed: its log, while one is attached
+        self.done: collections.deque[StorageWriteJob] = collections.deque()  # answered, in the order they finished
         self.failed: dict[NodeId, TreeNode] = {}  # node id -> the last node of a write that failed, for a retry
+        # node id -> the last node of a write whose parent the store evicted meanwhile: its path is written again,
+        # root first, as soon as the write is taken back (`take_rewrites`)
+        self.rewrites: dict[NodeId, TreeNode] = {}
         # The order of the store's changes (StorageWriteJob.clock), and per page hash the number of the last put
         # taken back that stored it, and of the last eviction taken back that removed it (bounded by `_prune`).
         self._clock = itertools.count()
@@ -170,14 +93,30 @@ class Writes:
             return []
         return [n for n in self.tree.path(node) if self.wants(n, min_hits)]
 
-    def start(self, nodes: list[TreeNode], bounce: TransferOp | None = None) -> StorageWriteJob | None:
-        """Queue an L2 -> L3 write of `nodes` (root first). Cache mode: from their host copies, pinned until the
-        store acknowledges. Buffer mode: from the completed backup `bounce`, whose pages the write takes over
-        (Op(backup) -> Op(storage_write)) and frees at the acknowledgement."""
+    def start(self, nodes: list[TreeNode]) -> StorageWriteJob | None:
+        """Queue an L2 -> L3 write of `nodes` (root first) from their host copies (cache mode), with the unstored
+        ancestors a write must take along; the host copies are pinned until the store acknowledges."""
         if not nodes or self.io is None:
             return None
-        if bounce is None:
-            nodes = self._unstored_ancestors(nodes[0]) + nodes
+        nodes = self._unstored_ancestors(nodes[0]) + nodes
+        pages = np.concatenate([n.host for n in nodes if n.host is not None])
+        job = self._job(nodes, pages, None)
+        self.tree.pin_host(nodes)  # the host copy is being read; the device copy may still be evicted
+        return self._submit(job)
+
+    def start_bounce(self, bounce: TransferOp) -> StorageWriteJob | None:
+        """Queue an L2 -> L3 write of the nodes a completed backup copied (buffer mode): the write takes over its
+        pages, a bounce copy (Op(backup) -> Op(storage_write)), and frees them at the acknowledgement."""
+        nodes = [t.node for t in bounce.targets]
+        if not nodes or self.io is None:
+            return None
+        job = self._job(nodes, bounce.pages, bounce.pages)
+        bounce.pool.transfer(bounce.pages, bounce.owner, job.owner)
+        return self._submit(job)
+
+    def _job(self, nodes: list[TreeNode], pages: np.ndarray, owned: np.ndarray | None) -> StorageWriteJob:
+        """The write of `nodes` from the host pages `pages` (one per page of theirs, in order); `owned`: the pages
+        the job owns (a bounce copy), None when it reads the nodes' host copies."""
         host = self.host_pool
         assert host is not None  # L3 writes read host pages
         tree, step = self.tree, self.tree.page_size * TOKEN_BYTES
@@ -189,21 +128,19 @@ class Writes:
             for i in range(len(node_hashes)):
                 hashes.append(node_hashes[i])
                 origins.append(PageOrigin(node.namespace, parents[i], node.key[i * step:(i + 1) * step]))
-        pages = bounce.pages if bounce is not None else np.concatenate([n.host for n in nodes if n.host is not None])
         first_parent = nodes[0].parent
         check_parent = (first_parent is not None and first_parent.parent is not None
                         and not first_parent.is_namespace_root)
         rows = host.rows()  # one byte row per page
-        job = StorageWriteJob(self.holders.mint(), nodes, hashes, [rows[p] for p in pages.tolist()], origins,
-                              self.config.io_batch_pages, check_parent, pages if bounce is not None else None,
-                              self._clock)
-        if bounce is not None:
-            host.transfer(pages, bounce.owner, job.owner)
-        else:
-            tree.pin_host(nodes)  # the host copy is being read; the device copy may still be evicted
-        self.holders.add_pinner(nodes, job)  # follows splits; marks "being written"
+        return StorageWriteJob(self.holders.mint(), nodes, hashes, [rows[p] for p in pages.tolist()], origins,
+                               self.config.io_batch_pages, check_parent, owned, self._clock)
+
+    def _submit(self, job: StorageWriteJob) -> StorageWriteJob:
+        """Register `job` (its nodes listed as being written; it follows their splits) and queue it."""
+        assert self.io is not None
+        self.holders.add_pinner(job.nodes, job)
         self.holders.writes[job.id] = job
-        self.io.submit(job)
+        self.io.submit(job, self.done)
         return job
 
     def _unstored_ancestors(self, node: TreeNode) -> list[TreeNode]:
@@ -230,10 +167,8 @@ class Writes:
         if job is not None and job.id in self.holders.writes:
             assert self.io is not None
             self.io.wait(job)
-            done = self.io.done
             while True:
-                earlier = next(j for j in done if isinstance(j, StorageWriteJob))
-                done.remove(earlier)
+                earlier = self.done.popleft()
                 self.finish(earlier)
                 if earlier is job:
                     return
@@ -266,7 +201,7 @@ class Writes:
             at += len(node.key) // ps  # (after a split in flight the head and the rest are both listed)
             if at <= acked and not node.stored and tree.attached(node):
                 tree.mark_stored(node)
-            self.copies.unpin(node, job)
+            self.holders.unpin(tree, node, job)
         if job.pages is not None:
             self.host_pool.free(job.pages, job.owner)
         for seq, hashes in job.evictions:
@@ -279,8 +214,9 @@ class Writes:
             # copies (backed nodes form a prefix, so every ancestor has one), or bounced again from its device
             # copies (buffer mode: every node has one), root first.
             bs.storage_rewrites += 1
-            tree.mark_unstored(tree.path(job.nodes[-1]))
-            self._write_path(job.nodes[-1])
+            last = job.nodes[-1]
+            tree.mark_unstored(tree.path(last))
+            self.rewrites[last.id] = last
         elif failed:
             last = job.nodes[-1]
             if tree.attached(last) and not last.stored:
@@ -332,33 +268,35 @@ class Writes:
                 del book[h]
 
     def forget(self, ns_id: NamespaceId) -> None:
-        """Namespace `ns_id` was dropped: none of its failed writes is tried again (offboarding sticks)."""
-        self.failed = {k: n for k, n in self.failed.items() if n.namespace is None or n.namespace.id != ns_id}
+        """Namespace `ns_id` was dropped: none of its failed or orphaned writes is tried again (offboarding sticks)."""
+        def other(node: TreeNode) -> bool:
+            return node.namespace is None or node.namespace.id != ns_id
+        self.failed = {k: n for k, n in self.failed.items() if other(n)}
+        self.rewrites = {k: n for k, n in self.rewrites.items() if other(n)}
 
-    def retry_failed(self) -> int:
-        """poll: when the wait since the last failure is over, write again the paths whose writes failed (each
-        from its root, parent first) that are still in the tree and not stored. Returns how many paths."""
-        if not self.failed:
-            return 0
-        if self._retry_in > 0:
-            self._retry_in -= 1
-            return 0
-        nodes, self.failed = list(self.failed.values()), {}
-        n = 0
-        for node in nodes:
-            if self.tree.attached(node) and not node.stored:
-                self._write_path(node)
-                n += 1
-        self.backup_stats.storage_retries += n
+    def take_back(self) -> int:
+        """Take back the writes the store has answered, in the order they finished. Returns how many."""
+        n, done = 0, self.done
+        while done:
+            self.finish(done.popleft())
+            n += 1
         return n
 
-    def _write_path(self, node: TreeNode) -> None:
-        """Write `node`'s path from its first unstored node: from the host copies (cache mode), or bounced again
-        from the device copies (buffer mode); nodes without the copy to write from are backed up first."""
-        if self.copies.rules.bounce:
-            self.copies.start_backup(self.copies.backup_candidates(node, 0))
-        else:
-            self.start(self.unstored_path(node, 0))
-            missing = self.copies.backup_candidates(node, 0)  # no host copy any more: backed up, then written
-            if missing and self.config.backup_rule.on_commit:
-                self.copies.start_backup(missing)
+    def take_rewrites(self) -> list[TreeNode]:
+        """The last nodes of the paths to write again because the store evicted a parent meanwhile (each once)."""
+        nodes, self.rewrites = list(self.rewrites.values()), {}
+        return nodes
+
+    def due_retries(self) -> list[TreeNode]:
+        """poll: when the wait since the last failure is over, the last nodes of the paths whose writes failed that
+        are still in the tree and not stored (each written again from its root, parent first, by the caller),
+        counted as retries."""
+        if not self.failed:
+            return []
+        if self._retry_in > 0:
+            self._retry_in -= 1
+            return []
+        nodes, self.failed = list(self.failed.values()), {}
+        due = [node for node in nodes if self.tree.attached(node) and not node.stored]
+        self.backup_stats.storage_retries += len(due)
+        return due

@@ -75,12 +75,13 @@ class RadixTree(BookKeeper):
     copies and shares are `BookKeeper`'s."""
 
     def __init__(self, page_size: int, layout_id: bytes = b"", chain_key: bytes | None = None,
-                 fingerprints: FingerprintKey | None = None) -> None:
+                 fingerprints: FingerprintKey | None = None, on_split: SplitListener | None = None) -> None:
         """`chain_key`: the key of the namespace roots' page hashes (kvcache.types.keys), the L3 store's
         `chain_key` when the cache has one; None draws a random one (a cache without a store shares its page
         hashes with nobody, and nobody can test a guessed salt against them). `fingerprints`: the key the
         namespaces held here are shown under, the store's when the cache has one; None: env KVC_FINGERPRINT_KEY,
-        else a random one of this tree's own."""
+        else a random one of this tree's own. `on_split`: told of every split (the cache moves the head pages'
+        ledger owner and the in-flight operations' targets with it)."""
         if page_size < 1:
             raise InvalidInput(f"page_size must be >= 1, got {page_size}")
         super().__init__()
@@ -97,7 +98,7 @@ class RadixTree(BookKeeper):
         self._next_id = 1
         self._clock = 0
         # Called as on_split(child, new_parent, head_pages) after a split moved child's first pages to new_parent.
-        self.on_split: SplitListener | None = None
+        self.on_split = on_split
         self._by_id: dict[NodeId, TreeNode] = {}  # nodes below the namespace roots, by id (what heap entries name)
         self.node_count = 0  # nodes below the namespace roots
 

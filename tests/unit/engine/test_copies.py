@@ -1,44 +1,45 @@
-"""kvcache.engine.copies: the in-flight copy operation and its owners."""
+"""kvcache.engine.copies: backups and load-backs issued into the pages they are handed, completed in issue order."""
 
 import numpy as np
 
-from kvcache import Namespace, RadixKey
-from kvcache.engine.copies import OP_OWNER_KIND, OpKind, OpTarget, TransferOp
-from kvcache.ledger.pools import SlotPool
-from kvcache.tree import RadixTree
+from factories import make_cache
+from kvcache import AdmitStatus, Namespace, Request
+
+NS = Namespace("t", "copies-salt")
 
 
-def test_every_op_kind_is_an_owner_kind():
-    assert set(OP_OWNER_KIND) == set(OpKind)
-    assert len(set(OP_OWNER_KIND.values())) == len(OpKind)
+def test_a_load_back_left_in_flight_is_completed_by_poll_and_its_pages_go_to_the_nodes():
+    c = make_cache(page_size=1, device_tokens=16, host_tokens=32)
+    tokens = list(range(100, 108))
+    c.admit(Request("a", tokens, NS))
+    c.commit("a")
+    c.flush()  # the path is backed up: a host copy of every node
+    c.evict(device_tokens=16)
+    m = c.match(Request("probe", tokens, NS))
+    assert len(m.device_pages) == 0 and len(m.host_pages) == 8
+    pages = c._admissions.load_back(m, wait=False)
+    assert pages is not None and [s.kind for s in c.holder_states()] == ["op:load_back"]
+    assert c.audit().ok  # the op owns its destination pages while the copy runs
+    assert c.poll() == 1 and c.holder_states() == []
+    again = c.match(Request("probe", tokens, NS))
+    assert np.array_equal(again.device_pages, pages) and c.audit().ok
 
 
-def test_split_target_follows_a_tree_split():
-    tree = RadixTree(1)
-    ins = tree.insert(RadixKey.of(range(5), Namespace()), np.arange(5))
-    pool = SlotPool("host", 8, 1, 8)
-    pages = pool.alloc(5, 1)
-    op = TransferOp(1, OpKind.BACKUP, pool, pages, [OpTarget(ins.node, pages)])
-    tree.on_split = op.split_target
-    tree.match_prefix(RadixKey.of([0, 1, 7], Namespace()))
-    head, tail = op.targets
-    assert head.node is ins.node.parent and list(head.pages) == list(pages[:2])
-    assert tail.node is ins.node and list(tail.pages) == list(pages[2:])
-
-
-def test_a_backup_that_fits_only_a_leading_run_backs_up_that_run_and_skips_the_rest():
-    from factories import make_cache
-    from kvcache import Request
-
-    c = make_cache(page_size=1, device_tokens=64, host_tokens=4)
-    ns = Namespace("t", "s")
-    for rid, tokens in (("f", [100, 101]), ("x", list(range(6))), ("y", [0, 1, 7, 8, 9])):
-        c.admit(Request(rid, tokens, ns))
-        c.commit(rid)
-        c.flush()
-    # f took 2 of the 4 host pages; x (6 pages) did not fit; y split x: its path is x's head (2) then its own 3
-    assert c.counters.backups_skipped == 2  # x whole, then y's own tail
-    m = c.match(Request("probe", [0, 1, 7, 8, 9], ns))
-    head = m.device_node.parent
-    assert head.host is not None and len(head.host) == 2 and m.device_node.host is None
+def test_a_second_load_back_of_nodes_being_filled_is_refused_and_the_request_recomputes():
+    c = make_cache(page_size=1, device_tokens=16, host_tokens=32)
+    tokens = list(range(200, 206))
+    c.admit(Request("a", tokens, NS))
+    c.commit("a")
+    c.flush()
+    c.evict(device_tokens=16)
+    m = c.match(Request("probe", tokens, NS))
+    assert c._admissions.load_back(m, wait=False) is not None
+    assert c._admissions.load_back(m) is None and c.counters.load_backs_refused == 1
+    adm = c.admit(Request("b", tokens, NS))  # never claims the nodes twice: it recomputes
+    assert adm.status is AdmitStatus.ADMITTED and adm.cached_tokens == 0 and c.counters.load_backs_refused == 2
+    c.release("b")
+    c.poll()  # the first load-back completes: the device holds the path again
+    adm = c.admit(Request("c", tokens, NS))
+    assert adm.cached_tokens == 6 and adm.device_hit_tokens == 6
+    c.release("c")
     assert c.audit().ok

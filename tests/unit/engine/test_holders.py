@@ -3,13 +3,14 @@
 from factories import l3_cache, make_layout, make_store
 from kvcache import HostMode, Namespace, Request
 from kvcache.engine.holders import Holders
+from kvcache.ledger.pools import SlotPool
 
 T1 = Namespace("t1", "holders-salt")
 TOKENS = list(range(1000, 1032))
 
 
 def test_the_mint_never_repeats_and_requests_have_their_own_sequence():
-    h = Holders()
+    h = Holders(SlotPool("device", 4, 1, 8), None)
     assert [h.mint() for _ in range(3)] == [1, 2, 3]
     assert [h.mint_handle() for _ in range(2)] == [1, 2]
     assert h.mint() == 4

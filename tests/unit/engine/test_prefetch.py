@@ -4,7 +4,7 @@ import pytest
 
 from factories import device_bytes_ok, forward, l3_cache, make_layout, make_store
 from kvcache import AdmitStatus, Namespace, NamespaceMismatch, Request, WritePolicy
-from kvcache.engine.prefetch import PrefetchState
+from kvcache.engine.prefetch_op import PrefetchState
 from kvcache.types.config import HostMode, PrefetchPolicy
 from kvcache.types.results import DeclineReason
 
@@ -184,7 +184,7 @@ def test_second_load_back_on_a_pinned_node_is_refused(store):
     c.evict(device_tokens=1000)
     m = c.match(Request("x", TOKENS, T1))
     assert m.host_tokens == 64
-    assert c._copies.load_back(m, wait=False) is not None  # held open: in flight
+    assert c._admissions.load_back(m, wait=False) is not None  # held open: in flight
     adm = c.admit(Request("b", TOKENS, T1))
     assert adm.loaded_back_tokens == 0 and adm.new_tokens == 64  # recomputes instead
     assert c.counters.load_backs_refused == 1
