@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 
 import faultkit
+import forkrun
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -31,3 +32,19 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         terminalreporter.write_sep("-", "fault trials")
         for line in faultkit.table().splitlines():
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def forks():
+    """A server that imported kvc's store commands once, to fork a kvc process per command from (`forkrun`)."""
+    server = forkrun.Forks()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def engine_forks():
+    """A server that imported kvc's engine too (torch), to fork `kvc serve` and `kvc replay` from (`forkrun`)."""
+    server = forkrun.Forks(forkrun.ENGINE_MODULES)
+    yield server
+    server.close()

@@ -1,5 +1,6 @@
 """What the fault tests share (importable as `faultkit`): the trial scale, the table of outcomes, a second local
-user, and the installed kvc as a subprocess.
+user, the installed kvc as a subprocess, and kvc commands stopped, killed or served as processes forked from a
+server that imported kvc once (`forkrun`; the `forks` and `engine_forks` fixtures of conftest.py).
 
 A row of the table is one kind of trial: how many ran, how many the system survived (the outcome the test
 demands), and how many lost something (committed data, a wrong byte served, a leak; for flips, pages the repair
@@ -14,6 +15,7 @@ import pwd
 import shutil
 import signal
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +24,7 @@ import msgspec
 import pytest
 
 import clirun
+import forkrun
 
 LONG_FACTOR = 10
 KVC = clirun.KVC
@@ -83,18 +86,15 @@ def kvc(*args, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(KVC), *map(str, args)], capture_output=True, text=True, timeout=timeout, **kw)
 
 
-def stop_then_kill(args: list[str], stop_env: str, point: str, log: str) -> None:
-    """Run `kvc *args` with `stop_env=point` until the command stops itself there (SIGSTOP: the event, no timing),
-    then kill it with SIGKILL. Its output goes to `log`; a run that ends without stopping fails the test."""
-    env = dict(os.environ, **{stop_env: point})
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([str(KVC), *args], env=env, stdout=out, stderr=subprocess.STDOUT)
-    _, status = os.waitpid(proc.pid, os.WUNTRACED)
-    if not os.WIFSTOPPED(status):
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        pytest.fail(f"kvc {args[0]} never reached {point} (exit status {status}): {Path(log).read_text()}")
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+def stop_then_kill(args: list[str], stop_env: str, point: str, log: str, forks: forkrun.Forks) -> None:
+    """Run `kvc *args` (forked from `forks`, a process of its own) with `stop_env=point` until the command stops
+    itself there (SIGSTOP: the event, no timing), then kill it with SIGKILL. Its output goes to `log`; a run that
+    ends without stopping fails the test."""
+    child = forks.start(args, env=dict(os.environ, **{stop_env: point}), stdout=log, stderr=log, stop=True)
+    if not child.wait_stopped():
+        pytest.fail(f"kvc {args[0]} never reached {point} (exit status {child.returncode}): {Path(log).read_text()}")
+    os.kill(child.pid, signal.SIGKILL)
+    assert child.wait() == -signal.SIGKILL
 
 
 def in_ci() -> bool:
@@ -151,24 +151,33 @@ def run_as(user: pwd.struct_passwd, fn, *args) -> int:
 
 
 class Serve:
-    """A `kvc serve` subprocess, ready once its --json ready line is on stdout; `stop` sends a signal and waits."""
+    """A `kvc serve` process (forked from `forks`: a process of its own), ready once its --json ready line is on its
+    stdout; `stop` sends a signal and waits."""
 
-    def __init__(self, store: str, sock: str, *extra) -> None:
+    def __init__(self, store: str, sock: str, *extra, forks: forkrun.Forks) -> None:
         self.sock = sock
-        self.proc = subprocess.Popen([str(KVC), "serve", "--store", store, "--socket", sock, "--json",
-                                      *map(str, extra)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        if not line:
-            with self.proc:  # it exited: reap it and close its pipes before failing
-                raise AssertionError(f"kvc serve did not start: {self.proc.stderr.read()}")
+        self._work = tempfile.mkdtemp(prefix="kvc-serve-")
+        out = os.path.join(self._work, "out")
+        os.mkfifo(out)
+        # Opened before the child exists, without waiting for a writer: select then sees the ready line, or the end
+        # of the file once the child has written and closed it (exited).
+        self._out = os.open(out, os.O_RDONLY | os.O_NONBLOCK)
+        self._err = os.path.join(self._work, "err")
+        self.proc = forks.start(["serve", "--store", store, "--socket", sock, "--json", *map(str, extra)],
+                                env=os.environ, stdout=out, stderr=self._err)
+        self.ready = forkrun.read_line(self._out, timeout=120)
+        if not self.ready:
+            self.stop(signal.SIGKILL)
+            raise AssertionError(f"kvc serve did not start: {self.stderr}")
 
     def stop(self, sig: int = 15, timeout: float = 60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
+        """Send `sig` (unless it has exited), wait for its exit status, keep its stderr (`stderr`)."""
+        self.proc.kill(sig)
         code = self.proc.wait(timeout)
-        self.proc.stdout.close()
-        self.stderr = self.proc.stderr.read()
-        self.proc.stderr.close()
+        os.close(self._out)
+        with open(self._err, encoding="utf-8", errors="replace") as f:
+            self.stderr = f.read()
+        shutil.rmtree(self._work, ignore_errors=True)
         return code
 
     def rss_kib(self) -> int:

@@ -1,5 +1,8 @@
 """The damage matrix (issue 36, item 1), importable as `matrix`: every region of an LMDB store x every way its key
-file can differ x every command that opens a store, each run as a subprocess on a damaged copy of one template.
+file can differ x every command that opens a store, each run as a process of its own on a damaged copy of one
+template. The process is a child forked from a server that imported kvc once (`forkrun`: its own pid, exit status
+and signals, kvc's entry point, without a Python start and kvc's imports per case); `serve`, which the case stops
+once it is ready, is the console script.
 
 Regions come from the template's own page map (`lmdbpages`): each meta page; a branch, a leaf and an overflow page of
 each sub-database that has one (the catalogue of sub-databases and the free list's own tree included), picked by a
@@ -34,13 +37,13 @@ from pathlib import Path
 
 import msgspec
 
-import clirun
-
 HERE = Path(__file__).resolve().parent
 for _dir in (str(HERE), str(HERE.parent)):  # tests/ (lmdbpages, read_only_user) when run as a script
     if _dir not in sys.path:
         sys.path.insert(0, _dir)
 
+import clirun  # noqa: E402
+import forkrun  # noqa: E402
 import lmdbpages  # noqa: E402
 from read_only_user import NO_CAPS  # noqa: E402
 
@@ -272,12 +275,27 @@ def argv(command: str, store: str, work: str) -> list[str]:
     }[command]
 
 
-def run(command: str, store: str, work: str, no_caps: bool) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of one command; a signal is a negative code. `serve` is stopped (SIGTERM) once
-    it says it is ready."""
+def case_env() -> dict[str, str]:
+    """The environment every command runs in: no key, socket or store from the caller's, the first tenant's salt."""
     env = {k: v for k, v in os.environ.items() if k not in ("KVC_FINGERPRINT_KEY", "KVC_SOCKET", "KVC_STORE")}
     env["KVC_SALT"] = TENANTS[0][1]
+    return env
+
+
+def run(command: str, store: str, work: str, no_caps: bool,
+        forks: forkrun.Forks | None = None) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of one command; a signal is a negative code. `serve` is stopped (SIGTERM) once
+    it says it is ready. With `forks`, every command but `serve` is a child forked from that server (a process of
+    its own, without a Python start and kvc's imports: `forkrun`); else the console script (or Python)."""
+    env = case_env()
     prefix = NO_CAPS if no_caps else []
+    if forks is not None and command != "serve":
+        if command == "sglang":
+            ran = forks.run(["-c", store, str(HERE.parent)], env=env, timeout=CASE_TIMEOUT, script=SGLANG_SCRIPT,
+                            no_caps=bool(prefix))
+        else:
+            ran = forks.run(argv(command, store, work), env=env, timeout=CASE_TIMEOUT, no_caps=bool(prefix))
+        return ran.returncode, ran.stdout, ran.stderr
     if command == "sglang":
         cmd = [*prefix, PYTHON, "-c", SGLANG_SCRIPT, store, str(HERE.parent)]
     else:
@@ -342,9 +360,10 @@ def kinds_of(doc: dict) -> str:
     return ""
 
 
-def run_case(template: Template, region: Region | None, key: str, command: str, root: str) -> Outcome:
-    """Damage a copy of the template (`region` None: no damage), set its key state, run the command, check it; for
-    a repair, read every page back afterwards."""
+def run_case(template: Template, region: Region | None, key: str, command: str, root: str,
+             forks: forkrun.Forks | None = None) -> Outcome:
+    """Damage a copy of the template (`region` None: no damage), set its key state, run the command (`forks`: see
+    `run`), check it; for a repair, read every page back afterwards."""
     work = tempfile.mkdtemp(dir=root)
     store = os.path.join(work, "s")
     try:
@@ -352,7 +371,7 @@ def run_case(template: Template, region: Region | None, key: str, command: str, 
         if region is not None:
             template.damage(store, region)
         set_key_state(store, key)
-        code, out, err = run(command, store, work, no_caps=key == "unreadable")
+        code, out, err = run(command, store, work, no_caps=key == "unreadable", forks=forks)
         outcome = Outcome(region.name if region is not None else "none", key, command, code)
         doc: dict = {}
         try:
@@ -474,6 +493,7 @@ def main() -> None:
     out = sys.argv[sys.argv.index("--json") + 1] if "--json" in sys.argv else None
     with tempfile.TemporaryDirectory(prefix="kvc-matrix-") as root:
         template = Template(os.path.join(root, "template"))
+        forks = forkrun.Forks(env=case_env())
         outcomes = []
         if out is not None and os.path.exists(out):
             with open(out, "rb") as f:
@@ -482,12 +502,13 @@ def main() -> None:
         for region, key, command in cases(template, size)[shard::shards]:
             if (region.name if region is not None else "none", key, command) in done:
                 continue
-            o = run_case(template, region, key, command, root)
+            o = run_case(template, region, key, command, root, forks)
             outcomes.append(o)
             if out is not None:
                 with open(out, "ab") as f:
                     f.write(msgspec.json.encode(o) + b"\n")
             print(f"{o.region} / {o.key} / {o.command}: {o.cell()} {o.line[:160]} {o.problems or ''}", file=sys.stderr)
+        forks.close()
         print(table(outcomes))
         bad = [o for o in outcomes if o.problems]
         print(f"\n{len(outcomes)} cases, {len(bad)} broke a rule; signals {sum(o.code < 0 for o in outcomes)}")

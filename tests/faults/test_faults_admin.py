@@ -124,14 +124,15 @@ def _as_user_allowed(sock: str, victim: str, mine: str) -> None:
     assert answers[0].error is not None and answers[0].error.kind == "bad_request"
 
 
-def test_another_local_user_is_refused_and_an_allowed_one_writes_no_server_side_file(store, shared_dir):
+def test_another_local_user_is_refused_and_an_allowed_one_writes_no_server_side_file(store, shared_dir,
+                                                                                     engine_forks):
     survived = trials = 0
     with faultkit.second_user() as user:
         sock = os.path.join(shared_dir, "kvc.sock")
         victim = os.path.join(shared_dir, "root-owned.txt")
         with open(victim, "w") as f:
             f.write("root's file\n")
-        server = faultkit.Serve(store, sock, "--socket-mode", "666")
+        server = faultkit.Serve(store, sock, "--socket-mode", "666", forks=engine_forks)
         try:
             trials += 1
             assert faultkit.run_as(user, _as_user_forbidden, sock) == 0
@@ -139,7 +140,8 @@ def test_another_local_user_is_refused_and_an_allowed_one_writes_no_server_side_
         finally:
             assert server.stop() == 0
         assert "refused a connection from" in server.stderr  # one line in the server's log
-        server = faultkit.Serve(store, sock, "--socket-mode", "666", "--allow-uid", user.pw_uid)
+        server = faultkit.Serve(store, sock, "--socket-mode", "666", "--allow-uid", user.pw_uid,
+                                forks=engine_forks)
         mine = os.path.join(shared_dir, "mine.snap")
         open(mine, "w").close()
         os.chown(mine, user.pw_uid, user.pw_gid)
@@ -176,7 +178,7 @@ def _impostor(sock: str, report_fd: int, ready_fd: int) -> None:
         conn.close()
 
 
-def test_an_impostor_who_bound_the_path_first_gets_no_salt_and_serve_refuses(store):
+def test_an_impostor_who_bound_the_path_first_gets_no_salt_and_serve_refuses(store, forks, engine_forks):
     sticky = tempfile.mkdtemp(prefix="kvcf-sticky-", dir="/tmp")
     os.chmod(sticky, 0o1777)  # like /tmp: everyone may create, only owners may remove
     sock = os.path.join(sticky, "kvc.sock")
@@ -200,10 +202,10 @@ def test_an_impostor_who_bound_the_path_first_gets_no_salt_and_serve_refuses(sto
             assert os.read(ready_r, 1) == b"r"
             with pytest.raises(AdminUntrusted, match=f"uid {user.pw_uid}"), AdminClient(sock, timeout=5) as c:
                 c.call(PrefetchRequest("t1", SALT), object)
-            cli = faultkit.kvc("--socket", sock, "prefetch", "--extra-key", "t1", "--json",
-                               env={**os.environ, "KVC_SALT": SALT})
+            cli = forks.run(["--socket", sock, "prefetch", "--extra-key", "t1", "--json"],
+                            env={**os.environ, "KVC_SALT": SALT})
             assert cli.returncode == 2 and cli.stderr.count("\n") == 1 and "does not trust" in cli.stderr
-            serve = faultkit.kvc("serve", "--store", store, "--socket", sock, timeout=60)
+            serve = engine_forks.run(["serve", "--store", store, "--socket", sock], timeout=60)
             assert serve.returncode == 2 and serve.stderr.count("\n") == 1
             assert f"uid {user.pw_uid}" in serve.stderr and "already listening" in serve.stderr
         finally:
@@ -223,11 +225,11 @@ def test_an_impostor_who_bound_the_path_first_gets_no_salt_and_serve_refuses(sto
     assert captured == b""
 
 
-def test_a_directory_others_can_write_is_refused(store, tmp_path):
+def test_a_directory_others_can_write_is_refused(store, tmp_path, engine_forks):
     loose = tmp_path / "loose"
     loose.mkdir()
     os.chmod(loose, 0o777)
-    out = faultkit.kvc("serve", "--store", store, "--socket", loose / "kvc.sock", timeout=60)
+    out = engine_forks.run(["serve", "--store", store, "--socket", loose / "kvc.sock"], timeout=60)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "sticky" in out.stderr
     faultkit.record("kvc serve in a directory others can write (no sticky bit)", 1, 1, 0, "refused, one line")
 
@@ -235,9 +237,9 @@ def test_a_directory_others_can_write_is_refused(store, tmp_path):
 # --- slow, silent and greedy clients -------------------------------------------------------------------------
 
 
-def test_silent_and_trickling_clients_cost_seconds_and_a_busy_answer(store, tmp_path):
+def test_silent_and_trickling_clients_cost_seconds_and_a_busy_answer(store, tmp_path, engine_forks):
     sock = str(tmp_path / "s.sock")
-    server = faultkit.Serve(store, sock, "--max-connections", 8, "--idle-timeout", 1)
+    server = faultkit.Serve(store, sock, "--max-connections", 8, "--idle-timeout", 1, forks=engine_forks)
     silent = []
     try:
         for _ in range(8):
@@ -281,9 +283,9 @@ def test_silent_and_trickling_clients_cost_seconds_and_a_busy_answer(store, tmp_
                     f"(idle timeout 1 s); the trickled frame was cut off")
 
 
-def test_a_burst_of_connects_past_the_limit_is_answered_not_refused(store, tmp_path):
+def test_a_burst_of_connects_past_the_limit_is_answered_not_refused(store, tmp_path, engine_forks):
     sock = str(tmp_path / "s.sock")
-    server = faultkit.Serve(store, sock)  # the defaults: 64 connections
+    server = faultkit.Serve(store, sock, forks=engine_forks)  # the defaults: 64 connections
     n = faultkit.trials(300)
     conns, failed = [], 0
     try:
@@ -320,9 +322,9 @@ def test_a_burst_of_connects_past_the_limit_is_answered_not_refused(store, tmp_p
                     f"connects refused by a full backlog: {failed}; {busy} answered 'busy'")
 
 
-def test_uploads_are_spooled_to_disk_and_capped(store, tmp_path):
+def test_uploads_are_spooled_to_disk_and_capped(store, tmp_path, engine_forks):
     sock = str(tmp_path / "s.sock")
-    server = faultkit.Serve(store, sock)
+    server = faultkit.Serve(store, sock, forks=engine_forks)
     mib = int(os.environ.get("KVC_UPLOAD_MIB", "0")) or (96 if faultkit.trials(1) > 1 else 32)
     chunk = b"x" * TRACE_CHUNK_BYTES
     clients = [AdminClient(sock, timeout=60) for _ in range(3)]
@@ -369,9 +371,9 @@ def test_uploads_are_spooled_to_disk_and_capped(store, tmp_path):
                     f"server RSS grew {grew_mib:.1f} MiB (spooled to temp files); per-trace and total caps answered")
 
 
-def test_nested_frames_and_infinite_timeouts_leave_nothing_held(store, tmp_path):
+def test_nested_frames_and_infinite_timeouts_leave_nothing_held(store, tmp_path, engine_forks):
     sock = str(tmp_path / "s.sock")
-    server = faultkit.Serve(store, sock, "--mode", "cache")
+    server = faultkit.Serve(store, sock, "--mode", "cache", forks=engine_forks)
     deep = b"\x91" * 100_000 + b"\x01"
     envelope = b"\x83\xa1v" + bytes([PROTOCOL_VERSION]) + b"\xa2id\x01\xa7request"
     nested = [b"\x83\xa7request" + deep + b"\xa1v\x02\xa2id\x01",  # before the head
@@ -407,11 +409,11 @@ def test_nested_frames_and_infinite_timeouts_leave_nothing_held(store, tmp_path)
     assert answered == total
 
 
-def test_sigterm_stops_a_live_replay_within_a_step(store, tmp_path):
+def test_sigterm_stops_a_live_replay_within_a_step(store, tmp_path, forks, engine_forks):
     sock = str(tmp_path / "s.sock")
     trace = tmp_path / "t.jsonl"
     write_trace(trace, generate(WorkloadSpec(requests=20000, tenants=2, documents=3, seed=3)))
-    server = faultkit.Serve(store, sock, "--device-tokens", 4096, "--host-tokens", 8192)
+    server = faultkit.Serve(store, sock, "--device-tokens", 4096, "--host-tokens", 8192, forks=engine_forks)
     outcome: list[BaseException | ReplayOutcome] = []
 
     def replay() -> None:
@@ -432,7 +434,7 @@ def test_sigterm_stops_a_live_replay_within_a_step(store, tmp_path):
     client.join(60)
     assert code == 0
     assert isinstance(outcome[0], AdminRemoteError) and outcome[0].kind == "shutting_down", outcome
-    audit = faultkit.kvc("audit", "--store", store, "--json")
+    audit = forks.run(["audit", "--store", store, "--json"])
     assert audit.returncode == 0 and json.loads(audit.stdout)["ok"]
     faultkit.record("SIGTERM to kvc serve during a 20k-request live replay", 1, 1, 0,
                     f"stopped in {stopped_in:.2f} s (between two steps); the client was answered shutting_down; "

@@ -6,9 +6,9 @@ Redis' close dropped the connections under calls in flight (AttributeError out o
 waits for the calls in flight on other threads, and a call after it is StoreClosed (the store API) or a miss or
 False (SGLang's interface).
 
-The load runs in a child process (close_load.py), so a crash is a failed test with its signal, not a dead pytest
-worker. Its size: CI_ROUNDS per row in `make test` (seconds); `KVC_FAULTS=long` (or `--long`) runs ten times as
-many, well over 10,000 calls in all.
+The load runs in a child process (close_load.py, forked from a server that imported what it imports: `forkrun`),
+so a crash is a failed test with its signal, not a dead pytest worker. Its size: CI_ROUNDS per row in `make test`
+(seconds); `KVC_FAULTS=long` (or `--long`) runs ten times as many, well over 10,000 calls in all.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,6 +25,7 @@ import pytest
 import redis
 
 import faultkit
+import forkrun
 from kvcache.errors import StoreClosed
 from kvcache.storage.api import engine_origins
 from kvcache.storage.registry import open_store
@@ -39,6 +38,9 @@ LOAD = Path(__file__).with_name("close_load.py")
 DEADLINE_S = 60.0  # how long a state below may take to come about on a loaded machine: a hang, not a slow run
 # (backend, via) -> rounds in `make test`; LMDB's pages are 1 MiB (copied with the GIL released: the copy most
 # exposed to an unmapping close), Redis' 64 KiB
+LOAD_MODULES = ("torch", "numpy", "redis", "kvcache.engines.sglang", "kvcache.engines.sglang_pool",
+                "kvcache.storage.registry", "kvcache.storage.lmdb.store", "kvcache_redis.store",
+                "unit.engines.fake_sglang")
 CI_ROUNDS = {("lmdb", "store"): 20, ("lmdb", "sglang"): 30, ("redis", "store"): 10, ("redis", "sglang"): 10}
 
 
@@ -50,12 +52,23 @@ def server(tmp_path_factory):
     srv.stop()
 
 
-def _load(location: str, via: str, rounds: int, seed: int, big: bool) -> dict:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "plugins" / "kvcache_redis"),
-                                                        str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "plugins" / "kvcache_redis"),
+                                                         str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+
+
+@pytest.fixture(scope="module")
+def load_forks():
+    """A server that imported what close_load.py imports (torch, the SGLang adapter and stand-ins, both backends),
+    to fork each load process from (`forkrun`: a process of its own, without a Python start and those imports)."""
+    server = forkrun.Forks(LOAD_MODULES, env=_env())
+    yield server
+    server.close()
+
+
+def _load(forks: forkrun.Forks, location: str, via: str, rounds: int, seed: int, big: bool) -> dict:
     config = {"location": location, "via": via, "rounds": rounds, "seed": seed, "big": big}
-    out = subprocess.run([sys.executable, str(LOAD), json.dumps(config)], capture_output=True, text=True, env=env,
-                         timeout=60 + 20 * rounds)
+    out = forks.run([json.dumps(config)], script_file=str(LOAD), env=_env(), timeout=60 + 20 * rounds)
     if out.returncode < 0:
         pytest.fail(f"the process closing handles under load died of {signal.Signals(-out.returncode).name} "
                     f"({via}, {rounds} rounds, seed {seed}); stderr: {out.stderr[-1500:]}")
@@ -64,10 +77,12 @@ def _load(location: str, via: str, rounds: int, seed: int, big: bool) -> dict:
 
 
 @pytest.mark.parametrize(("backend", "via"), sorted(CI_ROUNDS))
-def test_closing_handles_under_reading_and_writing_threads_never_crashes(tmp_path, server, backend, via):
+def test_closing_handles_under_reading_and_writing_threads_never_crashes(tmp_path, server, load_forks, backend,
+                                                                         via):
     rounds = faultkit.trials(CI_ROUNDS[backend, via])
     location = str(tmp_path / "store") if backend == "lmdb" else server.store_url()
-    result = _load(location, via, rounds, seed=sorted(CI_ROUNDS).index((backend, via)), big=backend == "lmdb")
+    result = _load(load_forks, location, via, rounds, seed=sorted(CI_ROUNDS).index((backend, via)),
+                   big=backend == "lmdb")
     stray, wrong = result["stray"], result["wrong"]
     faultkit.record(f"close under load: {backend}, {via}", result["calls"], result["calls"] - len(stray), wrong,
                     f"{rounds} closes; {result['served']} pages served and checked; errors {result['errors']}")

@@ -5,8 +5,9 @@ the payload of a stored page (`data`), a used byte of a leaf or branch page, or 
 
 - every page is read back in a child process (a damaged tree may abort a reader): no byte served may differ
   from what was written (a miss is allowed, a wrong byte never);
-- `audit_store` (what `kvc audit` runs) must finish -- never a signal, never a traceback -- and when the flip is
-  visible (it changed something LMDB or kvc reads) report it;
+- `audit_store` (what `kvc audit` runs; in a process of its own, forked from one that imported kvc once, `forkrun`)
+  must finish -- never a signal, never a traceback -- and when the flip is visible (it changed something LMDB or
+  kvc reads) report it;
 - with findings, `--repair` and a second audit must leave the store clean, and every page still there must read
   back exact. The pages the repair had to drop are the `lost` column.
 
@@ -102,8 +103,29 @@ def flip(template: Template, path: str, kind: str, rng: random.Random) -> None:
         f.write(bytes([byte ^ rng.randrange(1, 256)]))
 
 
+# One trial's audit, repair and second audit, in a process forked from one without torch (`forks`): the repair
+# forks a child per read of a damaged run of pages, and a fork copies the page tables of its parent's whole address
+# space. Prints {"found": the audit reported the flip, "after": the findings after the repair (null: none was
+# needed), "error": an exception of any of them}.
+AUDIT_AND_REPAIR = """
+import json, sys
+from kvcache.diagnostics.audit import audit_store
+path = sys.argv[1]
+out = {"found": False, "after": None, "error": None}
+try:
+    if not audit_store(path).ok:
+        out["found"] = True
+        audit_store(path, repair=True)
+        after = audit_store(path)
+        out["after"] = [] if after.ok else [f.kind for f in after.findings] or ["not ok"]
+except Exception as exc:
+    out["error"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(out))
+"""
+
+
 @pytest.mark.parametrize("kind", KINDS)
-def test_flipped_bytes_are_found_repaired_and_never_served(template, tmp_path, kind):
+def test_flipped_bytes_are_found_repaired_and_never_served(template, forks, tmp_path, kind):
     trials = faultkit.trials(PER_KIND)
     rng = random.Random(f"flips-{kind}")
     survived = lost = found = reader_died = 0
@@ -114,18 +136,20 @@ def test_flipped_bytes_are_found_repaired_and_never_served(template, tmp_path, k
         served, wrong, died = read_back(path, template)
         reader_died += died
         ok = wrong == 0
-        try:
-            report = audit_store(path)
-            if not report.ok:
-                found += 1
-                audit_store(path, repair=True)
-                after = audit_store(path)
-                ok = ok and after.ok
-                if not after.ok:
-                    problems.append(f"trial {trial}: after repair {[f.kind for f in after.findings]}")
-        except Exception as exc:  # the audit must finish: any exception is a failed trial
+        audited = forks.run(["audit", path], script=AUDIT_AND_REPAIR, timeout=600)
+        if audited.returncode != 0:  # the audit must finish: a signal or a traceback is a failed trial
             ok = False
-            problems.append(f"trial {trial}: {type(exc).__name__}: {exc}")
+            problems.append(f"trial {trial}: the audit's process ended {audited.returncode}: {audited.stderr[-800:]}")
+        else:
+            doc = json.loads(audited.stdout.splitlines()[-1])
+            found += doc["found"]
+            if doc["error"] is not None:  # the audit must finish: any exception is a failed trial
+                ok = False
+                problems.append(f"trial {trial}: {doc['error']}")
+            elif doc["after"] is not None:
+                ok = ok and doc["after"] == []
+                if doc["after"]:
+                    problems.append(f"trial {trial}: after repair {doc['after']}")
         served_after, wrong_after, died_after = read_back(path, template)
         ok = ok and wrong_after == 0 and not died_after
         lost += len(template.hashes) - served_after
@@ -140,7 +164,7 @@ def test_flipped_bytes_are_found_repaired_and_never_served(template, tmp_path, k
     assert not problems, problems
 
 
-def test_kvc_audit_reports_a_broken_btree_as_json_exit_1_and_repair_cleans_it(template, tmp_path):
+def test_kvc_audit_reports_a_broken_btree_as_json_exit_1_and_repair_cleans_it(template, forks, tmp_path):
     """The CLI on a store whose branch page is damaged: JSON findings and exit 1 (no signal, no traceback),
     then --repair (exit 1: it found violations; none remain) and a clean audit."""
     rng = random.Random("cli-branch")
@@ -152,15 +176,15 @@ def test_kvc_audit_reports_a_broken_btree_as_json_exit_1_and_repair_cleans_it(te
         shutil.rmtree(path)
     else:
         pytest.fail("no branch flip was visible in 20 tries")
-    first = faultkit.kvc("audit", "--store", path, "--json")
+    first = forks.run(["audit", "--store", path, "--json"])  # a process of its own: a damaged tree may kill it
     assert first.returncode == 1, first.stderr
     assert "Traceback" not in first.stderr and first.stderr.count("\n") <= 1
     doc = json.loads(first.stdout)
     assert doc["ok"] is False and doc["violations"]
-    repair = faultkit.kvc("audit", "--store", path, "--repair", "--json")
+    repair = forks.run(["audit", "--store", path, "--repair", "--json"])
     assert repair.returncode == 1, repair.stderr  # violations were found (and repaired): a cron job hears of it
     fixed = json.loads(repair.stdout)
     assert fixed["repair"] == "done" and fixed["repaired"] >= 1 and fixed["remaining"] == []
-    assert faultkit.kvc("audit", "--store", path).returncode == 0
+    assert forks.run(["audit", "--store", path]).returncode == 0
     served, wrong, died = read_back(path, template)
     assert wrong == 0 and not died and served + sum(r["what"] == "page" for r in fixed["removals"]) >= served

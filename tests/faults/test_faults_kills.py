@@ -9,7 +9,6 @@ import importlib.util
 import os
 import random
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -56,7 +55,7 @@ def _check_store(path: str, namespaces: list[Namespace]) -> tuple[bool, storeche
     return clean, storecheck.reread(path, LAYOUT, namespaces)
 
 
-def test_kill_9_of_kvc_replay_leaves_every_stored_page_exact(tmp_path):
+def test_kill_9_of_kvc_replay_leaves_every_stored_page_exact(tmp_path, engine_forks):
     path = str(tmp_path / "store")
     open_store(path, LAYOUT, create=True).close()
     trace, namespaces = _trace(tmp_path)
@@ -65,19 +64,19 @@ def test_kill_9_of_kvc_replay_leaves_every_stored_page_exact(tmp_path):
     survived = lost = 0
     stored: list[int] = []
     for _ in range(trials):
-        proc = subprocess.Popen([str(faultkit.KVC), "replay", trace, "--store", path, "--device-tokens", "2048",
-                                 "--host-tokens", "4096"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        err = str(tmp_path / "replay.err")
+        proc = engine_forks.start(["replay", trace, "--store", path, "--device-tokens", "2048", "--host-tokens",
+                                   "4096"], env=os.environ, stdout=os.devnull, stderr=err)
         deadline = time.monotonic() + 60
         start = os.path.getsize(os.path.join(path, "data.mdb"))
         while os.path.getsize(os.path.join(path, "data.mdb")) == start:  # writing has begun
-            assert proc.poll() is None, proc.stderr.read().decode()
+            assert proc.poll() is None, Path(err).read_text()
             assert time.monotonic() < deadline, "the replay never wrote"
             time.sleep(0.02)
         time.sleep(rng.uniform(0, 0.5))
         running = proc.poll() is None
         proc.kill()
         proc.wait()
-        proc.stderr.close()
         clean, seen = _check_store(path, namespaces)
         ok = running and clean and seen.wrong == 0 and seen.read == seen.pages
         stored.append(seen.pages)
@@ -88,7 +87,7 @@ def test_kill_9_of_kvc_replay_leaves_every_stored_page_exact(tmp_path):
                     f"pages stored after each kill: {stored}, all re-read byte-exact")
 
 
-def test_kill_9_of_kvc_serve_during_a_live_replay(tmp_path):
+def test_kill_9_of_kvc_serve_during_a_live_replay(tmp_path, engine_forks):
     path = str(tmp_path / "store")
     open_store(path, LAYOUT, create=True).close()
     trace, namespaces = _trace(tmp_path)
@@ -97,10 +96,8 @@ def test_kill_9_of_kvc_serve_during_a_live_replay(tmp_path):
     trials = faultkit.trials(2)
     survived = lost = 0
     for _ in range(trials):
-        server = subprocess.Popen([str(faultkit.KVC), "serve", "--store", path, "--socket", sock, "--json",
-                                   "--device-tokens", "2048", "--host-tokens", "4096"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        assert server.stdout.readline(), "kvc serve did not start"  # ready: a stale socket was taken over
+        # ready (a stale socket was taken over), else an AssertionError
+        server = faultkit.Serve(path, sock, "--device-tokens", 2048, "--host-tokens", 4096, forks=engine_forks)
         errors: list[BaseException] = []
 
         def replay(errors: list[BaseException] = errors) -> None:  # this trial's list, even past a join timeout
@@ -117,26 +114,19 @@ def test_kill_9_of_kvc_serve_during_a_live_replay(tmp_path):
         while os.path.getsize(os.path.join(path, "data.mdb")) == start and time.monotonic() < deadline:
             time.sleep(0.02)
         time.sleep(rng.uniform(0, 0.5))
-        running = server.poll() is None
-        server.kill()
-        server.wait()
-        server.stdout.close()
+        running = server.proc.poll() is None
+        server.stop(signal.SIGKILL)
         client.join(60)
         clean, seen = _check_store(path, namespaces)
         ok = running and clean and seen.wrong == 0 and seen.read == seen.pages and bool(errors)
         survived += ok
         lost += seen.wrong + seen.pages - seen.read
         assert ok, (running, clean, seen.pages, seen.read, seen.wrong, errors)
-    again = subprocess.Popen([str(faultkit.KVC), "serve", "--store", path, "--socket", sock, "--json"],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    again = faultkit.Serve(path, sock, forks=engine_forks)  # it took over the stale socket, else AssertionError
     try:
-        assert again.stdout.readline(), "kvc serve did not take over the stale socket"
         with AdminClient(sock) as c:
-            assert c.call(PingRequest(), ServerInfo).pid == again.pid
+            assert c.call(PingRequest(), ServerInfo).pid == again.proc.pid
     finally:
-        again.send_signal(signal.SIGTERM)
-        code = again.wait(60)
-        again.stdout.close()
-        assert code == 0
+        assert again.stop(signal.SIGTERM) == 0
     faultkit.record("kill -9 of `kvc serve` during a live replay", trials, survived, lost,
                     "store verified and re-read byte-exact after each kill; the stale socket taken over")

@@ -1,8 +1,9 @@
 """The damage matrix (issue 36, item 1): every region of an LMDB store x every way its key file can differ x every
-command that opens a store, each a subprocess on a damaged copy of one template (`matrix`: the regions come from
-the template's own page map, the cases from a seed). Every case ends in an exit code and, on a failure, one line
-naming what is wrong and what to do -- never a signal, never a traceback; a repair keeps every page that was intact
-and never says "0 lost" when a page went.
+command that opens a store, each a process of its own on a damaged copy of one template (`matrix`: the regions come
+from the template's own page map, the cases from a seed; the processes are forked from conftest's `forks` server,
+which imported kvc once: `forkrun`). Every case ends in an exit code and, on a failure, one line naming what is
+wrong and what to do -- never a signal, never a traceback; a repair keeps every page that was intact and never says
+"0 lost" when a page went.
 
 Size: the CI run (`make test`) is `matrix.cases(..., "ci")`, about 90 cases in 4 shards (xdist runs them side by
 side); env KVC_DAMAGE_MATRIX=full, or the fault suite's --long / KVC_FAULTS, runs the whole product (about 1,400
@@ -41,9 +42,10 @@ def test_the_template_has_every_kind_of_region(template):
 
 
 @pytest.mark.parametrize("shard", range(SHARDS))
-def test_every_damaged_store_is_answered_in_one_line(template, tmp_path, shard):
+def test_every_damaged_store_is_answered_in_one_line(template, forks, tmp_path, shard):
     cases = matrix.cases(template, SIZE)[shard::SHARDS]
-    outcomes = [matrix.run_case(template, region, key, command, str(tmp_path)) for region, key, command in cases]
+    outcomes = [matrix.run_case(template, region, key, command, str(tmp_path), forks)
+                for region, key, command in cases]
     table = os.environ.get("KVC_DAMAGE_TABLE")
     if table:
         with open(table, "ab") as f:

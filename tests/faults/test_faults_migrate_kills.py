@@ -32,11 +32,13 @@ def template(tmp_path_factory):
 
 
 @pytest.mark.parametrize("step,at", KILL_POINTS, ids=[f"{s}@{a}" for s, a in KILL_POINTS])
-def test_a_migration_killed_at_any_step_leaves_the_old_or_the_new_store_whole(template, tmp_path, step, at):
+def test_a_migration_killed_at_any_step_leaves_the_old_or_the_new_store_whole(
+        template, forks, tmp_path, step, at):
     source, held, original = template
     store = str(tmp_path / "s")
     shutil.copytree(source, store)
-    faultkit.stop_then_kill(["migrate", "--store", store], STOP_ENV, f"{step}@{at}", str(tmp_path / "migrate.log"))
+    faultkit.stop_then_kill(["migrate", "--store", store], STOP_ENV, f"{step}@{at}", str(tmp_path / "migrate.log"),
+                            forks)
     # Either the format-1 data file is untouched, byte for byte, or the migrated one is in place, whole.
     if _data(store) == original:
         assert step != "swapped", "killed after the swap, the data file is still the old one"
@@ -44,14 +46,14 @@ def test_a_migration_killed_at_any_step_leaves_the_old_or_the_new_store_whole(te
     else:
         assert step == "swapped", f"the data file changed before the swap (killed at {step}@{at})"
         assert format_version_of(store) == FORMAT_VERSION
-    audit = faultkit.kvc("audit", "--store", store)
+    audit = forks.run(["audit", "--store", store])
     assert audit.returncode == 0, audit.stdout + audit.stderr
     assert contents(store) == held
     # A later migration finishes (or finds nothing to do), and cleans up what the killed one left.
-    again = faultkit.kvc("migrate", "--store", store, "--json")
+    again = forks.run(["migrate", "--store", store, "--json"])
     assert again.returncode == 0, again.stdout + again.stderr
     assert format_version_of(store) == FORMAT_VERSION
-    after = faultkit.kvc("audit", "--store", store)
+    after = forks.run(["audit", "--store", store])
     assert after.returncode == 0 and "kvc migrate" not in after.stderr, after.stdout + after.stderr
     assert contents(store) == held
     assert [n for n in os.listdir(store) if n.startswith(".")] == []
