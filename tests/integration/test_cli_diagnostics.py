@@ -1,10 +1,11 @@
 """kvc audit / ns / stats against real LMDB stores and snapshots: exit codes, --json fields, the salt never shown.
 
-Run through typer's CliRunner (in process) and as real subprocesses of the installed `kvc`."""
+Run in this process (typer's CliRunner; `kvc` gives the salt in KVC_SALT as a user would, never on the command
+line), on a copy each of one store written once."""
 
 import json
 import os
-import subprocess
+import shutil
 
 import numpy as np
 import pytest
@@ -18,13 +19,13 @@ from kvcache.storage.keyfile import read_key
 from kvcache.types.owners import OwnerKind, owner_code
 
 SALTS = {"t1": "cli-salt-one-qwerty", "t2": "cli-salt-two-asdfgh"}
-KVC = clirun.KVC
 runner = CliRunner()
 
 
-@pytest.fixture
-def store_path(tmp_path):
-    path = tmp_path / "store"
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """A store of three namespaces (t1 and t2 salted, one unnamed), 12 pages of 4 tokens each, written once."""
+    path = tmp_path_factory.mktemp("written") / "store"
     store = make_store(path, make_layout(4))
     cache = l3_cache(store)
     for i, ns in enumerate([Namespace("t1", SALTS["t1"]), Namespace("t2", SALTS["t2"]), Namespace()]):
@@ -33,16 +34,21 @@ def store_path(tmp_path):
         cache.commit(req.rid)
     cache.close()
     store.close()
-    return str(path)
+    return path
+
+
+@pytest.fixture
+def store_path(written, tmp_path):
+    """This test's copy of the written store."""
+    return str(shutil.copytree(written, tmp_path / "store"))
 
 
 def kvc(*args, salt=None):
-    """Run the installed kvc as a subprocess (a salt goes in KVC_SALT, never on its command line)."""
-    env = dict(os.environ, KVC_SALT=salt) if salt is not None else None
-    proc = subprocess.run([str(KVC), *args], capture_output=True, text=True, timeout=60, env=env)
+    """kvc in this process, a salt in KVC_SALT (never on its command line); what it printed and its exit code."""
+    ran = clirun.in_process(*args, env=dict(os.environ, KVC_SALT=salt) if salt is not None else None)
     for salt in SALTS.values():
-        assert salt not in proc.stdout + proc.stderr
-    return proc
+        assert salt not in ran.stdout + ran.stderr
+    return ran
 
 
 def invoke(*args, salt=None):

@@ -209,10 +209,13 @@ def test_generate_refuses_tenants_and_documents_it_could_not_hold(tmp_path):
     (["events", "--endpoint", "99999"], "--endpoint"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
 def test_the_issues_inputs_are_usage_errors_naming_the_option(tmp_path, args, names):
-    """Issue 36's list, through the real entry point: on ebaf189 the first three and the non-UTF-8 model were
-    "internal error", `--events 99999` bound port 34463, `--workers 1e20` started 256 processes on 2 cores.
-    (tests/integration/test_cli_every_input.py tries every option the same way.)"""
-    result = kvc(*args, "--store", tmp_path / "store") if args[0] in ("audit", "init") else kvc(*args)
+    """Issue 36's list, through kvc's own entry point (in this process: none of them reads anything without
+    bound): on ebaf189 the first three and the non-UTF-8 model were "internal error", `--events 99999` bound port
+    34463, `--workers 1e20` started 256 processes on 2 cores. (tests/integration/test_cli_every_input.py tries
+    every option the same way.)"""
+    env = {k: v for k, v in os.environ.items() if k not in ("KVC_SALT", "KVC_STORE")}
+    result = clirun.in_process(*args, *(["--store", tmp_path / "store"] if args[0] in ("audit", "init") else []),
+                               env=env)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2, (result.returncode, result.stderr)
     assert len(lines) == 1 and lines[0].startswith("kvc: error: ") and names in lines[0], result.stderr

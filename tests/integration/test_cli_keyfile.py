@@ -8,8 +8,10 @@ of a key file group or other could read; there was no `kvc init --rekey`.
 
 import json
 import os
+import shutil
 import stat
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -32,14 +34,21 @@ def kvc(*args, caps=True, env=None):
                           env=env or ENV)
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = tmp_path / "store"
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory):
+    """A store of two namespaces (t1 salted, t2 not), 20 pages of 4 tokens, under its own key; made once."""
+    s = tmp_path_factory.mktemp("keyed") / "store"
     assert kvc("init", "--store", s, "--page-size", 4).returncode == 0
     for args in (("--salt", SALT, "--extra-key", "t1"), ("--extra-key", "t2")):
         put = kvc("put", "--store", s, "--tokens", TOKENS, *args)
         assert put.returncode == 0, put.stderr
     return s
+
+
+@pytest.fixture
+def store(keyed, tmp_path):
+    """This test's copy of the keyed store (its key file included)."""
+    return Path(shutil.copytree(keyed, tmp_path / "store"))
 
 
 def _commands(store):

@@ -198,8 +198,9 @@ def _listed_id(run: Runs, sock: Path, extra_key: str) -> str:
 
 
 def test_messages_about_an_absent_namespace_show_the_stores_fingerprint_or_none(tmp_path):
+    here = Runs()
+    store = _store(tmp_path / "store", here)
     run = Runs(in_processes=True)  # two runs must print the same: a key drawn per process would differ
-    store = _store(tmp_path / "store", run)
     fingerprint = ABSENT.fingerprint(read_key(str(store)))
     hex12 = re.compile(r"\b[0-9a-f]{12}\b")
     outs = [run("ns", "drop", "t9", "--store", store, "--yes", code=2).stderr for _ in range(2)]
@@ -210,9 +211,10 @@ def test_messages_about_an_absent_namespace_show_the_stores_fingerprint_or_none(
         assert "t9" in text and not set(hex12.findall(text)) - {fingerprint}, text
     assert "refusing to drop namespace t9 (with the salt given) without --yes" in refusals[0]
     # and a drop named by id uses the listed id (the store's key): it matches
-    doc = json.loads(run("ns", "ls", "--store", store, "--json", code=0).stdout)
+    doc = json.loads(here("ns", "ls", "--store", store, "--json", code=0).stdout)
     listed = {r["extra_key"]: r["id"] for r in doc["namespaces"]}
     assert listed["t1"] == display_id(T1.id, read_key(str(store)))
+    here.assert_no_leaks()
     run.assert_no_leaks()
 
 

@@ -1,6 +1,7 @@
 """The operations commands — init, put, prefetch, stage, load-back, replay, generate, demo — on real LMDB stores,
-in process (CliRunner) and as real subprocesses of the installed `kvc`: exit codes, the pinned --json fields,
-and the salt never in any output."""
+in process (CliRunner): exit codes, the pinned --json fields, and the salt never in any output. Two tests start
+the installed `kvc` as a process of its own: a replay in a new process (it can only hit L3 on disk) and a bad
+trace's one line from the console script."""
 
 import json
 import subprocess
@@ -59,12 +60,12 @@ def store(tmp_path):
 
 def test_init_is_idempotent_for_the_same_layout_and_refuses_another(tmp_path):
     path = tmp_path / "s"
-    first = json.loads(kvc("init", "--store", path, "--json", check_rc=0).stdout)
+    first = as_json(invoke("init", "--store", path, "--json"))
     assert first["created"] is True and first["layout"]["page_size"] == 16 and first["bytes_per_page"] == 16384
-    again = json.loads(kvc("init", "--store", path, "--json", check_rc=0).stdout)
+    again = as_json(invoke("init", "--store", path, "--json"))
     assert again["created"] is False and again["layout_id"] == first["layout_id"]
-    other = kvc("init", "--store", path, "--page-size", "8")
-    assert other.returncode == 2 and other.stdout == ""
+    other = invoke("init", "--store", path, "--page-size", "8")
+    assert other.exit_code == 2 and other.stdout == ""
     assert other.stderr.startswith("kvc: error: ") and "page_size=8 is not in this store" in other.stderr
     assert len(other.stderr.strip().splitlines()) == 1
 
@@ -79,7 +80,7 @@ def test_init_says_what_disk_a_page_takes_against_its_payload(tmp_path):
     out = as_json(invoke("init", "--store", tmp_path / "s", "--json"))
     assert out["disk_per_payload"] == 1.302 and out["disk_per_page"] == round(out["disk_per_payload"] * 16384)
     tokens = ",".join(str(t) for t in range(1, 16 * 512 + 1))  # 512 pages of 16 tokens, in one chain
-    assert kvc("put", "--store", tmp_path / "s", "--extra-key", "t", "--tokens", tokens, check_rc=0).returncode == 0
+    assert invoke("put", "--store", tmp_path / "s", "--extra-key", "t", "--tokens", tokens).exit_code == 0
     footprint = (tmp_path / "s" / "data.mdb").stat().st_size
     assert 0.9 <= footprint / (512 * out["disk_per_page"]) <= 1.1
 
@@ -228,16 +229,19 @@ def test_replay_verify_is_clean_in_every_mode_and_policy(store, tmp_path, mode, 
 
 
 def test_replay_in_a_new_process_hits_l3_and_the_snapshot_audits_clean(store, tmp_path):
+    # the first replay fills the store from this process; the second runs in a process of its own, which holds
+    # nothing of the first in memory: what it hits in storage it read from the store on disk
     trace = _trace(tmp_path, 400, seed=2)
-    first = json.loads(kvc("replay", trace, "--store", store, "--verify", "--json", check_rc=0).stdout)
+    first = as_json(invoke("replay", trace, "--store", store, "--verify", "--json"))
     assert first["hit_tokens"]["storage"] == 0  # an empty store
     snap = tmp_path / "snap.bin"
     second = json.loads(kvc("replay", trace, "--store", store, "--verify", "--prefetch-policy", "wait_complete",
                             "--snapshot-out", snap, "--json", check_rc=0).stdout)
     assert second["hit_tokens"]["storage"] > 0 and second["verify_mismatches"] == 0 and second["audit"]["ok"]
-    audit = json.loads(kvc("audit", "--snapshot", snap, "--json", check_rc=0).stdout)
+    audit = as_json(invoke("audit", "--snapshot", snap, "--json"))
     assert audit["ok"] is True
-    human = kvc("replay", trace, "--store", store, "--verify", check_rc=0)
+    human = invoke("replay", trace, "--store", store, "--verify")
+    assert human.exit_code == 0, human.output
     assert "tenant-0" in human.stdout and "verify:" in human.stdout and "audit: ok" in human.stdout
 
 
@@ -277,18 +281,18 @@ def test_replay_verify_failure_exits_1(store, tmp_path, monkeypatch):
 
 def test_generate_writes_a_trace_replay_accepts(store, tmp_path):
     out = tmp_path / "g.jsonl"
-    doc = json.loads(kvc("generate", out, "--requests", 50, "--tenants", 2, "--json", check_rc=0).stdout)
+    doc = as_json(invoke("generate", out, "--requests", 50, "--tenants", 2, "--json"))
     assert doc["requests"] == 50 and len(out.read_text().splitlines()) == 50
     assert as_json(invoke("replay", out, "--store", store, "--json"))["requests"] == 50
 
 
 def test_demo_small_runs_cold_then_warm_and_passes_its_checks():
-    proc = kvc("demo", "--requests", 150, "--tenants", 2, "--json", check_rc=0)
-    doc = json.loads(proc.stdout)
+    doc = as_json(invoke("demo", "--requests", 150, "--tenants", 2, "--json"))
     assert doc["ok"] is True and doc["store_ok"] is True and doc["requests"] == 150
     assert doc["warm"]["hit_tokens"]["storage"] > 0
     assert {t["namespace"]["extra_key"] for t in doc["tenants"]} == {"tenant-0", "tenant-1"}
-    human = kvc("demo", "--requests", 100, "--tenants", 2, check_rc=0)
+    human = invoke("demo", "--requests", 100, "--tenants", 2)
+    assert human.exit_code == 0, human.output
     assert "what L3 saved each tenant" in human.stdout and "all checks passed" in human.stdout
 
 

@@ -45,13 +45,20 @@ def samples(text):
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-@pytest.fixture
-def named_store(tmp_path):
-    path = tmp_path / "store"
+@pytest.fixture(scope="module")
+def named(tmp_path_factory):
+    """A store holding one namespace of 10 pages for each of NAMES (salt `s`), written once."""
+    path = tmp_path_factory.mktemp("named") / "store"
     invoke("init", "--store", path, "--page-size", 4, "--layers", 1, "--kv-heads", 1, "--head-dim", 16)
     for name in NAMES:
         invoke("put", "--store", path, "--extra-key", name, "--tokens", TOKENS, KVC_SALT="s")
     return path
+
+
+@pytest.fixture
+def named_store(named, tmp_path):
+    """This test's copy of the named store."""
+    return Path(shutil.copytree(named, tmp_path / "store"))
 
 
 def test_untrusted_names_are_escaped_and_whitespace_shows(named_store):

@@ -8,12 +8,14 @@ f3c3857 answered that user's audit of a healthy store with `structure_corrupt ..
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from clirun import KVC, in_process
+from kvcache.storage.lmdb.env import ENVS
 from read_only_user import NO_CAPS, files_and_mtimes, read_only_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,27 +23,34 @@ TOKENS = ",".join(map(str, range(1, 50)))
 NOTE = "read lock-free and read-only (this user cannot write its lock.mdb)"
 
 
-def kvc(*args, caps=True, env=None):
-    cmd = [*([] if caps else NO_CAPS), str(KVC), *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+def kvc(*args, env=None):
+    """kvc run by the store's owner, in this process (what it prints, its exit code, the files it leaves)."""
+    return in_process(*args, env=env)
 
 
 def as_monitor(*args, env=None):
-    """kvc run as a user who may only read the store (see read_only_user)."""
-    return kvc(*args, caps=False, env=env)
+    """kvc run as a user who may only read the store (see read_only_user): a process of its own, without the
+    capabilities that let root write anything."""
+    return subprocess.run([*NO_CAPS, str(KVC), *map(str, args)], capture_output=True, text=True, timeout=120,
+                          env=env)
 
 
-@pytest.fixture
-def store(tmp_path):
-    """A store with two tenants, made by its owner in this process (what is tested runs in processes of its own:
-    the monitoring user's, and `--read-only`'s, whose files on disk are compared)."""
-    s = tmp_path / "store"
+@pytest.fixture(scope="module")
+def owners_store(tmp_path_factory):
+    """A store with two tenants, made by its owner in this process, once: each test reads or changes a copy."""
+    s = tmp_path_factory.mktemp("owner") / "store"
     assert in_process("init", "--store", s).returncode == 0
     for tenant in ("t1", "t2"):
         put = in_process("put", "--store", s, "--extra-key", tenant, "--tokens", TOKENS,
                          env=dict(os.environ, KVC_SALT="s"))
         assert put.returncode == 0, put.stderr
     return s
+
+
+@pytest.fixture
+def store(owners_store, tmp_path):
+    """This test's copy of the owner's store."""
+    return Path(shutil.copytree(owners_store, tmp_path / "store"))
 
 
 def test_the_audit_of_a_healthy_store_read_by_a_monitoring_account_is_clean(store):
@@ -79,6 +88,9 @@ def test_ns_ls_ns_show_and_stats_give_a_monitoring_account_their_normal_results(
 def test_read_only_writes_nothing_to_the_store_directory(store, command):
     os.unlink(store / "lock.mdb")  # a locked open creates it: a write even a file listing sees
     before = files_and_mtimes(store)
+    # --read-only runs in this process: it holds no environment of the store between commands, so the command
+    # opens the store afresh, as a process of its own would (the first open in a process decides its locking)
+    assert os.path.realpath(store) not in ENVS
     result = kvc(*command, "--read-only", "--store", store, env=dict(os.environ, KVC_SALT="s"))
     assert result.returncode == 0, result.stderr
     assert files_and_mtimes(store) == before
@@ -87,7 +99,7 @@ def test_read_only_writes_nothing_to_the_store_directory(store, command):
     # and with the lock file there, it is not touched either
     assert kvc("stats", "--store", store).returncode == 0
     before = files_and_mtimes(store)
-    assert "lock.mdb" in before
+    assert "lock.mdb" in before and os.path.realpath(store) not in ENVS
     assert kvc(*command, "--read-only", "--store", store, env=dict(os.environ, KVC_SALT="s")).returncode == 0
     assert files_and_mtimes(store) == before
 

@@ -1,9 +1,14 @@
 """`kvc audit --repair` never destroys (issue 25, item 1), through the installed `kvc` as a real subprocess: the
-report's reproduction (meta pages zeroed, then audit, then repair) and a data file that is not LMDB."""
+report's reproduction (meta pages zeroed, then audit, then repair) and a data file that is not LMDB.
+
+Each test damages a copy of one healthy store made once, in this process; every command on a damaged data file (or
+on what a repair left of it) runs in a process of its own: a SIGBUS on a torn file would take pytest down with it.
+A store whose data file is whole (another key in its key file) is answered in this process."""
 
 import glob
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -16,26 +21,42 @@ def kvc(*args):
     return subprocess.run([str(KVC), *map(str, args)], capture_output=True, text=True, timeout=300)
 
 
-@pytest.fixture
-def store(tmp_path):
-    """A healthy store, made in this process; what is tested runs on it once damaged, in processes of its own (a
-    SIGBUS on a torn file would take pytest down with it)."""
-    path = tmp_path / "s"
+KEY = "e7" * 32  # a fixed key: where each record lies in the file, so what a cut keeps, is the same every run
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory) -> Path:
+    """A healthy store of 50 pages (one chain of 200 tokens in pages of 4, unsalted, under KEY), made once in this
+    process; each test damages a copy of its own (`_stored`)."""
+    path = tmp_path_factory.mktemp("healthy") / "d"
+    env = dict(os.environ, KVC_FINGERPRINT_KEY=KEY, KVC_SALT="")
     for argv in (("init", "--store", path, "--page-size", "4"),
-                 ("put", "--store", path, "--extra-key", "t1", "--salt", "", "--tokens", ",".join(map(str, range(200))))):
-        done = in_process(*argv)
+                 ("put", "--store", path, "--extra-key", "t1", "--tokens", ",".join(map(str, range(200))))):
+        done = in_process(*argv, env=env)
         assert done.returncode == 0, done.stdout + done.stderr
     return path
 
 
-def pages(path) -> int:
-    done = kvc("stats", "--store", path, "--json")
+def _stored(healthy: Path, tmp_path: Path) -> Path:
+    """A copy of the healthy store, for a test to damage."""
+    return Path(shutil.copytree(healthy, tmp_path / "d"))
+
+
+@pytest.fixture
+def store(healthy, tmp_path):
+    return _stored(healthy, tmp_path)
+
+
+def pages(path, *, damaged=True) -> int:
+    """The pages `kvc stats` counts in the store at `path`: in a process of its own once the store was `damaged`
+    (or repaired), else in this one."""
+    done = kvc("stats", "--store", path, "--json") if damaged else in_process("stats", "--store", path, "--json")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)["pages"]
 
 
 def test_repair_of_zeroed_meta_pages_keeps_the_pages_and_the_original_file(store):
-    before = pages(store)
+    before = pages(store, damaged=False)
     assert before == 50
     with open(store / "data.mdb", "r+b") as f:
         f.write(b"\0" * 8192)  # the report's reproduction
@@ -71,24 +92,11 @@ def test_a_data_file_that_is_not_lmdb_is_refused_without_force(store):
 
 
 def test_force_goes_with_repair(store):
-    done = kvc("audit", "--store", store, "--force")
+    done = in_process("audit", "--store", store, "--force")  # a healthy store: this process
     assert done.returncode == 2 and "--force goes with --repair" in done.stderr
 
 
 # --- issue 36: a damaged store answered in one line by every command, repairs that know what they lose ----------
-
-KEY = "e7" * 32  # a fixed key: where each record lies in the file, so what a cut keeps, is the same every run
-
-
-def _stored(tmp_path) -> Path:
-    path = tmp_path / "d"
-    env = dict(os.environ, KVC_FINGERPRINT_KEY=KEY)
-    for argv in (("init", "--store", path, "--page-size", "4"),
-                 ("put", "--store", path, "--extra-key", "t1", "--tokens", ",".join(map(str, range(200))))):
-        done = subprocess.run([str(KVC), *map(str, argv)], capture_output=True, text=True, timeout=300,
-                              env=dict(env, KVC_SALT=""))
-        assert done.returncode == 0, done.stderr
-    return path
 
 
 def _one_line(done, *words):
@@ -98,9 +106,9 @@ def _one_line(done, *words):
     assert all(w in line for w in words), line
 
 
-def test_a_data_file_cut_to_half_is_one_line_everywhere_never_a_sigbus(tmp_path):
+def test_a_data_file_cut_to_half_is_one_line_everywhere_never_a_sigbus(healthy, tmp_path):
     # ebaf189: every command, `kvc audit` included, died of SIGBUS (exit 135 from a shell) and printed nothing
-    path = _stored(tmp_path)
+    path = _stored(healthy, tmp_path)
     data = path / "data.mdb"
     os.truncate(data, data.stat().st_size // 2)
     audit = kvc("audit", "--store", path, "--json")
@@ -120,9 +128,9 @@ def test_a_data_file_cut_to_half_is_one_line_everywhere_never_a_sigbus(tmp_path)
     assert kvc("audit", "--store", path).returncode == 0 and pages(path) == 0
 
 
-def test_an_empty_data_file_is_a_finding_and_force_replaces_it(tmp_path):
+def test_an_empty_data_file_is_a_finding_and_force_replaces_it(healthy, tmp_path):
     # ebaf189: `not_a_store` (exit 2, no finding), and `--repair --force` refused though the docs say it replaces
-    path = _stored(tmp_path)
+    path = _stored(healthy, tmp_path)
     os.truncate(path / "data.mdb", 0)
     audit = kvc("audit", "--store", path, "--json")
     assert audit.returncode == 1, audit.stderr
@@ -137,18 +145,19 @@ def test_an_empty_data_file_is_a_finding_and_force_replaces_it(tmp_path):
     assert kvc("audit", "--store", path).returncode == 0 and pages(path) == 0
 
 
-def test_another_valid_key_is_named_exits_4_and_the_repair_deletes_nothing(tmp_path):
-    # ebaf189: every namespace's first page an `orphan`, no word of the key, and `--repair` deleted every page
-    path = _stored(tmp_path)
+def test_another_valid_key_is_named_exits_4_and_the_repair_deletes_nothing(healthy, tmp_path):
+    # ebaf189: every namespace's first page an `orphan`, no word of the key, and `--repair` deleted every page.
+    # The data file is whole (only the key file differs): every command runs in this process
+    path = _stored(healthy, tmp_path)
     (path / "fingerprint.key").write_text("5e" * 32 + "\n")
-    audit = kvc("audit", "--store", path, "--json")
+    audit = in_process("audit", "--store", path, "--json")
     assert audit.returncode == 4, (audit.returncode, audit.stdout)
     (finding,) = json.loads(audit.stdout)["violations"]
     assert finding["kind"] == "key_mismatch"
     assert "this store's key file is not the key its pages were written under" in finding["detail"]
-    _one_line(kvc("audit", "--store", path, "--repair"), "not the key its pages were written under",
+    _one_line(in_process("audit", "--store", path, "--repair"), "not the key its pages were written under",
               "nothing was changed")
     for argv in (("stats",), ("ns", "ls"), ("put", "--extra-key", "t2", "--tokens", "1,2,3,4")):
-        _one_line(kvc(*argv, "--store", path), "not the key its pages were written under", "restore")
+        _one_line(in_process(*argv, "--store", path), "not the key its pages were written under", "restore")
     (path / "fingerprint.key").write_text(KEY + "\n")  # the right key restored: everything is there
-    assert kvc("audit", "--store", path).returncode == 0 and pages(path) == 50
+    assert in_process("audit", "--store", path).returncode == 0 and pages(path, damaged=False) == 50

@@ -1,6 +1,7 @@
-"""`kvc version` and `kvc ping --socket S`, as a user runs them: subprocesses of the installed kvc, a real
-`kvc serve` on an LMDB store made by `kvc init` (ready once its --json ready line is read: no sleeps), and a
-socket that accepts and never answers (a hung server) for the timeout."""
+"""`kvc version` and `kvc ping --socket S`, as a user runs them: `kvc version` as a subprocess of the installed kvc
+(what the console script prints and imports), `kvc ping` in this process against a real `kvc serve` in its own, on
+an LMDB store made by `kvc init` (ready once its --json ready line is read: no sleeps), and a socket that accepts
+and never answers (a hung server) for the timeout."""
 
 import importlib.metadata
 import json
@@ -22,10 +23,17 @@ from kvcache.storage.codec import FORMAT_VERSION
 KVC = clirun.KVC
 
 
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("KVC_")}  # a KVC_SOCKET of the caller would answer
+
+
 def kvc(*args, timeout=120):
-    """The installed kvc as a subprocess, without the caller's KVC_* settings (a KVC_SOCKET would answer)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVC_")}
-    return subprocess.run([str(KVC), *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env)
+    """The installed kvc as a subprocess, without the caller's KVC_* settings."""
+    return subprocess.run([str(KVC), *map(str, args)], capture_output=True, text=True, timeout=timeout, env=ENV)
+
+
+def here(*args):
+    """kvc in this process (a client of the server: what it prints and its exit code), without KVC_* settings."""
+    return clirun.in_process(*args, env=ENV)
 
 
 # --- kvc version ----------------------------------------------------------------------------------------------
@@ -95,29 +103,42 @@ class Server:
             self.proc.stdout.close()
 
 
-@pytest.fixture
-def server(tmp_path):
-    store = tmp_path / "store"
-    made = kvc("init", "--store", store, "--page-size", 4, "--layers", 1, "--kv-heads", 1, "--head-dim", 8)
+def _serving(folder: Path) -> Server:
+    store = folder / "store"
+    made = here("init", "--store", store, "--page-size", 4, "--layers", 1, "--kv-heads", 1, "--head-dim", 8)
     assert made.returncode == 0, made.stderr
-    srv = Server(store, tmp_path / "s.sock")
+    return Server(store, folder / "s.sock")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A `kvc serve` the tests that only ask it share."""
+    srv = _serving(tmp_path_factory.mktemp("serve"))
+    yield srv
+    assert srv.stop() == 0
+
+
+@pytest.fixture
+def own_server(tmp_path):
+    """A `kvc serve` of a test's own (it stops it)."""
+    srv = _serving(tmp_path)
     yield srv
     if srv.proc.poll() is None:
         assert srv.stop() == 0
 
 
 def test_ping_a_live_serve_answers_with_its_pid_in_one_line(server):
-    out = kvc("ping", "--socket", server.sock)
+    out = here("ping", "--socket", server.sock)
     assert out.returncode == 0, out.stderr
     assert out.stderr == ""
     assert len(out.stdout.splitlines()) == 1
     assert f"by pid {server.proc.pid} " in out.stdout and " ms " in out.stdout
-    before = kvc("--socket", server.sock, "ping")  # the global --socket (and KVC_SOCKET) works too
+    before = here("--socket", server.sock, "ping")  # the global --socket (and KVC_SOCKET) works too
     assert before.returncode == 0 and f"pid {server.proc.pid}" in before.stdout
 
 
 def test_ping_json_carries_the_servers_answer(server):
-    out = kvc("ping", "--socket", server.sock, "--timeout", 60, "--json")
+    out = here("ping", "--socket", server.sock, "--timeout", 60, "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert list(doc) == ["socket", "rtt_ms", "server"]
@@ -128,13 +149,14 @@ def test_ping_json_carries_the_servers_answer(server):
     assert doc["server"]["device_tokens"] == 256 and doc["server"]["host_tokens"] == 512
 
 
-def test_ping_after_the_server_stopped_is_one_line_and_exit_2(server):
+def test_ping_after_the_server_stopped_is_one_line_and_exit_2(own_server):
+    server = own_server
     assert server.stop() == 0
-    out = kvc("ping", "--socket", server.sock)
+    out = here("ping", "--socket", server.sock)
     assert out.returncode == 2
     assert out.stdout == ""
     assert out.stderr.count("\n") == 1 and out.stderr.startswith("kvc: error: ")
-    as_json = kvc("ping", "--socket", server.sock, "--json")
+    as_json = here("ping", "--socket", server.sock, "--json")
     assert as_json.returncode == 2
     assert json.loads(as_json.stdout)["error"]["kind"] == "admin_unavailable"
 
@@ -144,14 +166,14 @@ def test_ping_of_a_server_that_never_answers_times_out_with_exit_2(tmp_path):
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as hung:
         hung.bind(str(path))
         hung.listen(8)  # connections queue in the backlog and are never read: a server stuck in a step
-        out = kvc("ping", "--socket", path, "--timeout", 0.2, "--json")
+        out = here("ping", "--socket", path, "--timeout", 0.2, "--json")
     assert out.returncode == 2
     assert json.loads(out.stdout)["error"]["kind"] == "admin_timeout"
     assert out.stderr.count("\n") == 1 and "no answer within 0.2 s" in out.stderr
 
 
 def test_ping_without_a_socket_or_with_a_bad_timeout_is_usage(tmp_path):
-    none = kvc("ping")
+    none = here("ping")
     assert none.returncode == 2 and "give --socket" in none.stderr
-    bad = kvc("ping", "--socket", tmp_path / "s.sock", "--timeout", 0)
+    bad = here("ping", "--socket", tmp_path / "s.sock", "--timeout", 0)
     assert bad.returncode == 2 and "--timeout" in bad.stderr
