@@ -1,6 +1,7 @@
 """The user docs (docs/*.md, the runbooks' headers, `--help`) say what the code does: each claim a test can check is
-checked against what kvc really prints — subprocesses of the installed kvc on a real LMDB store, and a real
-`kvc serve` (ready once its --json ready line is read) for the live commands' JSON."""
+checked against what kvc really prints — kvc run in this process (`clirun.in_process`: the console script's main
+and error contract) on a real LMDB store, and a real `kvc serve` process (ready once its --json ready line is read)
+for the live commands' JSON."""
 
 import json
 import os
@@ -25,11 +26,10 @@ KVC = clirun.KVC
 SALT = "docs-test-salt-1"
 
 
-def kvc(*args, cwd=None, env=None, timeout=120):
-    """The installed kvc as a subprocess, without the caller's KVC_* settings (plus `env`)."""
+def kvc(*args, env=None):
+    """kvc in this process, without the caller's KVC_* settings (plus `env`)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("KVC_")}
-    return subprocess.run([str(KVC), *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env={**base, **(env or {})})
+    return clirun.in_process(*args, env={**base, **(env or {})})
 
 
 def ok_json(*args, **kw):
@@ -84,12 +84,13 @@ def test_trace_format_documents_every_field_of_a_trace_line():
     assert rows == set(TraceRequest.__struct_fields__)
 
 
-def test_trace_format_names_the_salts_kvc_generate_writes(tmp_path):
+def test_trace_format_names_the_salts_kvc_generate_writes(tmp_path, monkeypatch):
     text = (DOCS / "trace-format.md").read_text()
     patterns = set(re.findall(r"`([\w-]*<[\w<>-]*)`", text))  # the placeholder forms: `tenant-<i>`, `salt-...`
     salt_forms = [p for p in patterns if "salt" in p]
     assert len(salt_forms) == 1, patterns
-    doc = ok_json("generate", "trace.jsonl", "--requests", 40, "--tenants", 3, "--seed", 7, "--json", cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)  # a path relative to where kvc runs
+    doc = ok_json("generate", "trace.jsonl", "--requests", 40, "--tenants", 3, "--seed", 7, "--json")
     assert doc["spec"]["seed"] == 7
     lines = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
     written = {(r["extra_key"], r["cache_salt"]) for r in lines}

@@ -21,8 +21,11 @@ def test_library_quickstart():
 
 import json  # noqa: E402
 import os  # noqa: E402
+import shutil  # noqa: E402
 
 import pytest  # noqa: E402
+
+import clirun  # noqa: E402
 
 KVC_BIN = Path(sys.executable).parent
 SALTS = ("t1-example-salt", "t2-example-salt", "acme-salt", "globex-salt")
@@ -50,20 +53,37 @@ def test_embed_scheduler_hits_l3_on_its_second_run(tmp_path):
     assert "0 mismatches; audit ok=True" in second.stdout
 
 
-@pytest.fixture
-def runbook_env(tmp_path):
-    """A store holding the sample trace's pages, and the environment a runbook runs in."""
-    env = dict(os.environ, PATH=f"{KVC_BIN}{os.pathsep}{os.environ['PATH']}", KVC_STORE=str(tmp_path / "store"))
-    assert _run(["kvc", "init"], env=env).returncode == 0
-    replay = _run(["kvc", "replay", ROOT / "examples" / "traces" / "two_tenants.jsonl", "--verify", "--batch", "1",
-                   "--json"], env=env)
+def _in_process(*args, env):
+    """kvc `args` in this process (what the tests' own set-up and checks run: no process start per command)."""
+    ran = clirun.in_process(*args, env=env)
+    for salt in SALTS:
+        assert salt not in ran.stdout + ran.stderr
+    return ran
+
+
+@pytest.fixture(scope="module")
+def runbook_store(tmp_path_factory):
+    """A store holding the sample trace's pages, made once for the module (in this process: the runbooks, not
+    its set-up, are what runs as a user would); each test gets its own copy (`runbook_env`)."""
+    store = tmp_path_factory.mktemp("runbook") / "store"
+    env = dict(os.environ, KVC_STORE=str(store))
+    assert _in_process("init", env=env).returncode == 0
+    replay = _in_process("replay", ROOT / "examples" / "traces" / "two_tenants.jsonl", "--verify", "--batch", "1",
+                         "--json", env=env)
     assert replay.returncode == 0, replay.stderr
     doc = json.loads(replay.stdout)
     assert doc["requests"] == 6 and doc["verify_mismatches"] == 0
     # the sample trace: t1 and t2 send the same token ids; only t1's second turn and t2's reuse their own prefix
     hits = {n["namespace"]["extra_key"]: sum(n["hit_tokens"].values()) for n in doc["namespaces"]}
     assert hits == {"t1": 32 + 32, "t2": 32, None: 0}
-    return env
+    return store
+
+
+@pytest.fixture
+def runbook_env(runbook_store, tmp_path):
+    """A copy of the module's store, and the environment a runbook runs in."""
+    store = shutil.copytree(runbook_store, tmp_path / "store")
+    return dict(os.environ, PATH=f"{KVC_BIN}{os.pathsep}{os.environ['PATH']}", KVC_STORE=str(store))
 
 
 def _runbook(name, env, *args, **extra):
@@ -124,7 +144,7 @@ def test_nightly_audit_runs_never_overlap(runbook_env, tmp_path):
 
 
 def _ns_rows(env):
-    listing = _run(["kvc", "ns", "ls", "--json"], env=env)
+    listing = _in_process("ns", "ls", "--json", env=env)
     assert listing.returncode == 0, listing.stderr
     return {r["extra_key"]: r for r in json.loads(listing.stdout)["namespaces"]}
 

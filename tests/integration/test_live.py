@@ -1,6 +1,6 @@
 """Live mode end to end: `kvc serve` as a real subprocess on a temp socket and an LMDB store made by `kvc init`,
-driven by the kvc commands with --socket (in process through CliRunner, and as subprocesses), by raw fuzzed
-frames, and stopped by signals."""
+driven by the kvc commands with --socket (in process through CliRunner; a replay as a subprocess, audited while it
+runs), by raw fuzzed frames, and stopped by signals."""
 
 import json
 import os
@@ -116,8 +116,7 @@ def test_prefetch_of_a_namespace_warms_l2_as_ns_ls_shows(served):
     invoke("--socket", sock, "ns", "evict", "t1", "--salt", SALT)
     before = _ns_row(sock, "t1")
     assert before["host"]["tokens"] == 0 and before["storage"]["pages"] == 21
-    out = kvc("--socket", sock, "prefetch", "--extra-key", "t1", "--salt", SALT, "--json", check_rc=0)
-    doc = json.loads(out.stdout)
+    doc = as_json(invoke("--socket", sock, "prefetch", "--extra-key", "t1", "--salt", SALT, "--json"))
     assert {"requested_tokens", "hit_tokens", "pages", "bytes", "seconds", "namespace"} <= set(doc)
     fingerprint = Namespace("t1", SALT).fingerprint(read_key(store))  # the server shows its store's key's
     assert doc["hit_tokens"] == 84 and doc["namespace"]["salt_fingerprint"] == fingerprint
@@ -264,7 +263,7 @@ def test_a_live_ns_drop_offboards_a_tenant_from_every_tier_without_writing_back(
     server = Server(str(store), str(tmp_path / "s.sock"), "--write-policy", "write_back")
     try:
         sock = server.sock
-        kvc("--socket", sock, "prefetch", "--extra-key", "t1", "--salt", SALT, check_rc=0)  # t1 in L2 as well
+        assert invoke("--socket", sock, "prefetch", "--extra-key", "t1", "--salt", SALT).exit_code == 0  # L2 too
         assert _ns_row(sock, "t1")["host"]["tokens"] == 84
         doc = as_json(invoke("--socket", sock, "ns", "drop", "t1", "--salt", SALT, "--yes", "--json"))
         assert doc["host_pages"] == 21 and doc["store_pages"] == 21 and doc["live_requests"] == 0
@@ -294,8 +293,7 @@ def test_sigterm_stops_cleanly_a_live_socket_is_refused_a_stale_one_taken_over(t
     assert doc["hit_tokens"] == 76 and doc["verify_mismatches"] == 0
     assert second.stop(signal.SIGTERM) == 0
     assert not os.path.exists(sock) and "stopped after" in second.stderr
-    audit = kvc("audit", "--store", store, "--json", check_rc=0)
-    assert json.loads(audit.stdout)["ok"] is True
+    assert as_json(invoke("audit", "--store", store, "--json"))["ok"] is True
 
 
 def test_ns_ls_pattern_is_a_glob_on_extra_key_offline_and_live(served):

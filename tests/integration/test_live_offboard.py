@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_live import KVC, PROMPT, SALT, Server, as_json, invoke, kvc, make_store
+from test_live import KVC, PROMPT, SALT, Server, as_json, invoke, make_store
 
 from redis_server import redis_server  # noqa: F401  (session fixture)
 
@@ -38,7 +38,7 @@ def _hold_unstored_pages_of_t1(sock: str, tmp_path: Path) -> int:
         for i in range(NEW_TAILS):
             f.write(json.dumps({"rid": f"r{i}", "tokens": PROMPT + [100 + i] * 16, "extra_key": "t1",
                                 "cache_salt": SALT}) + "\n")
-    kvc("--socket", sock, "replay", trace, "--json", check_rc=0)
+    as_json(invoke("--socket", sock, "replay", trace, "--json"))
     row = _live_rows(sock)["t1"]
     assert row["pages"] == 21  # the store was not written: write-back writes on eviction only
     return row["device"]["pages"] + row["host"]["pages"]
@@ -62,18 +62,18 @@ def test_an_offline_drop_of_a_tenant_a_live_cache_holds_is_refused_and_one_throu
         salt_file = tmp_path / "t1.salt"
         salt_file.write_text(SALT)
         salt_file.chmod(0o600)  # private, as a salt file must be: no warning line
-        refused = kvc("ns", "drop", "--store", store, "t1", "--salt-file", salt_file, "--yes")
-        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+        refused = invoke("ns", "drop", "--store", store, "t1", "--salt-file", salt_file, "--yes")
+        assert refused.exit_code == 2 and refused.stderr.count("\n") == 1, refused.stderr
         assert f"held by a live cache serving this store ({sock})" in refused.stderr
         assert _store_rows(store)["t1"]["pages"] == 21  # nothing was dropped
-        by_id = kvc("ns", "drop", "--store", store, "--id", t1_id, "--yes")
-        assert by_id.returncode == 2 and sock in by_id.stderr
+        by_id = invoke("ns", "drop", "--store", store, "--id", t1_id, "--yes")
+        assert by_id.exit_code == 2 and sock in by_id.stderr
         # a tenant the store has never seen, only the live cache (write-back): refused as well, not "not there"
         new = tmp_path / "t3.jsonl"
         new.write_text(json.dumps({"rid": "n", "tokens": PROMPT, "extra_key": "t3", "cache_salt": SALT}) + "\n")
-        kvc("--socket", sock, "replay", new, "--json", check_rc=0)
-        unstored = kvc("ns", "drop", "--store", store, "t3", "--salt-file", salt_file, "--yes", "--missing-ok")
-        assert unstored.returncode == 2 and sock in unstored.stderr and "t3" not in _store_rows(store)
+        as_json(invoke("--socket", sock, "replay", new, "--json"))
+        unstored = invoke("ns", "drop", "--store", store, "t3", "--salt-file", salt_file, "--yes", "--missing-ok")
+        assert unstored.exit_code == 2 and sock in unstored.stderr and "t3" not in _store_rows(store)
         dry = as_json(invoke("ns", "drop", "--store", store, "--id", t1_id, "--dry-run", "--json"))
         assert dry["dry_run"] is True and dry["dropped"] is False and dry["store_pages"] == 21
         assert dry["live_caches"] == [sock] and dry["device_pages"] + dry["host_pages"] > 16
@@ -115,7 +115,7 @@ def _two_caches_one_drop(store: str, tmp_path: Path) -> None:
         # a new request of t1 after the drop is a new use: the second cache stores it again, as it should
         again = tmp_path / "again.jsonl"
         again.write_text(json.dumps({"rid": "n", "tokens": PROMPT, "extra_key": "t1", "cache_salt": SALT}) + "\n")
-        kvc("--socket", second.sock, "replay", again, "--json", check_rc=0)
+        as_json(invoke("--socket", second.sock, "replay", again, "--json"))
         as_json(invoke("--socket", second.sock, "ns", "evict", "t1", "--salt", SALT, "--json"))
         assert _store_rows(store)["t1"]["pages"] == 16
     finally:

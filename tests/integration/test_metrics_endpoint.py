@@ -38,7 +38,7 @@ class Serve:
     def __init__(self, root: Path, *extra) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.root, self.store, self.sock = root, root / "store", root / "admin.sock"
-        assert kvc("init", "--store", self.store, "--page-size", 4).returncode == 0
+        assert clirun.in_process("init", "--store", self.store, "--page-size", 4).returncode == 0
         self.proc = subprocess.Popen([str(KVC), "serve", "--store", str(self.store), "--socket", str(self.sock),
                                       "--json", *map(str, extra)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
@@ -63,7 +63,7 @@ class Serve:
         trace = self.root / "trace.jsonl"
         trace.write_text("".join(json.dumps({"rid": f"r{i}", "tokens": list(range(1, 41)), "extra_key": extra_key,
                                              "cache_salt": "s"}) + "\n" for i in range(2)))
-        done = kvc("--socket", self.sock, "replay", trace, "--json")
+        done = clirun.in_process("--socket", self.sock, "replay", trace, "--json")  # a client: no process needed
         assert done.returncode == 0, done.stderr
 
 
@@ -107,12 +107,17 @@ def test_the_endpoint_is_off_unless_asked_for_and_its_options_are_checked(tmp_pa
     finally:
         assert server.stop() == 0
     assert "metrics" not in server.stderr
+    # refused before the store is opened: in this process, with an admin socket in a directory that is not there,
+    # so that a check that let them through could never serve (and hang this process): it fails to bind instead
     for args, says in ((["--metrics-addr", "127.0.0.1"], "--metrics-addr needs --metrics-port"),
                        (["--metrics-port", 0, "--metrics-socket", tmp_path / "m.sock"], "give one"),
-                       (["--metrics-port", 0, "--metrics-idle-timeout", 0], "--metrics-idle-timeout 0"),
-                       (["--metrics-port", 0, "--metrics-addr", "not an address"], "--metrics-port 0 on")):
-        bad = kvc("serve", "--store", server.store, "--socket", tmp_path / "b.sock", *args, timeout=60)
+                       (["--metrics-port", 0, "--metrics-idle-timeout", 0], "--metrics-idle-timeout 0")):
+        bad = clirun.in_process("serve", "--store", server.store, "--socket", tmp_path / "none" / "b.sock", *args)
         assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and says in bad.stderr, bad.stderr
+    # refused when the endpoint fails to bind, after the serve set its SIGTERM and SIGINT handlers: a process of its own
+    bad = kvc("serve", "--store", server.store, "--socket", tmp_path / "b.sock", "--metrics-port", 0,
+              "--metrics-addr", "not an address", timeout=60)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--metrics-port 0 on" in bad.stderr, bad.stderr
 
 
 def test_loopback_by_default_and_one_warning_for_a_wildcard_address(tmp_path):

@@ -19,8 +19,9 @@ def run(*args):
 
 def test_ten_thousand_requests_replay_verified(tmp_path):
     store, trace = tmp_path / "store", tmp_path / "t.jsonl"
-    run("init", "--store", store)
-    run("generate", trace, "--requests", 10000)
+    for args in (("init", "--store", store), ("generate", trace, "--requests", 10000)):  # set-up: in this process
+        made = clirun.in_process(*args)
+        assert made.returncode == 0, made.stderr
     start = time.perf_counter()
     doc = json.loads(run("replay", trace, "--store", store, "--verify", "--json").stdout)
     wall = time.perf_counter() - start

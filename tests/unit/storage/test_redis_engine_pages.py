@@ -7,7 +7,6 @@ access folding (every page a read served gets its time, the deepest its hit) and
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -262,15 +261,16 @@ def test_a_full_server_refuses_whole_engine_batches_and_the_next_batch_hangs_fro
     store.close()
 
 
+# The layout comes as JSON (LAYOUT's): the writers import the store's modules alone, not the test factories (and
+# torch with them), so they start in a fraction of a second, close enough together to race.
 ENGINE_WRITER = """
-import json, sys
+import json, msgspec
 import numpy as np
-sys.path.insert(0, {tests!r})
-from factories import make_layout
 from kvcache.storage.api import PageOutcome, engine_origins
 from kvcache.storage.registry import open_store
+from kvcache.types.layout import KVLayout
 from kvcache.types.namespace import Namespace
-layout = make_layout(4)
+layout = msgspec.json.decode({layout!r}, type=KVLayout)
 store = open_store({url!r}, layout, create=True, add_layout=True)
 keys = [(i).to_bytes(4, "big") * 8 for i in range(96)]
 written = 0
@@ -293,8 +293,8 @@ def test_writers_on_several_processes_store_each_engine_page_once(request, kind)
     standalone server, a page one script on a cluster), the registry counts each once, and the store audits
     clean whichever parent each page ended up linked under."""
     url = request.getfixturevalue(kind).store_url()
-    tests = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    procs = [subprocess.Popen([sys.executable, "-c", ENGINE_WRITER.format(tests=tests, url=url, start=4 * w)],
+    layout = msgspec.json.encode(LAYOUT).decode()
+    procs = [subprocess.Popen([sys.executable, "-c", ENGINE_WRITER.format(layout=layout, url=url, start=4 * w)],
                               stdout=subprocess.PIPE, text=True) for w in range(3)]
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0]
