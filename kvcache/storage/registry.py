@@ -4,7 +4,9 @@ entry-point name is the URL scheme (``lmdb`` for ``lmdb://PATH``; a plain path a
 
 from __future__ import annotations
 
+import functools
 import re
+import sys
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Protocol, cast
 
@@ -37,8 +39,17 @@ def scheme_of(url_or_path: str) -> str:
 
 
 def backends() -> dict[str, EntryPoint]:
-    """Registered backends: entry-point name (URL scheme) -> entry point (not yet imported)."""
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    """Registered backends: entry-point name (URL scheme) -> entry point (not yet imported), as the distributions on
+    the current `sys.path` declare them."""
+    return dict(_declared(tuple(sys.path)))
+
+
+@functools.lru_cache(maxsize=8)
+def _declared(path: tuple[str, ...]) -> tuple[tuple[str, EntryPoint], ...]:
+    # Reading every distribution's metadata costs ~5 ms, and a process opens stores many times on one path; a
+    # path that changes (a plugin's folder added) is read again. A plugin installed into a folder already on the
+    # path while the process runs is seen by the next process, as an import would be.
+    return tuple((ep.name, ep) for ep in entry_points(group=ENTRY_POINT_GROUP))
 
 
 def backend_class(scheme: str) -> StoreBackend:

@@ -34,13 +34,11 @@ from urllib.parse import quote
 
 import msgspec
 import pytest
-import typer.main
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import clirun
-from kvc.main import app
 from kvcache import WorkloadSpec, generate, write_trace
 from kvcache.storage.location import StoreLocation
 from kvcache_redis.url import parse_url
@@ -52,10 +50,9 @@ EXAMPLES = int(os.environ.get("KVC_SECRET_EXAMPLES", "1"))
 TOKENS = ",".join(str(t) for t in range(1, 33))  # 8 pages of 4
 TINY = ["--page-size", "4", "--layers", "1", "--kv-heads", "1", "--head-dim", "16"]
 REPLAY = ["--prefetch-policy", "wait_complete"]  # what a replay hits does not hang on the I/O thread's timing
-# kvc's group, built once: typer's runner builds it (and each command it resolves) again on every call, a third
-# of a run's time here. The group's `main` is the console script's; it keeps nothing of a call but the commands it
-# built (their modules stay imported in this process either way), and every run, the first included, goes through it.
-KVC_GROUP = typer.main.get_command(app)
+# kvc's group, built once (clirun.KVC_GROUP: typer's runner builds it again on every call, a third of a run's time
+# here). The group's `main` is the console script's; it keeps nothing of a call but the commands it built.
+KVC_GROUP = clirun.KVC_GROUP
 runner = CliRunner()
 
 # What differs between two runs whatever the secret: keyed digests (fingerprints, display ids, page hashes, layout
