@@ -67,6 +67,15 @@ def forward(cache: TieredCache, request, admission) -> None:
     write_kv(cache, request, admission.slots, admission.cached_tokens)
 
 
+def seed_store(store, request, **kw) -> None:
+    """Another cache (over `store`, made with `kw`) served `request` and wrote its pages to L3, then closed."""
+    w = l3_cache(store, **kw)
+    forward(w, request, w.admit(request))
+    w.commit(request.rid)
+    w.flush()
+    w.close()
+
+
 def write_kv(cache: TieredCache, request, slots, cached_tokens: int) -> None:
     """`forward` for a request's device `slots` of which the first `cached_tokens` (whole pages) were cached."""
     from kvcache.types.keys import page_hashes

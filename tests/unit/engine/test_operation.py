@@ -2,7 +2,7 @@
 
 import pytest
 
-from factories import forward, l3_cache, make_layout, make_store
+from factories import forward, l3_cache, make_layout, make_store, seed_store
 from kvcache import HostMode, Namespace, Request
 from kvcache.engine.operation import OP_OWNER_KIND, OpKind, anchor_holds, release_anchor
 from kvcache.types.tier import Tier
@@ -19,12 +19,7 @@ def test_every_op_kind_is_an_owner_kind():
 def _anchored_prefetch(tmp_path, mode):
     """A cache whose prefetch of TOKENS hangs below a 4-page prefix it holds (the anchor)."""
     store = make_store(tmp_path / "s", make_layout(4))
-    w = l3_cache(store)
-    req = Request("w", TOKENS, NS)
-    forward(w, req, w.admit(req))
-    w.commit("w")
-    w.flush()
-    w.close()
+    seed_store(store, Request("w", TOKENS, NS))
     c = l3_cache(store, host_mode=mode)
     head = Request("head", TOKENS[:16], NS)
     forward(c, head, c.admit(head))

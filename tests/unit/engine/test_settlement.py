@@ -3,7 +3,7 @@ operation whose settling fails gives back what it holds."""
 
 import pytest
 
-from factories import forward, l3_cache, make_layout, make_store
+from factories import l3_cache, make_layout, make_store, seed_store
 from kvcache import Namespace, Request, RequestIdInUse, TTLPolicy
 from kvcache.types.config import PrefetchPolicy
 
@@ -14,12 +14,7 @@ TOKENS = list(range(500, 532))  # 8 pages of 4
 @pytest.fixture
 def store(tmp_path):
     s = make_store(tmp_path / "s", make_layout(4))
-    w = l3_cache(s)
-    req = Request("w", TOKENS, NS)
-    forward(w, req, w.admit(req))
-    w.commit("w")
-    w.flush()
-    w.close()
+    seed_store(s, Request("w", TOKENS, NS))
     yield s
     s.close()
 
