@@ -6,7 +6,8 @@ the end of the run (trials, survived, lost).
 Size: the default run fits CI (about two minutes on two idle cores). `--long` (when the run names this folder,
 ``pytest tests/faults --long``) or env ``KVC_FAULTS=long`` multiplies the trials by `LONG_FACTOR`; env
 ``KVC_FAULTS=<n>`` multiplies them by n. The damage matrix (`matrix`, issue 36) runs its CI sample by default and
-its whole product under either, or with env ``KVC_DAMAGE_MATRIX=full``.
+its whole product under either, or with env ``KVC_DAMAGE_MATRIX=full``. The fork servers its trials start kvc
+from (`forks`, `engine_forks`) are tests/conftest.py's.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import pytest
 
 import faultkit
-import forkrun
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -32,19 +32,3 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         terminalreporter.write_sep("-", "fault trials")
         for line in faultkit.table().splitlines():
             terminalreporter.write_line(line)
-
-
-@pytest.fixture(scope="session")
-def forks():
-    """A server that imported kvc's store commands once, to fork a kvc process per command from (`forkrun`)."""
-    server = forkrun.Forks()
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="session")
-def engine_forks():
-    """A server that imported kvc's engine too (torch), to fork `kvc serve` and `kvc replay` from (`forkrun`)."""
-    server = forkrun.Forks(forkrun.ENGINE_MODULES)
-    yield server
-    server.close()

@@ -1,6 +1,6 @@
 """What the fault tests share (importable as `faultkit`): the trial scale, the table of outcomes, a second local
 user, the installed kvc as a subprocess, and kvc commands stopped, killed or served as processes forked from a
-server that imported kvc once (`forkrun`; the `forks` and `engine_forks` fixtures of conftest.py).
+server that imported kvc once (`forkrun`; the `forks` and `engine_forks` fixtures of tests/conftest.py).
 
 A row of the table is one kind of trial: how many ran, how many the system survived (the outcome the test
 demands), and how many lost something (committed data, a wrong byte served, a leak; for flips, pages the repair

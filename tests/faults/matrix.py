@@ -38,7 +38,7 @@ from pathlib import Path
 import msgspec
 
 HERE = Path(__file__).resolve().parent
-for _dir in (str(HERE), str(HERE.parent)):  # tests/ (lmdbpages, read_only_user) when run as a script
+for _dir in (str(HERE), str(HERE.parent)):  # tests/ (clirun, forkrun, lmdbpages, read_only_user) as a script
     if _dir not in sys.path:
         sys.path.insert(0, _dir)
 

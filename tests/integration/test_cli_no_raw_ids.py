@@ -4,11 +4,16 @@ message shows are the store's (never a random per-process key's); a live replay 
 
 On fbee4ed: an audit's `unknown_namespace` detail printed the raw id; `ns drop` of an absent namespace and
 `ns expire` without --yes printed fingerprints under a random key (a new value each run); the live replay table
-listed every tenant twice (client and server keys), with a negative "refused"."""
+listed every tenant twice (client and server keys), with a negative "refused".
+
+`kvc serve` is a process of its own forked from a server that imported kvc and torch once (`forkrun`, the
+`engine_forks` fixture); the `in_processes` runs start the console script each: a key drawn per process differs
+only between two real starts."""
 
 import json
 import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 from typing import NamedTuple
@@ -18,6 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 import clirun
+import forkrun
 from kvc.main import app
 from kvcache import Namespace, WorkloadSpec, generate, write_trace
 from kvcache.storage.keyfile import read_key
@@ -140,32 +146,35 @@ def test_no_offline_command_prints_a_raw_namespace_id_or_the_salt(tmp_path):
     run.assert_no_leaks()
 
 
-def _serve(store: Path, sock: Path, events: str | None = None):
-    proc = subprocess.Popen([str(KVC), "serve", "--store", store, "--socket", sock, "--json", "--device-tokens",
-                             "4096", "--host-tokens", "8192"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
+def _serve(forks: forkrun.Forks, store: Path, sock: Path) -> forkrun.Piped:
+    proc = forks.piped(["serve", "--store", store, "--socket", sock, "--json", "--device-tokens", "4096",
+                        "--host-tokens", "8192"])
+    line = proc.readline()
     if not line:
         proc.wait(timeout=60)
-        raise AssertionError(f"kvc serve did not start: {proc.stderr.read()}")
+        err = proc.stderr
+        proc.close()
+        raise AssertionError(f"kvc serve did not start: {err}")
     return proc
 
 
-def _stop(proc) -> str:
-    proc.terminate()
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+def _stop(proc: forkrun.Piped) -> str:
+    proc.send_signal(signal.SIGTERM)
+    out = proc.read(timeout=60)
+    code, err = proc.wait(timeout=60), proc.stderr
+    proc.close()
+    assert code == 0, err
     return out + err
 
 
-def test_no_live_command_prints_a_raw_namespace_id_or_the_salt(tmp_path):
+def test_no_live_command_prints_a_raw_namespace_id_or_the_salt(tmp_path, engine_forks):
     run = Runs()
     store = _store(tmp_path / "store", run)
     sock = tmp_path / "s.sock"
     trace = tmp_path / "trace.jsonl"
     write_trace(str(trace), generate(WorkloadSpec(requests=12, tenants=2, documents=2, document_tokens=16,
                                                   seed=3)))
-    server = _serve(store, sock)
+    server = _serve(engine_forks, store, sock)
     try:
         s = ("--socket", sock)
         run.forms("ping", *s)
@@ -218,14 +227,14 @@ def test_messages_about_an_absent_namespace_show_the_stores_fingerprint_or_none(
     run.assert_no_leaks()
 
 
-def test_a_live_replay_lists_each_tenant_once_with_what_the_server_counted(tmp_path):
+def test_a_live_replay_lists_each_tenant_once_with_what_the_server_counted(tmp_path, engine_forks):
     run = Runs()
     store = _store(tmp_path / "store", run)
     sock = tmp_path / "s.sock"
     trace = tmp_path / "trace.jsonl"
     spec = WorkloadSpec(requests=16, tenants=3, documents=2, document_tokens=16, seed=5)
     write_trace(str(trace), generate(spec))
-    server = _serve(store, sock)
+    server = _serve(engine_forks, store, sock)
     try:
         text = run("replay", trace, "--socket", sock, code=0).stdout
         doc = json.loads(run("replay", trace, "--socket", sock, "--json", code=0).stdout)

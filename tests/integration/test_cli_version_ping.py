@@ -1,7 +1,8 @@
 """`kvc version` and `kvc ping --socket S`, as a user runs them: `kvc version` as a subprocess of the installed kvc
-(what the console script prints and imports), `kvc ping` in this process against a real `kvc serve` in its own, on
-an LMDB store made by `kvc init` (ready once its --json ready line is read: no sleeps), and a socket that accepts
-and never answers (a hung server) for the timeout."""
+(what the console script prints and imports), `kvc ping` in this process against a real `kvc serve` in its own
+(forked from a server that imported kvc and torch once: `forkrun`, the `engine_forks` fixture), on an LMDB store
+made by `kvc init` (ready once its --json ready line is read: no sleeps), and a socket that accepts and never
+answers (a hung server) for the timeout."""
 
 import importlib.metadata
 import json
@@ -16,6 +17,7 @@ import msgspec
 import pytest
 
 import clirun
+import forkrun
 from kvcache.diagnostics.snapshot import SNAPSHOT_VERSION
 from kvcache.ops.requests import PROTOCOL_VERSION
 from kvcache.storage.codec import FORMAT_VERSION
@@ -79,19 +81,16 @@ def test_version_does_not_import_torch():
 
 
 class Server:
-    """A `kvc serve` subprocess; ready once its --json ready line is on stdout."""
+    """A `kvc serve` process forked from `forks`; ready once its --json ready line is on stdout."""
 
-    def __init__(self, store: Path, sock: Path) -> None:
+    def __init__(self, forks: forkrun.Forks, store: Path, sock: Path) -> None:
         self.sock = str(sock)
         self.err_path = sock.with_suffix(".err")
-        with open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen([str(KVC), "serve", "--store", str(store), "--socket", self.sock, "--json",
-                                          "--device-tokens", "256", "--host-tokens", "512"],
-                                         stdout=subprocess.PIPE, stderr=err, text=True)
-        line = self.proc.stdout.readline()
+        self.proc = forks.piped(["serve", "--store", str(store), "--socket", self.sock, "--json", "--device-tokens",
+                                 "256", "--host-tokens", "512"], stderr=str(self.err_path))
+        line = self.proc.readline()
         if not line:
-            self.proc.wait(timeout=60)
-            self.proc.stdout.close()
+            self.proc.close()
         assert line, f"kvc serve did not start: {self.err_path.read_text()}"
         self.ready = json.loads(line)
 
@@ -100,28 +99,28 @@ class Server:
         try:
             return self.proc.wait(timeout=60)
         finally:
-            self.proc.stdout.close()
+            self.proc.close()
 
 
-def _serving(folder: Path) -> Server:
+def _serving(forks: forkrun.Forks, folder: Path) -> Server:
     store = folder / "store"
     made = here("init", "--store", store, "--page-size", 4, "--layers", 1, "--kv-heads", 1, "--head-dim", 8)
     assert made.returncode == 0, made.stderr
-    return Server(store, folder / "s.sock")
+    return Server(forks, store, folder / "s.sock")
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, engine_forks):
     """A `kvc serve` the tests that only ask it share."""
-    srv = _serving(tmp_path_factory.mktemp("serve"))
+    srv = _serving(engine_forks, tmp_path_factory.mktemp("serve"))
     yield srv
     assert srv.stop() == 0
 
 
 @pytest.fixture
-def own_server(tmp_path):
+def own_server(tmp_path, engine_forks):
     """A `kvc serve` of a test's own (it stops it)."""
-    srv = _serving(tmp_path)
+    srv = _serving(engine_forks, tmp_path)
     yield srv
     if srv.proc.poll() is None:
         assert srv.stop() == 0

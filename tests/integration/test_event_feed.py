@@ -3,6 +3,10 @@ published format (an array batch ``[ts, events, data_parallel_rank]``, events as
 of kvc's own decoding. A trace is replayed through L1 + L2 + L3 (LMDB) under pressure; the (namespace, page hash,
 tier) set rebuilt from the events alone must be exactly what the cache's snapshot and its store hold at the end,
 and no frame may carry a salt.
+
+`kvc serve --events` and `kvc events --follow` run as processes of their own (sockets served and followed while
+the test talks to them, stopped by signals), forked from a server that imported kvc and torch once (`forkrun`, the
+`engine_forks` fixture).
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ import msgspec
 import pytest
 import zmq
 
-import clirun
 from factories import l3_cache, make_layout, make_store, store_holdings
 from kvcache import KVEventPublisher, RadixKey, WorkloadSpec, generate, replay
 from kvcache.types.keys import page_hashes
@@ -189,15 +192,6 @@ def test_a_bad_endpoint_is_a_clear_error_naming_it(endpoint):
 CLI_SALT = "events-salt-zq81"
 
 
-def _kvc(*args, timeout=120):
-    import subprocess
-
-    proc = subprocess.run([str(clirun.KVC), *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout)
-    assert CLI_SALT not in proc.stdout + proc.stderr
-    return proc
-
-
 def _invoke(*args):
     """kvc in this process (what needs no process of its own: no torch start-up per call)."""
     from typer.testing import CliRunner
@@ -209,43 +203,39 @@ def _invoke(*args):
     return result
 
 
-def test_kvc_events_prints_what_kvc_serve_published(tmp_path):
+def test_kvc_events_prints_what_kvc_serve_published(tmp_path, engine_forks):
     import json
     import signal
-    import subprocess
 
     from kvcache import Namespace
     from kvcache.storage.keyfile import read_key
 
-    kvc = str(clirun.KVC)
     store, sock = tmp_path / "store", tmp_path / "s.sock"
     assert _invoke("init", "--store", store, "--page-size", 4).exit_code == 0
     for key, salt in (("t1", CLI_SALT), ("t2", None)):
         assert _invoke("put", "--store", store, "--extra-key", key, *(("--salt", salt) if salt else ()),
                        "--tokens", ",".join(map(str, range(32)))).exit_code == 0
-    with open(tmp_path / "serve.err", "w") as err:
-        server = subprocess.Popen([kvc, "serve", "--store", str(store), "--socket", str(sock), "--json",
-                                   "--device-tokens", "1024", "--host-tokens", "2048",
-                                   "--events", "tcp://127.0.0.1:*", "--events-replay", "*",  # *: loopback
-                                   "--events-medium-names", "sglang"],
-                                  stdout=subprocess.PIPE, stderr=err, text=True)
+    server = engine_forks.piped(["serve", "--store", str(store), "--socket", str(sock), "--json",
+                                 "--device-tokens", "1024", "--host-tokens", "2048",
+                                 "--events", "tcp://127.0.0.1:*", "--events-replay", "*",  # *: loopback
+                                 "--events-medium-names", "sglang"], stderr=str(tmp_path / "serve.err"))
     try:
-        ready = json.loads(server.stdout.readline() or "{}")
+        ready = json.loads(server.readline() or "{}")
         assert ready.get("events", "").startswith("tcp://127.0.0.1:"), (tmp_path / "serve.err").read_text()
         assert ready["events_replay"].startswith("tcp://127.0.0.1:") and ready["events_every_interface"] is False
         assert "warning" not in (tmp_path / "serve.err").read_text()
         feed = ["--endpoint", ready["events"], "--replay", ready["events_replay"]]
         assert _invoke("--socket", sock, "prefetch", "--extra-key", "t1", "--salt", CLI_SALT).exit_code == 0
         # a late follower: what it missed comes from the replay buffer at once, then the feed goes on live
-        follower = subprocess.Popen([kvc, "events", *feed, "--follow", "--from", "0", "--json", "--count", "3",
-                                     "--idle-timeout", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        with follower:  # its exit closes our ends of the follower's pipes
-            lines = [json.loads(follower.stdout.readline())]  # it is up and subscribed
+        follower = engine_forks.piped(["events", *feed, "--follow", "--from", "0", "--json", "--count", "3",
+                                       "--idle-timeout", "20"])
+        with follower:  # its end removes the follower's FIFO and stderr file
+            lines = [json.loads(follower.readline())]  # it is up and subscribed
             time.sleep(0.3)
             assert _invoke("--socket", sock, "prefetch", "--extra-key", "t2").exit_code == 0  # L3 -> L2 again
-            out = follower.stdout.read()  # through the same buffer as readline (communicate would bypass it)
-            errs = follower.stderr.read()
-            assert follower.wait(timeout=60) == 0, errs
+            out = follower.read()  # up to its end: after the readline's, through the same buffer
+            assert follower.wait(timeout=60) == 0, follower.stderr
+            errs = follower.stderr
         assert CLI_SALT not in out + errs
         lines += [json.loads(x) for x in out.splitlines()]
         assert lines[0]["type"] == "AllBlocksCleared" and lines[0]["seq"] == 0 and lines[0]["replayed"]
@@ -264,19 +254,17 @@ def test_kvc_events_prints_what_kvc_serve_published(tmp_path):
     finally:
         server.send_signal(signal.SIGTERM)
         code = server.wait(timeout=60)
-        server.stdout.close()  # read up to its ready line only
+        server.close()  # read up to its ready line only
         assert code == 0
 
 
-def test_kvc_serve_binds_events_on_loopback_for_a_port_alone_and_warns_of_a_wildcard(tmp_path):
+def test_kvc_serve_binds_events_on_loopback_for_a_port_alone_and_warns_of_a_wildcard(tmp_path, engine_forks):
     """Issue 26 #4: `--events tcp://*:PORT` bound every interface without a word. A port alone is loopback; a
     wildcard host is one warning line on stderr and a field of the ready object."""
     import json
     import signal
     import socket
-    import subprocess
 
-    kvc = str(clirun.KVC)
     store = tmp_path / "store"
     assert _invoke("init", "--store", store, "--page-size", 4).exit_code == 0
     with socket.socket() as probe:  # a port number alone (0 is no port: issue 36 refuses it), free a moment ago
@@ -284,13 +272,12 @@ def test_kvc_serve_binds_events_on_loopback_for_a_port_alone_and_warns_of_a_wild
         port = str(probe.getsockname()[1])
     for n, (events, replay_at, wide) in enumerate([("*", "tcp://*:*", True), (port, None, False)]):
         sock = tmp_path / f"s{n}.sock"
-        with open(tmp_path / "serve.err", "w") as err:
-            server = subprocess.Popen([kvc, "serve", "--store", str(store), "--socket", str(sock), "--json",
-                                       "--device-tokens", "64", "--host-tokens", "64", "--events", events,
-                                       *(("--events-replay", replay_at) if replay_at else ())],
-                                      stdout=subprocess.PIPE, stderr=err, text=True)
+        server = engine_forks.piped(["serve", "--store", str(store), "--socket", str(sock), "--json",
+                                     "--device-tokens", "64", "--host-tokens", "64", "--events", events,
+                                     *(("--events-replay", replay_at) if replay_at else ())],
+                                    stderr=str(tmp_path / "serve.err"))
         try:
-            ready = json.loads(server.stdout.readline() or "{}")
+            ready = json.loads(server.readline() or "{}")
             errors = (tmp_path / "serve.err").read_text()
             assert ready.get("events", "").startswith("tcp://127.0.0.1:"), errors  # a port alone: loopback
             assert ready["events_every_interface"] is wide
@@ -304,7 +291,7 @@ def test_kvc_serve_binds_events_on_loopback_for_a_port_alone_and_warns_of_a_wild
         finally:
             server.send_signal(signal.SIGTERM)
             code = server.wait(timeout=60)
-            server.stdout.close()
+            server.close()
             assert code == 0
 
 
@@ -345,12 +332,11 @@ def test_kvc_events_where_nothing_publishes_fails_within_its_timeout_in_one_line
 
 
 @pytest.mark.parametrize("json_out", [True, False])
-def test_kvc_events_follow_survives_malformed_messages_and_counts_them(json_out):
+def test_kvc_events_follow_survives_malformed_messages_and_counts_them(json_out, engine_forks):
     """Issue 26 #7: `kvc events --follow` exited 2 on the first malformed payload. Now each is skipped and said
     on stderr — one line for each of the first 10, then one at each power of ten — counted in the summary line
     and (with --json) in the summary object, and the good batch after 150 bad messages is printed."""
     import json
-    import subprocess
 
     import zmq
 
@@ -362,15 +348,14 @@ def test_kvc_events_follow_survives_malformed_messages_and_counts_them(json_out)
         pub.bind("tcp://127.0.0.1:*")
         endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
         args = ["events", "--endpoint", endpoint, "--follow", "--count", "1", *(["--json"] if json_out else [])]
-        follower = subprocess.Popen([str(clirun.KVC), *args], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
-        with follower:
+        with engine_forks.piped(args) as follower:
             assert pub.poll(60_000) and pub.recv() == b"\x01"
             for i in range(150):
                 pub.send_multipart([b"", i.to_bytes(8, "big"), b"\x1b[31m not msgpack"] if i % 2 else [b"junk"])
             pub.send_multipart([b"", (150).to_bytes(8, "big"), encode_batch(EventBatch(1.0, [AllBlocksCleared()]))])
-            out, err = follower.communicate(timeout=120)
-        assert follower.returncode == 0, err
+            out = follower.read(timeout=120)
+            assert follower.wait(timeout=120) == 0, follower.stderr
+            err = follower.stderr
     finally:
         ctx.destroy(linger=0)
     said = err.splitlines()

@@ -1,6 +1,7 @@
-"""Live mode end to end: `kvc serve` as a real subprocess on a temp socket and an LMDB store made by `kvc init`,
-driven by the kvc commands with --socket (in process through CliRunner; a replay as a subprocess, audited while it
-runs), by raw fuzzed frames, and stopped by signals."""
+"""Live mode end to end: `kvc serve` as a real process on a temp socket and an LMDB store made by `kvc init`,
+driven by the kvc commands with --socket (in process through CliRunner; a replay as a process of its own, audited
+while it runs), by raw fuzzed frames, and stopped by signals. Each process is forked from a server that imported
+kvc and torch once (`forkrun`, the `engine_forks` fixture): its own pid, socket, signals and exit status."""
 
 import json
 import os
@@ -9,7 +10,6 @@ import shutil
 import signal
 import socket
 import struct
-import subprocess
 import threading
 from pathlib import Path
 
@@ -17,21 +17,20 @@ import msgspec
 import pytest
 from typer.testing import CliRunner
 
-import clirun
+import forkrun
 from kvc.main import app
 from kvcache import Namespace, WorkloadSpec, generate, write_trace
 from kvcache.live.protocol import PROTOCOL_VERSION, Truncated, read_frame
 from kvcache.storage.keyfile import read_key
 
 SALT = "live-salt-qwerty-987"
-KVC = clirun.KVC
 PROMPT = list(range(1, 65))  # 16 pages of 4
 runner = CliRunner()
 
 
-def kvc(*args, check_rc=None, timeout=120):
-    """The installed kvc as a subprocess; the salt never appears in what it prints."""
-    proc = subprocess.run([str(KVC), *map(str, args)], capture_output=True, text=True, timeout=timeout)
+def kvc(forks: forkrun.Forks, *args, check_rc=None, timeout=120):
+    """kvc in a process of its own, forked from `forks`; the salt never appears in what it prints."""
+    proc = forks.run(args, timeout=timeout)
     assert SALT not in proc.stdout + proc.stderr
     if check_rc is not None:
         assert proc.returncode == check_rc, proc.stderr
@@ -61,19 +60,16 @@ def make_store(path: Path) -> str:
 
 
 class Server:
-    """A `kvc serve` subprocess; ready once its --json ready line is on stdout."""
+    """A `kvc serve` process forked from `forks`; ready once its --json ready line is on stdout."""
 
-    def __init__(self, store: str, sock: str, *extra) -> None:
+    def __init__(self, forks: forkrun.Forks, store: str, sock: str, *extra) -> None:
         self.sock = sock
         self.err_path = Path(sock).with_suffix(".err")
-        with open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen([str(KVC), "serve", "--store", store, "--socket", sock, "--json",
-                                          "--device-tokens", "4096", "--host-tokens", "8192", *map(str, extra)],
-                                         stdout=subprocess.PIPE, stderr=err, text=True)
-        line = self.proc.stdout.readline()
+        self.proc = forks.piped(["serve", "--store", store, "--socket", sock, "--json", "--device-tokens", "4096",
+                                 "--host-tokens", "8192", *map(str, extra)], stderr=str(self.err_path))
+        line = self.proc.readline()
         if not line:
-            self.proc.wait(timeout=60)  # it exited: reap it and close its stdout before failing
-            self.proc.stdout.close()
+            self.proc.close()  # it exited: reap it before failing
         assert line, f"kvc serve did not start: {self.err_path.read_text()}"
         self.ready = json.loads(line)
 
@@ -82,7 +78,7 @@ class Server:
         try:
             return self.proc.wait(timeout=60)
         finally:
-            self.proc.stdout.close()  # our end of its stdout pipe: nobody reads past the ready line
+            self.proc.close()  # our end of its stdout: nobody reads past the ready line
 
     @property
     def stderr(self) -> str:
@@ -96,11 +92,11 @@ def template(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, template):
+def served(tmp_path_factory, template, engine_forks):
     """One server for the module: (store path, socket path)."""
     root = tmp_path_factory.mktemp("live")
     store = shutil.copytree(template, root / "store")
-    server = Server(str(store), str(root / "s.sock"))
+    server = Server(engine_forks, str(store), str(root / "s.sock"))
     assert server.ready["socket"] == str(root / "s.sock") and server.ready["pid"] == server.proc.pid
     yield str(store), server.sock
     assert server.stop() == 0
@@ -139,19 +135,18 @@ def test_load_back_and_stats_on_the_live_cache(served):
     assert "kvc_cache_pool_used_tokens{tier=\"device\"}" in invoke("--socket", sock, "stats", "--prom").stdout
 
 
-def test_audit_is_clean_during_and_after_a_replay_through_the_socket(served, tmp_path):
+def test_audit_is_clean_during_and_after_a_replay_through_the_socket(served, tmp_path, engine_forks):
     _, sock = served
     trace = tmp_path / "trace.jsonl"
     write_trace(trace, generate(WorkloadSpec(requests=400, tenants=3, seed=5)))
-    replay = subprocess.Popen([str(KVC), "--socket", sock, "replay", str(trace), "--verify", "--json"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    audits = []
-    while replay.poll() is None or not audits:
-        result = invoke("--socket", sock, "audit", "--json")
-        assert result.exit_code == 0, result.stdout + result.stderr
-        audits.append(json.loads(result.stdout))
-    out, err = replay.communicate(timeout=120)
-    assert replay.returncode == 0, err
+    with engine_forks.piped(["--socket", sock, "replay", str(trace), "--verify", "--json"]) as replay:
+        audits = []
+        while replay.poll() is None or not audits:
+            result = invoke("--socket", sock, "audit", "--json")
+            assert result.exit_code == 0, result.stdout + result.stderr
+            audits.append(json.loads(result.stdout))
+        out, err = replay.read(), replay.stderr
+        assert replay.wait(timeout=120) == 0, err
     report = json.loads(out)
     assert report["requests"] == 400 and report["verify_mismatches"] == 0 and report["audit"]["ok"] is True
     assert set(report["hit_tokens"]) == {"device", "host", "storage"}
@@ -258,9 +253,9 @@ def test_admin_errors_are_one_line_and_exit_2(served, tmp_path):
         in other.stderr
 
 
-def test_a_live_ns_drop_offboards_a_tenant_from_every_tier_without_writing_back(tmp_path, template):
+def test_a_live_ns_drop_offboards_a_tenant_from_every_tier_without_writing_back(tmp_path, template, engine_forks):
     store = shutil.copytree(template, tmp_path / "store")
-    server = Server(str(store), str(tmp_path / "s.sock"), "--write-policy", "write_back")
+    server = Server(engine_forks, str(store), str(tmp_path / "s.sock"), "--write-policy", "write_back")
     try:
         sock = server.sock
         assert invoke("--socket", sock, "prefetch", "--extra-key", "t1", "--salt", SALT).exit_code == 0  # L2 too
@@ -278,15 +273,15 @@ def test_a_live_ns_drop_offboards_a_tenant_from_every_tier_without_writing_back(
         assert server.stop() == 0
 
 
-def test_sigterm_stops_cleanly_a_live_socket_is_refused_a_stale_one_taken_over(tmp_path, template):
+def test_sigterm_stops_cleanly_a_live_socket_is_refused_a_stale_one_taken_over(tmp_path, template, engine_forks):
     store = str(shutil.copytree(template, tmp_path / "store"))
     sock = str(tmp_path / "s.sock")
-    first = Server(store, sock)
+    first = Server(engine_forks, store, sock)
     assert (os.stat(sock).st_mode & 0o777) == 0o600
-    refused = kvc("serve", "--store", store, "--socket", sock, timeout=60)
+    refused = kvc(engine_forks, "serve", "--store", store, "--socket", sock, timeout=60)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "already listening" in refused.stderr
     assert first.stop(signal.SIGKILL) == -signal.SIGKILL and os.path.exists(sock)  # a dead server's stale socket
-    second = Server(store, sock)
+    second = Server(engine_forks, store, sock)
     as_json(invoke("--socket", sock, "prefetch", "--extra-key", "t1", "--salt", SALT, "--json"))
     doc = as_json(invoke("--socket", sock, "load-back", "--extra-key", "t1", "--salt", SALT, "--tokens",
                          ",".join(map(str, PROMPT + [9] * 12 + [5] * 8)), "--json"))
@@ -313,11 +308,12 @@ def test_ns_ls_pattern_is_a_glob_on_extra_key_offline_and_live(served):
     assert len(tsv) == 2 and tsv[1].split("\t")[1] == "t2"
 
 
-def test_a_live_load_back_counts_pages_l3_does_not_hold_yet_as_absent_not_differing(tmp_path, template):
+def test_a_live_load_back_counts_pages_l3_does_not_hold_yet_as_absent_not_differing(tmp_path, template,
+                                                                                     engine_forks):
     """Issue 25 #9: under write-back a live cache holds pages L3 does not have yet; `load-back` counted each as
     differing and exited 1 (1,763 "mismatches" under load, 0 of which differed). They are `verify_absent` now."""
     store = shutil.copytree(template, tmp_path / "store")
-    server = Server(str(store), str(tmp_path / "s.sock"), "--write-policy", "write_back")
+    server = Server(engine_forks, str(store), str(tmp_path / "s.sock"), "--write-policy", "write_back")
     try:
         tokens = PROMPT + [5] * 16  # the prompt's 16 pages are in L3 (the template's t1), the last 4 are new
         trace = tmp_path / "t.jsonl"

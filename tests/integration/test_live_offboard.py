@@ -3,7 +3,9 @@ store, whose L1/L2 hold pages of a tenant that the store does not have yet. An o
 cache holds is refused (naming its socket); a drop through one live cache reaches every other one; nothing is
 written back afterwards, on `ns evict` or when the servers stop. The runbook uses it and fails loudly on a typo.
 
-Each step waits for its answer (a command's exit), never for time."""
+Each step waits for its answer (a command's exit), never for time. The servers are forked from a server that
+imported kvc once (`forkrun`, the `engine_forks` fixture); the runbook, a shell script, runs the console script as
+an operator's shell does."""
 
 import json
 import os
@@ -12,8 +14,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_live import KVC, PROMPT, SALT, Server, as_json, invoke, make_store
+from test_live import PROMPT, SALT, Server, as_json, invoke, make_store
 
+import clirun
 from redis_server import redis_server  # noqa: F401  (session fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,8 +29,8 @@ def template(tmp_path_factory):
     return make_store(tmp_path_factory.mktemp("template") / "store")
 
 
-def _write_back_server(store: str, sock: Path) -> Server:
-    return Server(store, str(sock), "--write-policy", "write_back")
+def _write_back_server(forks, store: str, sock: Path) -> Server:
+    return Server(forks, store, str(sock), "--write-policy", "write_back")
 
 
 def _hold_unstored_pages_of_t1(sock: str, tmp_path: Path) -> int:
@@ -52,9 +55,10 @@ def _store_rows(store: str) -> dict:
     return {r["extra_key"]: r for r in as_json(invoke("ns", "ls", "--store", store, "--json"))["namespaces"]}
 
 
-def test_an_offline_drop_of_a_tenant_a_live_cache_holds_is_refused_and_one_through_it_sticks(tmp_path, template):
+def test_an_offline_drop_of_a_tenant_a_live_cache_holds_is_refused_and_one_through_it_sticks(tmp_path, template,
+                                                                                            engine_forks):
     store = str(shutil.copytree(template, tmp_path / "store"))
-    server = _write_back_server(store, tmp_path / "a.sock")
+    server = _write_back_server(engine_forks, store, tmp_path / "a.sock")
     try:
         sock = server.sock
         assert _hold_unstored_pages_of_t1(sock, tmp_path) > 16
@@ -90,17 +94,19 @@ def test_an_offline_drop_of_a_tenant_a_live_cache_holds_is_refused_and_one_throu
     assert as_json(invoke("audit", "--store", store, "--json"))["ok"] is True
 
 
-def test_a_drop_through_one_live_cache_reaches_the_other_which_writes_nothing_back(tmp_path, template):
-    _two_caches_one_drop(str(shutil.copytree(template, tmp_path / "store")), tmp_path)
+def test_a_drop_through_one_live_cache_reaches_the_other_which_writes_nothing_back(tmp_path, template,
+                                                                                  engine_forks):
+    _two_caches_one_drop(str(shutil.copytree(template, tmp_path / "store")), tmp_path, engine_forks)
 
 
-def test_a_drop_through_one_live_cache_reaches_the_other_on_a_redis_store(tmp_path, redis_server):  # noqa: F811
-    _two_caches_one_drop(make_store(redis_server.store_url()), tmp_path)
+def test_a_drop_through_one_live_cache_reaches_the_other_on_a_redis_store(tmp_path, redis_server,  # noqa: F811
+                                                                          engine_forks):
+    _two_caches_one_drop(make_store(redis_server.store_url()), tmp_path, engine_forks)
 
 
-def _two_caches_one_drop(store: str, tmp_path: Path) -> None:
-    first = _write_back_server(store, tmp_path / "a.sock")
-    second = _write_back_server(store, tmp_path / "b.sock")
+def _two_caches_one_drop(store: str, tmp_path: Path, engine_forks) -> None:
+    first = _write_back_server(engine_forks, store, tmp_path / "a.sock")
+    second = _write_back_server(engine_forks, store, tmp_path / "b.sock")
     try:
         held = _hold_unstored_pages_of_t1(second.sock, tmp_path)  # the other cache holds t1's new pages
         assert held > 16
@@ -123,7 +129,8 @@ def _two_caches_one_drop(store: str, tmp_path: Path) -> None:
     assert _store_rows(store)["t1"]["pages"] == 16  # only the new use: none of the dropped pages came back
 
 
-def test_serving_records_are_kept_while_serving_removed_on_exit_and_stale_ones_ignored(tmp_path, template):
+def test_serving_records_are_kept_while_serving_removed_on_exit_and_stale_ones_ignored(tmp_path, template,
+                                                                                      engine_forks):
     store = str(shutil.copytree(template, tmp_path / "store"))
     from kvcache.live.serves import live_serves
     from kvcache.storage.registry import open_store
@@ -135,14 +142,14 @@ def test_serving_records_are_kept_while_serving_removed_on_exit_and_stale_ones_i
         finally:
             st.close()
 
-    server = _write_back_server(store, tmp_path / "a.sock")
+    server = _write_back_server(engine_forks, store, tmp_path / "a.sock")
     try:
         kept, live = records()
         assert [(r.pid, r.socket) for r in kept] == [(server.proc.pid, server.sock)] and live == [server.sock]
     finally:
         assert server.stop() == 0
     assert records() == ([], [])
-    killed = _write_back_server(store, tmp_path / "b.sock")
+    killed = _write_back_server(engine_forks, store, tmp_path / "b.sock")
     assert _hold_unstored_pages_of_t1(killed.sock, tmp_path) > 16
     killed.stop(9)  # SIGKILL: its record stays, stale
     kept, live = records()
@@ -176,9 +183,9 @@ def _runbook(env: dict, **extra) -> subprocess.CompletedProcess:
     return proc
 
 
-def test_the_runbook_fails_loudly_on_a_typo_and_goes_through_a_live_cache(tmp_path, template):
+def test_the_runbook_fails_loudly_on_a_typo_and_goes_through_a_live_cache(tmp_path, template, engine_forks):
     store = str(shutil.copytree(template, tmp_path / "store"))
-    env = dict(os.environ, PATH=f"{KVC.parent}{os.pathsep}{os.environ['PATH']}", KVC_STORE=store)
+    env = dict(os.environ, PATH=f"{clirun.KVC.parent}{os.pathsep}{os.environ['PATH']}", KVC_STORE=store)
     env.pop("KVC_SOCKET", None)
     rows = _store_rows(store)
     typo = _runbook(env, NS_ID="zz;rm")
@@ -187,7 +194,7 @@ def test_the_runbook_fails_loudly_on_a_typo_and_goes_through_a_live_cache(tmp_pa
     assert wrong.returncode == 1 and "verified" not in wrong.stdout and "no namespace t1/000000000000" in wrong.stderr
     assert _store_rows(store)["t1"]["pages"] == 21
 
-    server = _write_back_server(store, tmp_path / "a.sock")
+    server = _write_back_server(engine_forks, store, tmp_path / "a.sock")
     try:
         assert _hold_unstored_pages_of_t1(server.sock, tmp_path) > 16
         held = _runbook(env, NS_ID=rows["t1"]["id"])

@@ -1,6 +1,6 @@
-"""Namespace TTL end to end: `kvc serve --ttl-*` as a real subprocess on an LMDB store made by `kvc init` and
-`kvc put`; `kvc ns ls` shows each namespace's deadline, `kvc ns expire` expires one now; the options and the
-offline command fail by the CLI's error contract. (The expiry rules themselves, on a fake clock: tests/unit/
+"""Namespace TTL end to end: `kvc serve --ttl-*` as a real process (forked: `forkrun`) on an LMDB store made by
+`kvc init` and `kvc put`; `kvc ns ls` shows each namespace's deadline, `kvc ns expire` expires one now; the options
+and the offline command fail by the CLI's error contract. (The expiry rules themselves, on a fake clock: tests/unit/
 test_ttl.py.)"""
 
 import json
@@ -21,10 +21,10 @@ def make_store(path) -> str:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def served(tmp_path_factory, engine_forks):
     root = tmp_path_factory.mktemp("ttl")
     store = make_store(root / "store")
-    server = Server(store, str(root / "s.sock"), "--ttl-default-s", "3600", "--ttl-max-s", "7200",
+    server = Server(engine_forks, store, str(root / "s.sock"), "--ttl-default-s", "3600", "--ttl-max-s", "7200",
                     "--ttl-mode", "absolute", "--ttl-max-namespaces", "50", "--ttl-sweep-s", "0.5")
     yield store, server
     assert server.stop() == 0
@@ -34,7 +34,7 @@ def _rows(sock):
     return {r["extra_key"]: r for r in as_json(invoke("--socket", sock, "ns", "ls", "--json"))["namespaces"]}
 
 
-def test_serve_reports_its_policy_and_ns_ls_shows_deadlines(served):
+def test_serve_reports_its_policy_and_ns_ls_shows_deadlines(served, engine_forks):
     store, server = served
     assert server.ready["ttl"] == {"mode": "absolute", "default_ttl_s": 3600.0, "max_ttl_s": 7200.0,
                                    "max_namespaces": 50, "sweep_interval_s": 0.5}
@@ -43,7 +43,7 @@ def test_serve_reports_its_policy_and_ns_ls_shows_deadlines(served):
     before = _rows(sock)
     assert before["t1"]["deadline"] is None  # in the store, not used by this cache yet: not tracked
     start = time.time()
-    kvc("--socket", sock, "prefetch", "--extra-key", "t1", "--salt", SALT, check_rc=0)  # a use: tracked now
+    kvc(engine_forks, "--socket", sock, "prefetch", "--extra-key", "t1", "--salt", SALT, check_rc=0)  # a use: tracked now
     row = _rows(sock)["t1"]
     assert start + 3600 - 60 <= row["deadline"] <= time.time() + 3600 and row["expiry_deferred"] is False
     table = invoke("--socket", sock, "ns", "ls")
@@ -53,10 +53,10 @@ def test_serve_reports_its_policy_and_ns_ls_shows_deadlines(served):
     assert [line.split("\t")[-1] for line in tsv[1:]] == ["scheduled", "-"]  # t1 tracked, t2 not
 
 
-def test_ns_expire_drops_the_namespace_from_every_tier_at_once(served):
+def test_ns_expire_drops_the_namespace_from_every_tier_at_once(served, engine_forks):
     store, server = served
     sock = server.sock
-    kvc("--socket", sock, "prefetch", "--extra-key", "t1", "--salt", SALT, check_rc=0)
+    kvc(engine_forks, "--socket", sock, "prefetch", "--extra-key", "t1", "--salt", SALT, check_rc=0)
     assert _rows(sock)["t1"]["host"]["tokens"] == 84
     refused = invoke("--socket", sock, "ns", "expire", "t1", "--salt", SALT)
     assert refused.exit_code == 2 and "without --yes" in refused.stderr

@@ -4,7 +4,10 @@ thread and are closed after their timeout, label values with no raw control char
 
 On fbee4ed a uid refused by the admin socket scraped /metrics over TCP (24 series naming tenants and fingerprints),
 400 idle connections held 405 threads with no timeout, label values carried raw ESC bytes, and nothing warned of a
-wildcard address."""
+wildcard address.
+
+Each `kvc serve` is a process of its own (its pid, threads, sockets and signals), forked from a server that imported
+kvc and torch once (`forkrun`, the `engine_forks` fixture)."""
 
 from __future__ import annotations
 
@@ -13,7 +16,6 @@ import os
 import selectors
 import signal
 import socket
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -21,28 +23,22 @@ from pathlib import Path
 import pytest
 
 import clirun
+import forkrun
 
-KVC = clirun.KVC
 WAIT = 60  # seconds: the most a test waits for an event; never slept
 NOBODY = 65534  # a uid that is not ours (the forked scraper takes it; as root only)
-
-
-def kvc(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
-    return subprocess.run([str(KVC), *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                          env=env or os.environ)
 
 
 class Serve:
     """`kvc serve --json` on a fresh store, ready once its ready line is read; stopped with SIGTERM."""
 
-    def __init__(self, root: Path, *extra) -> None:
+    def __init__(self, forks: forkrun.Forks, root: Path, *extra) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.root, self.store, self.sock = root, root / "store", root / "admin.sock"
         assert clirun.in_process("init", "--store", self.store, "--page-size", 4).returncode == 0
-        self.proc = subprocess.Popen([str(KVC), "serve", "--store", str(self.store), "--socket", str(self.sock),
-                                      "--json", *map(str, extra)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
-        line = self.proc.stdout.readline()
+        self.proc = forks.piped(["serve", "--store", str(self.store), "--socket", str(self.sock), "--json",
+                                 *map(str, extra)])
+        line = self.proc.readline()
         if not line:
             self.stop()
             raise AssertionError(f"kvc serve did not start: {self.stderr}")
@@ -51,8 +47,10 @@ class Serve:
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        out, self.stderr = self.proc.communicate(timeout=WAIT)
-        return self.proc.returncode
+        code = self.proc.wait(timeout=WAIT)
+        self.stderr = self.proc.stderr
+        self.proc.close()
+        return code
 
     def threads(self) -> int:
         """The threads of the serve process now."""
@@ -100,8 +98,8 @@ def _listening_inet_sockets(pid: int) -> int:
     return listening
 
 
-def test_the_endpoint_is_off_unless_asked_for_and_its_options_are_checked(tmp_path):
-    server = Serve(tmp_path)
+def test_the_endpoint_is_off_unless_asked_for_and_its_options_are_checked(tmp_path, engine_forks):
+    server = Serve(engine_forks, tmp_path)
     try:
         assert server.ready["metrics"] is None and _listening_inet_sockets(server.proc.pid) == 0
     finally:
@@ -115,19 +113,19 @@ def test_the_endpoint_is_off_unless_asked_for_and_its_options_are_checked(tmp_pa
         bad = clirun.in_process("serve", "--store", server.store, "--socket", tmp_path / "none" / "b.sock", *args)
         assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and says in bad.stderr, bad.stderr
     # refused when the endpoint fails to bind, after the serve set its SIGTERM and SIGINT handlers: a process of its own
-    bad = kvc("serve", "--store", server.store, "--socket", tmp_path / "b.sock", "--metrics-port", 0,
-              "--metrics-addr", "not an address", timeout=60)
+    bad = engine_forks.run(["serve", "--store", server.store, "--socket", tmp_path / "b.sock", "--metrics-port", 0,
+                            "--metrics-addr", "not an address"], timeout=60)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--metrics-port 0 on" in bad.stderr, bad.stderr
 
 
-def test_loopback_by_default_and_one_warning_for_a_wildcard_address(tmp_path):
-    quiet = Serve(tmp_path / "a", "--metrics-port", 0)
+def test_loopback_by_default_and_one_warning_for_a_wildcard_address(tmp_path, engine_forks):
+    quiet = Serve(engine_forks, tmp_path / "a", "--metrics-port", 0)
     try:
         assert quiet.ready["metrics"].startswith("http://127.0.0.1:") and not quiet.ready["metrics_every_interface"]
     finally:
         assert quiet.stop() == 0
     assert "warning" not in quiet.stderr
-    loud = Serve(tmp_path / "b", "--metrics-port", 0, "--metrics-addr", "0.0.0.0")
+    loud = Serve(engine_forks, tmp_path / "b", "--metrics-port", 0, "--metrics-addr", "0.0.0.0")
     try:
         host, port = _tcp(loud.ready["metrics"])
         assert host == "0.0.0.0" and loud.ready["metrics_every_interface"]
@@ -138,9 +136,10 @@ def test_loopback_by_default_and_one_warning_for_a_wildcard_address(tmp_path):
     assert len(warnings) == 1 and "listens on every interface" in warnings[0], loud.stderr
 
 
-def test_400_idle_connections_hold_no_thread_and_are_dropped_after_the_idle_timeout(tmp_path):
+def test_400_idle_connections_hold_no_thread_and_are_dropped_after_the_idle_timeout(tmp_path, engine_forks):
     # the idle timeout only needs to outlast opening 400 loopback connections (milliseconds)
-    server = Serve(tmp_path, "--metrics-port", 0, "--metrics-idle-timeout", 3, "--metrics-max-connections", 512)
+    server = Serve(engine_forks, tmp_path, "--metrics-port", 0, "--metrics-idle-timeout", 3,
+                   "--metrics-max-connections", 512)
     idle: list[socket.socket] = []
     try:
         address = _tcp(server.ready["metrics"])
@@ -193,7 +192,7 @@ def _unix(path: str) -> socket.socket:
     return sock
 
 
-def test_a_unix_socket_endpoint_refuses_a_uid_off_the_admin_allow_list(tmp_path):
+def test_a_unix_socket_endpoint_refuses_a_uid_off_the_admin_allow_list(tmp_path, engine_forks):
     if os.geteuid() != 0:
         pytest.skip("taking another uid needs root (tests/unit/live/test_metrics_endpoint.py checks the "
                     "allow-list with a list that leaves this uid out)")
@@ -203,7 +202,8 @@ def test_a_unix_socket_endpoint_refuses_a_uid_off_the_admin_allow_list(tmp_path)
     path = os.path.join(shared, "metrics.sock")
     try:
         for allow, expected in (([], 403), (["--allow-uid", NOBODY], 200)):
-            server = Serve(tmp_path / str(expected), "--metrics-socket", path, "--metrics-socket-mode", "666", *allow)
+            server = Serve(engine_forks, tmp_path / str(expected), "--metrics-socket", path, "--metrics-socket-mode",
+                           "666", *allow)
             try:
                 assert server.ready["metrics"] == f"unix:{path}"
                 server.replay("tenant-0")

@@ -1,15 +1,19 @@
 """Two serving nodes share one Redis L3 (DESIGN §6, issue 8): each is its own process with its own TieredCache
 (own L1 and L2). Node A serves tenant t1 and backs its pages up; node B then serves t1's requests and hits A's
-pages through prefetch, every reused byte checked; tenant t2 on node B, with the same tokens, sees none of them."""
+pages through prefetch, every reused byte checked; tenant t2 on node B, with the same tokens, sees none of them.
+
+Each node is forked from a server that imported kvc, torch and the Redis backend once, under PYTHONHASHSEED=0
+(`forkrun`): a process of its own, without a Python start and those imports each."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+import pytest
+
+import forkrun
 from factories import make_layout
 from kvcache import Namespace
 from kvcache.storage.registry import open_store
@@ -18,24 +22,35 @@ from redis_server import redis_server  # noqa: F401  (session fixture)
 NODE = str(Path(__file__).resolve().parents[1] / "redis_node.py")
 
 
-def run_node(url: str, *jobs: str) -> dict:
+ENV = {**os.environ, "PYTHONHASHSEED": "0"}
+
+
+@pytest.fixture(scope="module")
+def node_forks():
+    """A server that imported what a node imports, started as a node would be (PYTHONHASHSEED=0), to fork the
+    nodes from."""
+    server = forkrun.Forks((*forkrun.ENGINE_MODULES, "kvcache_redis.*"), env=ENV)
+    yield server
+    server.close()
+
+
+def run_node(forks: forkrun.Forks, url: str, *jobs: str) -> dict:
     """Run one node process to completion; its JSON result."""
-    proc = subprocess.run([sys.executable, NODE, url, *jobs], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONHASHSEED": "0"})
+    proc = forks.run([url, *jobs], script_file=NODE, env=ENV, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_node_b_hits_node_a_pages_per_namespace(redis_server):  # noqa: F811
+def test_node_b_hits_node_a_pages_per_namespace(redis_server, node_forks):  # noqa: F811
     url = redis_server.store_url()
-    a = run_node(url, "t1:salt-1:1:6")
+    a = run_node(node_forks, url, "t1:salt-1:1:6")
     assert a["audit_ok"] and a["store"] == {"read_errors": 0, "write_errors": 0, "checksum_failures": 0}
     (ja,) = a["jobs"]
     assert ja["verify_mismatches"] == 0 and ja["refused"] == 0
     assert ja["hit_tokens"]["storage"] == 0 and ja["storage_pages_written"] > 0
 
     # Node B: t1 with other questions on the same system prompt and documents, then t2 with t1's exact tokens.
-    b = run_node(url, "t1:salt-1:2:6", "t2:salt-2:1:6")
+    b = run_node(node_forks, url, "t1:salt-1:2:6", "t2:salt-2:1:6")
     assert b["audit_ok"] and b["store"] == {"read_errors": 0, "write_errors": 0, "checksum_failures": 0}
     t1, t2 = b["jobs"]
     assert t1["verify_mismatches"] == 0 and t2["verify_mismatches"] == 0

@@ -275,29 +275,20 @@ cache.close()
 
 
 class _Child:
-    """The publisher process: its endpoints, and its stats and memory on demand."""
+    """The publisher process (forked from a server that imported kvc and torch once: `forkrun`): its endpoints, and
+    its stats and memory on demand."""
 
-    def __init__(self, batches: int, tokens: int) -> None:
-        import subprocess
-        import sys
-        from pathlib import Path
-
-        import kvcache
-
-        # run where this kvcache lies: `python -c` looks in its working directory first
-        self.proc = subprocess.Popen([sys.executable, "-c", PUBLISHER, str(batches), str(tokens)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     cwd=Path(kvcache.__file__).resolve().parents[1])
+    def __init__(self, forks, batches: int, tokens: int) -> None:
+        self.proc = forks.piped(["-c", str(batches), str(tokens)], script=PUBLISHER, stdin=True)
         first = self.stats()
         self.endpoint, self.replay_endpoint = first["endpoint"], first["replay_endpoint"]
 
     def stats(self) -> dict:
         import json
 
-        self.proc.stdin.write("\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        assert line, "the publisher process died"
+        self.proc.write("\n")
+        line = self.proc.readline()
+        assert line, f"the publisher process died: {self.proc.stderr}"
         return json.loads(line)
 
     def until(self, ready, what: str) -> dict:
@@ -308,9 +299,10 @@ class _Child:
         return st
 
     def close(self) -> None:
-        self.proc.stdin.close()
-        assert self.proc.wait(timeout=60) == 0
-        self.proc.stdout.close()
+        self.proc.close_stdin()
+        code = self.proc.wait(timeout=60)
+        self.proc.close()
+        assert code == 0
 
 
 def _hostile(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
@@ -327,11 +319,11 @@ def _hostile(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
 MiB = 1 << 20
 
 
-def test_64_clients_that_ask_for_a_replay_and_never_read_leave_the_publishers_memory_flat():
+def test_64_clients_that_ask_for_a_replay_and_never_read_leave_the_publishers_memory_flat(engine_forks):
     """Issue 26 #4: each request queued a copy of the whole buffer (64 non-reading clients: +4.4 GiB). Now the
     answers share the buffer's frames and leave as their clients read; 8 run at once, the rest are told busy."""
     batches = 400
-    child = _Child(batches, tokens=2048)
+    child = _Child(engine_forks, batches, tokens=2048)
     ctx = zmq.Context()
     try:
         before = child.stats()
@@ -356,12 +348,12 @@ def test_64_clients_that_ask_for_a_replay_and_never_read_leave_the_publishers_me
         child.close()
 
 
-def test_a_huge_message_to_the_replay_socket_is_refused_unread():
+def test_a_huge_message_to_the_replay_socket_is_refused_unread(engine_forks):
     """Issue 26 #4: one 512 MiB frame sent to the replay socket added 637 MiB. Now a message larger than a request
     disconnects its sender before it is read (64 MiB sent here)."""
     from zmq.utils.monitor import recv_monitor_message
 
-    child = _Child(4, tokens=64)
+    child = _Child(engine_forks, 4, tokens=64)
     ctx = zmq.Context()
     try:
         before = child.stats()

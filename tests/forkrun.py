@@ -1,22 +1,26 @@
 """Commands forked from one process that imported kvc once (importable as `forkrun`).
 
-A fault test that needs a process per command -- the command may die of a signal on a damaged store, or is killed
-with SIGKILL, or stops itself at a named step -- pays a Python start and kvc's imports (numpy, LMDB, and torch for
-a command that drives a cache: up to about a second) per command when it starts the `kvc` console script. A `Forks` server pays them once: it is a Python
-process that imports the modules named, then forks a child per command. The child is a process of its own, as the
-console script's would be: its own pid, signals and exit status (a negative code is the signal that killed it), its
-stdin, stdout and stderr on the files named, the environment given, and kvc's entry point (`kvc.main:app`, what the
-console script calls) run with the arguments given, or a Python script; with `no_caps`, every capability dropped
-as `read_only_user.NO_CAPS` (setpriv) drops them. It ends as the interpreter would: non-daemon threads joined,
-atexit handlers run, the streams flushed.
+A test that needs a process per command -- the command may die of a signal on a damaged store, is killed with
+SIGKILL or stops itself at a named step (tests/faults), or serves a socket the test talks to (`kvc serve`, a feed
+follower, a publisher whose memory is measured alone) -- pays a Python start and kvc's imports (numpy, LMDB, and
+torch for a command that drives a cache: up to about a second and a half) per command when it starts the `kvc`
+console script. A `Forks` server pays them once: it is a Python process that imports the modules named, then forks
+a child per command; children run side by side (a server and its clients). The child is a process of its own, as
+the console script's would be: its own pid, signals and exit status (a negative code is the signal that killed it),
+its stdin, stdout and stderr on the files named (`Piped`: a stdout read as it goes, a stdin written), the
+environment given, and kvc's entry point (`kvc.main:app`, what the console script calls) run with the arguments
+given, or a Python script; with `no_caps`, every capability dropped as `read_only_user.NO_CAPS` (setpriv) drops
+them. It ends as the interpreter would: non-daemon threads joined, atexit handlers run, the streams flushed.
 
-What it is not: a test of start-up (what importing kvc loads) or of what differs between two processes (a key drawn
-per process): those start the console script (tests/README.md, "In this process, or a process of its own").
+What it is not: a test of start-up (what importing kvc loads), of what differs between two processes (a key drawn
+per process), or of what reads the environment at import (the server imported kvc under its own): those start the
+console script (tests/README.md, "In this process, or a process of its own"). The session fixtures `forks` and
+`engine_forks` (tests/conftest.py) hold one server each per test process.
 
 Run as a script, this module is the server: `python forkrun.py MODULE...` imports each MODULE (`PACKAGE.*`: every
-module of PACKAGE), says ready, then reads one JSON request a line on stdin and answers on stdout: the child's pid,
-"stopped" when the request asked to hear of a SIGSTOP, and its exit status.
-"""
+module of PACKAGE), says ready, then reads one JSON request a line on stdin and answers on stdout: each child's pid
+as it starts, "stopped" when its request asked to hear of a SIGSTOP, and its exit status (these two name the
+child's pid)."""
 
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ import contextlib
 import json
 import os
 import select
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -117,7 +123,8 @@ def _child(request: dict) -> None:
 
 
 def serve(modules: Sequence[str]) -> None:
-    """The server's loop: import `modules`, then fork a child per request line (see the module docstring)."""
+    """The server's loop: import `modules`, then fork a child per request line and report each child's exit (see
+    the module docstring); children run side by side."""
     import importlib
     import pkgutil
 
@@ -129,21 +136,50 @@ def serve(modules: Sequence[str]) -> None:
         else:
             importlib.import_module(name)
     answers = os.dup(1)  # never sys.stdout: nothing may sit in a buffer a child inherits
-    requests = os.fdopen(os.dup(0), "r")
+    requests = os.dup(0)
+    # A child's end wakes the loop: SIGCHLD writes a byte on `woken` (its handler is Python's wake-up fd).
+    woken, wake = os.pipe()
+    os.set_blocking(woken, False)
+    os.set_blocking(wake, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake)
+    running: dict[int, bool] = {}  # pid -> whether its request asked to hear of a SIGSTOP
+    pending, ended = b"", False
     os.write(answers, b'{"ready": true}\n')
-    for line in requests:
-        request = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            os.close(answers)
-            requests.close()
-            _child(request)
-        os.write(answers, json.dumps({"pid": pid}).encode() + b"\n")
-        _, status = os.waitpid(pid, os.WUNTRACED if request.get("stop") else 0)
-        if os.WIFSTOPPED(status):
-            os.write(answers, b'{"stopped": true}\n')
-            _, status = os.waitpid(pid, 0)
-        os.write(answers, json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+    while not ended:
+        readable = select.select([requests, woken], [], [])[0]
+        if woken in readable:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(woken, 4096):
+                    pass
+        while running:
+            pid, status = os.waitpid(-1, os.WNOHANG | os.WUNTRACED)
+            if pid == 0:
+                break
+            if os.WIFSTOPPED(status):
+                if running.get(pid):
+                    os.write(answers, json.dumps({"child": pid, "stopped": True}).encode() + b"\n")
+                continue
+            running.pop(pid, None)
+            os.write(answers, json.dumps({"child": pid, "status": os.waitstatus_to_exitcode(status)}).encode()
+                     + b"\n")
+        if requests not in readable:
+            continue
+        data = os.read(requests, 65536)
+        ended = not data
+        pending += data
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            request = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for fd in (answers, requests, woken, wake):
+                    os.close(fd)
+                _child(request)
+            running[pid] = bool(request.get("stop"))
+            os.write(answers, json.dumps({"pid": pid}).encode() + b"\n")
 
 
 # What the store commands import (audit, repair, stats, ns, put's parsing, migrate): not torch. A child forks
@@ -175,28 +211,16 @@ class Child:
         self.stopped = False
         self.returncode: int | None = None
 
-    def _answer(self, timeout: float | None) -> bool:
-        """Take the server's next answer about this child if one comes within `timeout` (None: wait for it)."""
-        answer = self.forks.answer(timeout)
-        if answer is None:
-            return False
-        if answer.get("stopped"):
-            self.stopped = True
-        else:
-            self.returncode = answer["status"]
-            self.forks.busy = None
-        return True
-
     def poll(self) -> int | None:
         """The exit status if the child has ended, else None (never waits)."""
-        while self.returncode is None and self._answer(0):
+        while self.returncode is None and self.forks.pump(0):
             pass
         return self.returncode
 
     def wait_stopped(self) -> bool:
         """Wait until the child stopped itself (SIGSTOP; True) or ended (False)."""
         while not self.stopped and self.returncode is None:
-            self._answer(None)
+            self.forks.pump(None)
         return self.stopped
 
     def wait(self, timeout: float | None = None) -> int:
@@ -206,7 +230,7 @@ class Child:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise subprocess.TimeoutExpired(f"forked pid {self.pid}", timeout or 0)
-            self._answer(left)
+            self.forks.pump(left)
         return self.returncode
 
     def kill(self, sig: int = 9) -> None:
@@ -231,19 +255,134 @@ def read_line(fd: int, timeout: float) -> str:
     return data.decode("utf-8", "replace").split("\n", 1)[0] + ("\n" if b"\n" in data else "")
 
 
+class Piped:
+    """A forked command whose stdout this process reads as it goes (`readline`, `read`: a FIFO), its stderr in a
+    file (`stderr`): what `subprocess.Popen(..., stdout=PIPE)` gives a test that waits for a server's ready line or
+    follows a feed. `Forks.piped` starts one; `close` (or the with block's end) kills it if it still runs, waits for
+    it and removes its files."""
+
+    def __init__(self, forks: Forks, argv: Sequence[str], *, env: Mapping[str, str] | None, stderr: str | None,
+                 script: str | None, stdin: bool = False) -> None:
+        self._work = tempfile.mkdtemp(prefix="kvc-fork-")
+        out = os.path.join(self._work, "out")
+        os.mkfifo(out)
+        # Opened before the child exists, without waiting for a writer: select sees its lines, then the end of the
+        # file once the child has closed it (exited); never the end before the child opened it (Linux's FIFOs).
+        self._out = os.open(out, os.O_RDONLY | os.O_NONBLOCK)
+        self._in: int | None = None
+        feed = None
+        if stdin:  # read and write (Linux's FIFOs): neither end waits for the other to open; `close_stdin` ends it
+            feed = os.path.join(self._work, "in")
+            os.mkfifo(feed)
+            self._in = os.open(feed, os.O_RDWR)
+        self._buffer = b""
+        self._ended = False
+        self.err_path = stderr or os.path.join(self._work, "err")
+        self.child = forks.start(argv, env=os.environ if env is None else env, stdout=out, stderr=self.err_path,
+                                 stdin=feed, script=script)
+        self.pid = self.child.pid
+
+    def write(self, text: str) -> None:
+        """Write `text` on the child's stdin (`Forks.piped(..., stdin=True)`)."""
+        assert self._in is not None, "started without stdin=True"
+        data = text.encode()
+        while data:
+            data = data[os.write(self._in, data):]
+
+    def close_stdin(self) -> None:
+        """Close the child's stdin: it reads the end of the file."""
+        if self._in is not None:
+            os.close(self._in)
+            self._in = None
+
+    def _fill(self, deadline: float) -> bool:
+        """Read what the child wrote by `deadline`; False once its stdout ended or the deadline passed."""
+        if self._ended:
+            return False
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([self._out], [], [], left)[0]:
+            return False
+        chunk = os.read(self._out, 65536)
+        self._ended = not chunk
+        self._buffer += chunk
+        return bool(chunk)
+
+    def readline(self, timeout: float = 120) -> str:
+        """The child's next stdout line ("" when it ended without one, or none came within `timeout` s)."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer and self._fill(deadline):
+            pass
+        if b"\n" not in self._buffer:
+            return ""
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode("utf-8", "replace") + "\n"
+
+    def read(self, timeout: float = 120) -> str:
+        """The rest of the child's stdout, up to its end (or `timeout` s)."""
+        deadline = time.monotonic() + timeout
+        while self._fill(deadline):
+            pass
+        rest, self._buffer = self._buffer, b""
+        return rest.decode("utf-8", "replace")
+
+    @property
+    def stderr(self) -> str:
+        """What the child wrote on stderr so far."""
+        with open(self.err_path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once reported (negative: the signal that killed it)."""
+        return self.child.returncode
+
+    def poll(self) -> int | None:
+        """The exit status if the child has ended, else None."""
+        return self.child.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the exit status (see `Child.wait`)."""
+        return self.child.wait(timeout)
+
+    def send_signal(self, sig: int) -> None:
+        """Send `sig` unless the child has been reaped."""
+        self.child.kill(sig)
+
+    def kill(self) -> None:
+        """SIGKILL, unless the child has been reaped."""
+        self.child.kill()
+
+    def close(self) -> None:
+        """Kill the child if it still runs, wait for it, and remove its FIFO (and its stderr, unless named)."""
+        if self.child.poll() is None:
+            self.child.kill()
+        self.child.wait()
+        self.close_stdin()
+        os.close(self._out)
+        shutil.rmtree(self._work, ignore_errors=True)
+
+    def __enter__(self) -> Piped:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class Forks:
-    """A server that imported `modules` once and forks a child per command (see the module docstring)."""
+    """A server that imported `modules` once and forks a child per command (see the module docstring). Children
+    run side by side (a server and its clients); one a test left running is killed when the server closes."""
 
     def __init__(self, modules: Sequence[str] = KVC_MODULES, env: Mapping[str, str] | None = None) -> None:
         self.proc = subprocess.Popen([sys.executable, __file__, *modules], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=None if env is None else dict(env))
-        self.busy: Child | None = None
+        self.children: dict[int, Child] = {}  # those not reported ended yet
+        self._started: list[int] = []
         self._pending = b""
-        if self.answer(300) != {"ready": True}:
+        if self._answer(300) != {"ready": True}:
             self.close()
             raise RuntimeError(f"the fork server importing {list(modules)} did not start")
 
-    def answer(self, timeout: float | None) -> dict | None:
+    def _answer(self, timeout: float | None) -> dict | None:
         """The server's next answer line, or None if none comes within `timeout` seconds."""
         assert self.proc.stdout is not None
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -258,16 +397,29 @@ class Forks:
         line, self._pending = self._pending.split(b"\n", 1)
         return json.loads(line)
 
+    def pump(self, timeout: float | None) -> bool:
+        """Take the server's next answer, if one comes within `timeout` seconds (None: wait for it), to the child
+        it is about; False if none came."""
+        answer = self._answer(timeout)
+        if answer is None:
+            return False
+        if "child" not in answer:  # the pid of the child `start` asked for
+            self._started.append(answer["pid"])
+        elif (child := self.children.get(answer["child"])) is not None:
+            if answer.get("stopped"):
+                child.stopped = True
+            else:
+                child.returncode = answer["status"]
+                del self.children[child.pid]
+        return True
+
     def start(self, argv: Sequence[str], *, env: Mapping[str, str], stdout: str, stderr: str,
               stdin: str | None = None, script: str | None = None, script_file: str | None = None,
               no_caps: bool = False, stop: bool = False) -> Child:
         """Fork a child running kvc with `argv`, or `script` (Python source, sys.argv `argv` as `python -c` gives
         it), or the Python file `script_file` (sys.argv: the file, then `argv`); streams on the files named,
         environment `env`; `no_caps`: without root's capabilities; `stop`: `Child.wait_stopped` hears of a SIGSTOP.
-        One child at a time: a previous one still running (left by a failed test) is killed first."""
-        if self.busy is not None:  # one child at a time: one a failed test left running is killed first
-            self.busy.kill()
-            self.busy.wait()
+        Children run side by side: a server, and the clients that talk to it."""
         assert self.proc.stdin is not None
         args = [*map(str, argv)]
         if script_file is not None:
@@ -278,10 +430,18 @@ class Forks:
                    "script": script, "script_file": script_file, "no_caps": no_caps, "stop": stop}
         self.proc.stdin.write(json.dumps(request).encode() + b"\n")
         self.proc.stdin.flush()
-        answer = self.answer(None)
-        assert answer is not None and "pid" in answer, answer
-        self.busy = Child(self, answer["pid"])
-        return self.busy
+        while not self._started:
+            self.pump(None)
+        pid = self._started.pop()
+        self.children[pid] = Child(self, pid)
+        return self.children[pid]
+
+    def piped(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, stderr: str | None = None,
+              script: str | None = None, stdin: bool = False) -> Piped:
+        """Fork a child running kvc with `argv` (or `script`, as `start` does) whose stdout this process reads as
+        it goes (`Piped`); stderr in the file `stderr` (None: a file of its own); `env` None: this process's;
+        `stdin`: this process writes the child's stdin (`Piped.write`), else it reads an empty file."""
+        return Piped(self, argv, env=env, stderr=stderr, script=script, stdin=stdin)
 
     def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 120,
             script: str | None = None, script_file: str | None = None, no_caps: bool = False) -> Ran:
@@ -303,12 +463,12 @@ class Forks:
                 return Ran(o.read(), e.read(), code)
 
     def close(self) -> None:
-        """Stop the server (a child still running is killed first)."""
-        if self.busy is not None and self.busy.returncode is None:
+        """Stop the server (children still running, left by failed tests, are killed first)."""
+        for child in list(self.children.values()):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.busy.pid, 9)
+                os.kill(child.pid, 9)
             with contextlib.suppress(RuntimeError):
-                self.busy.wait()
+                child.wait()
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.close()
         self.proc.wait(60)
@@ -319,3 +479,4 @@ if __name__ == "__main__":
     if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
         del sys.path[0]  # this script's folder: not on a console script's path
     serve(sys.argv[1:])
+    os._exit(0)  # nothing to flush (its answers are os.write's): no interpreter teardown of torch to wait for
