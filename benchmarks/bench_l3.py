@@ -542,10 +542,6 @@ def main() -> int:
                              "(default: $KVC_PEER_PYTHONPATH)")
     parser.add_argument("--no-peer", action="store_true", help="leave out SGLang's HiCacheFile")
     args = parser.parse_args()
-    # What the imports loaded (torch's objects, hundreds of thousands) is never garbage: out of the collector's
-    # reach, the untimed collection between passes walks only what the run allocated (0.13 s each, ~80 of them in a
-    # small run, without this)
-    gc.freeze()
     if args.quick:
         args.store_mb, args.repeat, args.runs = 64, 1, 1
         args.redis_mb = min(args.redis_mb, 64)
