@@ -8,7 +8,8 @@ prefetch holds and what it fetches, and whether a finished fetch is parked as a 
   acknowledgement; a prefetch extends the device prefix (holding it on the device) and a finished fetch is parked
   as a staged record, spliced at admission.
 
-Every engine module asks these rules; none re-decides the mode.
+Every engine module asks these rules, and the backup target picks the landing and the backups classes
+(`kvcache.engine.landing`, `kvcache.engine.backups`); none re-decides the mode.
 """
 
 from __future__ import annotations
@@ -37,11 +38,6 @@ class HostModeRules(msgspec.Struct, frozen=True):
     # (cache mode) or the device prefix its splice extends (buffer mode).
     prefetch_tier: Tier
     park_fetches: bool  # a finished fetch becomes a staged record (buffer mode) instead of host-only nodes
-
-    @property
-    def bounce(self) -> bool:
-        """Backups are bounce copies for L3 (buffer mode with a store)."""
-        return self.backup is BackupTarget.BOUNCE
 
     @property
     def backs_up(self) -> bool:

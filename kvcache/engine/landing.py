@@ -103,7 +103,7 @@ class NoBackup:
     """No host tier, or a bounce buffer with no store: no backup is ever started, so none lands."""
 
     def __init__(self, tree: RadixTree, writes: Writes, config: CacheConfig) -> None:
-        pass
+        """Nothing to keep: it hands nothing on."""
 
     def covered(self, node: TreeNode) -> bool:
         """Nothing is backed up, so nothing needs to be."""

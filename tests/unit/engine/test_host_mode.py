@@ -18,7 +18,6 @@ from kvcache.types.tier import Tier
 def test_rules_of_each_mode(mode, host, store, backup, tier, parks):
     rules = rules_for(mode, host, store)
     assert (rules.backup, rules.prefetch_tier, rules.park_fetches) == (backup, tier, parks)
-    assert rules.bounce == (backup is BackupTarget.BOUNCE)
     assert rules.backs_up == (backup is not BackupTarget.NONE)
 
 
