@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 from ..storage.api import PageStore
@@ -131,3 +132,13 @@ class IOWorker:
                 with self._cv:
                     self._busy = False
                     self._cv.notify_all()
+
+
+def take_back(done: collections.deque[J], finish: Callable[[J], None]) -> int:
+    """Hand each job of `done` (a part's queue of its finished jobs) to `finish`, in the order they finished, on the
+    scheduler thread. Returns how many."""
+    n = 0
+    while done:
+        finish(done.popleft())
+        n += 1
+    return n

@@ -45,6 +45,7 @@ from ..types.request import Request
 from ..types.results import DeclineReason, DropReason, PrefetchOutcome
 from ..types.stats import bump
 from ..types.tier import Tier
+from .io_worker import take_back
 from .operation import release_anchor
 from .prefetch_op import CheckJob, FetchJob, PrefetchOp, PrefetchState
 
@@ -265,6 +266,10 @@ class Prefetcher:
             self.holders.prefetches.pop(op.rid, None)
             self._park(op)
 
+    def take_back(self) -> int:
+        """Take back the check and fetch jobs the worker finished, in order (`job_done`). Returns how many."""
+        return take_back(self.done, self.job_done)
+
     def rearm(self) -> None:
         """Start the next attempt of the operations whose retry is due."""
         now = time.monotonic()
@@ -274,14 +279,6 @@ class Prefetcher:
                 self._submit_check(op)
 
     # --- settle ----------------------------------------------------------------------------------------------
-
-    def take_back(self) -> int:
-        """Take back the check and fetch jobs the worker finished, in order (`job_done`). Returns how many."""
-        n, done = 0, self.done
-        while done:
-            self.job_done(done.popleft())
-            n += 1
-        return n
 
     def policy(self, policy: PrefetchPolicy | None) -> PrefetchPolicy:
         """The policy a settle follows: the one asked for, else the configured one."""

@@ -37,6 +37,7 @@ import numpy as np
 from ..storage.api import PageOrigin
 from ..types.ids import NamespaceId, NodeId, PageHash
 from ..types.keys import TOKEN_BYTES
+from .io_worker import take_back
 from .operation import OpKind
 from .write_job import StorageWriteJob
 
@@ -276,11 +277,7 @@ class Writes:
 
     def take_back(self) -> int:
         """Take back the writes the store has answered, in the order they finished. Returns how many."""
-        n, done = 0, self.done
-        while done:
-            self.finish(done.popleft())
-            n += 1
-        return n
+        return take_back(self.done, self.finish)
 
     def take_rewrites(self) -> list[TreeNode]:
         """The last nodes of the paths to write again because the store evicted a parent meanwhile (each once)."""
