@@ -67,11 +67,22 @@ def forward(cache: TieredCache, request, admission) -> None:
     write_kv(cache, request, admission.slots, admission.cached_tokens)
 
 
+def serve(cache: TieredCache, request):
+    """Admit `request` (it must be admitted), write its new tokens' KV as the engine's forward would, commit it.
+    Returns the admission."""
+    from kvcache import AdmitStatus
+
+    adm = cache.admit(request)
+    assert adm.status is AdmitStatus.ADMITTED, adm
+    forward(cache, request, adm)
+    cache.commit(request.rid)
+    return adm
+
+
 def seed_store(store, request, **kw) -> None:
     """Another cache (over `store`, made with `kw`) served `request` and wrote its pages to L3, then closed."""
     w = l3_cache(store, **kw)
-    forward(w, request, w.admit(request))
-    w.commit(request.rid)
+    serve(w, request)
     w.flush()
     w.close()
 

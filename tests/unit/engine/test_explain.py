@@ -8,8 +8,9 @@ import time
 import numpy as np
 import pytest
 
+import factories
 from devices import TEST_DEVICE
-from factories import forward, l3_cache, make_layout, make_store
+from factories import l3_cache, make_layout, make_store
 from kvcache import CacheConfig, Namespace, Request, TieredCache
 from kvcache.types.config import HostMode, PrefetchPolicy, TTLPolicy
 from kvcache.types.explain import MissReason, PrefetchFate
@@ -30,10 +31,7 @@ def req(rid: str, first: int, pages: int = 4, ns: Namespace = A) -> Request:
 
 def serve(cache, request: Request) -> None:
     """Admit, forward (synthetic KV), commit and flush: the request's pages reach L1, L2 and (write-through) L3."""
-    adm = cache.admit(request)
-    assert adm.status is AdmitStatus.ADMITTED
-    forward(cache, request, adm)
-    cache.commit(request.rid)
+    factories.serve(cache, request)
     cache.flush()
 
 

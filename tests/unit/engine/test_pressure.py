@@ -3,7 +3,7 @@ are bounded, and never starve an admission that fits the device pool (DESIGN §4
 
 import pytest
 
-from factories import device_bytes_ok, forward, l3_cache, make_layout, make_store
+from factories import device_bytes_ok, forward, l3_cache, make_layout, make_store, serve
 from kvcache import AdmitStatus, Namespace, Request, WritePolicy
 from kvcache.types.config import HostMode, PrefetchPolicy
 from kvcache.types.results import DeclineReason
@@ -29,10 +29,7 @@ def store(tmp_path):
 
 def write(cache, rid, tokens, ns):
     req = Request(rid, tokens, ns)
-    adm = cache.admit(req)
-    assert adm.status is AdmitStatus.ADMITTED
-    forward(cache, req, adm)
-    cache.commit(rid)
+    serve(cache, req)
     return req
 
 

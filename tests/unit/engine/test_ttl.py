@@ -7,10 +7,10 @@ import math
 import msgspec
 import pytest
 
+import factories
 from devices import TEST_DEVICE
 from factories import forward, l3_cache, make_layout, make_store
 from kvcache import (
-    AdmitStatus,
     CacheConfig,
     ExpiryCause,
     InvalidConfig,
@@ -66,11 +66,7 @@ def ttl_cache(store, clock, mode=TTLMode.SLIDING, default=10.0, maximum=20.0, na
 
 def serve(cache, rid, ns, tokens=TOKENS, ttl_s=None):
     """Admit, write KV, commit, and let the backups land in L2 and L3. Returns the admission."""
-    req = Request(rid, tokens, ns, ttl_s=ttl_s)
-    adm = cache.admit(req)
-    assert adm.status is AdmitStatus.ADMITTED
-    forward(cache, req, adm)
-    cache.commit(rid)
+    adm = factories.serve(cache, Request(rid, tokens, ns, ttl_s=ttl_s))
     cache.flush()
     return adm
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import pytest
 
+import factories
 import kvcache.engine.writes as writes
-from factories import forward, l3_cache, make_layout, make_store
-from kvcache import AdmitStatus, Namespace, Request
+from factories import l3_cache, make_layout, make_store
+from kvcache import Namespace, Request
 from kvcache.types.keys import page_hashes
 from kvcache.types.shares import Shares
 
@@ -48,10 +49,7 @@ class Outage:
 
 def serve(cache, rid, tokens, ns=T1):
     req = Request(rid, tokens, ns)
-    adm = cache.admit(req)
-    assert adm.status is AdmitStatus.ADMITTED
-    forward(cache, req, adm)
-    cache.commit(rid)
+    factories.serve(cache, req)
     return req
 
 
