@@ -1,10 +1,11 @@
 """Copies of whole pages between a cache's two pools: the bytes under every ledger move.
 
-A copy moves scattered pages with one gather and one scatter per span of a page (`kv.KVPages`: one span for kvc's
-own pools, one per layer's K or V over an engine's tensors), never a launch per page, and allocates nothing per call
-beyond what torch's caching allocators hand back.
+On a GPU, a copy moves scattered pages of every span of a page (`kv.KVPages`: one span for kvc's own pools, one per
+layer's K or V over an engine's tensors) with one gather and one scatter (`arena.SpanArena`), whatever the number of
+pages or layers; it allocates nothing per call beyond what torch's caching allocators hand back.
 
-- Both pools on the CPU, pages one span each: numpy, row by row (`copy_rows`); the host side of every CPU copy.
+- Both pools on the CPU: numpy, row by row (`copy_rows`), a page at a time for kvc's own pools and a span at a time
+  over an engine's tensors.
 - A CUDA pool and the pinned host pool: queued on the copier's own stream, after the work already queued on the
   caller's current stream (an event, never a device-wide wait), and completed by the event `copy` returns. The host
   pool is seen from the GPU through unified addressing (`host_alias`), so the kernels gather and scatter its pages
@@ -23,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .kv import KVPages
+from .arena import AddressView, SpanArena, arenas
 from .pools import SlotPool, page_rows
 
 _RUN_COPY_MIN_BYTES = 4096  # rows at least this long are copied run by run; shorter ones by fancy indexing
@@ -50,25 +51,25 @@ def copy_rows(dst: np.ndarray, dst_rows: np.ndarray, src: np.ndarray, src_rows: 
 class _CudaInterface:
     """A pointer the GPU can address, in the CUDA array interface `torch.asarray` reads (no copy is made)."""
 
-    def __init__(self, ptr: int, shape: tuple[int, ...], owner: torch.Tensor) -> None:
-        self.__cuda_array_interface__ = {"shape": shape, "typestr": "|u1", "data": (ptr, False), "version": 2,
+    def __init__(self, ptr: int, nbytes: int, owner: object) -> None:
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 2,
                                          "strides": None}
-        self.owner = owner  # keeps the host memory alive as long as the alias
+        self.owner = owner  # keeps the memory alive as long as the alias
 
 
 def host_alias(host: torch.Tensor, device: torch.device) -> torch.Tensor | None:
-    """`host` (pinned, contiguous uint8) as a CUDA tensor over the same memory, which kernels on `device` read and
-    write over the bus (unified addressing: a pinned page's device address is its host address). Checked by a round
-    trip before use; None where the driver or torch refuses it."""
+    """`host` (pinned, contiguous uint8) as a flat CUDA tensor over the same memory, which kernels on `device` read
+    and write over the bus (unified addressing: a pinned page's device address is its host address). Checked by a
+    round trip before use; None where the driver or torch refuses it."""
     if not host.is_pinned() or not host.is_contiguous() or host.numel() == 0:
         return None
     try:
-        alias = torch.asarray(_CudaInterface(host.data_ptr(), tuple(host.shape), host), device=device)
+        alias = torch.asarray(_CudaInterface(host.data_ptr(), host.numel(), host), device=device)
         if alias.data_ptr() != host.data_ptr() or alias.device.type != "cuda":
             return None
         probe = host.view(-1)[:1]
         before = int(probe.item())
-        alias.view(-1)[:1].fill_((before + 1) % 256)
+        alias[:1].fill_((before + 1) % 256)
         torch.cuda.synchronize(device)
         ok = int(probe.item()) == (before + 1) % 256
         probe.fill_(before)
@@ -77,9 +78,16 @@ def host_alias(host: torch.Tensor, device: torch.device) -> torch.Tensor | None:
         return None
 
 
+def cuda_address_view(device: torch.device, owner: object) -> AddressView:
+    """Views of device memory on `device` by address (`arena.AddressView`), keeping `owner` alive with each."""
+    def view(ptr: int, nbytes: int) -> torch.Tensor:
+        return torch.asarray(_CudaInterface(ptr, nbytes, owner), device=device)
+    return view
+
+
 class Copier:
     """Copies pages between one cache's device pool and its host pool, on a stream of its own when the device is
-    a GPU. The span pairs each direction moves are made once, here."""
+    a GPU. What each direction indexes is made once, here."""
 
     def __init__(self, device_pool: SlotPool, host_pool: SlotPool | None) -> None:
         self.device_pool = device_pool
@@ -87,11 +95,14 @@ class Copier:
         self.cuda = device_pool.device_type == "cuda"
         self.stream: torch.cuda.Stream | None = (
             torch.cuda.Stream(device_pool.device) if self.cuda else None)  # type: ignore[no-untyped-call]
-        # On a GPU with the alias: (device view, host view) per span, as the kernels move them. On the CPU over an
-        # engine's tensors: the same span pairs as numpy rows (one opaque element a page's span), copied as
-        # `copy_rows` does. Empty otherwise (kvc's own CPU pools copy whole page rows; a staged GPU copy pairs its
-        # staging buffer per call).
-        self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # On a GPU: the device pool's spans as arenas (one, unless torch refused a view over them all), each with the
+        # first byte of a page it covers; and with the alias, each arena's columns of the host pages in its element
+        # type, which its gather lands in and its scatter reads.
+        self._arenas: list[tuple[int, SpanArena]] = arenas(
+            device_pool.kv, cuda_address_view(device_pool.device, device_pool.kv.views)) if self.cuda else []
+        self._host_columns: list[torch.Tensor] = []
+        # On the CPU over an engine's tensors: (device rows, host rows) per span, numpy rows of one opaque element a
+        # page's span, copied as `copy_rows` does (kvc's own CPU pools copy whole page rows).
         self._row_pairs: list[tuple[np.ndarray, np.ndarray]] = []
         self.aliased = False  # a GPU copier whose kernels move the host pages themselves (no staging)
         if host_pool is not None and host_pool.pages is not None:
@@ -99,7 +110,9 @@ class Copier:
                 alias = host_alias(host_pool.pages, device_pool.device)
                 if alias is not None:
                     self.aliased = True
-                    self._pairs = [_wide(d, h) for d, h in device_pool.kv.pair(KVPages([alias], "token", owned=False))]
+                    pages = alias.view(host_pool.num_pages, host_pool.page_bytes)
+                    self._host_columns = [pages[:, at:at + arena.page_bytes].view(arena.dtype)
+                                          for at, arena in self._arenas]
             elif device_pool.page_rows is None:
                 self._row_pairs = [(page_rows(d.numpy()), page_rows(h.numpy()))
                                    for d, h in device_pool.kv.pair(host_pool.kv)]
@@ -131,10 +144,13 @@ class Copier:
         device = self.device_pool.device
         stream.wait_stream(torch.cuda.current_stream(device))  # after what the engine queued (the pages it wrote)
         with torch.cuda.stream(stream):
-            src_index = _index(src_pages).pin_memory().to(device, non_blocking=True)
-            dst_index = _index(dst_pages).pin_memory().to(device, non_blocking=True)
+            # both indexes in one upload; pinned, so it is queued, and torch's caching host allocator keeps the
+            # pinned block until the upload has read it
+            both = torch.from_numpy(np.stack([src_pages, dst_pages]).astype(np.int64, copy=False))
+            both = both.pin_memory().to(device, non_blocking=True)
+            src_index, dst_index = both[0], both[1]
             if self.aliased:
-                self._scatter(to_host, src_index, dst_index)
+                self._move(to_host, src_index, dst_index)
             elif to_host:
                 self._staged_to_host(src_index, dst, dst_pages)
                 return None
@@ -144,20 +160,27 @@ class Copier:
             event.record(stream)
         return event
 
-    def _scatter(self, to_host: bool, src_index: torch.Tensor, dst_index: torch.Tensor) -> None:
-        """One gather and one scatter per span pair."""
-        for device_view, host_view in self._pairs:
-            src, dst = (device_view, host_view) if to_host else (host_view, device_view)
-            dst.index_copy_(0, dst_index, src.index_select(0, src_index))
+    def order_current_stream(self, event: torch.cuda.Event | None) -> None:
+        """Make the caller's current stream wait for a copy's `event` (the GPU waits, the calling thread does not):
+        what it queues from now on sees the copied pages. None (a copy that has completed): nothing to wait for."""
+        if event is not None:
+            torch.cuda.current_stream(self.device_pool.device).wait_event(event)
+
+    def _move(self, to_host: bool, src_index: torch.Tensor, dst_index: torch.Tensor) -> None:
+        """One gather and one scatter an arena (one arena: two launches, whatever the number of layers)."""
+        for (_, arena), columns in zip(self._arenas, self._host_columns, strict=True):
+            if to_host:
+                columns.index_copy_(0, dst_index, arena.gather(src_index))
+            else:
+                arena.scatter(dst_index, columns.index_select(0, src_index))
 
     def _staged_to_host(self, src_index: torch.Tensor, dst: SlotPool, dst_pages: np.ndarray) -> None:
         """Device -> host without the alias: gather on the GPU, one copy over the bus into pinned rows, and the CPU
         scatters them once they have landed (this direction waits for itself)."""
-        device_pool, stream = self.device_pool, self.stream
+        stream = self.stream
         assert stream is not None and dst.page_rows is not None
-        gathered = torch.empty((len(dst_pages), device_pool.page_bytes), dtype=torch.uint8, device=device_pool.device)
-        for s, d in device_pool.kv.pair(KVPages([gathered], "token", owned=False)):
-            d.copy_(s.index_select(0, src_index))
+        parts = [arena.gather(src_index).view(torch.uint8) for _, arena in self._arenas]
+        gathered = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
         rows = torch.empty(gathered.shape, dtype=torch.uint8, pin_memory=True)
         rows.copy_(gathered, non_blocking=True)
         stream.synchronize()
@@ -165,28 +188,14 @@ class Copier:
 
     def _staged_to_device(self, src: SlotPool, src_pages: np.ndarray, dst_index: torch.Tensor) -> None:
         """Host -> device without the alias: a numpy gather into pinned rows (torch's caching host allocator keeps
-        them until the copy that reads them is done), one copy over the bus, a scatter per span on the GPU."""
+        them until the copy that reads them is done), one copy over the bus, a scatter per arena on the GPU."""
         assert src.page_rows is not None
         n = len(src_pages)
         rows = torch.empty((n, src.page_bytes), dtype=torch.uint8, pin_memory=True)
         rows.numpy()[:] = src.page_rows[src_pages].view(np.uint8).reshape(n, src.page_bytes)
-        staged = KVPages([rows.to(self.device_pool.device, non_blocking=True)], "token", owned=False)
-        for s, d in staged.pair(self.device_pool.kv):
-            d.index_copy_(0, dst_index, s)
-
-
-def _index(pages: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(pages, dtype=np.int64))
-
-
-def _wide(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two ``[pages, bytes]`` uint8 views of the same width as the widest integer elements both their widths, row
-    strides and offsets allow: the kernels then move 8 bytes an element, not 1 (the same bytes, no copy)."""
-    for dtype, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
-        if all(v.shape[1] % size == 0 and v.stride(0) % size == 0 and v.storage_offset() % size == 0
-               for v in (a, b)):
-            return a.view(dtype), b.view(dtype)
-    return a, b
+        staged = rows.to(self.device_pool.device, non_blocking=True)
+        for at, arena in self._arenas:
+            arena.scatter(dst_index, staged[:, at:at + arena.page_bytes].view(arena.dtype))
 
 
 def copy_pages(src: SlotPool, src_pages: np.ndarray, dst: SlotPool, dst_pages: np.ndarray) -> torch.cuda.Event | None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from devices import TEST_DEVICE, needs_cuda
-from kvcache.ledger.copy import Copier, _wide, copy_pages, copy_rows
+from kvcache.ledger.copy import Copier, copy_pages, copy_rows
 from kvcache.ledger.kv import KVPages
 from kvcache.ledger.pools import SlotPool, page_rows
 
@@ -79,15 +79,6 @@ def test_a_copier_copies_between_its_own_pools_only_and_counts_pages():
     with pytest.raises(ValueError, match="asked to copy device -> host"):
         copier.copy(device, np.array([0]), other, np.array([0]))
     assert copier.copy(device, np.array([], dtype=np.int64), host, np.array([], dtype=np.int64)) is None
-
-
-@pytest.mark.parametrize("width, offset, dtype", [(64, 0, torch.int64), (64, 8, torch.int64), (12, 4, torch.int32),
-                                                   (6, 2, torch.int16), (6, 1, torch.uint8)])
-def test_spans_are_moved_as_the_widest_elements_both_sides_allow(width, offset, dtype):
-    host = torch.zeros(4, 128, dtype=torch.uint8)[:, offset:offset + width]
-    device = torch.zeros(4, width, dtype=torch.uint8)
-    a, b = _wide(device, host)
-    assert a.dtype == b.dtype == dtype and b.data_ptr() == host.data_ptr()
 
 
 def test_copy_pages_makes_a_copier_for_one_copy():
