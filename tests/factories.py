@@ -141,3 +141,40 @@ def page_range(start: int, n: int):
     import numpy as np
 
     return np.arange(start, start + n, dtype=np.int64)
+
+
+class PendingEvent:
+    """A copy's completion as a CUDA event reports it, on the CPU: running until the test (or a wait) finishes it."""
+
+    def __init__(self) -> None:
+        self.finished = False
+
+    def query(self) -> bool:
+        return self.finished
+
+    def synchronize(self) -> None:
+        self.finished = True
+
+
+class PendingCopies:
+    """The GPU's timing of a cache's L1 <-> L2 copies, on the CPU: the bytes land at once (the cache's own copier
+    moves them), but each copy reports itself running until its `PendingEvent` is finished, and the streams the
+    caller ordered after a copy are recorded. `install` puts it in place of the copier's two GPU-facing calls."""
+
+    def __init__(self, cache: TieredCache, monkeypatch) -> None:
+        copier = cache._staging.copier
+        self._copy = copier.copy
+        self.events: list[PendingEvent] = []  # one a copy, in issue order
+        self.ordered: list[PendingEvent] = []  # the events the caller's stream was made to wait for
+        monkeypatch.setattr(copier, "copy", self.copy)
+        monkeypatch.setattr(copier, "order_current_stream", self.ordered.append)
+
+    def copy(self, src, src_pages, dst, dst_pages) -> PendingEvent:
+        self._copy(src, src_pages, dst, dst_pages)
+        event = PendingEvent()
+        self.events.append(event)
+        return event
+
+    def finish(self) -> None:
+        for event in self.events:
+            event.finished = True

@@ -170,8 +170,7 @@ class Admissions:
             return pages
         # The request's forward reads these pages: it runs on the caller's stream, which waits for the copy (on
         # the GPU: the host goes on). Every later copy of these pages runs on the copier's stream, after this one.
-        op.order_current_stream()
-        copies.complete(op)
+        copies.hand_on(op)
         return pages
 
     def commit(self, rid: str) -> CommitResult:

@@ -5,6 +5,9 @@ owner, pins the nodes it reads or fills, and on completion hands its pages on �
 copies, a backup where the host mode's landing (`kvcache.engine.landing`) says — and gives its pins back. Copies
 complete in issue order, on `poll` or when a caller must wait (admission's load-back, write-back).
 
+A load-back whose pages admission returns at once is *handed on* (`hand_on`, `hold_source`): its nodes take the
+pages before the copy lands, and the op holds what the copy reads until its event completes.
+
 A copy's destination pages are its caller's to take, from the room above (a backup's from L2's room, whose
 write-back writes to L3; a load-back's from L1's, whose write-back backs up through here), and are handed to
 `start_backup` / `start_load_back` with the op's id.
@@ -15,7 +18,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 
+from ..types.ids import OwnerCode
 from .operation import OpKind
 from .transfer import TransferOp, targets
 
@@ -91,20 +96,46 @@ class Copies:
         op.event = self.copier.copy(self.host_pool, host_pages, self.device_pool, pages)
         return op
 
+    def hand_on(self, op: TransferOp) -> None:
+        """A load-back whose pages its caller uses now: the caller's current stream waits for the copy (the GPU
+        waits, not the calling thread), and its nodes take their device pages at once (Op -> Node). While the copy
+        still runs, the op keeps its pins — the host copies it reads stay put — until `complete_done` sees its
+        event; a finished copy completes here."""
+        self.copier.order_current_stream(op.event)
+        if op.done():
+            self.complete(op)
+            return
+        self._fill(op)
+        op.pages = op.pages[:0]
+        op.handed_on = True
+
+    def hold_source(self, pages: np.ndarray, owner: OwnerCode, event: torch.cuda.Event) -> None:
+        """Host `pages` (owned by `owner`) that a queued host -> device copy still reads, whose holder is done with
+        them (a spliced staged record): a handed-on load-back op takes them (owner -> Op(load_back)) and frees them
+        when its event completes, so no L3 fetch writes them before the GPU has read them."""
+        host = self.host_pool
+        assert host is not None  # a splice reads host pages
+        op = TransferOp(self.holders.mint(), OpKind.LOAD_BACK, host, pages, [])
+        host.transfer(pages, owner, op.owner)
+        op.event = event
+        op.handed_on = True
+        self._track(op)
+
     # --- completion ------------------------------------------------------------------------------------------
 
     def complete(self, op: TransferOp) -> None:
         """Hand the op's pages on — a load-back's to its nodes' device copies (Op -> Node), a backup's where the
-        landing says — and give its pins back."""
+        landing says; a handed-on load-back frees what it still holds — and give its pins back."""
         del self.holders.copies[op.id]
         backup = op.kind is OpKind.BACKUP
         tree = self.tree
         if backup:
             self.landing.land(op)
+        elif op.handed_on:
+            if len(op.pages):
+                op.pool.free(op.pages, op.owner)
         else:
-            for t in op.targets:
-                op.pool.transfer(t.pages, op.owner, t.node.owner)
-                tree.set_device(t.node, t.pages)
+            self._fill(op)
         unpin = self.holders.unpin
         for t in op.targets:
             unpin(tree, t.node, op)
@@ -134,6 +165,12 @@ class Copies:
             self.complete(op)
             done += 1
         return done
+
+    def _fill(self, op: TransferOp) -> None:
+        """A load-back's pages to its nodes' device copies (Op -> Node)."""
+        for t in op.targets:
+            op.pool.transfer(t.pages, op.owner, t.node.owner)
+            self.tree.set_device(t.node, t.pages)
 
     def _track(self, op: TransferOp) -> None:
         """Register an issued op; its target nodes are already pinned by the caller."""

@@ -74,7 +74,7 @@ class Parts:
         self.backups = backups = BACKUPS[rules.backup](config, copies, writes, host_room, holders, counters)
         device_room = PoolRoom(Tier.DEVICE, device_pool, config, tree, counters, removals, backups.write_back)
         self.room = Room(device_room, host_room, tree)
-        self.staging = staging = Staging(copier, tree, holders, prefetch_stats, device_room)
+        self.staging = staging = Staging(copies, tree, holders, prefetch_stats, device_room)
         self.prefetcher = prefetcher = Prefetcher(config, rules, tree, host_pool, holders, io, prefetch_stats,
                                                   self.prefetches, host_room, staging)
         self.shares = shares = AppliedShares(config, store, tree, counters)

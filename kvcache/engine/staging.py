@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from ..errors import InvariantViolation
 from ..types.keys import TOKEN_BYTES, RadixKey
@@ -25,9 +24,9 @@ from .operation import release_anchor
 from .staged import StagedPrefetch
 
 if TYPE_CHECKING:
-    from ..ledger.copy import Copier
     from ..tree import RadixTree, TreeNode
     from ..types.stats import PrefetchStats
+    from .copies import Copies
     from .holders import Holders
     from .prefetch_op import PrefetchOp
     from .room import PoolRoom
@@ -36,11 +35,12 @@ if TYPE_CHECKING:
 class Staging:
     """A cache's staged records: parked by the prefetch, spliced by admission, or dropped."""
 
-    def __init__(self, copier: Copier, tree: RadixTree, holders: Holders, stats: PrefetchStats,
+    def __init__(self, copies: Copies, tree: RadixTree, holders: Holders, stats: PrefetchStats,
                  device_room: PoolRoom) -> None:
-        self.copier = copier  # a splice's host -> device copy (on the copier's stream on a GPU)
-        self.device_pool = copier.device_pool
-        self.host_pool = copier.host_pool
+        self.copies = copies  # a splice's host -> device copy (on the copier's stream on a GPU), and its source
+        self.copier = copies.copier
+        self.device_pool = copies.device_pool
+        self.host_pool = copies.host_pool
         self.tree = tree
         self.holders = holders
         self.stats = stats
@@ -80,8 +80,7 @@ class Staging:
             return node, cached, 0
         assert self.host_pool is not None
         copied = self.copier.copy(self.host_pool, use, self.device_pool, dev)
-        if copied is not None:  # the request's forward, on the caller's stream, reads these pages after the copy
-            torch.cuda.current_stream(self.device_pool.device).wait_event(copied)
+        self.copier.order_current_stream(copied)  # the request's forward reads these pages after the copy
         # The splice key is rebuilt from the record's own namespace (checked equal to the request's above).
         end = staged.start_page + len(staged.pages)
         key = RadixKey(staged.key.data[: end * self.tree.page_size * TOKEN_BYTES], staged.key.namespace)
@@ -93,7 +92,10 @@ class Staging:
             parts.append((at, adopted.owner))
         parts.append((len(dev), FREE_CODE))
         self.device_pool.disperse(dev, owner, parts)
-        self.host_pool.free(staged.pages, staged.owner)
+        if copied is None:
+            self.host_pool.free(staged.pages, staged.owner)
+        else:  # the GPU may still be reading them
+            self.copies.hold_source(staged.pages, staged.owner, copied)
         self.holders.count_prefetch_pages(-len(staged.pages))
         # After the splice the tree must own exactly the spliced device slots, in the request's namespace.
         again = self.tree.match_prefix(key)

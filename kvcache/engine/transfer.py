@@ -4,6 +4,11 @@ bytes move.
 It takes its destination pages from FREE under its own ledger owner (`Op(id, kind)`), pins the tree nodes it reads
 or fills, and on completion hands each node its slice of the pages (Op -> Node), or, for a bounce copy in buffer
 mode, hands them to an L3 write (Op(backup) -> Op(storage_write)). `kvcache.engine.copies` issues and completes it.
+
+On a GPU a load-back's pages are handed on before its copy lands, since admission returns them and the caller's
+stream waits for the copy: the op is then *handed on* and holds only what the copy still reads — the nodes whose
+host copies it reads (its pins), or a splice's host pages — until its event completes. Nothing frees or reuses
+those host pages meanwhile: an L3 fetch writes host pages from the CPU, which no stream orders.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ class OpTarget:
 class TransferOp:
     """A copy in flight: owns `pages` in `pool` until it completes."""
 
-    __slots__ = ("id", "kind", "owner", "pool", "pages", "targets", "event")
+    __slots__ = ("id", "kind", "owner", "pool", "pages", "targets", "event", "handed_on")
 
     def __init__(self, ident: int, kind: OpKind, pool: SlotPool, pages: np.ndarray,
                  targets: list[OpTarget]) -> None:
@@ -46,6 +51,9 @@ class TransferOp:
         self.pages = pages  # destination pages, owned by this op until completion
         self.targets = targets  # nodes to fill, in root-to-leaf order
         self.event: torch.cuda.Event | None = None  # set when the copy runs asynchronously on a CUDA stream
+        # True once the destination pages went to their nodes ahead of the event (a load-back), or for a splice's
+        # source: `pool`/`pages` are then what the copy still reads (host pages it frees on completion), if any
+        self.handed_on = False
 
     def done(self) -> bool:
         """True once the copy has finished."""
@@ -55,12 +63,6 @@ class TransferOp:
         """Block until the copy has finished."""
         if self.event is not None:
             self.event.synchronize()
-
-    def order_current_stream(self) -> None:
-        """Make the caller's current stream wait for the copy (the GPU waits, the calling thread does not): what it
-        queues from now on sees the copied pages."""
-        if self.event is not None:
-            torch.cuda.current_stream(self.pool.device).wait_event(self.event)
 
     def split_target(self, child: TreeNode, new_parent: TreeNode, head_pages: int) -> None:
         """Follow a tree split: the target `child` lost its first `head_pages` pages to `new_parent`."""

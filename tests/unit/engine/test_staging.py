@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from factories import device_bytes_ok, forward, l3_cache, make_layout, make_store
+from factories import PendingCopies, device_bytes_ok, forward, l3_cache, make_layout, make_store
 from kvcache import AdmitStatus, Namespace, Request
 from kvcache.types.config import HostMode
 from kvcache.types.namespace import display_id
@@ -54,6 +54,31 @@ def test_splice_puts_exactly_the_staged_pages_on_the_device(warm_store):
     assert list(m.device_pages) == list(c._live["r"].cached_pages)
     c.commit("r")
     assert c.audit().ok and c.stats().prefetch.used_pages == 16
+
+
+def test_a_splice_still_running_on_the_gpu_keeps_the_staged_pages_it_reads_from_reuse(warm_store, monkeypatch):
+    """The spliced pages go to the tree at admission (the caller's stream waits for the copy), but the staged host
+    pages the copy reads stay held by it until its event completes: an L3 fetch, which writes host pages from the
+    CPU, must not get them first."""
+    c = l3_cache(warm_store, host_mode=HostMode.BUFFER)
+    req = Request("r", TOKENS + [1, 2], T1)
+    c.prefetch(req)
+    c.flush()
+    [staged] = c.staged_records()
+    gpu = PendingCopies(c, monkeypatch)
+    adm = c.admit(req)
+    assert adm.status is AdmitStatus.ADMITTED and adm.cached_tokens == 64 and gpu.ordered == gpu.events
+    assert device_bytes_ok(c, req, adm.slots, 64) and not c.staged_records()
+    [op] = [s for s in c.holder_states() if s.kind != "request"]
+    assert op.kind == "op:load_back" and op.pool == "host" and op.owner >> 48 == OwnerKind.OP_LOAD_BACK
+    assert set(c.host_pool.owners(staged.pages).tolist()) == {op.owner} and c.audit().ok
+    free = c.host_pool.alloc(c.host_pool.free_pages, 1)  # everything else the host pool can hand out
+    assert not set(free.tolist()) & set(staged.pages.tolist())
+    c.host_pool.free(free, 1)
+    gpu.finish()
+    assert c.poll() == 1 and c.host_pool.used_pages == 0 and c.audit().ok
+    c.commit("r")
+    assert c.audit().ok
 
 
 def test_staged_record_consumed_by_another_namespace_is_dropped(warm_store, caplog):
