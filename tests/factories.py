@@ -158,23 +158,36 @@ class PendingEvent:
 
 class PendingCopies:
     """The GPU's timing of a cache's L1 <-> L2 copies, on the CPU: the bytes land at once (the cache's own copier
-    moves them), but each copy reports itself running until its `PendingEvent` is finished, and the streams the
-    caller ordered after a copy are recorded. `install` puts it in place of the copier's two GPU-facing calls."""
+    moves them), but each copy reports itself running until its `PendingEvent` is finished, and the events the
+    caller's stream was made to wait for are recorded. It takes the place of the copier's two GPU-facing calls,
+    through `set_attr` (pytest's `monkeypatch.setattr`, or plain `setattr` for a cache a test throws away)."""
 
-    def __init__(self, cache: TieredCache, monkeypatch) -> None:
+    def __init__(self, cache: TieredCache, set_attr) -> None:
         copier = cache._staging.copier
         self._copy = copier.copy
-        self.events: list[PendingEvent] = []  # one a copy, in issue order
+        # one a copy, in issue order: (its event, source pool, source pages, destination pool, destination pages)
+        self.copies: list[tuple[PendingEvent, object, np.ndarray, object, np.ndarray]] = []
         self.ordered: list[PendingEvent] = []  # the events the caller's stream was made to wait for
-        monkeypatch.setattr(copier, "copy", self.copy)
-        monkeypatch.setattr(copier, "order_current_stream", self.ordered.append)
+        set_attr(copier, "copy", self.copy)
+        set_attr(copier, "order_current_stream", self.ordered.append)
+
+    @property
+    def events(self) -> list[PendingEvent]:
+        """Every copy's event, in issue order."""
+        return [c[0] for c in self.copies]
 
     def copy(self, src, src_pages, dst, dst_pages) -> PendingEvent:
         self._copy(src, src_pages, dst, dst_pages)
         event = PendingEvent()
-        self.events.append(event)
+        self.copies.append((event, src, np.array(src_pages), dst, np.array(dst_pages)))
         return event
 
-    def finish(self) -> None:
-        for event in self.events:
-            event.finished = True
+    def running(self) -> list[tuple[PendingEvent, object, np.ndarray, object, np.ndarray]]:
+        """The copies not finished yet, oldest first."""
+        return [c for c in self.copies if not c[0].finished]
+
+    def finish(self, n: int | None = None) -> None:
+        """The GPU gets through the oldest `n` running copies (all of them: None), in the order they were queued on
+        the copier's one stream."""
+        for c in self.running()[:n]:
+            c[0].finished = True

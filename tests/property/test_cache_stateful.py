@@ -5,7 +5,10 @@ namespaces, with several requests in flight, request ids reused with other token
 any point, and device pools from a few pages up (down to less than one request) — kvc's own token-major pool or an
 engine's own per-layer K and V tensors (`device_kv`), on the tests' device (KVC_TEST_DEVICE: on a GPU the engine's
 writes run on the compute stream and the copies on the copier's, so a page read before its copy's event or freed
-while a copy still reads it shows up in the bytes).
+while a copy still reads it shows up in the bytes). On the CPU, a run may also lag like a GPU (`gpu_lag`): each
+copy's bytes land at once but it reports itself running until a step lets the GPU catch up, and while it runs, no
+host page it reads or writes may be free or in the hands of an L3 fetch (the CPU writes those, unordered by any
+stream).
 
 After every step: the ownership audit is clean, and every page the tree holds (device and host) holds the bytes
 written for its page hash. On every admit: each cached page holds the request's own KV, and the request is never
@@ -37,7 +40,7 @@ from hypothesis.stateful import (
 )
 
 from devices import TEST_DEVICE
-from factories import engine_kv, forward, make_layout, make_store, write_kv
+from factories import PendingCopies, engine_kv, forward, make_layout, make_store, write_kv
 from kvcache import (
     AdmitStatus,
     CacheConfig,
@@ -52,6 +55,7 @@ from kvcache import (
 from kvcache.errors import RequestIdInUse
 from kvcache.types.config import HostMode, PrefetchPolicy
 from kvcache.types.keys import page_hashes
+from kvcache.types.owners import OwnerKind
 
 NAMESPACES = [Namespace("t1", "salt-1"), Namespace("t2", "salt-2"), Namespace("t3"), Namespace()]
 # Shared prefixes use the same token ids in every namespace: isolation must come from the namespace alone.
@@ -112,6 +116,7 @@ class FlakyStore:
 class CacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
+        self.gpu: PendingCopies | None = None
         self.cache = None
         self.store = None
         self.tmp = None
@@ -127,9 +132,10 @@ class CacheMachine(RuleBasedStateMachine):
                 l3=st.sampled_from([True, True, False]), mode=st.sampled_from(list(HostMode)),
                 prefetch_policy=st.sampled_from(list(PrefetchPolicy)), seed=st.integers(0, 2**32 - 1),
                 fault_rate=st.sampled_from([0.0, 0.0, 0.05, 0.2]),
-                ttl=st.sampled_from([None, None, TTLMode.SLIDING, TTLMode.ABSOLUTE]), engine=st.booleans())
+                ttl=st.sampled_from([None, None, TTLMode.SLIDING, TTLMode.ABSOLUTE]), engine=st.booleans(),
+                gpu_lag=st.booleans())
     def build(self, page_size, policy, device_requests, host_pages, l3, mode, prefetch_policy, seed, fault_rate,
-              ttl, engine):
+              ttl, engine, gpu_lag):
         # the device pool in requests of the longest kind (20 tokens): half of one (it is refused) up to four
         device_pages = max(1, int(device_requests * -(-MAX_TOKENS // page_size)))
         # `engine`: L1 is an engine's own tensors, two layers of K and V (pages in kv_layer order), not kvc's pool
@@ -155,6 +161,12 @@ class CacheMachine(RuleBasedStateMachine):
                                                  write_policy=policy, write_through_threshold=2), device_kv=device_kv)
         self.ps = page_size
         self.page_bytes = self.cache.device_pool.page_bytes
+        self.gpu_lag = gpu_lag and not TEST_DEVICE.startswith("cuda")  # a GPU lags by itself
+        self._lag()
+
+    def _lag(self) -> None:
+        """With `gpu_lag`, the cache's copies report themselves running until `gpu_catches_up`."""
+        self.gpu = PendingCopies(self.cache, setattr) if self.gpu_lag else None
 
     def _seed_store(self, page_size: int) -> None:
         """An earlier process wrote some sequences of two namespaces to L3 (with the bytes of their page hashes)."""
@@ -181,6 +193,9 @@ class CacheMachine(RuleBasedStateMachine):
         RUN_LENGTHS.append(self.steps)
         SEEN["runs with L3" if self.store is not None else "runs without L3"] += 1
         SEEN["runs over an engine's tensors" if self.engine else "runs over kvc's own pool"] += 1
+        if self.gpu is not None:
+            SEEN["runs lagging like a GPU"] += 1
+            SEEN["copies issued while lagging"] += len(self.gpu.copies)
         if self.cache is not None:
             _tally(self.cache)
         if self.store is not None:
@@ -396,6 +411,14 @@ class CacheMachine(RuleBasedStateMachine):
         self.pending.clear()
         _tally(self.cache)
         self.cache = TieredCache(self.config, self.flaky, clock=self.clock)
+        self._lag()
+
+    @precondition(lambda self: self.gpu is not None)
+    @rule(copies=st.integers(1, 3))
+    def gpu_catches_up(self, copies):
+        """The GPU gets through the oldest running copies (one stream: in the order they were queued)."""
+        assert self.gpu is not None
+        self.gpu.finish(copies)
 
     @rule(ns=st.sampled_from(NAMESPACES), device=st.integers(0, 12), host=st.integers(0, 12))
     def set_shares(self, ns, device, host):
@@ -467,6 +490,17 @@ class CacheMachine(RuleBasedStateMachine):
             self.steps += 1
             report = self.cache.audit()
             assert report.ok, report.violations
+
+    @invariant()
+    def no_host_page_under_a_running_copy_is_free_or_fetched_into(self):
+        if self.cache is None or self.gpu is None:
+            return
+        host = self.cache.host_pool
+        for _, src, src_pages, _, dst_pages in self.gpu.running():
+            pages = src_pages if src is host else dst_pages
+            kinds = {int(code) >> 48 for code in host.owners(pages).tolist()}
+            assert not kinds & {OwnerKind.FREE, OwnerKind.OP_PREFETCH}, \
+                f"host pages {pages.tolist()} of a running copy are owned by {sorted(kinds)}"
 
     @invariant()
     def tree_counts_match_a_recount(self):

@@ -56,7 +56,7 @@ def test_a_load_back_still_running_on_the_gpu_hands_its_pages_over_and_keeps_the
     c.commit("a")
     c.flush()
     c.evict(device_tokens=16)
-    gpu = PendingCopies(c, monkeypatch)
+    gpu = PendingCopies(c, monkeypatch.setattr)
     adm = c.admit(Request("b", tokens + [1], NS))
     assert adm.cached_tokens == 8 and adm.host_hit_tokens == 8 and gpu.ordered == gpu.events  # the stream waits
     [op] = [s for s in c.holder_states() if s.kind != "request"]

@@ -65,7 +65,7 @@ def test_a_splice_still_running_on_the_gpu_keeps_the_staged_pages_it_reads_from_
     c.prefetch(req)
     c.flush()
     [staged] = c.staged_records()
-    gpu = PendingCopies(c, monkeypatch)
+    gpu = PendingCopies(c, monkeypatch.setattr)
     adm = c.admit(req)
     assert adm.status is AdmitStatus.ADMITTED and adm.cached_tokens == 64 and gpu.ordered == gpu.events
     assert device_bytes_ok(c, req, adm.slots, 64) and not c.staged_records()
