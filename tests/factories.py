@@ -177,7 +177,9 @@ class PendingCopies:
         return [c[0] for c in self.copies]
 
     def copy(self, src, src_pages, dst, dst_pages) -> PendingEvent:
-        self._copy(src, src_pages, dst, dst_pages)
+        landed = self._copy(src, src_pages, dst, dst_pages)
+        if landed is not None:  # on a GPU: the bytes land now, whatever the test's event says
+            landed.synchronize()
         event = PendingEvent()
         self.copies.append((event, src, np.array(src_pages), dst, np.array(dst_pages)))
         return event
