@@ -72,8 +72,14 @@ def limit(nbytes: int, device: str) -> tuple:
     if device.startswith("cuda"):
         host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        return (lambda: dev.copy_(host, non_blocking=True) and None), (lambda: host.copy_(dev, non_blocking=True)
-                                                                       and None)
+
+        def to_device() -> None:
+            dev.copy_(host, non_blocking=True)  # returns the tensor, which `timed` must not take for an event
+
+        def to_host() -> None:
+            host.copy_(dev, non_blocking=True)
+
+        return to_device, to_host
     a, b = np.ones(nbytes, dtype=np.uint8), np.zeros(nbytes, dtype=np.uint8)
     return (lambda: np.copyto(b, a)), (lambda: np.copyto(a, b))
 
