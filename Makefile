@@ -16,7 +16,7 @@ TORCH_INDEX ?= --index-url https://download.pytorch.org/whl/cpu
 BIN         := $(VENV)/bin
 STAMP       := $(VENV)/.installed
 
-.PHONY: install lint test typer-next gpu-check demo bench clean engine-check engine-check-sglang engine-check-vllm
+.PHONY: install lint test typer-next gpu-check gpu-wheels gpu-check-image demo bench clean engine-check engine-check-sglang engine-check-vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -54,6 +54,28 @@ test: lint
 gpu-check: $(STAMP)
 	KVC_TEST_DEVICE=cuda $(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 	cd benchmarks && ../$(BIN)/python bench_transfer.py
+
+# The same on a GPU machine that reaches no package index (an image with CUDA torch, numpy, pytest, xdist,
+# hypothesis, rich, xxhash, prometheus_client): `make gpu-wheels` here puts in $(WHEELS) what such an image lacks or
+# holds in another version than CI runs, for its Python ($(GPU_PY)): msgspec, lmdb, pyzmq, redis-py, typer < 0.25
+# (a later one imports pydantic and words its errors otherwise) and setuptools (kvc's build backend). Carry that
+# folder there and run `make gpu-check-image`: it installs them and kvc (editable, as here) into the image's Python
+# (GPU_PYTHON), then runs the suite and the benchmark on GPU_DEVICE (cpu rehearses it without a GPU). docs/gpu.md.
+WHEELS     ?= .whl
+GPU_PY     ?= 3.12
+GPU_PYTHON ?= python3
+GPU_DEVICE ?= cuda
+GPU_PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64,--platform $(p))
+gpu-wheels: $(STAMP)
+	rm -rf $(WHEELS) && mkdir -p $(WHEELS)
+	$(BIN)/pip download --quiet --no-deps --only-binary=:all: --python-version $(GPU_PY) --implementation cp \
+		$(GPU_PLATFORMS) -d $(WHEELS) "msgspec>=0.18" "lmdb>=1.4" "pyzmq>=25" "redis>=5" "typer>=0.12,<0.25" \
+		"setuptools>=77"
+gpu-check-image:
+	$(GPU_PYTHON) -m pip install --quiet --no-index --no-deps --no-compile --upgrade $(WHEELS)/*.whl
+	$(GPU_PYTHON) -m pip install --quiet --no-index --no-deps --no-build-isolation -e . -e plugins/kvcache_redis
+	KVC_TEST_DEVICE=$(GPU_DEVICE) $(GPU_PYTHON) -m pytest $(XDIST) $(PYTEST_ARGS)
+	cd benchmarks && $(GPU_PYTHON) bench_transfer.py --device $(GPU_DEVICE) $(if $(filter cuda,$(GPU_DEVICE)),,--no-write)
 
 # kvc under the newest typer of the package index, beside the one kvc's venv holds (pyproject.toml keeps it below
 # 0.25 for start-up time): SGLang's venvs and GPU images carry 0.27-0.29, a `pip install -U` brings the newest, and
