@@ -112,6 +112,7 @@ def test_on_a_gpu_the_host_pool_is_moved_by_the_kernels_and_a_copy_completes_by_
         if kind == "own" else pools(kind, pages=64)
     copier = Copier(device, host)
     assert copier.aliased and copier.stream is not None
+    assert len(copier._arenas) == 1  # every layer's K and V in one arena: one gather and one scatter a copy
     want = filled(device, 4)
     event = copier.copy(device, np.arange(63, -1, -1), host, np.arange(64))
     assert isinstance(event, torch.cuda.Event)
