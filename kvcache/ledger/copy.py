@@ -4,8 +4,8 @@ On a GPU, a copy moves scattered pages of every span of a page (`kv.KVPages`: on
 layer's K or V over an engine's tensors) with one gather and one scatter (`arena.SpanArena`), whatever the number of
 pages or layers; it allocates nothing per call beyond what torch's caching allocators hand back.
 
-- Both pools on the CPU: numpy, row by row (`copy_rows`), a page at a time for kvc's own pools and a span at a time
-  over an engine's tensors.
+- Both pools on the CPU: numpy (`rows.py`), a page a row for kvc's own pools, and over an engine's tensors one
+  plan for the copy's pages applied to each span.
 - A CUDA pool and the pinned host pool: queued on the copier's own stream, after the work already queued on the
   caller's current stream (an event, never a device-wide wait), and completed by the event `copy` returns. The host
   pool is seen from the GPU through unified addressing (`host_alias`), so the kernels gather and scatter its pages
@@ -26,26 +26,7 @@ import torch
 
 from .arena import AddressView, SpanArena, arenas
 from .pools import SlotPool, page_rows
-
-_RUN_COPY_MIN_BYTES = 4096  # rows at least this long are copied run by run; shorter ones by fancy indexing
-
-
-def copy_rows(dst: np.ndarray, dst_rows: np.ndarray, src: np.ndarray, src_rows: np.ndarray) -> None:
-    """dst[dst_rows] = src[src_rows] for 1-D arrays of page rows (`pools.page_rows`), without the temporary a
-    fancy-indexed copy makes.
-
-    Long rows go run by run (stretches where both sides are consecutive), one memcpy each: pages allocated
-    together are mostly consecutive, and this halves the bytes moved. Short rows keep numpy's fancy indexing,
-    whose per-call cost is lower than one copy per run.
-    """
-    if dst.itemsize < _RUN_COPY_MIN_BYTES:
-        dst[dst_rows] = src[src_rows]
-        return
-    n = len(src_rows)
-    cuts = (np.flatnonzero((np.diff(src_rows) != 1) | (np.diff(dst_rows) != 1)) + 1).tolist()
-    for a, b in zip([0, *cuts], [*cuts, n], strict=True):
-        s0, d0 = int(src_rows[a]), int(dst_rows[a])
-        np.copyto(dst[d0:d0 + b - a], src[s0:s0 + b - a])
+from .rows import SpanRows, copy_rows
 
 
 class _CudaInterface:
@@ -135,9 +116,12 @@ class Copier:
             if src.page_rows is not None and dst.page_rows is not None:
                 copy_rows(dst.page_rows, dst_pages, src.page_rows, src_pages)
             else:
+                plan = SpanRows(dst_pages, src_pages)
                 for device_rows, host_rows in self._row_pairs:
-                    s_rows, d_rows = (device_rows, host_rows) if to_host else (host_rows, device_rows)
-                    copy_rows(d_rows, dst_pages, s_rows, src_pages)
+                    if to_host:
+                        plan.apply(host_rows, device_rows)
+                    else:
+                        plan.apply(device_rows, host_rows)
             return None
         stream = self.stream
         assert stream is not None

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from devices import TEST_DEVICE, needs_cuda
-from kvcache.ledger.copy import Copier, copy_pages, copy_rows
+from kvcache.ledger.copy import Copier, copy_pages
 from kvcache.ledger.kv import KVPages
-from kvcache.ledger.pools import SlotPool, page_rows
+from kvcache.ledger.pools import SlotPool
 
 PS = 4
 
@@ -86,20 +86,6 @@ def test_copy_pages_makes_a_copier_for_one_copy():
     want = filled(device, 3)
     finish(copy_pages(device, np.array([2]), host, np.array([4])))
     assert np.array_equal(host.kv.read(np.array([4]))[0], want[2])
-
-
-@pytest.mark.parametrize("row_bytes", [64, 8192])
-def test_copy_rows_matches_fancy_indexing(row_bytes):
-    rng = np.random.default_rng(row_bytes)
-    src = rng.integers(0, 256, (40, row_bytes), dtype=np.uint8)
-    for src_rows, dst_rows in ((np.arange(10, 30), np.arange(0, 20)),  # one run
-                               (np.array([3, 4, 5, 9, 1, 2]), np.array([7, 8, 9, 10, 0, 1])),  # runs break
-                               (rng.permutation(40)[:17], rng.permutation(40)[:17])):  # no runs
-        want = np.zeros((40, row_bytes), dtype=np.uint8)
-        want[dst_rows] = src[src_rows]
-        got = np.zeros_like(want)
-        copy_rows(page_rows(got), dst_rows, page_rows(src), src_rows)
-        assert np.array_equal(got, want)
 
 
 # --- on a GPU -------------------------------------------------------------------------------------------------------
