@@ -9,13 +9,18 @@ from kvcache.types.results import EvictResult
 NS = Namespace("t", "copies-salt")
 
 
+def host_only(c, tokens):
+    """A path of `tokens` in L2 alone: served, backed up (a host copy of every node), gone from the device."""
+    c.admit(Request("a", tokens, NS))
+    c.commit("a")
+    c.flush()
+    c.evict(device_tokens=16)
+
+
 def test_a_load_back_left_in_flight_is_completed_by_poll_and_its_pages_go_to_the_nodes():
     c = make_cache(page_size=1, device_tokens=16, host_tokens=32)
     tokens = list(range(100, 108))
-    c.admit(Request("a", tokens, NS))
-    c.commit("a")
-    c.flush()  # the path is backed up: a host copy of every node
-    c.evict(device_tokens=16)
+    host_only(c, tokens)
     m = c.match(Request("probe", tokens, NS))
     assert len(m.device_pages) == 0 and len(m.host_pages) == 8
     pages = c._admissions.load_back(m, wait=False)
@@ -29,10 +34,7 @@ def test_a_load_back_left_in_flight_is_completed_by_poll_and_its_pages_go_to_the
 def test_a_second_load_back_of_nodes_being_filled_is_refused_and_the_request_recomputes():
     c = make_cache(page_size=1, device_tokens=16, host_tokens=32)
     tokens = list(range(200, 206))
-    c.admit(Request("a", tokens, NS))
-    c.commit("a")
-    c.flush()
-    c.evict(device_tokens=16)
+    host_only(c, tokens)
     m = c.match(Request("probe", tokens, NS))
     assert c._admissions.load_back(m, wait=False) is not None
     assert c._admissions.load_back(m) is None and c.counters.load_backs_refused == 1
@@ -52,10 +54,7 @@ def test_a_load_back_still_running_on_the_gpu_hands_its_pages_over_and_keeps_the
     CPU, which no stream orders)."""
     c = make_cache(page_size=1, device_tokens=16, host_tokens=8)
     tokens = list(range(300, 308))
-    c.admit(Request("a", tokens, NS))
-    c.commit("a")
-    c.flush()
-    c.evict(device_tokens=16)
+    host_only(c, tokens)
     gpu = PendingCopies(c, monkeypatch.setattr)
     adm = c.admit(Request("b", tokens + [1], NS))
     assert adm.cached_tokens == 8 and adm.host_hit_tokens == 8 and gpu.ordered == gpu.events  # the stream waits
