@@ -80,10 +80,11 @@ class Copier:
         # first byte of a page it covers; and with the alias, each arena's columns of the host pages in its element
         # type, which its gather lands in and its scatter reads.
         self._arenas: list[tuple[int, SpanArena]] = arenas(
-            device_pool.kv, cuda_address_view(device_pool.device, device_pool.kv.views)) if self.cuda else []
+            device_pool.kv, cuda_address_view(device_pool.device, device_pool.kv.views)) \
+            if self.cuda and host_pool is not None else []
         self._host_columns: list[torch.Tensor] = []
         # On the CPU over an engine's tensors: (device rows, host rows) per span, numpy rows of one opaque element a
-        # page's span, copied as `copy_rows` does (kvc's own CPU pools copy whole page rows).
+        # page's span, which one `SpanRows` plan a copy moves (kvc's own CPU pools copy whole page rows).
         self._row_pairs: list[tuple[np.ndarray, np.ndarray]] = []
         self.aliased = False  # a GPU copier whose kernels move the host pages themselves (no staging)
         if host_pool is not None and host_pool.pages is not None:
